@@ -1,0 +1,133 @@
+"""Argument checking shared by every primitive.
+
+Every public function validates here, before any kernel runs.  Messages name the
+argument and say what was expected.  Errors about the kind of a value are
+``TypeError``; errors about its shape or range are ``ValueError``.
+"""
+import numpy as np
+
+from . import _dtypes
+
+try:
+    import cupy as _cupy
+except ImportError:  # CPU-only install
+    _cupy = None
+
+# Index arithmetic in the kernels is 32-bit only where every tensor the
+# kernel touches is smaller than this; larger tensors switch to the 64-bit
+# specialisation (see kernels/common.cuh).  Nothing is refused for size.
+INT32_LIMIT = 2**31 - 1
+
+
+def is_cupy_array(a):
+    return _cupy is not None and isinstance(a, _cupy.ndarray)
+
+
+def array_module(**arrays):
+    """Check that every named array (None entries skipped) is a NumPy or CuPy
+    array, that they are not mixed, and that CuPy arrays share one device.
+    Returns ``numpy`` or ``cupy``."""
+    kinds = {}
+    device = None
+    device_name = None
+    for name, a in arrays.items():
+        if a is None:
+            continue
+        if is_cupy_array(a):
+            kinds[name] = "cupy"
+            dev = a.device.id
+            if device is None:
+                device, device_name = dev, name
+            elif dev != device:
+                raise ValueError(
+                    f"{name} is on GPU {dev} but {device_name} is on GPU {device}; "
+                    "all arrays must be on the same device")
+        elif isinstance(a, np.ndarray):
+            kinds[name] = "numpy"
+        else:
+            raise TypeError(
+                f"{name} must be a numpy.ndarray or cupy.ndarray, got {type(a).__name__}")
+    if len(set(kinds.values())) > 1:
+        np_names = [n for n, k in kinds.items() if k == "numpy"]
+        cp_names = [n for n, k in kinds.items() if k == "cupy"]
+        raise TypeError(
+            f"cannot mix NumPy and CuPy arrays: {', '.join(np_names)} "
+            f"{'is' if len(np_names) == 1 else 'are'} NumPy but {', '.join(cp_names)} "
+            f"{'is' if len(cp_names) == 1 else 'are'} CuPy")
+    if "cupy" in kinds.values():
+        if device != _cupy.cuda.Device().id:
+            raise ValueError(
+                f"{device_name} is on GPU {device} but the current device is "
+                f"GPU {_cupy.cuda.Device().id}; call inside `with cupy.cuda.Device({device}):`")
+        return _cupy
+    return np
+
+
+def check_float_dtype(name, a):
+    if a.dtype not in _dtypes.SUPPORTED:
+        raise TypeError(
+            f"{name} must have a floating dtype ({_dtypes.supported_names()}), got {a.dtype}")
+
+
+def check_same_dtype(**arrays):
+    """All named arrays (None skipped) have one supported floating dtype; returns it."""
+    dtype = None
+    first = None
+    for name, a in arrays.items():
+        if a is None:
+            continue
+        check_float_dtype(name, a)
+        if dtype is None:
+            dtype, first = a.dtype, name
+        elif a.dtype != dtype:
+            raise TypeError(f"{name} has dtype {a.dtype} but {first} has dtype {dtype}; "
+                            "they must match")
+    return dtype
+
+
+def check_ndim(name, a, ndim, what=None):
+    if a.ndim != ndim:
+        desc = f" ({what})" if what else ""
+        raise ValueError(f"{name} must be {ndim}-D{desc}, got shape {tuple(a.shape)}")
+
+
+def check_shape(name, a, shape, what=None):
+    if tuple(a.shape) != tuple(shape):
+        desc = f" ({what})" if what else ""
+        raise ValueError(f"{name} must have shape {tuple(shape)}{desc}, got {tuple(a.shape)}")
+
+
+def int_pair(name, value, minimum):
+    """An int or a pair of ints, each >= minimum, as a tuple of two ints."""
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        pair = (int(value), int(value))
+    else:
+        try:
+            pair = tuple(value)
+        except TypeError:
+            raise TypeError(f"{name} must be an int or a pair of ints, got {value!r}") from None
+        if len(pair) != 2 or not all(
+                isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in pair):
+            raise TypeError(f"{name} must be an int or a pair of ints, got {value!r}")
+        pair = (int(pair[0]), int(pair[1]))
+    if min(pair) < minimum:
+        what = "positive" if minimum == 1 else f">= {minimum}"
+        raise ValueError(f"{name} must be {what}, got {value!r}")
+    return pair
+
+
+def check_layout(layout, allowed=("NCHW", "NHWC")):
+    if layout not in allowed:
+        raise ValueError(f"layout must be one of {', '.join(map(repr, allowed))}, got {layout!r}")
+    return layout
+
+
+def check_choice(name, value, choices):
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {', '.join(map(repr, choices))}, got {value!r}")
+    return value
+
+
+def contiguous(xp, a):
+    """A C-contiguous view or copy: kernels index with plain row-major strides."""
+    return xp.ascontiguousarray(a)

@@ -1,0 +1,66 @@
+"""Tolerances for comparing a result with the float64 NumPy reference, written once.
+
+The comparison is normwise, as in METHOD.md: ``||out - ref|| / ||ref||`` must
+not exceed the bound, plus an elementwise check ``|out - ref| <= bound *
+max|ref| * 8`` so that one wild element cannot hide in a large norm.  NaN never
+passes.
+
+Keys are ``(dtype name, algorithm family)``; the family ``"default"`` covers
+every primitive computed in the storage dtype's accumulation type.  Bounds
+come from the rounding of the *storage* type: float16 keeps 11 significant
+bits (2^-11 ~ 4.9e-4 per rounding), bfloat16 8 bits (2^-8 ~ 3.9e-3), float32
+24 bits; a result passes through one storage rounding of the inputs and one of
+the output, plus accumulation error that grows like sqrt(terms) * eps.
+"""
+import numpy as np
+
+TOLERANCES = {
+    ("float64", "default"): 1e-11,
+    ("float32", "default"): 2e-5,
+    ("float16", "default"): 3e-3,
+    ("bfloat16", "default"): 2e-2,
+}
+
+
+def _dtype_name(dtype):
+    return np.dtype(dtype).name
+
+
+def tolerance(dtype, algorithm="default"):
+    """The normwise relative error bound for a dtype and algorithm family."""
+    name = _dtype_name(dtype)
+    return TOLERANCES.get((name, algorithm), TOLERANCES[(name, "default")])
+
+
+def _to_numpy64(a):
+    if hasattr(a, "get"):
+        a = a.get()
+    return np.asarray(a).astype(np.float64)
+
+
+def relative_error(actual, expected):
+    """||actual - expected|| / ||expected|| in float64 (0 when both are zero)."""
+    a, e = _to_numpy64(actual), _to_numpy64(expected)
+    denom = np.linalg.norm(e.ravel())
+    num = np.linalg.norm((a - e).ravel())
+    if denom == 0:
+        return float(num)
+    return float(num / denom)
+
+
+def assert_close(actual, expected, dtype=None, algorithm="default", what="result"):
+    """Assert ``actual`` matches ``expected`` (float64 reference) within the table's bound."""
+    a, e = _to_numpy64(actual), _to_numpy64(expected)
+    assert a.shape == e.shape, f"{what}: shape {a.shape} != expected {e.shape}"
+    if dtype is None:
+        dtype = np.asarray(actual).dtype if not hasattr(actual, "get") else actual.dtype
+    bound = tolerance(dtype, algorithm)
+    assert not np.isnan(a).any() or np.isnan(e).any(), f"{what}: NaN in result"
+    if a.size == 0:
+        return
+    err = relative_error(a, e)
+    assert err <= bound, f"{what}: relative error {err:.3g} exceeds {bound:.3g} ({np.dtype(dtype).name}, {algorithm})"
+    scale = np.max(np.abs(e)) if e.size else 0.0
+    worst = np.max(np.abs(a - e))
+    assert worst <= 8 * bound * max(scale, np.finfo(np.float64).tiny), (
+        f"{what}: worst element error {worst:.3g} exceeds {8 * bound:.3g} x max|ref| ({scale:.3g})")

@@ -1,0 +1,54 @@
+"""Shared fixtures: the array modules a test body runs on, and random data.
+
+A test written against ``xp`` runs once on NumPy and, where a GPU is present,
+once on CuPy; the CuPy run is marked ``gpu`` and skips cleanly without one.
+"""
+import numpy as np
+import pytest
+
+from dnnprims import _dtypes
+
+
+def _gpu_available():
+    try:
+        import cupy
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:
+        return False
+
+
+GPU = _gpu_available()
+requires_gpu = pytest.mark.skipif(not GPU, reason="no CUDA GPU available")
+
+if GPU:
+    import cupy
+else:
+    cupy = None
+
+XP_PARAMS = [pytest.param(np, id="numpy"),
+             pytest.param(cupy, id="cupy", marks=[pytest.mark.gpu, requires_gpu])]
+
+FLOAT_DTYPES = [pytest.param(d, id=d.name) for d in _dtypes.SUPPORTED]
+
+
+@pytest.fixture(params=XP_PARAMS)
+def xp(request):
+    return request.param
+
+
+@pytest.fixture
+def gpu():
+    """The cupy module; skips the test where there is no GPU."""
+    if not GPU:
+        pytest.skip("no CUDA GPU available")
+    return cupy
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng()
+
+
+def random_array(rng, shape, dtype=np.float64, low=-1.0, high=1.0):
+    """Fresh uniform random data (never zeros) in the given dtype."""
+    return rng.uniform(low, high, size=shape).astype(dtype)
