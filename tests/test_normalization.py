@@ -1,0 +1,324 @@
+"""Batch normalization: the reference against the formula and loops, finite
+differences; both paths against the reference; running statistics; bad inputs."""
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+
+from dnnprims import _dtypes, batchnorm, batchnorm_backward
+from dnnprims.testing.strategies import batchnorm_problems
+from dnnprims.testing.tolerances import assert_close
+
+from conftest import FLOAT_DTYPES, random_array
+
+HYPOTHESIS = settings(max_examples=30, deadline=None,
+                      suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+def _host(a):
+    return a.get() if hasattr(a, "get") else np.asarray(a)
+
+
+def _channel_axis(x, layout):
+    return 1 if layout == "NCHW" else x.ndim - 1
+
+
+def loop_batchnorm(x, gamma, beta, eps, layout):
+    """Channel by channel, straight from the formula; also the biased variance."""
+    axis = _channel_axis(x, layout)
+    y = np.empty_like(x)
+    means, variances = [], []
+    for c in range(x.shape[axis]):
+        v = np.take(x, c, axis=axis)
+        mean = v.sum() / v.size
+        var = ((v - mean) ** 2).sum() / v.size
+        out = (v - mean) / np.sqrt(var + eps) * gamma[c] + beta[c]
+        idx = [slice(None)] * x.ndim
+        idx[axis] = c
+        y[tuple(idx)] = out
+        means.append(mean)
+        variances.append(var)
+    return y, np.array(means), np.array(variances)
+
+
+SHAPES = [((4, 3), "NCHW"), ((3, 5), "NHWC"), ((2, 3, 7, 5), "NCHW"), ((3, 13, 1, 4), "NHWC"),
+          ((1, 3, 3, 7), "NCHW"), ((2, 7, 3, 1), "NHWC"), ((2, 4, 6), "NCHW")]
+
+
+def _params(rng, x_shape, layout, dtype=np.float64):
+    c = x_shape[1 if layout == "NCHW" else -1]
+    return random_array(rng, (c,), dtype, 0.5, 1.5), random_array(rng, (c,), dtype)
+
+
+# ---------------------------------------------------------------------- reference vs formula
+
+@pytest.mark.parametrize("x_shape,layout", SHAPES)
+def test_training_forward_and_running_stats_match_formula(rng, x_shape, layout):
+    x = random_array(rng, x_shape, low=-2, high=3)
+    gamma, beta = _params(rng, x_shape, layout)
+    c = gamma.size
+    rm0, rv0 = random_array(rng, (c,)), random_array(rng, (c,), low=0.5, high=2)
+    rm, rv = rm0.copy(), rv0.copy()
+    y, mean, invstd = batchnorm(x, gamma, beta, rm, rv, momentum=0.3, eps=1e-3, layout=layout,
+                                return_stats=True)
+    expect, mean_loop, var_loop = loop_batchnorm(x, gamma, beta, 1e-3, layout)
+    np.testing.assert_allclose(y, expect, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(mean, mean_loop, rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(invstd, 1 / np.sqrt(var_loop + 1e-3), rtol=1e-12)
+    n = x.size // c
+    np.testing.assert_allclose(rm, 0.7 * rm0 + 0.3 * mean_loop, rtol=1e-12)
+    np.testing.assert_allclose(rv, 0.7 * rv0 + 0.3 * var_loop * n / (n - 1), rtol=1e-12)
+
+
+def test_by_hand():
+    x = np.array([[1.0, 10.0], [3.0, 20.0]])  # (N=2, C=2)
+    rm, rv = np.zeros(2), np.ones(2)
+    y = batchnorm(x, None, None, rm, rv, eps=0.0, momentum=0.5)
+    np.testing.assert_allclose(y, [[-1, -1], [1, 1]])
+    np.testing.assert_allclose(rm, [1.0, 7.5])             # 0.5 * 0 + 0.5 * mean
+    np.testing.assert_allclose(rv, [0.5 + 1.0, 0.5 + 25])  # unbiased var of (1, 3) is 2, of (10, 20) is 50
+
+
+@pytest.mark.parametrize("x_shape,layout", SHAPES)
+def test_inference_uses_running_stats(rng, x_shape, layout):
+    x = random_array(rng, x_shape)
+    gamma, beta = _params(rng, x_shape, layout)
+    rm, rv = random_array(rng, gamma.shape), random_array(rng, gamma.shape, low=0.5, high=2)
+    rm0, rv0 = rm.copy(), rv.copy()
+    y = batchnorm(x, gamma, beta, rm, rv, training=False, eps=0.01, layout=layout)
+    shape = [1] * x.ndim
+    shape[_channel_axis(x, layout)] = -1
+    r = lambda v: v.reshape(shape)  # noqa: E731
+    np.testing.assert_allclose(y, (x - r(rm)) / np.sqrt(r(rv) + 0.01) * r(gamma) + r(beta), rtol=1e-12)
+    np.testing.assert_array_equal(rm, rm0)
+    np.testing.assert_array_equal(rv, rv0)
+
+
+@pytest.mark.parametrize("x_shape,layout", SHAPES[:5])
+@pytest.mark.parametrize("saved", [False, True])
+def test_backward_by_finite_differences(rng, x_shape, layout, saved):
+    x = random_array(rng, x_shape)
+    gamma, beta = _params(rng, x_shape, layout)
+    dy = random_array(rng, x_shape)
+    _, mean, invstd = batchnorm(x, gamma, beta, eps=1e-3, layout=layout, return_stats=True)
+    stats = dict(mean=mean, invstd=invstd) if saved else {}
+    dx, dgamma, dbeta = batchnorm_backward(dy, x, gamma, eps=1e-3, layout=layout, **stats)
+
+    def loss(x_, g_, b_):
+        return np.vdot(batchnorm(x_, g_, b_, eps=1e-3, layout=layout), dy)
+
+    def numeric(a, which):
+        h, out = 1e-6, np.zeros_like(a)
+        for idx in np.ndindex(a.shape):
+            args_p, args_m = [x.copy(), gamma.copy(), beta.copy()], [x.copy(), gamma.copy(), beta.copy()]
+            args_p[which][idx] += h
+            args_m[which][idx] -= h
+            out[idx] = (loss(*args_p) - loss(*args_m)) / (2 * h)
+        return out
+
+    np.testing.assert_allclose(dx, numeric(x, 0), rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(dgamma, numeric(gamma, 1), rtol=1e-6, atol=1e-8)
+    np.testing.assert_allclose(dbeta, numeric(beta, 2), rtol=1e-6, atol=1e-8)
+
+
+@HYPOTHESIS
+@given(problem=batchnorm_problems())
+def test_reference_matches_loops_hypothesis(problem):
+    rng = np.random.default_rng(0)
+    x = random_array(rng, problem["x_shape"])
+    gamma, beta = _params(rng, problem["x_shape"], problem["layout"])
+    y = batchnorm(x, gamma, beta, eps=problem["eps"], layout=problem["layout"])
+    expect, _, _ = loop_batchnorm(x, gamma, beta, problem["eps"], problem["layout"])
+    np.testing.assert_allclose(y, expect, rtol=1e-10, atol=1e-10)
+
+
+# ---------------------------------------------------------------------- both paths vs the reference
+
+def _param_dtypes():
+    """(x dtype, parameter dtype) pairs: x's own, and float32 for half x."""
+    pairs = [pytest.param(d, d, id=d.name) for d in _dtypes.SUPPORTED]
+    pairs += [pytest.param(d, _dtypes.FLOAT32, id=f"{d.name}-float32-params")
+              for d in _dtypes.SUPPORTED if _dtypes.is_half(d)]
+    return pairs
+
+
+@pytest.mark.parametrize("dtype,pdtype", _param_dtypes())
+@pytest.mark.parametrize("x_shape,layout", SHAPES)
+@pytest.mark.parametrize("affine", [True, False])
+def test_matches_reference(xp, rng, dtype, pdtype, x_shape, layout, affine):
+    x = random_array(rng, x_shape, dtype, low=-1, high=3)
+    gamma, beta = _params(rng, x_shape, layout, pdtype)
+    if not affine:
+        gamma = beta = None
+    c = x_shape[_channel_axis(x, layout)]
+    rm, rv = random_array(rng, (c,), pdtype), random_array(rng, (c,), pdtype, 0.5, 2)
+    dy = random_array(rng, x_shape, dtype)
+    on = lambda a: None if a is None else xp.array(a)  # noqa: E731  (a copy)
+    f64 = lambda a: None if a is None else a.astype(np.float64)  # noqa: E731
+    rm_x, rv_x = on(rm), on(rv)
+    y, mean, invstd = batchnorm(on(x), on(gamma), on(beta), rm_x, rv_x, momentum=0.2, layout=layout,
+                                return_stats=True)
+    rm64, rv64 = f64(rm), f64(rv)
+    y64, mean64, invstd64 = batchnorm(f64(x), f64(gamma), f64(beta), rm64, rv64, momentum=0.2,
+                                      layout=layout, return_stats=True)
+    acc = _dtypes.accumulate_dtype(dtype)
+    assert y.dtype == dtype and mean.dtype == acc and invstd.dtype == acc
+    assert rm_x.dtype == pdtype and rv_x.dtype == pdtype
+    assert_close(y, y64, dtype, what="y")
+    assert_close(mean, mean64, dtype, what="mean")
+    assert_close(invstd, invstd64, dtype, what="invstd")
+    assert_close(rm_x, rm64, pdtype, what="running_mean")
+    assert_close(rv_x, rv64, pdtype, what="running_var")
+
+    y_inf = batchnorm(on(x), on(gamma), on(beta), rm_x, rv_x, training=False, layout=layout)
+    assert_close(y_inf, batchnorm(f64(x), f64(gamma), f64(beta), f64(_host(rm_x)), f64(_host(rv_x)),
+                                  training=False, layout=layout), dtype, what="inference y")
+
+    for stats in ({}, dict(mean=mean, invstd=invstd)):
+        dx, dgamma, dbeta = batchnorm_backward(on(dy), on(x), on(gamma), layout=layout, **stats)
+        dx64, dgamma64, dbeta64 = batchnorm_backward(f64(dy), f64(x), f64(gamma), layout=layout)
+        assert dx.dtype == dtype and dgamma.dtype == (pdtype if affine else dtype)
+        assert_close(dx, dx64, dtype, what="dx")
+        assert_close(dgamma, dgamma64, dtype, what="dgamma")
+        assert_close(dbeta, dbeta64, dtype, what="dbeta")
+
+
+@HYPOTHESIS
+@given(problem=batchnorm_problems())
+def test_matches_reference_hypothesis(xp, problem):
+    rng = np.random.default_rng(2)
+    layout = problem["layout"]
+    x = random_array(rng, problem["x_shape"], np.float32)
+    gamma, beta = _params(rng, x.shape, layout, np.float32)
+    if not problem["affine"]:
+        gamma = beta = None
+    c = x.shape[_channel_axis(x, layout)]
+    rm, rv = np.zeros(c, np.float32), np.ones(c, np.float32)
+    rm_x, rv_x = xp.array(rm), xp.array(rv)
+    on = lambda a: None if a is None else xp.array(a)  # noqa: E731  (a copy)
+    f64 = lambda a: None if a is None else a.astype(np.float64)  # noqa: E731
+    opts = dict(momentum=problem["momentum"], eps=problem["eps"], layout=layout)
+    y = batchnorm(on(x), on(gamma), on(beta), rm_x, rv_x, **opts)
+    rm64, rv64 = f64(rm), f64(rv)
+    assert_close(y, batchnorm(f64(x), f64(gamma), f64(beta), rm64, rv64, **opts), np.float32)
+    assert_close(rm_x, rm64, np.float32, what="running_mean")
+    assert_close(rv_x, rv64, np.float32, what="running_var")
+    dy = random_array(rng, x.shape, np.float32)
+    dx, dgamma, dbeta = batchnorm_backward(on(dy), on(x), on(gamma), eps=problem["eps"], layout=layout)
+    dx64, dgamma64, dbeta64 = batchnorm_backward(f64(dy), f64(x), f64(gamma), eps=problem["eps"],
+                                                 layout=layout)
+    assert_close(dx, dx64, np.float32, what="dx")
+    assert_close(dgamma, dgamma64, np.float32, what="dgamma")
+    assert_close(dbeta, dbeta64, np.float32, what="dbeta")
+
+
+def test_non_contiguous_inputs(xp, rng):
+    base = random_array(rng, (2, 5, 7, 3), np.float32)
+    x = xp.asarray(base).transpose(0, 3, 1, 2)  # NCHW view of NHWC memory
+    gamma_base = random_array(rng, (6,), np.float32)
+    gamma = xp.asarray(gamma_base)[::2]
+    rm_base, rv_base = np.zeros(6, np.float32), np.ones(6, np.float32)
+    rm_x, rv_x = xp.array(rm_base), xp.array(rv_base)
+    y = batchnorm(x, gamma, None, rm_x[::2], rv_x[::2])
+    x64 = np.ascontiguousarray(base.transpose(0, 3, 1, 2)).astype(np.float64)
+    rm64, rv64 = np.zeros(3), np.ones(3)
+    assert_close(y, batchnorm(x64, gamma_base[::2].astype(np.float64), None, rm64, rv64), np.float32)
+    assert_close(_host(rm_x)[::2], rm64, np.float32, what="running_mean (strided, in place)")
+    assert_close(_host(rv_x)[::2], rv64, np.float32, what="running_var (strided, in place)")
+    np.testing.assert_array_equal(_host(rm_x)[1::2], 0)
+    dy = xp.asarray(random_array(rng, (2, 5, 7, 3), np.float32)).transpose(0, 3, 1, 2)
+    dx, dgamma, dbeta = batchnorm_backward(dy, x, gamma)
+    expect = batchnorm_backward(_host(dy).astype(np.float64), x64, gamma_base[::2].astype(np.float64))
+    for got, want, what in zip((dx, dgamma, dbeta), expect, ("dx", "dgamma", "dbeta")):
+        assert_close(got, want, np.float32, what=what)
+
+
+def test_empty_batch(xp):
+    x = xp.zeros((0, 3, 4, 4), np.float32)
+    rm, rv = xp.zeros(3, np.float32), xp.ones(3, np.float32)
+    y = batchnorm(x, None, None, rm, rv)
+    assert y.shape == x.shape
+    np.testing.assert_array_equal(_host(rm), 0)
+    dx, dgamma, dbeta = batchnorm_backward(x, x, None)
+    assert dx.shape == x.shape and not _host(dgamma).any() and not _host(dbeta).any()
+
+
+def test_dy_none_is_zero_gradient(xp, rng):
+    x = xp.asarray(random_array(rng, (2, 3, 4, 4)))
+    gamma = xp.asarray(random_array(rng, (3,)))
+    dx, dgamma, dbeta = batchnorm_backward(None, x, gamma)
+    assert dx.shape == x.shape and dgamma.shape == (3,) and dbeta.shape == (3,)
+    assert not (_host(dx).any() or _host(dgamma).any() or _host(dbeta).any())
+
+
+# ---------------------------------------------------------------------- bad inputs
+
+def _bn_args():
+    x = np.ones((2, 3, 4, 4), np.float32)
+    return x, np.ones(3, np.float32), np.zeros(3, np.float32)
+
+
+@pytest.mark.parametrize("change,error,match", [
+    (dict(x=np.ones((2, 3, 4, 4), np.int32)), TypeError, "x must have a floating dtype"),
+    (dict(x=np.ones(3, np.float32)), ValueError, "x must be 2-D to 5-D"),
+    (dict(gamma=np.ones(4, np.float32)), ValueError, "gamma must have shape"),
+    (dict(beta=np.ones((3, 1), np.float32)), ValueError, "beta must have shape"),
+    (dict(gamma=np.ones(3, np.float64)), TypeError, "gamma"),
+    (dict(beta=np.ones(3, np.int64)), TypeError, "beta must have a floating dtype"),
+    (dict(running_mean=np.zeros(2, np.float32), running_var=np.ones(2, np.float32)), ValueError,
+     "running_mean must have shape"),
+    (dict(running_mean=np.zeros(3, np.float32), running_var=np.ones(4, np.float32)), ValueError,
+     "running_var must have shape"),
+    (dict(running_mean=np.zeros(3, np.float32)), ValueError, "running_mean was given without running_var"),
+    (dict(running_mean=np.zeros(3, np.float64), running_var=np.ones(3, np.float64)), TypeError,
+     "running_mean"),
+    (dict(training=False), ValueError, "running_mean and running_var are required"),
+    (dict(training="yes"), TypeError, "training"),
+    (dict(momentum=1.5), ValueError, "momentum"),
+    (dict(momentum=None), TypeError, "momentum"),
+    (dict(eps=-1.0), ValueError, "eps"),
+    (dict(eps="small"), TypeError, "eps"),
+    (dict(layout="NWHC"), ValueError, "layout"),
+    (dict(x=np.ones((1, 3, 1, 1), np.float32)), ValueError, "more than 1 value per channel"),
+    (dict(gamma=[1.0, 1.0, 1.0]), TypeError, "gamma must be a numpy.ndarray"),
+])
+def test_bad_batchnorm_inputs(change, error, match):
+    x, gamma, beta = _bn_args()
+    args = dict(x=x, gamma=gamma, beta=beta)
+    args.update(change)
+    with pytest.raises(error, match=match):
+        batchnorm(**args)
+
+
+def test_float16_x_rejects_float64_params():
+    x = np.ones((2, 3), np.float16)
+    with pytest.raises(TypeError, match="gamma, beta must have dtype float16 or float32"):
+        batchnorm(x, np.ones(3), np.ones(3))
+    with pytest.raises(TypeError, match="beta has dtype float16 but gamma has dtype float32"):
+        batchnorm(x, np.ones(3, np.float32), np.ones(3, np.float16))
+
+
+@pytest.mark.parametrize("change,error,match", [
+    (dict(dy=np.ones((2, 3, 4, 5), np.float32)), ValueError, "dy must have shape"),
+    (dict(dy=np.ones((2, 3, 4, 4), np.float64)), TypeError, "dy has dtype float64"),
+    (dict(gamma=np.ones(2, np.float32)), ValueError, "gamma must have shape"),
+    (dict(mean=np.zeros(3, np.float32)), ValueError, "mean was given without invstd"),
+    (dict(mean=np.zeros(4, np.float32), invstd=np.ones(4, np.float32)), ValueError, "mean must have shape"),
+    (dict(mean=np.zeros(3, np.float32), invstd=np.ones(3, np.float64)), TypeError, "invstd must have dtype"),
+    (dict(eps=-1e-5), ValueError, "eps"),
+    (dict(layout="CHWN"), ValueError, "layout"),
+])
+def test_bad_backward_inputs(change, error, match):
+    x, gamma, _ = _bn_args()
+    args = dict(dy=np.ones_like(x), x=x, gamma=gamma)
+    args.update(change)
+    dy, x, gamma = args.pop("dy"), args.pop("x"), args.pop("gamma")
+    with pytest.raises(error, match=match):
+        batchnorm_backward(dy, x, gamma, **args)
+
+
+def test_mixing_numpy_and_cupy(gpu):
+    x, gamma, beta = _bn_args()
+    with pytest.raises(TypeError, match="cannot mix NumPy and CuPy"):
+        batchnorm(gpu.asarray(x), gamma, beta)
+    with pytest.raises(TypeError, match="cannot mix NumPy and CuPy"):
+        batchnorm_backward(gpu.asarray(x), x, gamma)

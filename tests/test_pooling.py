@@ -1,0 +1,354 @@
+"""Pooling: the reference against loops and hand-computed cases, finite
+differences and the adjoint identity; both paths against the reference; bad inputs."""
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+
+from dnnprims import pool, pool_backward
+from dnnprims.reference import pooling as reference
+from dnnprims.testing.strategies import pool_problems
+from dnnprims.testing.tolerances import assert_close
+
+from conftest import FLOAT_DTYPES, random_array
+
+HYPOTHESIS = settings(max_examples=30, deadline=None,
+                      suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+# ---------------------------------------------------------------------- independent loops
+
+def _pair(v):
+    return (v, v) if isinstance(v, int) else tuple(v)
+
+
+def loop_pool(x, window, stride=None, padding=0, mode="max", count_include_pad=True):
+    """NCHW pooling as explicit loops, PyTorch's kernel written out; also returns
+    the selected (h, w) of every max window."""
+    (kh, kw), (ph, pw) = _pair(window), _pair(padding)
+    sh, sw = _pair(window) if stride is None else _pair(stride)
+    n, c, h, w = x.shape
+    ho, wo = (h + 2 * ph - kh) // sh + 1, (w + 2 * pw - kw) // sw + 1
+    y = np.zeros((n, c, ho, wo))
+    where = {}
+    for b in range(n):
+        for ch in range(c):
+            for oh in range(ho):
+                for ow in range(wo):
+                    hs, ws = oh * sh - ph, ow * sw - pw
+                    he, we = min(hs + kh, h + ph), min(ws + kw, w + pw)
+                    pool_size = (he - hs) * (we - ws)
+                    h0, w0, h1, w1 = max(hs, 0), max(ws, 0), min(he, h), min(we, w)
+                    if mode == "max":
+                        best, arg = -np.inf, (h0, w0)
+                        for i in range(h0, h1):
+                            for j in range(w0, w1):
+                                v = x[b, ch, i, j]
+                                if v > best or np.isnan(v):
+                                    best, arg = v, (i, j)
+                        y[b, ch, oh, ow] = best
+                        where[b, ch, oh, ow] = arg
+                    else:
+                        total = x[b, ch, h0:h1, w0:w1].sum()
+                        divisor = pool_size if count_include_pad else (h1 - h0) * (w1 - w0)
+                        y[b, ch, oh, ow] = total / divisor
+    return y, where
+
+
+def loop_max_backward(dy, x, window, stride=None, padding=0):
+    _, where = loop_pool(x, window, stride, padding, "max")
+    dx = np.zeros(x.shape)
+    for (b, ch, oh, ow), (i, j) in where.items():
+        dx[b, ch, i, j] += dy[b, ch, oh, ow]
+    return dx
+
+
+def ref_pool(x, window, stride=None, padding=0, mode="max", count_include_pad=True, layout="NCHW"):
+    return pool(x, window, mode=mode, stride=stride, padding=padding,
+                count_include_pad=count_include_pad, layout=layout)
+
+
+CONFIGS = [  # window, stride, padding: overlapping, non-overlapping, strided, rectangular
+    (3, 2, 1), (2, None, 0), (3, 1, 1), (1, None, 0), ((3, 2), (2, 1), (1, 0)), (4, 3, 2)]
+
+
+# ---------------------------------------------------------------------- reference vs hand and loops
+
+def test_max_pool_4x4_by_hand():
+    x = np.array([[1, 3, 2, 0],
+                  [4, 2, 9, 1],
+                  [0, 5, 6, 6],
+                  [7, 1, 6, 8]], dtype=np.float64)[None, None]
+    y = pool(x, 2)
+    np.testing.assert_array_equal(y[0, 0], [[4, 9], [7, 8]])
+    dx = pool_backward(np.array([[[[1.0, 2.0], [3.0, 4.0]]]]), x, y, 2)
+    np.testing.assert_array_equal(dx[0, 0], [[0, 0, 0, 0], [1, 0, 2, 0], [0, 0, 0, 0], [3, 0, 0, 4]])
+
+
+def test_avg_pool_padding_divisor_by_hand():
+    x = np.ones((1, 1, 2, 2))
+    # 3x3 window, padding 1, stride 1: each window holds all 4 ones.
+    np.testing.assert_allclose(pool(x, 3, mode="avg", stride=1, padding=1)[0, 0],
+                               np.full((2, 2), 4 / 9))
+    np.testing.assert_allclose(pool(x, 3, mode="avg", stride=1, padding=1,
+                                    count_include_pad=False)[0, 0], np.ones((2, 2)))
+
+
+def test_max_ties_go_to_first_and_nan_wins():
+    x = np.array([[[[2.0, 2.0], [2.0, 2.0]]]])
+    dx = pool_backward(np.ones((1, 1, 1, 1)), x, None, 2)
+    np.testing.assert_array_equal(dx[0, 0], [[1, 0], [0, 0]])
+    x = np.array([[[[1.0, np.nan], [5.0, np.nan]]]])
+    y = pool(x, 2)
+    assert np.isnan(y).all()
+    dx = pool_backward(np.ones((1, 1, 1, 1)), x, y, 2)
+    np.testing.assert_array_equal(dx[0, 0], [[0, 0], [0, 1]])  # the last NaN, as PyTorch
+
+
+def test_all_negative_infinity_window_routes_to_first_real_element():
+    x = np.full((1, 1, 3, 3), -np.inf)
+    dx = pool_backward(np.ones((1, 1, 2, 2)), x, None, 3, stride=2, padding=1)
+    expect = np.zeros((3, 3))
+    expect[0, 0] = 1
+    expect[0, 1] = expect[1, 0] = expect[1, 1] = 1
+    np.testing.assert_array_equal(dx[0, 0], expect)
+
+
+@pytest.mark.parametrize("window,stride,padding", CONFIGS)
+@pytest.mark.parametrize("count_include_pad", [True, False])
+@pytest.mark.parametrize("mode", ["max", "avg"])
+def test_reference_matches_loops(rng, mode, count_include_pad, window, stride, padding):
+    x = random_array(rng, (2, 3, 7, 6))
+    expect, _ = loop_pool(x, window, stride, padding, mode, count_include_pad)
+    y = ref_pool(x, window, stride, padding, mode, count_include_pad)
+    np.testing.assert_allclose(y, expect, rtol=1e-13, atol=0)
+
+
+@pytest.mark.parametrize("window,stride,padding", CONFIGS)
+def test_reference_max_backward_matches_loops_with_ties(rng, window, stride, padding):
+    x = rng.integers(-2, 3, size=(2, 2, 7, 5)).astype(np.float64)  # many ties
+    y = ref_pool(x, window, stride, padding)
+    dy = rng.integers(-3, 4, size=y.shape).astype(np.float64)
+    dx = pool_backward(dy, x, y, window, stride=stride, padding=padding)
+    np.testing.assert_array_equal(dx, loop_max_backward(dy, x, window, stride, padding))
+
+
+@pytest.mark.parametrize("window,stride,padding", CONFIGS)
+@pytest.mark.parametrize("count_include_pad", [True, False])
+def test_avg_backward_is_the_adjoint(rng, window, stride, padding, count_include_pad):
+    x = random_array(rng, (2, 3, 7, 6))
+    opts = dict(mode="avg", stride=stride, padding=padding, count_include_pad=count_include_pad)
+    y = pool(x, window, **opts)
+    dy = random_array(rng, y.shape)
+    dx = pool_backward(dy, x, None, window, **opts)
+    np.testing.assert_allclose(np.vdot(y, dy), np.vdot(x, dx), rtol=1e-12)
+
+
+@pytest.mark.parametrize("mode", ["max", "avg"])
+@pytest.mark.parametrize("window,stride,padding", CONFIGS[:3])
+def test_backward_by_finite_differences(rng, mode, window, stride, padding):
+    x = random_array(rng, (1, 2, 5, 6))  # distinct values: max is differentiable
+    opts = dict(mode=mode, stride=stride, padding=padding)
+    dy = random_array(rng, pool(x, window, **opts).shape)
+    dx = pool_backward(dy, x, None, window, **opts)
+    h = 1e-6
+    numeric = np.zeros_like(x)
+    for idx in np.ndindex(x.shape):
+        xp_, xm = x.copy(), x.copy()
+        xp_[idx] += h
+        xm[idx] -= h
+        numeric[idx] = np.vdot(pool(xp_, window, **opts) - pool(xm, window, **opts), dy) / (2 * h)
+    np.testing.assert_allclose(dx, numeric, rtol=1e-6, atol=1e-8)
+
+
+@pytest.mark.parametrize("mode", ["max", "avg"])
+def test_nhwc_is_the_transposed_nchw(rng, mode):
+    x = random_array(rng, (2, 3, 7, 5))
+    y = pool(x, 3, mode=mode, stride=2, padding=1)
+    y_nhwc = pool(x.transpose(0, 2, 3, 1), 3, mode=mode, stride=2, padding=1, layout="NHWC")
+    np.testing.assert_array_equal(y_nhwc, y.transpose(0, 2, 3, 1))
+    dy = random_array(rng, y.shape)
+    dx = pool_backward(dy, x, y, 3, mode=mode, stride=2, padding=1)
+    dx_nhwc = pool_backward(dy.transpose(0, 2, 3, 1), x.transpose(0, 2, 3, 1), None, 3, mode=mode,
+                            stride=2, padding=1, layout="NHWC")
+    np.testing.assert_array_equal(dx_nhwc, dx.transpose(0, 2, 3, 1))
+
+
+@HYPOTHESIS
+@given(problem=pool_problems())
+def test_reference_matches_loops_hypothesis(problem):
+    rng = np.random.default_rng(0)
+    layout = problem.pop("layout")
+    x_shape = problem.pop("x_shape")
+    x = random_array(rng, x_shape)
+    x_nchw = x if layout == "NCHW" else x.transpose(0, 3, 1, 2)
+    expect, _ = loop_pool(x_nchw, problem["window"], problem["stride"], problem["padding"],
+                          problem["mode"], problem["count_include_pad"])
+    y = pool(x, layout=layout, **problem)
+    y_nchw = y if layout == "NCHW" else y.transpose(0, 3, 1, 2)
+    np.testing.assert_allclose(y_nchw, expect, rtol=1e-13)
+
+
+# ---------------------------------------------------------------------- both paths vs the reference
+
+def _check_against_reference(xp, x, dy, window, opts, layout):
+    """Run on xp with storage-dtype inputs; compare with the float64 reference."""
+    dtype = x.dtype
+    y = pool(xp.asarray(x), window, layout=layout, **opts)
+    dx = pool_backward(xp.asarray(dy), xp.asarray(x), y, window, layout=layout, **opts)
+    assert y.dtype == dtype and dx.dtype == dtype and type(y) is type(xp.asarray(x))
+    x64, dy64 = x.astype(np.float64), dy.astype(np.float64)
+    assert_close(y, pool(x64, window, layout=layout, **opts), dtype, what="pool")
+    assert_close(dx, pool_backward(dy64, x64, None, window, layout=layout, **opts), dtype,
+                 what="pool_backward")
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+@pytest.mark.parametrize("mode", ["max", "avg"])
+@pytest.mark.parametrize("window,stride,padding", CONFIGS)
+def test_matches_reference(xp, rng, dtype, layout, mode, window, stride, padding):
+    opts = dict(mode=mode, stride=stride, padding=padding, count_include_pad=mode == "avg")
+    shape = (2, 3, 13, 7) if layout == "NCHW" else (2, 13, 7, 3)
+    x = random_array(rng, shape, dtype)
+    y_shape = pool(x.astype(np.float64), window, layout=layout, **opts).shape
+    _check_against_reference(xp, x, random_array(rng, y_shape, dtype), window, opts, layout)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+@pytest.mark.parametrize("window,stride,padding", CONFIGS)
+def test_avg_count_exclude_pad_matches_reference(xp, rng, dtype, layout, window, stride, padding):
+    opts = dict(mode="avg", stride=stride, padding=padding, count_include_pad=False)
+    shape = (1, 3, 7, 13) if layout == "NCHW" else (1, 7, 13, 3)
+    x = random_array(rng, shape, dtype)
+    y_shape = pool(x.astype(np.float64), window, layout=layout, **opts).shape
+    _check_against_reference(xp, x, random_array(rng, y_shape, dtype), window, opts, layout)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+@pytest.mark.parametrize("window,stride,padding", CONFIGS)
+def test_max_ties_match_reference_exactly(xp, rng, dtype, layout, window, stride, padding):
+    """Integer-valued data: many ties, and every sum is exact in every dtype."""
+    shape = (2, 3, 7, 13) if layout == "NCHW" else (2, 7, 13, 3)
+    x = rng.integers(-2, 3, size=shape).astype(dtype)
+    opts = dict(stride=stride, padding=padding, layout=layout)
+    y = pool(xp.asarray(x), window, **opts)
+    dy = rng.integers(-4, 5, size=y.shape).astype(dtype)
+    dx = pool_backward(xp.asarray(dy), xp.asarray(x), y, window, **opts)
+    x64, dy64 = x.astype(np.float64), dy.astype(np.float64)
+    np.testing.assert_array_equal(_host(y).astype(np.float64), pool(x64, window, **opts))
+    np.testing.assert_array_equal(_host(dx).astype(np.float64),
+                                  pool_backward(dy64, x64, None, window, **opts))
+
+
+def _host(a):
+    return a.get() if hasattr(a, "get") else np.asarray(a)
+
+
+@pytest.mark.parametrize("mode", ["max", "avg"])
+def test_nan_propagates(xp, mode):
+    x = np.arange(16, dtype=np.float32).reshape(1, 1, 4, 4)
+    x[0, 0, 1, 1] = np.nan
+    y = _host(pool(xp.asarray(x), 2, mode=mode))
+    assert np.isnan(y[0, 0, 0, 0]) and not np.isnan(y[0, 0, 1:, 1:]).any()
+    dx = _host(pool_backward(xp.asarray(np.ones(y.shape, np.float32)), xp.asarray(x), None, 2,
+                             mode=mode))
+    expect = pool_backward(np.ones(y.shape), x.astype(np.float64), None, 2, mode=mode)
+    np.testing.assert_array_equal(dx, expect)
+
+
+@HYPOTHESIS
+@given(problem=pool_problems())
+def test_matches_reference_hypothesis(xp, problem):
+    rng = np.random.default_rng(1)
+    x = random_array(rng, problem.pop("x_shape"), np.float32)
+    window, layout = problem.pop("window"), problem.pop("layout")
+    y_shape = pool(x.astype(np.float64), window, layout=layout, **problem).shape
+    _check_against_reference(xp, x, random_array(rng, y_shape, np.float32), window, problem, layout)
+
+
+@pytest.mark.parametrize("mode", ["max", "avg"])
+def test_non_contiguous_input(xp, rng, mode):
+    base = random_array(rng, (2, 7, 9, 6), np.float32)
+    x = xp.asarray(base).transpose(0, 3, 1, 2)  # NCHW view of NHWC memory
+    y = pool(x, 3, mode=mode, stride=2, padding=1)
+    x_copy = np.ascontiguousarray(base.transpose(0, 3, 1, 2))
+    assert_close(y, pool(x_copy.astype(np.float64), 3, mode=mode, stride=2, padding=1), np.float32)
+    dy = xp.asarray(random_array(rng, y.shape[::-1], np.float32)).T
+    dx = pool_backward(dy, x, y, 3, mode=mode, stride=2, padding=1)
+    assert_close(dx, pool_backward(_host(dy).astype(np.float64), x_copy.astype(np.float64), None, 3,
+                                   mode=mode, stride=2, padding=1), np.float32)
+
+
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_empty_batch(xp, layout):
+    shape = (0, 3, 5, 5)
+    x = xp.zeros(shape, np.float32)
+    y = pool(x, 2, layout=layout)
+    assert y.shape == ((0, 3, 2, 2) if layout == "NCHW" else (0, 1, 2, 5))
+    dx = pool_backward(y, x, y, 2, layout=layout)
+    assert dx.shape == shape
+
+
+def test_dy_none_is_zero_gradient(xp, rng):
+    x = xp.asarray(random_array(rng, (1, 2, 4, 4)))
+    dx = pool_backward(None, x, None, 2, mode="avg")
+    assert dx.shape == x.shape and not _host(dx).any()
+
+
+# ---------------------------------------------------------------------- bad inputs
+
+def _x():
+    return np.ones((1, 2, 5, 5), np.float32)
+
+
+@pytest.mark.parametrize("kwargs,error,match", [
+    (dict(window=0), ValueError, "window"),
+    (dict(window=(2, 2, 2)), TypeError, "window"),
+    (dict(window=2.0), TypeError, "window"),
+    (dict(window=2, stride=0), ValueError, "stride"),
+    (dict(window=2, stride=(1, -1)), ValueError, "stride"),
+    (dict(window=2, padding=-1), ValueError, "padding"),
+    (dict(window=3, padding=2), ValueError, "padding"),
+    (dict(window=(3, 2), padding=(1, 2)), ValueError, "padding"),
+    (dict(window=8, padding=1), ValueError, "window"),
+    (dict(window=2, mode="min"), ValueError, "mode"),
+    (dict(window=2, layout="NCWH"), ValueError, "layout"),
+    (dict(window=2, count_include_pad="yes"), TypeError, "count_include_pad"),
+])
+def test_bad_options(kwargs, error, match):
+    window = kwargs.pop("window")
+    with pytest.raises(error, match=match):
+        pool(_x(), window, **kwargs)
+    with pytest.raises(error, match=match):
+        pool_backward(None, _x(), None, window, **kwargs)
+
+
+def test_bad_x():
+    with pytest.raises(ValueError, match="x must be 4-D"):
+        pool(np.ones((2, 5, 5), np.float32), 2)
+    with pytest.raises(TypeError, match="x must have a floating dtype"):
+        pool(np.ones((1, 1, 4, 4), np.int32), 2)
+    with pytest.raises(TypeError, match="x must be a numpy.ndarray or cupy.ndarray"):
+        pool([[[[1.0]]]], 1)
+
+
+def test_bad_backward_arrays():
+    x = _x()
+    y = pool(x, 2)
+    with pytest.raises(ValueError, match="dy must have shape"):
+        pool_backward(np.ones((1, 2, 3, 3), np.float32), x, None, 2)
+    with pytest.raises(ValueError, match="y must have shape"):
+        pool_backward(y, x, np.ones((1, 2, 3, 3), np.float32), 2)
+    with pytest.raises(TypeError, match="dy has dtype float64"):
+        pool_backward(y.astype(np.float64), x, y, 2)
+    with pytest.raises(TypeError, match="y has dtype float16"):
+        pool_backward(y, x, y.astype(np.float16), 2)
+
+
+def test_mixing_numpy_and_cupy(gpu):
+    x = _x()
+    y = pool(x, 2)
+    with pytest.raises(TypeError, match="cannot mix NumPy and CuPy"):
+        pool_backward(gpu.asarray(y), x, None, 2)
