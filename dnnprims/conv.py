@@ -1,0 +1,188 @@
+"""2-D convolution: forward, backward data, backward filter, backward bias.
+
+Semantics are PyTorch's ``conv2d`` (cross-correlation).  Filters are always
+(K, C/groups, R, S); ``layout`` says how x, y, dx and dy are stored: "NCHW" or
+"NHWC" (an NHWC x has shape (N, H, W, C)).  ``stride``, ``padding`` and
+``dilation`` take an int or a pair.
+
+Every call: normalise and validate the arguments, describe the problem as a
+:class:`ConvProblem`, choose an algorithm from the registry (``algo="auto"`` or
+a name, see :mod:`dnnprims.algos`), then run the NumPy reference (NumPy input)
+or the algorithm (CuPy input).  The algorithm is chosen, and an unsupported one
+refused, on both paths, so both raise the same errors.
+"""
+import numpy as np
+
+from . import _validate
+from ._dtypes import FLOAT64
+from .algos import ConvProblem, choose
+from .algos.direct import backward_bias as _backward_bias_kernel
+from .reference import conv as _reference
+
+__all__ = ["conv2d_forward", "conv2d_backward_data", "conv2d_backward_filter",
+           "conv2d_backward_bias", "conv2d_output_shape", "ConvProblem"]
+
+
+def _shape_tuple(name, shape):
+    try:
+        shape = tuple(shape)
+    except TypeError:
+        raise TypeError(f"{name} must be a tuple of 4 ints, got {shape!r}") from None
+    if len(shape) != 4 or not all(isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+                                  for v in shape):
+        raise TypeError(f"{name} must be a tuple of 4 ints, got {shape!r}")
+    shape = tuple(int(v) for v in shape)
+    if min(shape) < 0:
+        raise ValueError(f"{name} must not have negative sizes, got {shape}")
+    return shape
+
+
+def _describe(x_shape, w_shape, stride, padding, dilation, groups, layout, dtype,
+              x_name="x", w_name="w"):
+    """Validate the geometry of a convolution and return its ConvProblem."""
+    _validate.check_layout(layout)
+    stride = _validate.int_pair("stride", stride, 1)
+    padding = _validate.int_pair("padding", padding, 0)
+    dilation = _validate.int_pair("dilation", dilation, 1)
+    if not isinstance(groups, (int, np.integer)) or isinstance(groups, bool):
+        raise TypeError(f"groups must be an int, got {groups!r}")
+    groups = int(groups)
+    if groups < 1:
+        raise ValueError(f"groups must be positive, got {groups}")
+    if layout == "NCHW":
+        N, C, H, W = x_shape
+    else:
+        N, H, W, C = x_shape
+    K, Cg, R, S = w_shape
+    if C % groups:
+        raise ValueError(f"{x_name} has {C} channels, which groups={groups} does not divide")
+    if K % groups:
+        raise ValueError(f"{w_name} has {K} filters (shape[0]), which groups={groups} does not divide")
+    if Cg * groups != C:
+        raise ValueError(f"{w_name} must have shape[1] == channels / groups = {C} / {groups} = "
+                         f"{C // groups}, got {w_name} shape {tuple(w_shape)}")
+    if R < 1 or S < 1:
+        raise ValueError(f"{w_name} must have a filter of at least 1 x 1, got shape {tuple(w_shape)}")
+    padded = (H + 2 * padding[0], W + 2 * padding[1])
+    extent = (dilation[0] * (R - 1) + 1, dilation[1] * (S - 1) + 1)
+    if extent[0] > padded[0] or extent[1] > padded[1]:
+        raise ValueError(f"{w_name}'s dilated filter size {extent[0]} x {extent[1]} is larger than "
+                         f"the padded input size {padded[0]} x {padded[1]} of {x_name}")
+    P = _reference.output_size(H, R, stride[0], padding[0], dilation[0])
+    Q = _reference.output_size(W, S, stride[1], padding[1], dilation[1])
+    return ConvProblem(N=N, C=C, H=H, W=W, K=K, R=R, S=S, P=P, Q=Q, stride=stride,
+                       padding=padding, dilation=dilation, groups=groups, layout=layout,
+                       dtype=np.dtype(dtype).name)
+
+
+def conv2d_output_shape(x_shape, w_shape, *, stride=1, padding=0, dilation=1, groups=1,
+                        layout="NCHW"):
+    """The shape of ``conv2d_forward``'s result, in ``layout``, after the same checks."""
+    problem = _describe(_shape_tuple("x_shape", x_shape), _shape_tuple("w_shape", w_shape),
+                        stride, padding, dilation, groups, layout, FLOAT64, "x_shape", "w_shape")
+    return problem.y_shape
+
+
+def _check_output_gradient(dy, problem, source):
+    if tuple(dy.shape) != problem.y_shape:
+        raise ValueError(f"dy has shape {tuple(dy.shape)} but {source} give an output of shape "
+                         f"{problem.y_shape} ({problem.layout})")
+
+
+def conv2d_forward(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1,
+                   layout="NCHW", algo="auto"):
+    """y = conv2d(x, w) + bias: x (N, C, H, W) or (N, H, W, C), w (K, C/groups, R, S)."""
+    xp = _validate.array_module(x=x, w=w, bias=bias)
+    dtype = _validate.check_same_dtype(x=x, w=w, bias=bias)
+    _validate.check_ndim("x", x, 4, f"{layout} input")
+    _validate.check_ndim("w", w, 4, "filters K, C/groups, R, S")
+    problem = _describe(x.shape, w.shape, stride, padding, dilation, groups, layout, dtype)
+    if bias is not None:
+        _validate.check_shape("bias", bias, (problem.K,), "one value per filter")
+    algorithm = choose(problem, "forward", algo)
+    if xp is np:
+        return _reference.conv2d_forward(x, w, bias, problem.stride, problem.padding,
+                                         problem.dilation, problem.groups, layout)
+    y = xp.empty(problem.y_shape, dtype=dtype)
+    if y.size == 0:
+        return y
+    x, w = _validate.contiguous(xp, x), _validate.contiguous(xp, w)
+    bias = None if bias is None else _validate.contiguous(xp, bias)
+    return algorithm.run(problem, "forward", x, w, y, bias=bias)
+
+
+def conv2d_backward_data(dy, w, x_shape, *, stride=1, padding=0, dilation=1, groups=1,
+                         layout="NCHW", algo="auto"):
+    """dx, the gradient of conv2d_forward with respect to x (of shape ``x_shape``).
+
+    With stride > 1 several input sizes give dy's size; ``x_shape`` picks one.
+    ``dy=None`` means a zero output gradient."""
+    xp = _validate.array_module(dy=dy, w=w)
+    dtype = _validate.check_same_dtype(dy=dy, w=w)
+    if dy is not None:
+        _validate.check_ndim("dy", dy, 4, f"{layout} output gradient")
+    _validate.check_ndim("w", w, 4, "filters K, C/groups, R, S")
+    x_shape = _shape_tuple("x_shape", x_shape)
+    problem = _describe(x_shape, w.shape, stride, padding, dilation, groups, layout, dtype,
+                        x_name="x_shape")
+    if dy is None:
+        return xp.zeros(x_shape, dtype=dtype)
+    _check_output_gradient(dy, problem, "x_shape and w")
+    algorithm = choose(problem, "backward_data", algo)
+    if xp is np:
+        return _reference.conv2d_backward_data(dy, w, x_shape, problem.stride, problem.padding,
+                                               problem.dilation, problem.groups, layout)
+    dx = xp.empty(x_shape, dtype=dtype)
+    if dx.size == 0:
+        return dx
+    dy, w = _validate.contiguous(xp, dy), _validate.contiguous(xp, w)
+    return algorithm.run(problem, "backward_data", dy, w, dx)
+
+
+def conv2d_backward_filter(x, dy, w_shape, *, stride=1, padding=0, dilation=1, groups=1,
+                           layout="NCHW", algo="auto"):
+    """dw, the gradient of conv2d_forward with respect to w (of shape ``w_shape``).
+
+    ``dy=None`` means a zero output gradient."""
+    xp = _validate.array_module(x=x, dy=dy)
+    dtype = _validate.check_same_dtype(x=x, dy=dy)
+    _validate.check_ndim("x", x, 4, f"{layout} input")
+    if dy is not None:
+        _validate.check_ndim("dy", dy, 4, f"{layout} output gradient")
+    w_shape = _shape_tuple("w_shape", w_shape)
+    problem = _describe(x.shape, w_shape, stride, padding, dilation, groups, layout, dtype,
+                        w_name="w_shape")
+    if dy is None:
+        return xp.zeros(w_shape, dtype=dtype)
+    _check_output_gradient(dy, problem, "x and w_shape")
+    algorithm = choose(problem, "backward_filter", algo)
+    if xp is np:
+        return _reference.conv2d_backward_filter(x, dy, w_shape, problem.stride, problem.padding,
+                                                 problem.dilation, problem.groups, layout)
+    if problem.N == 0 or problem.P * problem.Q == 0:  # empty sum: zero gradient
+        return xp.zeros(w_shape, dtype=dtype)
+    dw = xp.empty(w_shape, dtype=dtype)
+    if dw.size == 0:
+        return dw
+    x, dy = _validate.contiguous(xp, x), _validate.contiguous(xp, dy)
+    return algorithm.run(problem, "backward_filter", x, dy, dw)
+
+
+def conv2d_backward_bias(dy, *, layout="NCHW"):
+    """db[k] = sum of dy over batch and output positions: shape (K,).
+
+    dy cannot be None here: the gradient's length K is only known from dy."""
+    if dy is None:
+        raise TypeError("dy must be an array: the bias gradient's length is only known from dy "
+                        "(for a zero gradient pass zeros of the output's shape)")
+    xp = _validate.array_module(dy=dy)
+    _validate.check_float_dtype("dy", dy)
+    _validate.check_layout(layout)
+    _validate.check_ndim("dy", dy, 4, f"{layout} output gradient")
+    if xp is np:
+        return _reference.conv2d_backward_bias(dy, layout)
+    K = dy.shape[1] if layout == "NCHW" else dy.shape[3]
+    db = xp.zeros((K,), dtype=dy.dtype)
+    if dy.size == 0:
+        return db
+    return _backward_bias_kernel(_validate.contiguous(xp, dy), db, layout)

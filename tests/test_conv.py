@@ -1,0 +1,573 @@
+"""Convolution: the NumPy reference against independent implementations, every
+registered algorithm against the reference on both paths, and the input checks."""
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+import dnnprims
+from dnnprims import _dtypes, algos
+from dnnprims.algos import gemm as gemm_algo
+from dnnprims.conv import (ConvProblem, conv2d_backward_bias, conv2d_backward_data,
+                           conv2d_backward_filter, conv2d_forward, conv2d_output_shape)
+from dnnprims.testing import assert_close
+from dnnprims.testing.strategies import conv_problems
+
+from conftest import FLOAT_DTYPES, random_array
+
+F64 = np.float64
+HYPOTHESIS = settings(max_examples=30, deadline=None,
+                      suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+def _to_nhwc(a):
+    return np.ascontiguousarray(a.transpose(0, 2, 3, 1))
+
+
+def _to_nchw(a):
+    return np.ascontiguousarray(a.transpose(0, 3, 1, 2))
+
+
+def _options(stride, padding, dilation, groups, layout="NCHW"):
+    return dict(stride=stride, padding=padding, dilation=dilation, groups=groups, layout=layout)
+
+
+def _pair(v):
+    return (v, v) if isinstance(v, int) else tuple(v)
+
+
+# --- an independent implementation: the definition, as loops ---------------------
+
+def naive_conv2d(x, w, bias, stride, padding, dilation, groups):
+    """NCHW float64 convolution written straight from the definition."""
+    (sh, sw), (ph, pw), (dh, dw) = _pair(stride), _pair(padding), _pair(dilation)
+    N, C, H, W = x.shape
+    K, Cg, R, S = w.shape
+    Kg = K // groups
+    P = (H + 2 * ph - dh * (R - 1) - 1) // sh + 1
+    Q = (W + 2 * pw - dw * (S - 1) - 1) // sw + 1
+    y = np.zeros((N, K, P, Q))
+    for n in range(N):
+        for k in range(K):
+            g = k // Kg
+            for p in range(P):
+                for q in range(Q):
+                    total = 0.0 if bias is None else float(bias[k])
+                    for c in range(Cg):
+                        for r in range(R):
+                            for s in range(S):
+                                h, wi = p * sh - ph + r * dh, q * sw - pw + s * dw
+                                if 0 <= h < H and 0 <= wi < W:
+                                    total += x[n, g * Cg + c, h, wi] * w[k, c, r, s]
+                    y[n, k, p, q] = total
+    return y
+
+
+# (N, C, H, W, K, R, S, stride, padding, dilation, groups)
+CASES = [
+    pytest.param((2, 3, 7, 7, 4, 3, 3, 1, 1, 1, 1), id="3x3"),
+    pytest.param((1, 1, 1, 1, 1, 1, 1, 1, 0, 1, 1), id="all-ones"),
+    pytest.param((3, 4, 13, 7, 6, 3, 5, 2, (1, 2), 1, 2), id="groups2-stride2"),
+    pytest.param((2, 6, 13, 13, 6, 3, 3, 1, 1, 1, 6), id="depthwise"),
+    pytest.param((2, 4, 8, 6, 8, 3, 3, 2, 1, 1, 4), id="depthwise-x2-stride2"),
+    pytest.param((2, 4, 13, 13, 5, 3, 3, 3, 0, 2, 1), id="stride3-dilation2"),
+    pytest.param((1, 3, 7, 13, 5, 1, 1, 1, 0, 1, 1), id="1x1"),
+    pytest.param((2, 6, 7, 7, 12, 3, 2, (2, 1), (0, 1), (2, 1), 3), id="groups3-mixed"),
+    pytest.param((2, 3, 5, 5, 2, 1, 1, 3, 0, 1, 1), id="stride-skips-pixels"),
+    pytest.param((4, 16, 13, 13, 16, 3, 3, 1, 1, 1, 1), id="wide"),
+]
+
+TINY_CASES = CASES[:4] + CASES[5:6] + CASES[7:9]
+
+
+def _random_problem(rng, case, layout, dtype):
+    N, C, H, W, K, R, S, stride, padding, dilation, groups = case
+    x = random_array(rng, (N, C, H, W), dtype)
+    w = random_array(rng, (K, C // groups, R, S), dtype)
+    b = random_array(rng, (K,), dtype)
+    if layout == "NHWC":
+        x = _to_nhwc(x)
+    return x, w, b, _options(stride, padding, dilation, groups, layout)
+
+
+# --- (1) the reference against independent implementations -----------------------
+
+@pytest.mark.parametrize("case", TINY_CASES)
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_reference_forward_matches_loops(rng, case, layout):
+    x, w, b, opts = _random_problem(rng, case, layout, F64)
+    y = conv2d_forward(x, w, b, **opts)
+    x_nchw = x if layout == "NCHW" else _to_nchw(x)
+    expected = naive_conv2d(x_nchw, w, b, opts["stride"], opts["padding"], opts["dilation"],
+                            opts["groups"])
+    if layout == "NHWC":
+        expected = _to_nhwc(expected)
+    np.testing.assert_allclose(y, expected, rtol=1e-12, atol=1e-12)
+
+
+def test_reference_hand_computed():
+    x = np.arange(9, dtype=F64).reshape(1, 1, 3, 3)   # [[0 1 2] [3 4 5] [6 7 8]]
+    w = np.ones((1, 1, 2, 2))
+    np.testing.assert_array_equal(conv2d_forward(x, w)[0, 0], [[8, 12], [20, 24]])
+    # padding 1 adds a zero border; stride 2 keeps windows at padded rows/cols 0 and 2
+    np.testing.assert_array_equal(conv2d_forward(x, w, stride=2, padding=1)[0, 0], [[0, 3], [9, 24]])
+    # dilation 2 with a 2x2 filter reads the four corners
+    np.testing.assert_array_equal(conv2d_forward(x, w, np.array([0.5]), dilation=2)[0, 0], [[16.5]])
+    # cross-correlation, not convolution: the filter is not flipped
+    w_corner = np.zeros((1, 1, 2, 2))
+    w_corner[0, 0, 0, 0] = 1
+    np.testing.assert_array_equal(conv2d_forward(x, w_corner)[0, 0], [[0, 1], [3, 4]])
+    # backward data of a single output gradient spreads the filter onto its window
+    dy = np.zeros((1, 1, 2, 2))
+    dy[0, 0, 1, 0] = 1
+    w_taps = np.array([[[[1.0, 2.0], [3.0, 4.0]]]])
+    np.testing.assert_array_equal(conv2d_backward_data(dy, w_taps, (1, 1, 3, 3))[0, 0],
+                                  [[0, 0, 0], [1, 2, 0], [3, 4, 0]])
+    # backward filter of that dy picks out the window of x at output (1, 0)
+    np.testing.assert_array_equal(conv2d_backward_filter(x, dy, (1, 1, 2, 2))[0, 0], [[3, 4], [6, 7]])
+    np.testing.assert_array_equal(conv2d_backward_bias(np.ones((2, 3, 4, 5))), [40, 40, 40])
+
+
+def _adjoint_check(rng, x_shape, w_shape, **opts):
+    x, w = random_array(rng, x_shape, F64), random_array(rng, w_shape, F64)
+    y = conv2d_forward(x, w, **opts)
+    dy = random_array(rng, y.shape, F64)
+    dx = conv2d_backward_data(dy, w, x.shape, **opts)
+    dw = conv2d_backward_filter(x, dy, w.shape, **opts)
+    lhs = np.vdot(y, dy)
+    scale = np.linalg.norm(y) * np.linalg.norm(dy)
+    assert abs(lhs - np.vdot(x, dx)) <= 1e-12 * scale, "<conv(x,w), dy> != <x, backward_data(dy,w)>"
+    assert abs(lhs - np.vdot(w, dw)) <= 1e-12 * scale, "<conv(x,w), dy> != <w, backward_filter(x,dy)>"
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_reference_adjoint_identities(rng, case, layout):
+    x, w, _, opts = _random_problem(rng, case, layout, F64)
+    _adjoint_check(rng, x.shape, w.shape, **opts)
+
+
+@settings(max_examples=40, deadline=None)
+@given(problem=conv_problems(), seed=st.integers(0, 2**32 - 1))
+def test_reference_adjoint_identities_drawn(problem, seed):
+    problem = dict(problem)
+    _adjoint_check(np.random.default_rng(seed), problem.pop("x_shape"), problem.pop("w_shape"),
+                   **problem)
+
+
+@settings(max_examples=25, deadline=None)
+@given(problem=conv_problems(max_channels=4, max_size=7, max_filter=3, layouts=("NCHW",)),
+       seed=st.integers(0, 2**32 - 1))
+def test_reference_forward_matches_loops_drawn(problem, seed):
+    rng = np.random.default_rng(seed)
+    x = random_array(rng, problem["x_shape"], F64)
+    w = random_array(rng, problem["w_shape"], F64)
+    opts = {k: problem[k] for k in ("stride", "padding", "dilation", "groups")}
+    np.testing.assert_allclose(conv2d_forward(x, w, **opts), naive_conv2d(x, w, None, **opts),
+                               rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("case", [CASES[2], CASES[4], CASES[7]])
+def test_reference_filter_and_bias_gradients_by_finite_differences(rng, case):
+    # L(w, b) = <conv(x, w) + b, dy>; central differences are exact for a linear L
+    # up to rounding, so a step of 1e-3 leaves only float64 rounding error.
+    x, w, b, opts = _random_problem(rng, case, "NCHW", F64)
+    dy = random_array(rng, conv2d_forward(x, w, b, **opts).shape, F64)
+
+    def loss(w_, b_):
+        return np.vdot(conv2d_forward(x, w_, b_, **opts), dy)
+
+    eps = 1e-3
+    numeric_dw = np.zeros_like(w)
+    for i in np.ndindex(w.shape):
+        step = np.zeros_like(w)
+        step[i] = eps
+        numeric_dw[i] = (loss(w + step, b) - loss(w - step, b)) / (2 * eps)
+    numeric_db = np.array([(loss(w, b + eps * e) - loss(w, b - eps * e)) / (2 * eps)
+                           for e in np.eye(len(b))])
+    np.testing.assert_allclose(conv2d_backward_filter(x, dy, w.shape, **opts), numeric_dw,
+                               rtol=1e-7, atol=1e-8)
+    np.testing.assert_allclose(conv2d_backward_bias(dy), numeric_db, rtol=1e-7, atol=1e-8)
+
+
+# --- (2) every algorithm against the float64 reference, on both paths --------------
+
+def _problem_of(x, w, opts):
+    return dnnprims.conv._describe(x.shape, w.shape, opts["stride"], opts["padding"],
+                                   opts["dilation"], opts["groups"], opts["layout"], x.dtype)
+
+
+def _check_all_directions(xp, rng, x, w, b, opts, algo):
+    """Forward, both backward passes and the bias gradient of ``algo`` in x's dtype
+    against the float64 reference on the same (storage-rounded) inputs."""
+    dtype = x.dtype
+    x64, w64, b64 = x.astype(F64), w.astype(F64), b.astype(F64)
+    y64 = conv2d_forward(x64, w64, b64, **opts)
+    dy = random_array(rng, y64.shape, dtype)
+    dy64 = dy.astype(F64)
+    dx64 = conv2d_backward_data(dy64, w64, x.shape, **opts)
+    dw64 = conv2d_backward_filter(x64, dy64, w.shape, **opts)
+    db64 = conv2d_backward_bias(dy64, layout=opts["layout"])
+
+    X, Wt, B, DY = (xp.asarray(a) for a in (x, w, b, dy))
+    y = conv2d_forward(X, Wt, B, algo=algo, **opts)
+    dx = conv2d_backward_data(DY, Wt, x.shape, algo=algo, **opts)
+    dw = conv2d_backward_filter(X, DY, w.shape, algo=algo, **opts)
+    db = conv2d_backward_bias(DY, layout=opts["layout"])
+    for out in (y, dx, dw, db):
+        assert isinstance(out, type(X)) and out.dtype == dtype
+    assert_close(y, y64, dtype, algorithm=algo, what="forward")
+    assert_close(dx, dx64, dtype, algorithm=algo, what="backward_data")
+    assert_close(dw, dw64, dtype, algorithm=algo, what="backward_filter")
+    assert_close(db, db64, dtype, what="backward_bias")
+
+
+@pytest.mark.parametrize("algo", sorted(algos.REGISTRY))
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_algorithm_matches_reference(xp, rng, algo, case, layout, dtype):
+    x, w, b, opts = _random_problem(rng, case, layout, dtype)
+    problem = _problem_of(x, w, opts)
+    unsupported = [d for d in algos.DIRECTIONS if not algos.REGISTRY[algo].supports(problem, d)[0]]
+    if unsupported:
+        # An algorithm for part of the problems must refuse the others clearly.
+        y = conv2d_forward(x, w, **opts)
+        calls = {"forward": lambda: conv2d_forward(xp.asarray(x), xp.asarray(w), algo=algo, **opts),
+                 "backward_data": lambda: conv2d_backward_data(xp.asarray(y), xp.asarray(w), x.shape,
+                                                               algo=algo, **opts),
+                 "backward_filter": lambda: conv2d_backward_filter(xp.asarray(x), xp.asarray(y),
+                                                                   w.shape, algo=algo, **opts)}
+        for direction in unsupported:
+            with pytest.raises(ValueError, match=f"algo '{algo}' does not support this {direction}"):
+                calls[direction]()
+        return
+    _check_all_directions(xp, rng, x, w, b, opts, algo)
+
+
+@HYPOTHESIS
+@given(problem=conv_problems(), dtype=st.sampled_from(_dtypes.SUPPORTED), seed=st.integers(0, 2**32 - 1))
+def test_auto_matches_reference_drawn(xp, problem, dtype, seed):
+    rng = np.random.default_rng(seed)
+    problem = dict(problem)
+    x = random_array(rng, problem.pop("x_shape"), dtype)
+    w = random_array(rng, problem.pop("w_shape"), dtype)
+    b = random_array(rng, (w.shape[0],), dtype)
+    _check_all_directions(xp, rng, x, w, b, problem, "auto")
+
+
+def test_auto_rule():
+    def auto(x_shape, w_shape, dtype=np.float32, groups=1):
+        problem = _problem_of(np.zeros(x_shape, dtype), np.zeros(w_shape, dtype), _options(1, 1, 1, groups))
+        names = {algos.choose(problem, d, "auto").name for d in algos.DIRECTIONS}
+        assert len(names) == 1
+        return names.pop()
+
+    assert auto((2, 4, 7, 7), (8, 4, 3, 3)) == "gemm"
+    assert auto((2, 4, 7, 7), (8, 4, 3, 3), np.float64) == "gemm"
+    assert auto((2, 4, 7, 7), (8, 4, 3, 3), np.float16) == "direct"   # gemm: float32/64 only
+    assert auto((2, 4, 7, 7), (8, 2, 3, 3), groups=2) == "direct"
+    assert auto((2, 4, 7, 7), (4, 1, 3, 3), groups=4) == "direct"     # depthwise
+    big = (64, 64, 64, 64)  # column matrix 64*576*4096 floats = 604 MB > the limit
+    assert auto(big, (64, 64, 3, 3)) == "direct"
+
+
+def _emulated_column_view(p, col, strides):
+    """col seen as [n, c, r, s, p, q] through the kernels' element strides."""
+    sn, sj, spq = (st_ * col.itemsize for st_ in strides)
+    return np.lib.stride_tricks.as_strided(
+        col, (p.N, p.C, p.R, p.S, p.P, p.Q),
+        (sn, p.R * p.S * sj, p.S * sj, sj, p.Q * spq, spq), writeable=True)
+
+
+def _emulated_im2col(p, x, col, strides):
+    """kernels/conv_im2col.cu's conv_im2col, from its definition."""
+    x = x if p.layout == "NCHW" else x.transpose(0, 3, 1, 2)
+    ph, pw = p.padding
+    xpad = np.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw)))
+    view = _emulated_column_view(p, col, strides)
+    for r in range(p.R):
+        for s in range(p.S):
+            h0, w0 = r * p.dilation[0], s * p.dilation[1]
+            view[:, :, r, s] = xpad[:, :, h0:h0 + p.stride[0] * (p.P - 1) + 1:p.stride[0],
+                                    w0:w0 + p.stride[1] * (p.Q - 1) + 1:p.stride[1]]
+
+
+def _emulated_col2im(p, col, dx, strides):
+    """kernels/conv_im2col.cu's conv_col2im, from its definition."""
+    ph, pw = p.padding
+    dxpad = np.zeros((p.N, p.C, p.H + 2 * ph, p.W + 2 * pw))
+    view = _emulated_column_view(p, col, strides)
+    for r in range(p.R):
+        for s in range(p.S):
+            h0, w0 = r * p.dilation[0], s * p.dilation[1]
+            dxpad[:, :, h0:h0 + p.stride[0] * (p.P - 1) + 1:p.stride[0],
+                  w0:w0 + p.stride[1] * (p.Q - 1) + 1:p.stride[1]] += view[:, :, r, s]
+    dxpad = dxpad[:, :, ph:ph + p.H, pw:pw + p.W]
+    dx[...] = dxpad if p.layout == "NCHW" else dxpad.transpose(0, 2, 3, 1)
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_gemm_bookkeeping_on_numpy(monkeypatch, rng, case, layout):
+    # The gemm algorithm's reshapes, transposes and strides, run on NumPy with
+    # im2col / col2im emulated; the kernels themselves are checked on the GPU.
+    monkeypatch.setattr(gemm_algo, "im2col", _emulated_im2col)
+    monkeypatch.setattr(gemm_algo, "col2im", _emulated_col2im)
+    x, w, b, opts = _random_problem(rng, case, layout, F64)
+    p = _problem_of(x, w, opts)
+    algorithm = algos.REGISTRY["gemm"]
+    y = algorithm._forward(np, p, x, w, np.empty(p.y_shape), b)
+    np.testing.assert_allclose(y, conv2d_forward(x, w, b, **opts), rtol=1e-12, atol=1e-12)
+    dy = random_array(rng, p.y_shape, F64)
+    dx = algorithm._backward_data(np, p, dy, w, np.empty(p.x_shape))
+    np.testing.assert_allclose(dx, conv2d_backward_data(dy, w, x.shape, **opts), rtol=1e-12, atol=1e-12)
+    dw = algorithm._backward_filter(np, p, x, dy, np.empty(p.w_shape))
+    np.testing.assert_allclose(dw, conv2d_backward_filter(x, dy, w.shape, **opts), rtol=1e-12,
+                               atol=1e-12)
+    pointwise = gemm_algo.is_pointwise(p)
+    assert (algorithm.workspace_bytes(p, "forward") == 0) == pointwise
+
+
+def test_problem_is_a_hashable_key():
+    p = conv2d_output_shape((2, 3, 7, 7), (4, 3, 3, 3), padding=1)
+    assert p == (2, 4, 7, 7)
+    problem = _problem_of(np.zeros((2, 7, 7, 3), np.float32), np.zeros((4, 3, 3, 3), np.float32),
+                          _options(2, 1, 1, 1, "NHWC"))
+    assert problem == ConvProblem(N=2, C=3, H=7, W=7, K=4, R=3, S=3, P=4, Q=4, stride=(2, 2),
+                                  padding=(1, 1), dilation=(1, 1), groups=1, layout="NHWC",
+                                  dtype="float32")
+    assert hash(problem) == hash(_problem_of(np.ones((2, 7, 7, 3), np.float32),
+                                             np.ones((4, 3, 3, 3), np.float32),
+                                             _options((2, 2), (1, 1), 1, 1, "NHWC")))
+    assert problem.x_shape == (2, 7, 7, 3) and problem.y_shape == (2, 4, 4, 4)
+    assert problem.w_shape == (4, 3, 3, 3)
+    with pytest.raises(Exception):
+        problem.N = 3
+
+
+def test_noncontiguous_inputs_give_the_same_result(xp, rng):
+    x, w, b, opts = _random_problem(rng, CASES[2].values[0], "NCHW", np.float32)
+    X, Wt, B = xp.asarray(x), xp.asarray(w), xp.asarray(b)
+    y = conv2d_forward(X, Wt, B, **opts)
+    # the same values through strided views: every other element of larger arrays
+    X2 = xp.zeros(x.shape[:3] + (2 * x.shape[3],), x.dtype)
+    X2[..., ::2] = X
+    W2 = xp.asfortranarray(Wt)
+    B2 = xp.zeros(2 * len(b), b.dtype)
+    B2[::2] = B
+    assert not X2[..., ::2].flags.c_contiguous and not W2.flags.c_contiguous
+    xp.testing.assert_array_equal(conv2d_forward(X2[..., ::2], W2, B2[::2], **opts), y)
+    dy = xp.asarray(random_array(rng, y.shape, np.float32))
+    dyT = xp.asfortranarray(dy)
+    xp.testing.assert_array_equal(conv2d_backward_data(dyT, W2, x.shape, **opts),
+                                  conv2d_backward_data(dy, Wt, x.shape, **opts))
+    xp.testing.assert_array_equal(conv2d_backward_filter(X2[..., ::2], dyT, w.shape, **opts),
+                                  conv2d_backward_filter(X, dy, w.shape, **opts))
+    xp.testing.assert_array_equal(conv2d_backward_bias(dyT), conv2d_backward_bias(dy))
+
+
+def test_empty_batch_and_zero_gradients(xp, rng):
+    x = xp.asarray(random_array(rng, (0, 4, 7, 7), np.float32))
+    w = xp.asarray(random_array(rng, (6, 2, 3, 3), np.float32))
+    y = conv2d_forward(x, w, groups=2, padding=1)
+    assert y.shape == (0, 6, 7, 7) and isinstance(y, type(x))
+    dy = xp.zeros((0, 6, 7, 7), np.float32)
+    assert conv2d_backward_data(dy, w, (0, 4, 7, 7), groups=2, padding=1).shape == (0, 4, 7, 7)
+    dw = conv2d_backward_filter(x, dy, (6, 2, 3, 3), groups=2, padding=1)
+    assert dw.shape == (6, 2, 3, 3) and not dw.any()
+    db = conv2d_backward_bias(dy)
+    assert db.shape == (6,) and not db.any()
+    x1 = xp.asarray(random_array(rng, (2, 7, 7, 4), np.float32))
+    dx = conv2d_backward_data(None, w, (2, 7, 7, 4), groups=2, layout="NHWC")
+    assert dx.shape == (2, 7, 7, 4) and dx.dtype == np.float32 and not dx.any()
+    dw = conv2d_backward_filter(x1, None, (6, 2, 3, 3), groups=2, layout="NHWC")
+    assert dw.shape == (6, 2, 3, 3) and not dw.any()
+
+
+def test_backward_data_accepts_every_consistent_input_size(xp, rng):
+    # stride 2, 3x3, no padding: H = 7 and H = 8 both give P = 3
+    w = xp.asarray(random_array(rng, (2, 3, 3, 3)))
+    dy = xp.asarray(random_array(rng, (1, 2, 3, 3)))
+    dx7 = conv2d_backward_data(dy, w, (1, 3, 7, 7), stride=2)
+    dx8 = conv2d_backward_data(dy, w, (1, 3, 8, 8), stride=2)
+    xp.testing.assert_allclose(dx8[:, :, :7, :7], dx7, rtol=1e-12)
+    assert not dx8[:, :, 7, :].any() and not dx8[:, :, :, 7].any()  # never read by the forward pass
+    with pytest.raises(ValueError, match="x_shape"):
+        conv2d_backward_data(dy, w, (1, 3, 9, 9), stride=2)
+
+
+# --- (4) bad input: one test each ------------------------------------------------
+
+def _xw(dtype=np.float32, x_shape=(2, 4, 7, 7), w_shape=(6, 4, 3, 3)):
+    return np.ones(x_shape, dtype), np.ones(w_shape, dtype)
+
+
+def test_rejects_wrong_ndim():
+    x, w = _xw()
+    with pytest.raises(ValueError, match="x must be 4-D"):
+        conv2d_forward(x[0], w)
+    with pytest.raises(ValueError, match="w must be 4-D"):
+        conv2d_forward(x, w[0])
+    with pytest.raises(ValueError, match="dy must be 4-D"):
+        conv2d_backward_data(x[0], w, x.shape)
+    with pytest.raises(ValueError, match="dy must be 4-D"):
+        conv2d_backward_bias(x[0])
+
+
+def test_rejects_channels_not_divisible_by_groups():
+    x, w = _xw(w_shape=(6, 4, 3, 3))
+    with pytest.raises(ValueError, match="x has 4 channels, which groups=3"):
+        conv2d_forward(x, w, groups=3)
+
+
+def test_rejects_filters_not_divisible_by_groups():
+    x, w = _xw(w_shape=(5, 2, 3, 3))
+    with pytest.raises(ValueError, match="w has 5 filters"):
+        conv2d_forward(x, w, groups=2)
+
+
+def test_rejects_filter_channels_not_matching():
+    x, w = _xw(w_shape=(6, 4, 3, 3))
+    with pytest.raises(ValueError, match=r"w must have shape\[1\] == channels / groups"):
+        conv2d_forward(x, w, groups=2)
+    with pytest.raises(ValueError, match=r"w_shape must have shape\[1\]"):
+        conv2d_backward_filter(x, np.ones((2, 6, 5, 5), np.float32), (6, 3, 3, 3))
+
+
+def test_rejects_filter_larger_than_padded_input():
+    x, w = _xw(x_shape=(1, 4, 3, 3), w_shape=(2, 4, 3, 3))
+    with pytest.raises(ValueError, match="dilated filter size 5 x 5 is larger than the padded input"):
+        conv2d_forward(x, w, dilation=2)
+    conv2d_forward(x, w, dilation=2, padding=1)  # fits once padded
+    with pytest.raises(ValueError, match="w's dilated filter size 3 x 3"):
+        conv2d_forward(np.ones((1, 4, 2, 2), np.float32), w)
+
+
+@pytest.mark.parametrize("name,value", [("stride", 0), ("stride", (1, -1)), ("dilation", 0),
+                                        ("dilation", (0, 1)), ("padding", -1)])
+def test_rejects_bad_geometry_values(name, value):
+    x, w = _xw()
+    with pytest.raises(ValueError, match=name):
+        conv2d_forward(x, w, **{name: value})
+
+
+@pytest.mark.parametrize("name,value", [("stride", 1.5), ("padding", (1, 2, 3)), ("dilation", "2"),
+                                        ("groups", 1.0)])
+def test_rejects_geometry_of_wrong_type(name, value):
+    x, w = _xw()
+    with pytest.raises(TypeError, match=name):
+        conv2d_forward(x, w, **{name: value})
+
+
+def test_rejects_nonpositive_groups():
+    x, w = _xw()
+    with pytest.raises(ValueError, match="groups must be positive"):
+        conv2d_forward(x, w, groups=0)
+
+
+def test_rejects_mismatched_dtypes():
+    x, w = _xw()
+    with pytest.raises(TypeError, match="w has dtype float64 but x has dtype float32"):
+        conv2d_forward(x, w.astype(np.float64))
+    with pytest.raises(TypeError, match="bias has dtype float16"):
+        conv2d_forward(x, w, np.ones(6, np.float16))
+    with pytest.raises(TypeError, match="dy has dtype"):
+        conv2d_backward_filter(x, np.ones((2, 6, 5, 5)), w.shape)
+
+
+def test_rejects_integer_dtypes():
+    x, w = _xw()
+    with pytest.raises(TypeError, match="x must have a floating dtype"):
+        conv2d_forward(x.astype(np.int32), w.astype(np.int32))
+    with pytest.raises(TypeError, match="dy must have a floating dtype"):
+        conv2d_backward_bias(np.ones((1, 2, 3, 3), np.int64))
+
+
+def test_rejects_non_arrays():
+    x, w = _xw()
+    with pytest.raises(TypeError, match="x must be a numpy.ndarray or cupy.ndarray"):
+        conv2d_forward(x.tolist(), w)
+
+
+def test_rejects_numpy_mixed_with_cupy(gpu):
+    x, w = _xw()
+    with pytest.raises(TypeError, match="cannot mix NumPy and CuPy"):
+        conv2d_forward(x, gpu.asarray(w))
+    with pytest.raises(TypeError, match="cannot mix NumPy and CuPy"):
+        conv2d_backward_data(gpu.ones((2, 6, 5, 5), np.float32), w, x.shape)
+
+
+def test_rejects_bias_of_wrong_length():
+    x, w = _xw()
+    with pytest.raises(ValueError, match=r"bias must have shape \(6,\)"):
+        conv2d_forward(x, w, np.ones(4, np.float32))
+
+
+def test_rejects_bad_layout():
+    x, w = _xw()
+    with pytest.raises(ValueError, match="layout must be one of"):
+        conv2d_forward(x, w, layout="CHWN")
+    with pytest.raises(ValueError, match="layout must be one of"):
+        conv2d_backward_bias(x, layout="nchw")
+
+
+def test_rejects_unknown_algo():
+    x, w = _xw()
+    with pytest.raises(ValueError, match="algo must be 'auto' or one of 'direct'.*got 'winograd9'"):
+        conv2d_forward(x, w, algo="winograd9")
+    with pytest.raises(TypeError, match="algo must be a string"):
+        conv2d_forward(x, w, algo=None)
+
+
+def test_rejects_algo_that_does_not_support_the_problem(monkeypatch):
+    class ForwardOnly1x1(algos.ConvAlgorithm):
+        name = "test_forward_only_1x1"
+        directions = ("forward",)
+
+        def supports(self, problem, direction):
+            ok, reason = super().supports(problem, direction)
+            if ok and (problem.R, problem.S) != (1, 1):
+                return False, "it handles 1x1 filters only"
+            return ok, reason
+
+    monkeypatch.setitem(algos.REGISTRY, ForwardOnly1x1.name, ForwardOnly1x1())
+    x, w = _xw()
+    with pytest.raises(ValueError, match="algo 'test_forward_only_1x1' does not support this forward "
+                                         "problem: it handles 1x1 filters only"):
+        conv2d_forward(x, w, algo="test_forward_only_1x1")
+    with pytest.raises(ValueError, match="no backward_data implementation"):
+        conv2d_backward_data(np.ones((2, 6, 7, 7), np.float32), np.ones((6, 4, 1, 1), np.float32),
+                             x.shape, algo="test_forward_only_1x1")
+
+
+def test_rejects_x_shape_inconsistent_with_dy():
+    x, w = _xw()
+    dy = np.ones((2, 6, 5, 5), np.float32)
+    with pytest.raises(ValueError, match=r"dy has shape \(2, 6, 5, 5\) but x_shape and w"):
+        conv2d_backward_data(dy, w, (2, 4, 9, 9))
+    with pytest.raises(ValueError, match="x_shape and w"):
+        conv2d_backward_data(dy, w, (3, 4, 7, 7))  # batch differs
+    with pytest.raises(ValueError, match="x_shape and w"):
+        conv2d_backward_data(np.ones((2, 5, 5, 5), np.float32), w, x.shape)  # channels differ
+    with pytest.raises(TypeError, match="x_shape must be a tuple of 4 ints"):
+        conv2d_backward_data(dy, w, (2, 4, 7))
+    with pytest.raises(TypeError, match="x_shape must be a tuple of 4 ints"):
+        conv2d_backward_data(dy, w, 7)
+    with pytest.raises(ValueError, match="x_shape must not have negative sizes"):
+        conv2d_backward_data(dy, w, (2, 4, -7, 7))
+
+
+def test_rejects_w_shape_inconsistent_with_dy():
+    x, w = _xw()
+    dy = np.ones((2, 6, 5, 5), np.float32)
+    with pytest.raises(ValueError, match=r"dy has shape \(2, 6, 5, 5\) but x and w_shape"):
+        conv2d_backward_filter(x, dy, (6, 4, 2, 2))
+    with pytest.raises(ValueError, match="x and w_shape"):
+        conv2d_backward_filter(x, dy, (5, 4, 3, 3))
+    with pytest.raises(TypeError, match="w_shape must be a tuple of 4 ints"):
+        conv2d_backward_filter(x, dy, (6, 4, 3.0, 3))
+
+
+def test_rejects_none_dy_for_bias():
+    with pytest.raises(TypeError, match="dy must be an array"):
+        conv2d_backward_bias(None)
