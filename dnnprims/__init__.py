@@ -14,8 +14,8 @@ _PUBLIC = {
              "conv2d_backward_bias", "conv2d_output_shape", "ConvProblem"),
     "pooling": ("pool", "pool_backward"),
     "normalization": ("batchnorm", "batchnorm_backward"),
-    "softmax": ("softmax", "softmax_backward", "log_softmax", "log_softmax_backward"),
-    "activation": ("activation", "activation_backward", "ACTIVATION_MODES"),
+    "softmaxes": ("softmax", "softmax_backward", "log_softmax", "log_softmax_backward"),
+    "activations": ("activation", "activation_backward", "ACTIVATION_MODES"),
     "recurrent": ("lstm_cell", "lstm_cell_backward", "gru_cell", "gru_cell_backward"),
 }
 _WHERE = {name: module for module, names in _PUBLIC.items() for name in names}

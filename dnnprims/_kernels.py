@@ -69,7 +69,7 @@ class KernelFamily:
 
 def families():
     """Every kernel family the library declares (imports all primitive modules)."""
-    from . import algos, pooling, normalization, softmax, activation, recurrent  # noqa: F401
+    from . import algos, pooling, normalization, softmaxes, activations, recurrent  # noqa: F401
     return dict(_FAMILIES)
 
 

@@ -1,0 +1,134 @@
+"""Softmax and log-softmax over one axis, forward and backward (PyTorch semantics).
+
+``softmax(x, axis)`` normalises over any axis of an array of any ndim >= 1
+(negative axes count from the end); the backward functions take the forward
+output ``y``, not ``x``.  NumPy arrays run :mod:`dnnprims.reference.softmaxes`;
+CuPy arrays run ``kernels/softmax.cu``, which views the array as
+(outer, n, inner) around the reduced axis: contiguous rows (inner == 1) get a
+warp or a block per row, other axes (such as the channel axis of NCHW) a
+thread per (outer, inner) column.
+"""
+import numpy as np
+
+from . import _dtypes, _kernels, _validate
+from .reference import softmaxes as _reference
+
+# Rows up to this length get one warp each; longer rows one block each.
+_WARP_ROW_LIMIT = 1024
+_ROWS_PER_WARP_BLOCK = 8     # warps (rows) per block in the warp-per-row kernels
+_ROW_BLOCK = 512             # threads per block in the block-per-row kernels
+_COLUMN_BLOCK = 256          # threads per block in the column kernels
+_MAX_BLOCKS = 65536          # grids are capped; kernels loop with a grid stride
+# index_t must also hold an index plus one grid stride (the last loop step).
+_STRIDE_SLACK = _MAX_BLOCKS * _ROW_BLOCK
+
+_MAPPINGS = ("rows_warp", "rows_block", "columns")
+_INDEX_TYPES = ("int", "long long")
+
+FAMILY = _kernels.KernelFamily("softmax.cu", [
+    f"softmax_{direction}_{mapping}<{t}, {i}, {log}>"
+    for direction in ("forward", "backward")
+    for mapping in _MAPPINGS
+    for t in _dtypes.CUDA_TYPES
+    for i in _INDEX_TYPES
+    for log in ("false", "true")
+])
+
+
+def _normalize_axis(axis, ndim, name="x"):
+    if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)):
+        raise TypeError(f"axis must be an int, got {axis!r}")
+    axis = int(axis)
+    if not -ndim <= axis < ndim:
+        raise ValueError(f"axis {axis} is out of range for {name} with {ndim} dimension"
+                         f"{'' if ndim == 1 else 's'} (expected -{ndim} <= axis < {ndim})")
+    return axis % ndim
+
+
+def _check_at_least_1d(name, a):
+    if a.ndim < 1:
+        raise ValueError(f"{name} must have at least 1 dimension, got a 0-D array")
+
+
+def _view(shape, axis):
+    """(outer, n, inner) sizes around the reduced axis."""
+    outer = int(np.prod(shape[:axis], dtype=np.int64))
+    inner = int(np.prod(shape[axis + 1:], dtype=np.int64))
+    return outer, int(shape[axis]), inner
+
+
+def _launch(direction, log, arrays, shape, axis, dtype):
+    """Run one direction on contiguous CuPy arrays; the last array is the output."""
+    outer, n, inner = _view(shape, axis)
+    size = outer * n * inner
+    if size == 0:
+        return
+    index_t = _kernels.index_type(size + _STRIDE_SLACK)
+    itype = np.int32 if index_t == "int" else np.int64
+    template = f"<{_dtypes.cuda_type(dtype)}, {index_t}, {'true' if log else 'false'}>"
+    if inner == 1 and n <= _WARP_ROW_LIMIT:
+        grid = min(_kernels.ceil_div(outer, _ROWS_PER_WARP_BLOCK), _MAX_BLOCKS)
+        FAMILY.launch(f"softmax_{direction}_rows_warp{template}", (grid,), (32, _ROWS_PER_WARP_BLOCK),
+                      (*arrays, itype(outer), itype(n)))
+    elif inner == 1:
+        grid = min(outer, _MAX_BLOCKS)
+        FAMILY.launch(f"softmax_{direction}_rows_block{template}", (grid,), (_ROW_BLOCK,),
+                      (*arrays, itype(outer), itype(n)))
+    else:
+        grid = min(_kernels.ceil_div(outer * inner, _COLUMN_BLOCK), _MAX_BLOCKS)
+        FAMILY.launch(f"softmax_{direction}_columns{template}", (grid,), (_COLUMN_BLOCK,),
+                      (*arrays, itype(outer), itype(n), itype(inner)))
+
+
+def _forward(x, axis, log):
+    xp = _validate.array_module(x=x)
+    _validate.check_float_dtype("x", x)
+    _check_at_least_1d("x", x)
+    axis = _normalize_axis(axis, x.ndim)
+    if xp is np:
+        return (_reference.log_softmax if log else _reference.softmax)(x, axis)
+    x = _validate.contiguous(xp, x)
+    y = xp.empty(x.shape, x.dtype)
+    _launch("forward", log, (x, y), x.shape, axis, x.dtype)
+    return y
+
+
+def _backward(dy, y, axis, log):
+    xp = _validate.array_module(dy=dy, y=y)
+    _validate.check_float_dtype("y", y)
+    _check_at_least_1d("y", y)
+    axis = _normalize_axis(axis, y.ndim, "y")
+    if dy is None:  # a zero output gradient
+        return xp.zeros(y.shape, y.dtype)
+    _validate.check_same_dtype(dy=dy, y=y)
+    _validate.check_shape("dy", dy, y.shape, "the shape of y")
+    if xp is np:
+        return (_reference.log_softmax_backward if log else _reference.softmax_backward)(dy, y, axis)
+    dy, y = _validate.contiguous(xp, dy), _validate.contiguous(xp, y)
+    dx = xp.empty(y.shape, y.dtype)
+    _launch("backward", log, (dy, y, dx), y.shape, axis, y.dtype)
+    return dx
+
+
+def softmax(x, axis=-1):
+    """exp(x) / sum(exp(x)) along ``axis``, computed stably (max subtracted first)."""
+    return _forward(x, axis, log=False)
+
+
+def log_softmax(x, axis=-1):
+    """x - logsumexp(x) along ``axis``."""
+    return _forward(x, axis, log=True)
+
+
+def softmax_backward(dy, y, axis=-1):
+    """Gradient of :func:`softmax` given its output ``y``: ``y * (dy - sum(dy * y))``.
+
+    ``dy=None`` stands for a zero output gradient."""
+    return _backward(dy, y, axis, log=False)
+
+
+def log_softmax_backward(dy, y, axis=-1):
+    """Gradient of :func:`log_softmax` given its output ``y``: ``dy - exp(y) * sum(dy)``.
+
+    ``dy=None`` stands for a zero output gradient."""
+    return _backward(dy, y, axis, log=True)

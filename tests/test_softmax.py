@@ -1,0 +1,251 @@
+"""softmax / log_softmax and their backward: reference checks, GPU vs reference, bad inputs."""
+import math
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+
+from conftest import FLOAT_DTYPES, random_array
+from dnnprims.reference import softmaxes as ref
+from dnnprims.softmaxes import log_softmax, log_softmax_backward, softmax, softmax_backward
+from dnnprims.testing import assert_close
+from dnnprims.testing.strategies import softmax_problems
+
+SETTINGS = settings(max_examples=30, deadline=None,
+                    suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+def numerical_gradient(f, a, eps=1e-6):
+    """Central differences of the scalar f() with respect to every element of a (float64)."""
+    g = np.zeros_like(a)
+    for idx in np.ndindex(a.shape):
+        old = a[idx]
+        a[idx] = old + eps
+        up = f()
+        a[idx] = old - eps
+        down = f()
+        a[idx] = old
+        g[idx] = (up - down) / (2 * eps)
+    return g
+
+
+def softmax_by_rows(x, axis):
+    """Independent float64 softmax: each 1-D slice through math.exp, no vectorised reduction."""
+    moved = np.moveaxis(np.asarray(x, np.float64), axis, -1)
+    out = np.empty_like(moved)
+    for idx in np.ndindex(moved.shape[:-1]):
+        row = moved[idx]
+        top = max(row)
+        e = [math.exp(v - top) for v in row]
+        total = math.fsum(e)
+        out[idx] = [v / total for v in e]
+    return np.moveaxis(out, -1, axis)
+
+
+# ---- the reference against hand cases and independent formulas -----------------
+
+def test_hand_values():
+    x = np.log(np.array([[1.0, 2.0, 3.0, 4.0]]))
+    np.testing.assert_allclose(ref.softmax(x, -1), [[0.1, 0.2, 0.3, 0.4]], rtol=1e-15)
+    np.testing.assert_allclose(ref.log_softmax(x, -1), np.log([[0.1, 0.2, 0.3, 0.4]]), rtol=1e-14)
+    np.testing.assert_array_equal(ref.softmax(np.array([5.0]), 0), [1.0])
+
+
+def test_large_inputs_do_not_overflow():
+    x = np.array([1000.0, 1000.0, -1000.0])
+    np.testing.assert_allclose(ref.softmax(x, 0), [0.5, 0.5, 0.0], atol=1e-300)
+    np.testing.assert_allclose(ref.log_softmax(x, 0), [-math.log(2), -math.log(2), -2000 - math.log(2)])
+
+
+@pytest.mark.parametrize("axis", [0, 1, 2, 3, -1, -3])
+def test_matches_independent_loop_and_sums_to_one(rng, axis):
+    x = random_array(rng, (2, 3, 4, 5), low=-5, high=5)
+    y = ref.softmax(x, axis)
+    np.testing.assert_allclose(y, softmax_by_rows(x, axis), rtol=1e-13)
+    np.testing.assert_allclose(y.sum(axis=axis), 1.0, rtol=1e-14)
+    np.testing.assert_allclose(ref.log_softmax(x, axis), np.log(softmax_by_rows(x, axis)), rtol=1e-12, atol=1e-13)
+
+
+def test_shift_invariance(rng):
+    x = random_array(rng, (3, 7))
+    shift = random_array(rng, (3, 1), low=-50, high=50)
+    np.testing.assert_allclose(ref.softmax(x + shift, 1), ref.softmax(x, 1), rtol=1e-12)
+    np.testing.assert_allclose(ref.log_softmax(x + shift, 1), ref.log_softmax(x, 1), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
+@pytest.mark.parametrize("axis", [0, 1, -1])
+def test_backward_by_finite_differences(rng, log, axis):
+    forward, backward = (ref.log_softmax, ref.log_softmax_backward) if log else (ref.softmax, ref.softmax_backward)
+    x = random_array(rng, (2, 3, 4), low=-2, high=2)
+    dy = random_array(rng, x.shape)
+    analytic = backward(dy, forward(x, axis), axis)
+    numeric = numerical_gradient(lambda: float(np.sum(dy * forward(x, axis))), x)
+    np.testing.assert_allclose(analytic, numeric, rtol=1e-6, atol=1e-9)
+
+
+def test_backward_is_the_jacobian_transpose(rng):
+    """<dy, J v> == <J^T dy, v> with J = diag(y) - y y^T for one row."""
+    x = random_array(rng, (9,))
+    y = ref.softmax(x, 0)
+    jacobian = np.diag(y) - np.outer(y, y)
+    dy, v = random_array(rng, (9,)), random_array(rng, (9,))
+    np.testing.assert_allclose(dy @ (jacobian @ v), ref.softmax_backward(dy, y, 0) @ v, rtol=1e-12)
+    np.testing.assert_allclose(ref.log_softmax_backward(dy, np.log(y), 0),
+                               dy - y * dy.sum(), rtol=1e-12)
+
+
+# ---- every path against the float64 reference, in every dtype --------------------
+
+# Short and long rows (warp and block kernels), and middle axes (column kernel),
+# including the channel axis of an NCHW tensor.
+CASES = [
+    ((7, 13), -1), ((13,), 0), ((1,), 0), ((4, 1), -1), ((3, 3), 1), ((5, 3), 0),
+    ((3, 1000), 1), ((2, 1024), 1), ((3, 1025), -1), ((2, 5000), -1),
+    ((2, 7, 3, 5), 1), ((2, 7, 3, 5), 0), ((2, 7, 3, 5), 2), ((2, 7, 3, 5), -1),
+    ((2, 3000, 3), 1), ((1, 13, 1, 1), 1),
+]
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("shape,axis", CASES, ids=[f"{s}-axis{a}" for s, a in CASES])
+def test_forward_and_backward_against_reference(xp, rng, dtype, shape, axis):
+    x = random_array(rng, shape, dtype, low=-4, high=4)
+    dy = random_array(rng, shape, dtype)
+    x64, dy64 = x.astype(np.float64), dy.astype(np.float64)
+    y = softmax(xp.asarray(x), axis=axis)
+    assert y.dtype == dtype and y.shape == shape and isinstance(y, xp.ndarray)
+    assert_close(y, ref.softmax(x64, axis), dtype, what="softmax")
+    assert_close(log_softmax(xp.asarray(x), axis=axis), ref.log_softmax(x64, axis), dtype, what="log_softmax")
+
+    y_stored = ref.softmax(x, axis)  # a genuine softmax output in the storage dtype
+    dx = softmax_backward(xp.asarray(dy), xp.asarray(y_stored), axis=axis)
+    assert_close(dx, ref.softmax_backward(dy64, y_stored.astype(np.float64), axis), dtype,
+                 what="softmax_backward")
+    logy_stored = ref.log_softmax(x, axis)
+    dx = log_softmax_backward(xp.asarray(dy), xp.asarray(logy_stored), axis=axis)
+    assert_close(dx, ref.log_softmax_backward(dy64, logy_stored.astype(np.float64), axis), dtype,
+                 what="log_softmax_backward")
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_minus_infinity_entries(xp, dtype):
+    """Masked (-inf) entries get probability 0; a fully masked slice is NaN, as in PyTorch."""
+    x = np.array([[0.0, -np.inf, 0.0], [-np.inf, -np.inf, -np.inf], [1.0, 2.0, -np.inf]]).astype(dtype)
+    y = softmax(xp.asarray(x), axis=1)
+    y = np.asarray(y.get() if hasattr(y, "get") else y, np.float64)
+    np.testing.assert_array_equal(y[0], [0.5, 0.0, 0.5])
+    assert np.isnan(y[1]).all()
+    e = math.exp(-1)
+    np.testing.assert_allclose(y[2], [e / (1 + e), 1 / (1 + e), 0.0], rtol=4e-3)
+    ly = log_softmax(xp.asarray(x), axis=1)
+    ly = np.asarray(ly.get() if hasattr(ly, "get") else ly, np.float64)
+    assert ly[0, 1] == -np.inf and ly[2, 2] == -np.inf
+    # The same along a middle axis (column kernel).
+    yt = softmax(xp.asarray(np.ascontiguousarray(x.T)[None]), axis=1)
+    yt = np.asarray(yt.get() if hasattr(yt, "get") else yt, np.float64)
+    np.testing.assert_array_equal(yt[0, :, 0], [0.5, 0.0, 0.5])
+    assert np.isnan(yt[0, :, 1]).all()
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_non_contiguous_input(xp, rng, dtype):
+    base = random_array(rng, (6, 5, 8), dtype, low=-3, high=3)
+    x = xp.asarray(base)[:, ::2, 1::2].transpose(2, 0, 1)  # strided and transposed
+    expected_x = np.ascontiguousarray(base[:, ::2, 1::2].transpose(2, 0, 1)).astype(np.float64)
+    for axis in (0, 1, 2):
+        assert_close(softmax(x, axis=axis), ref.softmax(expected_x, axis), dtype, what=f"axis {axis}")
+        y = ref.softmax(expected_x, axis).astype(dtype)
+        dy = random_array(rng, y.shape, dtype)
+        strided_dy = xp.asarray(np.asfortranarray(dy))
+        assert_close(softmax_backward(strided_dy, xp.asarray(y), axis=axis),
+                     ref.softmax_backward(dy.astype(np.float64), y.astype(np.float64), axis), dtype)
+
+
+@pytest.mark.parametrize("shape,axis", [((0, 5), -1), ((3, 0), -1), ((3, 0, 2), 0)])
+def test_empty(xp, shape, axis):
+    x = xp.ones(shape, np.float32)
+    for f in (softmax, log_softmax):
+        y = f(x, axis=axis)
+        assert y.shape == shape and y.dtype == np.float32
+    assert softmax_backward(x, x, axis=axis).shape == shape
+    assert log_softmax_backward(x, x, axis=axis).shape == shape
+
+
+def test_zero_output_gradient(xp, rng):
+    y = xp.asarray(ref.softmax(random_array(rng, (3, 4)), 1))
+    for backward in (softmax_backward, log_softmax_backward):
+        dx = backward(None, y, axis=1)
+        assert dx.shape == (3, 4) and not bool((dx != 0).any())
+
+
+@SETTINGS
+@given(problem=softmax_problems())
+def test_hypothesis_shapes_and_axes(xp, problem):
+    shape, axis = problem
+    rng = np.random.default_rng(sum(shape) + axis)
+    for dtype in (np.float32, np.float64):
+        x = random_array(rng, shape, dtype, low=-6, high=6)
+        expected = softmax_by_rows(x, axis)
+        assert_close(softmax(xp.asarray(x), axis=axis), expected, dtype, what="softmax")
+        assert_close(log_softmax(xp.asarray(x), axis=axis), np.log(expected), dtype, what="log_softmax")
+        dy = random_array(rng, shape, dtype)
+        y = expected.astype(dtype)
+        assert_close(softmax_backward(xp.asarray(dy), xp.asarray(y), axis=axis),
+                     y * (dy - np.sum(dy * y, axis=axis, keepdims=True, dtype=np.float64)), dtype)
+
+
+# ---- bad inputs --------------------------------------------------------------
+
+@pytest.mark.parametrize("f", [softmax, log_softmax])
+def test_axis_out_of_range(f):
+    with pytest.raises(ValueError, match="axis 2 is out of range"):
+        f(np.ones((2, 3)), axis=2)
+    with pytest.raises(ValueError, match="axis -3"):
+        f(np.ones((2, 3)), axis=-3)
+
+
+@pytest.mark.parametrize("f", [softmax_backward, log_softmax_backward])
+def test_backward_axis_out_of_range(f):
+    with pytest.raises(ValueError, match="axis 5"):
+        f(np.ones((2, 3)), np.ones((2, 3)), axis=5)
+
+
+@pytest.mark.parametrize("axis", [1.0, None, "1", True])
+def test_axis_not_an_int(axis):
+    with pytest.raises(TypeError, match="axis must be an int"):
+        softmax(np.ones((2, 3)), axis=axis)
+
+
+def test_zero_dimensional_input():
+    with pytest.raises(ValueError, match="x must have at least 1 dimension"):
+        softmax(np.array(1.0))
+    with pytest.raises(ValueError, match="y must have at least 1 dimension"):
+        softmax_backward(np.array(1.0), np.array(1.0))
+
+
+def test_integer_dtype():
+    with pytest.raises(TypeError, match="x must have a floating dtype"):
+        log_softmax(np.ones((2, 3), np.int32))
+    with pytest.raises(TypeError, match="dy must have a floating dtype"):
+        softmax_backward(np.ones((2, 3), np.int64), np.ones((2, 3)))
+
+
+def test_not_an_array():
+    with pytest.raises(TypeError, match="x must be a numpy.ndarray or cupy.ndarray"):
+        softmax([1.0, 2.0])
+
+
+def test_mismatched_dtypes():
+    with pytest.raises(TypeError, match="y has dtype float64 but dy has dtype float32"):
+        softmax_backward(np.ones((2, 3), np.float32), np.ones((2, 3)))
+
+
+def test_mismatched_shapes():
+    with pytest.raises(ValueError, match=r"dy must have shape \(2, 3\)"):
+        log_softmax_backward(np.ones((3, 2)), np.ones((2, 3)))
+
+
+def test_mixing_numpy_and_cupy(gpu):
+    with pytest.raises(TypeError, match="cannot mix NumPy and CuPy arrays: dy is NumPy but y is CuPy"):
+        softmax_backward(np.ones((2, 3)), gpu.ones((2, 3)))
