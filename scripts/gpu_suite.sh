@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# The one project script for the GPU machine: GPU tests, the main job on the
+# GPU, and the benchmark against PyTorch/cuDNN, with a summary printed last.
+# That machine has numpy, cupy, torch, pytest and hypothesis preinstalled and
+# no package registry: nothing is installed here; the repository is imported
+# through PYTHONPATH.
+#
+#   bash scripts/gpu_suite.sh                  # tests, main job, benchmark (all)
+#   bash scripts/gpu_suite.sh tests            # GPU tests only
+#   bash scripts/gpu_suite.sh tests -k pool    # GPU tests, pytest -k expression
+#   bash scripts/gpu_suite.sh bench [conv|memory|rnn|all] [bench options...]
+#   bash scripts/gpu_suite.sh main             # the main job on the GPU only
+#
+# Logs and bench.json (+ bench.png) go to $OUT when it is set, else ./out.
+set -uo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONUNBUFFERED=1
+export CUPY_TF32=0
+OUTDIR="${OUT:-$ROOT/out}"
+mkdir -p "$OUTDIR"
+PY="${PYTHON:-python3}"
+
+what="${1:-all}"
+[ $# -gt 0 ] && shift
+run_tests=0; run_main=0; run_bench=0
+pytest_args=(); bench_args=()
+case "$what" in
+    all) run_tests=1; run_main=1; run_bench=1; bench_args=(all) ;;
+    tests) run_tests=1; pytest_args=("$@") ;;
+    main) run_main=1 ;;
+    bench) run_bench=1; bench_args=("${@:-all}") ;;
+    *) echo "usage: bash scripts/gpu_suite.sh [all | tests [pytest args] | main | bench [suite] [options]]" >&2
+       exit 2 ;;
+esac
+
+echo "== devices"
+nvidia-smi -L || echo "nvidia-smi failed"
+"$PY" -c 'import cupy, numpy; print(f"cupy {cupy.__version__}, numpy {numpy.__version__}, CUDA runtime {cupy.cuda.runtime.runtimeGetVersion()}")' || true
+
+status=0
+tests_summary="(tests not run)"
+main_summary="(main job not run)"
+if [ "$run_tests" = 1 ]; then
+    echo "== GPU tests: pytest -m gpu ${pytest_args[*]:-}"
+    "$PY" -m pytest -q -m gpu tests/ -x --tb=short -p no:cacheprovider "${pytest_args[@]}" 2>&1 \
+        | tee "$OUTDIR/gpu_tests.log"
+    rc=$?
+    [ "$rc" -ne 0 ] && status=1
+    tests_summary="$(grep -E '^(=+ )?[0-9]+ (passed|failed|error|skipped|deselected)|no tests ran|passed|failed' "$OUTDIR/gpu_tests.log" | tail -n 1) (pytest exit $rc)"
+fi
+if [ "$run_main" = 1 ]; then
+    echo "== main job on the GPU: python -m dnnprims --device gpu"
+    "$PY" -m dnnprims --device gpu 2>&1 | tee "$OUTDIR/main_job.log"
+    rc=$?
+    [ "$rc" -ne 0 ] && status=1
+    main_summary="$(tail -n 1 "$OUTDIR/main_job.log") (exit $rc)"
+fi
+bench_table=""
+if [ "$run_bench" = 1 ]; then
+    echo "== benchmark: python -m dnnprims.bench ${bench_args[*]}"
+    "$PY" -m dnnprims.bench "${bench_args[@]}" --json "$OUTDIR/bench.json" 2>&1 | tee "$OUTDIR/bench.log"
+    rc=$?
+    [ "$rc" -ne 0 ] && status=1
+    # The summary table: everything after the last blank line that precedes it.
+    # The short summary the benchmark prints last (the full tables are in bench.log).
+    bench_table="$(sed -n '/^== benchmark summary/,$p' "$OUTDIR/bench.log")"
+fi
+
+echo
+echo "================ summary ================"
+echo "GPU tests: $tests_summary"
+echo "main job:  $main_summary"
+if [ -n "$bench_table" ]; then
+    echo "benchmark (full numbers in $OUTDIR/bench.json):"
+    echo "$bench_table"
+fi
+exit $status
