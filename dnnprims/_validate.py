@@ -129,5 +129,8 @@ def check_choice(name, value, choices):
 
 
 def contiguous(xp, a):
-    """A C-contiguous view or copy: kernels index with plain row-major strides."""
-    return xp.ascontiguousarray(a)
+    """A C-contiguous view or copy of the same shape: kernels index with plain
+    row-major strides.  (cupy.ascontiguousarray turns a 0-d array into 1-d.)"""
+    if a.flags.c_contiguous:
+        return a
+    return xp.ascontiguousarray(a).reshape(a.shape)
