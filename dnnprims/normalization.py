@@ -20,15 +20,25 @@ LAYOUTS = ("NCHW", "NHWC")
 # (storage type of x, storage type of the parameters)
 _TYPE_PAIRS = (("half_t", "half_t"), ("half_t", "float"), ("bfloat16_t", "bfloat16_t"),
                ("bfloat16_t", "float"), ("float", "float"), ("double", "double"))
-_KERNELS = ("batchnorm_statistics", "batchnorm_inference_statistics", "batchnorm_forward",
-            "batchnorm_backward_reduce", "batchnorm_backward_data")
+_X_TYPES = ("half_t", "bfloat16_t", "float", "double")
+_INDEX_TYPES = ("int", "long long")
+# Values per 16-byte vector access, by storage type (kernels/batchnorm.cu: VEC).
+_VECTOR = {"half_t": 8, "bfloat16_t": 8, "float": 4, "double": 2}
+_CHUNK = 4096  # values of one channel per block: BN_CHUNK in kernels/batchnorm.cu
+_BOOL = ("false", "true")
 
 FAMILY = KernelFamily("batchnorm.cu", [
-    f"{kernel}<{t}, {p}, {i}>" for kernel in _KERNELS for t, p in _TYPE_PAIRS
-    for i in ("int", "long long")])
+    *(f"batchnorm_partial_statistics<{t}, {i}, {v}>"
+      for t in _X_TYPES for i in _INDEX_TYPES for v in (1, _VECTOR[t])),
+    *(f"batchnorm_backward_reduce<{t}, {i}, {v}, {m}>"
+      for t in _X_TYPES for i in _INDEX_TYPES for v in (1, _VECTOR[t]) for m in _BOOL),
+    *(f"batchnorm_normalize<{t}, {p}, {i}, {v}, {m}>"
+      for t, p in _TYPE_PAIRS for i in _INDEX_TYPES for v in (1, _VECTOR[t]) for m in _BOOL),
+    *(f"batchnorm_backward_data<{t}, {p}, {i}, {v}>"
+      for t, p in _TYPE_PAIRS for i in _INDEX_TYPES for v in (1, _VECTOR[t])),
+])
 
-_BLOCK = 256
-_MAX_BLOCKS = 8192
+_BLOCK = 256  # BN_THREADS in kernels/batchnorm.cu
 
 
 def _shape(x, layout):
@@ -139,18 +149,42 @@ def batchnorm_backward(dy, x, gamma, *, eps=1e-5, mean=None, invstd=None, layout
 
 
 # ---------------------------------------------------------------------- GPU path
+# kernels/batchnorm.cu: one block per chunk of _CHUNK values of one channel;
+# training forward = partial statistics + normalize (2 launches), backward =
+# reduce + data (2, or 3 when the statistics must be recomputed).
 
 def _scalar(acc):
     return np.float32 if acc == np.float32 else np.float64
 
 
-def _spec(kernel, x_dtype, pdtype, index_t):
-    return f"{kernel}<{_dtypes.cuda_type(x_dtype)}, {_dtypes.cuda_type(pdtype)}, {index_t}>"
+class _Launch:
+    """Grid, index type and vector width shared by every kernel of one call."""
+
+    def __init__(self, x, channels, outer, inner, arrays):
+        t = _dtypes.cuda_type(x.dtype)
+        self.t = t
+        self.splits = ceil_div(outer * inner, _CHUNK)
+        self.grid = (channels * self.splits,)
+        # +_CHUNK: a chunk's last thread forms indices up to a chunk past n.
+        self.index_t = index_type(x.size + _CHUNK)
+        self.it = np.int32 if self.index_t == "int" else np.int64
+        vec = _VECTOR[t]
+        aligned = all(a.data.ptr % 16 == 0 for a in arrays)
+        self.vec = vec if inner % vec == 0 and aligned else 1
+        self.shape = (self.it(outer), self.it(channels), self.it(inner), np.int32(self.splits))
+
+    def spec(self, kernel, param_type=None, flag=None):
+        """`kernel<T, [P,] index_t, VEC[, flag]>`."""
+        args = [self.t, param_type, self.index_t, str(self.vec), flag]
+        return f"{kernel}<{', '.join(a for a in args if a is not None)}>"
 
 
-def _elementwise_grid(total):
-    blocks = min(ceil_div(total, _BLOCK), _MAX_BLOCKS)
-    return blocks, blocks * _BLOCK
+def _partial_statistics(cp, x, launch, acc):
+    part_mean = cp.empty(launch.grid[0], acc)
+    part_m2 = cp.empty(launch.grid[0], acc)
+    FAMILY.launch(launch.spec("batchnorm_partial_statistics"),
+                  launch.grid, (_BLOCK,), (x, part_mean, part_m2, *launch.shape))
+    return part_mean, part_m2
 
 
 def _batchnorm_gpu(cp, x, gamma, beta, running_mean, running_var, training, momentum, eps, pdtype,
@@ -162,19 +196,21 @@ def _batchnorm_gpu(cp, x, gamma, beta, running_mean, running_var, training, mome
         nan = cp.full(channels, np.nan, dtype=acc)
         return y, nan, nan.copy()
     x = _validate.contiguous(cp, x)
-    blocks, threads = _elementwise_grid(x.size)
-    index_t = index_type(x.size + max(threads, 1024))
-    it = np.int32 if index_t == "int" else np.int64
+    launch = _Launch(x, channels, outer, inner, (x, y))
     mean = cp.empty(channels, acc)
     invstd = cp.empty(channels, acc)
+    gamma = cp.ones(channels, pdtype) if gamma is None else _validate.contiguous(cp, gamma)
+    beta = cp.zeros(channels, pdtype) if beta is None else _validate.contiguous(cp, beta)
+    pt = _dtypes.cuda_type(pdtype)
     if training:
         update = running_mean is not None
-        rm = _validate.contiguous(cp, running_mean) if update else mean  # placeholder, unread
-        rv = _validate.contiguous(cp, running_var) if update else invstd
+        rm = _validate.contiguous(cp, running_mean) if update else gamma  # placeholder, unread
+        rv = _validate.contiguous(cp, running_var) if update else gamma
         n = outer * inner
-        FAMILY.launch(_spec("batchnorm_statistics", x.dtype, pdtype, index_t), (channels,), (_BLOCK,),
-                      (x, mean, invstd, rm, rv, it(outer), it(channels), it(inner), real(eps),
-                       real(momentum), real(n / (n - 1)), np.int32(update)))
+        part_mean, part_m2 = _partial_statistics(cp, x, launch, acc)
+        FAMILY.launch(launch.spec("batchnorm_normalize", pt, "true"), launch.grid, (_BLOCK,),
+                      (x, y, part_mean, part_m2, mean, invstd, rm, rv, gamma, beta, *launch.shape,
+                       real(eps), real(momentum), real(n / (n - 1)), np.int32(update), np.int32(1)))
         if update:  # the kernel updated contiguous copies: write them back
             if rm is not running_mean:
                 running_mean[...] = rm
@@ -183,44 +219,41 @@ def _batchnorm_gpu(cp, x, gamma, beta, running_mean, running_var, training, mome
     else:
         rm = _validate.contiguous(cp, running_mean)
         rv = _validate.contiguous(cp, running_var)
-        FAMILY.launch(_spec("batchnorm_inference_statistics", x.dtype, pdtype, index_t),
-                      (ceil_div(channels, _BLOCK),), (_BLOCK,),
-                      (rm, rv, mean, invstd, it(channels), real(eps)))
-    gamma = cp.ones(channels, pdtype) if gamma is None else _validate.contiguous(cp, gamma)
-    beta = cp.zeros(channels, pdtype) if beta is None else _validate.contiguous(cp, beta)
-    FAMILY.launch(_spec("batchnorm_forward", x.dtype, pdtype, index_t), (blocks,), (_BLOCK,),
-                  (x, y, mean, invstd, gamma, beta, it(x.size), it(channels), it(inner)))
+        FAMILY.launch(launch.spec("batchnorm_normalize", pt, "false"), launch.grid, (_BLOCK,),
+                      (x, y, mean, invstd, mean, invstd, rm, rv, gamma, beta, *launch.shape,
+                       real(eps), real(0), real(1), np.int32(0), np.int32(0)))
     return y, mean, invstd
 
 
 def _batchnorm_backward_gpu(cp, dy, x, gamma, mean, invstd, eps, pdtype, channels, outer, inner):
     acc = _dtypes.accumulate_dtype(x.dtype)
-    dgamma = cp.zeros(channels, pdtype)
-    dbeta = cp.zeros(channels, pdtype)
     dx = cp.empty(x.shape, x.dtype)
     if x.size == 0:
-        return dx, dgamma, dbeta
+        return dx, cp.zeros(channels, pdtype), cp.zeros(channels, pdtype)
+    dgamma = cp.empty(channels, pdtype)  # written by the kernels
+    dbeta = cp.empty(channels, pdtype)
     x = _validate.contiguous(cp, x)
     dy = _validate.contiguous(cp, dy)
-    blocks, threads = _elementwise_grid(x.size)
-    index_t = index_type(x.size + max(threads, 1024))
-    it = np.int32 if index_t == "int" else np.int64
-    if mean is None:
+    launch = _Launch(x, channels, outer, inner, (x, dy, dx))
+    recompute = mean is None
+    if recompute:
         mean = cp.empty(channels, acc)
         invstd = cp.empty(channels, acc)
-        FAMILY.launch(_spec("batchnorm_statistics", x.dtype, pdtype, index_t), (channels,), (_BLOCK,),
-                      (x, mean, invstd, mean, invstd, it(outer), it(channels), it(inner),
-                       _scalar(acc)(eps), _scalar(acc)(0), _scalar(acc)(1), np.int32(0)))
+        part_mean, part_m2 = _partial_statistics(cp, x, launch, acc)
     else:
         mean = _validate.contiguous(cp, mean)
         invstd = _validate.contiguous(cp, invstd)
+        part_mean = part_m2 = mean  # unread
     gamma = cp.ones(channels, pdtype) if gamma is None else _validate.contiguous(cp, gamma)
-    sum_dy = cp.empty(channels, acc)
-    sum_dy_xhat = cp.empty(channels, acc)
-    FAMILY.launch(_spec("batchnorm_backward_reduce", x.dtype, pdtype, index_t), (channels,), (_BLOCK,),
-                  (x, dy, mean, invstd, sum_dy, sum_dy_xhat, dgamma, dbeta, it(outer), it(channels),
-                   it(inner)))
-    FAMILY.launch(_spec("batchnorm_backward_data", x.dtype, pdtype, index_t), (blocks,), (_BLOCK,),
-                  (x, dy, mean, invstd, gamma, sum_dy, sum_dy_xhat, dx, it(x.size), it(channels),
-                   it(inner), _scalar(acc)(outer * inner)))
+    part_dy = cp.empty(launch.grid[0], acc)
+    part_dy_xhat = cp.empty(launch.grid[0], acc)
+    # Alternate the grid's direction from launch to launch (L2 reuse, see the .cu header).
+    reverse = 1 if recompute else 0
+    FAMILY.launch(launch.spec("batchnorm_backward_reduce", flag=_BOOL[recompute]),
+                  launch.grid, (_BLOCK,),
+                  (x, dy, mean, invstd, part_mean, part_m2, part_dy, part_dy_xhat, *launch.shape,
+                   _scalar(acc)(eps), np.int32(reverse)))
+    FAMILY.launch(launch.spec("batchnorm_backward_data", _dtypes.cuda_type(pdtype)), launch.grid,
+                  (_BLOCK,), (x, dy, mean, invstd, gamma, part_dy, part_dy_xhat, dx, dgamma, dbeta,
+                              *launch.shape, np.int32(1 - reverse)))
     return dx, dgamma, dbeta

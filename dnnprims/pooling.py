@@ -15,13 +15,24 @@ from .reference import pooling as reference
 MODES = ("max", "avg")
 LAYOUTS = ("NCHW", "NHWC")
 
+_BOOL = ("false", "true")
 FAMILY = KernelFamily("pooling.cu", [
-    f"pool_{mode}_{direction}<{t}, {i}, {'true' if nhwc else 'false'}>"
-    for mode in MODES for direction in ("forward", "backward")
-    for t in _dtypes.CUDA_TYPES for i in ("int", "long long") for nhwc in (False, True)])
+    *(f"pool_{mode}_{direction}<{t}, {i}, {nhwc}>"
+      for mode in MODES for direction in ("forward", "backward")
+      for t in _dtypes.CUDA_TYPES for i in ("int", "long long") for nhwc in _BOOL),
+    # NCHW fast paths: template <T, index_t, bool MAX>
+    *(f"pool_{kind}_{direction}<{t}, {i}, {is_max}>"
+      for kind, direction in (("forward", "nchw_tiled"), ("backward", "nchw_tiled"),
+                              ("global", "forward"), ("global", "backward"))
+      for t in _dtypes.CUDA_TYPES for i in ("int", "long long") for is_max in _BOOL)])
 
 _BLOCK = 256
-_MAX_BLOCKS = 8192  # grid-stride loops beyond this many blocks
+_MAX_BLOCKS = 8192  # grid-stride loops beyond this many blocks (general kernels)
+_MAX_ITEMS_BLOCKS = 1 << 20  # the same for the tiled and global kernels
+# Shared memory a tiled block may stage: 24 KB leaves 8 blocks of 256 threads
+# resident per SM (228 KB), the thread limit.
+_SMEM_BUDGET = 24 * 1024
+_FILL_ITEMS = 2 * 132  # split planes into more tiles until about this many blocks
 
 
 @dataclass(frozen=True)
@@ -91,7 +102,7 @@ def pool(x, window, *, mode="max", stride=None, padding=0, count_include_pad=Tru
     x = _validate.contiguous(xp, x)
     y = xp.empty(problem.y_shape, dtype=x.dtype)
     if y.size:
-        _launch(problem, "forward", y.size, x.size, (x, y))
+        _run(problem, "forward", (x, y))
     return y
 
 
@@ -117,8 +128,89 @@ def pool_backward(dy, x, y, window, *, mode="max", stride=None, padding=0, count
     dy = _validate.contiguous(xp, dy)
     dx = xp.empty(x.shape, dtype=x.dtype)
     if dx.size:
-        _launch(problem, "backward", dx.size, dy.size, (x, dy, dx))
+        _run(problem, "backward", (x, dy, dx))
     return dx
+
+
+def _run(problem, direction, arrays):
+    """Pick the path: whole-plane windows, NCHW row tiles, or the general kernels."""
+    x = arrays[0]
+    if problem.layout == "NCHW" and problem.h * problem.w < 2**31:
+        if (problem.window == (problem.h, problem.w) and problem.padding == (0, 0)):
+            return _launch_global(problem, direction, arrays)
+        tiling = _tiling(problem, direction)
+        if tiling is not None:
+            return _launch_tiled(problem, direction, arrays, *tiling)
+    if direction == "forward":
+        _launch(problem, direction, arrays[-1].size, x.size, arrays)
+    else:
+        _launch(problem, direction, x.size, arrays[1].size, arrays)
+
+
+def _tiling(problem, direction):
+    """(tile rows, shared bytes, x rows, windows) for the tiled kernels, or None
+    when not even one row tile fits the shared-memory budget.  Forward tiles are
+    output rows, backward tiles input rows (kernels/pooling.cu)."""
+    (kh, kw), (sh, _), (ho, wo) = problem.window, problem.stride, problem.out_hw
+    acc = _dtypes.accumulate_dtype(problem.dtype).itemsize
+    is_max = problem.mode == "max"
+    h, w = problem.h, problem.w
+
+    def need(rows):
+        if direction == "forward":
+            x_rows = min((rows - 1) * sh + kh, h)
+            return x_rows * w * acc, x_rows, 0
+        windows = min(ho, (rows + kh - 2) // sh + 1) * wo
+        x_rows = min(h, (windows // wo - 1) * sh + kh) if is_max else 0
+        # x rows, dy per window, argmax per window, then (8-byte aligned) the covering
+        # output ranges per tile row and per column
+        staged = x_rows * w * acc + windows * (acc + (4 if is_max else 0))
+        return ceil_div(staged, 8) * 8 + 8 * (rows + w), x_rows, windows
+
+    total = ho if direction == "forward" else h
+    if need(1)[0] > _SMEM_BUDGET:
+        return None
+    lo, hi = 1, total  # the largest tile that fits: need() grows with the rows
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if need(mid)[0] <= _SMEM_BUDGET else (lo, mid - 1)
+    planes = problem.n * problem.c
+    tiles = max(ceil_div(total, lo), min(total, ceil_div(_FILL_ITEMS, planes)))
+    rows = ceil_div(total, tiles)  # balanced tiles
+    return (rows, *need(rows))
+
+
+def _launch_tiled(problem, direction, arrays, rows, shared, x_rows, windows):
+    ho, wo = problem.out_hw
+    tiles = ceil_div(ho if direction == "forward" else problem.h, rows)
+    items = problem.n * problem.c * tiles
+    blocks = min(items, _MAX_ITEMS_BLOCKS)
+    index_t = index_type(arrays[0].size, arrays[-1].size, 2 * items)
+    it = np.int32 if index_t == "int" else np.int64
+    expr = (f"pool_{direction}_nchw_tiled<{_dtypes.cuda_type(problem.dtype)}, {index_t}, "
+            f"{_BOOL[problem.mode == 'max']}>")
+    args = (*arrays, *(it(v) for v in _scalars(problem)), np.int32(problem.count_include_pad),
+            np.int32(rows), np.int32(tiles), it(items))
+    if direction == "backward":
+        args += (np.int32(x_rows), np.int32(windows))
+    FAMILY.launch(expr, (blocks,), (_BLOCK,), args, shared_mem=shared)
+
+
+def _launch_global(problem, direction, arrays):
+    """Window = the whole plane: one warp per plane."""
+    planes = problem.n * problem.c
+    blocks = min(ceil_div(planes, _BLOCK // 32), _MAX_ITEMS_BLOCKS)
+    index_t = index_type(arrays[0].size, 2 * planes + _BLOCK)
+    it = np.int32 if index_t == "int" else np.int64
+    expr = (f"pool_global_{direction}<{_dtypes.cuda_type(problem.dtype)}, {index_t}, "
+            f"{_BOOL[problem.mode == 'max']}>")
+    FAMILY.launch(expr, (blocks,), (_BLOCK,), (*arrays, it(planes), np.int32(problem.h * problem.w)))
+
+
+def _scalars(problem):
+    ho, wo = problem.out_hw
+    return (problem.n, problem.c, problem.h, problem.w, ho, wo, *problem.window,
+            *problem.stride, *problem.padding)
 
 
 def _launch(problem, direction, threads, other_size, arrays):
@@ -130,10 +222,7 @@ def _launch(problem, direction, threads, other_size, arrays):
     nhwc = "true" if problem.layout == "NHWC" else "false"
     expr = (f"pool_{problem.mode}_{direction}<{_dtypes.cuda_type(problem.dtype)}, {index_t}, "
             f"{nhwc}>")
-    ho, wo = problem.out_hw
-    scalars = (problem.n, problem.c, problem.h, problem.w, ho, wo, *problem.window,
-               *problem.stride, *problem.padding)
-    args = (*arrays, *(it(v) for v in scalars))
+    args = (*arrays, *(it(v) for v in _scalars(problem)))
     if problem.mode == "avg":
         args += (np.int32(problem.count_include_pad),)
     FAMILY.launch(expr, (blocks,), (_BLOCK,), args)

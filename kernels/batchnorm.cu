@@ -8,19 +8,40 @@
 // statistics, dgamma and dbeta (T, or float when T is a half type -- the cuDNN
 // rule); A = acc_t<T> holds every intermediate, the saved mean and invstd.
 //
-// Reductions: one block per channel.  Each thread sums a fixed strided subset
-// of the channel's elements, then block_sum combines them in a fixed tree, so
-// results are bitwise reproducible.  Statistics are two-pass (mean first, then
-// the sum of squared deviations) -- exact enough for any data, unlike
-// E[x^2] - E[x]^2.  NHWC reads are strided by C within a block; the coalesced
-// and single-read variants come with issue 5.
+// Work split.  Every kernel runs one block of BN_THREADS threads per *chunk*:
+// BN_CHUNK consecutive values j of one channel (the last chunk of a channel
+// may be short), so a channel of 200k values gets ~50 blocks and the grid
+// fills the 132 SMs for any C.  Block id = channel * splits + chunk.  Thread t
+// handles values j = start + (k * BN_THREADS + t) * VEC + v: each warp reads
+// 32 * VEC consecutive values, VEC values (16 bytes) per load when inner is a
+// multiple of VEC and the pointers are 16-byte aligned (then a vector never
+// crosses an (outer) segment), else VEC = 1.
 //
-// Elementwise kernels: one thread per element, grid-stride loop.
+// Statistics (training): pass 1 (batchnorm_partial_statistics) keeps its
+// chunk in registers and computes the chunk's mean, then the sum of squared
+// deviations from it -- two-pass exact per chunk; chunks are merged with
+// Chan's pairwise formula in a fixed order (warp 0, lane-strided then a
+// shuffle tree), so results are bitwise reproducible and exact enough for any
+// data, unlike E[x^2] - E[x]^2.  The merge is redone by every block of pass 2
+// (a few dozen values from L2) instead of a separate launch; the block of chunk
+// 0 writes mean/invstd and the running statistics.
+//
+// The floor is: read x twice, write y once (forward); read x and dy twice,
+// write dx once (backward).  Pass 2 walks the chunks in the reverse order of
+// pass 1 (`reverse`), so its first blocks find the data pass 1 read last still
+// in L2 (50 MB on the H100).
+//
+// NHWC reads are strided by C within a chunk (correct, not yet fast).
 #include "common.cuh"
 
-#define GRID_STRIDE_LOOP(i, total)                                              \
-    for (index_t i = (index_t)blockIdx.x * blockDim.x + threadIdx.x; i < (total); \
-         i += (index_t)blockDim.x * gridDim.x)
+#define BN_THREADS 256
+#define BN_PER_THREAD 16
+#define BN_CHUNK (BN_THREADS * BN_PER_THREAD)
+
+template <typename T, int VEC>
+struct alignas(sizeof(T) * VEC) Pack {
+    T v[VEC];
+};
 
 template <typename index_t>
 __device__ __forceinline__ index_t channel_offset(index_t j, index_t c, index_t C, index_t inner) {
@@ -28,112 +49,324 @@ __device__ __forceinline__ index_t channel_offset(index_t j, index_t c, index_t 
     return (o * C + c) * inner + (j - o * inner);
 }
 
-// Per-channel mean and 1/sqrt(var + eps) with the biased variance; when
-// update_running is set, also running = (1 - momentum) * running + momentum * batch,
-// the variance made unbiased by the factor `unbias` = n / (n - 1).
-template <typename T, typename P, typename index_t>
-__global__ void batchnorm_statistics(const T* __restrict__ x, acc_t<T>* __restrict__ mean_out,
-                                     acc_t<T>* __restrict__ invstd_out, P* __restrict__ running_mean,
-                                     P* __restrict__ running_var, index_t outer, index_t C,
-                                     index_t inner, acc_t<T> eps, acc_t<T> momentum,
-                                     acc_t<T> unbias, int update_running) {
-    typedef acc_t<T> A;
-    __shared__ A scratch[32];
-    const index_t c = blockIdx.x;
-    const index_t n = outer * inner;
-    A sum = 0;
-    for (index_t j = threadIdx.x; j < n; j += blockDim.x) sum += load(x[channel_offset(j, c, C, inner)]);
-    const A mean = block_sum(sum, scratch) / A(n);
-    A squares = 0;
-    for (index_t j = threadIdx.x; j < n; j += blockDim.x) {
-        const A d = load(x[channel_offset(j, c, C, inner)]) - mean;
-        squares += d * d;
+template <typename T, int VEC, typename index_t>
+__device__ __forceinline__ void load_pack(const T* __restrict__ p, index_t off, acc_t<T> (&out)[VEC]) {
+    const Pack<T, VEC> pk = *reinterpret_cast<const Pack<T, VEC>*>(p + off);
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) out[v] = load(pk.v[v]);
+}
+
+template <typename T, int VEC, typename index_t>
+__device__ __forceinline__ void store_pack(T* __restrict__ p, index_t off, const acc_t<T> (&in)[VEC]) {
+    Pack<T, VEC> pk;
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) pk.v[v] = store<T>(in[v]);
+    *reinterpret_cast<Pack<T, VEC>*>(p + off) = pk;
+}
+
+// The block's (channel, chunk) pair; pass 2 may walk the grid backwards.
+__device__ __forceinline__ void chunk_of_block(int splits, int reverse, int& c, int& split) {
+    const int id = reverse ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x;
+    c = id / splits;
+    split = id - c * splits;
+}
+
+// Number of values in chunk `split` of a channel of n values.
+template <typename A, typename index_t>
+__device__ __forceinline__ A chunk_count(int split, index_t n) {
+    const index_t rest = n - (index_t)split * BN_CHUNK;
+    return A(rest < BN_CHUNK ? rest : (index_t)BN_CHUNK);
+}
+
+// Chan et al.: merge (count, mean, M2) of b into a.
+template <typename A>
+__device__ __forceinline__ void chan_merge(A& na, A& ma, A& m2a, A nb, A mb, A m2b) {
+    if (nb == A(0)) return;
+    if (na == A(0)) {
+        na = nb; ma = mb; m2a = m2b;
+        return;
     }
-    const A var = block_sum(squares, scratch) / A(n);
+    const A n = na + nb, delta = mb - ma, f = nb / n;
+    ma = ma + delta * f;
+    m2a = m2a + m2b + delta * delta * na * f;
+    na = n;
+}
+
+// Mean and biased variance of channel c from its `splits` chunk partials, in a
+// fixed order.  Called by every thread of the block; every thread gets the result.
+template <typename A, typename index_t>
+__device__ __forceinline__ void merge_statistics(const A* __restrict__ part_mean,
+                                                 const A* __restrict__ part_m2, int c, int splits,
+                                                 index_t n, A& mean, A& var) {
+    __shared__ A result[2];
+    if (threadIdx.x < 32) {
+        A cnt = 0, mu = 0, m2 = 0;
+        for (int b = threadIdx.x; b < splits; b += 32) {
+            chan_merge(cnt, mu, m2, chunk_count<A>(b, n), part_mean[c * splits + b],
+                       part_m2[c * splits + b]);
+        }
+#pragma unroll
+        for (int offset = 16; offset > 0; offset >>= 1) {
+            const A ob = __shfl_down_sync(0xffffffffu, cnt, offset);
+            const A om = __shfl_down_sync(0xffffffffu, mu, offset);
+            const A o2 = __shfl_down_sync(0xffffffffu, m2, offset);
+            if ((int)threadIdx.x + offset < 32) chan_merge(cnt, mu, m2, ob, om, o2);
+        }
+        if (threadIdx.x == 0) {
+            result[0] = mu;
+            result[1] = m2 / cnt;
+        }
+    }
+    __syncthreads();
+    mean = result[0];
+    var = result[1];
+}
+
+// Sums of two per-chunk partials of channel c, in a fixed order, to every thread.
+template <typename A>
+__device__ __forceinline__ void merge_sums(const A* __restrict__ part_a, const A* __restrict__ part_b,
+                                           int c, int splits, A& a, A& b) {
+    __shared__ A result[2];
+    if (threadIdx.x < 32) {
+        A sa = 0, sb = 0;
+        for (int k = threadIdx.x; k < splits; k += 32) {
+            sa += part_a[c * splits + k];
+            sb += part_b[c * splits + k];
+        }
+#pragma unroll
+        for (int offset = 16; offset > 0; offset >>= 1) {
+            sa += __shfl_down_sync(0xffffffffu, sa, offset);
+            sb += __shfl_down_sync(0xffffffffu, sb, offset);
+        }
+        if (threadIdx.x == 0) {
+            result[0] = sa;
+            result[1] = sb;
+        }
+    }
+    __syncthreads();
+    a = result[0];
+    b = result[1];
+}
+
+#define BN_SHAPE index_t outer, index_t C, index_t inner, int splits
+
+// Pass 1 of the training statistics: each block's chunk mean and sum of
+// squared deviations from it, into part_mean / part_m2 [C * splits].
+template <typename T, typename index_t, int VEC>
+__global__ void __launch_bounds__(BN_THREADS)
+batchnorm_partial_statistics(const T* __restrict__ x, acc_t<T>* __restrict__ part_mean,
+                             acc_t<T>* __restrict__ part_m2, BN_SHAPE) {
+    typedef acc_t<T> A;
+    constexpr int ITEMS = BN_PER_THREAD / VEC;
+    __shared__ A scratch[32];
+    int c, split;
+    chunk_of_block(splits, 0, c, split);
+    const index_t n = outer * inner;
+    const index_t start = (index_t)split * BN_CHUNK;
+    A vals[ITEMS][VEC];
+    A sum = 0;
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k) {
+        const index_t j = start + (index_t)(k * BN_THREADS + threadIdx.x) * VEC;
+        if (j < n) {
+            load_pack<T, VEC>(x, channel_offset(j, (index_t)c, C, inner), vals[k]);
+        } else {
+#pragma unroll
+            for (int v = 0; v < VEC; ++v) vals[k][v] = 0;
+        }
+    }
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k)
+#pragma unroll
+        for (int v = 0; v < VEC; ++v) sum += vals[k][v];
+    const A count = chunk_count<A>(split, n);
+    const A mean = block_sum(sum, scratch) / count;
+    A m2 = 0;
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k) {
+        const index_t j = start + (index_t)(k * BN_THREADS + threadIdx.x) * VEC;
+        if (j < n) {
+#pragma unroll
+            for (int v = 0; v < VEC; ++v) {
+                const A d = vals[k][v] - mean;
+                m2 += d * d;
+            }
+        }
+    }
+    m2 = block_sum(m2, scratch);
     if (threadIdx.x == 0) {
-        mean_out[c] = mean;
-        invstd_out[c] = A(1) / sqrt(var + eps);
-        if (update_running) {
-            running_mean[c] = store<P>((A(1) - momentum) * load(running_mean[c]) + momentum * mean);
-            running_var[c] = store<P>((A(1) - momentum) * load(running_var[c]) + momentum * (var * unbias));
+        part_mean[blockIdx.x] = mean;
+        part_m2[blockIdx.x] = m2;
+    }
+}
+
+// y = (x - mean[c]) * invstd[c] * gamma[c] + beta[c].
+// TRAINING: the statistics come from pass 1's partials; the block of chunk 0
+// writes mean/invstd and, when update_running is set, running = (1 - momentum)
+// * running + momentum * batch (variance made unbiased by `unbias` = n/(n-1)).
+// Inference: mean/invstd come from the running statistics; chunk 0 writes them out.
+template <typename T, typename P, typename index_t, int VEC, bool TRAINING>
+__global__ void __launch_bounds__(BN_THREADS)
+batchnorm_normalize(const T* __restrict__ x, T* __restrict__ y, const acc_t<T>* __restrict__ part_mean,
+                    const acc_t<T>* __restrict__ part_m2, acc_t<T>* __restrict__ mean_out,
+                    acc_t<T>* __restrict__ invstd_out, P* __restrict__ running_mean,
+                    P* __restrict__ running_var, const P* __restrict__ gamma,
+                    const P* __restrict__ beta, BN_SHAPE, acc_t<T> eps, acc_t<T> momentum,
+                    acc_t<T> unbias, int update_running, int reverse) {
+    typedef acc_t<T> A;
+    constexpr int ITEMS = BN_PER_THREAD / VEC;
+    int c, split;
+    chunk_of_block(splits, reverse, c, split);
+    const index_t n = outer * inner;
+    A mean, invstd;
+    if (TRAINING) {
+        A var;
+        merge_statistics(part_mean, part_m2, c, splits, n, mean, var);
+        invstd = A(1) / sqrt(var + eps);
+        if (split == 0 && threadIdx.x == 0) {
+            mean_out[c] = mean;
+            invstd_out[c] = invstd;
+            if (update_running) {
+                running_mean[c] = store<P>((A(1) - momentum) * A(load(running_mean[c])) + momentum * mean);
+                running_var[c] =
+                    store<P>((A(1) - momentum) * A(load(running_var[c])) + momentum * (var * unbias));
+            }
+        }
+    } else {
+        mean = load(running_mean[c]);
+        invstd = A(1) / sqrt(A(load(running_var[c])) + eps);
+        if (split == 0 && threadIdx.x == 0) {
+            mean_out[c] = mean;
+            invstd_out[c] = invstd;
+        }
+    }
+    const A scale = invstd * A(load(gamma[c]));
+    const A shift = A(load(beta[c]));
+    const index_t start = (index_t)split * BN_CHUNK;
+    A vals[ITEMS][VEC];
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k) {
+        const index_t j = start + (index_t)(k * BN_THREADS + threadIdx.x) * VEC;
+        if (j < n) load_pack<T, VEC>(x, channel_offset(j, (index_t)c, C, inner), vals[k]);
+    }
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k) {
+        const index_t j = start + (index_t)(k * BN_THREADS + threadIdx.x) * VEC;
+        if (j < n) {
+#pragma unroll
+            for (int v = 0; v < VEC; ++v) vals[k][v] = (vals[k][v] - mean) * scale + shift;
+            store_pack<T, VEC>(y, channel_offset(j, (index_t)c, C, inner), vals[k]);
         }
     }
 }
 
-// Inference: the running statistics as the mean and invstd the normalize kernel takes.
-template <typename T, typename P, typename index_t>
-__global__ void batchnorm_inference_statistics(const P* __restrict__ running_mean,
-                                               const P* __restrict__ running_var,
-                                               acc_t<T>* __restrict__ mean_out,
-                                               acc_t<T>* __restrict__ invstd_out, index_t C,
-                                               acc_t<T> eps) {
+// Pass 1 of the backward: per chunk, sum(dy) and sum(dy * xhat) into
+// part_dy / part_dy_xhat.  MERGE: mean/invstd are not given -- merge pass-0
+// statistics partials here, and chunk 0 writes them to mean / invstd for pass 2.
+template <typename T, typename index_t, int VEC, bool MERGE>
+__global__ void __launch_bounds__(BN_THREADS)
+batchnorm_backward_reduce(const T* __restrict__ x, const T* __restrict__ dy,
+                          acc_t<T>* __restrict__ mean_io, acc_t<T>* __restrict__ invstd_io,
+                          const acc_t<T>* __restrict__ part_mean, const acc_t<T>* __restrict__ part_m2,
+                          acc_t<T>* __restrict__ part_dy, acc_t<T>* __restrict__ part_dy_xhat,
+                          BN_SHAPE, acc_t<T> eps, int reverse) {
     typedef acc_t<T> A;
-    GRID_STRIDE_LOOP(c, C) {
-        mean_out[c] = load(running_mean[c]);
-        invstd_out[c] = A(1) / sqrt(A(load(running_var[c])) + eps);
-    }
-}
-
-// y = (x - mean[c]) * invstd[c] * gamma[c] + beta[c]
-template <typename T, typename P, typename index_t>
-__global__ void batchnorm_forward(const T* __restrict__ x, T* __restrict__ y,
-                                  const acc_t<T>* __restrict__ mean, const acc_t<T>* __restrict__ invstd,
-                                  const P* __restrict__ gamma, const P* __restrict__ beta,
-                                  index_t total, index_t C, index_t inner) {
-    typedef acc_t<T> A;
-    GRID_STRIDE_LOOP(i, total) {
-        const index_t c = (i / inner) % C;
-        const A xhat = (load(x[i]) - mean[c]) * invstd[c];
-        y[i] = store<T>(xhat * A(load(gamma[c])) + A(load(beta[c])));
-    }
-}
-
-// dbeta[c] = sum(dy), dgamma[c] = sum(dy * xhat) over the channel; the sums are
-// also kept in A for batchnorm_backward_data.
-template <typename T, typename P, typename index_t>
-__global__ void batchnorm_backward_reduce(const T* __restrict__ x, const T* __restrict__ dy,
-                                          const acc_t<T>* __restrict__ mean,
-                                          const acc_t<T>* __restrict__ invstd,
-                                          acc_t<T>* __restrict__ sum_dy, acc_t<T>* __restrict__ sum_dy_xhat,
-                                          P* __restrict__ dgamma, P* __restrict__ dbeta,
-                                          index_t outer, index_t C, index_t inner) {
-    typedef acc_t<T> A;
+    constexpr int ITEMS = BN_PER_THREAD / VEC;
     __shared__ A scratch[32];
-    const index_t c = blockIdx.x;
+    int c, split;
+    chunk_of_block(splits, reverse, c, split);
     const index_t n = outer * inner;
-    const A m = mean[c], s = invstd[c];
+    A m, s;
+    if (MERGE) {
+        A var;
+        merge_statistics(part_mean, part_m2, c, splits, n, m, var);
+        s = A(1) / sqrt(var + eps);
+        if (split == 0 && threadIdx.x == 0) {
+            mean_io[c] = m;
+            invstd_io[c] = s;
+        }
+    } else {
+        m = mean_io[c];
+        s = invstd_io[c];
+    }
+    const index_t start = (index_t)split * BN_CHUNK;
+    A xs[ITEMS][VEC], ds[ITEMS][VEC];
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k) {
+        const index_t j = start + (index_t)(k * BN_THREADS + threadIdx.x) * VEC;
+        if (j < n) {
+            const index_t off = channel_offset(j, (index_t)c, C, inner);
+            load_pack<T, VEC>(x, off, xs[k]);
+            load_pack<T, VEC>(dy, off, ds[k]);
+        } else {
+#pragma unroll
+            for (int v = 0; v < VEC; ++v) xs[k][v] = ds[k][v] = 0;
+        }
+    }
     A g = 0, gx = 0;
-    for (index_t j = threadIdx.x; j < n; j += blockDim.x) {
-        const index_t off = channel_offset(j, c, C, inner);
-        const A d = load(dy[off]);
-        g += d;
-        gx += d * ((load(x[off]) - m) * s);
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k) {
+        const index_t j = start + (index_t)(k * BN_THREADS + threadIdx.x) * VEC;
+        if (j < n) {
+#pragma unroll
+            for (int v = 0; v < VEC; ++v) {
+                g += ds[k][v];
+                gx += ds[k][v] * (xs[k][v] - m);
+            }
+        }
     }
     g = block_sum(g, scratch);
     gx = block_sum(gx, scratch);
     if (threadIdx.x == 0) {
-        sum_dy[c] = g;
-        sum_dy_xhat[c] = gx;
-        dbeta[c] = store<P>(g);
-        dgamma[c] = store<P>(gx);
+        part_dy[c * splits + split] = g;  // by (c, split): the grid may run backwards
+        part_dy_xhat[c * splits + split] = gx * s;
     }
 }
 
-// dx = gamma * invstd * (dy - sum(dy) / n - xhat * sum(dy * xhat) / n)
-template <typename T, typename P, typename index_t>
-__global__ void batchnorm_backward_data(const T* __restrict__ x, const T* __restrict__ dy,
-                                        const acc_t<T>* __restrict__ mean,
-                                        const acc_t<T>* __restrict__ invstd,
-                                        const P* __restrict__ gamma,
-                                        const acc_t<T>* __restrict__ sum_dy,
-                                        const acc_t<T>* __restrict__ sum_dy_xhat, T* __restrict__ dx,
-                                        index_t total, index_t C, index_t inner, acc_t<T> n) {
+// Pass 2 of the backward: dbeta = sum(dy), dgamma = sum(dy * xhat) (written by
+// chunk 0), dx = gamma * invstd * (dy - sum(dy) / n - xhat * sum(dy * xhat) / n).
+template <typename T, typename P, typename index_t, int VEC>
+__global__ void __launch_bounds__(BN_THREADS)
+batchnorm_backward_data(const T* __restrict__ x, const T* __restrict__ dy,
+                        const acc_t<T>* __restrict__ mean, const acc_t<T>* __restrict__ invstd,
+                        const P* __restrict__ gamma, const acc_t<T>* __restrict__ part_dy,
+                        const acc_t<T>* __restrict__ part_dy_xhat, T* __restrict__ dx,
+                        P* __restrict__ dgamma, P* __restrict__ dbeta, BN_SHAPE, int reverse) {
     typedef acc_t<T> A;
-    GRID_STRIDE_LOOP(i, total) {
-        const index_t c = (i / inner) % C;
-        const A s = invstd[c];
-        const A xhat = (load(x[i]) - mean[c]) * s;
-        const A scale = A(load(gamma[c])) * s;
-        dx[i] = store<T>(scale * (load(dy[i]) - sum_dy[c] / n - xhat * (sum_dy_xhat[c] / n)));
+    constexpr int ITEMS = BN_PER_THREAD / VEC;
+    int c, split;
+    chunk_of_block(splits, reverse, c, split);
+    const index_t n = outer * inner;
+    A g, gx;
+    merge_sums(part_dy, part_dy_xhat, c, splits, g, gx);
+    if (split == 0 && threadIdx.x == 0) {
+        dbeta[c] = store<P>(g);
+        dgamma[c] = store<P>(gx);
+    }
+    const A m = mean[c], s = invstd[c];
+    const A scale = A(load(gamma[c])) * s;
+    const A mean_dy = g / A(n), mean_dy_xhat = gx / A(n);
+    const index_t start = (index_t)split * BN_CHUNK;
+    A xs[ITEMS][VEC], ds[ITEMS][VEC];
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k) {
+        const index_t j = start + (index_t)(k * BN_THREADS + threadIdx.x) * VEC;
+        if (j < n) {
+            const index_t off = channel_offset(j, (index_t)c, C, inner);
+            load_pack<T, VEC>(x, off, xs[k]);
+            load_pack<T, VEC>(dy, off, ds[k]);
+        }
+    }
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k) {
+        const index_t j = start + (index_t)(k * BN_THREADS + threadIdx.x) * VEC;
+        if (j < n) {
+#pragma unroll
+            for (int v = 0; v < VEC; ++v) {
+                const A xhat = (xs[k][v] - m) * s;
+                xs[k][v] = scale * (ds[k][v] - mean_dy - xhat * mean_dy_xhat);
+            }
+            store_pack<T, VEC>(dx, channel_offset(j, (index_t)c, C, inner), xs[k]);
+        }
     }
 }

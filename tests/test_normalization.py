@@ -211,6 +211,39 @@ def test_matches_reference_hypothesis(xp, problem):
     assert_close(dbeta, dbeta64, np.float32, what="dbeta")
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.float64])
+@pytest.mark.parametrize("x_shape,offset", [((3, 4, 40, 48), 0), ((3, 4, 40, 48), 1),
+                                            ((5, 3, 7, 7), 0), ((9000, 3), 0)])
+def test_several_chunks_per_channel(xp, rng, dtype, x_shape, offset):
+    """More values per channel than one block's chunk (4096), 16-byte vector loads
+    (inner % 8 == 0), and the same data at a misaligned address (offset)."""
+    x_host = random_array(rng, x_shape, dtype, low=-1, high=3)
+    dy_host = random_array(rng, x_shape, dtype)
+    gamma, beta = _params(rng, x_shape, "NCHW", np.float32 if dtype == np.float16 else dtype)
+
+    def placed(a):  # a copy of a whose data starts `offset` elements into a buffer
+        buf = xp.empty(a.size + offset, a.dtype)
+        buf[offset:] = xp.asarray(a).ravel()
+        return buf[offset:].reshape(a.shape)
+
+    c = x_shape[1]
+    rm, rv = np.zeros(c, gamma.dtype), np.ones(c, gamma.dtype)
+    rm_x, rv_x = xp.array(rm), xp.array(rv)
+    f64 = lambda a: a.astype(np.float64)  # noqa: E731
+    rm64, rv64 = f64(rm), f64(rv)
+    y, mean, invstd = batchnorm(placed(x_host), xp.asarray(gamma), xp.asarray(beta), rm_x, rv_x,
+                                return_stats=True)
+    y64 = batchnorm(f64(x_host), f64(gamma), f64(beta), rm64, rv64)
+    assert_close(y, y64, dtype, what="y")
+    assert_close(rm_x, rm64, gamma.dtype, what="running_mean")
+    assert_close(rv_x, rv64, gamma.dtype, what="running_var")
+    expect = batchnorm_backward(f64(dy_host), f64(x_host), f64(gamma))
+    for stats in ({}, dict(mean=mean, invstd=invstd)):
+        got = batchnorm_backward(placed(dy_host), placed(x_host), xp.asarray(gamma), **stats)
+        for a, b, what in zip(got, expect, ("dx", "dgamma", "dbeta")):
+            assert_close(a, b, dtype, what=what)
+
+
 def test_non_contiguous_inputs(xp, rng):
     base = random_array(rng, (2, 5, 7, 3), np.float32)
     x = xp.asarray(base).transpose(0, 3, 1, 2)  # NCHW view of NHWC memory

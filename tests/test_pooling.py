@@ -281,6 +281,38 @@ def test_non_contiguous_input(xp, rng, mode):
                                    mode=mode, stride=2, padding=1), np.float32)
 
 
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("mode", ["max", "avg"])
+@pytest.mark.parametrize("shape,window,stride,padding", [
+    ((2, 3, 70, 120), 3, 2, 1),   # several row tiles per plane, with halo rows
+    ((1, 2, 9, 301), (3, 2), (1, 2), (1, 0)),  # rows misaligned for 16-byte loads
+    ((2, 5, 7, 7), 7, 1, 0),      # whole-plane window: the global path
+    ((3, 2, 4, 9), (4, 9), 2, 0),  # rectangular whole-plane window
+])
+def test_fast_paths_match_reference(xp, rng, dtype, mode, shape, window, stride, padding):
+    """Shapes that reach the tiled and global NCHW kernels in their less common corners."""
+    opts = dict(mode=mode, stride=stride, padding=padding, count_include_pad=mode == "avg")
+    x = random_array(rng, shape, dtype)
+    y_shape = pool(x.astype(np.float64), window, **opts).shape
+    _check_against_reference(xp, x, random_array(rng, y_shape, dtype), window, opts, "NCHW")
+
+
+@pytest.mark.parametrize("window,stride,padding", [(3, 2, 1), ((5, 4), 1, 0)])
+def test_fast_paths_ties_and_nan_exactly(xp, rng, window, stride, padding):
+    """Integer data (many ties, all -inf planes, NaNs) on the tiled and global paths."""
+    x = rng.integers(-2, 3, size=(3, 4, 5, 4)).astype(np.float32)
+    x[0, 1] = -np.inf
+    x[1, 2, 1, 1] = x[1, 2, 3, 2] = np.nan
+    opts = dict(stride=stride, padding=padding)
+    y = pool(xp.asarray(x), window, **opts)
+    dy = rng.integers(-4, 5, size=y.shape).astype(np.float32)
+    dx = pool_backward(xp.asarray(dy), xp.asarray(x), y, window, **opts)
+    x64, dy64 = x.astype(np.float64), dy.astype(np.float64)
+    np.testing.assert_array_equal(_host(y).astype(np.float64), pool(x64, window, **opts))
+    np.testing.assert_array_equal(_host(dx).astype(np.float64),
+                                  pool_backward(dy64, x64, None, window, **opts))
+
+
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
 def test_empty_batch(xp, layout):
     shape = (0, 3, 5, 5)
