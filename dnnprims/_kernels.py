@@ -36,7 +36,9 @@ class KernelFamily:
     def __init__(self, filename, name_expressions):
         self.filename = filename
         self.name_expressions = tuple(name_expressions)
+        self._declared = frozenset(self.name_expressions)
         self._modules = {}  # device id -> cupy.RawModule
+        self._functions = {}  # (device id, expression) -> cupy.RawKernel: the hot-path lookup
         _FAMILIES[filename] = self
 
     @property
@@ -47,9 +49,12 @@ class KernelFamily:
         """The compiled kernel for one name expression on the current device."""
         import cupy
 
-        if expression not in self.name_expressions:
+        device = cupy.cuda.runtime.getDevice()
+        kernel = self._functions.get((device, expression))
+        if kernel is not None:
+            return kernel
+        if expression not in self._declared:
             raise KeyError(f"{expression!r} is not a declared specialisation of {self.filename}")
-        device = cupy.cuda.Device().id
         module = self._modules.get(device)
         if module is None:
             module = cupy.RawModule(code=self.source, options=COMPILE_OPTIONS,
@@ -60,7 +65,8 @@ class KernelFamily:
                 raise RuntimeError(f"compiling kernel family {self.filename} failed:\n"
                                    f"{e.get_message()}") from None
             self._modules[device] = module
-        return module.get_function(expression)
+        kernel = self._functions[(device, expression)] = module.get_function(expression)
+        return kernel
 
     def launch(self, expression, grid, block, args, shared_mem=0):
         """Launch on the current device and current CuPy stream."""
