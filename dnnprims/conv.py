@@ -15,12 +15,12 @@ import numpy as np
 
 from . import _validate
 from ._dtypes import FLOAT64
-from .algos import ConvProblem, choose
+from .algos import DIRECTIONS, ConvProblem, choose, explain_auto
 from .algos.direct import backward_bias as _backward_bias_kernel
 from .reference import conv as _reference
 
 __all__ = ["conv2d_forward", "conv2d_backward_data", "conv2d_backward_filter",
-           "conv2d_backward_bias", "conv2d_output_shape", "ConvProblem"]
+           "conv2d_backward_bias", "conv2d_output_shape", "conv2d_choose", "ConvProblem"]
 
 
 def _shape_tuple(name, shape):
@@ -83,6 +83,22 @@ def conv2d_output_shape(x_shape, w_shape, *, stride=1, padding=0, dilation=1, gr
     return problem.y_shape
 
 
+def conv2d_choose(x_shape, w_shape, *, stride=1, padding=0, dilation=1, groups=1,
+                  layout="NCHW", dtype="float32", direction="forward", algo="auto"):
+    """(algorithm name, reason): what ``algo`` ("auto", "find" or a name) runs for
+    this problem on the GPU.  "find" times the candidates on the current GPU
+    (once per problem, then cached); "auto" needs no GPU."""
+    _validate.check_choice("direction", direction, DIRECTIONS)
+    problem = _describe(_shape_tuple("x_shape", x_shape), _shape_tuple("w_shape", w_shape),
+                        stride, padding, dilation, groups, layout, np.dtype(dtype), "x_shape", "w_shape")
+    if algo == "auto":
+        name, reason = explain_auto(problem, direction)
+        return choose(problem, direction, name).name, reason
+    algorithm = choose(problem, direction, algo, gpu=algo == "find")
+    return algorithm.name, ("fastest measured on this GPU (find mode, cached)" if algo == "find"
+                            else "named by the caller")
+
+
 def _check_output_gradient(dy, problem, source):
     if tuple(dy.shape) != problem.y_shape:
         raise ValueError(f"dy has shape {tuple(dy.shape)} but {source} give an output of shape "
@@ -99,7 +115,7 @@ def conv2d_forward(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1
     problem = _describe(x.shape, w.shape, stride, padding, dilation, groups, layout, dtype)
     if bias is not None:
         _validate.check_shape("bias", bias, (problem.K,), "one value per filter")
-    algorithm = choose(problem, "forward", algo)
+    algorithm = choose(problem, "forward", algo, gpu=xp is not np)
     if xp is np:
         return _reference.conv2d_forward(x, w, bias, problem.stride, problem.padding,
                                          problem.dilation, problem.groups, layout)
@@ -128,7 +144,7 @@ def conv2d_backward_data(dy, w, x_shape, *, stride=1, padding=0, dilation=1, gro
     if dy is None:
         return xp.zeros(x_shape, dtype=dtype)
     _check_output_gradient(dy, problem, "x_shape and w")
-    algorithm = choose(problem, "backward_data", algo)
+    algorithm = choose(problem, "backward_data", algo, gpu=xp is not np)
     if xp is np:
         return _reference.conv2d_backward_data(dy, w, x_shape, problem.stride, problem.padding,
                                                problem.dilation, problem.groups, layout)
@@ -155,7 +171,7 @@ def conv2d_backward_filter(x, dy, w_shape, *, stride=1, padding=0, dilation=1, g
     if dy is None:
         return xp.zeros(w_shape, dtype=dtype)
     _check_output_gradient(dy, problem, "x and w_shape")
-    algorithm = choose(problem, "backward_filter", algo)
+    algorithm = choose(problem, "backward_filter", algo, gpu=xp is not np)
     if xp is np:
         return _reference.conv2d_backward_filter(x, dy, w_shape, problem.stride, problem.padding,
                                                  problem.dilation, problem.groups, layout)

@@ -10,7 +10,8 @@
 // follow PyTorch: relu/clipped_relu pass nothing at x == 0 (clipped_relu also
 // nothing at x == alpha, like hardtanh), leaky_relu alpha, elu alpha.  NaN
 // inputs propagate through relu/leaky_relu/clipped_relu (comparisons are
-// written so that NaN takes the identity branch).
+// written so that NaN takes the identity branch); backward, a NaN x passes dy
+// through relu (PyTorch's threshold_backward), alpha * dy through leaky_relu.
 #include "common.cuh"
 
 enum ActivationMode {
@@ -58,7 +59,8 @@ template <int MODE, typename A> __device__ __forceinline__ A activate(A v, A alp
 }
 
 template <int MODE, typename A> __device__ __forceinline__ A derivative(A v, A alpha) {
-    if constexpr (MODE == RELU) return v > A(0) ? A(1) : A(0);
+    // "x <= 0", as PyTorch's threshold_backward tests: a NaN x passes dy.
+    if constexpr (MODE == RELU) return v <= A(0) ? A(0) : A(1);
     // s (1 - s) and 1 - t^2 cancel badly where s or |t| is near 1; these exp(-|x|)
     // forms are accurate everywhere and never overflow.
     if constexpr (MODE == SIGMOID) {

@@ -243,3 +243,11 @@ def test_mismatched_shapes():
 def test_mixing_numpy_and_cupy(gpu):
     with pytest.raises(TypeError, match="cannot mix NumPy and CuPy arrays"):
         activation_backward(gpu.ones(3), np.ones(3), "relu")
+
+
+def test_relu_backward_passes_gradient_at_nan(xp):
+    # PyTorch's rule (x <= 0 -> 0, else dy): a NaN input lets the gradient through.
+    x = xp.asarray(np.array([np.nan, -1.0, 0.0, 2.0]))
+    dy = xp.asarray(np.array([3.0, 4.0, 5.0, 6.0]))
+    dx = activation_backward(dy, x, "relu")
+    np.testing.assert_array_equal(dx.get() if xp is not np else dx, [3.0, 0.0, 0.0, 6.0])

@@ -196,9 +196,10 @@ def _problem_of(x, w, opts):
                                    opts["dilation"], opts["groups"], opts["layout"], x.dtype)
 
 
-def _check_all_directions(xp, rng, x, w, b, opts, algo):
+def _check_all_directions(xp, rng, x, w, b, opts, algo, directions=algos.DIRECTIONS):
     """Forward, both backward passes and the bias gradient of ``algo`` in x's dtype
-    against the float64 reference on the same (storage-rounded) inputs."""
+    against the float64 reference on the same (storage-rounded) inputs (only the
+    ``directions`` given run ``algo``; the others run "auto")."""
     dtype = x.dtype
     x64, w64, b64 = x.astype(F64), w.astype(F64), b.astype(F64)
     y64 = conv2d_forward(x64, w64, b64, **opts)
@@ -209,9 +210,10 @@ def _check_all_directions(xp, rng, x, w, b, opts, algo):
     db64 = conv2d_backward_bias(dy64, layout=opts["layout"])
 
     X, Wt, B, DY = (xp.asarray(a) for a in (x, w, b, dy))
-    y = conv2d_forward(X, Wt, B, algo=algo, **opts)
-    dx = conv2d_backward_data(DY, Wt, x.shape, algo=algo, **opts)
-    dw = conv2d_backward_filter(X, DY, w.shape, algo=algo, **opts)
+    use = {d: algo if d in directions else "auto" for d in algos.DIRECTIONS}
+    y = conv2d_forward(X, Wt, B, algo=use["forward"], **opts)
+    dx = conv2d_backward_data(DY, Wt, x.shape, algo=use["backward_data"], **opts)
+    dw = conv2d_backward_filter(X, DY, w.shape, algo=use["backward_filter"], **opts)
     db = conv2d_backward_bias(DY, layout=opts["layout"])
     for out in (y, dx, dw, db):
         assert isinstance(out, type(X)) and out.dtype == dtype
@@ -240,8 +242,9 @@ def test_algorithm_matches_reference(xp, rng, algo, case, layout, dtype):
         for direction in unsupported:
             with pytest.raises(ValueError, match=f"algo '{algo}' does not support this {direction}"):
                 calls[direction]()
-        return
-    _check_all_directions(xp, rng, x, w, b, opts, algo)
+    supported = [d for d in algos.DIRECTIONS if d not in unsupported]
+    if supported:  # the directions it does support are still checked
+        _check_all_directions(xp, rng, x, w, b, opts, algo, supported)
 
 
 @HYPOTHESIS
@@ -258,17 +261,112 @@ def test_auto_matches_reference_drawn(xp, problem, dtype, seed):
 def test_auto_rule():
     def auto(x_shape, w_shape, dtype=np.float32, groups=1):
         problem = _problem_of(np.zeros(x_shape, dtype), np.zeros(w_shape, dtype), _options(1, 1, 1, groups))
-        names = {algos.choose(problem, d, "auto").name for d in algos.DIRECTIONS}
-        assert len(names) == 1
-        return names.pop()
+        return tuple(algos.choose(problem, d, "auto").name for d in algos.DIRECTIONS)
 
-    assert auto((2, 4, 7, 7), (8, 4, 3, 3)) == "gemm"
-    assert auto((2, 4, 7, 7), (8, 4, 3, 3), np.float64) == "gemm"
-    assert auto((2, 4, 7, 7), (8, 4, 3, 3), np.float16) == "direct"   # gemm: float32/64 only
-    assert auto((2, 4, 7, 7), (8, 2, 3, 3), groups=2) == "direct"
-    assert auto((2, 4, 7, 7), (4, 1, 3, 3), groups=4) == "direct"     # depthwise
-    big = (64, 64, 64, 64)  # column matrix 64*576*4096 floats = 604 MB > the limit
-    assert auto(big, (64, 64, 3, 3)) == "direct"
+    # (forward, backward_data, backward_filter)
+    assert auto((2, 4, 7, 7), (8, 4, 3, 3)) == ("implicit_gemm", "implicit_gemm", "gemm")
+    assert auto((2, 4, 7, 7), (8, 4, 3, 3), np.float64) == ("gemm",) * 3     # implicit_gemm: no float64
+    assert auto((2, 4, 7, 7), (8, 4, 3, 3), np.float16) == ("implicit_gemm", "implicit_gemm", "direct")
+    assert auto((2, 4, 7, 7), (8, 2, 3, 3), groups=2) == ("direct",) * 3
+    assert auto((2, 4, 7, 7), (4, 1, 3, 3), groups=4) == ("direct",) * 3     # depthwise
+    deep = auto((2, 512, 7, 7), (512, 512, 3, 3))                         # GEMM depth 4608: cuBLAS
+    assert deep == ("gemm",) * 3
+    big = (64, 64, 64, 64)  # column matrix 64*576*4096 floats = 604 MB > the gemm limit
+    assert auto(big, (64, 64, 3, 3)) == ("implicit_gemm", "implicit_gemm", "direct")
+
+
+def test_conv2d_choose_says_what_auto_runs_and_why():
+    name, reason = dnnprims.conv2d_choose((2, 4, 7, 7), (8, 4, 3, 3), padding=1)
+    assert name == "implicit_gemm" and "depth" in reason
+    name, reason = dnnprims.conv2d_choose((2, 4, 7, 7), (8, 4, 3, 3), padding=1,
+                                          direction="backward_filter")
+    assert name == "gemm" and reason
+    assert dnnprims.conv2d_choose((2, 4, 7, 7), (8, 4, 3, 3), algo="direct")[0] == "direct"
+    with pytest.raises(ValueError, match="direction must be one of"):
+        dnnprims.conv2d_choose((2, 4, 7, 7), (8, 4, 3, 3), direction="sideways")
+
+
+def test_find_caches_the_winner_in_memory_and_on_disk(monkeypatch, tmp_path):
+    from dnnprims.algos import find as find_mode
+    monkeypatch.setenv("DNNPRIMS_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(find_mode, "gpu_name", lambda: "Test GPU")
+    timed = []
+
+    def fake_times(problem, direction, names):
+        timed.append(direction)
+        return {name: (0.5 if name == "direct" else 1.0) for name in names}
+
+    monkeypatch.setattr(find_mode, "time_algorithms", fake_times)
+    find_mode.forget()
+    problem = _problem_of(np.zeros((2, 4, 7, 7), np.float32), np.zeros((8, 4, 3, 3), np.float32),
+                          _options(1, 1, 1, 1))
+    assert algos.choose(problem, "forward", "find", gpu=True).name == "direct"
+    assert algos.choose(problem, "forward", "find", gpu=True).name == "direct"
+    assert timed == ["forward"]                     # timed once, then from memory
+    find_mode.forget()
+    assert find_mode.find(problem, "forward") == "direct"
+    assert timed == ["forward"]                     # then from the file
+    entries = __import__("json").loads((tmp_path / "conv_find.json").read_text())
+    assert entries["version"] == find_mode.VERSION
+    (key, entry), = entries["entries"].items()
+    assert key.startswith("TestGPU|forward|") and entry["algo"] == "direct"
+    assert set(entry["ms"]) == set(find_mode.candidates(problem, "forward"))
+    # NumPy path: "find" means "auto", no timing
+    assert algos.choose(problem, "backward_data", "find").name == algos.auto_rule(problem, "backward_data")
+    find_mode.forget()
+
+
+@pytest.mark.gpu
+def test_find_runs_on_the_gpu(gpu, rng, monkeypatch, tmp_path):
+    from dnnprims.algos import find as find_mode
+    monkeypatch.setenv("DNNPRIMS_CACHE_DIR", str(tmp_path))
+    find_mode.forget()
+    x, w, b, opts = _random_problem(rng, CASES[9].values[0], "NCHW", np.float32)
+    _check_all_directions(gpu, rng, x, w, b, opts, "find")
+    assert (tmp_path / "conv_find.json").exists()
+    find_mode.forget()
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_implicit_gemm_tap_table_on_numpy(rng, case, layout):
+    # The kernel's GEMM, written out on NumPy from the tap table and the same
+    # per-row decoding: A[m, k] gathered through the table, B[k, n] through
+    # w_off, out = A @ B.  Checks the table and the rotated-filter backward data.
+    from dnnprims.algos import implicit_gemm
+    x, w, _, opts = _random_problem(rng, case, layout, F64)
+    p = _problem_of(x, w, opts)
+    nhwc = layout == "NHWC"
+    directions = [("forward", x, conv2d_forward(x, w, **opts))]
+    if p.stride == (1, 1):
+        dy = random_array(rng, p.y_shape, F64)
+        directions.append(("backward_data", dy, conv2d_backward_data(dy, w, x.shape, **opts)))
+    for direction, a, expected in directions:
+        table, g = implicit_gemm.tap_table(p, direction)
+        g = {k: int(v) for k, v in g.items()}
+        H, W, Cx, P, Q, Ky, Kg = (g[k] for k in ("H", "W", "Cx", "P", "Q", "Ky", "Kg"))
+        M, kgemm = p.N * P * Q, g["Kgemm"]
+        assert len(table) % implicit_gemm.TAP_TABLE_MULTIPLE == 0 and len(table) >= kgemm
+        out = np.full(expected.size, np.nan)
+        image, pq = np.divmod(np.arange(M), P * Q)
+        h0 = pq // Q * g["sh"] - g["ph"]
+        w0 = pq % Q * g["sw"] - g["pw"]
+        base = image * Cx * H * W + ((h0 * W + w0) * Cx if nhwc else h0 * W + w0)
+        for group in range(p.groups):
+            x_off = group * g["x_group_channels"] * (1 if nhwc else H * W)
+            hh, ww = h0[:, None] + table[None, :, 1], w0[:, None] + table[None, :, 2]
+            inside = (hh >= 0) & (hh < H) & (ww >= 0) & (ww < W)
+            index = np.where(inside, x_off + base[:, None] + table[None, :, 0], 0)
+            A = np.where(inside, a.ravel()[index], 0.0)
+            B = w.ravel()[group * g["w_group_stride"] + np.arange(Kg)[None, :] * g["w_n_stride"]
+                          + table[:kgemm, 3][:, None]]
+            Y = A[:, :kgemm] @ B
+            channel = group * Kg + np.arange(Kg)[None, :]
+            where = (np.arange(M)[:, None] * Ky + channel if nhwc
+                     else (image[:, None] * Ky + channel) * P * Q + pq[:, None])
+            out[where] = Y
+        np.testing.assert_allclose(out.reshape(expected.shape), expected, rtol=1e-12, atol=1e-12,
+                                   err_msg=direction)
 
 
 def _emulated_column_view(p, col, strides):
@@ -513,7 +611,7 @@ def test_rejects_bad_layout():
 
 def test_rejects_unknown_algo():
     x, w = _xw()
-    with pytest.raises(ValueError, match="algo must be 'auto' or one of 'direct'.*got 'winograd9'"):
+    with pytest.raises(ValueError, match="algo must be 'auto', 'find' or one of 'direct'.*got 'winograd9'"):
         conv2d_forward(x, w, algo="winograd9")
     with pytest.raises(TypeError, match="algo must be a string"):
         conv2d_forward(x, w, algo=None)

@@ -5,7 +5,8 @@ A convolution call is described once, after validation, by a :class:`ConvProblem
 key for choosing an algorithm, for caches and for benchmarks.  Each algorithm is
 a :class:`ConvAlgorithm` in :data:`REGISTRY`: it says which problems and
 directions it supports (and why not), how much workspace it needs, and how to
-run.  ``algo="auto"`` resolves through :func:`choose`.
+run.  ``algo="auto"`` resolves through :func:`choose` (rule: :func:`explain_auto`);
+``algo="find"`` times the candidates once per problem (:mod:`.find`).
 
 Directions and the arrays ``run`` receives (all C-contiguous, on the device):
 
@@ -93,34 +94,67 @@ def register(algorithm):
     return algorithm
 
 
-def auto_rule(problem, direction):
-    """The name ``algo="auto"`` picks: a stand-in rule until the measured
-    heuristic table (issue 3) replaces it.
+# At or above this GEMM depth (C/groups * R * S) "auto" prefers cuBLAS ("gemm")
+# to implicit_gemm for float32: measured on the H100 (notes/convolution.md, v1),
+# cuBLAS wins the deep late layers (r50_5_3x3, vgg_4_2 backward) and ties the rest.
+AUTO_IMPLICIT_GEMM_MAX_DEPTH = 2304
 
-    "gemm" (im2col + cuBLAS) for ungrouped problems it supports (float32,
-    float64) whose workspace fits AUTO_GEMM_WORKSPACE_LIMIT -- there the GEMM
-    does the heavy lifting far faster than a thread per output; "direct"
-    otherwise: grouped and depthwise problems (tiny GEMMs), half types, and
-    as the fallback that supports every problem."""
+
+def explain_auto(problem, direction):
+    """(name, reason) of the algorithm ``algo="auto"`` picks: a stand-in rule
+    until the measured heuristic table replaces it.
+
+    1. "implicit_gemm" (its tile by its own rule) where it supports the
+       direction (forward; backward data with stride 1; float32 and half
+       types) for ungrouped problems, and for half types always (it
+       accumulates in float32 in tiles, the alternatives are far slower) --
+       except float32 GEMMs at least AUTO_IMPLICIT_GEMM_MAX_DEPTH deep, where
+       cuBLAS is faster.
+    2. "gemm" (im2col + cuBLAS) for ungrouped problems it supports (float32,
+       float64) whose workspace fits AUTO_GEMM_WORKSPACE_LIMIT.
+    3. "direct" otherwise: grouped and depthwise problems (tiny GEMMs), and
+       the fallback that supports every problem."""
     gemm = REGISTRY.get("gemm")
-    if (gemm is not None and problem.groups == 1 and gemm.supports(problem, direction)[0]
-            and gemm.workspace_bytes(problem, direction) <= AUTO_GEMM_WORKSPACE_LIMIT):
-        return "gemm"
-    return "direct"
+    gemm_fits = (gemm is not None and problem.groups == 1 and gemm.supports(problem, direction)[0]
+                 and gemm.workspace_bytes(problem, direction) <= AUTO_GEMM_WORKSPACE_LIMIT)
+    implicit = REGISTRY.get("implicit_gemm")
+    if implicit is not None and implicit.supports(problem, direction)[0]:
+        half = problem.dtype in ("float16", "bfloat16")
+        depth = (problem.C // problem.groups if direction == "forward" else problem.K // problem.groups) \
+            * problem.R * problem.S
+        if half:
+            return "implicit_gemm", "half type: implicit GEMM accumulates float32 tiles"
+        if problem.groups == 1 and not (gemm_fits and depth >= AUTO_IMPLICIT_GEMM_MAX_DEPTH):
+            return "implicit_gemm", f"ungrouped float32, GEMM depth {depth} < {AUTO_IMPLICIT_GEMM_MAX_DEPTH}"
+    if gemm_fits:
+        return "gemm", "ungrouped, im2col workspace within AUTO_GEMM_WORKSPACE_LIMIT"
+    return "direct", "fallback: grouped/depthwise, or no faster algorithm supports this problem"
 
 
-def choose(problem, direction, algo="auto"):
+def auto_rule(problem, direction):
+    """The name ``algo="auto"`` picks (see :func:`explain_auto`)."""
+    return explain_auto(problem, direction)[0]
+
+
+def choose(problem, direction, algo="auto", gpu=False):
     """The algorithm that runs ``direction`` of ``problem`` for a user's ``algo``.
 
+    ``algo="find"`` times the candidates on the current GPU once per problem
+    (:mod:`dnnprims.algos.find`) when ``gpu`` is true; on the NumPy path it
+    means "auto" (the reference runs whatever is chosen).
     Raises ValueError for an unknown name or one that does not support the
     problem, saying why."""
     if not isinstance(algo, str):
         raise TypeError(f"algo must be a string, got {type(algo).__name__}")
-    if algo == "auto":
+    if algo == "find":
+        from .find import find
+        algo = find(problem, direction) if gpu else auto_rule(problem, direction)
+    elif algo == "auto":
         algo = auto_rule(problem, direction)
     algorithm = REGISTRY.get(algo)
     if algorithm is None:
-        raise ValueError(f"algo must be 'auto' or one of {', '.join(map(repr, REGISTRY))}, got {algo!r}")
+        raise ValueError(f"algo must be 'auto', 'find' or one of {', '.join(map(repr, REGISTRY))}, "
+                         f"got {algo!r}")
     ok, reason = algorithm.supports(problem, direction)
     if not ok:
         raise ValueError(f"algo {algo!r} does not support this {direction} problem: {reason}")
@@ -129,4 +163,4 @@ def choose(problem, direction, algo="auto"):
 
 # Importing the algorithm modules registers them (and declares their kernel
 # families for _kernels.families()).
-from . import direct, gemm  # noqa: E402,F401
+from . import direct, gemm, implicit_gemm  # noqa: E402,F401

@@ -18,7 +18,10 @@ clipped_relu   min(max(x, 0), alpha)                     ceiling (6.0)
 Backward takes the forward *input* x.  At the kinks the derivative is PyTorch's:
 relu and clipped_relu pass no gradient at x == 0 (nor at x == alpha for
 clipped_relu, PyTorch's hardtanh), leaky_relu passes alpha * dy at 0, elu
-alpha * dy.
+alpha * dy.  A NaN x passes dy through relu (PyTorch's threshold_backward
+tests ``x <= 0``) and alpha * dy through leaky_relu; clipped_relu passes
+nothing (PyTorch's hardtanh_backward gives 0 or dy there depending on its
+vectorisation).
 """
 import math
 
@@ -74,8 +77,8 @@ def _forward(a, mode, alpha, approximate):
 
 def _derivative(a, mode, alpha, approximate):
     """d activation / dx at a."""
-    if mode == "relu":
-        return (a > 0).astype(a.dtype)
+    if mode == "relu":  # "not <= 0" rather than "> 0": a NaN x passes dy, as in PyTorch
+        return (~(a <= 0)).astype(a.dtype)
     # sigmoid' = s (1 - s) and tanh' = 1 - t^2 cancel badly where s or |t| is
     # near 1; the exp(-|x|) forms below are accurate everywhere and never overflow.
     if mode == "sigmoid":

@@ -1,0 +1,124 @@
+"""``algo="find"``: time the applicable algorithms for one exact problem on the
+current GPU, once, and remember the winner -- cuDNN's find mode.
+
+Each registered algorithm that supports the problem and direction (and whose
+workspace fits ``FIND_WORKSPACE_LIMIT``) runs on fresh random inputs of the
+problem's shapes, timed by the one timing helper (:mod:`dnnprims.bench.timing`,
+CUDA events, median).  The winner is kept in memory and in a JSON file,
+
+    $DNNPRIMS_CACHE_DIR/conv_find.json, else $XDG_CACHE_HOME/dnnprims/...,
+    else ~/.cache/dnnprims/conv_find.json
+
+format ``{"version": 1, "entries": {key: {"algo": name, "ms": {name: median ms}}}}``
+with key ``"<GPU name>|<direction>|<ConvProblem fields>"`` (the problem carries
+dtype and layout).  A stale or unreadable file is ignored (and rewritten).
+"""
+import dataclasses
+import json
+import os
+import pathlib
+import tempfile
+
+from . import REGISTRY
+
+VERSION = 1
+FIND_WORKSPACE_LIMIT = 1 << 30
+_WARMUP, _REPEAT = 2, 7
+_memory = {}
+_disk = None  # the loaded entries of the cache file
+
+
+def cache_path():
+    root = os.environ.get("DNNPRIMS_CACHE_DIR")
+    if root is None:
+        root = pathlib.Path(os.environ.get("XDG_CACHE_HOME") or pathlib.Path.home() / ".cache") / "dnnprims"
+    return pathlib.Path(root) / "conv_find.json"
+
+
+_names = {}  # device id -> GPU name
+
+
+def gpu_name():
+    import cupy
+    device = cupy.cuda.runtime.getDevice()
+    name = _names.get(device)
+    if name is None:
+        name = cupy.cuda.runtime.getDeviceProperties(device)["name"]
+        name = _names[device] = name.decode() if isinstance(name, bytes) else str(name)
+    return name
+
+
+def problem_key(problem, direction):
+    fields = ",".join(f"{f.name}={getattr(problem, f.name)}" for f in dataclasses.fields(problem))
+    return f"{gpu_name()}|{direction}|{fields}".replace(" ", "")
+
+
+def _load():
+    global _disk
+    if _disk is None:
+        try:
+            data = json.loads(cache_path().read_text())
+            _disk = data["entries"] if data.get("version") == VERSION else {}
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            _disk = {}
+    return _disk
+
+
+def _save(entries):
+    path = cache_path()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as f:
+            json.dump({"version": VERSION, "entries": entries}, f, indent=1, sort_keys=True)
+        os.replace(f.name, path)
+    except OSError:
+        pass  # a read-only home: the in-memory cache still works
+
+
+def candidates(problem, direction):
+    return [name for name, algorithm in REGISTRY.items()
+            if algorithm.supports(problem, direction)[0]
+            and algorithm.workspace_bytes(problem, direction) <= FIND_WORKSPACE_LIMIT]
+
+
+def time_algorithms(problem, direction, names):
+    """{name: median ms} on fresh random inputs of the problem's shapes."""
+    import cupy
+    from ..bench import timing
+
+    shapes = {"forward": (problem.x_shape, problem.w_shape, problem.y_shape),
+              "backward_data": (problem.y_shape, problem.w_shape, problem.x_shape),
+              "backward_filter": (problem.x_shape, problem.y_shape, problem.w_shape)}[direction]
+    a, b = (cupy.random.random(s, dtype="float64").astype(problem.dtype) - 0.5 for s in shapes[:2])
+    out = cupy.empty(shapes[2], dtype=problem.dtype)
+    result = {}
+    for name in names:
+        algorithm = REGISTRY[name]
+        result[name] = timing.measure(lambda: algorithm.run(problem, direction, a, b, out), xp=cupy,
+                                      warmup=_WARMUP, repeat=_REPEAT).median_ms
+    return result
+
+
+def find(problem, direction):
+    """The name of the fastest algorithm for this problem on this GPU (timed once)."""
+    key = problem_key(problem, direction)
+    name = _memory.get(key)
+    if name is not None:
+        return name
+    entries = _load()
+    entry = entries.get(key)
+    if entry is None or entry.get("algo") not in REGISTRY:
+        names = candidates(problem, direction)
+        times = time_algorithms(problem, direction, names)
+        entry = {"algo": min(times, key=times.get), "ms": times}
+        entries[key] = entry
+        _save(entries)
+    _memory[key] = entry["algo"]
+    return entry["algo"]
+
+
+def forget():
+    """Drop the in-memory cache (the file stays): the next call reads the file again."""
+    global _disk
+    _memory.clear()
+    _disk = None
