@@ -44,7 +44,7 @@ tests_summary="(tests not run)"
 main_summary="(main job not run)"
 if [ "$run_tests" = 1 ]; then
     echo "== GPU tests: pytest -m gpu ${pytest_args[*]:-}"
-    "$PY" -m pytest -q -m gpu tests/ -x --tb=short -p no:cacheprovider "${pytest_args[@]}" 2>&1 \
+    "$PY" -m pytest -q -m gpu tests/ --tb=short -p no:cacheprovider "${pytest_args[@]}" 2>&1 \
         | tee "$OUTDIR/gpu_tests.log"
     rc=$?
     [ "$rc" -ne 0 ] && status=1
