@@ -7,11 +7,10 @@ import json
 import pathlib
 import sys
 
+import ipykernel  # noqa: F401  (the test extra installs nbformat, nbclient, ipykernel)
+import nbclient
+import nbformat
 import pytest
-
-nbformat = pytest.importorskip("nbformat", reason="the test extra installs nbformat")
-nbclient = pytest.importorskip("nbclient", reason="the test extra installs nbclient")
-pytest.importorskip("ipykernel", reason="the test extra installs ipykernel")
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
