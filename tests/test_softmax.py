@@ -9,24 +9,11 @@ from conftest import FLOAT_DTYPES, random_array
 from dnnprims.reference import softmaxes as ref
 from dnnprims.softmaxes import log_softmax, log_softmax_backward, softmax, softmax_backward
 from dnnprims.testing import assert_close
+from dnnprims.testing.gradcheck import numerical_gradient
 from dnnprims.testing.strategies import softmax_problems
 
 SETTINGS = settings(max_examples=30, deadline=None,
                     suppress_health_check=[HealthCheck.function_scoped_fixture])
-
-
-def numerical_gradient(f, a, eps=1e-6):
-    """Central differences of the scalar f() with respect to every element of a (float64)."""
-    g = np.zeros_like(a)
-    for idx in np.ndindex(a.shape):
-        old = a[idx]
-        a[idx] = old + eps
-        up = f()
-        a[idx] = old - eps
-        down = f()
-        a[idx] = old
-        g[idx] = (up - down) / (2 * eps)
-    return g
 
 
 def softmax_by_rows(x, axis):
