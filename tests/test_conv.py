@@ -273,8 +273,13 @@ def test_auto_rule():
     assert auto((2, 4, 7, 7), (4, 1, 3, 3), groups=4) == ("direct",) * 3     # depthwise
     deep = auto((2, 512, 7, 7), (512, 512, 3, 3))                         # GEMM depth 4608: cuBLAS
     assert deep == ("gemm",) * 3
-    big = (64, 64, 64, 64)  # column matrix 64*576*4096 floats = 604 MB > the gemm limit
-    assert auto(big, (64, 64, 3, 3)) == ("implicit_gemm", "implicit_gemm", "direct")
+    # Column matrix 64*576*4096 floats = 604 MB: backward filter still takes gemm,
+    # in batch chunks that fit gemm.FILTER_CHUNK_BYTES.
+    big = (64, 64, 64, 64)
+    assert auto(big, (64, 64, 3, 3)) == ("implicit_gemm", "implicit_gemm", "gemm")
+    assert algos.REGISTRY["gemm"].workspace_bytes(
+        _problem_of(np.empty(big, np.float32), np.empty((64, 64, 3, 3), np.float32), _options(1, 1, 1, 1, "NCHW")),
+        "backward_filter") <= gemm_algo.FILTER_CHUNK_BYTES
 
 
 def test_conv2d_choose_says_what_auto_runs_and_why():
@@ -426,6 +431,22 @@ def test_gemm_bookkeeping_on_numpy(monkeypatch, rng, case, layout):
                                atol=1e-12)
     pointwise = gemm_algo.is_pointwise(p)
     assert (algorithm.workspace_bytes(p, "forward") == 0) == pointwise
+    # One sample per chunk: the batch-chunked backward filter sums the same terms.
+    monkeypatch.setattr(gemm_algo, "FILTER_CHUNK_BYTES", 1)
+    dw_chunked = algorithm._backward_filter(np, p, x, dy, np.empty(p.w_shape))
+    np.testing.assert_allclose(dw_chunked, dw, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_gemm_backward_filter_in_batch_chunks_on_the_gpu(gpu, rng, monkeypatch, layout):
+    monkeypatch.setattr(gemm_algo, "FILTER_CHUNK_BYTES", 20000)  # two samples per chunk
+    x, w, b, opts = _random_problem(rng, (7, 3, 9, 8, 5, 3, 3, 1, 1, 1, 1), layout, np.float32)
+    dy = random_array(rng, conv2d_output_shape(x.shape, w.shape, **opts), np.float32)
+    p = _problem_of(x, w, opts)
+    assert 1 < gemm_algo.filter_chunk(p) < p.N
+    dw = conv2d_backward_filter(gpu.asarray(x), gpu.asarray(dy), w.shape, algo="gemm", **opts)
+    expected = conv2d_backward_filter(x.astype(F64), dy.astype(F64), w.shape, **opts)
+    assert_close(dw, expected, np.float32, algorithm="gemm", what="backward_filter")
 
 
 def test_problem_is_a_hashable_key():

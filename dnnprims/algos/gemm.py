@@ -17,6 +17,8 @@ GEMM on x itself: no im2col, no workspace.
 float32 and float64 only: the GEMMs run in the storage type, so half types
 would lose the float32 accumulation the library promises.
 """
+from dataclasses import replace
+
 import numpy as np
 
 from .. import _dtypes
@@ -34,6 +36,17 @@ FAMILY = KernelFamily("conv_im2col.cu", [
 SUPPORTED_DTYPES = ("float32", "float64")
 _THREADS = 256
 _MAX_BLOCKS = 65535 * 8
+
+
+# Backward filter processes the batch in chunks whose column matrix stays
+# under this many bytes, so its workspace is bounded whatever the batch size.
+FILTER_CHUNK_BYTES = 128 * 2**20
+
+
+def filter_chunk(p):
+    """Samples per chunk of the backward-filter GEMM (at least 1)."""
+    per_sample = p.C * p.R * p.S * p.P * p.Q if not is_pointwise(p) else p.C * p.H * p.W
+    return max(1, min(p.N, FILTER_CHUNK_BYTES // max(1, per_sample * np.dtype(p.dtype).itemsize)))
 
 
 def is_pointwise(p):
@@ -103,6 +116,8 @@ class GemmConvolution(ConvAlgorithm):
 
     def workspace_bytes(self, problem, direction):
         p = problem
+        if direction == "backward_filter":
+            p = replace(p, N=filter_chunk(p))
         itemsize = np.dtype(p.dtype).itemsize
         columns = 0 if is_pointwise(p) else p.N * p.C * p.R * p.S * p.P * p.Q
         if is_pointwise(p) and direction == "backward_filter" and p.layout == "NCHW":
@@ -154,6 +169,23 @@ class GemmConvolution(ConvAlgorithm):
 
     @staticmethod
     def _backward_filter(xp, p, x, dy, dw, bias=None):
+        """dw sums over the batch, so the batch is cut into chunks whose column
+        matrix fits FILTER_CHUNK_BYTES; each chunk's GEMM adds into dw in order
+        (deterministic for a given problem)."""
+        chunk = filter_chunk(p)
+        if chunk >= p.N:
+            return GemmConvolution._backward_filter_chunk(xp, p, x, dy, dw)
+        part = xp.empty_like(dw)
+        for n0 in range(0, p.N, chunk):
+            n1 = min(p.N, n0 + chunk)
+            GemmConvolution._backward_filter_chunk(xp, replace(p, N=n1 - n0), x[n0:n1], dy[n0:n1],
+                                                   dw if n0 == 0 else part)
+            if n0:
+                dw += part
+        return dw
+
+    @staticmethod
+    def _backward_filter_chunk(xp, p, x, dy, dw):
         G, Kg, J, PQ = p.groups, p.K // p.groups, (p.C // p.groups) * p.R * p.S, p.P * p.Q
         dw3 = dw.reshape(G, Kg, J)
         if p.layout == "NCHW":
