@@ -11,7 +11,8 @@ __version__ = "0.1.0"
 
 _PUBLIC = {
     "conv": ("conv2d_forward", "conv2d_backward_data", "conv2d_backward_filter",
-             "conv2d_backward_bias", "conv2d_output_shape", "conv2d_choose", "ConvProblem"),
+             "conv2d_backward_bias", "conv2d_output_shape", "conv2d_choose", "ConvProblem",
+             "ConvOptions"),
     "pooling": ("pool", "pool_backward"),
     "normalization": ("batchnorm", "batchnorm_backward"),
     "softmaxes": ("softmax", "softmax_backward", "log_softmax", "log_softmax_backward"),

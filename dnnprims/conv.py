@@ -15,12 +15,37 @@ import numpy as np
 
 from . import _validate
 from ._dtypes import FLOAT64
-from .algos import DIRECTIONS, ConvProblem, choose, explain_auto
+from .algos import DIRECTIONS, PRECISIONS, ConvOptions, ConvProblem, choose, explain_auto
 from .algos.direct import backward_bias as _backward_bias_kernel
 from .reference import conv as _reference
 
 __all__ = ["conv2d_forward", "conv2d_backward_data", "conv2d_backward_filter",
-           "conv2d_backward_bias", "conv2d_output_shape", "conv2d_choose", "ConvProblem"]
+           "conv2d_backward_bias", "conv2d_output_shape", "conv2d_choose", "ConvProblem",
+           "ConvOptions"]
+
+
+def _options(workspace_limit, precision, deterministic):
+    """Validate the caller's algorithm constraints into a ConvOptions."""
+    if workspace_limit is not None:
+        if isinstance(workspace_limit, bool) or not isinstance(workspace_limit, (int, np.integer)):
+            raise TypeError(f"workspace_limit must be an int (bytes) or None, got {workspace_limit!r}")
+        if workspace_limit < 0:
+            raise ValueError(f"workspace_limit must be >= 0 bytes, got {workspace_limit}")
+        workspace_limit = int(workspace_limit)
+    _validate.check_choice("precision", precision, PRECISIONS)
+    if not isinstance(deterministic, (bool, np.bool_)):
+        raise TypeError(f"deterministic must be a bool, got {deterministic!r}")
+    return ConvOptions(workspace_limit, precision, bool(deterministic))
+
+
+def _activation_options(activation, alpha):
+    """None, or (mode, alpha) with alpha resolved to the mode's default."""
+    from .activations import _check_options
+    if activation is None:
+        if alpha is not None:
+            raise ValueError("alpha was given without activation")
+        return None
+    return activation, _check_options(activation, alpha, "none")
 
 
 def _shape_tuple(name, shape):
@@ -84,17 +109,20 @@ def conv2d_output_shape(x_shape, w_shape, *, stride=1, padding=0, dilation=1, gr
 
 
 def conv2d_choose(x_shape, w_shape, *, stride=1, padding=0, dilation=1, groups=1,
-                  layout="NCHW", dtype="float32", direction="forward", algo="auto"):
+                  layout="NCHW", dtype="float32", direction="forward", algo="auto",
+                  workspace_limit=None, precision="default", deterministic=False):
     """(algorithm name, reason): what ``algo`` ("auto", "find" or a name) runs for
-    this problem on the GPU.  "find" times the candidates on the current GPU
-    (once per problem, then cached); "auto" needs no GPU."""
+    this problem on the GPU under the given constraints.  "find" times the
+    candidates on the current GPU (once per problem, then cached); "auto" needs
+    no GPU."""
     _validate.check_choice("direction", direction, DIRECTIONS)
+    options = _options(workspace_limit, precision, deterministic)
     problem = _describe(_shape_tuple("x_shape", x_shape), _shape_tuple("w_shape", w_shape),
                         stride, padding, dilation, groups, layout, np.dtype(dtype), "x_shape", "w_shape")
     if algo == "auto":
-        name, reason = explain_auto(problem, direction)
-        return choose(problem, direction, name).name, reason
-    algorithm = choose(problem, direction, algo, gpu=algo == "find")
+        name, reason = explain_auto(problem, direction, options)
+        return choose(problem, direction, name, options=options).name, reason
+    algorithm = choose(problem, direction, algo, gpu=algo == "find", options=options)
     return algorithm.name, ("fastest measured on this GPU (find mode, cached)" if algo == "find"
                             else "named by the caller")
 
@@ -106,8 +134,14 @@ def _check_output_gradient(dy, problem, source):
 
 
 def conv2d_forward(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1,
-                   layout="NCHW", algo="auto"):
-    """y = conv2d(x, w) + bias: x (N, C, H, W) or (N, H, W, C), w (K, C/groups, R, S)."""
+                   layout="NCHW", algo="auto", activation=None, alpha=None,
+                   workspace_limit=None, precision="default"):
+    """y = act(conv2d(x, w) + bias): x (N, C, H, W) or (N, H, W, C), w (K, C/groups, R, S).
+
+    ``activation`` (a mode of ``dnnprims.ACTIVATION_MODES``, with its ``alpha``)
+    is applied in the algorithm's epilogue where it fuses that mode, else as
+    one extra pass.  ``workspace_limit`` (bytes) and ``precision="strict"``
+    constrain which algorithms may run (see ``ConvOptions``)."""
     xp = _validate.array_module(x=x, w=w, bias=bias)
     dtype = _validate.check_same_dtype(x=x, w=w, bias=bias)
     _validate.check_ndim("x", x, 4, f"{layout} input")
@@ -115,20 +149,30 @@ def conv2d_forward(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1
     problem = _describe(x.shape, w.shape, stride, padding, dilation, groups, layout, dtype)
     if bias is not None:
         _validate.check_shape("bias", bias, (problem.K,), "one value per filter")
-    algorithm = choose(problem, "forward", algo, gpu=xp is not np)
+    act = _activation_options(activation, alpha)
+    options = _options(workspace_limit, precision, False)
+    algorithm = choose(problem, "forward", algo, gpu=xp is not np, options=options)
     if xp is np:
-        return _reference.conv2d_forward(x, w, bias, problem.stride, problem.padding,
-                                         problem.dilation, problem.groups, layout)
+        y = _reference.conv2d_forward(x, w, bias, problem.stride, problem.padding,
+                                      problem.dilation, problem.groups, layout)
+        return y if act is None else _apply_activation(y, act)
     y = xp.empty(problem.y_shape, dtype=dtype)
     if y.size == 0:
         return y
     x, w = _validate.contiguous(xp, x), _validate.contiguous(xp, w)
     bias = None if bias is None else _validate.contiguous(xp, bias)
-    return algorithm.run(problem, "forward", x, w, y, bias=bias)
+    fused = act is not None and act[0] in algorithm.fused_activations
+    y = algorithm.run(problem, "forward", x, w, y, bias=bias, activation=act if fused else None)
+    return y if act is None or fused else _apply_activation(y, act)
+
+
+def _apply_activation(y, act):
+    from .activations import activation
+    return activation(y, act[0], alpha=act[1])
 
 
 def conv2d_backward_data(dy, w, x_shape, *, stride=1, padding=0, dilation=1, groups=1,
-                         layout="NCHW", algo="auto"):
+                         layout="NCHW", algo="auto", workspace_limit=None, precision="default"):
     """dx, the gradient of conv2d_forward with respect to x (of shape ``x_shape``).
 
     With stride > 1 several input sizes give dy's size; ``x_shape`` picks one.
@@ -141,10 +185,11 @@ def conv2d_backward_data(dy, w, x_shape, *, stride=1, padding=0, dilation=1, gro
     x_shape = _shape_tuple("x_shape", x_shape)
     problem = _describe(x_shape, w.shape, stride, padding, dilation, groups, layout, dtype,
                         x_name="x_shape")
+    options = _options(workspace_limit, precision, False)
     if dy is None:
         return xp.zeros(x_shape, dtype=dtype)
     _check_output_gradient(dy, problem, "x_shape and w")
-    algorithm = choose(problem, "backward_data", algo, gpu=xp is not np)
+    algorithm = choose(problem, "backward_data", algo, gpu=xp is not np, options=options)
     if xp is np:
         return _reference.conv2d_backward_data(dy, w, x_shape, problem.stride, problem.padding,
                                                problem.dilation, problem.groups, layout)
@@ -156,10 +201,12 @@ def conv2d_backward_data(dy, w, x_shape, *, stride=1, padding=0, dilation=1, gro
 
 
 def conv2d_backward_filter(x, dy, w_shape, *, stride=1, padding=0, dilation=1, groups=1,
-                           layout="NCHW", algo="auto"):
+                           layout="NCHW", algo="auto", deterministic=False, workspace_limit=None,
+                           precision="default"):
     """dw, the gradient of conv2d_forward with respect to w (of shape ``w_shape``).
 
-    ``dy=None`` means a zero output gradient."""
+    ``dy=None`` means a zero output gradient.  ``deterministic=True`` admits
+    only algorithms that give the same bits on every run (no atomics)."""
     xp = _validate.array_module(x=x, dy=dy)
     dtype = _validate.check_same_dtype(x=x, dy=dy)
     _validate.check_ndim("x", x, 4, f"{layout} input")
@@ -168,10 +215,11 @@ def conv2d_backward_filter(x, dy, w_shape, *, stride=1, padding=0, dilation=1, g
     w_shape = _shape_tuple("w_shape", w_shape)
     problem = _describe(x.shape, w_shape, stride, padding, dilation, groups, layout, dtype,
                         w_name="w_shape")
+    options = _options(workspace_limit, precision, deterministic)
     if dy is None:
         return xp.zeros(w_shape, dtype=dtype)
     _check_output_gradient(dy, problem, "x and w_shape")
-    algorithm = choose(problem, "backward_filter", algo, gpu=xp is not np)
+    algorithm = choose(problem, "backward_filter", algo, gpu=xp is not np, options=options)
     if xp is np:
         return _reference.conv2d_backward_filter(x, dy, w_shape, problem.stride, problem.padding,
                                                  problem.dilation, problem.groups, layout)

@@ -293,6 +293,71 @@ def test_conv2d_choose_says_what_auto_runs_and_why():
         dnnprims.conv2d_choose((2, 4, 7, 7), (8, 4, 3, 3), direction="sideways")
 
 
+@pytest.mark.parametrize("mode,alpha", [("relu", None), ("gelu", None), ("leaky_relu", 0.2),
+                                        ("clipped_relu", 0.5)])
+@pytest.mark.parametrize("algo", ["auto", "direct"])
+def test_forward_activation_is_act_of_conv_plus_bias(xp, rng, mode, alpha, algo):
+    x, w, b, opts = _random_problem(rng, CASES[0].values[0], "NCHW", np.float64)
+    want = dnnprims.activation(conv2d_forward(x, w, b, **opts), mode, alpha=alpha)
+    got = conv2d_forward(xp.asarray(x), xp.asarray(w), xp.asarray(b), activation=mode, alpha=alpha,
+                         algo=algo, **opts)
+    assert_close(got, want, np.float64)
+
+
+def test_options_constrain_the_choice():
+    problem = _problem_of(np.empty((2, 4, 7, 7), np.float32), np.empty((8, 4, 3, 3), np.float32),
+                          _options(1, 1, 1, 1))
+    # Every registered algorithm of today is deterministic and strict; a zero
+    # workspace limit leaves only those without workspace.
+    for direction in algos.DIRECTIONS:
+        name, _ = algos.explain_auto(problem, direction, algos.ConvOptions(workspace_limit=0))
+        assert algos.REGISTRY[name].workspace_bytes(problem, direction) == 0
+        assert algos.explain_auto(problem, direction, algos.ConvOptions(deterministic=True))[0]
+    gemm = algos.REGISTRY["gemm"]
+    assert gemm.workspace_bytes(problem, "backward_filter") > 0
+    ok, reason = algos.admits(gemm, problem, "backward_filter", algos.ConvOptions(workspace_limit=0))
+    assert not ok and "workspace_limit=0" in reason
+    with pytest.raises(ValueError, match="workspace_limit"):
+        algos.choose(problem, "backward_filter", "gemm", options=algos.ConvOptions(workspace_limit=0))
+    name, _ = dnnprims.conv2d_choose((2, 4, 7, 7), (8, 4, 3, 3), padding=1, direction="backward_filter",
+                                     workspace_limit=0, deterministic=True, precision="strict")
+    assert algos.REGISTRY[name].workspace_bytes(problem, "backward_filter") == 0
+
+
+def test_algorithms_that_break_options_are_refused(monkeypatch):
+    class Racy(algos.ConvAlgorithm):
+        name = "racy_test_algorithm"
+        deterministic = False
+        strict = False
+    racy = Racy()
+    monkeypatch.setitem(algos.REGISTRY, racy.name, racy)
+    problem = _problem_of(np.empty((2, 4, 7, 7), np.float32), np.empty((8, 4, 3, 3), np.float32),
+                          _options(1, 1, 1, 1))
+    assert algos.admits(racy, problem, "forward")[0]
+    assert "deterministic" in algos.admits(racy, problem, "forward", algos.ConvOptions(deterministic=True))[1]
+    assert "strict" in algos.admits(racy, problem, "forward", algos.ConvOptions(precision="strict"))[1]
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(workspace_limit=-1), "workspace_limit"), (dict(workspace_limit=1.5), "workspace_limit"),
+    (dict(precision="loose"), "precision"), (dict(activation="swish"), "mode"),
+    (dict(alpha=0.1), "alpha"), (dict(activation="relu", alpha=0.1), "alpha")])
+def test_rejects_bad_forward_options(kwargs, match):
+    x, w = np.ones((1, 2, 5, 5), np.float32), np.ones((3, 2, 3, 3), np.float32)
+    with pytest.raises((TypeError, ValueError), match=match):
+        conv2d_forward(x, w, **kwargs)
+
+
+def test_rejects_bad_backward_options():
+    x, dy = np.ones((1, 2, 5, 5), np.float32), np.ones((1, 3, 3, 3), np.float32)
+    with pytest.raises(TypeError, match="deterministic"):
+        conv2d_backward_filter(x, dy, (3, 2, 3, 3), deterministic="yes")
+    with pytest.raises(ValueError, match="precision"):
+        conv2d_backward_data(dy, np.ones((3, 2, 3, 3), np.float32), x.shape, precision="fast")
+    with pytest.raises(ValueError, match="workspace_limit"):
+        conv2d_backward_filter(x, None, (3, 2, 3, 3), workspace_limit=-5)
+
+
 def test_find_caches_the_winner_in_memory_and_on_disk(monkeypatch, tmp_path):
     from dnnprims.algos import find as find_mode
     monkeypatch.setenv("DNNPRIMS_CACHE_DIR", str(tmp_path))

@@ -8,6 +8,10 @@ directions it supports (and why not), how much workspace it needs, and how to
 run.  ``algo="auto"`` resolves through :func:`choose` (rule: :func:`explain_auto`);
 ``algo="find"`` times the candidates once per problem (:mod:`.find`).
 
+What the caller allows is a :class:`ConvOptions` (workspace limit, precision,
+determinism); :func:`admits` applies it on top of ``supports``, so "auto",
+"find" and an explicit name all see the same candidate set.
+
 Directions and the arrays ``run`` receives (all C-contiguous, on the device):
 
     "forward"          a = x,  b = w,  out = y
@@ -59,11 +63,37 @@ class ConvProblem:
         return 2 * self.N * self.K * self.P * self.Q * (self.C // self.groups) * self.R * self.S
 
 
+PRECISIONS = ("default", "strict")
+
+
+@dataclasses.dataclass(frozen=True)
+class ConvOptions:
+    """What the caller allows an algorithm to do; part of every choice and cache key.
+
+    ``workspace_limit``: bytes of device workspace an algorithm may allocate
+    (None: no limit).  ``precision="strict"``: only algorithms whose error stays
+    within the float32 direct-convolution bound (excludes e.g. Winograd
+    F(4x4, 3x3)).  ``deterministic=True``: only algorithms that give the same
+    bits on every run (no floating-point atomics)."""
+    workspace_limit: object = None
+    precision: str = "default"
+    deterministic: bool = False
+
+
+DEFAULT_OPTIONS = ConvOptions()
+
+
 class ConvAlgorithm:
-    """Base class: one way of computing some directions of a convolution."""
+    """Base class: one way of computing some directions of a convolution.
+
+    Subclasses override ``supports``, ``workspace_bytes`` and ``run``, and set
+    the class attributes below where they differ from the defaults."""
 
     name = None
     directions = DIRECTIONS
+    deterministic = True      # same bits every run (no atomics in the reduction)
+    strict = True             # error within the float32 direct bound (precision="strict")
+    fused_activations = frozenset()   # activation modes applied in the forward epilogue
 
     def supports(self, problem, direction):
         """(True, "") or (False, reason a user can read)."""
@@ -74,10 +104,29 @@ class ConvAlgorithm:
     def workspace_bytes(self, problem, direction):
         return 0
 
-    def run(self, problem, direction, a, b, out, bias=None):
+    def run(self, problem, direction, a, b, out, bias=None, activation=None):
         """Compute into ``out`` (allocated by the caller, same dtype) and return it.
-        ``bias`` (forward only, length K, or None) is added to y."""
+        ``bias`` (forward only, length K, or None) is added to y.  ``activation``
+        (forward only) is None or ``(mode, alpha)`` with mode in
+        ``fused_activations``: applied to ``y + bias`` in the epilogue."""
         raise NotImplementedError
+
+
+def admits(algorithm, problem, direction, options=DEFAULT_OPTIONS):
+    """(True, "") if ``algorithm`` supports the problem and the caller's options
+    allow it, else (False, reason)."""
+    ok, reason = algorithm.supports(problem, direction)
+    if not ok:
+        return ok, reason
+    if options.deterministic and not algorithm.deterministic:
+        return False, "it reduces with atomics (not bit-reproducible) and deterministic=True"
+    if options.precision == "strict" and not algorithm.strict:
+        return False, "its rounding error exceeds the float32 direct bound and precision='strict'"
+    if options.workspace_limit is not None:
+        need = algorithm.workspace_bytes(problem, direction)
+        if need > options.workspace_limit:
+            return False, f"it needs {need} bytes of workspace, over workspace_limit={options.workspace_limit}"
+    return True, ""
 
 
 REGISTRY = {}
@@ -100,43 +149,53 @@ def register(algorithm):
 AUTO_IMPLICIT_GEMM_MAX_DEPTH = 2304
 
 
-def explain_auto(problem, direction):
-    """(name, reason) of the algorithm ``algo="auto"`` picks: a stand-in rule
-    until the measured heuristic table replaces it.
+def auto_preferences(problem, direction):
+    """The stand-in rule until the measured heuristic table replaces it: an
+    ordered list of (name, reason); ``auto`` takes the first one that
+    :func:`admits` the problem under the caller's options.
 
-    1. "implicit_gemm" (its tile by its own rule) where it supports the
-       direction (forward; backward data with stride 1; float32 and half
-       types) for ungrouped problems, and for half types always (it
-       accumulates in float32 in tiles, the alternatives are far slower) --
-       except float32 GEMMs at least AUTO_IMPLICIT_GEMM_MAX_DEPTH deep, where
-       cuBLAS is faster.
-    2. "gemm" (im2col + cuBLAS) for ungrouped problems it supports (float32,
-       float64) whose workspace fits AUTO_GEMM_WORKSPACE_LIMIT.
-    3. "direct" otherwise: grouped and depthwise problems (tiny GEMMs), and
-       the fallback that supports every problem."""
+    1. "implicit_gemm" (its tile by its own rule) for half types always (it
+       accumulates float32 tiles; the alternatives are far slower) and for
+       ungrouped float32 problems -- except GEMMs at least
+       AUTO_IMPLICIT_GEMM_MAX_DEPTH deep whose im2col workspace fits
+       AUTO_GEMM_WORKSPACE_LIMIT, where cuBLAS is faster.
+    2. "gemm" (im2col + cuBLAS) for ungrouped problems whose workspace fits
+       AUTO_GEMM_WORKSPACE_LIMIT.
+    3. "direct": grouped and depthwise problems, and the fallback that
+       supports every problem."""
+    prefs = []
     gemm = REGISTRY.get("gemm")
     gemm_fits = (gemm is not None and problem.groups == 1 and gemm.supports(problem, direction)[0]
                  and gemm.workspace_bytes(problem, direction) <= AUTO_GEMM_WORKSPACE_LIMIT)
-    implicit = REGISTRY.get("implicit_gemm")
-    if implicit is not None and implicit.supports(problem, direction)[0]:
-        half = problem.dtype in ("float16", "bfloat16")
-        depth = (problem.C // problem.groups if direction == "forward" else problem.K // problem.groups) \
-            * problem.R * problem.S
-        if half:
-            return "implicit_gemm", "half type: implicit GEMM accumulates float32 tiles"
-        if problem.groups == 1 and not (gemm_fits and depth >= AUTO_IMPLICIT_GEMM_MAX_DEPTH):
-            return "implicit_gemm", f"ungrouped float32, GEMM depth {depth} < {AUTO_IMPLICIT_GEMM_MAX_DEPTH}"
+    half = problem.dtype in ("float16", "bfloat16")
+    depth = (problem.C // problem.groups if direction == "forward" else problem.K // problem.groups) \
+        * problem.R * problem.S
+    if half:
+        prefs.append(("implicit_gemm", "half type: implicit GEMM accumulates float32 tiles"))
+    elif problem.groups == 1 and not (gemm_fits and depth >= AUTO_IMPLICIT_GEMM_MAX_DEPTH):
+        prefs.append(("implicit_gemm", f"ungrouped float32, GEMM depth {depth} < "
+                                       f"{AUTO_IMPLICIT_GEMM_MAX_DEPTH}"))
     if gemm_fits:
-        return "gemm", "ungrouped, im2col workspace within AUTO_GEMM_WORKSPACE_LIMIT"
-    return "direct", "fallback: grouped/depthwise, or no faster algorithm supports this problem"
+        prefs.append(("gemm", "ungrouped, im2col workspace within AUTO_GEMM_WORKSPACE_LIMIT"))
+    prefs.append(("direct", "fallback: grouped/depthwise, or no faster algorithm admits this problem"))
+    return prefs
 
 
-def auto_rule(problem, direction):
+def explain_auto(problem, direction, options=DEFAULT_OPTIONS):
+    """(name, reason) of the algorithm ``algo="auto"`` picks under ``options``."""
+    for name, reason in auto_preferences(problem, direction):
+        algorithm = REGISTRY.get(name)
+        if algorithm is not None and admits(algorithm, problem, direction, options)[0]:
+            return name, reason
+    raise ValueError(f"no convolution algorithm admits this {direction} problem under {options}")
+
+
+def auto_rule(problem, direction, options=DEFAULT_OPTIONS):
     """The name ``algo="auto"`` picks (see :func:`explain_auto`)."""
-    return explain_auto(problem, direction)[0]
+    return explain_auto(problem, direction, options)[0]
 
 
-def choose(problem, direction, algo="auto", gpu=False):
+def choose(problem, direction, algo="auto", gpu=False, options=DEFAULT_OPTIONS):
     """The algorithm that runs ``direction`` of ``problem`` for a user's ``algo``.
 
     ``algo="find"`` times the candidates on the current GPU once per problem
@@ -148,14 +207,14 @@ def choose(problem, direction, algo="auto", gpu=False):
         raise TypeError(f"algo must be a string, got {type(algo).__name__}")
     if algo == "find":
         from .find import find
-        algo = find(problem, direction) if gpu else auto_rule(problem, direction)
+        algo = find(problem, direction, options) if gpu else auto_rule(problem, direction, options)
     elif algo == "auto":
-        algo = auto_rule(problem, direction)
+        algo = auto_rule(problem, direction, options)
     algorithm = REGISTRY.get(algo)
     if algorithm is None:
         raise ValueError(f"algo must be 'auto', 'find' or one of {', '.join(map(repr, REGISTRY))}, "
                          f"got {algo!r}")
-    ok, reason = algorithm.supports(problem, direction)
+    ok, reason = admits(algorithm, problem, direction, options)
     if not ok:
         raise ValueError(f"algo {algo!r} does not support this {direction} problem: {reason}")
     return algorithm

@@ -56,7 +56,7 @@ def _index_scalar(index_t, value):
 class DirectConvolution(ConvAlgorithm):
     name = "direct"
 
-    def run(self, problem, direction, a, b, out, bias=None):
+    def run(self, problem, direction, a, b, out, bias=None, activation=None):
         p = problem
         index_t = _problem_index_type(p)
         total = out.size

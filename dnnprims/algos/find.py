@@ -19,9 +19,9 @@ import os
 import pathlib
 import tempfile
 
-from . import REGISTRY
+from . import DEFAULT_OPTIONS, REGISTRY, admits
 
-VERSION = 1
+VERSION = 2  # 2: keys carry the ConvOptions
 FIND_WORKSPACE_LIMIT = 1 << 30
 _WARMUP, _REPEAT = 2, 7
 _memory = {}
@@ -48,9 +48,10 @@ def gpu_name():
     return name
 
 
-def problem_key(problem, direction):
+def problem_key(problem, direction, options=DEFAULT_OPTIONS):
     fields = ",".join(f"{f.name}={getattr(problem, f.name)}" for f in dataclasses.fields(problem))
-    return f"{gpu_name()}|{direction}|{fields}".replace(" ", "")
+    allowed = ",".join(f"{f.name}={getattr(options, f.name)}" for f in dataclasses.fields(options))
+    return f"{gpu_name()}|{direction}|{fields}|{allowed}".replace(" ", "")
 
 
 def _load():
@@ -75,9 +76,9 @@ def _save(entries):
         pass  # a read-only home: the in-memory cache still works
 
 
-def candidates(problem, direction):
+def candidates(problem, direction, options=DEFAULT_OPTIONS):
     return [name for name, algorithm in REGISTRY.items()
-            if algorithm.supports(problem, direction)[0]
+            if admits(algorithm, problem, direction, options)[0]
             and algorithm.workspace_bytes(problem, direction) <= FIND_WORKSPACE_LIMIT]
 
 
@@ -99,16 +100,17 @@ def time_algorithms(problem, direction, names):
     return result
 
 
-def find(problem, direction):
-    """The name of the fastest algorithm for this problem on this GPU (timed once)."""
-    key = problem_key(problem, direction)
+def find(problem, direction, options=DEFAULT_OPTIONS):
+    """The name of the fastest algorithm for this problem on this GPU (timed once)
+    among those the options admit."""
+    key = problem_key(problem, direction, options)
     name = _memory.get(key)
     if name is not None:
         return name
     entries = _load()
     entry = entries.get(key)
     if entry is None or entry.get("algo") not in REGISTRY:
-        names = candidates(problem, direction)
+        names = candidates(problem, direction, options)
         times = time_algorithms(problem, direction, names)
         entry = {"algo": min(times, key=times.get), "ms": times}
         entries[key] = entry

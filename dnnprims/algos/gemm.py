@@ -124,7 +124,7 @@ class GemmConvolution(ConvAlgorithm):
             columns = p.N * p.C * p.H * p.W  # the transposed copy of x
         return columns * itemsize
 
-    def run(self, problem, direction, a, b, out, bias=None):
+    def run(self, problem, direction, a, b, out, bias=None, activation=None):
         import cupy as xp
         return getattr(self, "_" + direction)(xp, problem, a, b, out, bias)
 

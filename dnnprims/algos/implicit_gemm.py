@@ -156,7 +156,7 @@ class ImplicitGemmConvolution(ConvAlgorithm):
             self._plans[key] = plan
         return plan
 
-    def run(self, problem, direction, a, b, out, bias=None):
+    def run(self, problem, direction, a, b, out, bias=None, activation=None):
         expression, grid, block, table, scalars = self._plan(problem, direction)
         FAMILY.launch(expression, grid, block,
                       (a, b, table, b if bias is None else bias, np.int32(bias is not None), out,
