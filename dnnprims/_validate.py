@@ -134,3 +134,59 @@ def contiguous(xp, a):
     if a.flags.c_contiguous:
         return a
     return xp.ascontiguousarray(a).reshape(a.shape)
+
+
+class CallMemo:
+    """What the slow path of a public function worked out for one kind of GPU
+    call (validated problem, chosen algorithm, launch plan), keyed by everything
+    that validation depends on, so that a repeated call skips straight to the
+    launch: the per-call host overhead on a cached problem is a key, one dict
+    lookup, the output allocation and the launch.
+
+    :meth:`key` returns None (no memo: take the slow path) unless every array
+    is a CuPy array; it records each array's shape, dtype and device and the
+    current device, and each option's type and value (so ``True`` never passes
+    for a cached ``1``).  An unhashable option (a list) also gives no memo."""
+
+    def __init__(self, limit=4096):
+        self._entries = {}
+        self._limit = limit
+
+    @staticmethod
+    def key(tag, arrays, options):
+        if _cupy is None:
+            return None
+        parts = [tag, None]
+        ndarray = _cupy.ndarray
+        for a in arrays:
+            if a is None:
+                parts.append(None)
+            elif type(a) is ndarray:
+                parts.append((a.shape, a.dtype, a.device.id))
+            else:
+                return None
+        if parts[2:].count(None) == len(arrays):
+            return None
+        parts[1] = _cupy.cuda.runtime.getDevice()
+        for v in options:
+            parts.append(type(v))
+            parts.append(v)
+        key = tuple(parts)
+        try:
+            hash(key)
+        except TypeError:
+            return None
+        return key
+
+    def get(self, key):
+        return None if key is None else self._entries.get(key)
+
+    def put(self, key, value):
+        if key is not None:
+            if len(self._entries) >= self._limit:
+                self._entries.clear()
+            self._entries[key] = value
+        return value
+
+    def clear(self):
+        self._entries.clear()

@@ -133,6 +133,10 @@ def _check_output_gradient(dy, problem, source):
                          f"{problem.y_shape} ({problem.layout})")
 
 
+# Validated GPU calls: (problem, algorithm, ...) per kind of call (see _validate.CallMemo).
+_MEMO = _validate.CallMemo()
+
+
 def conv2d_forward(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1,
                    layout="NCHW", algo="auto", activation=None, alpha=None,
                    workspace_limit=None, precision="default"):
@@ -142,26 +146,33 @@ def conv2d_forward(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1
     is applied in the algorithm's epilogue where it fuses that mode, else as
     one extra pass.  ``workspace_limit`` (bytes) and ``precision="strict"``
     constrain which algorithms may run (see ``ConvOptions``)."""
-    xp = _validate.array_module(x=x, w=w, bias=bias)
-    dtype = _validate.check_same_dtype(x=x, w=w, bias=bias)
-    _validate.check_ndim("x", x, 4, f"{layout} input")
-    _validate.check_ndim("w", w, 4, "filters K, C/groups, R, S")
-    problem = _describe(x.shape, w.shape, stride, padding, dilation, groups, layout, dtype)
-    if bias is not None:
-        _validate.check_shape("bias", bias, (problem.K,), "one value per filter")
-    act = _activation_options(activation, alpha)
-    options = _options(workspace_limit, precision, False)
-    algorithm = choose(problem, "forward", algo, gpu=xp is not np, options=options)
-    if xp is np:
-        y = _reference.conv2d_forward(x, w, bias, problem.stride, problem.padding,
-                                      problem.dilation, problem.groups, layout)
-        return y if act is None else _apply_activation(y, act)
-    y = xp.empty(problem.y_shape, dtype=dtype)
+    key = _MEMO.key("forward", (x, w, bias), (stride, padding, dilation, groups, layout, algo,
+                                              activation, alpha, workspace_limit, precision))
+    plan = _MEMO.get(key)
+    if plan is None:
+        xp = _validate.array_module(x=x, w=w, bias=bias)
+        dtype = _validate.check_same_dtype(x=x, w=w, bias=bias)
+        _validate.check_ndim("x", x, 4, f"{layout} input")
+        _validate.check_ndim("w", w, 4, "filters K, C/groups, R, S")
+        problem = _describe(x.shape, w.shape, stride, padding, dilation, groups, layout, dtype)
+        if bias is not None:
+            _validate.check_shape("bias", bias, (problem.K,), "one value per filter")
+        act = _activation_options(activation, alpha)
+        options = _options(workspace_limit, precision, False)
+        algorithm = choose(problem, "forward", algo, gpu=xp is not np, options=options)
+        if xp is np:
+            y = _reference.conv2d_forward(x, w, bias, problem.stride, problem.padding,
+                                          problem.dilation, problem.groups, layout)
+            return y if act is None else _apply_activation(y, act)
+        fused = act is not None and act[0] in algorithm.fused_activations
+        plan = _MEMO.put(key, (problem, algorithm, act, fused))
+    problem, algorithm, act, fused = plan
+    xp = _validate._cupy
+    y = xp.empty(problem.y_shape, dtype=x.dtype)
     if y.size == 0:
         return y
     x, w = _validate.contiguous(xp, x), _validate.contiguous(xp, w)
     bias = None if bias is None else _validate.contiguous(xp, bias)
-    fused = act is not None and act[0] in algorithm.fused_activations
     y = algorithm.run(problem, "forward", x, w, y, bias=bias, activation=act if fused else None)
     return y if act is None or fused else _apply_activation(y, act)
 
@@ -177,23 +188,30 @@ def conv2d_backward_data(dy, w, x_shape, *, stride=1, padding=0, dilation=1, gro
 
     With stride > 1 several input sizes give dy's size; ``x_shape`` picks one.
     ``dy=None`` means a zero output gradient."""
-    xp = _validate.array_module(dy=dy, w=w)
-    dtype = _validate.check_same_dtype(dy=dy, w=w)
-    if dy is not None:
-        _validate.check_ndim("dy", dy, 4, f"{layout} output gradient")
-    _validate.check_ndim("w", w, 4, "filters K, C/groups, R, S")
-    x_shape = _shape_tuple("x_shape", x_shape)
-    problem = _describe(x_shape, w.shape, stride, padding, dilation, groups, layout, dtype,
-                        x_name="x_shape")
-    options = _options(workspace_limit, precision, False)
-    if dy is None:
-        return xp.zeros(x_shape, dtype=dtype)
-    _check_output_gradient(dy, problem, "x_shape and w")
-    algorithm = choose(problem, "backward_data", algo, gpu=xp is not np, options=options)
-    if xp is np:
-        return _reference.conv2d_backward_data(dy, w, x_shape, problem.stride, problem.padding,
-                                               problem.dilation, problem.groups, layout)
-    dx = xp.empty(x_shape, dtype=dtype)
+    key = _MEMO.key("backward_data", (dy, w), (x_shape, stride, padding, dilation, groups, layout,
+                                               algo, workspace_limit, precision))
+    plan = _MEMO.get(key) if dy is not None else None
+    if plan is None:
+        xp = _validate.array_module(dy=dy, w=w)
+        dtype = _validate.check_same_dtype(dy=dy, w=w)
+        if dy is not None:
+            _validate.check_ndim("dy", dy, 4, f"{layout} output gradient")
+        _validate.check_ndim("w", w, 4, "filters K, C/groups, R, S")
+        x_shape = _shape_tuple("x_shape", x_shape)
+        problem = _describe(x_shape, w.shape, stride, padding, dilation, groups, layout, dtype,
+                            x_name="x_shape")
+        options = _options(workspace_limit, precision, False)
+        if dy is None:
+            return xp.zeros(x_shape, dtype=dtype)
+        _check_output_gradient(dy, problem, "x_shape and w")
+        algorithm = choose(problem, "backward_data", algo, gpu=xp is not np, options=options)
+        if xp is np:
+            return _reference.conv2d_backward_data(dy, w, x_shape, problem.stride, problem.padding,
+                                                   problem.dilation, problem.groups, layout)
+        plan = _MEMO.put(key, (problem, algorithm))
+    problem, algorithm = plan
+    xp = _validate._cupy
+    dx = xp.empty(problem.x_shape, dtype=dy.dtype)
     if dx.size == 0:
         return dx
     dy, w = _validate.contiguous(xp, dy), _validate.contiguous(xp, w)
@@ -207,25 +225,32 @@ def conv2d_backward_filter(x, dy, w_shape, *, stride=1, padding=0, dilation=1, g
 
     ``dy=None`` means a zero output gradient.  ``deterministic=True`` admits
     only algorithms that give the same bits on every run (no atomics)."""
-    xp = _validate.array_module(x=x, dy=dy)
-    dtype = _validate.check_same_dtype(x=x, dy=dy)
-    _validate.check_ndim("x", x, 4, f"{layout} input")
-    if dy is not None:
-        _validate.check_ndim("dy", dy, 4, f"{layout} output gradient")
-    w_shape = _shape_tuple("w_shape", w_shape)
-    problem = _describe(x.shape, w_shape, stride, padding, dilation, groups, layout, dtype,
-                        w_name="w_shape")
-    options = _options(workspace_limit, precision, deterministic)
-    if dy is None:
-        return xp.zeros(w_shape, dtype=dtype)
-    _check_output_gradient(dy, problem, "x and w_shape")
-    algorithm = choose(problem, "backward_filter", algo, gpu=xp is not np, options=options)
-    if xp is np:
-        return _reference.conv2d_backward_filter(x, dy, w_shape, problem.stride, problem.padding,
-                                                 problem.dilation, problem.groups, layout)
+    key = _MEMO.key("backward_filter", (x, dy), (w_shape, stride, padding, dilation, groups, layout,
+                                                 algo, deterministic, workspace_limit, precision))
+    plan = _MEMO.get(key) if dy is not None else None
+    if plan is None:
+        xp = _validate.array_module(x=x, dy=dy)
+        dtype = _validate.check_same_dtype(x=x, dy=dy)
+        _validate.check_ndim("x", x, 4, f"{layout} input")
+        if dy is not None:
+            _validate.check_ndim("dy", dy, 4, f"{layout} output gradient")
+        w_shape = _shape_tuple("w_shape", w_shape)
+        problem = _describe(x.shape, w_shape, stride, padding, dilation, groups, layout, dtype,
+                            w_name="w_shape")
+        options = _options(workspace_limit, precision, deterministic)
+        if dy is None:
+            return xp.zeros(w_shape, dtype=dtype)
+        _check_output_gradient(dy, problem, "x and w_shape")
+        algorithm = choose(problem, "backward_filter", algo, gpu=xp is not np, options=options)
+        if xp is np:
+            return _reference.conv2d_backward_filter(x, dy, w_shape, problem.stride, problem.padding,
+                                                     problem.dilation, problem.groups, layout)
+        plan = _MEMO.put(key, (problem, algorithm))
+    problem, algorithm = plan
+    xp = _validate._cupy
     if problem.N == 0 or problem.P * problem.Q == 0:  # empty sum: zero gradient
-        return xp.zeros(w_shape, dtype=dtype)
-    dw = xp.empty(w_shape, dtype=dtype)
+        return xp.zeros(problem.w_shape, dtype=x.dtype)
+    dw = xp.empty(problem.w_shape, dtype=x.dtype)
     if dw.size == 0:
         return dw
     x, dy = _validate.contiguous(xp, x), _validate.contiguous(xp, dy)

@@ -358,6 +358,36 @@ def test_rejects_bad_backward_options():
         conv2d_backward_filter(x, None, (3, 2, 3, 3), workspace_limit=-5)
 
 
+@pytest.mark.gpu
+def test_repeated_gpu_calls_reuse_the_validated_plan_and_still_check(gpu, rng):
+    from dnnprims import conv as conv_module
+    x, w, b, opts = _random_problem(rng, CASES[0].values[0], "NCHW", np.float32)
+    gx, gw, gb = gpu.asarray(x), gpu.asarray(w), gpu.asarray(b)
+    first = conv2d_forward(gx, gw, gb, **opts)
+    entries = len(conv_module._MEMO._entries)
+    again = conv2d_forward(gx, gw, gb, **opts)
+    assert len(conv_module._MEMO._entries) == entries          # the second call took the memo
+    assert gpu.array_equal(first, again)
+    assert_close(again, conv2d_forward(x.astype(F64), w.astype(F64), b.astype(F64), **opts), np.float32)
+    # A call that differs only in what validation checks is still refused.
+    with pytest.raises(TypeError, match="stride"):
+        conv2d_forward(gx, gw, gb, **{**opts, "stride": True})
+    with pytest.raises(TypeError, match="dtype"):
+        conv2d_forward(gx, gw.astype(gpu.float64), gb, **opts)
+    with pytest.raises(ValueError, match="bias"):
+        conv2d_forward(gx, gw, gb[:-1], **opts)
+    with pytest.raises(TypeError, match="cannot mix"):
+        conv2d_forward(gx, w, gb, **opts)
+    dy = gpu.asarray(random_array(rng, first.shape, np.float32))
+    for _ in range(2):
+        dx = conv2d_backward_data(dy, gw, x.shape, **opts)
+        dw = conv2d_backward_filter(gx, dy, w.shape, **opts)
+    assert_close(dx, conv2d_backward_data(dy.get().astype(F64), w.astype(F64), x.shape, **opts), np.float32)
+    assert_close(dw, conv2d_backward_filter(x.astype(F64), dy.get().astype(F64), w.shape, **opts), np.float32)
+    with pytest.raises(ValueError, match="dy has shape"):
+        conv2d_backward_data(dy[:, :, :-1], gw, x.shape, **opts)
+
+
 def test_find_caches_the_winner_in_memory_and_on_disk(monkeypatch, tmp_path):
     from dnnprims.algos import find as find_mode
     monkeypatch.setenv("DNNPRIMS_CACHE_DIR", str(tmp_path))

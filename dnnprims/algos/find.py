@@ -120,7 +120,10 @@ def find(problem, direction, options=DEFAULT_OPTIONS):
 
 
 def forget():
-    """Drop the in-memory cache (the file stays): the next call reads the file again."""
+    """Drop the in-memory cache (the file stays): the next call reads the file again.
+    Also drops the convolution calls' memo of chosen algorithms."""
     global _disk
+    from .. import conv
     _memory.clear()
     _disk = None
+    conv._MEMO.clear()

@@ -1,0 +1,129 @@
+"""Per-call host overhead on cached problems: ``python -m dnnprims.bench.overhead``.
+
+For tiny problems the GPU finishes a kernel in a few microseconds, so what a
+call costs is the Python work around the launch: argument checks, describing
+the problem, choosing an algorithm, allocating the output, packing kernel
+arguments.  This measures it directly: the wall-clock time of many calls in a
+row without synchronising (the GPU keeps up, so the host is the bottleneck),
+divided by the number of calls, after warm-up (compilation, plan caches).
+PyTorch's equivalent calls are timed the same way where torch is installed.
+``--profile NAME`` prints cProfile's top entries for one operation.
+
+Target (issue 3): <= 20 us per call on a cached problem.
+"""
+import argparse
+import cProfile
+import pstats
+import time
+
+import numpy as np
+
+import dnnprims as dp
+
+CALLS = 2000
+
+
+def _cases(cp, torch):
+    """name -> (our call, torch's call or None) on small tensors."""
+    f32 = cp.float32
+    x = cp.random.random((1, 64, 56, 56), dtype=f32)
+    w = cp.random.random((64, 64, 3, 3), dtype=f32)
+    w1 = cp.random.random((64, 64, 1, 1), dtype=f32)
+    bn_x = cp.random.random((32, 256, 7, 7), dtype=f32)
+    gamma, beta = cp.ones(256, f32), cp.zeros(256, f32)
+    rm, rv = cp.zeros(256, f32), cp.ones(256, f32)
+    rows = cp.random.random((256, 1000), dtype=f32)
+    act = cp.random.random((64, 1024), dtype=f32)
+    cases = {
+        "conv2d_forward 3x3 b1": (lambda: dp.conv2d_forward(x, w, padding=1), None),
+        "conv2d_forward 1x1 b1": (lambda: dp.conv2d_forward(x, w1), None),
+        "conv2d_backward_data 3x3 b1": (lambda: dp.conv2d_backward_data(x, w, x.shape, padding=1), None),
+        "conv2d_backward_filter 3x3 b1": (lambda: dp.conv2d_backward_filter(x, x, w.shape, padding=1), None),
+        "batchnorm train": (lambda: dp.batchnorm(bn_x, gamma, beta, rm, rv, training=True), None),
+        "batchnorm infer": (lambda: dp.batchnorm(bn_x, gamma, beta, rm, rv, training=False), None),
+        "pool max 3x3 s2": (lambda: dp.pool(x, 3, stride=2, padding=1), None),
+        "softmax 256x1000": (lambda: dp.softmax(rows), None),
+        "activation relu": (lambda: dp.activation(act, "relu"), None),
+    }
+    if torch is not None:
+        F = torch.nn.functional
+        t = torch.from_dlpack
+        tx, tw, tw1, tbn = t(x), t(w), t(w1), t(bn_x)
+        tg, tb, trm, trv = t(gamma), t(beta), t(rm), t(rv)
+        trows, tact = t(rows), t(act)
+        theirs = {
+            "conv2d_forward 3x3 b1": lambda: F.conv2d(tx, tw, padding=1),
+            "conv2d_forward 1x1 b1": lambda: F.conv2d(tx, tw1),
+            "conv2d_backward_data 3x3 b1": lambda: torch.nn.grad.conv2d_input(tx.shape, tw, tx, padding=1),
+            "conv2d_backward_filter 3x3 b1": lambda: torch.nn.grad.conv2d_weight(tx, tw.shape, tx, padding=1),
+            "batchnorm train": lambda: F.batch_norm(tbn, trm, trv, tg, tb, training=True),
+            "batchnorm infer": lambda: F.batch_norm(tbn, trm, trv, tg, tb, training=False),
+            "pool max 3x3 s2": lambda: F.max_pool2d(tx, 3, 2, 1),
+            "softmax 256x1000": lambda: torch.softmax(trows, 1),
+            "activation relu": lambda: torch.relu(tact),
+        }
+        cases = {k: (ours, theirs.get(k)) for k, (ours, _) in cases.items()}
+    return cases
+
+
+def per_call_us(fn, cp, calls=CALLS):
+    for _ in range(20):
+        fn()
+    cp.cuda.get_current_stream().synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    host = time.perf_counter() - t0
+    cp.cuda.get_current_stream().synchronize()
+    return host / calls * 1e6
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m dnnprims.bench.overhead", description=__doc__)
+    parser.add_argument("--profile", default=None, help="cProfile one case (a name substring)")
+    parser.add_argument("--calls", type=int, default=CALLS)
+    args = parser.parse_args(argv)
+    import cupy as cp
+    try:
+        import torch
+        torch.backends.cudnn.benchmark = True
+    except ImportError:
+        torch = None
+    cases = _cases(cp, torch)
+    if args.profile:
+        name = next(k for k in cases if args.profile in k)
+        fn = cases[name][0]
+        per_call_us(fn, cp, 50)
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(args.calls):
+            fn()
+        prof.disable()
+        cp.cuda.get_current_stream().synchronize()
+        print(f"== cProfile of {name}, {args.calls} calls")
+        pstats.Stats(prof).sort_stats("tottime").print_stats(18)
+        return 0
+    print(f"{'operation':34s} {'ours us/call':>12s} {'torch us/call':>13s}")
+    for name, (ours, theirs) in cases.items():
+        mine = per_call_us(ours, cp, args.calls)
+        other = per_call_us(theirs, cp, args.calls) if theirs is not None else float("nan")
+        print(f"{name:34s} {mine:12.1f} {other:13.1f}")
+    # What the pieces cost, for reading the profile.
+    a = cp.empty(16, cp.float32)
+    t0 = time.perf_counter()
+    for _ in range(args.calls):
+        cp.empty((32, 256, 7, 7), cp.float32)
+    print(f"{'  cupy.empty':34s} {(time.perf_counter() - t0) / args.calls * 1e6:12.1f}")
+    t0 = time.perf_counter()
+    for _ in range(args.calls):
+        cp.cuda.runtime.getDevice()
+    print(f"{'  cupy.cuda.runtime.getDevice':34s} {(time.perf_counter() - t0) / args.calls * 1e6:12.1f}")
+    t0 = time.perf_counter()
+    for _ in range(args.calls):
+        a.device.id
+    print(f"{'  ndarray.device.id':34s} {(time.perf_counter() - t0) / args.calls * 1e6:12.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
