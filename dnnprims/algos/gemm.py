@@ -22,6 +22,7 @@ from dataclasses import replace
 import numpy as np
 
 from .. import _dtypes
+from .._cublas import gemm
 from .._kernels import KernelFamily, ceil_div, index_type
 from . import ConvAlgorithm, register
 
@@ -136,10 +137,14 @@ class GemmConvolution(ConvAlgorithm):
         w3 = w.reshape(G, Kg, J)
         col = _columns(xp, p, x, "sample")
         if p.layout == "NCHW":
-            xp.matmul(w3, col.reshape(p.N, G, J, PQ), out=y.reshape(p.N, G, Kg, PQ))
+            if G == 1:   # y[n] = w @ col[n], w shared by the batch
+                gemm(xp, w.reshape(p.K, J), col.reshape(p.N, J, PQ), y.reshape(p.N, p.K, PQ))
+            else:
+                xp.matmul(w3, col.reshape(p.N, G, J, PQ), out=y.reshape(p.N, G, Kg, PQ))
         else:
             if G == 1:
-                xp.matmul(col, w.reshape(p.K, J).T, out=y.reshape(p.N * PQ, p.K))
+                gemm(xp, col.reshape(p.N * PQ, J), w.reshape(p.K, J), y.reshape(p.N * PQ, p.K),
+                     trans_b=True)
             else:
                 per_group = xp.matmul(col.reshape(p.N * PQ, G, J).transpose(1, 0, 2),
                                       w3.transpose(0, 2, 1))              # (G, N*P*Q, Kg)
@@ -155,11 +160,16 @@ class GemmConvolution(ConvAlgorithm):
         pointwise = is_pointwise(p)
         if p.layout == "NCHW":
             dcol = dx if pointwise else xp.empty((p.N, p.C * p.R * p.S, PQ), dtype=dx.dtype)
-            xp.matmul(w3.transpose(0, 2, 1), dy.reshape(p.N, G, Kg, PQ), out=dcol.reshape(p.N, G, J, PQ))
+            if G == 1:   # dcol[n] = w^T @ dy[n]
+                gemm(xp, w.reshape(p.K, J), dy.reshape(p.N, p.K, PQ), dcol.reshape(p.N, J, PQ),
+                     trans_a=True)
+            else:
+                xp.matmul(w3.transpose(0, 2, 1), dy.reshape(p.N, G, Kg, PQ),
+                          out=dcol.reshape(p.N, G, J, PQ))
         else:
             dcol = dx if pointwise else xp.empty((p.N * PQ, p.C * p.R * p.S), dtype=dx.dtype)
             if G == 1:
-                xp.matmul(dy.reshape(p.N * PQ, p.K), w.reshape(p.K, J), out=dcol.reshape(p.N * PQ, J))
+                gemm(xp, dy.reshape(p.N * PQ, p.K), w.reshape(p.K, J), dcol.reshape(p.N * PQ, J))
             else:
                 per_group = xp.matmul(dy.reshape(p.N * PQ, G, Kg).transpose(1, 0, 2), w3)  # (G, NPQ, J)
                 dcol.reshape(p.N * PQ, G, J)[...] = per_group.transpose(1, 0, 2)
@@ -173,30 +183,34 @@ class GemmConvolution(ConvAlgorithm):
         matrix fits FILTER_CHUNK_BYTES; each chunk's GEMM adds into dw in order
         (deterministic for a given problem)."""
         chunk = filter_chunk(p)
-        if chunk >= p.N:
-            return GemmConvolution._backward_filter_chunk(xp, p, x, dy, dw)
-        part = xp.empty_like(dw)
         for n0 in range(0, p.N, chunk):
             n1 = min(p.N, n0 + chunk)
             GemmConvolution._backward_filter_chunk(xp, replace(p, N=n1 - n0), x[n0:n1], dy[n0:n1],
-                                                   dw if n0 == 0 else part)
-            if n0:
-                dw += part
+                                                   dw, accumulate=n0 > 0)
         return dw
 
     @staticmethod
-    def _backward_filter_chunk(xp, p, x, dy, dw):
+    def _backward_filter_chunk(xp, p, x, dy, dw, accumulate=False):
+        """dw (+)= this chunk's gradient: ``accumulate`` adds into dw (GEMM beta = 1)."""
         G, Kg, J, PQ = p.groups, p.K // p.groups, (p.C // p.groups) * p.R * p.S, p.P * p.Q
+        beta = 1.0 if accumulate else 0.0
         dw3 = dw.reshape(G, Kg, J)
         if p.layout == "NCHW":
             col = _columns(xp, p, x, "channel").reshape(G, J, p.N * PQ)
             dy_t = dy.reshape(p.N, G, Kg, PQ).transpose(1, 2, 0, 3).reshape(G, Kg, p.N * PQ)  # copies
-            xp.matmul(dy_t, col.transpose(0, 2, 1), out=dw3)
+            if G == 1:
+                gemm(xp, dy_t.reshape(Kg, p.N * PQ), col.reshape(J, p.N * PQ), dw.reshape(p.K, J),
+                     trans_b=True, beta=beta)
+            else:
+                gemm(xp, dy_t, col, dw3, trans_b=True, beta=beta)
         else:
             col = _columns(xp, p, x, "sample")
             dy2 = dy.reshape(p.N * PQ, p.K)
             if G == 1:
-                xp.matmul(dy2.T, col, out=dw.reshape(p.K, J))
+                gemm(xp, dy2, col.reshape(p.N * PQ, J), dw.reshape(p.K, J), trans_a=True, beta=beta)
+            elif accumulate:
+                dw3 += xp.matmul(dy2.reshape(p.N * PQ, G, Kg).transpose(1, 2, 0),
+                                 col.reshape(p.N * PQ, G, J).transpose(1, 0, 2))
             else:
                 xp.matmul(dy2.reshape(p.N * PQ, G, Kg).transpose(1, 2, 0),
                           col.reshape(p.N * PQ, G, J).transpose(1, 0, 2), out=dw3)
