@@ -10,6 +10,7 @@
 #   bash scripts/gpu_suite.sh tests -k pool    # GPU tests, pytest -k expression
 #   bash scripts/gpu_suite.sh bench [conv|memory|rnn|all] [bench options...]
 #   bash scripts/gpu_suite.sh main             # the main job on the GPU only
+#   bash scripts/gpu_suite.sh overhead         # per-call host overhead against PyTorch only
 #
 # Logs and bench.json (+ bench.png) go to $OUT when it is set, else ./out.
 set -uo pipefail
@@ -24,14 +25,15 @@ PY="${PYTHON:-python3}"
 
 what="${1:-all}"
 [ $# -gt 0 ] && shift
-run_tests=0; run_main=0; run_bench=0
+run_tests=0; run_main=0; run_bench=0; run_overhead=0
 pytest_args=(); bench_args=()
 case "$what" in
-    all) run_tests=1; run_main=1; run_bench=1; bench_args=(all) ;;
+    all) run_tests=1; run_main=1; run_bench=1; run_overhead=1; bench_args=(all) ;;
+    overhead) run_overhead=1 ;;
     tests) run_tests=1; pytest_args=("$@") ;;
     main) run_main=1 ;;
     bench) run_bench=1; bench_args=("${@:-all}") ;;
-    *) echo "usage: bash scripts/gpu_suite.sh [all | tests [pytest args] | main | bench [suite] [options]]" >&2
+    *) echo "usage: bash scripts/gpu_suite.sh [all | tests [pytest args] | main | overhead | bench [suite] [options]]" >&2
        exit 2 ;;
 esac
 
@@ -58,6 +60,13 @@ if [ "$run_main" = 1 ]; then
     [ "$rc" -ne 0 ] && status=1
     main_summary="$(tail -n 1 "$OUTDIR/main_job.log") (exit $rc)"
 fi
+overhead_table=""
+if [ "$run_overhead" = 1 ]; then
+    echo "== per-call host overhead: python -m dnnprims.bench.overhead"
+    "$PY" -m dnnprims.bench.overhead 2>&1 | tee "$OUTDIR/overhead.log"
+    [ "${PIPESTATUS[0]}" -ne 0 ] && status=1
+    overhead_table="$(cat "$OUTDIR/overhead.log")"
+fi
 bench_table=""
 if [ "$run_bench" = 1 ]; then
     echo "== benchmark: python -m dnnprims.bench ${bench_args[*]}"
@@ -73,6 +82,10 @@ echo
 echo "================ summary ================"
 echo "GPU tests: $tests_summary"
 echo "main job:  $main_summary"
+if [ -n "$overhead_table" ]; then
+    echo "per-call host overhead (us, cached problem, no sync):"
+    echo "$overhead_table"
+fi
 if [ -n "$bench_table" ]; then
     echo "benchmark (full numbers in $OUTDIR/bench.json):"
     echo "$bench_table"
