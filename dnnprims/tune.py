@@ -220,12 +220,20 @@ def metadata():
             "features": conv_table.FEATURES}
 
 
+def dumps(data):
+    """The table as JSON text: metadata indented, one entry per line (small,
+    and a re-measured table diffs line by line)."""
+    head = json.dumps({k: v for k, v in data.items() if k != "entries"}, indent=1)
+    entries = ",\n".join(json.dumps(e, separators=(",", ":")) for e in data.get("entries", []))
+    return head[:-2] + ',\n "entries": [\n' + entries + "\n ]\n}\n"
+
+
 def write(path, data):
+    """Write atomically (a killed run leaves the previous complete file)."""
     path = pathlib.Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as f:
-        json.dump(data, f, indent=1)
-        f.write("\n")
+        f.write(dumps(data))
     os.replace(f.name, path)
 
 
