@@ -1,12 +1,12 @@
 """Measure the heuristic table that ``algo="auto"`` consults, on this GPU.
 
     python -m dnnprims.tune [--grid default|quick] [--quick] [--directions D ...]
-                            [--dtypes T ...] [--out PATH] [--holdout FRACTION]
+                            [--dtypes T ...] [--layouts L ...] [--out PATH] [--holdout FRACTION]
                             [--max-seconds S] [--repeat R] [--list]
 
 For every point of a grid of problems (batch, channels, image size, filter
-size, stride, groups, dtype, direction; NCHW) it times every registered
-algorithm that supports the point (``find.candidates``: whatever is in the
+size, stride, groups, dtype, direction, layout: NCHW unless --layouts says more) it times every registered
+algorithm that supports the point (:func:`applicable`: whatever is in the
 registry at the time, one entry per tile configuration) with the one timing
 helper (:mod:`dnnprims.bench.timing`, CUDA events, median of ``--repeat``
 calls after a warm-up), and writes the table in the format documented in
@@ -31,6 +31,7 @@ table written contains all points (held-out ones marked ``"holdout": true``).
 """
 import argparse
 import datetime
+import itertools
 import json
 import os
 import pathlib
@@ -42,7 +43,7 @@ import zlib
 
 from . import algos
 from .algos import table as conv_table
-from .algos.find import candidates, gpu_name, random_operands
+from .algos.find import FIND_WORKSPACE_LIMIT, gpu_name, random_operands
 
 SLOW_FACTOR = 4.0
 SAVE_EVERY = 50
@@ -71,7 +72,7 @@ def problem_of(direction, dtype, N, C, H, K, R, S, stride, groups, layout="NCHW"
                      layout, dtype)
 
 
-def grid_points(grid, directions, dtypes):
+def grid_points(grid, directions, dtypes, layouts=("NCHW",)):
     """Every (direction, problem) of ``grid`` (a GRIDS value), in a fixed shuffled order."""
     shapes = []
     for R, S, stride in grid["filters"]:
@@ -82,18 +83,28 @@ def grid_points(grid, directions, dtypes):
         for C in grid["channels"]:
             shapes.append((C, C, R, S, stride, C))
     points = []
-    for direction in directions:
-        for dtype in dtypes:
-            for N in grid["batches"]:
-                for H in grid["images"]:
-                    for C, K, R, S, stride, groups in shapes:
-                        if H + 2 * (R // 2) < R:
-                            continue
-                        p = problem_of(direction, dtype, N, C, H, K, R, S, stride, groups)
-                        if p.flops <= grid["max_gflop"] * 1e9:
-                            points.append((direction, p))
+    for direction, dtype, layout in itertools.product(directions, dtypes, layouts):
+        for N, H, (C, K, R, S, stride, groups) in itertools.product(grid["batches"], grid["images"], shapes):
+            p = problem_of(direction, dtype, N, C, H, K, R, S, stride, groups, layout)
+            if p.flops <= grid["max_gflop"] * 1e9:
+                points.append((direction, p))
     random.Random(0).shuffle(points)
     return points
+
+
+def applicable(problem, direction):
+    """(names, failed): the candidates find mode would time (admitted under the
+    default options, workspace within FIND_WORKSPACE_LIMIT), except that an
+    algorithm whose ``supports``/``workspace_bytes`` raises is recorded, not fatal."""
+    names, failed = [], {}
+    for name, algorithm in algos.REGISTRY.items():
+        try:
+            if (algos.admits(algorithm, problem, direction)[0]
+                    and algorithm.workspace_bytes(problem, direction) <= FIND_WORKSPACE_LIMIT):
+                names.append(name)
+        except Exception as e:  # noqa: BLE001 -- a broken algorithm is data, not fatal
+            failed[name] = f"supports/workspace_bytes: {type(e).__name__}: {e}"[:300]
+    return names, failed
 
 
 def point_key(direction, p):
@@ -158,10 +169,14 @@ def entry_problem(entry):
 
 
 def rule_pick(problem, direction, options=algos.DEFAULT_OPTIONS):
+    """The documented rule's pick (no table), or None."""
     for name, _ in algos.auto_preferences(problem, direction):
         algorithm = algos.REGISTRY.get(name)
-        if algorithm is not None and algos.admits(algorithm, problem, direction, options)[0]:
-            return name
+        try:
+            if algorithm is not None and algos.admits(algorithm, problem, direction, options)[0]:
+                return name
+        except Exception:  # noqa: BLE001 -- a broken algorithm: the next preference
+            continue
     return None
 
 
@@ -172,7 +187,8 @@ def evaluate_holdout(entries):
                               "entries": [e for e in entries if not e["holdout"]]})
     tested = [e for e in entries if e["holdout"] and e["ms"]]
     report = {"points": len(tested), "table_within_10pct": 0, "rule_within_10pct": 0,
-              "table_decided": 0, "misses": []}
+              "table_decided": 0, "contested_points": 0, "contested_table_within_10pct": 0,
+              "by_class": {}, "misses": []}
     slowdowns = []
     for e in tested:
         problem = entry_problem(e)
@@ -184,9 +200,16 @@ def evaluate_holdout(entries):
         else:
             pick = rule_pick(problem, e["direction"])
         t = e["ms"].get(pick)
-        if t is not None and t <= WITHIN * best:
-            report["table_within_10pct"] += 1
-        else:
+        good = t is not None and t <= WITHIN * best
+        report["table_within_10pct"] += good
+        if len(e["ms"]) > 1:   # more than one candidate ran: the pick could go wrong
+            report["contested_points"] += 1
+            report["contested_table_within_10pct"] += good
+        cls = report["by_class"].setdefault(f"{e['direction']} {e['dtype_class']}",
+                                            {"points": 0, "table_within_10pct": 0})
+        cls["points"] += 1
+        cls["table_within_10pct"] += good
+        if not good:
             report["misses"].append({"point": _short(e), "pick": pick, "pick_ms": t,
                                      "best": e["winner"], "best_ms": best})
         if t is not None:
@@ -197,6 +220,8 @@ def evaluate_holdout(entries):
     n = max(1, len(tested))
     report["table_fraction"] = round(report["table_within_10pct"] / n, 4)
     report["rule_fraction"] = round(report["rule_within_10pct"] / n, 4)
+    report["contested_table_fraction"] = round(
+        report["contested_table_within_10pct"] / max(1, report["contested_points"]), 4)
     if slowdowns:
         import math
         report["table_geomean_slowdown"] = round(math.exp(sum(map(math.log, slowdowns)) / len(slowdowns)), 4)
@@ -264,10 +289,11 @@ def tune(points, *, out, holdout=0.2, max_seconds=None, repeat=7, grid_info=None
                 f"{i} of {len(points)} points measured")
             break
         key = point_key(direction, p)
-        names = candidates(p, direction)
+        names, refused = applicable(p, direction)
         first = rule_pick(p, direction)   # likely fast: later slow ones cost one call only
         names.sort(key=lambda name: name != first)
         ms, failed = measure(p, direction, names, repeat)
+        failed = {**refused, **failed}
         entry = make_entry(direction, p, ms, failed, is_holdout(key, holdout))
         entries.append(entry)
         best = f"{entry['winner']} {ms[entry['winner']]:.3f} ms" if ms else "no candidate ran"
@@ -284,7 +310,8 @@ def tune(points, *, out, holdout=0.2, max_seconds=None, repeat=7, grid_info=None
     log(f"wrote {out}: {len(entries)} entries in {data['grid']['seconds']} s")
     log(f"holdout: {h['points']} points; table pick within 10 % of the fastest on "
         f"{h['table_within_10pct']} ({100 * h['table_fraction']:.1f} %), the rule's on "
-        f"{h['rule_within_10pct']} ({100 * h['rule_fraction']:.1f} %); "
+        f"{h['rule_within_10pct']} ({100 * h['rule_fraction']:.1f} %); on the {h['contested_points']} points "
+        f"with more than one candidate: {100 * h['contested_table_fraction']:.1f} %; "
         f"geomean slowdown of the table's pick {h.get('table_geomean_slowdown', float('nan'))}")
     return data
 
@@ -296,6 +323,7 @@ def main(argv=None):
     parser.add_argument("--directions", nargs="+", choices=algos.DIRECTIONS, default=list(algos.DIRECTIONS))
     parser.add_argument("--dtypes", nargs="+", choices=("float32", "float16", "bfloat16", "float64"),
                         default=list(DTYPES))
+    parser.add_argument("--layouts", nargs="+", choices=("NCHW", "NHWC"), default=["NCHW"])
     parser.add_argument("--out", default=str(conv_table.DEFAULT_PATH), help="table file to write")
     parser.add_argument("--holdout", type=float, default=0.2, help="fraction of points held out")
     parser.add_argument("--max-seconds", type=float, default=None,
@@ -306,7 +334,7 @@ def main(argv=None):
     if not 0 <= args.holdout < 1:
         parser.error("--holdout must be in [0, 1)")
     name = "quick" if args.quick else args.grid
-    points = grid_points(GRIDS[name], args.directions, args.dtypes)
+    points = grid_points(GRIDS[name], args.directions, args.dtypes, args.layouts)
     if args.list:
         for direction, p in points:
             print(point_key(direction, p))
@@ -323,7 +351,7 @@ def main(argv=None):
           f"{', '.join(args.dtypes)}) over {len(algos.REGISTRY)} registered algorithms on {gpu_name()}",
           flush=True)
     grid_info = {"name": name, "spec": GRIDS[name], "directions": args.directions, "dtypes": args.dtypes,
-                 "layout": "NCHW", "padding": "R // 2, S // 2", "dilation": 1,
+                 "layouts": args.layouts, "padding": "R // 2, S // 2", "dilation": 1,
                  "command": "python -m dnnprims.tune " + " ".join(sys.argv[1:] if argv is None else argv)}
     tune(points, out=args.out, holdout=args.holdout, max_seconds=args.max_seconds, repeat=args.repeat,
          grid_info=grid_info, log=lambda s: print(s, flush=True))

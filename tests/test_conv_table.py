@@ -219,3 +219,19 @@ def test_grid_points_are_valid_and_shuffled_deterministically():
     assert all(p.flops <= tune.GRIDS["quick"]["max_gflop"] * 1e9 for _, p in a)
     assert {table.groups_class(p) for _, p in a} == {"1", "depthwise"}
     assert np.all([p.P == -(-p.H // p.stride[0]) for _, p in a])   # "same" padding
+
+
+def test_a_broken_algorithm_is_recorded_not_fatal(tmp_path, monkeypatch):
+    class Broken(algos.ConvAlgorithm):
+        name = "broken_test_algorithm"
+
+        def supports(self, problem, direction):
+            raise RuntimeError("cannot tell")
+    monkeypatch.setitem(algos.REGISTRY, Broken.name, Broken())
+    names, failed = tune.applicable(_problem(), "forward")
+    assert Broken.name not in names and "direct" in names
+    assert failed == {Broken.name: "supports/workspace_bytes: RuntimeError: cannot tell"}
+    points = tune.grid_points(tune.GRIDS["quick"], ["forward"], ["float32"])[:3]
+    data = tune.tune(points, out=tmp_path / "t.json", meta={"version": table.VERSION},
+                     measure=_fake_measure, log=lambda s: None)
+    assert all(Broken.name in e["failed"] for e in data["entries"])
