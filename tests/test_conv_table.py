@@ -79,15 +79,36 @@ def test_auto_picks_from_the_shipped_table_deterministically():
 
 # --- lookup and fallbacks on a synthetic table ---------------------------------
 
-def test_nearest_entry_decides_and_says_why(synthetic):
+def test_nearest_entries_decide_and_say_why(synthetic):
     name, reason = algos.explain_auto(_problem(N=1, C=32, H=14, K=64), "forward")
     assert name == "direct"
-    assert reason.startswith("table: nearest entry (forward float32 NCHW N=1 C=32 H=7")
-    assert "measured direct 0.010 ms vs implicit_gemm_64x64 0.020 ms" in reason
-    name, reason = algos.explain_auto(_problem(N=32, C=256, H=28, K=512), "forward")
-    assert name == "gemm" and "N=32 C=512" in reason
+    assert reason.startswith("table: interpolated from the 2 nearest entries; nearest entry "
+                             "(forward float32 NCHW N=1 C=32 H=7")
+    assert "predicted direct" in reason and "measured there: direct 0.010 ms, fastest direct" in reason
+    # a measured point: its own times decide
+    name, reason = algos.explain_auto(_problem(N=32, C=512, H=28, K=512), "forward")
+    assert name == "gemm"
+    assert reason.startswith("table: measured; nearest entry (forward float32 NCHW N=32 C=512 H=28")
+    assert "log2 distance 0.00); measured gemm 1.000 ms vs implicit_gemm_128x128 1.200 ms" in reason
     # conv2d_choose reports the same
-    assert dnnprims.conv2d_choose((32, 256, 28, 28), (512, 256, 3, 3), padding=1) == (name, reason)
+    assert dnnprims.conv2d_choose((32, 512, 28, 28), (512, 512, 3, 3), padding=1) == (name, reason)
+
+
+def test_interpolation_places_the_boundary_between_entries():
+    # "implicit_gemm_64x64" grows with N, "gemm" does not: at N=16 gemm wins, but
+    # the trend through N=1..16 says implicit_gemm_64x64 still wins at N=12.
+    entries = [_entry(_problem(N=n, H=8), {"implicit_gemm_64x64": 0.1 * n, "gemm": 1.45})
+               for n in (1, 2, 4, 8, 16)]
+    t = table.Table({"version": table.VERSION, "entries": entries})
+    query = _problem(N=12, H=8)
+    assert t.nearest(query, "forward")[0]["winner"] == "gemm"
+    ranked, how, entry, distance = t.ranking(query, "forward")
+    assert how == "interpolated from the 5 nearest entries" and entry["problem"]["N"] == 16
+    assert [name for _, name in ranked] == ["implicit_gemm_64x64", "gemm"]
+    assert ranked[0][0] == pytest.approx(1.2, rel=0.1) and ranked[1][0] == pytest.approx(1.45)
+    # at a measured point the measurement decides
+    assert t.ranking(_problem(N=16, H=8), "forward")[:2] == ([(1.45, "gemm"), (1.6, "implicit_gemm_64x64")],
+                                                            "measured")
 
 
 def test_other_categorical_features_fall_back_to_the_rule(synthetic):
