@@ -79,17 +79,15 @@ def test_auto_picks_from_the_shipped_table_deterministically():
 
 # --- lookup and fallbacks on a synthetic table ---------------------------------
 
-def test_nearest_entries_decide_and_say_why(synthetic):
+def test_nearest_entry_decides_in_a_small_table_and_says_why(synthetic):
+    # two matching entries (< MIN_NEIGHBOURS): the nearest one's measurements rank
     name, reason = algos.explain_auto(_problem(N=1, C=32, H=14, K=64), "forward")
     assert name == "direct"
-    assert reason.startswith("table: interpolated from the 2 nearest entries; nearest entry "
+    assert reason.startswith("table: measured at the nearest entry; nearest entry "
                              "(forward float32 NCHW N=1 C=32 H=7")
-    assert "predicted direct" in reason and "measured there: direct 0.010 ms, fastest direct" in reason
-    # a measured point: its own times decide
+    assert "measured direct 0.010 ms vs implicit_gemm_64x64 0.020 ms, gemm 0.030 ms" in reason
     name, reason = algos.explain_auto(_problem(N=32, C=512, H=28, K=512), "forward")
-    assert name == "gemm"
-    assert reason.startswith("table: measured; nearest entry (forward float32 NCHW N=32 C=512 H=28")
-    assert "log2 distance 0.00); measured gemm 1.000 ms vs implicit_gemm_128x128 1.200 ms" in reason
+    assert name == "gemm" and "log2 distance 0.00); measured gemm 1.000 ms vs implicit_gemm_128x128" in reason
     # conv2d_choose reports the same
     assert dnnprims.conv2d_choose((32, 512, 28, 28), (512, 512, 3, 3), padding=1) == (name, reason)
 
@@ -107,8 +105,14 @@ def test_interpolation_places_the_boundary_between_entries():
     assert [name for _, name in ranked] == ["implicit_gemm_64x64", "gemm"]
     assert ranked[0][0] == pytest.approx(1.2, rel=0.1) and ranked[1][0] == pytest.approx(1.45)
     # at a measured point the measurement decides
-    assert t.ranking(_problem(N=16, H=8), "forward")[:2] == ([(1.45, "gemm"), (1.6, "implicit_gemm_64x64")],
-                                                            "measured")
+    assert t.ranking(_problem(N=16, H=8), "forward")[:2] == (
+        [(1.45, "gemm"), (1.6, "implicit_gemm_64x64")], "measured at the nearest entry")
+    ranked, how, _, _ = t.ranking(query, "forward")
+    name, reason = t.explain(query, "forward", algos.DEFAULT_OPTIONS, algos.REGISTRY, algos.admits)
+    assert name == "implicit_gemm_64x64" and reason.startswith(
+        "table: interpolated from the 5 nearest entries; nearest entry (forward float32 NCHW N=16 C=64 H=8")
+    assert "predicted implicit_gemm_64x64 1.0" in reason and "vs gemm 1.450 ms" in reason
+    assert "measured there: implicit_gemm_64x64 1.600 ms, fastest gemm" in reason
 
 
 def test_other_categorical_features_fall_back_to_the_rule(synthetic):
@@ -256,3 +260,16 @@ def test_a_broken_algorithm_is_recorded_not_fatal(tmp_path, monkeypatch):
     data = tune.tune(points, out=tmp_path / "t.json", meta={"version": table.VERSION},
                      measure=_fake_measure, log=lambda s: None)
     assert all(Broken.name in e["failed"] for e in data["entries"])
+
+
+def test_without_a_limit_auto_keeps_to_the_measured_workspace(synthetic):
+    # 32 x 512 x 112 x 112, 3x3: gemm's column matrix is ~7 GiB, more than was ever measured
+    big = _problem(N=32, C=512, H=112, K=512)
+    assert algos.REGISTRY["gemm"].workspace_bytes(big, "forward") > algos.find.FIND_WORKSPACE_LIMIT
+    table.use({"version": table.VERSION, "entries": [
+        _entry(big, {"gemm": 1.0, "implicit_gemm_128x128": 1.2, "direct": 9.0})]})
+    name, reason = algos.explain_auto(big, "forward")
+    assert name == "implicit_gemm_128x128" and "more than the tuner measured with" in reason
+    # an explicit limit is the caller's decision
+    limit = algos.REGISTRY["gemm"].workspace_bytes(big, "forward")
+    assert algos.explain_auto(big, "forward", algos.ConvOptions(workspace_limit=limit))[0] == "gemm"

@@ -38,8 +38,9 @@ How the entries decide (:meth:`Table.ranking`):
 
 1. No matching entry, or none within :data:`MAX_DISTANCE`: the documented rule
    (:func:`dnnprims.algos.auto_preferences`) decides.
-2. The problem is a measured point (nearest entry at distance < EXACT): that
-   entry's measured times rank the algorithms.
+2. The problem is a measured point (nearest entry at distance < EXACT), or
+   fewer than MIN_NEIGHBOURS entries match: the nearest entry's measured times
+   rank the algorithms.
 3. Otherwise the times are interpolated: for each algorithm measured at all of
    the :data:`NEIGHBOURS` nearest entries, a weighted least-squares plane
    log(ms) ~ a + b . (features - problem's features) (weights 1 / (distance +
@@ -55,6 +56,9 @@ How the entries decide (:meth:`Table.ranking`):
 The first algorithm of that ranking that is registered and that :func:`admits`
 under the caller's :class:`ConvOptions` (workspace limit, precision,
 determinism) for this exact problem is used; if none is, the rule decides.
+Without a ``workspace_limit``, an algorithm that would need more workspace
+than the tuner allowed its candidates (``find.FIND_WORKSPACE_LIMIT``, 1 GiB:
+nothing bigger was measured) is passed over too.
 """
 import json
 import math
@@ -62,6 +66,8 @@ import os
 import pathlib
 
 import numpy as np
+
+from .find import FIND_WORKSPACE_LIMIT
 
 VERSION = 1
 FORMAT = "dnnprims convolution heuristic table"
@@ -72,6 +78,7 @@ DEFAULT_PATH = pathlib.Path(__file__).with_name("conv_table.json")
 MAX_DISTANCE = 4.0
 EXACT = 0.05        # nearer than this, the nearest entry is the problem itself
 NEIGHBOURS = 8      # entries the interpolation fits (see the module docstring)
+MIN_NEIGHBOURS = 4  # fewer matching entries (a tiny table): the nearest one's measurements
 RIDGE = 1.0         # ridge penalty on the plane's slopes (a few neighbours, 3 slopes)
 
 FEATURES = {
@@ -151,8 +158,8 @@ class Table:
             return None
         distance, entry = near[0]
         measured = sorted((ms, name) for name, ms in entry["ms"].items() if ms is not None)
-        if distance < EXACT or len(near) == 1:
-            return measured, "measured", entry, distance
+        if distance < EXACT or len(near) < MIN_NEIGHBOURS:
+            return measured, "measured at the nearest entry", entry, distance
         query = features(problem, direction)
         offsets = np.array([[1.0] + [e[n] - query[n] for n in NUMERIC] for _, e in near])
         weights = np.array([1.0 / (d + 0.5) for d, _ in near])
@@ -181,6 +188,11 @@ class Table:
                 refused.append(f"{name} (not registered here)")
                 continue
             ok, why = admits(algorithm, problem, direction, options)
+            if ok and options.workspace_limit is None:
+                need = algorithm.workspace_bytes(problem, direction)
+                if need > FIND_WORKSPACE_LIMIT:
+                    ok, why = False, (f"it needs {need} bytes of workspace, more than the tuner "
+                                      f"measured with (FIND_WORKSPACE_LIMIT={FIND_WORKSPACE_LIMIT})")
             if ok:
                 return name, _reason(entry, distance, how, name, ranked, refused)
             refused.append(f"{name} ({why})")
@@ -197,10 +209,10 @@ def _describe_entry(entry):
 def _reason(entry, distance, how, name, ranked, refused):
     times = dict((n, ms) for ms, n in ranked)
     others = ", ".join(f"{n} {ms:.3f} ms" for ms, n in ranked[:4] if n != name)
-    word = "measured" if how == "measured" else "predicted"
+    word = "measured" if how.startswith("measured") else "predicted"
     text = (f"table: {how}; nearest entry ({_describe_entry(entry)}; log2 distance {distance:.2f}); "
             f"{word} {name} {times[name]:.3f} ms" + (f" vs {others}" if others else ""))
-    if how != "measured" and name in entry["ms"]:
+    if word == "predicted" and name in entry["ms"]:
         text += f"; measured there: {name} {entry['ms'][name]:.3f} ms, fastest {entry['winner']}"
     if refused:
         text += "; faster but refused: " + "; ".join(refused)
