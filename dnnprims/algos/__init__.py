@@ -197,9 +197,10 @@ def forget_choices():
 def explain_auto(problem, direction, options=DEFAULT_OPTIONS):
     """(name, reason) of the algorithm ``algo="auto"`` picks under ``options``.
 
-    The measured table (:mod:`.table`) decides where it has an entry with the
-    problem's categorical features near enough and one of that entry's measured
-    candidates is admitted; otherwise the rule :func:`auto_preferences` does."""
+    The measured table (:mod:`.table`) decides where it has entries with the
+    problem's categorical features near enough and one of the algorithms they
+    rank is admitted; otherwise the rule :func:`auto_preferences` does.
+    Memoised: a repeated problem costs one dict lookup."""
     key = (problem, direction, options, len(REGISTRY))
     choice = _auto_choices.get(key)
     if choice is None:
