@@ -18,6 +18,8 @@ NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 
 def test_notebooks_exist():
     assert NOTEBOOKS, "notebooks/ holds no notebook"
+    names = {p.name for p in NOTEBOOKS}
+    assert {"01_quickstart.ipynb", "02_convolution_algorithms.ipynb"} <= names
 
 
 @pytest.fixture

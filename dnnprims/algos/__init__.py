@@ -5,7 +5,8 @@ A convolution call is described once, after validation, by a :class:`ConvProblem
 key for choosing an algorithm, for caches and for benchmarks.  Each algorithm is
 a :class:`ConvAlgorithm` in :data:`REGISTRY`: it says which problems and
 directions it supports (and why not), how much workspace it needs, and how to
-run.  ``algo="auto"`` resolves through :func:`choose` (rule: :func:`explain_auto`);
+run.  ``algo="auto"`` resolves through :func:`choose` (:func:`explain_auto`: the
+measured table of :mod:`.table`, else the rule :func:`auto_preferences`);
 ``algo="find"`` times the candidates once per problem (:mod:`.find`).
 
 What the caller allows is a :class:`ConvOptions` (workspace limit, precision,
@@ -140,6 +141,7 @@ def register(algorithm):
     if algorithm.name in REGISTRY:
         raise ValueError(f"a convolution algorithm named {algorithm.name!r} is already registered")
     REGISTRY[algorithm.name] = algorithm
+    _auto_choices.clear()
     return algorithm
 
 
@@ -150,9 +152,9 @@ AUTO_IMPLICIT_GEMM_MAX_DEPTH = 2304
 
 
 def auto_preferences(problem, direction):
-    """The stand-in rule until the measured heuristic table replaces it: an
-    ordered list of (name, reason); ``auto`` takes the first one that
-    :func:`admits` the problem under the caller's options.
+    """The documented rule for problems the measured table does not cover
+    (:mod:`.table`): an ordered list of (name, reason); ``auto`` takes the
+    first one that :func:`admits` the problem under the caller's options.
 
     1. "implicit_gemm" (its tile by its own rule) for half types always (it
        accumulates float32 tiles; the alternatives are far slower) and for
@@ -181,12 +183,44 @@ def auto_preferences(problem, direction):
     return prefs
 
 
+# (problem, direction, options, number of registered algorithms) -> (name, reason):
+# "auto" decides once per problem, then a call costs one dict lookup.
+_auto_choices = {}
+_AUTO_CHOICES_SIZE = 4096
+
+
+def forget_choices():
+    """Drop the memoised "auto" choices (after the table or the registry changed)."""
+    _auto_choices.clear()
+
+
 def explain_auto(problem, direction, options=DEFAULT_OPTIONS):
-    """(name, reason) of the algorithm ``algo="auto"`` picks under ``options``."""
+    """(name, reason) of the algorithm ``algo="auto"`` picks under ``options``.
+
+    The measured table (:mod:`.table`) decides where it has entries with the
+    problem's categorical features near enough and one of the algorithms they
+    rank is admitted; otherwise the rule :func:`auto_preferences` does.
+    Memoised: a repeated problem costs one dict lookup."""
+    key = (problem, direction, options, len(REGISTRY))
+    choice = _auto_choices.get(key)
+    if choice is None:
+        if len(_auto_choices) >= _AUTO_CHOICES_SIZE:
+            _auto_choices.clear()
+        choice = _auto_choices[key] = _explain_auto(problem, direction, options)
+    return choice
+
+
+def _explain_auto(problem, direction, options):
+    from . import table
+    measured = table.current()
+    if measured is not None:
+        choice = measured.explain(problem, direction, options, REGISTRY, admits)
+        if choice is not None:
+            return choice
     for name, reason in auto_preferences(problem, direction):
         algorithm = REGISTRY.get(name)
         if algorithm is not None and admits(algorithm, problem, direction, options)[0]:
-            return name, reason
+            return name, "rule: " + reason
     raise ValueError(f"no convolution algorithm admits this {direction} problem under {options}")
 
 

@@ -82,16 +82,24 @@ def candidates(problem, direction, options=DEFAULT_OPTIONS):
             and algorithm.workspace_bytes(problem, direction) <= FIND_WORKSPACE_LIMIT]
 
 
+def random_operands(problem, direction):
+    """(a, b, out) for ``algorithm.run``: random a and b in [-0.5, 0.5) (never
+    zeros) of the problem's shapes and dtype on the current GPU, out empty."""
+    import cupy
+
+    shapes = {"forward": (problem.x_shape, problem.w_shape, problem.y_shape),
+              "backward_data": (problem.y_shape, problem.w_shape, problem.x_shape),
+              "backward_filter": (problem.x_shape, problem.y_shape, problem.w_shape)}[direction]
+    a, b = ((cupy.random.random(s, dtype="float32") - 0.5).astype(problem.dtype) for s in shapes[:2])
+    return a, b, cupy.empty(shapes[2], dtype=problem.dtype)
+
+
 def time_algorithms(problem, direction, names):
     """{name: median ms} on fresh random inputs of the problem's shapes."""
     import cupy
     from ..bench import timing
 
-    shapes = {"forward": (problem.x_shape, problem.w_shape, problem.y_shape),
-              "backward_data": (problem.y_shape, problem.w_shape, problem.x_shape),
-              "backward_filter": (problem.x_shape, problem.y_shape, problem.w_shape)}[direction]
-    a, b = (cupy.random.random(s, dtype="float64").astype(problem.dtype) - 0.5 for s in shapes[:2])
-    out = cupy.empty(shapes[2], dtype=problem.dtype)
+    a, b, out = random_operands(problem, direction)
     result = {}
     for name in names:
         algorithm = REGISTRY[name]

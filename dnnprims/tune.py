@@ -1,0 +1,362 @@
+"""Measure the heuristic table that ``algo="auto"`` consults, on this GPU.
+
+    python -m dnnprims.tune [--grid default|quick] [--quick] [--directions D ...]
+                            [--dtypes T ...] [--layouts L ...] [--out PATH] [--holdout FRACTION]
+                            [--max-seconds S] [--repeat R] [--list]
+
+For every point of a grid of problems (batch, channels, image size, filter
+size, stride, groups, dtype, direction, layout: NCHW unless --layouts says more) it times every registered
+algorithm that supports the point (:func:`applicable`: whatever is in the
+registry at the time, one entry per tile configuration) with the one timing
+helper (:mod:`dnnprims.bench.timing`, CUDA events, median of ``--repeat``
+calls after a warm-up), and writes the table in the format documented in
+:mod:`dnnprims.algos.table` (default: the copy in the package).  An algorithm
+that raises is recorded under the entry's "failed" and the run goes on.  A
+candidate whose first timed call is more than ``SLOW_FACTOR`` times the best so
+far is recorded with that single call (it cannot win; it would only cost time),
+and so is the only candidate of a point (it wins whatever its time).
+
+Points are visited in a fixed shuffled order, so ``--max-seconds`` (stop
+starting new points after that long) leaves an even sample of the grid, and
+the table is rewritten every ``SAVE_EVERY`` points, so a run killed midway
+still leaves a usable table.
+
+Holdout: a point is held out when ``crc32(point key) / 2^32 < --holdout``
+(deterministic; independent of the grid's order and of which other points
+exist).  Held-out points are looked up in a table built from the other points
+only; the run reports how often that pick is within 10 % of the fastest
+measured algorithm at the point (and, for comparison, how often the rule's
+pick is), prints it and stores it in the table's "holdout" metadata.  The
+table written contains all points (held-out ones marked ``"holdout": true``).
+"""
+import argparse
+import datetime
+import itertools
+import json
+import os
+import pathlib
+import random
+import sys
+import tempfile
+import time
+import zlib
+
+from . import algos
+from .algos import table as conv_table
+from .algos.find import FIND_WORKSPACE_LIMIT, gpu_name, random_operands
+
+SLOW_FACTOR = 4.0
+SAVE_EVERY = 50
+WITHIN = 1.10   # "a good pick": at most 10 % slower than the fastest measured
+
+# filters: (R, S, stride) of ungrouped convolutions; depthwise: the same for
+# groups == C == K.  Channels: C and K each take every value (C x K pairs);
+# depthwise points have K == C.  Points over max_gflop are left out (their
+# timing would dominate the run; the nearest smaller entry stands in).
+GRIDS = {
+    "default": {"filters": [[1, 1, 1], [1, 1, 2], [3, 3, 1], [3, 3, 2], [5, 5, 1], [7, 7, 1]],
+                "depthwise": [[3, 3, 1], [3, 3, 2]],
+                "batches": [1, 8, 32], "images": [7, 14, 28, 56], "channels": [32, 128, 512],
+                "max_gflop": 40.0},
+    "quick": {"filters": [[1, 1, 1], [3, 3, 1]], "depthwise": [[3, 3, 1]],
+              "batches": [1, 32], "images": [7, 28], "channels": [32, 256], "max_gflop": 5.0},
+}
+DTYPES = ("float32", "float16")
+
+
+def problem_of(direction, dtype, N, C, H, K, R, S, stride, groups, layout="NCHW"):
+    """The ConvProblem of one grid point ("same" padding), validated like a call."""
+    from .conv import _describe
+    x_shape = (N, C, H, H) if layout == "NCHW" else (N, H, H, C)
+    return _describe(x_shape, (K, C // groups, R, S), stride, (R // 2, S // 2), 1, groups,
+                     layout, dtype)
+
+
+def grid_points(grid, directions, dtypes, layouts=("NCHW",)):
+    """Every (direction, problem) of ``grid`` (a GRIDS value), in a fixed shuffled order."""
+    shapes = []
+    for R, S, stride in grid["filters"]:
+        for C in grid["channels"]:
+            for K in grid["channels"]:
+                shapes.append((C, K, R, S, stride, 1))
+    for R, S, stride in grid.get("depthwise", []):
+        for C in grid["channels"]:
+            shapes.append((C, C, R, S, stride, C))
+    points = []
+    for direction, dtype, layout in itertools.product(directions, dtypes, layouts):
+        for N, H, (C, K, R, S, stride, groups) in itertools.product(grid["batches"], grid["images"], shapes):
+            p = problem_of(direction, dtype, N, C, H, K, R, S, stride, groups, layout)
+            if p.flops <= grid["max_gflop"] * 1e9:
+                points.append((direction, p))
+    random.Random(0).shuffle(points)
+    return points
+
+
+def applicable(problem, direction):
+    """(names, failed): the candidates find mode would time (admitted under the
+    default options, workspace within FIND_WORKSPACE_LIMIT), except that an
+    algorithm whose ``supports``/``workspace_bytes`` raises is recorded, not fatal."""
+    names, failed = [], {}
+    for name, algorithm in algos.REGISTRY.items():
+        try:
+            if (algos.admits(algorithm, problem, direction)[0]
+                    and algorithm.workspace_bytes(problem, direction) <= FIND_WORKSPACE_LIMIT):
+                names.append(name)
+        except Exception as e:  # noqa: BLE001 -- a broken algorithm is data, not fatal
+            failed[name] = f"supports/workspace_bytes: {type(e).__name__}: {e}"[:300]
+    return names, failed
+
+
+def point_key(direction, p):
+    return (f"{direction}|{p.dtype}|{p.layout}|N={p.N}|C={p.C}|H={p.H}|W={p.W}|K={p.K}|"
+            f"{p.R}x{p.S}|stride={p.stride[0]},{p.stride[1]}|groups={p.groups}")
+
+
+def is_holdout(key, fraction):
+    return zlib.crc32(key.encode()) / 2**32 < fraction
+
+
+def measure_point(problem, direction, names, repeat):
+    """({name: median ms}, {name: error text}) for the candidates ``names``."""
+    import cupy
+    from .bench import timing
+
+    ms, failed = {}, {}
+    try:
+        a, b, out = random_operands(problem, direction)
+    except Exception as e:  # noqa: BLE001 -- out of memory: record, go on
+        return ms, {name: f"inputs: {type(e).__name__}: {e}"[:300] for name in names}
+    for name in names:
+        algorithm = algos.REGISTRY[name]
+
+        def call():
+            algorithm.run(problem, direction, a, b, out)
+        try:
+            call()   # compiles, builds plans; not timed
+            probe = timing.measure(call, xp=cupy, warmup=0, repeat=1).median_ms
+            best = min(ms.values(), default=None)
+            if len(names) == 1 or (best is not None and probe > SLOW_FACTOR * best):
+                ms[name] = probe
+            else:
+                ms[name] = timing.measure(call, xp=cupy, warmup=1, repeat=repeat).median_ms
+        except Exception as e:  # noqa: BLE001 -- a failing algorithm is data, not fatal
+            failed[name] = f"{type(e).__name__}: {e}"[:300]
+    del a, b, out
+    cupy.get_default_memory_pool().free_all_blocks()
+    return ms, failed
+
+
+def make_entry(direction, p, ms, failed, holdout):
+    entry = conv_table.features(p, direction)
+    entry["problem"] = {"N": p.N, "C": p.C, "H": p.H, "W": p.W, "K": p.K,
+                        "padding": list(p.padding), "groups": p.groups, "dtype": p.dtype}
+    entry["winner"] = min(ms, key=ms.get) if ms else None
+    entry["ms"] = {name: round(v, 5) for name, v in sorted(ms.items(), key=lambda kv: kv[1])}
+    entry["failed"] = failed
+    entry["holdout"] = holdout
+    return entry
+
+
+def entry_problem(entry):
+    """The ConvProblem an entry was measured on."""
+    from .conv import _describe
+    q = entry["problem"]
+    x_shape = (q["N"], q["C"], q["H"], q["W"]) if entry["layout"] == "NCHW" else \
+        (q["N"], q["H"], q["W"], q["C"])
+    w_shape = (q["K"], q["C"] // q["groups"], entry["R"], entry["S"])
+    return _describe(x_shape, w_shape, tuple(entry["stride"]), tuple(q["padding"]),
+                     tuple(entry["dilation"]), q["groups"], entry["layout"], q["dtype"])
+
+
+def rule_pick(problem, direction, options=algos.DEFAULT_OPTIONS):
+    """The documented rule's pick (no table), or None."""
+    for name, _ in algos.auto_preferences(problem, direction):
+        algorithm = algos.REGISTRY.get(name)
+        try:
+            if algorithm is not None and algos.admits(algorithm, problem, direction, options)[0]:
+                return name
+        except Exception:  # noqa: BLE001 -- a broken algorithm: the next preference
+            continue
+    return None
+
+
+def evaluate_holdout(entries):
+    """How often the pick of a table built from the non-held-out entries is
+    within 10 % of the fastest measured algorithm on the held-out entries."""
+    train = conv_table.Table({"version": conv_table.VERSION,
+                              "entries": [e for e in entries if not e["holdout"]]})
+    tested = [e for e in entries if e["holdout"] and e["ms"]]
+    report = {"points": len(tested), "table_within_10pct": 0, "rule_within_10pct": 0,
+              "table_decided": 0, "contested_points": 0, "contested_table_within_10pct": 0,
+              "by_class": {}, "misses": []}
+    slowdowns = []
+    for e in tested:
+        problem = entry_problem(e)
+        best = min(e["ms"].values())
+        choice = train.explain(problem, e["direction"], algos.DEFAULT_OPTIONS, algos.REGISTRY, algos.admits)
+        if choice is not None:
+            report["table_decided"] += 1
+            pick = choice[0]
+        else:
+            pick = rule_pick(problem, e["direction"])
+        t = e["ms"].get(pick)
+        good = t is not None and t <= WITHIN * best
+        report["table_within_10pct"] += good
+        if len(e["ms"]) > 1:   # more than one candidate ran: the pick could go wrong
+            report["contested_points"] += 1
+            report["contested_table_within_10pct"] += good
+        cls = report["by_class"].setdefault(f"{e['direction']} {e['dtype_class']}",
+                                            {"points": 0, "table_within_10pct": 0})
+        cls["points"] += 1
+        cls["table_within_10pct"] += good
+        if not good:
+            report["misses"].append({"point": _short(e), "pick": pick, "pick_ms": t,
+                                     "best": e["winner"], "best_ms": best})
+        if t is not None:
+            slowdowns.append(t / best)
+        rule_t = e["ms"].get(rule_pick(problem, e["direction"]))
+        if rule_t is not None and rule_t <= WITHIN * best:
+            report["rule_within_10pct"] += 1
+    n = max(1, len(tested))
+    report["table_fraction"] = round(report["table_within_10pct"] / n, 4)
+    report["rule_fraction"] = round(report["rule_within_10pct"] / n, 4)
+    report["contested_table_fraction"] = round(
+        report["contested_table_within_10pct"] / max(1, report["contested_points"]), 4)
+    if slowdowns:
+        import math
+        report["table_geomean_slowdown"] = round(math.exp(sum(map(math.log, slowdowns)) / len(slowdowns)), 4)
+    report["misses"] = report["misses"][:40]
+    return report
+
+
+def _short(e):
+    q = e["problem"]
+    return (f"{e['direction']} {q['dtype']} N={q['N']} C={q['C']} H={q['H']} K={q['K']} "
+            f"{e['R']}x{e['S']} s{e['stride'][0]} g={q['groups']}")
+
+
+def metadata():
+    import cupy
+    from . import __version__
+    return {"format": conv_table.FORMAT, "version": conv_table.VERSION, "gpu": gpu_name(),
+            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "cupy": cupy.__version__, "cuda_runtime": cupy.cuda.runtime.runtimeGetVersion(),
+            "dnnprims": __version__, "algorithms": list(algos.REGISTRY),
+            "features": conv_table.FEATURES}
+
+
+def dumps(data):
+    """The table as JSON text: metadata indented, one entry per line (small,
+    and a re-measured table diffs line by line)."""
+    head = json.dumps({k: v for k, v in data.items() if k != "entries"}, indent=1)
+    entries = ",\n".join(json.dumps(e, separators=(",", ":")) for e in data.get("entries", []))
+    return head[:-2] + ',\n "entries": [\n' + entries + "\n ]\n}\n"
+
+
+def write(path, data):
+    """Write atomically (a killed run leaves the previous complete file)."""
+    path = pathlib.Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as f:
+        f.write(dumps(data))
+    os.replace(f.name, path)
+
+
+def tune(points, *, out, holdout=0.2, max_seconds=None, repeat=7, grid_info=None,
+         meta=None, measure=measure_point, log=print):
+    """Measure ``points`` ([(direction, problem)]), write the table to ``out``,
+    return it.  ``measure(problem, direction, names, repeat)`` is injectable so
+    the bookkeeping can be tested without a GPU."""
+    meta = dict(meta if meta is not None else metadata())
+    start = time.perf_counter()
+    entries, stopped = [], False
+    data = dict(meta)
+
+    def snapshot():
+        data.update(grid=dict(grid_info or {}, points_total=len(points), points_measured=len(entries),
+                              seconds=round(time.perf_counter() - start, 1), stopped_early=stopped,
+                              repeat=repeat, slow_factor=SLOW_FACTOR,
+                              timing="dnnprims.bench.timing.measure: CUDA events, median of repeat "
+                                     "calls after one untimed call and one warm-up"),
+                    entries=entries)
+        return data
+
+    for i, (direction, p) in enumerate(points):
+        elapsed = time.perf_counter() - start
+        if max_seconds is not None and elapsed > max_seconds:
+            stopped = True
+            log(f"stopping after {elapsed:.0f} s (--max-seconds {max_seconds}): "
+                f"{i} of {len(points)} points measured")
+            break
+        key = point_key(direction, p)
+        names, refused = applicable(p, direction)
+        first = rule_pick(p, direction)   # likely fast: later slow ones cost one call only
+        names.sort(key=lambda name: name != first)
+        ms, failed = measure(p, direction, names, repeat)
+        failed = {**refused, **failed}
+        entry = make_entry(direction, p, ms, failed, is_holdout(key, holdout))
+        entries.append(entry)
+        best = f"{entry['winner']} {ms[entry['winner']]:.3f} ms" if ms else "no candidate ran"
+        log(f"[{i + 1:4d}/{len(points)}] {elapsed:6.1f}s {key}: {best} of {len(names)}"
+            + (f", {len(failed)} failed ({', '.join(failed)})" if failed else ""))
+        if (i + 1) % SAVE_EVERY == 0:
+            write(out, snapshot())
+    data = snapshot()
+    data["holdout"] = dict(evaluate_holdout(entries), fraction=holdout,
+                           split="a point is held out when crc32(its key) / 2^32 < fraction; "
+                                 "held-out points are looked up in a table of the other points")
+    write(out, data)
+    h = data["holdout"]
+    log(f"wrote {out}: {len(entries)} entries in {data['grid']['seconds']} s")
+    log(f"holdout: {h['points']} points; table pick within 10 % of the fastest on "
+        f"{h['table_within_10pct']} ({100 * h['table_fraction']:.1f} %), the rule's on "
+        f"{h['rule_within_10pct']} ({100 * h['rule_fraction']:.1f} %); on the {h['contested_points']} points "
+        f"with more than one candidate: {100 * h['contested_table_fraction']:.1f} %; "
+        f"geomean slowdown of the table's pick {h.get('table_geomean_slowdown', float('nan'))}")
+    return data
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m dnnprims.tune", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--grid", choices=sorted(GRIDS), default="default")
+    parser.add_argument("--quick", action="store_true", help="same as --grid quick")
+    parser.add_argument("--directions", nargs="+", choices=algos.DIRECTIONS, default=list(algos.DIRECTIONS))
+    parser.add_argument("--dtypes", nargs="+", choices=("float32", "float16", "bfloat16", "float64"),
+                        default=list(DTYPES))
+    parser.add_argument("--layouts", nargs="+", choices=("NCHW", "NHWC"), default=["NCHW"])
+    parser.add_argument("--out", default=str(conv_table.DEFAULT_PATH), help="table file to write")
+    parser.add_argument("--holdout", type=float, default=0.2, help="fraction of points held out")
+    parser.add_argument("--max-seconds", type=float, default=None,
+                        help="start no new point after this many seconds")
+    parser.add_argument("--repeat", type=int, default=7, help="timed calls per candidate (median)")
+    parser.add_argument("--list", action="store_true", help="print the grid and exit (no GPU needed)")
+    args = parser.parse_args(argv)
+    if not 0 <= args.holdout < 1:
+        parser.error("--holdout must be in [0, 1)")
+    name = "quick" if args.quick else args.grid
+    points = grid_points(GRIDS[name], args.directions, args.dtypes, args.layouts)
+    if args.list:
+        for direction, p in points:
+            print(point_key(direction, p))
+        print(f"{len(points)} points in grid {name!r}")
+        return 0
+    try:
+        import cupy
+        if cupy.cuda.runtime.getDeviceCount() < 1:
+            raise RuntimeError("no CUDA device")
+    except Exception as e:  # noqa: BLE001
+        print(f"python -m dnnprims.tune needs a CUDA GPU and CuPy ({type(e).__name__}: {e})", file=sys.stderr)
+        return 2
+    print(f"tuning {len(points)} points of grid {name!r} ({', '.join(args.directions)}; "
+          f"{', '.join(args.dtypes)}) over {len(algos.REGISTRY)} registered algorithms on {gpu_name()}",
+          flush=True)
+    grid_info = {"name": name, "spec": GRIDS[name], "directions": args.directions, "dtypes": args.dtypes,
+                 "layouts": args.layouts, "padding": "R // 2, S // 2", "dilation": 1,
+                 "command": "python -m dnnprims.tune " + " ".join(sys.argv[1:] if argv is None else argv)}
+    tune(points, out=args.out, holdout=args.holdout, max_seconds=args.max_seconds, repeat=args.repeat,
+         grid_info=grid_info, log=lambda s: print(s, flush=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

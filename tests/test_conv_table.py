@@ -1,0 +1,275 @@
+"""The measured heuristic table (dnnprims/algos/table.py) and the tuner that writes
+it (dnnprims/tune.py): the shipped table's format, nearest-entry lookup, the
+fallbacks under ConvOptions, and the tuner's bookkeeping with a fake timer."""
+import json
+
+import numpy as np
+import pytest
+
+import dnnprims
+from dnnprims import algos, tune
+from dnnprims.algos import table
+
+
+def _problem(N=8, C=64, H=14, K=64, R=3, stride=1, groups=1, dtype="float32"):
+    return tune.problem_of("forward", dtype, N, C, H, K, R, R, stride, groups)
+
+
+def _entry(problem, ms, direction="forward", holdout=False):
+    return tune.make_entry(direction, problem, ms, {}, holdout)
+
+
+@pytest.fixture
+def synthetic():
+    """Install a small table (two 3x3 float32 forward entries) and restore the
+    shipped one afterwards."""
+    small = _problem(N=1, C=32, H=7, K=32)
+    large = _problem(N=32, C=512, H=28, K=512)
+    data = {"version": table.VERSION, "entries": [
+        _entry(small, {"direct": 0.01, "implicit_gemm_64x64": 0.02, "gemm": 0.03}),
+        _entry(large, {"gemm": 1.0, "implicit_gemm_128x128": 1.2, "direct": 9.0}),
+    ]}
+    previous = table.use(data)
+    yield data
+    table.use(previous)
+
+
+# --- the shipped table ---------------------------------------------------------
+
+def test_shipped_table_parses_and_has_the_documented_fields():
+    data = json.loads(table.DEFAULT_PATH.read_text())
+    assert data["version"] == table.VERSION and data["format"] == table.FORMAT
+    for field in ("gpu", "date", "cupy", "cuda_runtime", "dnnprims", "algorithms", "features",
+                  "grid", "holdout", "entries"):
+        assert field in data, field
+    assert set(data["features"]) == set(table.FEATURES)
+    assert data["entries"] and 0 <= data["holdout"]["table_fraction"] <= 1
+    for entry in data["entries"]:
+        assert set(table.FEATURES) <= set(entry)
+        assert entry["direction"] in algos.DIRECTIONS
+        assert entry["groups_class"] in ("1", "depthwise", "grouped")
+        if entry["ms"]:
+            assert entry["winner"] == min(entry["ms"], key=entry["ms"].get)
+        # the features are those of the problem it was measured on
+        problem = tune.entry_problem(entry)
+        assert table.features(problem, entry["direction"]) == {k: entry[k] for k in table.FEATURES}
+    table.load()  # the loader accepts it
+
+
+def test_auto_picks_from_the_shipped_table_deterministically():
+    shipped = table.load()
+    previous = table.use(shipped)
+    try:
+        decided = 0
+        for entry in shipped.data["entries"][:60]:
+            problem = tune.entry_problem(entry)
+            name, reason = algos.explain_auto(problem, entry["direction"])
+            algos.forget_choices()
+            assert (name, reason) == algos.explain_auto(problem, entry["direction"])
+            assert algos.REGISTRY[name].supports(problem, entry["direction"])[0]
+            if reason.startswith("table:"):
+                decided += 1
+                # on a measured point, the fastest registered measured candidate wins
+                registered = [n for n in entry["ms"] if n in algos.REGISTRY]
+                assert name == min(registered, key=entry["ms"].get)
+        assert decided > 0
+    finally:
+        table.use(previous)
+
+
+# --- lookup and fallbacks on a synthetic table ---------------------------------
+
+def test_nearest_entry_decides_in_a_small_table_and_says_why(synthetic):
+    # two matching entries (< MIN_NEIGHBOURS): the nearest one's measurements rank
+    name, reason = algos.explain_auto(_problem(N=1, C=32, H=14, K=64), "forward")
+    assert name == "direct"
+    assert reason.startswith("table: measured at the nearest entry; nearest entry "
+                             "(forward float32 NCHW N=1 C=32 H=7")
+    assert "measured direct 0.010 ms vs implicit_gemm_64x64 0.020 ms, gemm 0.030 ms" in reason
+    name, reason = algos.explain_auto(_problem(N=32, C=512, H=28, K=512), "forward")
+    assert name == "gemm" and "log2 distance 0.00); measured gemm 1.000 ms vs implicit_gemm_128x128" in reason
+    # conv2d_choose reports the same
+    assert dnnprims.conv2d_choose((32, 512, 28, 28), (512, 512, 3, 3), padding=1) == (name, reason)
+
+
+def test_interpolation_places_the_boundary_between_entries():
+    # "implicit_gemm_64x64" grows with N, "gemm" does not: at N=16 gemm wins, but
+    # the trend through N=1..16 says implicit_gemm_64x64 still wins at N=12.
+    entries = [_entry(_problem(N=n, H=8), {"implicit_gemm_64x64": 0.1 * n, "gemm": 1.45})
+               for n in (1, 2, 4, 8, 16)]
+    t = table.Table({"version": table.VERSION, "entries": entries})
+    query = _problem(N=12, H=8)
+    assert t.nearest(query, "forward")[0]["winner"] == "gemm"
+    ranked, how, entry, distance = t.ranking(query, "forward")
+    assert how == "interpolated from the 5 nearest entries" and entry["problem"]["N"] == 16
+    assert [name for _, name in ranked] == ["implicit_gemm_64x64", "gemm"]
+    assert ranked[0][0] == pytest.approx(1.2, rel=0.1) and ranked[1][0] == pytest.approx(1.45)
+    # at a measured point the measurement decides
+    assert t.ranking(_problem(N=16, H=8), "forward")[:2] == (
+        [(1.45, "gemm"), (1.6, "implicit_gemm_64x64")], "measured at the nearest entry")
+    ranked, how, _, _ = t.ranking(query, "forward")
+    name, reason = t.explain(query, "forward", algos.DEFAULT_OPTIONS, algos.REGISTRY, algos.admits)
+    assert name == "implicit_gemm_64x64" and reason.startswith(
+        "table: interpolated from the 5 nearest entries; nearest entry (forward float32 NCHW N=16 C=64 H=8")
+    assert "predicted implicit_gemm_64x64 1.0" in reason and "vs gemm 1.450 ms" in reason
+    assert "measured there: implicit_gemm_64x64 1.600 ms, fastest gemm" in reason
+
+
+def test_other_categorical_features_fall_back_to_the_rule(synthetic):
+    for problem, direction in [(_problem(R=1), "forward"),               # other filter
+                               (_problem(stride=2), "forward"),          # other stride
+                               (_problem(dtype="float16"), "forward"),   # other dtype class
+                               (_problem(), "backward_data"),            # other direction
+                               (_problem(C=64, K=64, groups=64), "forward")]:  # depthwise
+        name, reason = algos.explain_auto(problem, direction)
+        assert reason.startswith("rule: "), (problem, direction, reason)
+
+
+def test_far_from_every_entry_falls_back_to_the_rule(synthetic):
+    far = _problem(N=1, C=2, H=3, K=2)        # log2 distance > MAX_DISTANCE from both
+    entry, distance = table.current().nearest(far, "forward")
+    assert distance > table.MAX_DISTANCE
+    assert algos.explain_auto(far, "forward")[1].startswith("rule: ")
+
+
+def test_winner_refused_by_options_gives_the_next_measured(synthetic):
+    problem = _problem(N=32, C=512, H=28, K=512)
+    assert algos.REGISTRY["gemm"].workspace_bytes(problem, "forward") > 0
+    name, reason = algos.explain_auto(problem, "forward", algos.ConvOptions(workspace_limit=0))
+    assert name == "implicit_gemm_128x128"
+    assert "faster but refused: gemm (it needs" in reason and "workspace_limit=0" in reason
+
+
+def test_unregistered_winner_gives_the_next_measured(synthetic):
+    problem = _problem(N=32, C=512, H=28, K=512)
+    data = dict(synthetic, entries=[dict(e) for e in synthetic["entries"]])
+    data["entries"][1]["ms"] = {"winograd_not_here": 0.5, **data["entries"][1]["ms"]}
+    table.use(data)
+    name, reason = algos.explain_auto(problem, "forward")
+    assert name == "gemm" and "winograd_not_here (not registered here)" in reason
+
+
+def test_no_admitted_candidate_falls_back_to_the_rule(synthetic):
+    data = dict(synthetic, entries=[dict(e) for e in synthetic["entries"]])
+    data["entries"][1]["ms"] = {"gemm": 1.0}
+    table.use(data)
+    name, reason = algos.explain_auto(_problem(N=32, C=512, H=28, K=512), "forward",
+                                      algos.ConvOptions(workspace_limit=0))
+    assert reason.startswith("rule: ") and algos.REGISTRY[name].workspace_bytes(
+        _problem(N=32, C=512, H=28, K=512), "forward") == 0
+
+
+def test_choices_are_memoised(synthetic, monkeypatch):
+    problem = _problem(N=1, C=32, H=14, K=64)
+    first = algos.explain_auto(problem, "forward")
+    monkeypatch.setattr(table.Table, "explain", lambda *a: pytest.fail("not memoised"))
+    assert algos.explain_auto(problem, "forward") is first
+
+
+def test_a_missing_or_broken_table_means_the_rule(tmp_path, monkeypatch):
+    previous = table.current()
+    try:
+        broken = tmp_path / "broken.json"
+        broken.write_text("{not json")
+        monkeypatch.setenv("DNNPRIMS_CONV_TABLE", str(broken))
+        table._loaded["done"] = False
+        algos.forget_choices()
+        assert table.current() is None
+        assert algos.explain_auto(_problem(), "forward")[1].startswith("rule: ")
+        with pytest.raises(ValueError, match="version"):
+            table.Table({"version": 999, "entries": []})
+    finally:
+        table.use(previous)
+
+
+# --- the tuner, with a fake timer ----------------------------------------------
+
+def _fake_measure(problem, direction, names, repeat):
+    """Deterministic times: 'direct' fast on small problems, 'gemm' on large ones;
+    'implicit_gemm_64x64' raises."""
+    work = problem.flops
+    ms, failed = {}, {}
+    for name in names:
+        if name == "implicit_gemm_64x64":
+            failed[name] = "RuntimeError: boom"
+        elif name == "direct":
+            ms[name] = work / 1e9
+        else:
+            ms[name] = 0.05 + work / 2e10 + 0.001 * len(name)
+    return ms, failed
+
+
+def test_tuner_writes_a_table_and_reports_the_holdout(tmp_path):
+    points = tune.grid_points(tune.GRIDS["quick"], ["forward", "backward_data"], ["float32"])
+    out = tmp_path / "t.json"
+    lines = []
+    data = tune.tune(points, out=out, holdout=0.3, meta={"version": table.VERSION, "gpu": "fake"},
+                     measure=_fake_measure, log=lines.append)
+    assert lines[0].startswith(f"[   1/{len(points)}]") and "1 failed (implicit_gemm_64x64)" in lines[0]
+    written = json.loads(out.read_text())
+    assert written["grid"]["points_measured"] == len(points) == len(written["entries"])
+    h = written["holdout"]
+    held = [e for e in written["entries"] if e["holdout"]]
+    assert h["points"] == len(held) > 0 and h["fraction"] == 0.3
+    assert 0 <= h["table_within_10pct"] <= h["points"]
+    assert all(e["failed"] == {"implicit_gemm_64x64": "RuntimeError: boom"}
+               for e in written["entries"] if "implicit_gemm_64x64" in e["failed"])
+    assert any("holdout:" in line for line in lines)
+    table.Table(written)  # readable by the lookup
+    # the split is deterministic and independent of the other points
+    assert [e["holdout"] for e in written["entries"]] == [
+        tune.is_holdout(tune.point_key(d, p), 0.3) for d, p in points]
+    assert data["entries"] == written["entries"]
+
+
+def test_tuner_stops_at_max_seconds(tmp_path):
+    points = tune.grid_points(tune.GRIDS["quick"], ["forward"], ["float32"])
+    data = tune.tune(points, out=tmp_path / "t.json", holdout=0.2, max_seconds=0.0,
+                     meta={"version": table.VERSION}, measure=_fake_measure, log=lambda s: None)
+    assert data["grid"]["stopped_early"] and data["grid"]["points_measured"] <= 1
+
+
+def test_tuner_lists_its_grid_without_a_gpu(capsys):
+    assert tune.main(["--quick", "--directions", "forward", "--dtypes", "float32", "--list"]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out[-1].endswith("points in grid 'quick'") and out[0].startswith("forward|float32|NCHW|")
+    with pytest.raises(SystemExit):
+        tune.main(["--holdout", "1.5", "--list"])
+
+
+def test_grid_points_are_valid_and_shuffled_deterministically():
+    a = tune.grid_points(tune.GRIDS["quick"], algos.DIRECTIONS, tune.DTYPES)
+    b = tune.grid_points(tune.GRIDS["quick"], algos.DIRECTIONS, tune.DTYPES)
+    assert a == b and len({tune.point_key(d, p) for d, p in a}) == len(a)
+    assert all(p.flops <= tune.GRIDS["quick"]["max_gflop"] * 1e9 for _, p in a)
+    assert {table.groups_class(p) for _, p in a} == {"1", "depthwise"}
+    assert np.all([p.P == -(-p.H // p.stride[0]) for _, p in a])   # "same" padding
+
+
+def test_a_broken_algorithm_is_recorded_not_fatal(tmp_path, monkeypatch):
+    class Broken(algos.ConvAlgorithm):
+        name = "broken_test_algorithm"
+
+        def supports(self, problem, direction):
+            raise RuntimeError("cannot tell")
+    monkeypatch.setitem(algos.REGISTRY, Broken.name, Broken())
+    names, failed = tune.applicable(_problem(), "forward")
+    assert Broken.name not in names and "direct" in names
+    assert failed == {Broken.name: "supports/workspace_bytes: RuntimeError: cannot tell"}
+    points = tune.grid_points(tune.GRIDS["quick"], ["forward"], ["float32"])[:3]
+    data = tune.tune(points, out=tmp_path / "t.json", meta={"version": table.VERSION},
+                     measure=_fake_measure, log=lambda s: None)
+    assert all(Broken.name in e["failed"] for e in data["entries"])
+
+
+def test_without_a_limit_auto_keeps_to_the_measured_workspace(synthetic):
+    # 32 x 512 x 112 x 112, 3x3: gemm's column matrix is ~7 GiB, more than was ever measured
+    big = _problem(N=32, C=512, H=112, K=512)
+    assert algos.REGISTRY["gemm"].workspace_bytes(big, "forward") > algos.find.FIND_WORKSPACE_LIMIT
+    table.use({"version": table.VERSION, "entries": [
+        _entry(big, {"gemm": 1.0, "implicit_gemm_128x128": 1.2, "direct": 9.0})]})
+    name, reason = algos.explain_auto(big, "forward")
+    assert name == "implicit_gemm_128x128" and "more than the tuner measured with" in reason
+    # an explicit limit is the caller's decision
+    limit = algos.REGISTRY["gemm"].workspace_bytes(big, "forward")
+    assert algos.explain_auto(big, "forward", algos.ConvOptions(workspace_limit=limit))[0] == "gemm"
