@@ -149,11 +149,30 @@ def register(algorithm):
 AUTO_IMPLICIT_GEMM_MAX_DEPTH = 2304
 
 
+# Winograd goes first for 3x3 stride-1 ungrouped float32 forward / backward
+# data with at least this many input and output channels (notes/conv_wino.md):
+# below it the GEMMs are too thin for the saved multiplications to pay for
+# the transforms' memory traffic.
+AUTO_WINOGRAD_MIN_CHANNELS = 64
+
+
+def winograd_wins(problem, direction):
+    """The stand-in rule's Winograd case (see :func:`auto_preferences`)."""
+    p = problem
+    return (direction in ("forward", "backward_data") and p.dtype == "float32" and p.groups == 1
+            and (p.R, p.S) == (3, 3) and p.stride == (1, 1) and p.dilation == (1, 1)
+            and min(p.C, p.K) >= AUTO_WINOGRAD_MIN_CHANNELS)
+
+
 def auto_preferences(problem, direction):
     """The stand-in rule until the measured heuristic table replaces it: an
     ordered list of (name, reason); ``auto`` takes the first one that
     :func:`admits` the problem under the caller's options.
 
+    0. "winograd_f4x4_3x3", then "winograd_f2x2_3x3" (F(2x2) where a
+       workspace limit excludes F(4x4)) for 3x3 stride-1 ungrouped float32
+       forward and backward data with C, K >= AUTO_WINOGRAD_MIN_CHANNELS
+       (:func:`winograd_wins`).
     1. "implicit_gemm" (its tile by its own rule) for half types always (it
        accumulates float32 tiles; the alternatives are far slower) and for
        ungrouped float32 problems -- except GEMMs at least
@@ -170,6 +189,9 @@ def auto_preferences(problem, direction):
     half = problem.dtype in ("float16", "bfloat16")
     depth = (problem.C // problem.groups if direction == "forward" else problem.K // problem.groups) \
         * problem.R * problem.S
+    if winograd_wins(problem, direction):
+        reason = "3x3 stride 1, float32, C and K >= %d: Winograd" % AUTO_WINOGRAD_MIN_CHANNELS
+        prefs += [("winograd_f4x4_3x3", reason + " F(4x4)"), ("winograd_f2x2_3x3", reason + " F(2x2)")]
     if half:
         prefs.append(("implicit_gemm", "half type: implicit GEMM accumulates float32 tiles"))
     elif problem.groups == 1 and not (gemm_fits and depth >= AUTO_IMPLICIT_GEMM_MAX_DEPTH):
@@ -222,4 +244,4 @@ def choose(problem, direction, algo="auto", gpu=False, options=DEFAULT_OPTIONS):
 
 # Importing the algorithm modules registers them (and declares their kernel
 # families for _kernels.families()).
-from . import direct, gemm, implicit_gemm  # noqa: E402,F401
+from . import direct, gemm, implicit_gemm, winograd  # noqa: E402,F401
