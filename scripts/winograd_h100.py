@@ -19,6 +19,7 @@ from dnnprims.bench.__main__ import (PROBLEMS, Backend, _conv_call, _conv_operan
                                      _torch_conv_call)
 
 NAMES = ["winograd_f4x4_3x3", "winograd_f2x2_3x3", "implicit_gemm", "gemm"]
+CHUNK_BOUNDS = (16 << 20, 40 << 20, 96 << 20)
 SHORT = {"winograd_f4x4_3x3": "F4", "winograd_f2x2_3x3": "F2", "implicit_gemm": "igemm", "gemm": "gemm"}
 
 
@@ -114,6 +115,15 @@ def main(argv=None):
             rows.append(row)
             print(json.dumps(row), flush=True)
             if problem.N == 32:
+                # Smaller batch chunks: V and M reused across chunks may stay in L2.
+                default_bound = winograd.WORKSPACE_BOUND
+                for bound in CHUNK_BOUNDS:
+                    winograd.WORKSPACE_BOUND = bound
+                    for name in NAMES[:2]:
+                        row["ms"][f"{name}@{bound >> 20}MiB"] = be.measure(
+                            lambda p, q: _conv_call(direction, problem, p, q, name), inputs, args.repeat)
+                winograd.WORKSPACE_BOUND = default_bound
+                print(json.dumps({k: round(v, 4) for k, v in row["ms"].items()}), flush=True)
                 for m in (2, 4):
                     ms, chunks = stage_breakdown(cp, problem, direction, a, b, m)
                     breakdown.append({"name": spec["name"], "direction": direction, "m": m,
@@ -135,6 +145,13 @@ def main(argv=None):
         print(f"{r['name']} | {r['N']} | {r['direction']} | {r['ms']['cudnn']:.3f} | {ms} | "
               f"{SHORT[r['best']]} | {r['ratio_best']:.2f} | {SHORT.get(r['auto'], r['auto'])} | {ra} | {e}"
               + (f" | FAILED {r['failed']}" if "failed" in r else ""))
+    print("\nchunk bound sweep (ms): problem | direction | " + " | ".join(
+        f"{SHORT[n]}@{b >> 20}MiB" for b in CHUNK_BOUNDS for n in NAMES[:2]) + " | F4 | F2 (default bound)")
+    for r in rows:
+        if r["N"] == 32:
+            print(f"{r['name']} | {r['direction']} | " + " | ".join(
+                f"{r['ms'][f'{n}@{b >> 20}MiB']:.3f}" for b in CHUNK_BOUNDS for n in NAMES[:2])
+                + f" | {r['ms'][NAMES[0]]:.3f} | {r['ms'][NAMES[1]]:.3f}")
     print("\nstage breakdown (ms): problem | direction | m | filter | input | gemm | output | chunks")
     for b in breakdown:
         print(f"{b['name']} | {b['direction']} | F{b['m']} | {b['filter']:.3f} | {b['input']:.3f} | "
