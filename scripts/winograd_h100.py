@@ -19,7 +19,6 @@ from dnnprims.bench.__main__ import (PROBLEMS, Backend, _conv_call, _conv_operan
                                      _torch_conv_call)
 
 NAMES = ["winograd_f4x4_3x3", "winograd_f2x2_3x3", "implicit_gemm", "gemm"]
-CHUNK_BOUNDS = (16 << 20, 40 << 20, 96 << 20)
 SHORT = {"winograd_f4x4_3x3": "F4", "winograd_f2x2_3x3": "F2", "implicit_gemm": "igemm", "gemm": "gemm"}
 
 
@@ -43,16 +42,13 @@ def stage_breakdown(cp, problem, direction, a, b, m):
         ev[1].record()
         ev[1].synchronize()
         totals[0] = cp.cuda.get_elapsed_time(ev[0], ev[1])
-        for n0, t, in_grid, in_args, out_grid, out_args in plan["chunks"]:
+        for n0, t, in_grid, in_args, out_grid, out_args, gemm_args in plan["chunks"]:
             v = vf[:a2 * Cin * t].reshape((a2, t, Cin) if nhwc else (a2, Cin, t))
             mm = mf[:a2 * Kout * t].reshape((a2, t, Kout) if nhwc else (a2, Kout, t))
             ev[1].record()
             winograd.FAMILY.launch(plan["input"], in_grid, (256,), (a, v, *in_args))
             ev[2].record()
-            if nhwc:
-                cp.matmul(v, u.transpose(0, 2, 1), out=mm)
-            else:
-                cp.matmul(u, v, out=mm)
+            winograd._batched_gemm(nhwc, u, v, mm, gemm_args)
             ev[3].record()
             winograd.FAMILY.launch(plan["output"], out_grid, (256,), (mm, b, np.int32(0), out, *out_args))
             ev[4].record()
@@ -69,6 +65,8 @@ def main(argv=None):
     parser.add_argument("--json", default=None)
     parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--batch", type=int, default=None)
+    parser.add_argument("--compare-matmul", action="store_true")
+    parser.add_argument("--breakdown", action="store_true")
     args = parser.parse_args(argv)
     be = Backend()
     cp, torch = be.xp, be.torch
@@ -114,16 +112,14 @@ def main(argv=None):
             row["ratio_auto"] = row["ms"]["cudnn"] / ours[row["auto"]] if row["auto"] in ours else None
             rows.append(row)
             print(json.dumps(row), flush=True)
-            if problem.N == 32:
-                # Smaller batch chunks: V and M reused across chunks may stay in L2.
-                default_bound = winograd.WORKSPACE_BOUND
-                for bound in CHUNK_BOUNDS:
-                    winograd.WORKSPACE_BOUND = bound
-                    for name in NAMES[:2]:
-                        row["ms"][f"{name}@{bound >> 20}MiB"] = be.measure(
-                            lambda p, q: _conv_call(direction, problem, p, q, name), inputs, args.repeat)
-                winograd.WORKSPACE_BOUND = default_bound
-                print(json.dumps({k: round(v, 4) for k, v in row["ms"].items()}), flush=True)
+            if problem.N == 32 and args.compare_matmul:
+                # The same algorithms with the GEMMs through cupy.matmul (host overhead).
+                winograd.DIRECT_CUBLAS = False
+                for name in NAMES[:2]:
+                    row["ms"][f"{name}@matmul"] = be.measure(
+                        lambda p, q: _conv_call(direction, problem, p, q, name), inputs, args.repeat)
+                winograd.DIRECT_CUBLAS = True
+            if problem.N == 32 and args.breakdown:
                 for m in (2, 4):
                     ms, chunks = stage_breakdown(cp, problem, direction, a, b, m)
                     breakdown.append({"name": spec["name"], "direction": direction, "m": m,
@@ -145,13 +141,11 @@ def main(argv=None):
         print(f"{r['name']} | {r['N']} | {r['direction']} | {r['ms']['cudnn']:.3f} | {ms} | "
               f"{SHORT[r['best']]} | {r['ratio_best']:.2f} | {SHORT.get(r['auto'], r['auto'])} | {ra} | {e}"
               + (f" | FAILED {r['failed']}" if "failed" in r else ""))
-    print("\nchunk bound sweep (ms): problem | direction | " + " | ".join(
-        f"{SHORT[n]}@{b >> 20}MiB" for b in CHUNK_BOUNDS for n in NAMES[:2]) + " | F4 | F2 (default bound)")
+    print("\ncupy.matmul instead of the direct cuBLAS call (ms): problem | direction | F4 | F4 matmul | F2 | F2 matmul")
     for r in rows:
-        if r["N"] == 32:
+        if f"{NAMES[0]}@matmul" in r["ms"]:
             print(f"{r['name']} | {r['direction']} | " + " | ".join(
-                f"{r['ms'][f'{n}@{b >> 20}MiB']:.3f}" for b in CHUNK_BOUNDS for n in NAMES[:2])
-                + f" | {r['ms'][NAMES[0]]:.3f} | {r['ms'][NAMES[1]]:.3f}")
+                f"{r['ms'][n]:.3f} | {r['ms'][n + '@matmul']:.3f}" for n in NAMES[:2]))
     print("\nstage breakdown (ms): problem | direction | m | filter | input | gemm | output | chunks")
     for b in breakdown:
         print(f"{b['name']} | {b['direction']} | F{b['m']} | {b['filter']:.3f} | {b['input']:.3f} | "

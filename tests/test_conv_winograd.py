@@ -139,6 +139,8 @@ def test_workspace_is_reported_bounded_and_limits_the_choice(monkeypatch):
     # One image of V and M: 36 * (64 + 64) * 56 * 56 floats.
     monkeypatch.setattr(winograd, "WORKSPACE_BOUND", 1)
     assert f4.workspace_bytes(p, "forward") == 36 * 64 * 64 * 4 + 36 * 128 * 56 * 56 * 4
+    monkeypatch.setattr(winograd, "WORKSPACE_BOUND", 10 * 2**30)   # the whole batch in one chunk
+    assert f4.workspace_bytes(p, "forward") == 36 * 64 * 64 * 4 + 32 * 36 * 128 * 56 * 56 * 4
     monkeypatch.undo()
     assert algos.explain_auto(p, "forward")[0] == NAMES[4]
     assert algos.explain_auto(p, "forward", algos.ConvOptions(workspace_limit=0))[0] == "implicit_gemm"
@@ -146,18 +148,19 @@ def test_workspace_is_reported_bounded_and_limits_the_choice(monkeypatch):
     assert algos.explain_auto(p, "forward", algos.ConvOptions(workspace_limit=small))[0] in NAMES.values()
 
 
-def test_auto_takes_winograd_for_wide_3x3_float32_only():
+def test_auto_takes_winograd_for_wide_large_3x3_float32_only():
     def auto(x_shape, w_shape, dtype=np.float32, direction="forward", **opts):
         return algos.explain_auto(_problem(x_shape, w_shape, dtype, **opts), direction)[0]
 
-    assert auto((8, 64, 28, 28), (64, 64, 3, 3)) == NAMES[4]
-    assert auto((8, 64, 28, 28), (64, 64, 3, 3), direction="backward_data", padding=0) == NAMES[4]
-    assert auto((8, 64, 28, 28), (64, 64, 3, 3), direction="backward_filter") != NAMES[4]
-    assert auto((8, 32, 28, 28), (64, 32, 3, 3)) == "implicit_gemm"        # C < 64
-    assert auto((8, 64, 28, 28), (64, 64, 3, 3), np.float16) == "implicit_gemm"
-    assert auto((8, 64, 28, 28), (64, 64, 3, 3), stride=2) == "implicit_gemm"
-    name, reason = dnnprims.conv2d_choose((8, 64, 28, 28), (64, 64, 3, 3), padding=1,
-                                          precision="strict")
+    big = (32, 64, 56, 56)    # r50_2_3x3: 7.4 GFLOP
+    assert auto(big, (64, 64, 3, 3)) == NAMES[4]
+    assert auto(big, (64, 64, 3, 3), direction="backward_data", padding=0) == NAMES[4]
+    assert auto(big, (64, 64, 3, 3), direction="backward_filter") != NAMES[4]
+    assert auto((1, 64, 56, 56), (64, 64, 3, 3)) == "implicit_gemm"      # batch 1: 0.23 GFLOP
+    assert auto((32, 32, 56, 56), (64, 32, 3, 3)) == "implicit_gemm"     # C < 64
+    assert auto(big, (64, 64, 3, 3), np.float16) == "implicit_gemm"
+    assert auto(big, (64, 64, 3, 3), stride=2) == "implicit_gemm"
+    name, reason = dnnprims.conv2d_choose(big, (64, 64, 3, 3), padding=1, precision="strict")
     assert name == NAMES[4] and "Winograd" in reason
 
 
@@ -212,3 +215,33 @@ def test_gpu_wide_channels_in_batch_chunks(gpu, rng, monkeypatch, m, layout):
     dx = conv2d_backward_data(gpu.asarray(dy), gpu.asarray(w), x.shape, algo=NAMES[m], **opts)
     assert_close(dx, conv2d_backward_data(dy.astype(F64), w.astype(F64), x.shape, **opts), np.float32,
                  algorithm=NAMES[m], what="backward_data")
+
+
+def _column_major_gemm(first, second, args):
+    """What cublasGemmStridedBatchedEx computes from flat buffers (its definition)."""
+    transa, transb, m, n, k, lda, sa, ldb, sb, ldc, sc, batch = args
+    out = np.full(batch * sc, np.nan)
+
+    def matrix(buf, start, rows, cols, ld):
+        return np.array([[buf[start + i + j * ld] for j in range(cols)] for i in range(rows)])
+
+    for b in range(batch):
+        a = matrix(first, b * sa, *((m, k) if not transa else (k, m)), lda)
+        bm = matrix(second, b * sb, *((k, n) if not transb else (n, k)), ldb)
+        c = (a.T if transa else a) @ (bm.T if transb else bm)
+        for i in range(m):
+            for j in range(n):
+                out[b * sc + i + j * ldc] = c[i, j]
+    return out
+
+
+@pytest.mark.parametrize("nhwc", [False, True])
+def test_cublas_arguments_compute_the_batched_products(rng, nhwc):
+    alpha2, Kout, Cin, t = 3, 4, 5, 7
+    u = rng.standard_normal((alpha2, Kout, Cin))
+    v = rng.standard_normal((alpha2, t, Cin) if nhwc else (alpha2, Cin, t))
+    args = winograd._gemm_arguments(nhwc, Cin, Kout, t, alpha2)
+    first, second = (u, v) if nhwc else (v, u)
+    got = _column_major_gemm(first.ravel(), second.ravel(), args)
+    want = v @ u.transpose(0, 2, 1) if nhwc else u @ v
+    np.testing.assert_allclose(got, want.ravel(), rtol=1e-12)

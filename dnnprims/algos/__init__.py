@@ -150,10 +150,14 @@ AUTO_IMPLICIT_GEMM_MAX_DEPTH = 2304
 
 
 # Winograd goes first for 3x3 stride-1 ungrouped float32 forward / backward
-# data with at least this many input and output channels (notes/conv_wino.md):
-# below it the GEMMs are too thin for the saved multiplications to pay for
-# the transforms' memory traffic.
+# data with at least this many input and output channels and this much direct
+# work (FLOPs).  Measured on the H100 (notes/conv_wino.md): it beats cuDNN on
+# 16 of 18 batch-32 cases of the public set (C = K = 64..512, >= 7.4 GFLOP);
+# on the batch-1 layers (<= 3.7 GFLOP) its five launches per call cost more
+# than implicit GEMM's one, and with fewer channels the GEMMs are too thin
+# for the saved multiplications to pay for the transforms' memory traffic.
 AUTO_WINOGRAD_MIN_CHANNELS = 64
+AUTO_WINOGRAD_MIN_FLOPS = 4e9
 
 
 def winograd_wins(problem, direction):
@@ -161,7 +165,7 @@ def winograd_wins(problem, direction):
     p = problem
     return (direction in ("forward", "backward_data") and p.dtype == "float32" and p.groups == 1
             and (p.R, p.S) == (3, 3) and p.stride == (1, 1) and p.dilation == (1, 1)
-            and min(p.C, p.K) >= AUTO_WINOGRAD_MIN_CHANNELS)
+            and min(p.C, p.K) >= AUTO_WINOGRAD_MIN_CHANNELS and p.flops >= AUTO_WINOGRAD_MIN_FLOPS)
 
 
 def auto_preferences(problem, direction):
@@ -171,8 +175,8 @@ def auto_preferences(problem, direction):
 
     0. "winograd_f4x4_3x3", then "winograd_f2x2_3x3" (F(2x2) where a
        workspace limit excludes F(4x4)) for 3x3 stride-1 ungrouped float32
-       forward and backward data with C, K >= AUTO_WINOGRAD_MIN_CHANNELS
-       (:func:`winograd_wins`).
+       forward and backward data with C, K >= AUTO_WINOGRAD_MIN_CHANNELS and
+       at least AUTO_WINOGRAD_MIN_FLOPS of direct work (:func:`winograd_wins`).
     1. "implicit_gemm" (its tile by its own rule) for half types always (it
        accumulates float32 tiles; the alternatives are far slower) and for
        ungrouped float32 problems -- except GEMMs at least
@@ -190,7 +194,8 @@ def auto_preferences(problem, direction):
     depth = (problem.C // problem.groups if direction == "forward" else problem.K // problem.groups) \
         * problem.R * problem.S
     if winograd_wins(problem, direction):
-        reason = "3x3 stride 1, float32, C and K >= %d: Winograd" % AUTO_WINOGRAD_MIN_CHANNELS
+        reason = (f"3x3 stride 1, float32, C and K >= {AUTO_WINOGRAD_MIN_CHANNELS}, "
+                  f">= {AUTO_WINOGRAD_MIN_FLOPS:.0e} FLOPs: Winograd")
         prefs += [("winograd_f4x4_3x3", reason + " F(4x4)"), ("winograd_f2x2_3x3", reason + " F(2x2)")]
     if half:
         prefs.append(("implicit_gemm", "half type: implicit GEMM accumulates float32 tiles"))

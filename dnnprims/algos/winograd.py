@@ -29,6 +29,7 @@ is generated from them (``python -m dnnprims.algos.winograd`` rewrites it, and
 a test checks it is current).  :func:`emulate` runs the same three stages on
 NumPy: the tests and the accuracy measurement use it.
 """
+import functools
 import math
 from fractions import Fraction
 
@@ -240,15 +241,69 @@ def geometry(p, direction):
     return p.K, p.P, p.Q, p.C, p.H, p.W, 2 - p.padding[0], 2 - p.padding[1]
 
 
-def _sizes(p, direction, m):
+@functools.lru_cache(maxsize=4096)
+def _sizes_at(p, direction, m, bound):
     """(tiles per image, images per chunk, bytes of U, bytes of V + M per image)."""
     Cin, _, _, Kout, Pout, Qout, _, _ = geometry(p, direction)
     alpha2 = (m + 2) ** 2
     acc = np.dtype(_dtypes.accumulate_dtype(np.dtype(p.dtype))).itemsize
     tiles = ceil_div(Pout, m) * ceil_div(Qout, m)
     per_image = alpha2 * (Cin + Kout) * tiles * acc
-    chunk = max(1, min(p.N, WORKSPACE_BOUND // max(1, per_image)))
+    chunk = max(1, min(p.N, bound // max(1, per_image)))
     return tiles, chunk, alpha2 * Kout * Cin * acc, per_image
+
+
+def _sizes(p, direction, m):
+    return _sizes_at(p, direction, m, WORKSPACE_BOUND)
+
+
+def _workspace_parts(alpha2, Kout, Cin, tiles):
+    """Elements of U, V and M in the one workspace allocation; U and V are
+    rounded up to 64 elements so that each part starts 256-byte aligned
+    (cuBLAS's vectorised kernels want 16)."""
+    return (ceil_div(alpha2 * Kout * Cin, 64) * 64, ceil_div(alpha2 * Cin * tiles, 64) * 64,
+            alpha2 * Kout * tiles)
+
+
+# The alpha^2 GEMMs go straight to cublasGemmStridedBatchedEx -- the call
+# cupy.matmul makes for contiguous batches (legacy compute type = the data
+# type: no TF32), without its per-call Python checks (~30 us per call, most of
+# the cost of a small layer; notes/conv_wino.md).  False: through cupy.matmul.
+DIRECT_CUBLAS = True
+_ONE = {np.dtype(np.float32): np.ones((), np.float32), np.dtype(np.float64): np.ones((), np.float64)}
+_ZERO = {np.dtype(np.float32): np.zeros((), np.float32), np.dtype(np.float64): np.zeros((), np.float64)}
+
+
+def _gemm_arguments(nhwc, Cin, Kout, t, alpha2):
+    """(transa, transb, m, n, k, lda, strideA, ldb, strideB, ldc, strideC, batch)
+    of the column-major cuBLAS call, with A = the first pointer passed (V for
+    NCHW, U for NHWC).  Row-major NCHW M[a] (Kout x t) = U[a] @ V[a] is the
+    column-major M^T = V^T U^T; NHWC M[a] (t x Kout) = V[a] @ U[a]^T is M^T = U V^T."""
+    if nhwc:
+        return (1, 0, Kout, t, Cin, Cin, Kout * Cin, Cin, t * Cin, Kout, t * Kout, alpha2)
+    return (0, 0, t, Kout, Cin, t, Cin * t, Cin, Kout * Cin, t, Kout * t, alpha2)
+
+
+def _batched_gemm(nhwc, u, v, mm, gemm_args):
+    """mm[a] = u[a] @ v[a] (NCHW) or v[a] @ u[a]^T (NHWC), in u's dtype."""
+    import cupy
+    if not DIRECT_CUBLAS:
+        if nhwc:
+            cupy.matmul(v, u.transpose(0, 2, 1), out=mm)
+        else:
+            cupy.matmul(u, v, out=mm)
+        return
+    from cupy.cuda import device
+    from cupy_backends.cuda.api import runtime
+    from cupy_backends.cuda.libs import cublas
+    transa, transb, m, n, k, lda, sa, ldb, sb, ldc, sc, batch = gemm_args
+    first, second = (u, v) if nhwc else (v, u)
+    dtype = runtime.CUDA_R_32F if u.dtype == np.float32 else runtime.CUDA_R_64F
+    cublas.gemmStridedBatchedEx(
+        device.get_cublas_handle(), transa, transb, m, n, k, _ONE[u.dtype].ctypes.data,
+        first.data.ptr, dtype, lda, sa, second.data.ptr, dtype, ldb, sb,
+        _ZERO[u.dtype].ctypes.data, mm.data.ptr, dtype, ldc, sc, batch, dtype,
+        cublas.CUBLAS_GEMM_DEFAULT)
 
 
 class WinogradConvolution(ConvAlgorithm):
@@ -286,8 +341,10 @@ class WinogradConvolution(ConvAlgorithm):
         return True, ""
 
     def workspace_bytes(self, problem, direction):
-        _, chunk, u_bytes, per_image = _sizes(problem, direction, self.m)
-        return u_bytes + chunk * per_image
+        tiles, chunk, _, _ = _sizes(problem, direction, self.m)
+        Cin, _, _, Kout = geometry(problem, direction)[:4]
+        acc = np.dtype(_dtypes.accumulate_dtype(np.dtype(problem.dtype))).itemsize
+        return sum(_workspace_parts(self.alpha ** 2, Kout, Cin, chunk * tiles)) * acc
 
     def _plan(self, p, direction):
         import cupy
@@ -311,7 +368,8 @@ class WinogradConvolution(ConvAlgorithm):
                 (i32(Cin), i32(Hin), i32(Win), i32(ph), i32(pw), i32(tiles_h), i32(tiles_w),
                  i32(t), i32(n0)),
                 (ceil_div(Kout * t, _THREADS),),
-                (i32(Kout), i32(Pout), i32(Qout), i32(tiles_h), i32(tiles_w), i32(t), i32(n0))))
+                (i32(Kout), i32(Pout), i32(Qout), i32(tiles_h), i32(tiles_w), i32(t), i32(n0)),
+                _gemm_arguments(nhwc, Cin, Kout, t, alpha2)))
         plan = dict(
             acc=_dtypes.accumulate_dtype(np.dtype(p.dtype)), Cin=Cin, Kout=Kout, alpha2=alpha2,
             nhwc=nhwc, chunks=chunks, max_tiles=chunk * tiles,
@@ -330,24 +388,19 @@ class WinogradConvolution(ConvAlgorithm):
 
         plan = self._plan(problem, direction)
         Cin, Kout, alpha2, nhwc = plan["Cin"], plan["Kout"], plan["alpha2"], plan["nhwc"]
-        u = cupy.empty((alpha2, Kout, Cin), dtype=plan["acc"])
+        u_size, v_size, m_size = _workspace_parts(alpha2, Kout, Cin, plan["max_tiles"])
+        workspace = cupy.empty(u_size + v_size + m_size, dtype=plan["acc"])
+        u = workspace[:u_size].reshape(alpha2, Kout, Cin)
         expr, grid, args = plan["filter"]
         FAMILY.launch(expr, grid, (_THREADS,), (b, u, *args))
-        v_flat = cupy.empty(alpha2 * Cin * plan["max_tiles"], dtype=plan["acc"])
-        m_flat = cupy.empty(alpha2 * Kout * plan["max_tiles"], dtype=plan["acc"])
+        v_flat, m_flat = workspace[u_size:u_size + v_size], workspace[u_size + v_size:]
         has_bias = np.int32(bias is not None)
         bias = b if bias is None else bias
-        for n0, t, in_grid, in_args, out_grid, out_args in plan["chunks"]:
-            if nhwc:   # (a, t, c) @ (a, c, k) -> (a, t, k)
-                v = v_flat[:alpha2 * t * Cin].reshape(alpha2, t, Cin)
-                mm = m_flat[:alpha2 * t * Kout].reshape(alpha2, t, Kout)
-                FAMILY.launch(plan["input"], in_grid, (_THREADS,), (a, v, *in_args))
-                cupy.matmul(v, u.transpose(0, 2, 1), out=mm)
-            else:      # (a, k, c) @ (a, c, t) -> (a, k, t)
-                v = v_flat[:alpha2 * Cin * t].reshape(alpha2, Cin, t)
-                mm = m_flat[:alpha2 * Kout * t].reshape(alpha2, Kout, t)
-                FAMILY.launch(plan["input"], in_grid, (_THREADS,), (a, v, *in_args))
-                cupy.matmul(u, v, out=mm)
+        for n0, t, in_grid, in_args, out_grid, out_args, gemm_args in plan["chunks"]:
+            v = v_flat[:alpha2 * t * Cin].reshape((alpha2, t, Cin) if nhwc else (alpha2, Cin, t))
+            mm = m_flat[:alpha2 * t * Kout].reshape((alpha2, t, Kout) if nhwc else (alpha2, Kout, t))
+            FAMILY.launch(plan["input"], in_grid, (_THREADS,), (a, v, *in_args))
+            _batched_gemm(nhwc, u, v, mm, gemm_args)
             FAMILY.launch(plan["output"], out_grid, (_THREADS,), (mm, bias, has_bias, out, *out_args))
         return out
 
