@@ -284,26 +284,41 @@ def _gemm_arguments(nhwc, Cin, Kout, t, alpha2):
     return (0, 0, t, Kout, Cin, t, Cin * t, Cin, Kout * Cin, t, Kout * t, alpha2)
 
 
+_CUDA_R_32F, _CUDA_R_64F = 0, 1   # cudaDataType_t
+_cublas_entry = []
+
+
+def _cublas():
+    """(get_cublas_handle, gemmStridedBatchedEx, CUBLAS_GEMM_DEFAULT) from CuPy's
+    bindings, or None where this CuPy does not expose them (then cupy.matmul)."""
+    if not _cublas_entry:
+        try:
+            from cupy.cuda import device
+            from cupy_backends.cuda.libs import cublas
+            _cublas_entry.append((device.get_cublas_handle, cublas.gemmStridedBatchedEx,
+                                  cublas.CUBLAS_GEMM_DEFAULT))
+        except (ImportError, AttributeError):
+            _cublas_entry.append(None)
+    return _cublas_entry[0]
+
+
 def _batched_gemm(nhwc, u, v, mm, gemm_args):
     """mm[a] = u[a] @ v[a] (NCHW) or v[a] @ u[a]^T (NHWC), in u's dtype."""
-    import cupy
-    if not DIRECT_CUBLAS:
+    entry = _cublas() if DIRECT_CUBLAS else None
+    if entry is None:
+        import cupy
         if nhwc:
             cupy.matmul(v, u.transpose(0, 2, 1), out=mm)
         else:
             cupy.matmul(u, v, out=mm)
         return
-    from cupy.cuda import device
-    from cupy_backends.cuda.api import runtime
-    from cupy_backends.cuda.libs import cublas
+    handle, gemm, algo = entry
     transa, transb, m, n, k, lda, sa, ldb, sb, ldc, sc, batch = gemm_args
     first, second = (u, v) if nhwc else (v, u)
-    dtype = runtime.CUDA_R_32F if u.dtype == np.float32 else runtime.CUDA_R_64F
-    cublas.gemmStridedBatchedEx(
-        device.get_cublas_handle(), transa, transb, m, n, k, _ONE[u.dtype].ctypes.data,
-        first.data.ptr, dtype, lda, sa, second.data.ptr, dtype, ldb, sb,
-        _ZERO[u.dtype].ctypes.data, mm.data.ptr, dtype, ldc, sc, batch, dtype,
-        cublas.CUBLAS_GEMM_DEFAULT)
+    dtype = _CUDA_R_32F if u.dtype == np.float32 else _CUDA_R_64F
+    gemm(handle(), transa, transb, m, n, k, _ONE[u.dtype].ctypes.data,
+         first.data.ptr, dtype, lda, sa, second.data.ptr, dtype, ldb, sb,
+         _ZERO[u.dtype].ctypes.data, mm.data.ptr, dtype, ldc, sc, batch, dtype, algo)
 
 
 class WinogradConvolution(ConvAlgorithm):
