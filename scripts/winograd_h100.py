@@ -5,7 +5,7 @@ measure each one's error against float64 (cuDNN in float64 on the same
 inputs, N(0, 1) data).  Then a per-stage breakdown of the Winograd path.
 The figures of notes/conv_wino.md come from this script.
 
-    python scripts/winograd_h100.py [--only NAME] [--json PATH]
+    python scripts/winograd_h100.py [--only NAME] [--batch N] [--breakdown] [--json PATH]
 """
 import argparse
 import json
@@ -29,9 +29,8 @@ def stage_breakdown(cp, problem, direction, a, b, m):
     plan = alg._plan(problem, direction)
     out = cp.empty(problem.x_shape if direction == "backward_data" else problem.y_shape, cp.float32)
     Cin, Kout, a2, nhwc = plan["Cin"], plan["Kout"], plan["alpha2"], plan["nhwc"]
-    u = cp.empty((a2, Kout, Cin), cp.float32)
-    vf = cp.empty(a2 * Cin * plan["max_tiles"], cp.float32)
-    mf = cp.empty(a2 * Kout * plan["max_tiles"], cp.float32)
+    workspace = cp.empty(sum(winograd._workspace_parts(a2, Kout, Cin, plan["max_tiles"])), cp.float32)
+    u, _, _ = winograd.workspace_views(workspace, a2, Kout, Cin, plan["max_tiles"], nhwc)
     samples = []
     for _ in range(12):
         ev = [cp.cuda.Event() for _ in range(5)]
@@ -42,13 +41,12 @@ def stage_breakdown(cp, problem, direction, a, b, m):
         ev[1].record()
         ev[1].synchronize()
         totals[0] = cp.cuda.get_elapsed_time(ev[0], ev[1])
-        for n0, t, in_grid, in_args, out_grid, out_args, gemm_args in plan["chunks"]:
-            v = vf[:a2 * Cin * t].reshape((a2, t, Cin) if nhwc else (a2, Cin, t))
-            mm = mf[:a2 * Kout * t].reshape((a2, t, Kout) if nhwc else (a2, Kout, t))
+        for n0, t, in_grid, in_args, out_grid, out_args in plan["chunks"]:
+            _, v, mm = winograd.workspace_views(workspace, a2, Kout, Cin, t, nhwc)
             ev[1].record()
             winograd.FAMILY.launch(plan["input"], in_grid, (256,), (a, v, *in_args))
             ev[2].record()
-            winograd._batched_gemm(nhwc, u, v, mm, gemm_args)
+            winograd._batched_gemm(nhwc, u, v, mm)
             ev[3].record()
             winograd.FAMILY.launch(plan["output"], out_grid, (256,), (mm, b, np.int32(0), out, *out_args))
             ev[4].record()
@@ -65,7 +63,6 @@ def main(argv=None):
     parser.add_argument("--json", default=None)
     parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--batch", type=int, default=None)
-    parser.add_argument("--compare-matmul", action="store_true")
     parser.add_argument("--breakdown", action="store_true")
     args = parser.parse_args(argv)
     be = Backend()
@@ -112,13 +109,6 @@ def main(argv=None):
             row["ratio_auto"] = row["ms"]["cudnn"] / ours[row["auto"]] if row["auto"] in ours else None
             rows.append(row)
             print(json.dumps(row), flush=True)
-            if problem.N == 32 and args.compare_matmul:
-                # The same algorithms with the GEMMs through cupy.matmul (host overhead).
-                winograd.DIRECT_CUBLAS = False
-                for name in NAMES[:2]:
-                    row["ms"][f"{name}@matmul"] = be.measure(
-                        lambda p, q: _conv_call(direction, problem, p, q, name), inputs, args.repeat)
-                winograd.DIRECT_CUBLAS = True
             if problem.N == 32 and args.breakdown:
                 for m in (2, 4):
                     ms, chunks = stage_breakdown(cp, problem, direction, a, b, m)
@@ -141,11 +131,6 @@ def main(argv=None):
         print(f"{r['name']} | {r['N']} | {r['direction']} | {r['ms']['cudnn']:.3f} | {ms} | "
               f"{SHORT[r['best']]} | {r['ratio_best']:.2f} | {SHORT.get(r['auto'], r['auto'])} | {ra} | {e}"
               + (f" | FAILED {r['failed']}" if "failed" in r else ""))
-    print("\ncupy.matmul instead of the direct cuBLAS call (ms): problem | direction | F4 | F4 matmul | F2 | F2 matmul")
-    for r in rows:
-        if f"{NAMES[0]}@matmul" in r["ms"]:
-            print(f"{r['name']} | {r['direction']} | " + " | ".join(
-                f"{r['ms'][n]:.3f} | {r['ms'][n + '@matmul']:.3f}" for n in NAMES[:2]))
     print("\nstage breakdown (ms): problem | direction | m | filter | input | gemm | output | chunks")
     for b in breakdown:
         print(f"{b['name']} | {b['direction']} | F{b['m']} | {b['filter']:.3f} | {b['input']:.3f} | "

@@ -217,31 +217,21 @@ def test_gpu_wide_channels_in_batch_chunks(gpu, rng, monkeypatch, m, layout):
                  algorithm=NAMES[m], what="backward_data")
 
 
-def _column_major_gemm(first, second, args):
-    """What cublasGemmStridedBatchedEx computes from flat buffers (its definition)."""
-    transa, transb, m, n, k, lda, sa, ldb, sb, ldc, sc, batch = args
-    out = np.full(batch * sc, np.nan)
-
-    def matrix(buf, start, rows, cols, ld):
-        return np.array([[buf[start + i + j * ld] for j in range(cols)] for i in range(rows)])
-
-    for b in range(batch):
-        a = matrix(first, b * sa, *((m, k) if not transa else (k, m)), lda)
-        bm = matrix(second, b * sb, *((k, n) if not transb else (n, k)), ldb)
-        c = (a.T if transa else a) @ (bm.T if transb else bm)
-        for i in range(m):
-            for j in range(n):
-                out[b * sc + i + j * ldc] = c[i, j]
-    return out
-
-
 @pytest.mark.parametrize("nhwc", [False, True])
-def test_cublas_arguments_compute_the_batched_products(rng, nhwc):
-    alpha2, Kout, Cin, t = 3, 4, 5, 7
-    u = rng.standard_normal((alpha2, Kout, Cin))
-    v = rng.standard_normal((alpha2, t, Cin) if nhwc else (alpha2, Cin, t))
-    args = winograd._gemm_arguments(nhwc, Cin, Kout, t, alpha2)
-    first, second = (u, v) if nhwc else (v, u)
-    got = _column_major_gemm(first.ravel(), second.ravel(), args)
-    want = v @ u.transpose(0, 2, 1) if nhwc else u @ v
-    np.testing.assert_allclose(got, want.ravel(), rtol=1e-12)
+@pytest.mark.parametrize("alpha2,Kout,Cin,tiles", [(16, 3, 5, 7), (36, 7, 5, 1), (36, 64, 64, 9)])
+def test_workspace_views_fit_and_do_not_overlap(nhwc, alpha2, Kout, Cin, tiles):
+    # run() carves U, V and M out of one allocation; a short last chunk takes
+    # fewer tiles.  Mark each view's elements: no overlap, nothing outside.
+    total = sum(winograd._workspace_parts(alpha2, Kout, Cin, tiles))
+    for t in (tiles, max(1, tiles // 2)):
+        workspace = np.zeros(total)
+        u, v, m = winograd.workspace_views(workspace, alpha2, Kout, Cin, t, nhwc)
+        assert u.shape == (alpha2, Kout, Cin)
+        assert v.shape == ((alpha2, t, Cin) if nhwc else (alpha2, Cin, t))
+        assert m.shape == ((alpha2, t, Kout) if nhwc else (alpha2, Kout, t))
+        for view in (u, v, m):
+            assert np.shares_memory(view, workspace) and view.flags.c_contiguous
+            view += 1
+        assert workspace.max() == 1 and workspace.sum() == u.size + v.size + m.size
+        for view in (v, m):   # 256-byte aligned parts, given an aligned allocation
+            assert (view.ctypes.data - workspace.ctypes.data) // workspace.itemsize % 64 == 0

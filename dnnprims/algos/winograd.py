@@ -265,60 +265,28 @@ def _workspace_parts(alpha2, Kout, Cin, tiles):
             alpha2 * Kout * tiles)
 
 
-# The alpha^2 GEMMs go straight to cublasGemmStridedBatchedEx -- the call
-# cupy.matmul makes for contiguous batches (legacy compute type = the data
-# type: no TF32), without its per-call Python checks (~30 us per call, most of
-# the cost of a small layer; notes/conv_wino.md).  False: through cupy.matmul.
-DIRECT_CUBLAS = True
-_ONE = {np.dtype(np.float32): np.ones((), np.float32), np.dtype(np.float64): np.ones((), np.float64)}
-_ZERO = {np.dtype(np.float32): np.zeros((), np.float32), np.dtype(np.float64): np.zeros((), np.float64)}
-
-
-def _gemm_arguments(nhwc, Cin, Kout, t, alpha2):
-    """(transa, transb, m, n, k, lda, strideA, ldb, strideB, ldc, strideC, batch)
-    of the column-major cuBLAS call, with A = the first pointer passed (V for
-    NCHW, U for NHWC).  Row-major NCHW M[a] (Kout x t) = U[a] @ V[a] is the
-    column-major M^T = V^T U^T; NHWC M[a] (t x Kout) = V[a] @ U[a]^T is M^T = U V^T."""
+def _batched_gemm(nhwc, u, v, mm):
+    """mm[a] = u[a] @ v[a] (NCHW) or v[a] @ u[a]^T (NHWC): cuBLAS strided-batched
+    GEMMs through cupy.matmul, in u's dtype (no TF32 unless CUPY_TF32=1).
+    (Calling cublasGemmStridedBatchedEx directly, without cupy.matmul's checks,
+    measured no steadier: notes/conv_wino.md.)"""
+    import cupy
     if nhwc:
-        return (1, 0, Kout, t, Cin, Cin, Kout * Cin, Cin, t * Cin, Kout, t * Kout, alpha2)
-    return (0, 0, t, Kout, Cin, t, Cin * t, Cin, Kout * Cin, t, Kout * t, alpha2)
+        cupy.matmul(v, u.transpose(0, 2, 1), out=mm)
+    else:
+        cupy.matmul(u, v, out=mm)
 
 
-_CUDA_R_32F, _CUDA_R_64F = 0, 1   # cudaDataType_t
-_cublas_entry = []
-
-
-def _cublas():
-    """(get_cublas_handle, gemmStridedBatchedEx, CUBLAS_GEMM_DEFAULT) from CuPy's
-    bindings, or None where this CuPy does not expose them (then cupy.matmul)."""
-    if not _cublas_entry:
-        try:
-            from cupy.cuda import device
-            from cupy_backends.cuda.libs import cublas
-            _cublas_entry.append((device.get_cublas_handle, cublas.gemmStridedBatchedEx,
-                                  cublas.CUBLAS_GEMM_DEFAULT))
-        except (ImportError, AttributeError):
-            _cublas_entry.append(None)
-    return _cublas_entry[0]
-
-
-def _batched_gemm(nhwc, u, v, mm, gemm_args):
-    """mm[a] = u[a] @ v[a] (NCHW) or v[a] @ u[a]^T (NHWC), in u's dtype."""
-    entry = _cublas() if DIRECT_CUBLAS else None
-    if entry is None:
-        import cupy
-        if nhwc:
-            cupy.matmul(v, u.transpose(0, 2, 1), out=mm)
-        else:
-            cupy.matmul(u, v, out=mm)
-        return
-    handle, gemm, algo = entry
-    transa, transb, m, n, k, lda, sa, ldb, sb, ldc, sc, batch = gemm_args
-    first, second = (u, v) if nhwc else (v, u)
-    dtype = _CUDA_R_32F if u.dtype == np.float32 else _CUDA_R_64F
-    gemm(handle(), transa, transb, m, n, k, _ONE[u.dtype].ctypes.data,
-         first.data.ptr, dtype, lda, sa, second.data.ptr, dtype, ldb, sb,
-         _ZERO[u.dtype].ctypes.data, mm.data.ptr, dtype, ldc, sc, batch, dtype, algo)
+def workspace_views(workspace, alpha2, Kout, Cin, tiles, nhwc):
+    """U, V and M of ``tiles`` tiles, as views of the one workspace allocation
+    (laid out by :func:`_workspace_parts`)."""
+    u_size, v_size, _ = _workspace_parts(alpha2, Kout, Cin, tiles)
+    u = workspace[:alpha2 * Kout * Cin].reshape(alpha2, Kout, Cin)
+    v = workspace[u_size:u_size + alpha2 * Cin * tiles]
+    m = workspace[u_size + v_size:u_size + v_size + alpha2 * Kout * tiles]
+    if nhwc:
+        return u, v.reshape(alpha2, tiles, Cin), m.reshape(alpha2, tiles, Kout)
+    return u, v.reshape(alpha2, Cin, tiles), m.reshape(alpha2, Kout, tiles)
 
 
 class WinogradConvolution(ConvAlgorithm):
@@ -383,8 +351,7 @@ class WinogradConvolution(ConvAlgorithm):
                 (i32(Cin), i32(Hin), i32(Win), i32(ph), i32(pw), i32(tiles_h), i32(tiles_w),
                  i32(t), i32(n0)),
                 (ceil_div(Kout * t, _THREADS),),
-                (i32(Kout), i32(Pout), i32(Qout), i32(tiles_h), i32(tiles_w), i32(t), i32(n0)),
-                _gemm_arguments(nhwc, Cin, Kout, t, alpha2)))
+                (i32(Kout), i32(Pout), i32(Qout), i32(tiles_h), i32(tiles_w), i32(t), i32(n0))))
         plan = dict(
             acc=_dtypes.accumulate_dtype(np.dtype(p.dtype)), Cin=Cin, Kout=Kout, alpha2=alpha2,
             nhwc=nhwc, chunks=chunks, max_tiles=chunk * tiles,
@@ -403,19 +370,18 @@ class WinogradConvolution(ConvAlgorithm):
 
         plan = self._plan(problem, direction)
         Cin, Kout, alpha2, nhwc = plan["Cin"], plan["Kout"], plan["alpha2"], plan["nhwc"]
-        u_size, v_size, m_size = _workspace_parts(alpha2, Kout, Cin, plan["max_tiles"])
-        workspace = cupy.empty(u_size + v_size + m_size, dtype=plan["acc"])
-        u = workspace[:u_size].reshape(alpha2, Kout, Cin)
+        workspace = cupy.empty(sum(_workspace_parts(alpha2, Kout, Cin, plan["max_tiles"])),
+                               dtype=plan["acc"])
+        u, _, _ = workspace_views(workspace, alpha2, Kout, Cin, plan["max_tiles"], nhwc)
         expr, grid, args = plan["filter"]
         FAMILY.launch(expr, grid, (_THREADS,), (b, u, *args))
-        v_flat, m_flat = workspace[u_size:u_size + v_size], workspace[u_size + v_size:]
         has_bias = np.int32(bias is not None)
         bias = b if bias is None else bias
-        for n0, t, in_grid, in_args, out_grid, out_args, gemm_args in plan["chunks"]:
-            v = v_flat[:alpha2 * t * Cin].reshape((alpha2, t, Cin) if nhwc else (alpha2, Cin, t))
-            mm = m_flat[:alpha2 * t * Kout].reshape((alpha2, t, Kout) if nhwc else (alpha2, Kout, t))
+        for n0, t, in_grid, in_args, out_grid, out_args in plan["chunks"]:
+            # A short last chunk uses less of the workspace.
+            _, v, mm = workspace_views(workspace, alpha2, Kout, Cin, t, nhwc)
             FAMILY.launch(plan["input"], in_grid, (_THREADS,), (a, v, *in_args))
-            _batched_gemm(nhwc, u, v, mm, gemm_args)
+            _batched_gemm(nhwc, u, v, mm)
             FAMILY.launch(plan["output"], out_grid, (_THREADS,), (mm, bias, has_bias, out, *out_args))
         return out
 
