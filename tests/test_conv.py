@@ -281,11 +281,11 @@ def test_auto_rule(rule_only):
     assert auto((2, 4, 7, 7), (8, 2, 3, 3), groups=2) == ("direct",) * 3
     assert auto((2, 4, 7, 7), (4, 1, 3, 3), groups=4) == ("direct",) * 3     # depthwise
     deep = auto((2, 512, 7, 7), (512, 512, 3, 3))                         # GEMM depth 4608: cuBLAS
-    assert deep == ("gemm",) * 3
+    assert deep == ("gemm",) * 3                                          # too small for Winograd
     # Column matrix 64*576*4096 floats = 604 MB: backward filter still takes gemm,
     # in batch chunks that fit gemm.FILTER_CHUNK_BYTES.
     big = (64, 64, 64, 64)
-    assert auto(big, (64, 64, 3, 3)) == ("implicit_gemm", "implicit_gemm", "gemm")
+    assert auto(big, (64, 64, 3, 3)) == ("winograd_f4x4_3x3", "winograd_f4x4_3x3", "gemm")  # 19 GFLOP
     assert algos.REGISTRY["gemm"].workspace_bytes(
         _problem_of(np.empty(big, np.float32), np.empty((64, 64, 3, 3), np.float32), _options(1, 1, 1, 1, "NCHW")),
         "backward_filter") <= gemm_algo.FILTER_CHUNK_BYTES

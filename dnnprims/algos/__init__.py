@@ -73,8 +73,8 @@ class ConvOptions:
 
     ``workspace_limit``: bytes of device workspace an algorithm may allocate
     (None: no limit).  ``precision="strict"``: only algorithms whose error stays
-    within the float32 direct-convolution bound (excludes e.g. Winograd
-    F(4x4, 3x3)).  ``deterministic=True``: only algorithms that give the same
+    within the float32 direct-convolution bound (2e-5 normwise; Winograd
+    F(4x4, 3x3), measured at 3.4e-6 for C <= 512, stays within it).  ``deterministic=True``: only algorithms that give the same
     bits on every run (no floating-point atomics)."""
     workspace_limit: object = None
     precision: str = "default"
@@ -151,11 +151,34 @@ def register(algorithm):
 AUTO_IMPLICIT_GEMM_MAX_DEPTH = 2304
 
 
+# Winograd goes first for 3x3 stride-1 ungrouped float32 forward / backward
+# data with at least this many input and output channels and this much direct
+# work (FLOPs).  Measured on the H100 (notes/conv_wino.md): it beats cuDNN on
+# 16 of 18 batch-32 cases of the public set (C = K = 64..512, >= 7.4 GFLOP);
+# on the batch-1 layers (<= 3.7 GFLOP) its five launches per call cost more
+# than implicit GEMM's one, and with fewer channels the GEMMs are too thin
+# for the saved multiplications to pay for the transforms' memory traffic.
+AUTO_WINOGRAD_MIN_CHANNELS = 64
+AUTO_WINOGRAD_MIN_FLOPS = 4e9
+
+
+def winograd_wins(problem, direction):
+    """The stand-in rule's Winograd case (see :func:`auto_preferences`)."""
+    p = problem
+    return (direction in ("forward", "backward_data") and p.dtype == "float32" and p.groups == 1
+            and (p.R, p.S) == (3, 3) and p.stride == (1, 1) and p.dilation == (1, 1)
+            and min(p.C, p.K) >= AUTO_WINOGRAD_MIN_CHANNELS and p.flops >= AUTO_WINOGRAD_MIN_FLOPS)
+
+
 def auto_preferences(problem, direction):
     """The documented rule for problems the measured table does not cover
     (:mod:`.table`): an ordered list of (name, reason); ``auto`` takes the
     first one that :func:`admits` the problem under the caller's options.
 
+    0. "winograd_f4x4_3x3", then "winograd_f2x2_3x3" (F(2x2) where a
+       workspace limit excludes F(4x4)) for 3x3 stride-1 ungrouped float32
+       forward and backward data with C, K >= AUTO_WINOGRAD_MIN_CHANNELS and
+       at least AUTO_WINOGRAD_MIN_FLOPS of direct work (:func:`winograd_wins`).
     1. "implicit_gemm" (its tile by its own rule) for half types always (it
        accumulates float32 tiles; the alternatives are far slower) and for
        ungrouped float32 problems -- except GEMMs at least
@@ -172,6 +195,10 @@ def auto_preferences(problem, direction):
     half = problem.dtype in ("float16", "bfloat16")
     depth = (problem.C // problem.groups if direction == "forward" else problem.K // problem.groups) \
         * problem.R * problem.S
+    if winograd_wins(problem, direction):
+        reason = (f"3x3 stride 1, float32, C and K >= {AUTO_WINOGRAD_MIN_CHANNELS}, "
+                  f">= {AUTO_WINOGRAD_MIN_FLOPS:.0e} FLOPs: Winograd")
+        prefs += [("winograd_f4x4_3x3", reason + " F(4x4)"), ("winograd_f2x2_3x3", reason + " F(2x2)")]
     if half:
         prefs.append(("implicit_gemm", "half type: implicit GEMM accumulates float32 tiles"))
     elif problem.groups == 1 and not (gemm_fits and depth >= AUTO_IMPLICIT_GEMM_MAX_DEPTH):
@@ -256,4 +283,4 @@ def choose(problem, direction, algo="auto", gpu=False, options=DEFAULT_OPTIONS):
 
 # Importing the algorithm modules registers them (and declares their kernel
 # families for _kernels.families()).
-from . import direct, gemm, implicit_gemm  # noqa: E402,F401
+from . import direct, gemm, implicit_gemm, winograd  # noqa: E402,F401

@@ -1,0 +1,192 @@
+// Winograd F(M x M, 3 x 3) convolution, stride 1: the input and output transforms
+// and the filter transform around the alpha^2 batched GEMMs (cuBLAS, from
+// Python: dnnprims/algos/winograd.py, which also derives the matrices and
+// generates conv_winograd_matrices.cuh from the Toom-Cook points).
+//
+// Workspace layouts (acc_t<T>: float, or double for double storage), per batch
+// chunk of `tiles` output tiles t = ((n - n0) * tiles_h + th) * tiles_w + tw:
+//   U[a][k][c]                  filter transform,  a = alpha index (i * ALPHA + j)
+//   V[a][c][t] (NCHW)           input transform
+//   V[a][t][c] (NHWC)
+//   Mw[a][k][t] / Mw[a][t][k]   the GEMM result that the output transform reads
+// Thread mapping: one thread per (channel, tile) -- it loads its ALPHA x ALPHA
+// input tile (zero outside the image: the padding), or its ALPHA^2 GEMM
+// results, keeps the whole tile in registers and applies both 1-D transforms.
+// Consecutive threads take consecutive tiles for NCHW (the workspace stores
+// along t are coalesced; the image loads overlap by 2 columns and hit L1) and
+// consecutive channels for NHWC (coalesced along c on both sides).  Nothing is
+// shared between threads, so there is no shared memory and no barrier.
+//
+// The transform loops are fully unrolled over compile-time matrices, so the
+// zero entries cost nothing and the +-1 entries are plain adds.  Indices are
+// int: Python refuses tensors and workspaces of 2^31 elements or more.
+#include "common.cuh"
+#include "conv_winograd_matrices.cuh"
+
+// x (N, C, H, W) or (N, H, W, C) -> V.  Tiles start at (th * M - pad_h,
+// tw * M - pad_w); a negative pad (backward data with padding > 2) crops.
+template <typename T, int M, bool NHWC>
+__global__ void __launch_bounds__(256)
+winograd_input_transform(const T* __restrict__ x, acc_t<T>* __restrict__ v,
+                         int C, int H, int W, int pad_h, int pad_w,
+                         int tiles_h, int tiles_w, int tiles, int n0) {
+    typedef acc_t<T> A;
+    typedef winograd_matrices<M> F;
+    constexpr int ALPHA = F::ALPHA;
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= C * tiles) return;
+    const int c = NHWC ? i % C : i / tiles;
+    const int t = NHWC ? i / C : i % tiles;
+    const int tw = t % tiles_w;
+    const int th = (t / tiles_w) % tiles_h;
+    const int n = n0 + t / (tiles_w * tiles_h);
+    const int h0 = th * M - pad_h, w0 = tw * M - pad_w;
+
+    A d[ALPHA][ALPHA];
+#pragma unroll
+    for (int r = 0; r < ALPHA; ++r) {
+#pragma unroll
+        for (int s = 0; s < ALPHA; ++s) {
+            const int h = h0 + r, w = w0 + s;
+            A value = A(0);
+            if ((unsigned)h < (unsigned)H && (unsigned)w < (unsigned)W)
+                value = load(x[NHWC ? ((n * H + h) * W + w) * C + c : ((n * C + c) * H + h) * W + w]);
+            d[r][s] = value;
+        }
+    }
+    A bd[ALPHA][ALPHA];   // B^T d
+#pragma unroll
+    for (int r = 0; r < ALPHA; ++r) {
+#pragma unroll
+        for (int s = 0; s < ALPHA; ++s) {
+            A sum = A(0);
+#pragma unroll
+            for (int k = 0; k < ALPHA; ++k) {
+                if (F::bt(r, k) != 0.0) sum += A(F::bt(r, k)) * d[k][s];
+            }
+            bd[r][s] = sum;
+        }
+    }
+    const int plane = C * tiles;
+    A* out = v + (NHWC ? t * C + c : c * tiles + t);
+#pragma unroll
+    for (int r = 0; r < ALPHA; ++r) {
+#pragma unroll
+        for (int s = 0; s < ALPHA; ++s) {
+            A sum = A(0);
+#pragma unroll
+            for (int k = 0; k < ALPHA; ++k) {
+                if (F::bt(s, k) != 0.0) sum += bd[r][k] * A(F::bt(s, k));
+            }
+            out[(r * ALPHA + s) * plane] = sum;
+        }
+    }
+}
+
+// w (K, C, 3, 3) -> U[a][kout][cin] = (G g G^T)[a] for the Winograd convolution
+// with Kout output and Cin input channels.  rotate = 0: g = w[kout][cin]
+// (forward).  rotate = 1: g = w[cin][kout] rotated by 180 degrees (backward
+// data: w's K is the convolution's Cin, w's C its Kout).
+template <typename T, int M>
+__global__ void __launch_bounds__(256)
+winograd_filter_transform(const T* __restrict__ w, acc_t<T>* __restrict__ u,
+                          int Kout, int Cin, int rotate) {
+    typedef acc_t<T> A;
+    typedef winograd_matrices<M> F;
+    constexpr int ALPHA = F::ALPHA;
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= Kout * Cin) return;
+    const int cin = i % Cin, kout = i / Cin;
+    A g[3][3];
+#pragma unroll
+    for (int r = 0; r < 3; ++r) {
+#pragma unroll
+        for (int s = 0; s < 3; ++s) {
+            g[r][s] = rotate ? load(w[((cin * Kout + kout) * 3 + 2 - r) * 3 + 2 - s])
+                             : load(w[((kout * Cin + cin) * 3 + r) * 3 + s]);
+        }
+    }
+    A gg[ALPHA][3];   // G g
+#pragma unroll
+    for (int r = 0; r < ALPHA; ++r) {
+#pragma unroll
+        for (int s = 0; s < 3; ++s) {
+            A sum = A(0);
+#pragma unroll
+            for (int k = 0; k < 3; ++k) {
+                if (F::g(r, k) != 0.0) sum += A(F::g(r, k)) * g[k][s];
+            }
+            gg[r][s] = sum;
+        }
+    }
+    const int plane = Kout * Cin;
+#pragma unroll
+    for (int r = 0; r < ALPHA; ++r) {
+#pragma unroll
+        for (int s = 0; s < ALPHA; ++s) {
+            A sum = A(0);
+#pragma unroll
+            for (int k = 0; k < 3; ++k) {
+                if (F::g(s, k) != 0.0) sum += gg[r][k] * A(F::g(s, k));
+            }
+            u[(r * ALPHA + s) * plane + i] = sum;
+        }
+    }
+}
+
+// Mw -> y (N, K, P, Q) or (N, P, Q, K): Y = A^T Mw A (+ bias), the part of the
+// M x M tile inside P x Q.
+template <typename T, int M, bool NHWC>
+__global__ void __launch_bounds__(256)
+winograd_output_transform(const acc_t<T>* __restrict__ mw, const T* __restrict__ bias, int has_bias,
+                          T* __restrict__ y, int K, int P, int Q,
+                          int tiles_h, int tiles_w, int tiles, int n0) {
+    typedef acc_t<T> A;
+    typedef winograd_matrices<M> F;
+    constexpr int ALPHA = F::ALPHA;
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= K * tiles) return;
+    const int k = NHWC ? i % K : i / tiles;
+    const int t = NHWC ? i / K : i % tiles;
+    const int tw = t % tiles_w;
+    const int th = (t / tiles_w) % tiles_h;
+    const int n = n0 + t / (tiles_w * tiles_h);
+
+    const int plane = K * tiles;
+    const A* in = mw + (NHWC ? t * K + k : k * tiles + t);
+    A mt[ALPHA][ALPHA];
+#pragma unroll
+    for (int r = 0; r < ALPHA; ++r) {
+#pragma unroll
+        for (int s = 0; s < ALPHA; ++s) mt[r][s] = in[(r * ALPHA + s) * plane];
+    }
+    A am[M][ALPHA];   // A^T Mw
+#pragma unroll
+    for (int r = 0; r < M; ++r) {
+#pragma unroll
+        for (int s = 0; s < ALPHA; ++s) {
+            A sum = A(0);
+#pragma unroll
+            for (int j = 0; j < ALPHA; ++j) {
+                if (F::at(r, j) != 0.0) sum += A(F::at(r, j)) * mt[j][s];
+            }
+            am[r][s] = sum;
+        }
+    }
+    const A b = has_bias ? load(bias[k]) : A(0);
+    const int p0 = th * M, q0 = tw * M;
+#pragma unroll
+    for (int r = 0; r < M; ++r) {
+#pragma unroll
+        for (int s = 0; s < M; ++s) {
+            A sum = A(0);
+#pragma unroll
+            for (int j = 0; j < ALPHA; ++j) {
+                if (F::at(s, j) != 0.0) sum += am[r][j] * A(F::at(s, j));
+            }
+            const int p = p0 + r, q = q0 + s;
+            if (p < P && q < Q)
+                y[NHWC ? ((n * P + p) * Q + q) * K + k : ((n * K + k) * P + p) * Q + q] = store<T>(sum + b);
+        }
+    }
+}

@@ -1,0 +1,237 @@
+"""Winograd F(2x2, 3x3) and F(4x4, 3x3): the transforms against their
+definition, the three stages on NumPy against the reference, the accuracy
+bounds of the tolerance table, and the GPU kernels (the registry-wide checks
+of tests/test_conv.py run them too, on the small CASES)."""
+import random
+from fractions import Fraction
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import dnnprims
+from dnnprims import algos
+from dnnprims.algos import winograd
+from dnnprims._kernels import KERNEL_DIR, ceil_div
+from dnnprims.conv import conv2d_backward_data, conv2d_forward
+from dnnprims.testing import assert_close
+from dnnprims.testing.tolerances import TOLERANCES, relative_error
+
+from conftest import FLOAT_DTYPES, random_array
+
+F64 = np.float64
+NAMES = {2: "winograd_f2x2_3x3", 4: "winograd_f4x4_3x3"}
+
+
+def _fraction(rng):
+    return Fraction(rng.randint(-50, 50), rng.randint(1, 9))
+
+
+@pytest.mark.parametrize("m", sorted(winograd.POINTS))
+def test_transforms_compute_the_correlation_exactly(m):
+    # 1-D: A^T [(G g) * (B^T d)] == sum_j d[i + j] g[j], in exact arithmetic.
+    rng = random.Random(m)
+    for _ in range(30):
+        d = [_fraction(rng) for _ in range(m + 2)]
+        g = [_fraction(rng) for _ in range(3)]
+        assert winograd.apply_1d(m, d, g) == winograd.correlate_1d(d, g)
+    # On unit vectors the identity pins every entry: A^T diag(G e_j) B^T == the
+    # correlation matrix of filter tap j (row i selects d[i + j]).
+    at, g, bt = winograd.toom_cook(m)
+    for j in range(3):
+        for k in range(m + 2):
+            got = [sum(at[i][a] * g[a][j] * bt[a][k] for a in range(m + 2)) for i in range(m)]
+            assert got == [Fraction(int(k == i + j)) for i in range(m)]
+
+
+def test_transforms_have_the_documented_shapes_and_integer_input_transform():
+    for m in winograd.POINTS:
+        at, g, bt = winograd.toom_cook(m)
+        alpha = m + 2
+        assert (len(at), len(at[0]), len(g), len(g[0]), len(bt), len(bt[0])) == (m, alpha, alpha, 3, alpha, alpha)
+        assert all(v.denominator == 1 for row in bt for v in row)   # B^T: small integers
+    assert [[int(v) for v in row] for row in winograd.toom_cook(2)[2]] == [
+        [1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, -1, 0, 1]]   # Lavin & Gray's B^T
+
+
+def test_other_points_also_satisfy_the_definition():
+    # The construction is general: F(3, 3) on 0, 1, -1, 1/2, inf.
+    rng = random.Random(3)
+    at, g, bt = winograd.toom_cook(3, points=(0, 1, -1, Fraction(1, 2), None))
+    d = [_fraction(rng) for _ in range(5)]
+    w = [_fraction(rng) for _ in range(3)]
+    u = [sum(r[j] * w[j] for j in range(3)) for r in g]
+    v = [sum(r[j] * d[j] for j in range(5)) for r in bt]
+    assert [sum(r[a] * u[a] * v[a] for a in range(5)) for r in at] == winograd.correlate_1d(d, w)
+    with pytest.raises(ValueError, match="distinct points"):
+        winograd.toom_cook(2, points=(0, 1, 1, None))
+
+
+def test_generated_header_is_current():
+    assert (KERNEL_DIR / winograd.MATRICES_HEADER).read_text() == winograd.matrices_header()
+
+
+def _reference(x, w, padding, direction):
+    if direction == "forward":
+        return conv2d_forward(x, w, padding=padding)
+    shape = (x.shape[0], w.shape[1], x.shape[2] - 2 * padding + 2, x.shape[3] - 2 * padding + 2)
+    return conv2d_backward_data(x, w, shape, padding=padding)
+
+
+@settings(max_examples=40, deadline=None)
+@given(m=st.sampled_from(sorted(winograd.POINTS)), n=st.integers(1, 2), c=st.integers(1, 4),
+       k=st.integers(1, 4), h=st.sampled_from((1, 3, 7, 13)), w_=st.sampled_from((1, 3, 7, 13)),
+       padding=st.integers(0, 3), direction=st.sampled_from(("forward", "backward_data")),
+       seed=st.integers(0, 2**32 - 1))
+def test_three_stages_on_numpy_match_the_reference(m, n, c, k, h, w_, padding, direction, seed):
+    rng = np.random.default_rng(seed)
+    if direction == "forward":
+        if min(h, w_) + 2 * padding < 3:
+            return
+        x, w = random_array(rng, (n, c, h, w_)), random_array(rng, (k, c, 3, 3))
+    else:   # x stands for dy of a forward pass with input h + 2 - 2p
+        if min(h, w_) + 2 - 2 * padding < 1:
+            return
+        x, w = random_array(rng, (n, k, h, w_)), random_array(rng, (k, c, 3, 3))
+    got = winograd.emulate(x, w, m, (padding, padding), F64, direction)
+    np.testing.assert_allclose(got, _reference(x, w, padding, direction), rtol=1e-11, atol=1e-11)
+
+
+@pytest.mark.parametrize("m", sorted(winograd.POINTS))
+def test_float32_error_is_within_the_tolerance_row(m):
+    # The measurement behind the table's rows, on one mid-size problem: float32
+    # transforms and GEMMs against the float64 reference, N(0, 1) data.
+    rng = np.random.default_rng(7)
+    x, w = rng.standard_normal((1, 128, 12, 12)), rng.standard_normal((128, 128, 3, 3))
+    y = conv2d_forward(x, w, padding=1)
+    err = relative_error(winograd.emulate(x, w, m, (1, 1), np.float32), y)
+    bound = TOLERANCES[("float32", NAMES[m])]
+    assert err <= bound / 2 and bound <= TOLERANCES[("float32", "default")]
+    assert algos.REGISTRY[NAMES[m]].strict   # within the float32 direct bound
+
+
+def _problem(x_shape, w_shape, dtype=np.float32, **opts):
+    return dnnprims.conv._describe(x_shape, w_shape, opts.get("stride", 1), opts.get("padding", 1),
+                                   opts.get("dilation", 1), opts.get("groups", 1),
+                                   opts.get("layout", "NCHW"), dtype)
+
+
+@pytest.mark.parametrize("opts,w_shape,match", [
+    (dict(), (8, 4, 5, 5), "3x3 filters only"),
+    (dict(stride=2), (8, 4, 3, 3), "stride 1"),
+    (dict(dilation=2), (8, 4, 3, 3), "dilation 1"),
+    (dict(groups=2), (8, 2, 3, 3), "ungrouped"),
+])
+def test_refuses_what_it_cannot_compute(opts, w_shape, match):
+    p = _problem((2, 4, 9, 9), w_shape, **opts)
+    for name in NAMES.values():
+        ok, reason = algos.REGISTRY[name].supports(p, "forward")
+        assert not ok and match in reason
+    ok, reason = algos.REGISTRY[NAMES[2]].supports(_problem((2, 4, 9, 9), (8, 4, 3, 3)), "backward_filter")
+    assert not ok and "backward_filter" in reason
+
+
+def test_workspace_is_reported_bounded_and_limits_the_choice(monkeypatch):
+    p = _problem((32, 64, 224, 224), (64, 64, 3, 3))
+    f4 = algos.REGISTRY[NAMES[4]]
+    need = f4.workspace_bytes(p, "forward")
+    assert 0 < need <= winograd.WORKSPACE_BOUND + 36 * 64 * 64 * 4
+    # One image of V and M: 36 * (64 + 64) * 56 * 56 floats.
+    monkeypatch.setattr(winograd, "WORKSPACE_BOUND", 1)
+    assert f4.workspace_bytes(p, "forward") == 36 * 64 * 64 * 4 + 36 * 128 * 56 * 56 * 4
+    monkeypatch.setattr(winograd, "WORKSPACE_BOUND", 10 * 2**30)   # the whole batch in one chunk
+    assert f4.workspace_bytes(p, "forward") == 36 * 64 * 64 * 4 + 32 * 36 * 128 * 56 * 56 * 4
+    monkeypatch.undo()
+    assert algos.explain_auto(p, "forward")[0] == NAMES[4]
+    assert algos.explain_auto(p, "forward", algos.ConvOptions(workspace_limit=0))[0] == "implicit_gemm"
+    small = algos.REGISTRY[NAMES[2]].workspace_bytes(p, "forward")
+    assert algos.explain_auto(p, "forward", algos.ConvOptions(workspace_limit=small))[0] in NAMES.values()
+
+
+def test_auto_takes_winograd_for_wide_large_3x3_float32_only():
+    def auto(x_shape, w_shape, dtype=np.float32, direction="forward", **opts):
+        return algos.explain_auto(_problem(x_shape, w_shape, dtype, **opts), direction)[0]
+
+    big = (32, 64, 56, 56)    # r50_2_3x3: 7.4 GFLOP
+    assert auto(big, (64, 64, 3, 3)) == NAMES[4]
+    assert auto(big, (64, 64, 3, 3), direction="backward_data", padding=0) == NAMES[4]
+    assert auto(big, (64, 64, 3, 3), direction="backward_filter") != NAMES[4]
+    assert auto((1, 64, 56, 56), (64, 64, 3, 3)) == "implicit_gemm"      # batch 1: 0.23 GFLOP
+    assert auto((32, 32, 56, 56), (64, 32, 3, 3)) == "implicit_gemm"     # C < 64
+    assert auto(big, (64, 64, 3, 3), np.float16) == "implicit_gemm"
+    assert auto(big, (64, 64, 3, 3), stride=2) == "implicit_gemm"
+    name, reason = dnnprims.conv2d_choose(big, (64, 64, 3, 3), padding=1, precision="strict")
+    assert name == NAMES[4] and "Winograd" in reason
+
+
+# --- the GPU kernels --------------------------------------------------------------
+
+GPU_CASES = [
+    # (N, C, H, W, K, padding, layout)
+    pytest.param((2, 5, 9, 11, 7, 1, "NCHW"), id="odd"),
+    pytest.param((3, 6, 13, 7, 4, 0, "NHWC"), id="nhwc-pad0"),
+    pytest.param((1, 3, 7, 7, 2, 2, "NCHW"), id="pad2"),
+    pytest.param((2, 4, 6, 5, 3, 3, "NHWC"), id="pad3-crops-in-backward"),
+    pytest.param((1, 1, 1, 1, 1, 1, "NCHW"), id="one-pixel"),
+]
+
+
+@pytest.mark.parametrize("m", sorted(winograd.POINTS))
+@pytest.mark.parametrize("case", GPU_CASES)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_gpu_matches_reference(gpu, rng, m, case, dtype):
+    N, C, H, W, K, padding, layout = case
+    shape = (N, C, H, W) if layout == "NCHW" else (N, H, W, C)
+    x, w, b = random_array(rng, shape, dtype), random_array(rng, (K, C, 3, 3), dtype), random_array(rng, (K,), dtype)
+    opts = dict(padding=padding, layout=layout)
+    x64, w64, b64 = x.astype(F64), w.astype(F64), b.astype(F64)
+    y64 = conv2d_forward(x64, w64, b64, **opts)
+    y = conv2d_forward(gpu.asarray(x), gpu.asarray(w), gpu.asarray(b), algo=NAMES[m], **opts)
+    magnitude = conv2d_forward(np.abs(x64), np.abs(w64), np.abs(b64), **opts)
+    assert_close(y, y64, dtype, algorithm=NAMES[m], what="forward", magnitude=magnitude)
+    dy = random_array(rng, y64.shape, dtype)
+    dx = conv2d_backward_data(gpu.asarray(dy), gpu.asarray(w), x.shape, algo=NAMES[m], **opts)
+    assert_close(dx, conv2d_backward_data(dy.astype(F64), w64, x.shape, **opts), dtype,
+                 algorithm=NAMES[m], what="backward_data")
+
+
+@pytest.mark.parametrize("m", sorted(winograd.POINTS))
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_gpu_wide_channels_in_batch_chunks(gpu, rng, monkeypatch, m, layout):
+    # 128 channels (several GEMM tiles), and a workspace bound of two images so
+    # the batch of 5 runs in three chunks (the last one short).
+    N, C, H, K = 5, 128, 10, 96
+    tiles = ceil_div(H, m) ** 2
+    per_image = (m + 2) ** 2 * (C + K) * tiles * 4
+    monkeypatch.setattr(winograd, "WORKSPACE_BOUND", 2 * per_image)
+    shape = (N, C, H, H) if layout == "NCHW" else (N, H, H, C)
+    x, w = rng.standard_normal(shape).astype(np.float32), rng.standard_normal((K, C, 3, 3)).astype(np.float32)
+    b = rng.standard_normal(K).astype(np.float32)
+    opts = dict(padding=1, layout=layout)
+    y = conv2d_forward(gpu.asarray(x), gpu.asarray(w), gpu.asarray(b), algo=NAMES[m], **opts)
+    assert_close(y, conv2d_forward(x.astype(F64), w.astype(F64), b.astype(F64), **opts), np.float32,
+                 algorithm=NAMES[m], what="forward")
+    dy = rng.standard_normal(y.shape).astype(np.float32)
+    dx = conv2d_backward_data(gpu.asarray(dy), gpu.asarray(w), x.shape, algo=NAMES[m], **opts)
+    assert_close(dx, conv2d_backward_data(dy.astype(F64), w.astype(F64), x.shape, **opts), np.float32,
+                 algorithm=NAMES[m], what="backward_data")
+
+
+@pytest.mark.parametrize("nhwc", [False, True])
+@pytest.mark.parametrize("alpha2,Kout,Cin,tiles", [(16, 3, 5, 7), (36, 7, 5, 1), (36, 64, 64, 9)])
+def test_workspace_views_fit_and_do_not_overlap(nhwc, alpha2, Kout, Cin, tiles):
+    # run() carves U, V and M out of one allocation; a short last chunk takes
+    # fewer tiles.  Mark each view's elements: no overlap, nothing outside.
+    total = sum(winograd._workspace_parts(alpha2, Kout, Cin, tiles))
+    for t in (tiles, max(1, tiles // 2)):
+        workspace = np.zeros(total)
+        u, v, m = winograd.workspace_views(workspace, alpha2, Kout, Cin, t, nhwc)
+        assert u.shape == (alpha2, Kout, Cin)
+        assert v.shape == ((alpha2, t, Cin) if nhwc else (alpha2, Cin, t))
+        assert m.shape == ((alpha2, t, Kout) if nhwc else (alpha2, Kout, t))
+        for view in (u, v, m):
+            assert np.shares_memory(view, workspace) and view.flags.c_contiguous
+            view += 1
+        assert workspace.max() == 1 and workspace.sum() == u.size + v.size + m.size
+        for view in (v, m):   # 256-byte aligned parts, given an aligned allocation
+            assert (view.ctypes.data - workspace.ctypes.data) // workspace.itemsize % 64 == 0
