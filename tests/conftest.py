@@ -58,3 +58,12 @@ def rng():
 def random_array(rng, shape, dtype=np.float64, low=-1.0, high=1.0):
     """Fresh uniform random data (never zeros) in the given dtype."""
     return rng.uniform(low, high, size=shape).astype(dtype)
+
+
+@pytest.fixture
+def rule_only():
+    """algo="auto" follows the documented rule (no measured table) for the duration of a test."""
+    from dnnprims.algos import table
+    previous = table.use(None)
+    yield
+    table.use(previous)

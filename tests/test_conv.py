@@ -260,15 +260,6 @@ def test_auto_matches_reference_drawn(xp, problem, dtype, seed):
     _check_all_directions(xp, rng, x, w, b, problem, "auto")
 
 
-@pytest.fixture
-def rule_only():
-    """The documented rule decides (no measured table) for the duration of a test."""
-    from dnnprims.algos import table
-    previous = table.use(None)
-    yield
-    table.use(previous)
-
-
 def test_auto_rule(rule_only):
     def auto(x_shape, w_shape, dtype=np.float32, groups=1):
         problem = _problem_of(np.zeros(x_shape, dtype), np.zeros(w_shape, dtype), _options(1, 1, 1, groups))

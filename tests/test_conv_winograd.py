@@ -148,7 +148,7 @@ def test_workspace_is_reported_bounded_and_limits_the_choice(monkeypatch):
     assert algos.explain_auto(p, "forward", algos.ConvOptions(workspace_limit=small))[0] in NAMES.values()
 
 
-def test_auto_takes_winograd_for_wide_large_3x3_float32_only():
+def test_auto_takes_winograd_for_wide_large_3x3_float32_only(rule_only):
     def auto(x_shape, w_shape, dtype=np.float32, direction="forward", **opts):
         return algos.explain_auto(_problem(x_shape, w_shape, dtype, **opts), direction)[0]
 
