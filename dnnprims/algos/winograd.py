@@ -8,7 +8,7 @@ Neural Networks", 2016):
     U[a, k, c] = (G g[k, c] G^T)[a]              filter transform (workspace)
     V[a, c, t] = (B^T d[c, t] B)[a]              input transform, one alpha x alpha
                                                  tile d of the input per output tile t
-    M[a]       = U[a] @ V[a]                     alpha^2 GEMMs (cuBLAS via cupy.matmul)
+    M[a]       = U[a] @ V[a]                     alpha^2 GEMMs (cuBLAS strided-batched, dnnprims._cublas)
     y[k, t]    = A^T M[:, k, t] A  (+ bias)      output transform, an m x m output tile
 
 with alpha = m + 2.  A GEMM multiply-add does the work of 9 m^2 / alpha^2 direct
@@ -36,6 +36,7 @@ from fractions import Fraction
 import numpy as np
 
 from .. import _dtypes
+from .._cublas import gemm
 from .._kernels import KERNEL_DIR, KernelFamily, ceil_div
 from .._validate import INT32_LIMIT
 from . import ConvAlgorithm, register
@@ -267,14 +268,13 @@ def _workspace_parts(alpha2, Kout, Cin, tiles):
 
 def _batched_gemm(nhwc, u, v, mm):
     """mm[a] = u[a] @ v[a] (NCHW) or v[a] @ u[a]^T (NHWC): cuBLAS strided-batched
-    GEMMs through cupy.matmul, in u's dtype (no TF32 unless CUPY_TF32=1).
-    (Calling cublasGemmStridedBatchedEx directly, without cupy.matmul's checks,
-    measured no steadier: notes/conv_wino.md.)"""
+    GEMMs in u's dtype (no TF32), called directly (dnnprims._cublas): cupy.matmul
+    costs tens of microseconds of host time per call, which small layers feel."""
     import cupy
     if nhwc:
-        cupy.matmul(v, u.transpose(0, 2, 1), out=mm)
+        gemm(cupy, v, u, mm, trans_b=True)
     else:
-        cupy.matmul(u, v, out=mm)
+        gemm(cupy, u, v, mm)
 
 
 def workspace_views(workspace, alpha2, Kout, Cin, tiles, nhwc):
