@@ -33,8 +33,10 @@ def reduce_tensor(x, axes, op, keepdims):
     xa = _acc(x)
     if op == "sum":
         out = xa.sum(axis=axes, keepdims=keepdims)
-    elif op == "mean":
-        out = xa.mean(axis=axes, keepdims=keepdims)
+    elif op == "mean":  # sum / count: an empty reduction is NaN without NumPy's warning
+        count = int(np.prod([x.shape[a] for a in axes], dtype=np.int64))
+        with np.errstate(invalid="ignore"):
+            out = xa.sum(axis=axes, keepdims=keepdims) / xa.dtype.type(count)
     elif op == "max":
         out = xa.max(axis=axes, keepdims=keepdims)
     elif op == "min":
