@@ -390,17 +390,17 @@ class _Rows:
         return (self.it(self.K), self.it(self.S), np.int32(self.groups), np.int32(self.nhwc))
 
 
-_RAISED = set()  # (device, expression) whose shared-memory limit was raised
+_RAISED = {}  # (device, expression) -> the dynamic shared memory limit set on it
 
 
 def _launch_rows(expr, rows, args):
     kernel = FAMILY.function(expr)
-    if rows.shared > 48 * 1024:
+    if rows.shared > 48 * 1024:  # above the default limit: opt in once per kernel
         import cupy
         key = (cupy.cuda.runtime.getDevice(), expr)
-        if key not in _RAISED:
-            kernel.max_dynamic_shared_size_bytes = CACHE_BYTES
-            _RAISED.add(key)
+        if _RAISED.get(key, 0) < rows.shared:
+            kernel.max_dynamic_shared_size_bytes = rows.shared
+            _RAISED[key] = rows.shared
     kernel((rows.rows,), (rows.block,), args, shared_mem=rows.shared)
 
 
