@@ -229,70 +229,76 @@ def _reduce_gpu(cp, x, axes, op, keepdims, count):
     dims = _collapse_reduction(x.shape, axes)
     if not any(red for _, red in dims):  # nothing to reduce (only size-1 axes)
         dims = [(out_size, False), (1, True)]
-    if len(dims) > 3 or (len(dims) == 3 and dims[0][1]):
-        # More than one reduced run: bring the reduced axes last (one copy), then rows.
+    map_, combine, finish = _REDUCE_CODES[op]
+    step = (map_, combine, finish, 1.0 / count)
+    acc = _dtypes.accumulate_dtype(x.dtype)
+    kinds = tuple(red for _, red in dims)
+    if kinds == (True, False, True):
+        # (R1, O, R2), e.g. NCHW over (0, 2, 3): rows over R2 into partials (R1, O) in A,
+        # then columns over R1 -- x is read once.
+        (r1, _), (o, _), (r2, _) = dims
+        part = _reduce_rows(cp, x, r1 * o, r2, (map_, combine, 0, 1.0), acc)
+        out = _reduce_columns(cp, part, 1, r1, o, (0, combine, finish, 1.0 / count), x.dtype)
+    elif kinds in ((True,), (False, True)):  # (R) or (O, R): rows
+        out = _reduce_rows(cp, x, dims[0][0] if len(dims) == 2 else 1, count, step, x.dtype)
+    elif kinds in ((True, False), (False, True, False)):  # (R, O2) or (O1, R, O2): columns
+        o1 = dims[0][0] if len(dims) == 3 else 1
+        out = _reduce_columns(cp, x, o1, count, dims[-1][0], step, x.dtype)
+    else:
+        # More reduced runs: bring the reduced axes last (one copy), then rows.
         kept = [i for i in range(x.ndim) if i not in axes]
         x = cp.ascontiguousarray(x.transpose(kept + list(axes)))
-        dims = [(out_size, False), (count, True)]
-    if dims[-1][1]:  # ... reduced last: rows
-        outer = dims[0][0] if len(dims) == 2 else 1
-        out = _reduce_rows(cp, x, outer, count, op)
-    else:
-        o1 = dims[0][0] if len(dims) == 3 else 1
-        out = _reduce_columns(cp, x, o1, count, dims[-1][0], op)
+        out = _reduce_rows(cp, x, out_size, count, step, x.dtype)
     return out.reshape(kept_shape)
 
 
-def _reduce_rows(cp, x, outputs, R, op):
-    t = _dtypes.cuda_type(x.dtype)
-    map_, combine, finish = _REDUCE_CODES[op]
+def _codes(step):
+    map_, combine, finish, scale = step
+    return np.int32(map_), np.int32(combine), np.int32(finish), scale
+
+
+def _reduce_rows(cp, x, outputs, R, step, out_dtype):
+    """(outputs,) of out_dtype from x viewed as (outputs, R); R split over blocks when
+    there are few outputs (partials in A, then a second launch)."""
+    t, tout = _dtypes.cuda_type(x.dtype), _dtypes.cuda_type(out_dtype)
+    map_, combine, finish, scale = _codes(step)
+    real = _scalar(_dtypes.accumulate_dtype(x.dtype))
     splits = max(1, min(ceil_div(_TARGET_BLOCKS, outputs), ceil_div(R, 8 * _UNROLL * _BLOCK)))
     per_split = ceil_div(R, splits)
     splits = ceil_div(R, per_split)
     index_t = index_type(x.size + _UNROLL * _BLOCK, outputs * splits)
     it = np.int32 if index_t == "int" else np.int64
-    real = _scalar(_dtypes.accumulate_dtype(x.dtype))
     if splits == 1:
-        out = cp.empty(outputs, x.dtype)
-        FAMILY.launch(f"reduce_rows<{t}, {t}, {index_t}>", (outputs,), (_BLOCK,),
-                      (x, out, it(R), it(per_split), np.int32(map_), np.int32(combine), np.int32(finish),
-                       real(1.0 / R)))
+        out = cp.empty(outputs, out_dtype)
+        FAMILY.launch(f"reduce_rows<{t}, {tout}, {index_t}>", (outputs,), (_BLOCK,),
+                      (x, out, it(R), it(per_split), map_, combine, finish, real(scale)))
         return out
     acc = _dtypes.accumulate_dtype(x.dtype)
     part = cp.empty(outputs * splits, acc)
     FAMILY.launch(f"reduce_rows<{t}, {_ACC[t]}, {index_t}>", (outputs * splits,), (_BLOCK,),
-                  (x, part, it(R), it(per_split), np.int32(map_), np.int32(combine), np.int32(0),
-                   real(1.0)))
-    out = cp.empty(outputs, x.dtype)
-    FAMILY.launch(f"reduce_rows<{_ACC[t]}, {t}, {index_t}>", (outputs,), (_BLOCK,),
-                  (part, out, it(splits), it(splits), np.int32(0), np.int32(combine), np.int32(finish),
-                   real(1.0 / R)))
-    return out
+                  (x, part, it(R), it(per_split), map_, combine, np.int32(0), real(1.0)))
+    return _reduce_rows(cp, part, outputs, splits, (0, int(combine), int(finish), scale), out_dtype)
 
 
-def _reduce_columns(cp, x, O1, R, O2, op):
-    t = _dtypes.cuda_type(x.dtype)
-    map_, combine, finish = _REDUCE_CODES[op]
+def _reduce_columns(cp, x, O1, R, O2, step, out_dtype):
+    """(O1 * O2,) of out_dtype from x viewed as (O1, R, O2); R split when there are
+    few columns (partials (splits, O1, O2) in A, then one column launch over splits)."""
+    t, tout = _dtypes.cuda_type(x.dtype), _dtypes.cuda_type(out_dtype)
+    map_, combine, finish, scale = _codes(step)
+    real = _scalar(_dtypes.accumulate_dtype(x.dtype))
     splits = max(1, min(ceil_div(_TARGET_THREADS, O1 * O2), ceil_div(R, 16)))
     per_split = ceil_div(R, splits)
     splits = ceil_div(R, per_split)
     index_t = index_type(x.size + _UNROLL * O2, splits * O1 * O2)
     it = np.int32 if index_t == "int" else np.int64
-    real = _scalar(_dtypes.accumulate_dtype(x.dtype))
     tiles = ceil_div(O2, _BLOCK)
-    out = cp.empty(O1 * O2, x.dtype)
     if splits == 1:
-        FAMILY.launch(f"reduce_columns<{t}, {t}, {index_t}>", (tiles * O1,), (_BLOCK,),
-                      (x, out, it(O1), it(R), it(O2), it(per_split), np.int32(map_), np.int32(combine),
-                       np.int32(finish), real(1.0 / R)))
+        out = cp.empty(O1 * O2, out_dtype)
+        FAMILY.launch(f"reduce_columns<{t}, {tout}, {index_t}>", (tiles * O1,), (_BLOCK,),
+                      (x, out, it(O1), it(R), it(O2), it(per_split), map_, combine, finish, real(scale)))
         return out
     acc = _dtypes.accumulate_dtype(x.dtype)
     part = cp.empty(splits * O1 * O2, acc)
     FAMILY.launch(f"reduce_columns<{t}, {_ACC[t]}, {index_t}>", (tiles * O1 * splits,), (_BLOCK,),
-                  (x, part, it(O1), it(R), it(O2), it(per_split), np.int32(map_), np.int32(combine),
-                   np.int32(0), real(1.0)))
-    tiles2 = ceil_div(O1 * O2, _BLOCK)
-    FAMILY.launch(f"reduce_columns<{_ACC[t]}, {t}, {index_t}>", (tiles2,), (_BLOCK,),
-                  (part, out, it(1), it(splits), it(O1 * O2), it(splits), np.int32(0), np.int32(combine),
-                   np.int32(finish), real(1.0 / R)))
-    return out
+                  (x, part, it(O1), it(R), it(O2), it(per_split), map_, combine, np.int32(0), real(1.0)))
+    return _reduce_columns(cp, part, 1, splits, O1 * O2, (0, int(combine), int(finish), scale), out_dtype)

@@ -24,7 +24,9 @@
 // reduce_columns: x viewed as (O1, R, O2), output (o1, o2) reduces a column:
 // one thread per (o1, o2, split), consecutive threads on consecutive o2
 // (coalesced).  Either writes partials in A when the host splits R (then a
-// second launch combines them, in order), or the final value in T.  The map
+// second launch combines them, in order), or the final value in T.  A
+// reduction of (R1, O, R2) -- NCHW over (0, 2, 3) -- is rows over R2 into
+// partials (R1, O), then columns over R1: x is read once.  The map
 // (identity, |x|, x^2), combine (sum, max, min) and finish (none, * scale,
 // sqrt) are runtime arguments: uniform branches, cheap against the memory
 // traffic, and 7 reductions without 7x the specialisations.
