@@ -45,11 +45,3 @@ def cuda_type(dtype):
 
 def supported_names():
     return ", ".join(str(d) for d in SUPPORTED)
-
-
-def machine_epsilon(dtype):
-    """The spacing of 1.0 in a storage dtype (NumPy's finfo has no bfloat16: 2^-7)."""
-    dtype = np.dtype(dtype)
-    if BFLOAT16 is not None and dtype == BFLOAT16:
-        return float(_ml_dtypes.finfo(BFLOAT16).eps)
-    return float(np.finfo(dtype).eps)

@@ -3,11 +3,12 @@
 group-norm backward with a larger shared-memory cache (both rows of x and dy on
 chip), in one process.  Writes $OUT/mem_norms.json; prints the table last.
 
-    python notes/bench_mem_norms.py
+    python notes/bench_mem_norms.py [--layer-norm-only]
 """
 import json
 import os
 import pathlib
+import sys
 
 import numpy as np
 
@@ -102,13 +103,15 @@ def main():
     result = {"device": be.describe(), "rows": []}
     result["ceilings"] = timing.measure_ceilings(be.xp)
     repeat = 30
+    if "--layer-norm-only" in sys.argv:  # the second H100 call: the warp-per-row kernels
+        problems["group_norm"], problems["tensor_ops"] = [], []
     steps = [lambda: bench.bench_row_norms(be, {k: problems[k] for k in ("layer_norm", "rms_norm", "group_norm")},
                                            repeat, rng),
              lambda: bench.bench_tensor_ops(be, problems["tensor_ops"], repeat, rng),
-             lambda: big_cache_rows(be, repeat),
              lambda: half_layer_norm_rows(be, repeat, "fp16"),
-             lambda: half_group_rows(be, repeat),
              lambda: half_layer_norm_rows(be, repeat, "bf16")]
+    if "--layer-norm-only" not in sys.argv:
+        steps += [lambda: big_cache_rows(be, repeat), lambda: half_group_rows(be, repeat)]
     for step in steps:
         try:
             result["rows"] += step()

@@ -100,11 +100,14 @@ def test_layer_norm_by_hand():
     np.testing.assert_allclose(rms_norm(np.array([3.0, 4.0]), 2, eps=0.0), np.array([3, 4]) / np.sqrt(12.5))
 
 
-def test_rms_norm_default_eps_is_the_dtypes_epsilon():
-    x = np.zeros((2, 3), np.float32)
-    x[0, 0] = 1e-4  # mean(x^2) ~ 3e-9: eps = 1.19e-7 dominates
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_rms_norm_default_eps_is_the_accumulation_epsilon(dtype):
+    """PyTorch (2.11, probed on the H100) adds float32's epsilon for float16 x too."""
+    x = np.zeros((2, 3), dtype)
+    x[0, 0] = 1e-3  # mean(x^2) ~ 3.3e-7: eps = 1.19e-7 matters
     y = rms_norm(x, 3)
-    np.testing.assert_allclose(y[0, 0], 1e-4 / np.sqrt(1e-8 / 3 + np.finfo(np.float32).eps), rtol=1e-5)
+    want = float(x[0, 0]) / np.sqrt(float(x[0, 0]) ** 2 / 3 + np.finfo(np.float32).eps)
+    np.testing.assert_allclose(float(y[0, 0]), want, rtol=1e-3)
 
 
 @pytest.mark.parametrize("x_shape,groups,layout", [((2, 6, 3, 4), 3, "NCHW"), ((2, 3, 4, 6), 2, "NHWC"),
@@ -250,7 +253,9 @@ def _compare(got, want, dtype, pdtype, names):
         assert_close(g, w, g.dtype if what in ("dgamma", "dbeta") else dtype, what=what)
 
 
-LAYER_SHAPES = [((5, 7), (7,)), ((3, 64), (64,)), ((2, 3, 16), (3, 16)), ((4, 1), (1,)), ((6, 520), (520,))]
+# Rows for the warp kernels (<= 256 vectors: 7, 64, 48, 1, 1024 values) and the block kernels (1032, 2056).
+LAYER_SHAPES = [((5, 7), (7,)), ((3, 64), (64,)), ((2, 3, 16), (3, 16)), ((4, 1), (1,)), ((6, 1032), (1032,)),
+                ((9, 1024), (1024,)), ((3, 2056), (2056,))]
 
 
 @pytest.mark.parametrize("dtype,pdtype", _param_dtypes())
@@ -275,7 +280,7 @@ def test_layer_and_rms_norm_match_reference(xp, rng, dtype, pdtype, x_shape, nor
         assert got[0].dtype == dtype and got[1].dtype == (pdtype if affine else dtype)
         _compare(got[int(not big):], want[int(not big):], dtype, pdtype, ("dx", "dgamma", "dbeta")[int(not big):])
 
-    eps = _dtypes.machine_epsilon(dtype)
+    eps = float(np.finfo(_dtypes.accumulate_dtype(dtype)).eps)  # eps=None: PyTorch's default
     y, rstd = rms_norm(on(x), norm_shape, on(gamma), return_stats=True)
     y64, rstd64 = rms_norm(_f64(x), norm_shape, _f64(gamma), eps=eps, return_stats=True)
     _compare((y, rstd), (y64, rstd64), dtype, pdtype, ("y", "rstd"))
