@@ -32,7 +32,7 @@ _VECTOR = {"half_t": 8, "bfloat16_t": 8, "float": 4, "double": 2}  # values per 
 _ACC = {"half_t": "float", "bfloat16_t": "float", "float": "float", "double": "double"}
 
 FAMILY = KernelFamily("row_normalization.cu", [
-    *(f"norm_rows_{d}<{t}, {p}, {i}, {v}>" for d in ("forward", "backward", "forward_warp", "backward_warp")
+    *(f"norm_rows_{d}<{t}, {p}, {i}, {v}>" for d in ("forward", "backward")
       for t, p in _TYPE_PAIRS for i in _INDEX_TYPES for v in sorted({1, _VECTOR[t]})),
     *(f"norm_param_grads_{k}<{t}, {i}>" for k in ("columns", "planes")
       for t in _X_TYPES for i in _INDEX_TYPES),
@@ -43,8 +43,6 @@ FAMILY = KernelFamily("row_normalization.cu", [
 # of this size still fit one H100 SM (228 KB).
 CACHE_BYTES = 112 * 1024
 _SM_TARGET = 132 * 8  # blocks for the parameter-gradient column reduction
-_WARP_VECTORS = 8  # NORM_WARP_VECTORS: rows of at most 8 * 32 vectors take the warp-per-row kernels
-_WARP_ROWS = 8  # rows (warps) per block of the warp kernels
 
 
 # ---------------------------------------------------------------------- validation
@@ -383,22 +381,13 @@ class _Rows:
         self.index_t = index_type(x.size + self.M)
         self.it = np.int32 if self.index_t == "int" else np.int64
         vectors = self.M // self.vec
-        self.warp = vectors <= _WARP_VECTORS * 32
-        if self.warp:  # one warp per row, the row in registers
-            self.block, self.cache, self.shared = 32 * _WARP_ROWS, 0, 0
-            return
         self.block = int(min(1024, max(32, 1 << max(0, (ceil_div(vectors, 2) - 1).bit_length()))))
         cache_bytes = cached_tensors * self.M * x.itemsize
         self.cache = cache_bytes <= CACHE_BYTES
         self.shared = cache_bytes if self.cache else 0
 
     def spec(self, kernel, param_type):
-        kernel += "_warp" if self.warp else ""
         return f"{kernel}<{self.t}, {param_type}, {self.index_t}, {self.vec}>"
-
-    def last_args(self, *block_kernel_args):
-        """The trailing arguments: the row count for the warp kernels, else the cache flag etc."""
-        return (self.it(self.rows),) if self.warp else block_kernel_args
 
     def geometry(self):
         return (self.it(self.K), self.it(self.S), np.int32(self.groups), np.int32(self.nhwc))
@@ -418,9 +407,7 @@ def _launch_rows(expr, rows, args):
     most = _MAX_BLOCK.get(key)
     if most is None:  # a half-type backward at 1024 threads needs more than 64 registers each
         most = _MAX_BLOCK[key] = kernel.max_threads_per_block // 32 * 32
-    block = min(rows.block, most)
-    grid = ceil_div(rows.rows, block // 32) if rows.warp else rows.rows
-    kernel((grid,), (block,), args, shared_mem=rows.shared)
+    kernel((rows.rows,), (min(rows.block, most),), args, shared_mem=rows.shared)
 
 
 _NULL = np.uint64(0)  # a null pointer argument
@@ -441,8 +428,7 @@ def _forward_gpu(cp, x, groups, gamma, beta, eps, layout, rms, write_y=True):
     real = np.float32 if acc == np.float32 else np.float64
     _launch_rows(rows.spec("norm_rows_forward", _dtypes.cuda_type(pdtype)), rows,
                  (x, _NULL if y is None else y, _param_or_null(cp, gamma), _param_or_null(cp, beta), mean, rstd,
-                  *rows.geometry(), real(eps), np.int32(rms),
-                  *rows.last_args(np.int32(rows.cache)), np.int32(write_y)))
+                  *rows.geometry(), real(eps), np.int32(rms), np.int32(rows.cache), np.int32(write_y)))
     if rms:
         mean[...] = 0
     return y, mean, rstd
@@ -462,7 +448,7 @@ def _backward_gpu(cp, dy, x, groups, gamma, mean, rstd, eps, layout, pdtype, rms
     pt = _dtypes.cuda_type(pdtype)
     _launch_rows(rows.spec("norm_rows_backward", pt), rows,
                  (dy, x, _param_or_null(cp, gamma), mean, rstd, dx, *rows.geometry(), np.int32(rms),
-                  *rows.last_args(np.int32(rows.cache))))
+                  np.int32(rows.cache)))
     dgamma, dbeta = _param_grads(cp, dy, x, mean, rstd, rows, layout, pdtype, acc, rms)
     return dx, dgamma, dbeta
 
