@@ -119,7 +119,7 @@ def _normalized_shape(x, normalized_shape):
 
 
 def _row_problem(x, normalized_shape):
-    """(x as 2-D rows, normalized shape, batch shape)."""
+    """(normalized shape, batch shape): x is (*batch, *normalized shape)."""
     _validate.check_float_dtype("x", x)
     shape = _normalized_shape(x, normalized_shape)
     batch = tuple(x.shape[:x.ndim - len(shape)])
@@ -290,12 +290,13 @@ def instance_norm(x, gamma=None, beta=None, running_mean=None, running_var=None,
     return (y, mean, rstd) if return_stats else y
 
 
-def instance_norm_backward(dy, x, gamma=None, *, running_var=None, use_input_stats=True, eps=1e-5,
-                           mean=None, rstd=None, layout="NCHW"):
+def instance_norm_backward(dy, x, gamma=None, *, running_mean=None, running_var=None, use_input_stats=True,
+                           eps=1e-5, mean=None, rstd=None, layout="NCHW"):
     """``(dx, dgamma, dbeta)``.  With input statistics this is group norm's backward
     with one channel per group (``mean``/``rstd`` (N, C) saved, or None);
-    without, the statistics are constants: dx = dy * gamma / sqrt(running_var + eps)."""
-    xp = _validate.array_module(dy=dy, x=x, gamma=gamma, running_var=running_var, mean=mean, rstd=rstd)
+    without, the running statistics are constants: dx = dy * gamma / sqrt(running_var + eps)."""
+    xp = _validate.array_module(dy=dy, x=x, gamma=gamma, running_mean=running_mean, running_var=running_var,
+                                mean=mean, rstd=rstd)
     channels = _instance_problem(x, layout)
     eps = _check_real("eps", eps, 0.0)
     _check_dy(dy, x)
@@ -305,11 +306,11 @@ def instance_norm_backward(dy, x, gamma=None, *, running_var=None, use_input_sta
         _check_pair("mean", mean, "rstd", rstd)
         _check_stats(x.dtype, (x.shape[0], channels), mean=mean, rstd=rstd)
         return _rows_backward(xp, dy, x, channels, gamma, mean, rstd, eps, layout, pdtype, False)
-    if running_var is None or mean is None:
-        raise ValueError("use_input_stats=False needs running_var and the running mean as mean=")
-    _param_dtype(x.dtype, running_var=running_var, mean=mean)
-    _check_params((channels,), "one value per channel", running_var=running_var, mean=mean)
-    return _constant_stats_backward(xp, dy, x, gamma, mean, running_var, eps, layout, pdtype)
+    if running_mean is None or running_var is None:
+        raise ValueError("running_mean and running_var are required when use_input_stats=False")
+    _param_dtype(x.dtype, running_mean=running_mean, running_var=running_var)
+    _check_params((channels,), "one value per channel", running_mean=running_mean, running_var=running_var)
+    return _constant_stats_backward(xp, dy, x, gamma, running_mean, running_var, eps, layout, pdtype)
 
 
 def _constant_stats_backward(xp, dy, x, gamma, running_mean, running_var, eps, layout, pdtype):

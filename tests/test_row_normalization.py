@@ -230,8 +230,8 @@ def test_instance_norm_backward_with_running_stats(rng):
     gamma, beta = random_array(rng, (3,), low=0.5, high=1.5), random_array(rng, (3,))
     rm, rv = random_array(rng, (3,)), random_array(rng, (3,), low=0.5, high=2)
     dy = random_array(rng, x.shape)
-    dx, dgamma, dbeta = instance_norm_backward(dy, x, gamma, running_var=rv, use_input_stats=False, mean=rm,
-                                               eps=1e-3)
+    dx, dgamma, dbeta = instance_norm_backward(dy, x, gamma, running_mean=rm, running_var=rv,
+                                               use_input_stats=False, eps=1e-3)
     loss = lambda: np.vdot(instance_norm(x, gamma, beta, rm, rv, use_input_stats=False, eps=1e-3), dy)  # noqa
     np.testing.assert_allclose(dx, numerical_gradient(loss, x), rtol=1e-5, atol=1e-7)
     np.testing.assert_allclose(dgamma, numerical_gradient(loss, gamma), rtol=1e-6, atol=1e-8)
@@ -240,6 +240,23 @@ def test_instance_norm_backward_with_running_stats(rng):
 
 # ---------------------------------------------------------------------- both paths vs the reference
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_instance_norm_with_running_stats_matches_float64(xp, rng, dtype, layout):
+    shape = (2, 3, 4, 5) if layout == "NCHW" else (2, 4, 5, 3)
+    x, dy = random_array(rng, shape, dtype), random_array(rng, shape, dtype)
+    gamma, beta = random_array(rng, (3,), np.float32, 0.5, 1.5), random_array(rng, (3,), np.float32)
+    rm, rv = random_array(rng, (3,), np.float32), random_array(rng, (3,), np.float32, 0.5, 2)
+    on = xp.asarray
+    opts = dict(use_input_stats=False, eps=1e-3, layout=layout)
+    y = instance_norm(on(x), on(gamma), on(beta), on(rm), on(rv), **opts)
+    assert_close(y, instance_norm(_f64(x), _f64(gamma), _f64(beta), _f64(rm), _f64(rv), **opts), dtype)
+    got = instance_norm_backward(on(dy), on(x), on(gamma), running_mean=on(rm), running_var=on(rv), **opts)
+    want = instance_norm_backward(_f64(dy), _f64(x), _f64(gamma), running_mean=_f64(rm), running_var=_f64(rv),
+                                  **opts)
+    _compare(got, want, dtype, ("dx", "dgamma", "dbeta"))
+
+
 def _placed(xp, a, offset):
     """A copy of a whose data starts `offset` elements into a buffer (misaligned for offset 1)."""
     buf = xp.empty(a.size + offset, a.dtype)
@@ -247,7 +264,7 @@ def _placed(xp, a, offset):
     return buf[offset:].reshape(a.shape)
 
 
-def _compare(got, want, dtype, pdtype, names):
+def _compare(got, want, dtype, names):
     """Results in x's dtype; parameter gradients in their own (gamma's, or x's without gamma)."""
     for g, w, what in zip(got, want, names):
         assert_close(g, w, g.dtype if what in ("dgamma", "dbeta") else dtype, what=what)
@@ -271,23 +288,23 @@ def test_layer_and_rms_norm_match_reference(xp, rng, dtype, pdtype, x_shape, nor
     y, mean, rstd = layer_norm(on(x), norm_shape, on(gamma), on(beta), return_stats=True)
     y64, mean64, rstd64 = layer_norm(_f64(x), norm_shape, _f64(gamma), _f64(beta), return_stats=True)
     assert y.dtype == dtype and mean.dtype == acc and rstd.dtype == acc
-    _compare((y, mean, rstd), (y64, mean64, rstd64), dtype, pdtype, ("y", "mean", "rstd"))
+    _compare((y, mean, rstd), (y64, mean64, rstd64), dtype, ("y", "mean", "rstd"))
     # With 1 or 2 values per row dx is ~0 up to eps terms (cancellation): no relative error to compare.
     big = int(np.prod(norm_shape)) >= 3
     want = layer_norm_backward(_f64(dy), _f64(x), norm_shape, _f64(gamma))
     for stats in ({}, dict(mean=mean, rstd=rstd)):
         got = layer_norm_backward(on(dy), on(x), norm_shape, on(gamma), **stats)
         assert got[0].dtype == dtype and got[1].dtype == (pdtype if affine else dtype)
-        _compare(got[int(not big):], want[int(not big):], dtype, pdtype, ("dx", "dgamma", "dbeta")[int(not big):])
+        _compare(got[int(not big):], want[int(not big):], dtype, ("dx", "dgamma", "dbeta")[int(not big):])
 
     eps = float(np.finfo(_dtypes.accumulate_dtype(dtype)).eps)  # eps=None: PyTorch's default
     y, rstd = rms_norm(on(x), norm_shape, on(gamma), return_stats=True)
     y64, rstd64 = rms_norm(_f64(x), norm_shape, _f64(gamma), eps=eps, return_stats=True)
-    _compare((y, rstd), (y64, rstd64), dtype, pdtype, ("y", "rstd"))
+    _compare((y, rstd), (y64, rstd64), dtype, ("y", "rstd"))
     want = rms_norm_backward(_f64(dy), _f64(x), norm_shape, _f64(gamma), eps=eps)
     for stats in ({}, dict(rstd=rstd)):
         got = rms_norm_backward(on(dy), on(x), norm_shape, on(gamma), **stats)
-        _compare(got[int(not big):], want[int(not big):], dtype, pdtype, ("dx", "dgamma")[int(not big):])
+        _compare(got[int(not big):], want[int(not big):], dtype, ("dx", "dgamma")[int(not big):])
 
 
 GROUP_SHAPES = [((2, 6, 3, 5), 3, "NCHW"), ((2, 8, 4, 4), 2, "NCHW"), ((3, 4, 7), 4, "NCHW"),
@@ -306,21 +323,21 @@ def test_group_and_instance_norm_match_reference(xp, rng, dtype, pdtype, x_shape
     opts = dict(layout=layout, eps=1e-4)
     y, mean, rstd = group_norm(on(x), groups, on(gamma), on(beta), return_stats=True, **opts)
     want = group_norm(_f64(x), groups, _f64(gamma), _f64(beta), return_stats=True, **opts)
-    _compare((y, mean, rstd), want, dtype, pdtype, ("y", "mean", "rstd"))
+    _compare((y, mean, rstd), want, dtype, ("y", "mean", "rstd"))
     want = group_norm_backward(_f64(dy), _f64(x), groups, _f64(gamma), **opts)
     for stats in ({}, dict(mean=mean, rstd=rstd)):
         got = group_norm_backward(on(dy), on(x), groups, on(gamma), **stats, **opts)
-        _compare(got, want, dtype, pdtype, ("dx", "dgamma", "dbeta"))
+        _compare(got, want, dtype, ("dx", "dgamma", "dbeta"))
 
     rm, rv = np.zeros(C, pdtype), np.ones(C, pdtype)
     rm_x, rv_x = xp.array(rm), xp.array(rv)
     rm64, rv64 = _f64(rm), _f64(rv)
     y = instance_norm(on(x), on(gamma), on(beta), rm_x, rv_x, **opts)
-    _compare((y,), (instance_norm(_f64(x), _f64(gamma), _f64(beta), rm64, rv64, **opts),), dtype, pdtype, ("y",))
+    _compare((y,), (instance_norm(_f64(x), _f64(gamma), _f64(beta), rm64, rv64, **opts),), dtype, ("y",))
     assert_close(rm_x, rm64, pdtype, what="running_mean")
     assert_close(rv_x, rv64, pdtype, what="running_var")
     got = instance_norm_backward(on(dy), on(x), on(gamma), **opts)
-    _compare(got, instance_norm_backward(_f64(dy), _f64(x), _f64(gamma), **opts), dtype, pdtype,
+    _compare(got, instance_norm_backward(_f64(dy), _f64(x), _f64(gamma), **opts), dtype,
              ("dx", "dgamma", "dbeta"))
 
 
@@ -348,7 +365,7 @@ def test_vector_paths_and_misaligned_data(xp, rng, dtype, offset):
                    *group_norm_backward(dys, xs, groups, xp.asarray(gamma), layout=kind))
             want = (group_norm(_f64(x), groups, _f64(gamma), _f64(beta), layout=kind),
                     *group_norm_backward(_f64(dy), _f64(x), groups, _f64(gamma), layout=kind))
-        _compare(got, want, dtype, pdtype, ("y", "dx", "dgamma", "dbeta"))
+        _compare(got, want, dtype, ("y", "dx", "dgamma", "dbeta"))
 
 
 @HYPOTHESIS
@@ -369,10 +386,10 @@ def test_layer_norm_hypothesis(xp, problem):
     if int(np.prod(ns)) >= 3:
         got = layer_norm_backward(on(dy), on(x), ns, on(gamma), eps=eps)
         want = layer_norm_backward(_f64(dy), _f64(x), ns, _f64(gamma), eps=eps)
-        _compare(got, want, np.float32, np.float32, ("dx", "dgamma", "dbeta"))
+        _compare(got, want, np.float32, ("dx", "dgamma", "dbeta"))
         got = rms_norm_backward(on(dy), on(x), ns, on(gamma), eps=eps)
         want = rms_norm_backward(_f64(dy), _f64(x), ns, _f64(gamma), eps=eps)
-        _compare(got, want, np.float32, np.float32, ("dx", "dgamma"))
+        _compare(got, want, np.float32, ("dx", "dgamma"))
 
 
 @HYPOTHESIS
@@ -391,7 +408,7 @@ def test_group_norm_hypothesis(xp, problem):
         dy = random_array(rng, x.shape, np.float32)
         got = group_norm_backward(on(dy), on(x), groups, on(gamma), eps=eps, layout=layout)
         want = group_norm_backward(_f64(dy), _f64(x), groups, _f64(gamma), eps=eps, layout=layout)
-        _compare(got, want, np.float32, np.float32, ("dx", "dgamma", "dbeta"))
+        _compare(got, want, np.float32, ("dx", "dgamma", "dbeta"))
 
 
 def test_empty_batch(xp):
@@ -450,7 +467,10 @@ def test_non_contiguous_inputs(xp, rng):
     (lambda x: instance_norm(x, momentum=2.0), ValueError, "momentum"),
     (lambda x: instance_norm(x[:, :, :1], running_mean=np.zeros(3, np.float32),
                              running_var=np.ones(3, np.float32)), ValueError, "more than 1 spatial value"),
-    (lambda x: instance_norm_backward(x, x, use_input_stats=False), ValueError, "running_var"),
+    (lambda x: instance_norm_backward(x, x, use_input_stats=False), ValueError,
+     "running_mean and running_var are required"),
+    (lambda x: instance_norm_backward(x, x, running_mean=np.zeros(4, np.float32), running_var=np.ones(4, np.float32),
+                                      use_input_stats=False), ValueError, "running_mean must have shape"),
 ])
 def test_bad_inputs(call, error, match):
     x = np.ones((2, 3, 4), np.float32)
