@@ -778,3 +778,82 @@ def test_empty_batch_like_torch(xp, layout):
     check(dp.gru_cell(xs, None, w_ih, w_hh), cell(_t(xs).to(cell.weight_ih.device)), dtype, "gru h1")
     dw_ih = dp.gru_cell_backward(xp.zeros((0, 3), dtype), xs, None, w_ih, w_hh)[2]
     check(dw_ih, torch.zeros(9, 5, dtype=torch.float64), dtype, "gru dw_ih")
+
+
+# ---------------------------------------------------------------------- row normalizations and tensor ops
+
+ROW_NORM_CASES = [((3, 5, 7), (7,)), ((2, 3, 4, 6), (4, 6)), ((4, 13), (13,)), ((2, 1, 3), (1, 3))]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape,norm_shape", ROW_NORM_CASES, ids=str)
+def test_layer_and_rms_norm_match_torch(xp, dtype, shape, norm_shape):
+    rng = np.random.default_rng(_seed("layer_norm", shape))
+    x = _draw(xp, rng, shape, dtype, scale=2.0) + xp.asarray(np.asarray(0.5, dtype))
+    gamma, beta, dy = _draw(xp, rng, norm_shape, dtype), _draw(xp, rng, norm_shape, dtype), _draw(xp, rng, shape, dtype)
+    xt, gt, bt = _t(x, True), _t(gamma, True), _t(beta, True)
+    yt = F.layer_norm(xt, norm_shape, gt, bt, 1e-4)
+    yt.backward(_t(dy))
+    check(dp.layer_norm(x, norm_shape, gamma, beta, eps=1e-4), yt, dtype, "layer_norm y")
+    dx, dgamma, dbeta = dp.layer_norm_backward(dy, x, norm_shape, gamma, eps=1e-4)
+    check(dx, xt.grad, dtype, "layer_norm dx")
+    check(dgamma, gt.grad, dtype, "layer_norm dgamma")
+    check(dbeta, bt.grad, dtype, "layer_norm dbeta")
+    xt, gt = _t(x, True), _t(gamma, True)
+    yt = F.rms_norm(xt, norm_shape, gt, 1e-4)
+    yt.backward(_t(dy))
+    check(dp.rms_norm(x, norm_shape, gamma, eps=1e-4), yt, dtype, "rms_norm y")
+    dx, dgamma = dp.rms_norm_backward(dy, x, norm_shape, gamma, eps=1e-4)
+    check(dx, xt.grad, dtype, "rms_norm dx")
+    check(dgamma, gt.grad, dtype, "rms_norm dgamma")
+    # eps=None is the dtype's machine epsilon, torch's default: torch computes in our dtype here
+    torch_dtype = torch.float32 if dtype == np.float32 else torch.float64
+    check(dp.rms_norm(x, norm_shape), F.rms_norm(_t(x).to(torch_dtype), norm_shape).double(), dtype,
+          "rms_norm y, default eps")
+
+
+GROUP_NORM_CASES = [((2, 6, 5, 3), 3, "NCHW"), ((3, 4, 7), 2, "NCHW"), ((2, 5, 3, 4), 4, "NHWC"), ((1, 6, 2, 2), 6, "NCHW")]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape,groups,layout", GROUP_NORM_CASES, ids=str)
+def test_group_and_instance_norm_match_torch(xp, dtype, shape, groups, layout):
+    rng = np.random.default_rng(_seed("group_norm", shape, layout))
+    c = shape[1] if layout == "NCHW" else shape[-1]
+    x = _draw(xp, rng, shape, dtype, scale=2.0) + xp.asarray(np.asarray(0.5, dtype))
+    gamma, beta, dy = _draw(xp, rng, (c,), dtype), _draw(xp, rng, (c,), dtype), _draw(xp, rng, shape, dtype)
+    xt, gt, bt = _t(x, True), _t(gamma, True), _t(beta, True)
+    yt = _channels_back(F.group_norm(_channels_first(xt, layout), groups, gt, bt, 1e-4), layout)
+    yt.backward(_t(dy))
+    check(dp.group_norm(x, groups, gamma, beta, eps=1e-4, layout=layout), yt, dtype, "group_norm y")
+    dx, dgamma, dbeta = dp.group_norm_backward(dy, x, groups, gamma, eps=1e-4, layout=layout)
+    check(dx, xt.grad, dtype, "group_norm dx")
+    check(dgamma, gt.grad, dtype, "group_norm dgamma")
+    check(dbeta, bt.grad, dtype, "group_norm dbeta")
+
+    running_mean, running_var = _draw(xp, rng, (c,), dtype), xp.asarray(rng.uniform(0.5, 2, c).astype(dtype))
+    rm_t, rv_t = _t(running_mean), _t(running_var)
+    xt, gt, bt = _t(x, True), _t(gamma, True), _t(beta, True)
+    yt = _channels_back(F.instance_norm(_channels_first(xt, layout), rm_t, rv_t, gt, bt, True, 0.3, 1e-4), layout)
+    yt.backward(_t(dy))
+    check(dp.instance_norm(x, gamma, beta, running_mean, running_var, momentum=0.3, eps=1e-4, layout=layout),
+          yt, dtype, "instance_norm y")
+    check(running_mean, rm_t, dtype, "instance_norm running_mean")
+    check(running_var, rv_t, dtype, "instance_norm running_var")
+    dx, dgamma, dbeta = dp.instance_norm_backward(dy, x, gamma, eps=1e-4, layout=layout)
+    check(dx, xt.grad, dtype, "instance_norm dx")
+    check(dgamma, gt.grad, dtype, "instance_norm dgamma")
+    check(dbeta, bt.grad, dtype, "instance_norm dbeta")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_tensor_ops_match_torch(xp, dtype):
+    rng = np.random.default_rng(_seed("tensor_ops"))
+    a, c = _draw(xp, rng, (2, 5, 3, 7), dtype), _draw(xp, rng, (1, 5, 1, 1), dtype)
+    check(dp.add_tensor(a, c, alpha=0.5, beta=2.0), torch.add(0.5 * _t(a), _t(c), alpha=2.0), dtype, "add_tensor")
+    check(dp.scale_tensor(a, -3.0), -3.0 * _t(a), dtype, "scale_tensor")
+    check(dp.transform_layout(a, "NCHW", "NHWC"), _t(a).permute(0, 2, 3, 1), dtype, "NCHW -> NHWC")
+    check(dp.reduce_tensor(a, (0, 2, 3), "sum"), _t(a).sum(dim=(0, 2, 3)), dtype, "reduce sum")
+    check(dp.reduce_tensor(a, (1,), "mean", keepdims=True), _t(a).mean(dim=1, keepdim=True), dtype, "reduce mean")
+    check(dp.reduce_tensor(a, (1, 3), "amax"), _t(a).abs().amax(dim=(1, 3)), dtype, "reduce amax")
+    check(dp.reduce_tensor(a, None, "norm2"), torch.linalg.vector_norm(_t(a)), dtype, "reduce norm2")

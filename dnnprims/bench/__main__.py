@@ -246,6 +246,13 @@ def bench_conv(be, specs, repeat, all_algos, rng):
 #   softmax forward:         read x, write y (online max and sum in one pass)
 #   softmax backward:        read y and dy, write dx (a row fits on chip)
 #   activation forward:      read x, write y;  backward: read x and dy, write dx
+#   layer/RMS/group norm forward: read x, write y (a row fits on chip: statistics
+#                            and normalization from one read)
+#   layer/RMS/group norm backward: read x and dy, write dx (a row fits on chip); the
+#                            parameter gradients, reduced over rows, can ride along.
+#                            Ours moves 5x today: dgamma/dbeta re-read x and dy.
+#   layout transform, add with a broadcast bias: read x, write y
+#   reduction over most axes: read x
 # "bytes_once" counts each input read once and each output written once, the
 # accounting of ../shared/bench/ANCHORS.md.
 
@@ -455,6 +462,131 @@ def bench_activation(be, specs, repeat, rng):
                                       lambda d, a: dp.activation_backward(d, a, mode, alpha=alpha), dy, x),
                 repeat))
         del x, dy
+        be.free()
+    return rows
+
+
+def _layer_norm_rows(be, s, repeat, rng, rms):
+    shape = tuple(s["shape"])
+    L = shape[-1]
+    x, dy = be.random(rng, shape), be.random(rng, shape)
+    gamma, beta = be.random(rng, (L,), 0.5, 1.5), be.random(rng, (L,), -0.5, 0.5)
+    eps = 1e-5
+    n = x.nbytes
+    if rms:
+        label = "rms_norm"
+        ours_f = lambda: dp.rms_norm(x, L, gamma, eps=eps)  # noqa: E731
+        _, rstd = dp.rms_norm(x, L, gamma, eps=eps, return_stats=True)
+        ours_b = lambda: dp.rms_norm_backward(dy, x, L, gamma, eps=eps, rstd=rstd)  # noqa: E731
+        ref_f = lambda a: dp.rms_norm(a, L, _host64(gamma), eps=eps)  # noqa: E731
+        ref_b = lambda d, a: dp.rms_norm_backward(d, a, L, _host64(gamma), eps=eps)[0]  # noqa: E731
+        err_b = lambda: _sample_error(ours_b()[0], ref_b, dy, x)  # noqa: E731
+    else:
+        label = "layer_norm"
+        ours_f = lambda: dp.layer_norm(x, L, gamma, beta, eps=eps)  # noqa: E731
+        _, mean, rstd = dp.layer_norm(x, L, gamma, beta, eps=eps, return_stats=True)
+        ours_b = lambda: dp.layer_norm_backward(dy, x, L, gamma, eps=eps, mean=mean, rstd=rstd)  # noqa: E731
+        ref_f = lambda a: dp.layer_norm(a, L, _host64(gamma), _host64(beta), eps=eps)  # noqa: E731
+        ref_b = lambda d, a: dp.layer_norm_backward(d, a, L, _host64(gamma), eps=eps)[0]  # noqa: E731
+        err_b = lambda: _sample_error(ours_b()[0], ref_b, dy, x)  # noqa: E731
+    theirs_f = theirs_b = None
+    if be.torch is not None:
+        torch, F, aten = be.torch, be.torch.nn.functional, be.torch.ops.aten
+        tx, tdy, tg, tb = (be.to_torch(a) for a in (x, dy, gamma, beta))
+        if rms:
+            theirs_f = lambda: F.rms_norm(tx, (L,), tg, eps)  # noqa: E731
+            txg, tgg = (t.detach().clone().requires_grad_() for t in (tx, tg))
+            ty = F.rms_norm(txg, (L,), tgg, eps)
+            theirs_b = lambda: torch.autograd.grad(ty, (txg, tgg), tdy, retain_graph=True)  # noqa: E731
+        else:
+            theirs_f = lambda: F.layer_norm(tx, (L,), tg, tb, eps)  # noqa: E731
+            _, tmean, trstd = aten.native_layer_norm(tx, [L], tg, tb, eps)
+            theirs_b = lambda: aten.native_layer_norm_backward(  # noqa: E731
+                tdy, tx, [L], tmean, trstd, tg, tb, [True, True, True])
+    rows = [_memory_row(be, f"{label} forward", s["name"], shape, 2 * n, 2 * n, ours_f, theirs_f,
+                        lambda: _sample_error(ours_f(), ref_f, x), repeat),
+            _memory_row(be, f"{label} backward", s["name"], shape, 3 * n, 3 * n, ours_b, theirs_b, err_b,
+                        repeat)]
+    be.free()
+    return rows
+
+
+def bench_row_norms(be, specs, repeat, rng):
+    """Layer norm and RMS norm over (rows, L); group norm over (N, C, H, W)."""
+    rows = []
+    for s in specs["layer_norm"]:
+        rows += _layer_norm_rows(be, s, repeat, rng, rms=False)
+    for s in specs["rms_norm"]:
+        rows += _layer_norm_rows(be, s, repeat, rng, rms=True)
+    for s in specs["group_norm"]:
+        N, C, H, W, G = s["N"], s["C"], s["H"], s["W"], s["groups"]
+        shape = (N, C, H, W)
+        x, dy = be.random(rng, shape), be.random(rng, shape)
+        gamma, beta = be.random(rng, (C,), 0.5, 1.5), be.random(rng, (C,), -0.5, 0.5)
+        n = x.nbytes
+        _, mean, rstd = dp.group_norm(x, G, gamma, beta, return_stats=True)
+        theirs_f = theirs_b = None
+        if be.torch is not None:
+            F, aten = be.torch.nn.functional, be.torch.ops.aten
+            tx, tdy, tg, tb = (be.to_torch(a) for a in (x, dy, gamma, beta))
+            theirs_f = lambda: F.group_norm(tx, G, tg, tb, 1e-5)  # noqa: E731
+            _, tmean, trstd = aten.native_group_norm(tx, tg, tb, N, C, H * W, G, 1e-5)
+            theirs_b = lambda: aten.native_group_norm_backward(  # noqa: E731
+                tdy, tx, tmean, trstd, tg, N, C, H * W, G, [True, True, True])
+        g64, b64 = _host64(gamma), _host64(beta)
+        rows.append(_memory_row(
+            be, "group_norm forward", s["name"], shape, 2 * n, 2 * n,
+            lambda: dp.group_norm(x, G, gamma, beta), theirs_f,
+            lambda: _sample_error(dp.group_norm(x, G, gamma, beta), lambda a: dp.group_norm(a, G, g64, b64), x),
+            repeat))
+        rows.append(_memory_row(
+            be, "group_norm backward", s["name"], shape, 3 * n, 3 * n,
+            lambda: dp.group_norm_backward(dy, x, G, gamma, mean=mean, rstd=rstd), theirs_b,
+            lambda: _sample_error(dp.group_norm_backward(dy, x, G, gamma, mean=mean, rstd=rstd)[0],
+                                  lambda d, a: dp.group_norm_backward(d, a, G, g64)[0], dy, x),
+            repeat))
+        del x, dy
+        be.free()
+    return rows
+
+
+def bench_tensor_ops(be, specs, repeat, rng):
+    """Layout transform both ways, a broadcast bias add, a per-channel sum."""
+    rows = []
+    for s in specs:
+        shape = tuple(s["shape"])
+        x = be.random(rng, shape)
+        nhwc = dp.transform_layout(x, "NCHW", "NHWC")
+        bias = be.random(rng, (1, shape[1], 1, 1))
+        n = x.nbytes
+        t = {}
+        if be.torch is not None:
+            torch = be.torch
+            tx, tn, tbias = be.to_torch(x), be.to_torch(nhwc), be.to_torch(bias)
+            t["to_nhwc"] = lambda: tx.permute(0, 2, 3, 1).contiguous()  # noqa: E731
+            t["to_nchw"] = lambda: tn.permute(0, 3, 1, 2).contiguous()  # noqa: E731
+            t["add"] = lambda: torch.add(tx, tbias, alpha=1.0)  # noqa: E731
+            t["sum"] = lambda: torch.sum(tx, dim=(0, 2, 3))  # noqa: E731
+        rows.append(_memory_row(
+            be, "transform NCHW->NHWC", s["name"], shape, 2 * n, 2 * n,
+            lambda: dp.transform_layout(x, "NCHW", "NHWC"), t.get("to_nhwc"),
+            lambda: _sample_error(dp.transform_layout(x, "NCHW", "NHWC"),
+                                  lambda a: dp.transform_layout(a, "NCHW", "NHWC"), x), repeat))
+        rows.append(_memory_row(
+            be, "transform NHWC->NCHW", s["name"], shape, 2 * n, 2 * n,
+            lambda: dp.transform_layout(nhwc, "NHWC", "NCHW"), t.get("to_nchw"),
+            lambda: _sample_error(dp.transform_layout(nhwc, "NHWC", "NCHW"),
+                                  lambda a: dp.transform_layout(a, "NHWC", "NCHW"), nhwc), repeat))
+        rows.append(_memory_row(
+            be, "add_tensor bias", s["name"], shape, 2 * n, 2 * n,
+            lambda: dp.add_tensor(x, bias), t.get("add"),
+            lambda: _sample_error(dp.add_tensor(x, bias), lambda a: dp.add_tensor(a, _host64(bias)), x), repeat))
+        rows.append(_memory_row(
+            be, "reduce_tensor sum (0,2,3)", s["name"], shape, n, n,
+            lambda: dp.reduce_tensor(x, (0, 2, 3), "sum"), t.get("sum"),
+            lambda: relative_error(dp.reduce_tensor(x, (0, 2, 3), "sum"),
+                                   _host64(x).sum(axis=(0, 2, 3))), repeat))
+        del x, nhwc
         be.free()
     return rows
 
@@ -695,7 +827,10 @@ def main(argv=None):
         steps += [lambda: bench_pool(be, select("pool"), repeat, rng),
                   lambda: bench_batchnorm(be, select("batchnorm"), repeat, rng),
                   lambda: bench_softmax(be, select("softmax"), repeat, rng),
-                  lambda: bench_activation(be, select("activation"), repeat, rng)]
+                  lambda: bench_activation(be, select("activation"), repeat, rng),
+                  lambda: bench_row_norms(be, {k: select(k) for k in ("layer_norm", "rms_norm", "group_norm")},
+                                          repeat, rng),
+                  lambda: bench_tensor_ops(be, select("tensor_ops"), repeat, rng)]
     if args.suite in ("rnn", "all"):
         steps.append(lambda: bench_rnn(be, select("lstm"), repeat, rng))
     for step in steps:

@@ -151,3 +151,56 @@ def recurrent_cell_problems(draw):
         "bias_hh": draw(st.booleans()),
         "initial_state": draw(st.booleans()),  # False: h (and c) are None
     }
+
+
+# --- row normalization (layer, RMS, group, instance norm) ------------------------
+
+ROW_SIZES = (1, 2, 3, 7, 13)
+
+
+@st.composite
+def layer_norm_problems(draw, max_ndim=4):
+    """``x_shape`` and ``normalized_shape`` (1 to 3 trailing axes) of a layer/RMS norm,
+    sizes from 1, 2, 3, 7, 13, plus ``eps`` and ``affine``."""
+    ndim = draw(st.integers(1, max_ndim))
+    x_shape = tuple(draw(st.sampled_from(ROW_SIZES)) for _ in range(ndim))
+    k = draw(st.integers(1, min(3, ndim)))
+    return {"x_shape": x_shape, "normalized_shape": x_shape[ndim - k:],
+            "eps": draw(st.sampled_from((1e-5, 1e-3, 0.1))), "affine": draw(st.booleans())}
+
+
+@st.composite
+def group_norm_problems(draw):
+    """``x_shape`` (3-D or 4-D, in ``layout``), ``num_groups`` dividing C, ``eps``, ``affine``."""
+    groups = draw(st.sampled_from((1, 2, 3)))
+    channels = groups * draw(st.sampled_from((1, 2, 3)))
+    n = draw(st.sampled_from((1, 2, 3)))
+    spatial = tuple(draw(st.sampled_from(ROW_SIZES)) for _ in range(draw(st.integers(1, 2))))
+    layout = draw(st.sampled_from(("NCHW", "NHWC")))
+    x_shape = (n, channels, *spatial) if layout == "NCHW" else (n, *spatial, channels)
+    return {"x_shape": x_shape, "num_groups": groups, "layout": layout,
+            "eps": draw(st.sampled_from((1e-5, 1e-3))), "affine": draw(st.booleans())}
+
+
+# --- tensor operations -------------------------------------------------------------
+
+@st.composite
+def broadcast_problems(draw, max_ndim=4):
+    """``a_shape`` and a ``c_shape`` that broadcasts to it (size-1 axes, fewer axes)."""
+    ndim = draw(st.integers(1, max_ndim))
+    a_shape = tuple(draw(st.sampled_from(ROW_SIZES)) for _ in range(ndim))
+    c_shape = tuple(d if draw(st.booleans()) else 1 for d in a_shape)
+    drop = draw(st.integers(0, ndim - 1))
+    return {"a_shape": a_shape, "c_shape": c_shape[drop:]}
+
+
+@st.composite
+def reduce_problems(draw, max_ndim=4):
+    """``x_shape``, ``axes`` (None, an int or a tuple), ``op`` and ``keepdims``."""
+    ndim = draw(st.integers(1, max_ndim))
+    x_shape = tuple(draw(st.sampled_from(ROW_SIZES)) for _ in range(ndim))
+    axes = draw(st.one_of(st.none(), st.integers(-ndim, ndim - 1),
+                          st.lists(st.integers(0, ndim - 1), min_size=1, max_size=ndim, unique=True)
+                          .map(tuple)))
+    op = draw(st.sampled_from(("sum", "mean", "max", "min", "amax", "norm1", "norm2")))
+    return {"x_shape": x_shape, "axes": axes, "op": op, "keepdims": draw(st.booleans())}

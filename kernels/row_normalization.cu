@@ -1,0 +1,347 @@
+// Row normalizations: layer norm, RMS norm, group norm, instance norm.
+//
+// A *row* is the set of values that share one mean and one variance: row r =
+// (sample n, group g), r = n * G + g, with K channels per group and S spatial
+// positions per channel, M = K * S values.  Element j of a row:
+//   NCHW (also layer norm: a (rows, L) matrix is G = 1, K = L, S = 1):
+//     offset r * M + j,                 channel g * K + j / S
+//   NHWC: j = s * K + k,
+//     offset (n * S + s) * G * K + g * K + k,   channel g * K + k
+// gamma/beta (storage P) have one value per channel (per column for layer norm).
+//
+// T is the storage type of x, y, dy, dx; P that of gamma, beta, dgamma, dbeta
+// (T, or float for a half T); A = acc_t<T> holds every intermediate and the
+// saved mean / rstd (one per row).
+//
+// Forward and backward: one block per row (blockDim a power of two chosen on
+// the host so that each thread holds about two 16-byte vectors).  Thread t
+// handles vectors t, t + blockDim, ... of VEC values; VEC > 1 only when a
+// vector stays in one row and maps to one channel (NCHW: S % VEC == 0) or to
+// VEC consecutive channels (NCHW with S == 1, NHWC with K % VEC == 0), and the
+// pointers are 16-byte aligned.  UNROLL vectors are loaded before any is
+// used, so each thread keeps several loads in flight.
+//
+// Single read: when the row (forward) or the rows of x and dy (backward) fit in
+// the dynamic shared memory the host grants (`cache`), pass 1 copies them
+// there and the later passes read shared memory: x is read from DRAM once.
+// Otherwise the later passes read global memory again (mostly L2 hits).
+// Statistics are two-pass exact (mean, then the sum of squared deviations),
+// in A, reduced in a fixed order (bitwise reproducible).
+//
+// Parameter gradients (dgamma = sum dy * xhat, dbeta = sum dy per channel) are
+// reduced over every row, so they cannot come from the row blocks without
+// atomics.  x is viewed as (outer, P, inner) with the row statistics of
+// element (o, p, i) at index (o / ostep) * G + p / K:
+//   layer norm (R, L, 1), ostep 1;  group NCHW (N, C, S), ostep 1;
+//   group NHWC (N * S, C, 1), ostep S.
+// norm_param_grads_columns (inner == 1) gives each thread one column p and a
+// range of rows o (32 columns x 8 row lanes per block, grid.y splits the rows);
+// norm_param_grads_planes (inner > 1) gives one block to each (o, p) plane.
+// Both write partial sums per (split, p); norm_param_grads_finish adds them in
+// order.  No atomics: results are deterministic.
+#include "common.cuh"
+
+#define NORM_UNROLL 4
+
+template <typename T, int VEC>
+struct alignas(sizeof(T) * VEC) NormPack {
+    T v[VEC];
+};
+
+template <typename index_t>
+struct RowGeometry {
+    index_t K, S, M;   // channels per group, spatial size, values per row
+    int G;
+    int nhwc;
+
+    // Offset of vector `v` (VEC values starting at j = v * VEC) of row `row`.
+    template <int VEC>
+    __device__ __forceinline__ index_t offset(index_t row, index_t v) const {
+        const index_t j = v * VEC;
+        if (!nhwc) return row * M + j;
+        const index_t n = row / G, g = row - n * G;
+        const index_t s = j / K, k = j - s * K;
+        return (n * S + s) * (index_t)G * K + g * K + k;
+    }
+
+    // Channel (parameter index) of the first value of vector v; later values of
+    // the vector are at +1 (when `step`) or the same channel.
+    template <int VEC>
+    __device__ __forceinline__ index_t channel(index_t row, index_t v) const {
+        const index_t g = row % G, j = v * VEC;
+        if (nhwc) return g * K + j % K;
+        return g * K + (S == 1 ? j : j / S);
+    }
+
+    __device__ __forceinline__ int step() const { return nhwc || S == 1; }
+};
+
+template <typename T, int VEC, typename index_t>
+__device__ __forceinline__ void norm_load(const T* __restrict__ p, index_t off, acc_t<T> (&out)[VEC]) {
+    const NormPack<T, VEC> pk = *reinterpret_cast<const NormPack<T, VEC>*>(p + off);
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) out[e] = load(pk.v[e]);
+}
+
+template <typename T, int VEC, typename index_t>
+__device__ __forceinline__ void norm_store(T* __restrict__ p, index_t off, const acc_t<T> (&in)[VEC]) {
+    NormPack<T, VEC> pk;
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) pk.v[e] = store<T>(in[e]);
+    *reinterpret_cast<NormPack<T, VEC>*>(p + off) = pk;
+}
+
+// Vector v of the row: from the shared-memory copy when cached, else global.
+template <typename T, int VEC, typename index_t>
+__device__ __forceinline__ void row_vector(const T* __restrict__ global, const T* cached, int cache,
+                                           const RowGeometry<index_t>& geo, index_t row, index_t v,
+                                           acc_t<T> (&out)[VEC]) {
+    if (cache) norm_load<T, VEC>(cached, v * VEC, out);
+    else norm_load<T, VEC>(global, geo.template offset<VEC>(row, v), out);
+}
+
+template <typename P, typename A>
+__device__ __forceinline__ A param_or(const P* __restrict__ p, long long i, A otherwise) {
+    return p != nullptr ? A(load(p[i])) : otherwise;
+}
+
+// y = (x - mean) * rstd * gamma + beta per row (RMS: mean = 0, rstd from
+// mean(x^2)).  Writes mean/rstd per row (mean_out is unused for RMS).
+// write_y == 0 computes the statistics only (backward without saved ones).
+template <typename T, typename P, typename index_t, int VEC>
+__global__ void norm_rows_forward(const T* __restrict__ x, T* __restrict__ y,
+                                  const P* __restrict__ gamma, const P* __restrict__ beta,
+                                  acc_t<T>* __restrict__ mean_out, acc_t<T>* __restrict__ rstd_out,
+                                  index_t K, index_t S, int G, int nhwc, acc_t<T> eps, int rms,
+                                  int cache, int write_y) {
+    typedef acc_t<T> A;
+    extern __shared__ __align__(16) unsigned char norm_smem[];
+    __shared__ A scratch[32];
+    T* row_cache = reinterpret_cast<T*>(norm_smem);
+    const RowGeometry<index_t> geo{K, S, K * S, G, nhwc};
+    const index_t row = blockIdx.x;
+    const index_t Mv = geo.M / VEC;
+    const index_t T_ = blockDim.x;
+    const A count = A(geo.M);
+
+    // Pass 1: read the row (and cache it); sum of x, or of x^2 for RMS.
+    A s1 = 0;
+    for (index_t base = threadIdx.x; base < Mv; base += NORM_UNROLL * T_) {
+        A v[NORM_UNROLL][VEC];
+#pragma unroll
+        for (int u = 0; u < NORM_UNROLL; ++u) {
+            const index_t vi = base + u * T_;
+            if (vi < Mv) norm_load<T, VEC>(x, geo.template offset<VEC>(row, vi), v[u]);
+        }
+#pragma unroll
+        for (int u = 0; u < NORM_UNROLL; ++u) {
+            const index_t vi = base + u * T_;
+            if (vi < Mv) {
+                if (cache) norm_store<T, VEC>(row_cache, vi * VEC, v[u]);
+#pragma unroll
+                for (int e = 0; e < VEC; ++e) s1 += rms ? v[u][e] * v[u][e] : v[u][e];
+            }
+        }
+    }
+    s1 = block_sum(s1, scratch);  // its barrier also publishes the cache
+    A mean = 0, rstd;
+    if (rms) {
+        rstd = A(1) / sqrt(s1 / count + eps);
+    } else {
+        mean = s1 / count;
+        A s2 = 0;
+        for (index_t vi = threadIdx.x; vi < Mv; vi += T_) {
+            A v[VEC];
+            row_vector<T, VEC>(x, row_cache, cache, geo, row, vi, v);
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) s2 += (v[e] - mean) * (v[e] - mean);
+        }
+        s2 = block_sum(s2, scratch);
+        rstd = A(1) / sqrt(s2 / count + eps);
+    }
+    if (threadIdx.x == 0) {
+        if (!rms) mean_out[row] = mean;
+        rstd_out[row] = rstd;
+    }
+    if (!write_y) return;
+    const int step = geo.step();
+    for (index_t vi = threadIdx.x; vi < Mv; vi += T_) {
+        A v[VEC];
+        row_vector<T, VEC>(x, row_cache, cache, geo, row, vi, v);
+        const index_t c0 = geo.template channel<VEC>(row, vi);
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) {
+            const index_t c = c0 + (step ? e : 0);
+            v[e] = (v[e] - mean) * rstd * param_or(gamma, c, A(1)) + param_or(beta, c, A(0));
+        }
+        norm_store<T, VEC>(y, geo.template offset<VEC>(row, vi), v);
+    }
+}
+
+// dx = rstd * (g*dy - mean(g*dy) - xhat * mean(g*dy*xhat)) per row, g = gamma
+// of each value's channel (RMS: without the mean(g*dy) term, xhat = x * rstd).
+template <typename T, typename P, typename index_t, int VEC>
+__global__ void norm_rows_backward(const T* __restrict__ dy, const T* __restrict__ x,
+                                   const P* __restrict__ gamma, const acc_t<T>* __restrict__ mean_in,
+                                   const acc_t<T>* __restrict__ rstd_in, T* __restrict__ dx,
+                                   index_t K, index_t S, int G, int nhwc, int rms, int cache) {
+    typedef acc_t<T> A;
+    extern __shared__ __align__(16) unsigned char norm_smem[];
+    __shared__ A scratch[32];
+    const RowGeometry<index_t> geo{K, S, K * S, G, nhwc};
+    T* x_cache = reinterpret_cast<T*>(norm_smem);
+    T* dy_cache = x_cache + geo.M;  // M * sizeof(T) is a multiple of 16 when cached with VEC > 1
+    const index_t row = blockIdx.x;
+    const index_t Mv = geo.M / VEC;
+    const index_t T_ = blockDim.x;
+    const A count = A(geo.M);
+    const A mean = rms ? A(0) : mean_in[row];
+    const A rstd = rstd_in[row];
+    const int step = geo.step();
+
+    A sum_g = 0, sum_gx = 0;  // sum g*dy, sum g*dy*xhat
+    for (index_t base = threadIdx.x; base < Mv; base += NORM_UNROLL * T_) {
+        A xv[NORM_UNROLL][VEC], dv[NORM_UNROLL][VEC];
+#pragma unroll
+        for (int u = 0; u < NORM_UNROLL; ++u) {
+            const index_t vi = base + u * T_;
+            if (vi < Mv) {
+                const index_t off = geo.template offset<VEC>(row, vi);
+                norm_load<T, VEC>(x, off, xv[u]);
+                norm_load<T, VEC>(dy, off, dv[u]);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < NORM_UNROLL; ++u) {
+            const index_t vi = base + u * T_;
+            if (vi < Mv) {
+                if (cache) {
+                    norm_store<T, VEC>(x_cache, vi * VEC, xv[u]);
+                    norm_store<T, VEC>(dy_cache, vi * VEC, dv[u]);
+                }
+                const index_t c0 = geo.template channel<VEC>(row, vi);
+#pragma unroll
+                for (int e = 0; e < VEC; ++e) {
+                    const A gdy = dv[u][e] * param_or(gamma, c0 + (step ? e : 0), A(1));
+                    sum_g += gdy;
+                    sum_gx += gdy * (xv[u][e] - mean) * rstd;
+                }
+            }
+        }
+    }
+    sum_g = block_sum(sum_g, scratch);
+    sum_gx = block_sum(sum_gx, scratch);
+    const A mean_g = rms ? A(0) : sum_g / count;
+    const A mean_gx = sum_gx / count;
+    for (index_t vi = threadIdx.x; vi < Mv; vi += T_) {
+        A xv[VEC], dv[VEC];
+        row_vector<T, VEC>(x, x_cache, cache, geo, row, vi, xv);
+        row_vector<T, VEC>(dy, dy_cache, cache, geo, row, vi, dv);
+        const index_t c0 = geo.template channel<VEC>(row, vi);
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) {
+            const A gdy = dv[e] * param_or(gamma, c0 + (step ? e : 0), A(1));
+            xv[e] = rstd * (gdy - mean_g - (xv[e] - mean) * rstd * mean_gx);
+        }
+        norm_store<T, VEC>(dx, geo.template offset<VEC>(row, vi), xv);
+    }
+}
+
+// Statistics of element (o, p, *): row (o / ostep) * G + p / K.
+template <typename index_t>
+__device__ __forceinline__ index_t stats_row(index_t o, index_t p, index_t ostep, int G, index_t K) {
+    return (o / ostep) * (index_t)G + p / K;
+}
+
+// inner == 1: block (32, 8) covers 32 columns; blockIdx.y is a split of the rows.
+template <typename T, typename index_t>
+__global__ void norm_param_grads_columns(const T* __restrict__ dy, const T* __restrict__ x,
+                                         const acc_t<T>* __restrict__ mean, const acc_t<T>* __restrict__ rstd,
+                                         acc_t<T>* __restrict__ part_dgamma, acc_t<T>* __restrict__ part_dbeta,
+                                         index_t outer, index_t P, index_t ostep, int G, index_t K,
+                                         index_t rows_per_split, int rms) {
+    typedef acc_t<T> A;
+    __shared__ A red_g[8][33], red_b[8][33];
+    const index_t p = (index_t)blockIdx.x * 32 + threadIdx.x;
+    const index_t o0 = (index_t)blockIdx.y * rows_per_split;
+    const index_t o1 = o0 + rows_per_split < outer ? o0 + rows_per_split : outer;
+    A dg = 0, db = 0;
+    if (p < P) {
+        for (index_t o = o0 + threadIdx.y; o < o1; o += 8 * NORM_UNROLL) {
+            A xv[NORM_UNROLL], dv[NORM_UNROLL];
+#pragma unroll
+            for (int u = 0; u < NORM_UNROLL; ++u) {
+                const index_t oo = o + u * 8;
+                if (oo < o1) {
+                    xv[u] = load(x[oo * P + p]);
+                    dv[u] = load(dy[oo * P + p]);
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < NORM_UNROLL; ++u) {
+                const index_t oo = o + u * 8;
+                if (oo < o1) {
+                    const index_t r = stats_row(oo, p, ostep, G, K);
+                    const A xhat = (xv[u] - (rms ? A(0) : mean[r])) * rstd[r];
+                    dg += dv[u] * xhat;
+                    db += dv[u];
+                }
+            }
+        }
+    }
+    red_g[threadIdx.y][threadIdx.x] = dg;
+    red_b[threadIdx.y][threadIdx.x] = db;
+    __syncthreads();
+    if (threadIdx.y == 0 && p < P) {
+        for (int k = 1; k < 8; ++k) {
+            dg += red_g[k][threadIdx.x];
+            db += red_b[k][threadIdx.x];
+        }
+        part_dgamma[(index_t)blockIdx.y * P + p] = dg;
+        part_dbeta[(index_t)blockIdx.y * P + p] = db;
+    }
+}
+
+// inner > 1: block per (o, p) plane of `inner` contiguous values; writes partials at o * P + p.
+template <typename T, typename index_t>
+__global__ void norm_param_grads_planes(const T* __restrict__ dy, const T* __restrict__ x,
+                                        const acc_t<T>* __restrict__ mean, const acc_t<T>* __restrict__ rstd,
+                                        acc_t<T>* __restrict__ part_dgamma, acc_t<T>* __restrict__ part_dbeta,
+                                        index_t P, index_t inner, int G, index_t K) {
+    typedef acc_t<T> A;
+    __shared__ A scratch[32];
+    const index_t plane = blockIdx.x;
+    const index_t o = plane / P, p = plane - o * P;
+    const index_t r = stats_row(o, p, (index_t)1, G, K);
+    const A m = mean[r], s = rstd[r];
+    const T* xp = x + plane * inner;
+    const T* dp = dy + plane * inner;
+    A dg = 0, db = 0;
+    for (index_t i = threadIdx.x; i < inner; i += blockDim.x) {
+        const A d = load(dp[i]);
+        dg += d * (load(xp[i]) - m) * s;
+        db += d;
+    }
+    dg = block_sum(dg, scratch);
+    db = block_sum(db, scratch);
+    if (threadIdx.x == 0) {
+        part_dgamma[plane] = dg;
+        part_dbeta[plane] = db;
+    }
+}
+
+// dgamma[p] = sum over splits of the partials, in split order.
+template <typename A, typename P>
+__global__ void norm_param_grads_finish(const A* __restrict__ part_dgamma, const A* __restrict__ part_dbeta,
+                                        P* __restrict__ dgamma, P* __restrict__ dbeta, long long splits,
+                                        long long count) {
+    const long long p = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (p >= count) return;
+    A g = 0, b = 0;
+    for (long long s = 0; s < splits; ++s) {
+        g += part_dgamma[s * count + p];
+        b += part_dbeta[s * count + p];
+    }
+    dgamma[p] = store<P>(g);
+    if (dbeta != nullptr) dbeta[p] = store<P>(b);
+}
