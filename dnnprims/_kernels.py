@@ -75,7 +75,8 @@ class KernelFamily:
 
 def families():
     """Every kernel family the library declares (imports all primitive modules)."""
-    from . import algos, pooling, normalization, softmaxes, activations, recurrent  # noqa: F401
+    from . import (algos, pooling, normalization, row_normalization, softmaxes, activations,  # noqa: F401
+                   recurrent, tensor_ops)
     return dict(_FAMILIES)
 
 

@@ -4,8 +4,6 @@ Needs only NVRTC (the ``nvrtc`` extra), not a GPU, so it runs in CI."""
 import pytest
 
 from dnnprims import _kernels
-# Families declared by modules that _kernels.families() does not import yet.
-from dnnprims import row_normalization, tensor_ops  # noqa: F401,E402
 
 FAMILIES = _kernels.families()
 
