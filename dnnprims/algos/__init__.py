@@ -154,6 +154,7 @@ def auto_preferences(problem, direction):
     ordered list of (name, reason); ``auto`` takes the first one that
     :func:`admits` the problem under the caller's options.
 
+    0. "depthwise" for depthwise problems (groups == C, any multiplier).
     1. "implicit_gemm" (its tile by its own rule) for half types always (it
        accumulates float32 tiles; the alternatives are far slower) and for
        ungrouped float32 problems -- except GEMMs at least
@@ -164,6 +165,8 @@ def auto_preferences(problem, direction):
     3. "direct": grouped and depthwise problems, and the fallback that
        supports every problem."""
     prefs = []
+    if problem.groups == problem.C:
+        prefs.append(("depthwise", "depthwise (groups == C): memory-bound, dedicated kernels"))
     gemm = REGISTRY.get("gemm")
     gemm_fits = (gemm is not None and problem.groups == 1 and gemm.supports(problem, direction)[0]
                  and gemm.workspace_bytes(problem, direction) <= AUTO_GEMM_WORKSPACE_LIMIT)
@@ -222,4 +225,4 @@ def choose(problem, direction, algo="auto", gpu=False, options=DEFAULT_OPTIONS):
 
 # Importing the algorithm modules registers them (and declares their kernel
 # families for _kernels.families()).
-from . import direct, gemm, implicit_gemm  # noqa: E402,F401
+from . import depthwise, direct, gemm, implicit_gemm  # noqa: E402,F401
