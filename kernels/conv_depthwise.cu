@@ -33,8 +33,9 @@
 //                    (k, tap) sums the chunks in order.
 // NHWC (channels fastest in memory):
 //   forward, backward_data  block = KB channel vectors (threadIdx.x) x PB
-//                    positions (threadIdx.y), grid.y = channel chunks, grid.x
-//                    strides over positions.  V = 4 channels per thread with
+//                    positions (threadIdx.y), grid.y = channel chunks; block x
+//                    walks a contiguous run of per_block positions, so the
+//                    R x S window's rows are re-read from L1 / L2, not DRAM.  V = 4 channels per thread with
 //                    16-byte (float), 8-byte (half) or 2x16-byte (double) loads
 //                    when the multiplier is 1, C % 4 == 0 and the pointers are
 //                    aligned; else V = 1.  The block's filter slice is staged
@@ -325,7 +326,8 @@ __global__ void __launch_bounds__(256)
 dw_forward_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias,
                 int has_bias, int act_mode, acc_t<T> act_alpha, T* __restrict__ y,
                 int C, int H, int W, int K, int R, int S, int P, int Q,
-                int sh, int sw, int ph, int pw, int dh, int dw, int mult, index_t positions) {
+                int sh, int sw, int ph, int pw, int dh, int dw, int mult, index_t positions,
+                index_t per_block) {
     typedef acc_t<T> A;
     extern __shared__ __align__(16) unsigned char dw_smem[];
     A* ws = reinterpret_cast<A*>(dw_smem);
@@ -342,8 +344,9 @@ dw_forward_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __res
     A b[V];
 #pragma unroll
     for (int v = 0; v < V; ++v) b[v] = has_bias ? load(bias[k + v]) : A(0);
-    for (index_t pos = (index_t)blockIdx.x * blockDim.y + threadIdx.y; pos < positions;
-         pos += (index_t)gridDim.x * blockDim.y) {
+    const index_t first = (index_t)blockIdx.x * per_block;
+    const index_t end = positions - first > per_block ? first + per_block : positions;  // no overflow
+    for (index_t pos = first + threadIdx.y; pos < end; pos += blockDim.y) {
         const int q = (int)(pos % Q);
         const index_t np = pos / Q;
         const int p = (int)(np % P);
@@ -378,7 +381,8 @@ template <typename T, typename index_t, int V>
 __global__ void __launch_bounds__(256)
 dw_backward_data_nhwc(const T* __restrict__ dy, const T* __restrict__ w, T* __restrict__ dx,
                       int C, int H, int W, int K, int R, int S, int P, int Q,
-                      int sh, int sw, int ph, int pw, int dh, int dw, int mult, index_t positions) {
+                      int sh, int sw, int ph, int pw, int dh, int dw, int mult, index_t positions,
+                index_t per_block) {
     typedef acc_t<T> A;
     extern __shared__ __align__(16) unsigned char dw_smem[];
     A* ws = reinterpret_cast<A*>(dw_smem);
@@ -393,8 +397,9 @@ dw_backward_data_nhwc(const T* __restrict__ dy, const T* __restrict__ w, T* __re
     __syncthreads();
     const int cl = threadIdx.x * V, c = c0 + cl;
     if (c >= C) return;
-    for (index_t pos = (index_t)blockIdx.x * blockDim.y + threadIdx.y; pos < positions;
-         pos += (index_t)gridDim.x * blockDim.y) {
+    const index_t first = (index_t)blockIdx.x * per_block;
+    const index_t end = positions - first > per_block ? first + per_block : positions;  // no overflow
+    for (index_t pos = first + threadIdx.y; pos < end; pos += blockDim.y) {
         const int wi = (int)(pos % W);
         const index_t nh = pos / W;
         const int h = (int)(nh % H);

@@ -313,8 +313,12 @@ def test_forward_activation_is_act_of_conv_plus_bias(xp, rng, mode, alpha, algo)
     assert_close(got, want, np.float64)
 
 
-FUSED_PATHS = [pytest.param(algo, dtype, case, id=f"{algo}-{np.dtype(dtype).name}")
-               for algo, case in (("implicit_gemm", CASES[0].values[0]), ("depthwise", CASES[3].values[0]))
+# implicit_gemm: P*Q = 49 (scalar stores) and 64 (float4 stores along p*q in NCHW).
+FUSED_PATHS = [pytest.param(algo, dtype, case, id=f"{algo}-{np.dtype(dtype).name}-{case_id}")
+               for algo, case, case_id in (("implicit_gemm", CASES[0].values[0], "7x7"),
+                                           ("implicit_gemm", (2, 3, 8, 8, 8, 3, 3, 1, 1, 1, 1), "8x8"),
+                                           ("depthwise", CASES[3].values[0], "13x13"),
+                                           ("depthwise", (2, 8, 9, 20, 16, 3, 3, 1, 1, 1, 8), "x2"))
                for dtype in _dtypes.SUPPORTED if not (algo == "implicit_gemm" and np.dtype(dtype) == F64)]
 
 

@@ -225,4 +225,5 @@ def choose(problem, direction, algo="auto", gpu=False, options=DEFAULT_OPTIONS):
 
 # Importing the algorithm modules registers them (and declares their kernel
 # families for _kernels.families()).
-from . import depthwise, direct, gemm, implicit_gemm  # noqa: E402,F401
+from . import direct, gemm, implicit_gemm  # noqa: E402,F401
+from . import depthwise  # noqa: E402,F401  (registered after the general algorithms)

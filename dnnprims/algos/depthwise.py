@@ -28,6 +28,7 @@ _MAX_GRID = 2**31 - 1
 _MAX_GRID_Y = 65535
 _TARGET_BLOCKS = 132 * 8   # enough resident blocks for an H100 (132 SMs)
 _PLAN_CACHE_SIZE = 4096
+_NHWC_TARGET_BLOCKS = 132 * 16  # NHWC forward / backward data: position runs per channel chunk
 
 FAMILY = KernelFamily("conv_depthwise.cu", [
     *(f"dw_forward_nchw<{t}>" for t in _dtypes.CUDA_TYPES),
@@ -132,8 +133,19 @@ class DepthwiseConvolution(ConvAlgorithm):
 
     def __init__(self):
         self._plans = {}
+        self._supported = {}   # (problem, direction) -> (ok, reason): on every call's path
 
     def supports(self, problem, direction):
+        key = (problem, direction)
+        answer = self._supported.get(key)
+        if answer is None:
+            answer = self._supports(problem, direction)
+            if len(self._supported) >= _PLAN_CACHE_SIZE:
+                self._supported.clear()
+            self._supported[key] = answer
+        return answer
+
+    def _supports(self, problem, direction):
         ok, reason = super().supports(problem, direction)
         if not ok:
             return ok, reason
@@ -214,7 +226,9 @@ class DepthwiseConvolution(ConvAlgorithm):
             return [(expr, grid, (tqt, tp), shared, (*geometry, i64(planes), *tile_args))], 0
         # NHWC
         vec = V if vec_ok else 1
-        index_t = index_type(p.N * p.H * p.W * p.C, p.N * p.P * p.Q * p.K)
+        # Headroom: a position loop index may step up to 256 * 65535 past the last position.
+        slack = _THREADS * _MAX_GRID_Y
+        index_t = index_type(p.N * p.H * p.W * p.C + slack, p.N * p.P * p.Q * p.K + slack)
         itype = i32 if index_t == "int" else i64
         kb, pb, shared, group_taps = _nhwc_block(p, direction, vec, acc)
         if direction == "backward_filter":
@@ -225,9 +239,10 @@ class DepthwiseConvolution(ConvAlgorithm):
             return launches + [self._reduce(t, filter_total, chunks)], filter_total * chunks
         positions = p.N * (p.H * p.W if direction == "backward_data" else p.P * p.Q)
         channels = p.C if direction == "backward_data" else p.K
-        grid = (min(ceil_div(positions, pb), _MAX_GRID), ceil_div(channels, kb * vec))
+        per_block = pb * ceil_div(positions, pb * _NHWC_TARGET_BLOCKS)
+        grid = (ceil_div(positions, per_block), ceil_div(channels, kb * vec))
         return [(f"dw_{direction}_nhwc<{t}, {index_t}, {vec}>", grid, (kb, pb), shared,
-                 (*geometry, itype(positions)))], 0
+                 (*geometry, itype(positions), itype(per_block)))], 0
 
     @staticmethod
     def _reduce(t, filter_total, chunks):
