@@ -36,9 +36,11 @@
 //
 // Accumulation in acc_t<T> = float (float, half, bfloat16 storage; double is
 // not instantiated: an 8x8 double tile would not fit the register file well).
-// The epilogue adds the bias.  Indices are int: Python refuses problems whose
+// The epilogue adds the bias and applies the activation act_mode
+// (activation_math.cuh; ACTIVATION_NONE = none) to the register tile before
+// the stores, so conv + bias + activation is one pass over y.  Indices are int: Python refuses problems whose
 // tensors do not fit 32-bit indexing (the direct algorithm covers them).
-#include "common.cuh"
+#include "activation_math.cuh"
 
 // Taps past Kgemm (the table is padded to a multiple of 16) carry this dh so
 // that the bounds test fails without a separate k < Kgemm test for A.
@@ -47,7 +49,8 @@
 template <typename T, bool NHWC, int BM, int BN, int BK, int TM, int TN>
 __global__ void __launch_bounds__((BM / TM) * (BN / TN))
 conv_implicit_gemm(const T* __restrict__ x, const T* __restrict__ w, const int4* __restrict__ taps,
-                   const T* __restrict__ bias, int has_bias, T* __restrict__ y,
+                   const T* __restrict__ bias, int has_bias, int act_mode, float act_alpha,
+                   T* __restrict__ y,
                    int H, int W, int Cx, int x_group_channels,
                    int P, int Q, int Ky, int Kg,
                    int Kgemm, int w_n_stride, int w_group_stride,
@@ -171,7 +174,7 @@ conv_implicit_gemm(const T* __restrict__ x, const T* __restrict__ w, const int4*
         __syncthreads();
     }
 
-    // --- epilogue: bias, then store ---------------------------------------------
+    // --- epilogue: bias and activation, then store ---------------------------------------------
     y += NHWC ? g * Kg : g * Kg * PQ;  // first channel of this group
     const T* group_bias = bias + g * Kg;
     A bias_of[TN];
@@ -179,6 +182,12 @@ conv_implicit_gemm(const T* __restrict__ x, const T* __restrict__ w, const int4*
     for (int j = 0; j < TN; ++j) {
         const int n = n0 + (j / 4) * N_GROUP + tn * 4 + (j % 4);
         bias_of[j] = (has_bias && n < Kg) ? load(group_bias[n]) : A(0);
+    }
+#pragma unroll
+    for (int i = 0; i < TM; ++i) {
+#pragma unroll
+        for (int j = 0; j < TN; ++j) acc[i][j] += bias_of[j];
+        activate_tile<TN>(act_mode, acc[i], act_alpha);
     }
 #pragma unroll
     for (int i4 = 0; i4 < TM / 4; ++i4) {
@@ -196,7 +205,7 @@ conv_implicit_gemm(const T* __restrict__ x, const T* __restrict__ w, const int4*
                     if (n_first >= Kg) continue;
                     A v[4];
 #pragma unroll
-                    for (int jj = 0; jj < 4; ++jj) v[jj] = acc[4 * i4 + ii][4 * j4 + jj] + bias_of[4 * j4 + jj];
+                    for (int jj = 0; jj < 4; ++jj) v[jj] = acc[4 * i4 + ii][4 * j4 + jj];
                     bool vector_ok = false;
                     if constexpr (sizeof(T) == 4) vector_ok = (Ky % 4 == 0) && (Kg % 4 == 0);
                     if (vector_ok) {
@@ -218,8 +227,8 @@ conv_implicit_gemm(const T* __restrict__ x, const T* __restrict__ w, const int4*
                 for (int j = 0; j < TN; ++j) {
                     const int n = n0 + (j / 4) * N_GROUP + tn * 4 + (j % 4);
                     if (n >= Kg) continue;
-                    const float4 v = make_float4(acc[4 * i4][j] + bias_of[j], acc[4 * i4 + 1][j] + bias_of[j],
-                                                 acc[4 * i4 + 2][j] + bias_of[j], acc[4 * i4 + 3][j] + bias_of[j]);
+                    const float4 v = make_float4(acc[4 * i4][j], acc[4 * i4 + 1][j],
+                                                 acc[4 * i4 + 2][j], acc[4 * i4 + 3][j]);
                     *reinterpret_cast<float4*>(column + n * PQ) = v;
                 }
             } else {
@@ -232,7 +241,7 @@ conv_implicit_gemm(const T* __restrict__ x, const T* __restrict__ w, const int4*
 #pragma unroll
                     for (int j = 0; j < TN; ++j) {
                         const int n = n0 + (j / 4) * N_GROUP + tn * 4 + (j % 4);
-                        if (n < Kg) column[n * PQ] = store<T>(acc[4 * i4 + ii][j] + bias_of[j]);
+                        if (n < Kg) column[n * PQ] = store<T>(acc[4 * i4 + ii][j]);
                     }
                 }
             }

@@ -6,6 +6,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 import dnnprims
 from dnnprims import _dtypes, algos
+from dnnprims.algos import depthwise as depthwise_algo
 from dnnprims.algos import gemm as gemm_algo
 from dnnprims.conv import (ConvProblem, conv2d_backward_bias, conv2d_backward_data,
                            conv2d_backward_filter, conv2d_forward, conv2d_output_shape)
@@ -74,6 +75,12 @@ CASES = [
     pytest.param((2, 6, 7, 7, 12, 3, 2, (2, 1), (0, 1), (2, 1), 3), id="groups3-mixed"),
     pytest.param((2, 3, 5, 5, 2, 1, 1, 3, 0, 1, 1), id="stride-skips-pixels"),
     pytest.param((4, 16, 13, 13, 16, 3, 3, 1, 1, 1, 1), id="wide"),
+    # Depthwise (groups == C) shapes for the "depthwise" algorithm: multipliers
+    # 1, 2 and 3, strides, dilations, paddings, sizes 1, 3, 7, 13.
+    pytest.param((2, 3, 13, 7, 6, 3, 3, 1, 2, 2, 3), id="depthwise-x2-dilation2-pad2"),
+    pytest.param((1, 4, 13, 13, 4, 7, 7, 2, 3, 1, 4), id="depthwise-7x7-stride2"),
+    pytest.param((3, 2, 7, 1, 6, 1, 1, 1, 0, 1, 2), id="depthwise-x3-1x1-width1"),
+    pytest.param((2, 8, 7, 6, 8, 3, 3, (2, 1), (1, 0), (1, 2), 8), id="depthwise-mixed"),
 ]
 
 TINY_CASES = CASES[:4] + CASES[5:6] + CASES[7:9]
@@ -270,7 +277,9 @@ def test_auto_rule(rule_only):
     assert auto((2, 4, 7, 7), (8, 4, 3, 3), np.float64) == ("gemm",) * 3     # implicit_gemm: no float64
     assert auto((2, 4, 7, 7), (8, 4, 3, 3), np.float16) == ("implicit_gemm", "implicit_gemm", "direct")
     assert auto((2, 4, 7, 7), (8, 2, 3, 3), groups=2) == ("direct",) * 3
-    assert auto((2, 4, 7, 7), (4, 1, 3, 3), groups=4) == ("direct",) * 3     # depthwise
+    assert auto((2, 4, 7, 7), (4, 1, 3, 3), groups=4) == ("depthwise",) * 3  # depthwise
+    assert auto((2, 4, 7, 7), (8, 1, 3, 3), groups=4) == ("depthwise",) * 3  # multiplier 2
+    assert auto((2, 4, 7, 7), (4, 1, 3, 3), np.float16, groups=4) == ("depthwise",) * 3
     deep = auto((2, 512, 7, 7), (512, 512, 3, 3))                         # GEMM depth 4608: cuBLAS
     assert deep == ("gemm",) * 3                                          # too small for Winograd
     # Column matrix 64*576*4096 floats = 604 MB: backward filter still takes gemm,
@@ -302,6 +311,36 @@ def test_forward_activation_is_act_of_conv_plus_bias(xp, rng, mode, alpha, algo)
     got = conv2d_forward(xp.asarray(x), xp.asarray(w), xp.asarray(b), activation=mode, alpha=alpha,
                          algo=algo, **opts)
     assert_close(got, want, np.float64)
+
+
+# implicit_gemm: P*Q = 49 (scalar stores) and 64 (float4 stores along p*q in NCHW).
+FUSED_PATHS = [pytest.param(algo, dtype, case, id=f"{algo}-{np.dtype(dtype).name}-{case_id}")
+               for algo, case, case_id in (("implicit_gemm", CASES[0].values[0], "7x7"),
+                                           ("implicit_gemm", (2, 3, 8, 8, 8, 3, 3, 1, 1, 1, 1), "8x8"),
+                                           ("depthwise", CASES[3].values[0], "13x13"),
+                                           ("depthwise", (2, 8, 9, 20, 16, 3, 3, 1, 1, 1, 8), "x2"))
+               for dtype in _dtypes.SUPPORTED if not (algo == "implicit_gemm" and np.dtype(dtype) == F64)]
+
+
+@pytest.mark.parametrize("mode", dnnprims.ACTIVATION_MODES)
+@pytest.mark.parametrize("algo,dtype,case", FUSED_PATHS)
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_fused_activation_epilogue(xp, rng, mode, algo, dtype, case, layout):
+    """activation=mode in the epilogue equals activation(conv + bias): against the
+    float64 reference, and against the unfused pass on the same path."""
+    assert mode in algos.REGISTRY[algo].fused_activations
+    alpha = {"elu": 0.7, "leaky_relu": 0.2, "clipped_relu": 0.5}.get(mode)
+    x, w, b, opts = _random_problem(rng, case, layout, dtype)
+    x64, w64, b64 = x.astype(F64), w.astype(F64), b.astype(F64)
+    want = dnnprims.activation(conv2d_forward(x64, w64, b64, **opts), mode, alpha=alpha)
+    magnitude = conv2d_forward(np.abs(x64), np.abs(w64), np.abs(b64), **opts)
+    X, Wt, B = xp.asarray(x), xp.asarray(w), xp.asarray(b)
+    got = conv2d_forward(X, Wt, B, activation=mode, alpha=alpha, algo=algo, **opts)
+    assert got.dtype == x.dtype
+    assert_close(got, want, dtype, algorithm=algo, what=f"forward+{mode}", magnitude=magnitude)
+    unfused = dnnprims.activation(conv2d_forward(X, Wt, B, algo=algo, **opts), mode, alpha=alpha)
+    assert_close(got, unfused.astype(F64) if xp is np else unfused.astype(xp.float64), dtype,
+                 algorithm=algo, what=f"fused vs unfused {mode}", magnitude=magnitude)
 
 
 def test_options_constrain_the_choice():
@@ -787,3 +826,85 @@ def test_rejects_w_shape_inconsistent_with_dy():
 def test_rejects_none_dy_for_bias():
     with pytest.raises(TypeError, match="dy must be an array"):
         conv2d_backward_bias(None)
+
+
+# --- the depthwise algorithm: launch geometry on NumPy, larger planes on the GPU -----
+
+def _depthwise_problem(N, C, H, W, mult, R, S, stride, padding, dilation, layout="NCHW", dtype=np.float32):
+    x_shape = (N, C, H, W) if layout == "NCHW" else (N, H, W, C)
+    return dnnprims.conv._describe(x_shape, (C * mult, 1, R, S), stride, padding, dilation, C,
+                                   layout, np.dtype(dtype))
+
+
+@pytest.mark.parametrize("geometry", [(1, 1, 1, 1, 1, 1, 1, 1, 0, 1), (2, 3, 13, 7, 2, 3, 3, 1, 1, 2),
+                                      (32, 96, 112, 112, 1, 3, 3, 1, 1, 1), (1, 4, 200, 300, 1, 5, 5, 2, 2, 1),
+                                      (2, 2, 40, 40, 3, 11, 11, 1, 5, 3), (1, 8, 3, 700, 1, 3, 7, 1, 3, 1)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_depthwise_tiles_fit_and_cover(geometry, dtype):
+    """The NCHW tile: threads a multiple of 32 and at most 256, shared memory
+    within the limit, and the staged input tile large enough for every tap."""
+    p = _depthwise_problem(*geometry, dtype=dtype)
+    acc = np.dtype(dtype).itemsize
+    for direction in algos.DIRECTIONS:
+        assert depthwise_algo.DEPTHWISE.supports(p, direction)[0]
+        tqt, tp, in_rows, in_cols, pitch, shared, group_taps = depthwise_algo._nchw_tile(p, direction, acc)
+        assert (tqt * tp) % 32 == 0 and tqt * tp <= 256 and pitch >= in_cols
+        assert shared <= depthwise_algo.SHARED_LIMIT
+        (sh, sw), (dh, dw) = p.stride, p.dilation
+        tq = tqt * depthwise_algo.V
+        if direction == "backward_data":
+            # offsets h + ph - r*dh - p_lo*sh of the tile's rows, over every alignment h0
+            for h0 in range(0, 2 * sh * dh + 1):
+                p_lo = (h0 + p.padding[0] - (p.R - 1) * dh) // sh
+                offsets = [h + p.padding[0] - r * dh - p_lo * sh for h in range(h0, h0 + tp) for r in range(p.R)]
+                assert min(offsets) >= 0 and max(offsets) // sh < in_rows
+            for w0 in range(0, 2 * sw * dw + 1):
+                q_lo = (w0 + p.padding[1] - (p.S - 1) * dw) // sw
+                offsets = [w + p.padding[1] - s * dw - q_lo * sw for w in range(w0, w0 + tq) for s in range(p.S)]
+                assert min(offsets) >= 0 and max(offsets) // sw < in_cols
+        else:
+            assert (tp - 1) * sh + (p.R - 1) * dh < in_rows and (tq - 1) * sw + (p.S - 1) * dw < in_cols
+        if direction == "backward_filter":
+            assert 1 <= group_taps <= p.R * p.S
+            assert depthwise_algo.DEPTHWISE.workspace_bytes(p, direction) > 0
+        else:
+            assert depthwise_algo.DEPTHWISE.workspace_bytes(p, direction) == 0
+
+
+def test_depthwise_refuses_other_problems():
+    problem = _problem_of(np.empty((2, 4, 7, 7), np.float32), np.empty((8, 2, 3, 3), np.float32),
+                          _options(1, 1, 1, 2))
+    ok, reason = depthwise_algo.DEPTHWISE.supports(problem, "forward")
+    assert not ok and "groups == C" in reason
+    with pytest.raises(ValueError, match="algo 'depthwise' does not support"):
+        conv2d_forward(np.ones((2, 4, 7, 7), np.float32), np.ones((8, 2, 3, 3), np.float32), groups=2,
+                       algo="depthwise")
+
+
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+@pytest.mark.parametrize("mult,stride,dilation", [(1, 1, 1), (2, 2, 1), (1, 2, 2), (3, 1, 1)])
+def test_depthwise_large_planes_on_the_gpu(gpu, rng, layout, dtype, mult, stride, dilation):
+    """Planes of several tiles in both directions (rows and columns), odd sizes."""
+    x, w, b, opts = _random_problem(rng, (2, 4, 37, 150, 4 * mult, 3, 3, stride, 1, dilation, 4), layout, dtype)
+    _check_all_directions(gpu, rng, x, w, b, opts, "depthwise")
+
+
+def test_depthwise_tap_groups_and_determinism_on_the_gpu(gpu, rng, monkeypatch):
+    """With little shared memory the filter gradient runs in groups of taps; the
+    result still matches, and two runs give the same bits."""
+    monkeypatch.setattr(depthwise_algo, "SHARED_LIMIT", 6 * 1024)
+    monkeypatch.setattr(depthwise_algo.DEPTHWISE, "_plans", {})
+    for layout in ("NCHW", "NHWC"):
+        x, w, b, opts = _random_problem(rng, (2, 3, 21, 19, 6, 5, 5, 1, 2, 1, 3), layout, np.float32)
+        problem = _problem_of(x, w, opts)
+        acc = 4
+        group_taps = (depthwise_algo._nchw_tile(problem, "backward_filter", acc)[-1] if layout == "NCHW"
+                      else depthwise_algo._nhwc_block(problem, "backward_filter", 1, acc)[-1])
+        assert group_taps < problem.R * problem.S
+        _check_all_directions(gpu, rng, x, w, b, opts, "depthwise")
+        dy = gpu.asarray(random_array(rng, problem.y_shape, np.float32))
+        X = gpu.asarray(x)
+        first = conv2d_backward_filter(X, dy, w.shape, algo="depthwise", deterministic=True, **opts)
+        second = conv2d_backward_filter(X, dy, w.shape, algo="depthwise", deterministic=True, **opts)
+        assert bool((first == second).all())

@@ -175,6 +175,7 @@ def auto_preferences(problem, direction):
     (:mod:`.table`): an ordered list of (name, reason); ``auto`` takes the
     first one that :func:`admits` the problem under the caller's options.
 
+    0. "depthwise" for depthwise problems (groups == C, any multiplier).
     0. "winograd_f4x4_3x3", then "winograd_f2x2_3x3" (F(2x2) where a
        workspace limit excludes F(4x4)) for 3x3 stride-1 ungrouped float32
        forward and backward data with C, K >= AUTO_WINOGRAD_MIN_CHANNELS and
@@ -189,6 +190,8 @@ def auto_preferences(problem, direction):
     3. "direct": grouped and depthwise problems, and the fallback that
        supports every problem."""
     prefs = []
+    if problem.groups == problem.C:
+        prefs.append(("depthwise", "depthwise (groups == C): memory-bound, dedicated kernels"))
     gemm = REGISTRY.get("gemm")
     gemm_fits = (gemm is not None and problem.groups == 1 and gemm.supports(problem, direction)[0]
                  and gemm.workspace_bytes(problem, direction) <= AUTO_GEMM_WORKSPACE_LIMIT)
@@ -284,3 +287,4 @@ def choose(problem, direction, algo="auto", gpu=False, options=DEFAULT_OPTIONS):
 # Importing the algorithm modules registers them (and declares their kernel
 # families for _kernels.families()).
 from . import direct, gemm, implicit_gemm, winograd  # noqa: E402,F401
+from . import depthwise  # noqa: E402,F401  (registered after the general algorithms)

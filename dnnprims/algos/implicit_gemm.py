@@ -19,6 +19,7 @@ import numpy as np
 from .. import _dtypes
 from .._kernels import KernelFamily, ceil_div
 from .._validate import INT32_LIMIT
+from ..activations import ACTIVATION_MODES, _KERNEL_MODE
 from . import ConvAlgorithm, register
 
 # name: (BM, BN, BK, TM, TN); threads = (BM / TM) * (BN / TN).
@@ -114,8 +115,24 @@ def tap_table(p, direction):
     return padded, {k: i32(v) for k, v in geometry.items()}
 
 
+def activation_arguments(activation, alpha_type=np.float32):
+    """The (act_mode, act_alpha) kernel scalars for ``activation`` (None or
+    (mode, alpha)): ActivationMode of kernels/activation_math.cuh, or
+    ACTIVATION_NONE = -1."""
+    if activation is None:
+        return np.int32(-1), alpha_type(0.0)
+    mode, alpha = activation
+    return np.int32(_KERNEL_MODE[mode]), alpha_type(0.0 if alpha is None else alpha)
+
+
+# Every mode of dnnprims.ACTIVATION_MODES, applied to the register tile in the
+# forward epilogue (kernels/activation_math.cuh).
+FUSED_ACTIVATIONS = frozenset(ACTIVATION_MODES)
+
+
 class ImplicitGemmConvolution(ConvAlgorithm):
     directions = ("forward", "backward_data")
+    fused_activations = FUSED_ACTIVATIONS
 
     def __init__(self, tile=None):
         self.tile = tile
@@ -159,8 +176,8 @@ class ImplicitGemmConvolution(ConvAlgorithm):
     def run(self, problem, direction, a, b, out, bias=None, activation=None):
         expression, grid, block, table, scalars = self._plan(problem, direction)
         FAMILY.launch(expression, grid, block,
-                      (a, b, table, b if bias is None else bias, np.int32(bias is not None), out,
-                       *scalars))
+                      (a, b, table, b if bias is None else bias, np.int32(bias is not None),
+                       *activation_arguments(activation), out, *scalars))
         return out
 
 

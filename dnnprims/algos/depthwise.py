@@ -1,0 +1,276 @@
+"""The "depthwise" algorithm: kernels/conv_depthwise.cu.
+
+Depthwise convolution (groups == C, K = C * multiplier, any multiplier),
+forward (with bias and every activation fused in the epilogue), backward data
+and backward filter; NCHW and NHWC; every stride, padding, dilation and dtype
+(float32 accumulation for the half types).  Memory-bound: the kernels stage
+the input tile and its halo in shared memory (NCHW) or read channel vectors
+(NHWC), so each tensor crosses DRAM about once.  Backward filter reduces
+deterministically in two passes (per-block partials in a workspace, then a
+fixed-order sum): no atomics.
+
+Launch geometry (tiles, shared memory, grid) depends only on the problem, so
+it is computed once per (device, problem, direction, pointer alignment) and
+cached: a cached call is a dict lookup and one or two launches.
+"""
+import numpy as np
+
+from .. import _dtypes
+from .._kernels import KernelFamily, ceil_div, index_type
+from ..activations import ACTIVATION_MODES
+from . import ConvAlgorithm, register
+from .implicit_gemm import activation_arguments
+
+V = 4                      # DW_V: outputs per thread along a row (NCHW) / channels per thread (NHWC)
+_THREADS = 256
+SHARED_LIMIT = 48 * 1024   # bytes of dynamic shared memory without opting in
+_MAX_GRID = 2**31 - 1
+_MAX_GRID_Y = 65535
+_TARGET_BLOCKS = 132 * 8   # enough resident blocks for an H100 (132 SMs)
+_PLAN_CACHE_SIZE = 4096
+_NHWC_TARGET_BLOCKS = 132 * 16  # NHWC forward / backward data: position runs per channel chunk
+
+FAMILY = KernelFamily("conv_depthwise.cu", [
+    *(f"dw_forward_nchw<{t}>" for t in _dtypes.CUDA_TYPES),
+    *(f"dw_backward_data_nchw<{t}, {s}>" for t in _dtypes.CUDA_TYPES for s in ("false", "true")),
+    *(f"dw_backward_filter_nchw<{t}>" for t in _dtypes.CUDA_TYPES),
+    *(f"dw_backward_filter_reduce<{t}>" for t in _dtypes.CUDA_TYPES),
+    *(f"dw_{kernel}_nhwc<{t}, {i}, {v}>" for kernel in ("forward", "backward_data")
+      for t in _dtypes.CUDA_TYPES for i in ("int", "long long") for v in (1, V)),
+    *(f"dw_backward_filter_nhwc<{t}, {i}>" for t in _dtypes.CUDA_TYPES for i in ("int", "long long")),
+])
+
+
+def is_depthwise(p):
+    """groups == C: one input channel per group, K = C * multiplier filters."""
+    return p.groups == p.C and p.C >= 1
+
+
+def _pow2_at_least(n):
+    v = 1
+    while v < n:
+        v *= 2
+    return v
+
+
+def _acc_size(dtype):
+    return 8 if dtype == "float64" else 4
+
+
+def _nchw_tile(p, direction, acc):
+    """(TQT, TP, in_rows, in_cols, pitch, shared bytes, group_taps) for an NCHW
+    launch, or None if no tile fits shared memory.  The tile is TP output rows
+    by TQT * V columns of the plane being written (y, or dx)."""
+    out_rows, out_cols = (p.H, p.W) if direction == "backward_data" else (p.P, p.Q)
+    (sh, sw), (dh, dw) = p.stride, p.dilation
+    mult = p.K // p.C
+    tqt = min(32, _pow2_at_least(ceil_div(out_cols, V)))
+    tp = min(_THREADS // tqt, max(_pow2_at_least(out_rows), 32 // tqt))
+    while True:
+        tq = tqt * V
+        if direction == "backward_data":
+            in_rows = (tp - 1 + (p.R - 1) * dh + sh - 1) // sh + 1
+            in_cols = (tq - 1 + (p.S - 1) * dw + sw - 1) // sw + 1
+            head = ceil_div(mult * p.R * p.S, 4) * 4
+        else:
+            in_rows = (tp - 1) * sh + (p.R - 1) * dh + 1
+            in_cols = (tq - 1) * sw + (p.S - 1) * dw + 1
+            head = ceil_div(p.R * p.S, 4) * 4
+        pitch = in_cols
+        if tqt < 32 and sh == 1 and direction != "backward_data":
+            pitch += (tqt - in_cols) % 32    # rows of a warp start tqt banks apart
+        group_taps = 0
+        if direction == "backward_filter":
+            tile_values = in_rows * pitch
+            room = SHARED_LIMIT // acc - tile_values
+            group_taps = min(p.R * p.S, room // (tqt * tp)) if room > 0 else 0
+            shared = (group_taps * tqt * tp + tile_values) * acc
+            fits = group_taps >= 1
+        else:
+            shared = (head + in_rows * pitch) * acc
+            fits = shared <= SHARED_LIMIT
+        if fits:
+            return tqt, tp, in_rows, in_cols, pitch, shared, group_taps
+        # Shrink: rows first, then the row width; threads stay a multiple of 32
+        # (the filter-gradient reduction is warp per tap).
+        if tp * tqt > 32:
+            tp //= 2
+        elif tqt > 1:
+            tqt //= 2
+            tp = 32 // tqt
+        else:
+            return None
+
+
+def _nhwc_block(p, direction, vec, acc):
+    """(KB, PB, shared bytes, group_taps) for an NHWC launch, or None."""
+    mult = p.K // p.C
+    channels = p.C if direction == "backward_data" else p.K
+    if direction == "backward_filter":
+        kb = min(p.K, 32)
+        pb = _THREADS // kb
+        group_taps = min(p.R * p.S, SHARED_LIMIT // (acc * kb * pb))
+        return (kb, pb, group_taps * kb * pb * acc, group_taps) if group_taps >= 1 else None
+    kb = min(ceil_div(channels, vec), 64)
+    while kb >= 1:
+        per_block = kb * vec * (mult if direction == "backward_data" else 1)
+        shared = p.R * p.S * per_block * acc
+        if shared <= SHARED_LIMIT:
+            return kb, max(1, _THREADS // kb), shared, 0
+        kb //= 2
+    return None
+
+
+def _aligned(arrays, vec, itemsize):
+    return all(a.data.ptr % (vec * itemsize) == 0 for a in arrays)
+
+
+class DepthwiseConvolution(ConvAlgorithm):
+    """Dedicated depthwise kernels (see the module and kernel headers)."""
+
+    name = "depthwise"
+    fused_activations = frozenset(ACTIVATION_MODES)
+
+    def __init__(self):
+        self._plans = {}
+        self._supported = {}   # (problem, direction) -> (ok, reason): on every call's path
+
+    def supports(self, problem, direction):
+        key = (problem, direction)
+        answer = self._supported.get(key)
+        if answer is None:
+            answer = self._supports(problem, direction)
+            if len(self._supported) >= _PLAN_CACHE_SIZE:
+                self._supported.clear()
+            self._supported[key] = answer
+        return answer
+
+    def _supports(self, problem, direction):
+        ok, reason = super().supports(problem, direction)
+        if not ok:
+            return ok, reason
+        p = problem
+        if not is_depthwise(p):
+            return False, f"it is for depthwise problems (groups == C), not groups={p.groups} with C={p.C}"
+        if max(p.H * p.W, p.P * p.Q) >= 2**31:
+            return False, "it indexes inside one image plane with 32-bit ints"
+        acc = _acc_size(p.dtype)
+        if p.layout == "NCHW":
+            if _nchw_tile(p, direction, acc) is None:
+                return False, "no tile of its input with halo fits 48 KiB of shared memory"
+        elif _nhwc_block(p, direction, 1, acc) is None:
+            return False, "its filter slice does not fit 48 KiB of shared memory"
+        return True, ""
+
+    def workspace_bytes(self, problem, direction):
+        if direction != "backward_filter" or not is_depthwise(problem):
+            return 0
+        return problem.K * problem.R * problem.S * self._chunks(problem) * _acc_size(problem.dtype)
+
+    def _chunks(self, p):
+        """Blocks per output channel in backward filter pass 1 (= partials per filter tap)."""
+        acc = _acc_size(p.dtype)
+        if p.layout == "NCHW":
+            tqt, tp = _nchw_tile(p, "backward_filter", acc)[:2]
+            items = p.N * ceil_div(p.P, tp) * ceil_div(p.Q, tqt * V)
+            channel_blocks = p.K
+        else:
+            kb, pb = _nhwc_block(p, "backward_filter", 1, acc)[:2]
+            items = ceil_div(p.N * p.P * p.Q, pb)
+            channel_blocks = ceil_div(p.K, kb)
+        return max(1, min(items, ceil_div(_TARGET_BLOCKS, channel_blocks), _MAX_GRID_Y))
+
+    def _plan(self, p, direction, arrays):
+        import cupy
+
+        itemsize = np.dtype(p.dtype).itemsize
+        vec_ok = (p.layout == "NHWC" and p.K == p.C and p.C % V == 0
+                  and _aligned(arrays, V, itemsize))
+        key = (cupy.cuda.runtime.getDevice(), p, direction, vec_ok)
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = self._make_plan(p, direction, vec_ok)
+            if len(self._plans) >= _PLAN_CACHE_SIZE:
+                self._plans.clear()
+            self._plans[key] = plan
+        return plan
+
+    def _make_plan(self, p, direction, vec_ok):
+        """(launches, workspace values): launches are (expression, grid, block,
+        shared bytes, scalars), the arrays are added at run time."""
+        t = _dtypes.cuda_type(p.dtype)
+        acc = _acc_size(p.dtype)
+        i32, i64 = np.int32, np.int64
+        mult = p.K // p.C
+        geometry = (i32(p.C), i32(p.H), i32(p.W), i32(p.K), i32(p.R), i32(p.S), i32(p.P), i32(p.Q),
+                    i32(p.stride[0]), i32(p.stride[1]), i32(p.padding[0]), i32(p.padding[1]),
+                    i32(p.dilation[0]), i32(p.dilation[1]), i32(mult))
+        filter_total = p.K * p.R * p.S
+        if p.layout == "NCHW":
+            tqt, tp, in_rows, in_cols, pitch, shared, group_taps = _nchw_tile(p, direction, acc)
+            out_rows, out_cols = (p.H, p.W) if direction == "backward_data" else (p.P, p.Q)
+            tiles_c = ceil_div(out_cols, tqt * V)
+            tiles = ceil_div(out_rows, tp) * tiles_c
+            tile_args = (i32(tiles_c), i32(tiles), i32(in_rows), i32(in_cols), i32(pitch))
+            if direction == "backward_filter":
+                chunks = self._chunks(p)
+                launches = [(f"dw_backward_filter_nchw<{t}>", (p.K, chunks), (tqt, tp), shared,
+                             (i32(p.N), *geometry, *tile_args, i32(group_taps)))]
+                return launches + [self._reduce(t, filter_total, chunks)], filter_total * chunks
+            planes = p.N * (p.C if direction == "backward_data" else p.K)
+            grid = (min(planes * tiles, _MAX_GRID),)
+            if direction == "forward":
+                expr = f"dw_forward_nchw<{t}>"
+            else:
+                expr = f"dw_backward_data_nchw<{t}, {'true' if p.stride != (1, 1) else 'false'}>"
+            return [(expr, grid, (tqt, tp), shared, (*geometry, i64(planes), *tile_args))], 0
+        # NHWC
+        vec = V if vec_ok else 1
+        # Headroom: a position loop index may step up to 256 * 65535 past the last position.
+        slack = _THREADS * _MAX_GRID_Y
+        index_t = index_type(p.N * p.H * p.W * p.C + slack, p.N * p.P * p.Q * p.K + slack)
+        itype = i32 if index_t == "int" else i64
+        kb, pb, shared, group_taps = _nhwc_block(p, direction, vec, acc)
+        if direction == "backward_filter":
+            positions = p.N * p.P * p.Q
+            chunks = self._chunks(p)
+            launches = [(f"dw_backward_filter_nhwc<{t}, {index_t}>", (ceil_div(p.K, kb), chunks), (kb, pb),
+                         shared, (*geometry, itype(positions), i32(group_taps)))]
+            return launches + [self._reduce(t, filter_total, chunks)], filter_total * chunks
+        positions = p.N * (p.H * p.W if direction == "backward_data" else p.P * p.Q)
+        channels = p.C if direction == "backward_data" else p.K
+        per_block = pb * ceil_div(positions, pb * _NHWC_TARGET_BLOCKS)
+        grid = (ceil_div(positions, per_block), ceil_div(channels, kb * vec))
+        return [(f"dw_{direction}_nhwc<{t}, {index_t}, {vec}>", grid, (kb, pb), shared,
+                 (*geometry, itype(positions), itype(per_block)))], 0
+
+    @staticmethod
+    def _reduce(t, filter_total, chunks):
+        grid = (min(ceil_div(filter_total, _THREADS), 65535 * 8),)
+        return (f"dw_backward_filter_reduce<{t}>", grid, (_THREADS,), 0,
+                (np.int64(filter_total), np.int32(chunks)))
+
+    def run(self, problem, direction, a, b, out, bias=None, activation=None):
+        import cupy
+
+        p = problem
+        launches, workspace = self._plan(p, direction, (a, b, out))
+        alpha_type = np.float64 if p.dtype == "float64" else np.float32
+        if direction == "forward":
+            expr, grid, block, shared, scalars = launches[0]
+            act_mode, act_alpha = activation_arguments(activation, alpha_type)
+            FAMILY.launch(expr, grid, block, (a, b, b if bias is None else bias, np.int32(bias is not None),
+                                              act_mode, act_alpha, out, *scalars), shared_mem=shared)
+        elif direction == "backward_data":
+            expr, grid, block, shared, scalars = launches[0]
+            FAMILY.launch(expr, grid, block, (a, b, out, *scalars), shared_mem=shared)
+        else:
+            partials = cupy.empty(workspace, dtype=np.float64 if p.dtype == "float64" else np.float32)
+            (expr, grid, block, shared, scalars), reduce = launches
+            FAMILY.launch(expr, grid, block, (a, b, partials, *scalars), shared_mem=shared)
+            expr, grid, block, shared, scalars = reduce
+            FAMILY.launch(expr, grid, block, (partials, out, *scalars), shared_mem=shared)
+        return out
+
+
+DEPTHWISE = register(DepthwiseConvolution())

@@ -1,0 +1,509 @@
+// Depthwise convolution (groups == C, K = C * multiplier): forward with a fused
+// bias + activation epilogue, backward data, backward filter.  Filters are
+// (K, 1, R, S); output channel k reads input channel c = k / multiplier.
+//
+// These layers do ~2 R*S flops per element moved, so they are memory-bound: the
+// kernels aim to read each input once from DRAM and write each output once.
+//
+// NCHW (one block per tile of one (image, channel) plane; flat block index =
+// plane * tiles + tile, grid-stride over it):
+//   The block is TQT x TP threads (TQT a power of two along the row, TP rows);
+//   each thread computes DW_V outputs of one row, spaced TQT apart (so a warp's
+//   shared-memory reads and global stores are consecutive), the tile being
+//   TP x (TQT * DW_V) outputs.  The input tile with its halo is staged in
+//   shared memory (coalesced row loads, zeros outside the image), the R x S
+//   filter of the plane too (a broadcast read per tap).
+//   forward          y tile from the x tile: acc += xs[ty*sh + r*dh][col*sw + s*dw] * w[r, s].
+//   backward_data    the dx tile gathers from a dy tile whose first row is
+//                    p_lo = floor((h0 + ph - (R-1) dh) / sh): tap r of dx row h
+//                    reads dy row (h + ph - r dh) / sh when that is exact
+//                    (STRIDED: tested per tap; stride 1 needs no test), so no
+//                    work is spent on the zeros a strided transposed
+//                    convolution would insert.  With a multiplier the block
+//                    loops over the multiplier's dy planes.
+//   backward_filter  two passes, no atomics (same bits every run).  Pass 1: a
+//                    block per (k, chunk) walks its share of the (image, tile)
+//                    items; per item it stages the x tile, holds DW_V dy values
+//                    in registers, and adds sum_v dy * x per tap into its own
+//                    shared-memory slot (slots[tap][thread]); at the end one
+//                    warp per tap sums the slots in a fixed order into
+//                    partials[k, tap, chunk].  Taps that do not fit shared
+//                    memory at once are done in groups (group_taps).
+//                    Pass 2 (dw_backward_filter_reduce): one thread per
+//                    (k, tap) sums the chunks in order.
+// NHWC (channels fastest in memory):
+//   forward, backward_data  block = KB channel vectors (threadIdx.x) x PB
+//                    positions (threadIdx.y), grid.y = channel chunks; block x
+//                    walks a contiguous run of per_block positions, so the
+//                    R x S window's rows are re-read from L1 / L2, not DRAM.  V = 4 channels per thread with
+//                    16-byte (float), 8-byte (half) or 2x16-byte (double) loads
+//                    when the multiplier is 1, C % 4 == 0 and the pointers are
+//                    aligned; else V = 1.  The block's filter slice is staged
+//                    in shared memory as ws[tap][channel], contiguous per tap.
+//   backward_filter  pass 1: block = KB output channels x PB position slots,
+//                    slots in shared memory as above; pass 2 shared with NCHW.
+//
+// Accumulation in acc_t<T> (float for half types, double for double).  Plane
+// offsets are 64-bit; offsets inside one plane (H*W, P*Q < 2^31, checked in
+// Python) are int.  NHWC flat position indices are index_t.
+#include "activation_math.cuh"
+
+#define DW_V 4
+
+__device__ __forceinline__ int floor_div(int a, int b) {
+    return a >= 0 ? a / b : -((-a + b - 1) / b);
+}
+
+template <typename T> __device__ __forceinline__ T from_bits(unsigned int b) {
+    T t;
+    t.bits = (unsigned short)(b & 0xffffu);
+    return t;
+}
+
+// V consecutive elements of p into out (acc type), vectorised for V == 4.
+template <typename T, int V> __device__ __forceinline__ void load_vec(const T* p, acc_t<T>* out) {
+    if constexpr (V == 4 && sizeof(T) == 4) {
+        const float4 f = *reinterpret_cast<const float4*>(p);
+        out[0] = f.x; out[1] = f.y; out[2] = f.z; out[3] = f.w;
+    } else if constexpr (V == 4 && sizeof(T) == 2) {
+        const uint2 u = *reinterpret_cast<const uint2*>(p);
+        out[0] = load(from_bits<T>(u.x)); out[1] = load(from_bits<T>(u.x >> 16));
+        out[2] = load(from_bits<T>(u.y)); out[3] = load(from_bits<T>(u.y >> 16));
+    } else if constexpr (V == 4 && sizeof(T) == 8) {
+        const double2 a = reinterpret_cast<const double2*>(p)[0];
+        const double2 b = reinterpret_cast<const double2*>(p)[1];
+        out[0] = a.x; out[1] = a.y; out[2] = b.x; out[3] = b.y;
+    } else {
+#pragma unroll
+        for (int i = 0; i < V; ++i) out[i] = load(p[i]);
+    }
+}
+
+template <typename T, int V> __device__ __forceinline__ void store_vec(T* p, const acc_t<T>* v) {
+    if constexpr (V == 4 && sizeof(T) == 4) {
+        *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
+    } else if constexpr (V == 4 && sizeof(T) == 2) {
+        uint2 u;
+        u.x = (unsigned int)store<T>(v[0]).bits | ((unsigned int)store<T>(v[1]).bits << 16);
+        u.y = (unsigned int)store<T>(v[2]).bits | ((unsigned int)store<T>(v[3]).bits << 16);
+        *reinterpret_cast<uint2*>(p) = u;
+    } else if constexpr (V == 4 && sizeof(T) == 8) {
+        reinterpret_cast<double2*>(p)[0] = make_double2(v[0], v[1]);
+        reinterpret_cast<double2*>(p)[1] = make_double2(v[2], v[3]);
+    } else {
+#pragma unroll
+        for (int i = 0; i < V; ++i) p[i] = store<T>(v[i]);
+    }
+}
+
+// Stage rows [row0, row0 + rows) x cols [col0, col0 + cols) of one plane
+// (height Hs, width Ws) into dst (row pitch `pitch`), zeros outside the plane.
+// Each thread issues STAGE_ROWS x STAGE_COLS independent loads before storing
+// any (a tile with a 3 x 3 halo is then one round trip to memory): one load
+// at a time per thread leaves too few bytes in flight to approach DRAM
+// bandwidth (measured: 0.37 of copy on mbv2_dw_112).
+#define STAGE_ROWS 2
+#define STAGE_COLS (DW_V + 1)
+template <typename T>
+__device__ __forceinline__ void stage_tile(acc_t<T>* dst, const T* __restrict__ plane, int Hs, int Ws,
+                                           int row0, int col0, int rows, int cols, int pitch) {
+    typedef acc_t<T> A;
+    const int TY = blockDim.y, TX = blockDim.x;
+    for (int rb = threadIdx.y; rb < rows; rb += STAGE_ROWS * TY) {
+        for (int cb = threadIdx.x; cb < cols; cb += STAGE_COLS * TX) {
+            A v[STAGE_ROWS][STAGE_COLS];
+#pragma unroll
+            for (int i = 0; i < STAGE_ROWS; ++i) {
+                const int h = row0 + rb + i * TY;
+                const bool row_ok = rb + i * TY < rows && (unsigned)h < (unsigned)Hs;
+                const T* src = plane + (long long)(row_ok ? h : 0) * Ws;
+#pragma unroll
+                for (int j = 0; j < STAGE_COLS; ++j) {
+                    const int wi = col0 + cb + j * TX;
+                    v[i][j] = (row_ok && cb + j * TX < cols && (unsigned)wi < (unsigned)Ws) ? load(src[wi])
+                                                                                           : A(0);
+                }
+            }
+#pragma unroll
+            for (int i = 0; i < STAGE_ROWS; ++i) {
+                const int row = rb + i * TY;
+#pragma unroll
+                for (int j = 0; j < STAGE_COLS; ++j) {
+                    const int col = cb + j * TX;
+                    if (row < rows && col < cols) dst[row * pitch + col] = v[i][j];
+                }
+            }
+        }
+    }
+}
+
+// Shared memory: filter taps first (rounded up to 4 values), then the tile.
+__device__ __forceinline__ int dw_round4(int n) { return (n + 3) & ~3; }
+
+// ----------------------------------------------------------------------------- NCHW
+
+template <typename T>
+__global__ void __launch_bounds__(256)
+dw_forward_nchw(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias,
+                int has_bias, int act_mode, acc_t<T> act_alpha, T* __restrict__ y,
+                int C, int H, int W, int K, int R, int S, int P, int Q,
+                int sh, int sw, int ph, int pw, int dh, int dw, int mult,
+                long long planes, int tiles_q, int tiles, int in_rows, int in_cols, int pitch) {
+    typedef acc_t<T> A;
+    extern __shared__ __align__(16) unsigned char dw_smem[];
+    A* ws = reinterpret_cast<A*>(dw_smem);
+    A* xs = ws + dw_round4(R * S);
+    const int tx = threadIdx.x, ty = threadIdx.y, TQT = blockDim.x, TP = blockDim.y;
+    const int tid = ty * TQT + tx, nthreads = TQT * TP;
+    long long loaded_plane = -1;
+    A b = A(0);
+    for (long long blk = blockIdx.x; blk < planes * tiles; blk += gridDim.x) {
+        const long long plane = blk / tiles;          // n * K + k
+        const int tile = (int)(blk - plane * tiles);
+        const int k = (int)(plane % K);
+        const long long n = plane / K;
+        __syncthreads();  // the previous tile's reads of ws / xs are done
+        if (plane != loaded_plane) {
+            for (int i = tid; i < R * S; i += nthreads) ws[i] = load(w[(long long)k * R * S + i]);
+            b = has_bias ? load(bias[k]) : A(0);
+            loaded_plane = plane;
+        }
+        const int tp = tile / tiles_q, tq = tile - tp * tiles_q;
+        const int p0 = tp * TP, q0 = tq * TQT * DW_V;
+        stage_tile<T>(xs, x + (n * C + k / mult) * (long long)H * W, H, W,
+                      p0 * sh - ph, q0 * sw - pw, in_rows, in_cols, pitch);
+        __syncthreads();
+        A acc[DW_V];
+#pragma unroll
+        for (int v = 0; v < DW_V; ++v) acc[v] = b;
+        const A* xrow = xs + ty * sh * pitch + tx * sw;
+        for (int r = 0; r < R; ++r) {
+            for (int s = 0; s < S; ++s) {
+                const A wv = ws[r * S + s];
+                const A* xt = xrow + r * dh * pitch + s * dw;
+#pragma unroll
+                for (int v = 0; v < DW_V; ++v) acc[v] += xt[v * TQT * sw] * wv;
+            }
+        }
+        activate_tile<DW_V>(act_mode, acc, act_alpha);
+        const int p = p0 + ty;
+        if (p < P) {
+            T* yrow = y + plane * (long long)P * Q + (long long)p * Q;
+#pragma unroll
+            for (int v = 0; v < DW_V; ++v) {
+                const int q = q0 + tx + v * TQT;
+                if (q < Q) yrow[q] = store<T>(acc[v]);
+            }
+        }
+    }
+}
+
+template <typename T, bool STRIDED>
+__global__ void __launch_bounds__(256)
+dw_backward_data_nchw(const T* __restrict__ dy, const T* __restrict__ w, T* __restrict__ dx,
+                      int C, int H, int W, int K, int R, int S, int P, int Q,
+                      int sh, int sw, int ph, int pw, int dh, int dw, int mult,
+                      long long planes, int tiles_w, int tiles, int in_rows, int in_cols, int pitch) {
+    typedef acc_t<T> A;
+    extern __shared__ __align__(16) unsigned char dw_smem[];
+    A* ws = reinterpret_cast<A*>(dw_smem);
+    A* ds = ws + dw_round4(mult * R * S);
+    const int tx = threadIdx.x, ty = threadIdx.y, TQT = blockDim.x, TP = blockDim.y;
+    const int tid = ty * TQT + tx, nthreads = TQT * TP;
+    long long loaded_plane = -1;
+    for (long long blk = blockIdx.x; blk < planes * tiles; blk += gridDim.x) {
+        const long long plane = blk / tiles;          // n * C + c
+        const int tile = (int)(blk - plane * tiles);
+        const int c = (int)(plane % C);
+        const long long n = plane / C;
+        const int th = tile / tiles_w, tw = tile - th * tiles_w;
+        const int h0 = th * TP, w0 = tw * TQT * DW_V;
+        // First dy row / column the tile can reach: p_lo * sh <= h0 + ph - (R-1) dh,
+        // so every offset below is >= 0.
+        const int p_lo = floor_div(h0 + ph - (R - 1) * dh, sh);
+        const int q_lo = floor_div(w0 + pw - (S - 1) * dw, sw);
+        const int h = h0 + ty;
+        A acc[DW_V];
+#pragma unroll
+        for (int v = 0; v < DW_V; ++v) acc[v] = A(0);
+        for (int j = 0; j < mult; ++j) {
+            const int k = c * mult + j;
+            __syncthreads();  // the previous reads of ws / ds are done
+            if (plane != loaded_plane && j == 0) {
+                for (int i = tid; i < mult * R * S; i += nthreads)
+                    ws[i] = load(w[(long long)c * mult * R * S + i]);
+                loaded_plane = plane;
+            }
+            stage_tile<T>(ds, dy + (n * K + k) * (long long)P * Q, P, Q, p_lo, q_lo, in_rows, in_cols, pitch);
+            __syncthreads();
+            const A* wj = ws + j * R * S;
+            for (int r = 0; r < R; ++r) {
+                int t = h + ph - r * dh - p_lo * sh;
+                if (STRIDED) {
+                    if (t % sh != 0) continue;
+                    t /= sh;
+                }
+                const A* drow = ds + t * pitch;
+                for (int s = 0; s < S; ++s) {
+                    const A wv = wj[r * S + s];
+                    const int u0 = w0 + tx + pw - s * dw - q_lo * sw;
+#pragma unroll
+                    for (int v = 0; v < DW_V; ++v) {
+                        int u = u0 + v * TQT;
+                        if (STRIDED) {
+                            if (u % sw != 0) continue;
+                            u /= sw;
+                        }
+                        acc[v] += drow[u] * wv;
+                    }
+                }
+            }
+        }
+        if (h < H) {
+            T* row = dx + plane * (long long)H * W + (long long)h * W;
+#pragma unroll
+            for (int v = 0; v < DW_V; ++v) {
+                const int wi = w0 + tx + v * TQT;
+                if (wi < W) row[wi] = store<T>(acc[v]);
+            }
+        }
+    }
+}
+
+// Pass 1 of the NCHW filter gradient; grid (K, chunks).  partials[(k*R*S + tap) * chunks + chunk].
+template <typename T>
+__global__ void __launch_bounds__(256)
+dw_backward_filter_nchw(const T* __restrict__ x, const T* __restrict__ dy, acc_t<T>* __restrict__ partials,
+                        int N, int C, int H, int W, int K, int R, int S, int P, int Q,
+                        int sh, int sw, int ph, int pw, int dh, int dw, int mult,
+                        int tiles_q, int tiles, int in_rows, int in_cols, int pitch, int group_taps) {
+    typedef acc_t<T> A;
+    extern __shared__ __align__(16) unsigned char dw_smem[];
+    const int tx = threadIdx.x, ty = threadIdx.y, TQT = blockDim.x, TP = blockDim.y;
+    const int tid = ty * TQT + tx, nthreads = TQT * TP;
+    A* slots = reinterpret_cast<A*>(dw_smem);                 // [group_taps][nthreads]
+    A* xs = slots + group_taps * nthreads;
+    const int k = blockIdx.x, c = k / mult, RS = R * S;
+    const int chunk = blockIdx.y, chunks = gridDim.y;
+    const long long items = (long long)N * tiles;
+    for (int t0 = 0; t0 < RS; t0 += group_taps) {
+        const int G = min(group_taps, RS - t0);
+        for (int i = 0; i < G; ++i) slots[i * nthreads + tid] = A(0);
+        for (long long item = chunk; item < items; item += chunks) {
+            const long long n = item / tiles;
+            const int tile = (int)(item - n * tiles);
+            const int tp = tile / tiles_q, tq = tile - tp * tiles_q;
+            const int p0 = tp * TP, q0 = tq * TQT * DW_V;
+            // dy goes to registers first, so its loads are in flight with the x tile's.
+            const int p = p0 + ty;
+            const T* dyrow = dy + (n * K + k) * (long long)P * Q + (long long)(p < P ? p : 0) * Q;
+            A d[DW_V];
+#pragma unroll
+            for (int v = 0; v < DW_V; ++v) {
+                const int q = q0 + tx + v * TQT;
+                d[v] = (p < P && q < Q) ? load(dyrow[q]) : A(0);
+            }
+            __syncthreads();  // the previous item's reads of xs are done
+            stage_tile<T>(xs, x + (n * C + c) * (long long)H * W, H, W,
+                          p0 * sh - ph, q0 * sw - pw, in_rows, in_cols, pitch);
+            __syncthreads();
+            const A* xrow = xs + ty * sh * pitch + tx * sw;
+            for (int i = 0; i < G; ++i) {
+                const int tap = t0 + i, r = tap / S, s = tap - r * S;
+                const A* xt = xrow + r * dh * pitch + s * dw;
+                A sum = A(0);
+#pragma unroll
+                for (int v = 0; v < DW_V; ++v) sum += d[v] * xt[v * TQT * sw];
+                slots[i * nthreads + tid] += sum;
+            }
+        }
+        __syncthreads();
+        const int warp = tid >> 5, lane = tid & 31, warps = nthreads >> 5;  // nthreads % 32 == 0
+        for (int i = warp; i < G; i += warps) {
+            A v = A(0);
+            for (int j = lane; j < nthreads; j += 32) v += slots[i * nthreads + j];
+            v = warp_sum(v);
+            if (lane == 0) partials[((long long)k * RS + t0 + i) * chunks + chunk] = v;
+        }
+        __syncthreads();  // slots are reused by the next tap group
+    }
+}
+
+// Pass 2, both layouts: dw[f] = sum over chunks of partials[f * chunks + chunk], in order.
+template <typename T>
+__global__ void dw_backward_filter_reduce(const acc_t<T>* __restrict__ partials, T* __restrict__ dw,
+                                          long long filter_total, int chunks) {
+    typedef acc_t<T> A;
+    for (long long f = (long long)blockIdx.x * blockDim.x + threadIdx.x; f < filter_total;
+         f += (long long)gridDim.x * blockDim.x) {
+        const A* src = partials + f * chunks;
+        A v = A(0);
+        for (int j = 0; j < chunks; ++j) v += src[j];
+        dw[f] = store<T>(v);
+    }
+}
+
+// ----------------------------------------------------------------------------- NHWC
+
+// Forward: thread (tx, ty) = (channel vector, position slot); block's channels
+// [k0, k0 + KB*V) with k0 = blockIdx.y * KB * V; ws[tap][channel - k0].
+template <typename T, typename index_t, int V>
+__global__ void __launch_bounds__(256)
+dw_forward_nhwc(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias,
+                int has_bias, int act_mode, acc_t<T> act_alpha, T* __restrict__ y,
+                int C, int H, int W, int K, int R, int S, int P, int Q,
+                int sh, int sw, int ph, int pw, int dh, int dw, int mult, index_t positions,
+                index_t per_block) {
+    typedef acc_t<T> A;
+    extern __shared__ __align__(16) unsigned char dw_smem[];
+    A* ws = reinterpret_cast<A*>(dw_smem);
+    const int KB = blockDim.x, CB = KB * V, RS = R * S;
+    const int tid = threadIdx.y * KB + threadIdx.x, nthreads = KB * blockDim.y;
+    const int k0 = blockIdx.y * CB;
+    for (int i = tid; i < RS * CB; i += nthreads) {
+        const int tap = i / CB, kl = i - tap * CB;
+        ws[i] = k0 + kl < K ? load(w[(long long)(k0 + kl) * RS + tap]) : A(0);
+    }
+    __syncthreads();
+    const int kl = threadIdx.x * V, k = k0 + kl;
+    if (k >= K) return;  // K % V == 0: a vector is whole or absent
+    A b[V];
+#pragma unroll
+    for (int v = 0; v < V; ++v) b[v] = has_bias ? load(bias[k + v]) : A(0);
+    const index_t first = (index_t)blockIdx.x * per_block;
+    const index_t end = positions - first > per_block ? first + per_block : positions;  // no overflow
+    for (index_t pos = first + threadIdx.y; pos < end; pos += blockDim.y) {
+        const int q = (int)(pos % Q);
+        const index_t np = pos / Q;
+        const int p = (int)(np % P);
+        const index_t n = np / P;
+        A acc[V];
+#pragma unroll
+        for (int v = 0; v < V; ++v) acc[v] = b[v];
+        for (int r = 0; r < R; ++r) {
+            const int h = p * sh - ph + r * dh;
+            if ((unsigned)h >= (unsigned)H) continue;
+            for (int s = 0; s < S; ++s) {
+                const int wi = q * sw - pw + s * dw;
+                if ((unsigned)wi >= (unsigned)W) continue;
+                const T* xv = x + ((n * H + h) * W + wi) * C;
+                A xin[V];
+                if constexpr (V == 1) xin[0] = load(xv[k / mult]);
+                else load_vec<T, V>(xv + k, xin);  // V > 1 only with multiplier 1
+                const A* wt = ws + (r * S + s) * CB + kl;
+#pragma unroll
+                for (int v = 0; v < V; ++v) acc[v] += xin[v] * wt[v];
+            }
+        }
+        activate_tile<V>(act_mode, acc, act_alpha);
+        store_vec<T, V>(y + pos * K + k, acc);
+    }
+}
+
+// Backward data: thread = (input channel vector, position of dx); the block's
+// input channels [c0, c0 + KB*V) use output channels [c0*mult, (c0 + KB*V)*mult):
+// ws[tap][k - c0*mult].
+template <typename T, typename index_t, int V>
+__global__ void __launch_bounds__(256)
+dw_backward_data_nhwc(const T* __restrict__ dy, const T* __restrict__ w, T* __restrict__ dx,
+                      int C, int H, int W, int K, int R, int S, int P, int Q,
+                      int sh, int sw, int ph, int pw, int dh, int dw, int mult, index_t positions,
+                index_t per_block) {
+    typedef acc_t<T> A;
+    extern __shared__ __align__(16) unsigned char dw_smem[];
+    A* ws = reinterpret_cast<A*>(dw_smem);
+    const int KB = blockDim.x, CB = KB * V, KBM = CB * mult, RS = R * S;
+    const int tid = threadIdx.y * KB + threadIdx.x, nthreads = KB * blockDim.y;
+    const int c0 = blockIdx.y * CB;
+    for (int i = tid; i < RS * KBM; i += nthreads) {
+        const int tap = i / KBM, kl = i - tap * KBM;
+        const int k = c0 * mult + kl;
+        ws[i] = k < K ? load(w[(long long)k * RS + tap]) : A(0);
+    }
+    __syncthreads();
+    const int cl = threadIdx.x * V, c = c0 + cl;
+    if (c >= C) return;
+    const index_t first = (index_t)blockIdx.x * per_block;
+    const index_t end = positions - first > per_block ? first + per_block : positions;  // no overflow
+    for (index_t pos = first + threadIdx.y; pos < end; pos += blockDim.y) {
+        const int wi = (int)(pos % W);
+        const index_t nh = pos / W;
+        const int h = (int)(nh % H);
+        const index_t n = nh / H;
+        A acc[V];
+#pragma unroll
+        for (int v = 0; v < V; ++v) acc[v] = A(0);
+        for (int r = 0; r < R; ++r) {
+            const int ph_ = h + ph - r * dh;         // = p * sh when tap r reaches row h
+            if (ph_ < 0) break;                      // decreases with r
+            if (ph_ % sh != 0) continue;
+            const int p = ph_ / sh;
+            if (p >= P) continue;
+            for (int s = 0; s < S; ++s) {
+                const int qw = wi + pw - s * dw;
+                if (qw < 0) break;
+                if (qw % sw != 0) continue;
+                const int q = qw / sw;
+                if (q >= Q) continue;
+                const T* dyv = dy + ((n * P + p) * Q + q) * K;
+                const A* wt = ws + (r * S + s) * KBM;
+                if constexpr (V == 1) {
+                    for (int j = 0; j < mult; ++j) acc[0] += load(dyv[c * mult + j]) * wt[cl * mult + j];
+                } else {  // multiplier 1: k = c
+                    A d[V];
+                    load_vec<T, V>(dyv + c, d);
+#pragma unroll
+                    for (int v = 0; v < V; ++v) acc[v] += d[v] * wt[cl + v];
+                }
+            }
+        }
+        store_vec<T, V>(dx + pos * C + c, acc);
+    }
+}
+
+// Pass 1 of the NHWC filter gradient: thread (tx, ty) = (output channel k0 + tx,
+// position slot ty); grid (channel chunks, chunks).  Positions of dy are dealt
+// to slots round-robin; slots[tap][ty][tx] accumulate, then are summed over ty
+// in order.
+template <typename T, typename index_t>
+__global__ void __launch_bounds__(256)
+dw_backward_filter_nhwc(const T* __restrict__ x, const T* __restrict__ dy, acc_t<T>* __restrict__ partials,
+                        int C, int H, int W, int K, int R, int S, int P, int Q,
+                        int sh, int sw, int ph, int pw, int dh, int dw, int mult,
+                        index_t positions, int group_taps) {
+    typedef acc_t<T> A;
+    extern __shared__ __align__(16) unsigned char dw_smem[];
+    A* slots = reinterpret_cast<A*>(dw_smem);                 // [group_taps][PB][KB]
+    const int KB = blockDim.x, PB = blockDim.y, RS = R * S;
+    const int tid = threadIdx.y * KB + threadIdx.x, nthreads = KB * PB;
+    const int k = blockIdx.x * KB + threadIdx.x, c = k / mult;
+    const int chunk = blockIdx.y, chunks = gridDim.y;
+    for (int t0 = 0; t0 < RS; t0 += group_taps) {
+        const int G = min(group_taps, RS - t0);
+        for (int i = 0; i < G; ++i) slots[i * nthreads + tid] = A(0);
+        if (k < K) {
+            for (index_t pos = (index_t)chunk * PB + threadIdx.y; pos < positions;
+                 pos += (index_t)chunks * PB) {
+                const int q = (int)(pos % Q);
+                const index_t np = pos / Q;
+                const int p = (int)(np % P);
+                const index_t n = np / P;
+                const A d = load(dy[pos * K + k]);
+                for (int i = 0; i < G; ++i) {
+                    const int tap = t0 + i, r = tap / S, s = tap - r * S;
+                    const int h = p * sh - ph + r * dh, wi = q * sw - pw + s * dw;
+                    if ((unsigned)h < (unsigned)H && (unsigned)wi < (unsigned)W)
+                        slots[i * nthreads + tid] += load(x[((n * H + h) * W + wi) * C + c]) * d;
+                }
+            }
+        }
+        __syncthreads();
+        for (int i = tid; i < G * KB; i += nthreads) {
+            const int tl = i / KB, kx = i - tl * KB, kk = blockIdx.x * KB + kx;
+            A v = A(0);
+            for (int y = 0; y < PB; ++y) v += slots[tl * nthreads + y * KB + kx];
+            if (kk < K) partials[((long long)kk * RS + t0 + tl) * chunks + chunk] = v;
+        }
+        __syncthreads();
+    }
+}
