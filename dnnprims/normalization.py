@@ -36,6 +36,8 @@ FAMILY = KernelFamily("batchnorm.cu", [
       for t, p in _TYPE_PAIRS for i in _INDEX_TYPES for v in (1, _VECTOR[t]) for m in _BOOL),
     *(f"batchnorm_backward_data<{t}, {p}, {i}, {v}>"
       for t, p in _TYPE_PAIRS for i in _INDEX_TYPES for v in (1, _VECTOR[t])),
+    *(f"batchnorm_{k}_fused<{t}, {p}, {i}, {v}>" for k in ("train", "backward")
+      for t, p in _TYPE_PAIRS for i in _INDEX_TYPES for v in (1, _VECTOR[t])),
 ])
 
 _BLOCK = 256  # BN_THREADS in kernels/batchnorm.cu
@@ -179,6 +181,61 @@ class _Launch:
         return f"{kernel}<{', '.join(a for a in args if a is not None)}>"
 
 
+# Single-read kernels (batchnorm_*_fused): a persistent grid of at most the
+# blocks resident at once, rounds of whole channels, a per-channel barrier in
+# global memory (kernels/batchnorm.cu).  FUSED = False forces the two-pass path.
+FUSED = True
+_RESIDENT = {}  # (device, expression) -> blocks of that kernel resident at once
+_WORKSPACES = {}  # (device, stream) -> _Workspace
+
+
+class _Workspace:
+    """Barrier counters (zero between launches: the kernels reset them), the
+    hang flag and the partials of one stream; grown, never shrunk."""
+
+    def __init__(self, cp):
+        self.arrive = cp.zeros(0, np.uint32)
+        self.failed = cp.zeros(1, np.int32)
+        self._parts = {}
+
+    def partials(self, cp, acc, count):
+        buf = self._parts.get(acc)
+        if buf is None or buf.size < 2 * count:
+            buf = self._parts[acc] = cp.empty(2 * count, acc)
+        return buf[:count], buf[count:2 * count]
+
+
+def _fused_grid(cp, launch, spec, channels):
+    """(grid, channels per round, workspace) for a fused kernel, or None when a
+    channel's chunks do not all fit on the device at once."""
+    device = cp.cuda.runtime.getDevice()
+    resident = _RESIDENT.get((device, spec))
+    if resident is None:
+        resident = _RESIDENT[(device, spec)] = _resident_blocks(cp, FAMILY.function(spec))
+    if launch.splits > resident:
+        return None
+    per_round = min(channels, resident // launch.splits)
+    key = (device, cp.cuda.get_current_stream().ptr)
+    work = _WORKSPACES.get(key)
+    if work is None:
+        work = _WORKSPACES[key] = _Workspace(cp)
+    if work.arrive.size < 2 * channels:
+        work.arrive = cp.zeros(2 * channels, np.uint32)
+    return (per_round * launch.splits,), per_round, work
+
+
+def _resident_blocks(cp, kernel):
+    """Blocks of `kernel` (BN_THREADS threads, static shared memory only) that
+    the device runs at once: the occupancy API times the SM count."""
+    try:
+        from cupy_backends.cuda.api import driver
+        per_sm = driver.occupancyMaxActiveBlocksPerMultiprocessor(kernel.kernel.ptr, _BLOCK, 0)
+        sms = cp.cuda.Device().attributes["MultiProcessorCount"]
+    except Exception:  # no occupancy API: never risk the barrier, use the two-pass path
+        return 0
+    return max(0, int(per_sm)) * int(sms)
+
+
 def _partial_statistics(cp, x, launch, acc):
     part_mean = cp.empty(launch.grid[0], acc)
     part_m2 = cp.empty(launch.grid[0], acc)
@@ -207,10 +264,21 @@ def _batchnorm_gpu(cp, x, gamma, beta, running_mean, running_var, training, mome
         rm = _validate.contiguous(cp, running_mean) if update else gamma  # placeholder, unread
         rv = _validate.contiguous(cp, running_var) if update else gamma
         n = outer * inner
-        part_mean, part_m2 = _partial_statistics(cp, x, launch, acc)
-        FAMILY.launch(launch.spec("batchnorm_normalize", pt, "true"), launch.grid, (_BLOCK,),
-                      (x, y, part_mean, part_m2, mean, invstd, rm, rv, gamma, beta, *launch.shape,
-                       real(eps), real(momentum), real(n / (n - 1)), np.int32(update), np.int32(1)))
+        spec = launch.spec("batchnorm_train_fused", pt)
+        fused = _fused_grid(cp, launch, spec, channels) if FUSED else None
+        if fused is not None:
+            grid, per_round, work = fused
+            part_mean, part_m2 = work.partials(cp, acc, launch.grid[0])
+            FAMILY.launch(spec, grid, (_BLOCK,),
+                          (x, y, part_mean, part_m2, mean, invstd, rm, rv, gamma, beta,
+                           *launch.shape, np.int32(per_round), work.arrive, work.failed, real(eps),
+                           real(momentum), real(n / (n - 1)), np.int32(update)))
+        else:
+            part_mean, part_m2 = _partial_statistics(cp, x, launch, acc)
+            FAMILY.launch(launch.spec("batchnorm_normalize", pt, "true"), launch.grid, (_BLOCK,),
+                          (x, y, part_mean, part_m2, mean, invstd, rm, rv, gamma, beta,
+                           *launch.shape, real(eps), real(momentum), real(n / (n - 1)),
+                           np.int32(update), np.int32(1)))
         if update:  # the kernel updated contiguous copies: write them back
             if rm is not running_mean:
                 running_mean[...] = rm
@@ -245,6 +313,16 @@ def _batchnorm_backward_gpu(cp, dy, x, gamma, mean, invstd, eps, pdtype, channel
         invstd = _validate.contiguous(cp, invstd)
         part_mean = part_m2 = mean  # unread
     gamma = cp.ones(channels, pdtype) if gamma is None else _validate.contiguous(cp, gamma)
+    if not recompute and FUSED:
+        spec = launch.spec("batchnorm_backward_fused", _dtypes.cuda_type(pdtype))
+        fused = _fused_grid(cp, launch, spec, channels)
+        if fused is not None:
+            grid, per_round, work = fused
+            part_dy, part_dy_xhat = work.partials(cp, acc, launch.grid[0])
+            FAMILY.launch(spec, grid, (_BLOCK,),
+                          (x, dy, mean, invstd, gamma, part_dy, part_dy_xhat, dx, dgamma, dbeta,
+                           *launch.shape, np.int32(per_round), work.arrive, work.failed))
+            return dx, dgamma, dbeta
     part_dy = cp.empty(launch.grid[0], acc)
     part_dy_xhat = cp.empty(launch.grid[0], acc)
     # Alternate the grid's direction from launch to launch (L2 reuse, see the .cu header).

@@ -370,3 +370,266 @@ batchnorm_backward_data(const T* __restrict__ x, const T* __restrict__ dy,
         }
     }
 }
+
+// ---------------------------------------------------------------------------
+// Single-read paths (issue 5, v3): training forward and backward (saved
+// statistics given) in ONE launch that reads x (and dy) once.
+//
+// A persistent grid of G blocks, G = the number of blocks of this kernel that
+// are resident at once on the device (Python asks the occupancy API), so
+// every block runs concurrently.  The grid works in rounds of `per_round`
+// whole channels: block b takes chunk b % splits of channel round * per_round
+// + b / splits (blocks past per_round * splits exit).  A block loads its chunk
+// into registers (the same BN_CHUNK-value chunks and thread mapping as the
+// two-pass kernels), writes its partials (chunk mean and M2; or sum(dy) and
+// sum(dy * xhat)), then waits at a per-channel barrier in global memory
+// (channel_barrier: arrival and departure counters, reset by the last block
+// to leave, so no zeroing launch is needed).  After the barrier every block merges its channel's
+// partials in the same fixed order as the two-pass path (bitwise the same
+// statistics) and writes its outputs from the registers: x never comes back
+// from memory.  The floor drops from 3 passes over the tensor to 2 (forward)
+// and from 5 to 3 (backward).
+//
+// Deadlock freedom needs every block of a channel resident while it waits:
+// true because the whole grid is (G <= resident capacity, nothing else on
+// the device takes the SMs).  As a guard against a hang should that fail, a
+// block waits at most ~2^21 polls (~1 s), then sets *failed and goes on.
+//
+// Partials are read after the barrier with volatile loads (L2, never a stale L1 line).
+
+// Arrive at channel c's barrier and wait for all `splits` blocks of it.
+// arrive[c] counts arrivals, arrive[C + c] departures; the last block to
+// depart sets both back to zero, so the next launch finds them zeroed.
+__device__ __forceinline__ void channel_barrier(unsigned* __restrict__ arrive, int c, int C, int splits,
+                                                int* __restrict__ failed) {
+    __syncthreads();  // thread 0 stored the partials; its fence below orders them before the arrival
+    if (threadIdx.x == 0 && splits > 1) {
+        __threadfence();
+        atomicAdd(arrive + c, 1u);
+        const volatile unsigned* a = arrive + c;
+        int polls = 0;
+        while ((int)*a < splits) {
+            __nanosleep(64);
+            if (++polls > (1 << 21)) {
+                *failed = 1;
+                break;
+            }
+        }
+        __threadfence();
+        if (atomicAdd(arrive + C + c, 1u) == (unsigned)(splits - 1)) {
+            arrive[c] = 0u;
+            arrive[C + c] = 0u;
+        }
+    }
+    __syncthreads();
+}
+
+// merge_statistics with volatile loads of the partials (written by other blocks of this launch).
+template <typename A, typename index_t>
+__device__ __forceinline__ void merge_statistics_volatile(const A* part_mean, const A* part_m2, int c,
+                                                          int splits, index_t n, A& mean, A& var) {
+    __shared__ A result[2];
+    const volatile A* pm = part_mean;
+    const volatile A* p2 = part_m2;
+    if (threadIdx.x < 32) {
+        A cnt = 0, mu = 0, m2 = 0;
+        for (int b = threadIdx.x; b < splits; b += 32) {
+            chan_merge(cnt, mu, m2, chunk_count<A>(b, n), A(pm[c * splits + b]), A(p2[c * splits + b]));
+        }
+#pragma unroll
+        for (int offset = 16; offset > 0; offset >>= 1) {
+            const A ob = __shfl_down_sync(0xffffffffu, cnt, offset);
+            const A om = __shfl_down_sync(0xffffffffu, mu, offset);
+            const A o2 = __shfl_down_sync(0xffffffffu, m2, offset);
+            if ((int)threadIdx.x + offset < 32) chan_merge(cnt, mu, m2, ob, om, o2);
+        }
+        if (threadIdx.x == 0) {
+            result[0] = mu;
+            result[1] = m2 / cnt;
+        }
+    }
+    __syncthreads();
+    mean = result[0];
+    var = result[1];
+}
+
+// merge_sums with volatile loads.
+template <typename A>
+__device__ __forceinline__ void merge_sums_volatile(const A* part_a, const A* part_b, int c, int splits,
+                                                    A& a, A& b) {
+    __shared__ A result[2];
+    const volatile A* pa = part_a;
+    const volatile A* pb = part_b;
+    if (threadIdx.x < 32) {
+        A sa = 0, sb = 0;
+        for (int k = threadIdx.x; k < splits; k += 32) {
+            sa += pa[c * splits + k];
+            sb += pb[c * splits + k];
+        }
+#pragma unroll
+        for (int offset = 16; offset > 0; offset >>= 1) {
+            sa += __shfl_down_sync(0xffffffffu, sa, offset);
+            sb += __shfl_down_sync(0xffffffffu, sb, offset);
+        }
+        if (threadIdx.x == 0) {
+            result[0] = sa;
+            result[1] = sb;
+        }
+    }
+    __syncthreads();
+    a = result[0];
+    b = result[1];
+}
+
+#define BN_FUSED_PARAMS BN_SHAPE, int per_round, unsigned* __restrict__ arrive, int* __restrict__ failed
+
+template <typename T, typename P, typename index_t, int VEC>
+__global__ void __launch_bounds__(BN_THREADS)
+batchnorm_train_fused(const T* __restrict__ x, T* __restrict__ y, acc_t<T>* __restrict__ part_mean,
+                      acc_t<T>* __restrict__ part_m2, acc_t<T>* __restrict__ mean_out,
+                      acc_t<T>* __restrict__ invstd_out, P* __restrict__ running_mean,
+                      P* __restrict__ running_var, const P* __restrict__ gamma,
+                      const P* __restrict__ beta, BN_FUSED_PARAMS, acc_t<T> eps, acc_t<T> momentum,
+                      acc_t<T> unbias, int update_running) {
+    typedef acc_t<T> A;
+    constexpr int ITEMS = BN_PER_THREAD / VEC;
+    __shared__ A scratch[32];
+    if ((int)blockIdx.x >= per_round * splits) return;
+    const int local_c = (int)blockIdx.x / splits;
+    const int split = (int)blockIdx.x - local_c * splits;
+    const index_t n = outer * inner;
+    const index_t start = (index_t)split * BN_CHUNK;
+    const A count = chunk_count<A>(split, n);
+    for (int c = local_c; c < (int)C; c += per_round) {
+        A vals[ITEMS][VEC];
+        A sum = 0;
+#pragma unroll
+        for (int k = 0; k < ITEMS; ++k) {
+            const index_t j = start + (index_t)(k * BN_THREADS + threadIdx.x) * VEC;
+            if (j < n) {
+                load_pack<T, VEC>(x, channel_offset(j, (index_t)c, C, inner), vals[k]);
+            } else {
+#pragma unroll
+                for (int v = 0; v < VEC; ++v) vals[k][v] = 0;
+            }
+        }
+#pragma unroll
+        for (int k = 0; k < ITEMS; ++k)
+#pragma unroll
+            for (int v = 0; v < VEC; ++v) sum += vals[k][v];
+        const A chunk_mean = block_sum(sum, scratch) / count;
+        A m2 = 0;
+#pragma unroll
+        for (int k = 0; k < ITEMS; ++k) {
+            const index_t j = start + (index_t)(k * BN_THREADS + threadIdx.x) * VEC;
+            if (j < n) {
+#pragma unroll
+                for (int v = 0; v < VEC; ++v) {
+                    const A d = vals[k][v] - chunk_mean;
+                    m2 += d * d;
+                }
+            }
+        }
+        m2 = block_sum(m2, scratch);
+        if (threadIdx.x == 0) {
+            part_mean[c * splits + split] = chunk_mean;
+            part_m2[c * splits + split] = m2;
+        }
+        channel_barrier(arrive, c, (int)C, splits, failed);
+        A mean, var;
+        merge_statistics_volatile(part_mean, part_m2, c, splits, n, mean, var);
+        const A invstd = A(1) / sqrt(var + eps);
+        if (split == 0 && threadIdx.x == 0) {
+            mean_out[c] = mean;
+            invstd_out[c] = invstd;
+            if (update_running) {
+                running_mean[c] = store<P>((A(1) - momentum) * A(load(running_mean[c])) + momentum * mean);
+                running_var[c] =
+                    store<P>((A(1) - momentum) * A(load(running_var[c])) + momentum * (var * unbias));
+            }
+        }
+        const A scale = invstd * A(load(gamma[c]));
+        const A shift = A(load(beta[c]));
+#pragma unroll
+        for (int k = 0; k < ITEMS; ++k) {
+            const index_t j = start + (index_t)(k * BN_THREADS + threadIdx.x) * VEC;
+            if (j < n) {
+#pragma unroll
+                for (int v = 0; v < VEC; ++v) vals[k][v] = (vals[k][v] - mean) * scale + shift;
+                store_pack<T, VEC>(y, channel_offset(j, (index_t)c, C, inner), vals[k]);
+            }
+        }
+    }
+}
+
+template <typename T, typename P, typename index_t, int VEC>
+__global__ void __launch_bounds__(BN_THREADS)
+batchnorm_backward_fused(const T* __restrict__ x, const T* __restrict__ dy,
+                         const acc_t<T>* __restrict__ mean, const acc_t<T>* __restrict__ invstd,
+                         const P* __restrict__ gamma, acc_t<T>* __restrict__ part_dy,
+                         acc_t<T>* __restrict__ part_dy_xhat, T* __restrict__ dx,
+                         P* __restrict__ dgamma, P* __restrict__ dbeta, BN_FUSED_PARAMS) {
+    typedef acc_t<T> A;
+    constexpr int ITEMS = BN_PER_THREAD / VEC;
+    __shared__ A scratch[32];
+    if ((int)blockIdx.x >= per_round * splits) return;
+    const int local_c = (int)blockIdx.x / splits;
+    const int split = (int)blockIdx.x - local_c * splits;
+    const index_t n = outer * inner;
+    const index_t start = (index_t)split * BN_CHUNK;
+    for (int c = local_c; c < (int)C; c += per_round) {
+        const A m = mean[c], s = invstd[c];
+        A xs[ITEMS][VEC], ds[ITEMS][VEC];
+#pragma unroll
+        for (int k = 0; k < ITEMS; ++k) {
+            const index_t j = start + (index_t)(k * BN_THREADS + threadIdx.x) * VEC;
+            if (j < n) {
+                const index_t off = channel_offset(j, (index_t)c, C, inner);
+                load_pack<T, VEC>(x, off, xs[k]);
+                load_pack<T, VEC>(dy, off, ds[k]);
+            } else {
+#pragma unroll
+                for (int v = 0; v < VEC; ++v) xs[k][v] = ds[k][v] = 0;
+            }
+        }
+        A g = 0, gx = 0;
+#pragma unroll
+        for (int k = 0; k < ITEMS; ++k) {
+            const index_t j = start + (index_t)(k * BN_THREADS + threadIdx.x) * VEC;
+            if (j < n) {
+#pragma unroll
+                for (int v = 0; v < VEC; ++v) {
+                    g += ds[k][v];
+                    gx += ds[k][v] * (xs[k][v] - m);
+                }
+            }
+        }
+        g = block_sum(g, scratch);
+        gx = block_sum(gx, scratch);
+        if (threadIdx.x == 0) {
+            part_dy[c * splits + split] = g;
+            part_dy_xhat[c * splits + split] = gx * s;
+        }
+        channel_barrier(arrive, c, (int)C, splits, failed);
+        A sg, sgx;
+        merge_sums_volatile(part_dy, part_dy_xhat, c, splits, sg, sgx);
+        if (split == 0 && threadIdx.x == 0) {
+            dbeta[c] = store<P>(sg);
+            dgamma[c] = store<P>(sgx);
+        }
+        const A scale = A(load(gamma[c])) * s;
+        const A mean_dy = sg / A(n), mean_dy_xhat = sgx / A(n);
+#pragma unroll
+        for (int k = 0; k < ITEMS; ++k) {
+            const index_t j = start + (index_t)(k * BN_THREADS + threadIdx.x) * VEC;
+            if (j < n) {
+#pragma unroll
+                for (int v = 0; v < VEC; ++v) {
+                    const A xhat = (xs[k][v] - m) * s;
+                    xs[k][v] = scale * (ds[k][v] - mean_dy - xhat * mean_dy_xhat);
+                }
+                store_pack<T, VEC>(dx, channel_offset(j, (index_t)c, C, inner), xs[k]);
+            }
+        }
+    }
+}
