@@ -38,6 +38,15 @@ FAMILY = KernelFamily("batchnorm.cu", [
       for t, p in _TYPE_PAIRS for i in _INDEX_TYPES for v in (1, _VECTOR[t])),
     *(f"batchnorm_{k}_fused<{t}, {p}, {i}, {v}>" for k in ("train", "backward")
       for t, p in _TYPE_PAIRS for i in _INDEX_TYPES for v in (1, _VECTOR[t])),
+    # channel-last (inner == 1) paths
+    *(f"batchnorm_rows_{k}<{t}, {i}, {v}>" for k in ("statistics", "backward_reduce")
+      for t in _X_TYPES for i in _INDEX_TYPES for v in (1, _VECTOR[t])),
+    *(f"batchnorm_rows_{k}<{t}, {p}>" for k in ("merge_statistics", "backward_merge")
+      for t, p in _TYPE_PAIRS),
+    *(f"batchnorm_rows_normalize<{t}, {p}, {i}, {v}, {m}>"
+      for t, p in _TYPE_PAIRS for i in _INDEX_TYPES for v in (1, _VECTOR[t]) for m in _BOOL),
+    *(f"batchnorm_rows_backward_data<{t}, {p}, {i}, {v}>"
+      for t, p in _TYPE_PAIRS for i in _INDEX_TYPES for v in (1, _VECTOR[t])),
 ])
 
 _BLOCK = 256  # BN_THREADS in kernels/batchnorm.cu
@@ -236,6 +245,61 @@ def _resident_blocks(cp, kernel):
     return max(0, int(per_sm)) * int(sms)
 
 
+class _Rows:
+    """Launch shape of the channel-last kernels (kernels/batchnorm.cu, RowLanes):
+    x as M rows of C channels, VEC channels per thread when C and the pointers allow."""
+
+    def __init__(self, cp, x, channels, rows, arrays):
+        t = _dtypes.cuda_type(x.dtype)
+        vec = _VECTOR[t]
+        if channels % vec or not all(a.data.ptr % 16 == 0 for a in arrays):
+            vec = 1
+        vectors = channels // vec
+        self.cols = min(vectors, _BLOCK)
+        lanes = _BLOCK // self.cols
+        groups = ceil_div(vectors, self.cols)
+        sms = _sm_count(cp)
+        # reductions: about 4 blocks per SM, >= 8 rows per lane; maps: up to 8 blocks per SM
+        self.reduce_grid = (max(1, min(ceil_div(rows, lanes * 8), 4 * sms // groups)), groups)
+        self.map_grid = (max(1, min(ceil_div(rows, lanes * 4), 8 * sms // groups)), groups)
+        self.lanes = self.reduce_grid[0] * lanes  # L: partials per channel
+        self.index_t = index_type(x.size + (8 * max(self.reduce_grid[0], self.map_grid[0]) * lanes + 8)
+                                  * channels)
+        it = np.int32 if self.index_t == "int" else np.int64
+        self.t, self.vec = t, vec
+        self.shape = (it(rows), np.int32(channels), np.int32(self.cols))
+        self.merge_grid = (ceil_div(channels, _BLOCK // 32),)
+
+    def spec(self, kernel, *middle, flag=None):
+        args = [self.t, *middle, self.index_t, str(self.vec), flag]
+        return f"batchnorm_rows_{kernel}<{', '.join(a for a in args if a is not None)}>"
+
+
+_SMS = {}
+
+
+def _sm_count(cp):
+    device = cp.cuda.runtime.getDevice()
+    sms = _SMS.get(device)
+    if sms is None:
+        sms = _SMS[device] = int(cp.cuda.Device(device).attributes["MultiProcessorCount"])
+    return sms
+
+
+def _rows_statistics(cp, x, rows, acc, pt, mean, invstd, rm, rv, update, eps, momentum, unbias):
+    """Training statistics of channel-last x: lane partials, then a warp per channel."""
+    channels = int(mean.shape[0])
+    parts = cp.empty(3 * channels * rows.lanes, acc)
+    part_n, part_mean, part_m2 = (parts[k * channels * rows.lanes:(k + 1) * channels * rows.lanes]
+                                  for k in range(3))
+    FAMILY.launch(rows.spec("statistics"), rows.reduce_grid, (_BLOCK,),
+                  (x, part_n, part_mean, part_m2, *rows.shape))
+    real = _scalar(acc)
+    FAMILY.launch(f"batchnorm_rows_merge_statistics<{rows.t}, {pt}>", rows.merge_grid, (_BLOCK,),
+                  (part_n, part_mean, part_m2, np.int32(rows.lanes), np.int32(channels), mean, invstd,
+                   rm, rv, real(eps), real(momentum), real(unbias), np.int32(update)))
+
+
 def _partial_statistics(cp, x, launch, acc):
     part_mean = cp.empty(launch.grid[0], acc)
     part_m2 = cp.empty(launch.grid[0], acc)
@@ -253,17 +317,28 @@ def _batchnorm_gpu(cp, x, gamma, beta, running_mean, running_var, training, mome
         nan = cp.full(channels, np.nan, dtype=acc)
         return y, nan, nan.copy()
     x = _validate.contiguous(cp, x)
-    launch = _Launch(x, channels, outer, inner, (x, y))
     mean = cp.empty(channels, acc)
     invstd = cp.empty(channels, acc)
     gamma = cp.ones(channels, pdtype) if gamma is None else _validate.contiguous(cp, gamma)
     beta = cp.zeros(channels, pdtype) if beta is None else _validate.contiguous(cp, beta)
     pt = _dtypes.cuda_type(pdtype)
+    n = outer * inner
     if training:
         update = running_mean is not None
         rm = _validate.contiguous(cp, running_mean) if update else gamma  # placeholder, unread
         rv = _validate.contiguous(cp, running_var) if update else gamma
-        n = outer * inner
+    else:
+        rm = _validate.contiguous(cp, running_mean)
+        rv = _validate.contiguous(cp, running_var)
+    if inner == 1:  # channel-last: rows kernels
+        rows = _Rows(cp, x, channels, outer, (x, y))
+        if training:
+            _rows_statistics(cp, x, rows, acc, pt, mean, invstd, rm, rv, update, eps, momentum,
+                             n / (n - 1))
+        FAMILY.launch(rows.spec("normalize", pt, flag=_BOOL[training]), rows.map_grid, (_BLOCK,),
+                      (x, y, mean, invstd, rm, rv, gamma, beta, *rows.shape, real(eps)))
+    elif training:
+        launch = _Launch(x, channels, outer, inner, (x, y))
         spec = launch.spec("batchnorm_train_fused", pt)
         fused = _fused_grid(cp, launch, spec, channels) if FUSED else None
         if fused is not None:
@@ -279,17 +354,16 @@ def _batchnorm_gpu(cp, x, gamma, beta, running_mean, running_var, training, mome
                           (x, y, part_mean, part_m2, mean, invstd, rm, rv, gamma, beta,
                            *launch.shape, real(eps), real(momentum), real(n / (n - 1)),
                            np.int32(update), np.int32(1)))
-        if update:  # the kernel updated contiguous copies: write them back
-            if rm is not running_mean:
-                running_mean[...] = rm
-            if rv is not running_var:
-                running_var[...] = rv
     else:
-        rm = _validate.contiguous(cp, running_mean)
-        rv = _validate.contiguous(cp, running_var)
+        launch = _Launch(x, channels, outer, inner, (x, y))
         FAMILY.launch(launch.spec("batchnorm_normalize", pt, "false"), launch.grid, (_BLOCK,),
                       (x, y, mean, invstd, mean, invstd, rm, rv, gamma, beta, *launch.shape,
                        real(eps), real(0), real(1), np.int32(0), np.int32(0)))
+    if training and update:  # the kernels updated contiguous copies: write them back
+        if rm is not running_mean:
+            running_mean[...] = rm
+        if rv is not running_var:
+            running_var[...] = rv
     return y, mean, invstd
 
 
@@ -302,6 +376,9 @@ def _batchnorm_backward_gpu(cp, dy, x, gamma, mean, invstd, eps, pdtype, channel
     dbeta = cp.empty(channels, pdtype)
     x = _validate.contiguous(cp, x)
     dy = _validate.contiguous(cp, dy)
+    if inner == 1:
+        return _rows_backward(cp, dy, x, gamma, mean, invstd, eps, pdtype, channels, outer, acc, dx,
+                              dgamma, dbeta)
     launch = _Launch(x, channels, outer, inner, (x, dy, dx))
     recompute = mean is None
     if recompute:
@@ -334,4 +411,29 @@ def _batchnorm_backward_gpu(cp, dy, x, gamma, mean, invstd, eps, pdtype, channel
     FAMILY.launch(launch.spec("batchnorm_backward_data", _dtypes.cuda_type(pdtype)), launch.grid,
                   (_BLOCK,), (x, dy, mean, invstd, gamma, part_dy, part_dy_xhat, dx, dgamma, dbeta,
                               *launch.shape, np.int32(1 - reverse)))
+    return dx, dgamma, dbeta
+
+
+def _rows_backward(cp, dy, x, gamma, mean, invstd, eps, pdtype, channels, rows_count, acc, dx, dgamma,
+                   dbeta):
+    """Channel-last backward: [statistics,] lane sums, a warp per channel, dx."""
+    rows = _Rows(cp, x, channels, rows_count, (x, dy, dx))
+    pt = _dtypes.cuda_type(pdtype)
+    if mean is None:
+        mean = cp.empty(channels, acc)
+        invstd = cp.empty(channels, acc)
+        _rows_statistics(cp, x, rows, acc, pt, mean, invstd, mean, mean, False, eps, 0.0, 1.0)
+    else:
+        mean = _validate.contiguous(cp, mean)
+        invstd = _validate.contiguous(cp, invstd)
+    gamma = cp.ones(channels, pdtype) if gamma is None else _validate.contiguous(cp, gamma)
+    size = channels * rows.lanes
+    parts = cp.empty(2 * size + 2 * channels, acc)
+    part_g, part_gx, sums = parts[:size], parts[size:2 * size], parts[2 * size:]
+    FAMILY.launch(rows.spec("backward_reduce"), rows.reduce_grid, (_BLOCK,),
+                  (x, dy, mean, part_g, part_gx, *rows.shape))
+    FAMILY.launch(f"batchnorm_rows_backward_merge<{rows.t}, {pt}>", rows.merge_grid, (_BLOCK,),
+                  (part_g, part_gx, np.int32(rows.lanes), np.int32(channels), invstd, sums, dgamma, dbeta))
+    FAMILY.launch(rows.spec("backward_data", pt), rows.map_grid, (_BLOCK,),
+                  (x, dy, mean, invstd, gamma, sums, dx, *rows.shape))
     return dx, dgamma, dbeta

@@ -633,3 +633,309 @@ batchnorm_backward_fused(const T* __restrict__ x, const T* __restrict__ dy,
         }
     }
 }
+
+// ---------------------------------------------------------------------------
+// Channel-last paths (issue 5, v3): inner == 1, i.e. NHWC (and 2-D (N, C)):
+// x is M rows of C contiguous channels.  A thread owns VEC consecutive
+// channels (one 16-byte vector when C % VEC == 0 and the pointers are
+// aligned) and walks rows, so a warp reads 32 consecutive vectors of a row
+// (coalesced) and per-channel parameters are loaded once per thread.
+//
+// Mapping (every rows kernel): a block is `lanes` row lanes x `cols` vector
+// columns (lanes * cols <= BN_THREADS); blockIdx.y picks the column group
+// (C / VEC > cols).  Row lane g = blockIdx.x * lanes + t / cols of L =
+// gridDim.x * lanes lanes; vector column cv = blockIdx.y * cols + t % cols.
+//
+// Training forward: rows_statistics (lane g takes batches of B contiguous
+// rows, rows [(k * L + g) * B, +B); each batch exact two-pass in registers,
+// Chan-merged into the lane's (count, mean, M2) per channel; one partial per
+// (channel, lane) at [c * L + g]), rows_merge_statistics (a warp per channel,
+// the fixed-order merge of merge_statistics: mean, invstd, running stats),
+// rows_normalize.  Backward: rows_backward_reduce (per lane sums of dy and
+// dy * (x - mean)), rows_backward_merge (a warp per channel: dbeta, dgamma
+// and the two sums for dx), rows_backward_data.
+
+struct RowLanes {
+    int cols, lanes, lane, cv, L;
+    __device__ __forceinline__ RowLanes(int cols_) {
+        cols = cols_;
+        lanes = BN_THREADS / cols;
+        const int t = threadIdx.x;
+        lane = (int)blockIdx.x * lanes + t / cols;
+        cv = (int)blockIdx.y * cols + t % cols;
+        L = (int)gridDim.x * lanes;
+    }
+    __device__ __forceinline__ bool active(int CV) const {
+        return (int)threadIdx.x < lanes * cols && cv < CV;
+    }
+};
+
+// Rows per register batch of rows_statistics: 8, fewer when a row's vector
+// takes more than 4 registers (half types: VEC = 8 floats), so that a batch
+// holds at most 32 registers of values.
+template <typename T, int VEC>
+__host__ __device__ constexpr int rows_batch() {
+    constexpr int words = VEC * (int)sizeof(acc_t<T>) / 4;
+    return words > 0 && 32 / words < 8 ? 32 / words : 8;
+}
+
+template <typename T, typename index_t, int VEC>
+__global__ void __launch_bounds__(BN_THREADS)
+batchnorm_rows_statistics(const T* __restrict__ x, acc_t<T>* __restrict__ part_n,
+                          acc_t<T>* __restrict__ part_mean, acc_t<T>* __restrict__ part_m2,
+                          index_t M, int C, int cols) {
+    typedef acc_t<T> A;
+    constexpr int B = rows_batch<T, VEC>();
+    const RowLanes rl(cols);
+    const int CV = C / VEC;
+    if (!rl.active(CV)) return;
+    A cnt[VEC], mu[VEC], m2[VEC];
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) cnt[v] = mu[v] = m2[v] = 0;
+    for (index_t r0 = (index_t)rl.lane * B; r0 < M; r0 += (index_t)rl.L * B) {
+        A vals[B][VEC];
+        const int rows = (int)(M - r0 < (index_t)B ? M - r0 : (index_t)B);
+#pragma unroll
+        for (int i = 0; i < B; ++i) {
+            if (i < rows) {
+                load_pack<T, VEC>(x, (r0 + i) * C + (index_t)rl.cv * VEC, vals[i]);
+            } else {
+#pragma unroll
+                for (int v = 0; v < VEC; ++v) vals[i][v] = 0;
+            }
+        }
+        const A nb = A(rows);
+#pragma unroll
+        for (int v = 0; v < VEC; ++v) {
+            A s = 0;
+#pragma unroll
+            for (int i = 0; i < B; ++i) s += vals[i][v];
+            const A mb = s / nb;
+            A q = 0;
+#pragma unroll
+            for (int i = 0; i < B; ++i) {
+                const A d = vals[i][v] - mb;
+                if (i < rows) q += d * d;
+            }
+            chan_merge(cnt[v], mu[v], m2[v], nb, mb, q);
+        }
+    }
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) {
+        const index_t o = (index_t)(rl.cv * VEC + v) * rl.L + rl.lane;
+        part_n[o] = cnt[v];
+        part_mean[o] = mu[v];
+        part_m2[o] = m2[v];
+    }
+}
+
+// One warp per channel: the fixed-order Chan merge of the L lane partials.
+template <typename T, typename P>
+__global__ void __launch_bounds__(BN_THREADS)
+batchnorm_rows_merge_statistics(const acc_t<T>* __restrict__ part_n, const acc_t<T>* __restrict__ part_mean,
+                                const acc_t<T>* __restrict__ part_m2, int L, int C,
+                                acc_t<T>* __restrict__ mean_out, acc_t<T>* __restrict__ invstd_out,
+                                P* __restrict__ running_mean, P* __restrict__ running_var, acc_t<T> eps,
+                                acc_t<T> momentum, acc_t<T> unbias, int update_running) {
+    typedef acc_t<T> A;
+    const int c = (int)blockIdx.x * (BN_THREADS / 32) + (int)(threadIdx.x >> 5);
+    const int lane = threadIdx.x & 31;
+    if (c >= C) return;
+    A cnt = 0, mu = 0, m2 = 0;
+    for (int b = lane; b < L; b += 32) {
+        const long long o = (long long)c * L + b;
+        chan_merge(cnt, mu, m2, part_n[o], part_mean[o], part_m2[o]);
+    }
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1) {
+        const A ob = __shfl_down_sync(0xffffffffu, cnt, offset);
+        const A om = __shfl_down_sync(0xffffffffu, mu, offset);
+        const A o2 = __shfl_down_sync(0xffffffffu, m2, offset);
+        if (lane + offset < 32) chan_merge(cnt, mu, m2, ob, om, o2);
+    }
+    if (lane == 0) {
+        const A var = m2 / cnt;
+        mean_out[c] = mu;
+        invstd_out[c] = A(1) / sqrt(var + eps);
+        if (update_running) {
+            running_mean[c] = store<P>((A(1) - momentum) * A(load(running_mean[c])) + momentum * mu);
+            running_var[c] = store<P>((A(1) - momentum) * A(load(running_var[c])) + momentum * (var * unbias));
+        }
+    }
+}
+
+// y = (x - mean) * invstd * gamma + beta.  TRAINING: mean/invstd from
+// rows_merge_statistics; else from the running statistics (lane 0 writes them out).
+template <typename T, typename P, typename index_t, int VEC, bool TRAINING>
+__global__ void __launch_bounds__(BN_THREADS)
+batchnorm_rows_normalize(const T* __restrict__ x, T* __restrict__ y, acc_t<T>* __restrict__ mean_io,
+                         acc_t<T>* __restrict__ invstd_io, const P* __restrict__ running_mean,
+                         const P* __restrict__ running_var, const P* __restrict__ gamma,
+                         const P* __restrict__ beta, index_t M, int C, int cols, acc_t<T> eps) {
+    typedef acc_t<T> A;
+    const RowLanes rl(cols);
+    const int CV = C / VEC;
+    if (!rl.active(CV)) return;
+    A mean[VEC], scale[VEC], shift[VEC];
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) {
+        const int c = rl.cv * VEC + v;
+        A s;
+        if (TRAINING) {
+            mean[v] = mean_io[c];
+            s = invstd_io[c];
+        } else {
+            mean[v] = load(running_mean[c]);
+            s = A(1) / sqrt(A(load(running_var[c])) + eps);
+            if (rl.lane == 0) {
+                mean_io[c] = mean[v];
+                invstd_io[c] = s;
+            }
+        }
+        scale[v] = s * A(load(gamma[c]));
+        shift[v] = A(load(beta[c]));
+    }
+    constexpr int U = 4;
+    for (index_t r0 = rl.lane; r0 < M; r0 += (index_t)rl.L * U) {
+        A vals[U][VEC];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const index_t r = r0 + (index_t)u * rl.L;
+            if (r < M) load_pack<T, VEC>(x, r * C + (index_t)rl.cv * VEC, vals[u]);
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const index_t r = r0 + (index_t)u * rl.L;
+            if (r < M) {
+#pragma unroll
+                for (int v = 0; v < VEC; ++v) vals[u][v] = (vals[u][v] - mean[v]) * scale[v] + shift[v];
+                store_pack<T, VEC>(y, r * C + (index_t)rl.cv * VEC, vals[u]);
+            }
+        }
+    }
+}
+
+// Per lane: sum(dy) and sum(dy * (x - mean)) per channel, at [c * L + lane].
+template <typename T, typename index_t, int VEC>
+__global__ void __launch_bounds__(BN_THREADS)
+batchnorm_rows_backward_reduce(const T* __restrict__ x, const T* __restrict__ dy,
+                               const acc_t<T>* __restrict__ mean, acc_t<T>* __restrict__ part_g,
+                               acc_t<T>* __restrict__ part_gx, index_t M, int C, int cols) {
+    typedef acc_t<T> A;
+    const RowLanes rl(cols);
+    const int CV = C / VEC;
+    if (!rl.active(CV)) return;
+    A m[VEC], g[VEC], gx[VEC];
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) {
+        m[v] = mean[rl.cv * VEC + v];
+        g[v] = gx[v] = 0;
+    }
+    constexpr int U = 4;
+    for (index_t r0 = rl.lane; r0 < M; r0 += (index_t)rl.L * U) {
+        A xs[U][VEC], ds[U][VEC];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const index_t r = r0 + (index_t)u * rl.L;
+            if (r < M) {
+                load_pack<T, VEC>(x, r * C + (index_t)rl.cv * VEC, xs[u]);
+                load_pack<T, VEC>(dy, r * C + (index_t)rl.cv * VEC, ds[u]);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const index_t r = r0 + (index_t)u * rl.L;
+            if (r < M) {
+#pragma unroll
+                for (int v = 0; v < VEC; ++v) {
+                    g[v] += ds[u][v];
+                    gx[v] += ds[u][v] * (xs[u][v] - m[v]);
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) {
+        const index_t o = (index_t)(rl.cv * VEC + v) * rl.L + rl.lane;
+        part_g[o] = g[v];
+        part_gx[o] = gx[v];
+    }
+}
+
+// One warp per channel: sums in a fixed order; dbeta, dgamma, and into
+// sums[c] / sums[C + c] the sum(dy) and sum(dy * xhat) the data kernel needs.
+template <typename T, typename P>
+__global__ void __launch_bounds__(BN_THREADS)
+batchnorm_rows_backward_merge(const acc_t<T>* __restrict__ part_g, const acc_t<T>* __restrict__ part_gx,
+                              int L, int C, const acc_t<T>* __restrict__ invstd,
+                              acc_t<T>* __restrict__ sums, P* __restrict__ dgamma, P* __restrict__ dbeta) {
+    typedef acc_t<T> A;
+    const int c = (int)blockIdx.x * (BN_THREADS / 32) + (int)(threadIdx.x >> 5);
+    const int lane = threadIdx.x & 31;
+    if (c >= C) return;
+    A sg = 0, sgx = 0;
+    for (int b = lane; b < L; b += 32) {
+        const long long o = (long long)c * L + b;
+        sg += part_g[o];
+        sgx += part_gx[o];
+    }
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1) {
+        sg += __shfl_down_sync(0xffffffffu, sg, offset);
+        sgx += __shfl_down_sync(0xffffffffu, sgx, offset);
+    }
+    if (lane == 0) {
+        sgx *= invstd[c];
+        sums[c] = sg;
+        sums[C + c] = sgx;
+        dbeta[c] = store<P>(sg);
+        dgamma[c] = store<P>(sgx);
+    }
+}
+
+template <typename T, typename P, typename index_t, int VEC>
+__global__ void __launch_bounds__(BN_THREADS)
+batchnorm_rows_backward_data(const T* __restrict__ x, const T* __restrict__ dy,
+                             const acc_t<T>* __restrict__ mean, const acc_t<T>* __restrict__ invstd,
+                             const P* __restrict__ gamma, const acc_t<T>* __restrict__ sums,
+                             T* __restrict__ dx, index_t M, int C, int cols) {
+    typedef acc_t<T> A;
+    const RowLanes rl(cols);
+    const int CV = C / VEC;
+    if (!rl.active(CV)) return;
+    A m[VEC], s[VEC], scale[VEC], mean_dy[VEC], mean_dy_xhat[VEC];
+    const A n = A(M);
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) {
+        const int c = rl.cv * VEC + v;
+        m[v] = mean[c];
+        s[v] = invstd[c];
+        scale[v] = A(load(gamma[c])) * s[v];
+        mean_dy[v] = sums[c] / n;
+        mean_dy_xhat[v] = sums[C + c] / n;
+    }
+    constexpr int U = 4;
+    for (index_t r0 = rl.lane; r0 < M; r0 += (index_t)rl.L * U) {
+        A xs[U][VEC], ds[U][VEC];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const index_t r = r0 + (index_t)u * rl.L;
+            if (r < M) {
+                load_pack<T, VEC>(x, r * C + (index_t)rl.cv * VEC, xs[u]);
+                load_pack<T, VEC>(dy, r * C + (index_t)rl.cv * VEC, ds[u]);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const index_t r = r0 + (index_t)u * rl.L;
+            if (r < M) {
+#pragma unroll
+                for (int v = 0; v < VEC; ++v) {
+                    const A xhat = (xs[u][v] - m[v]) * s[v];
+                    xs[u][v] = scale[v] * (ds[u][v] - mean_dy[v] - xhat * mean_dy_xhat[v]);
+                }
+                store_pack<T, VEC>(dx, r * C + (index_t)rl.cv * VEC, xs[u]);
+            }
+        }
+    }
+}

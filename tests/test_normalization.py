@@ -280,6 +280,45 @@ def test_single_read_path_matches_two_pass_path(xp, rng, monkeypatch, resident, 
         assert_close(a, b, dtype, what=what)
 
 
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("x_shape,offset", [((3, 5, 7, 16), 0), ((3, 5, 7, 16), 1), ((2, 3, 3, 1100), 0),
+                                            ((5000, 8), 0), ((1, 13, 3, 24), 0), ((7, 1, 1, 3), 0)])
+def test_channel_last_paths(xp, rng, dtype, x_shape, offset):
+    """The channel-last (rows) kernels: vectors along C (C % VEC == 0), more than 256
+    vectors per row (two column groups), many rows, and a misaligned copy (offset)."""
+    layout = "NHWC" if len(x_shape) == 4 else "NCHW"
+    pdtype = np.float32 if dtype in (np.float16, _dtypes.BFLOAT16) else dtype
+    x_host = random_array(rng, x_shape, dtype, low=-1, high=3)
+    dy_host = random_array(rng, x_shape, dtype)
+    gamma, beta = _params(rng, x_shape, layout, pdtype)
+
+    def placed(a):
+        buf = xp.empty(a.size + offset, a.dtype)
+        buf[offset:] = xp.asarray(a).ravel()
+        return buf[offset:].reshape(a.shape)
+
+    c = gamma.shape[0]
+    f64 = lambda a: _host(a).astype(np.float64)  # noqa: E731
+    rm, rv = xp.zeros(c, pdtype), xp.ones(c, pdtype)
+    rm64, rv64 = np.zeros(c), np.ones(c)
+    y, mean, invstd = batchnorm(placed(x_host), xp.asarray(gamma), xp.asarray(beta), rm, rv,
+                                layout=layout, return_stats=True)
+    assert_close(y, batchnorm(f64(x_host), f64(gamma), f64(beta), rm64, rv64, layout=layout), dtype,
+                 what="y")
+    assert_close(rm, rm64, pdtype, what="running_mean")
+    assert_close(rv, rv64, pdtype, what="running_var")
+    y_inf = batchnorm(placed(x_host), xp.asarray(gamma), xp.asarray(beta), rm, rv, training=False,
+                      layout=layout)
+    assert_close(y_inf, batchnorm(f64(x_host), f64(gamma), f64(beta), rm64, rv64, training=False,
+                                  layout=layout), dtype, what="y (inference)")
+    expect = batchnorm_backward(f64(dy_host), f64(x_host), f64(gamma), layout=layout)
+    for stats in ({}, dict(mean=mean, invstd=invstd)):
+        got = batchnorm_backward(placed(dy_host), placed(x_host), xp.asarray(gamma), layout=layout,
+                                 **stats)
+        for a, b, what in zip(got, expect, ("dx", "dgamma", "dbeta")):
+            assert_close(a, b, dtype, what=what)
+
+
 def test_non_contiguous_inputs(xp, rng):
     base = random_array(rng, (2, 5, 7, 3), np.float32)
     x = xp.asarray(base).transpose(0, 3, 1, 2)  # NCHW view of NHWC memory
