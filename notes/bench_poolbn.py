@@ -84,6 +84,8 @@ def main():
               f"{r.get('rel_error', float('nan')):.1e} {r.get('error', '')[:60]}")
     for k, v in host.items():
         print(f"host us/call {k}: {v if isinstance(v, str) else round(v, 1)}")
+    print("resident blocks of the fused kernels:", {k[1].split("<")[0] + "<" + k[1].split("<")[1][:12]: v
+                                                  for k, v in normalization._RESIDENT.items()})
 
 
 if __name__ == "__main__":
