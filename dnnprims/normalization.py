@@ -36,7 +36,9 @@ FAMILY = KernelFamily("batchnorm.cu", [
       for t, p in _TYPE_PAIRS for i in _INDEX_TYPES for v in (1, _VECTOR[t]) for m in _BOOL),
     *(f"batchnorm_backward_data<{t}, {p}, {i}, {v}>"
       for t, p in _TYPE_PAIRS for i in _INDEX_TYPES for v in (1, _VECTOR[t])),
-    *(f"batchnorm_{k}_fused<{t}, {p}, {i}, {v}>" for k in ("train", "backward")
+    *(f"batchnorm_train_fused<{t}, {p}, {i}, {v}, {f}>"
+      for t, p in _TYPE_PAIRS for i in _INDEX_TYPES for v in (1, _VECTOR[t]) for f in _BOOL),
+    *(f"batchnorm_backward_fused<{t}, {p}, {i}, {v}>"
       for t, p in _TYPE_PAIRS for i in _INDEX_TYPES for v in (1, _VECTOR[t])),
     # channel-last (inner == 1) paths
     *(f"batchnorm_rows_{k}<{t}, {i}, {v}>" for k in ("statistics", "backward_reduce")
@@ -194,6 +196,12 @@ class _Launch:
 # blocks resident at once, rounds of whole channels, a per-channel barrier in
 # global memory (kernels/batchnorm.cu).  FUSED = False forces the two-pass path.
 FUSED = True
+# Training forward: the fused kernel where a channel is one chunk (one launch
+# instead of two) or x is well past L2 (the two-pass path's second read then
+# comes from DRAM); below that the two-pass path's L2 reuse wins (H100,
+# bn_r50_early 103 MB: two-pass 0.114 ms, fused 0.145).
+FUSED_FORWARD_MIN_BYTES = 128 << 20
+FUSED_PREFETCH = True  # the variant that loads the next round's chunk during the barrier
 _RESIDENT = {}  # (device, expression) -> blocks of that kernel resident at once
 _WORKSPACES = {}  # (device, stream) -> _Workspace
 
@@ -245,6 +253,9 @@ def _resident_blocks(cp, kernel):
     return max(0, int(per_sm)) * int(sms)
 
 
+ROWS_REDUCE_PER_SM = 4  # blocks per SM of the channel-last reductions (lane partials per channel)
+
+
 class _Rows:
     """Launch shape of the channel-last kernels (kernels/batchnorm.cu, RowLanes):
     x as M rows of C channels, VEC channels per thread when C and the pointers allow."""
@@ -260,7 +271,8 @@ class _Rows:
         groups = ceil_div(vectors, self.cols)
         sms = _sm_count(cp)
         # reductions: about 4 blocks per SM, >= 8 rows per lane; maps: up to 8 blocks per SM
-        self.reduce_grid = (max(1, min(ceil_div(rows, lanes * 8), 4 * sms // groups)), groups)
+        self.reduce_grid = (max(1, min(ceil_div(rows, lanes * 8), ROWS_REDUCE_PER_SM * sms // groups)),
+                            groups)
         self.map_grid = (max(1, min(ceil_div(rows, lanes * 4), 8 * sms // groups)), groups)
         self.lanes = self.reduce_grid[0] * lanes  # L: partials per channel
         self.index_t = index_type(x.size + (8 * max(self.reduce_grid[0], self.map_grid[0]) * lanes + 8)
@@ -339,8 +351,9 @@ def _batchnorm_gpu(cp, x, gamma, beta, running_mean, running_var, training, mome
                       (x, y, mean, invstd, rm, rv, gamma, beta, *rows.shape, real(eps)))
     elif training:
         launch = _Launch(x, channels, outer, inner, (x, y))
-        spec = launch.spec("batchnorm_train_fused", pt)
-        fused = _fused_grid(cp, launch, spec, channels) if FUSED else None
+        spec = launch.spec("batchnorm_train_fused", pt, _BOOL[FUSED_PREFETCH])
+        use = FUSED and (launch.splits == 1 or x.nbytes >= FUSED_FORWARD_MIN_BYTES)
+        fused = _fused_grid(cp, launch, spec, channels) if use else None
         if fused is not None:
             grid, per_round, work = fused
             part_mean, part_m2 = work.partials(cp, acc, launch.grid[0])

@@ -483,7 +483,26 @@ __device__ __forceinline__ void merge_sums_volatile(const A* part_a, const A* pa
 
 #define BN_FUSED_PARAMS BN_SHAPE, int per_round, unsigned* __restrict__ arrive, int* __restrict__ failed
 
-template <typename T, typename P, typename index_t, int VEC>
+// Load chunk `split` (values from `start`) of channel c into registers, zeros past n.
+template <typename T, int VEC, int ITEMS, typename index_t>
+__device__ __forceinline__ void load_chunk(const T* __restrict__ x, index_t start, index_t n, int c,
+                                           index_t C, index_t inner, acc_t<T> (&vals)[ITEMS][VEC]) {
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k) {
+        const index_t j = start + (index_t)(k * BN_THREADS + threadIdx.x) * VEC;
+        if (j < n) {
+            load_pack<T, VEC>(x, channel_offset(j, (index_t)c, C, inner), vals[k]);
+        } else {
+#pragma unroll
+            for (int v = 0; v < VEC; ++v) vals[k][v] = 0;
+        }
+    }
+}
+
+// PREFETCH: the next round's chunk is loaded into a second register set right
+// after this round's partials are stored, so its load overlaps the barrier wait
+// and this round's stores (more registers: fewer resident blocks).
+template <typename T, typename P, typename index_t, int VEC, bool PREFETCH>
 __global__ void __launch_bounds__(BN_THREADS)
 batchnorm_train_fused(const T* __restrict__ x, T* __restrict__ y, acc_t<T>* __restrict__ part_mean,
                       acc_t<T>* __restrict__ part_m2, acc_t<T>* __restrict__ mean_out,
@@ -500,19 +519,11 @@ batchnorm_train_fused(const T* __restrict__ x, T* __restrict__ y, acc_t<T>* __re
     const index_t n = outer * inner;
     const index_t start = (index_t)split * BN_CHUNK;
     const A count = chunk_count<A>(split, n);
+    A vals[ITEMS][VEC];
+    if (PREFETCH && local_c < (int)C) load_chunk<T, VEC, ITEMS>(x, start, n, local_c, C, inner, vals);
     for (int c = local_c; c < (int)C; c += per_round) {
-        A vals[ITEMS][VEC];
+        if (!PREFETCH) load_chunk<T, VEC, ITEMS>(x, start, n, c, C, inner, vals);
         A sum = 0;
-#pragma unroll
-        for (int k = 0; k < ITEMS; ++k) {
-            const index_t j = start + (index_t)(k * BN_THREADS + threadIdx.x) * VEC;
-            if (j < n) {
-                load_pack<T, VEC>(x, channel_offset(j, (index_t)c, C, inner), vals[k]);
-            } else {
-#pragma unroll
-                for (int v = 0; v < VEC; ++v) vals[k][v] = 0;
-            }
-        }
 #pragma unroll
         for (int k = 0; k < ITEMS; ++k)
 #pragma unroll
@@ -535,6 +546,10 @@ batchnorm_train_fused(const T* __restrict__ x, T* __restrict__ y, acc_t<T>* __re
             part_mean[c * splits + split] = chunk_mean;
             part_m2[c * splits + split] = m2;
         }
+        A next[PREFETCH ? ITEMS : 1][VEC];
+        if (PREFETCH && c + per_round < (int)C) {
+            load_chunk<T, VEC, PREFETCH ? ITEMS : 1>(x, start, n, c + per_round, C, inner, next);
+        }
         channel_barrier(arrive, c, (int)C, splits, failed);
         A mean, var;
         merge_statistics_volatile(part_mean, part_m2, c, splits, n, mean, var);
@@ -554,10 +569,17 @@ batchnorm_train_fused(const T* __restrict__ x, T* __restrict__ y, acc_t<T>* __re
         for (int k = 0; k < ITEMS; ++k) {
             const index_t j = start + (index_t)(k * BN_THREADS + threadIdx.x) * VEC;
             if (j < n) {
+                A out[VEC];
 #pragma unroll
-                for (int v = 0; v < VEC; ++v) vals[k][v] = (vals[k][v] - mean) * scale + shift;
-                store_pack<T, VEC>(y, channel_offset(j, (index_t)c, C, inner), vals[k]);
+                for (int v = 0; v < VEC; ++v) out[v] = (vals[k][v] - mean) * scale + shift;
+                store_pack<T, VEC>(y, channel_offset(j, (index_t)c, C, inner), out);
             }
+        }
+        if (PREFETCH) {
+#pragma unroll
+            for (int k = 0; k < ITEMS; ++k)
+#pragma unroll
+                for (int v = 0; v < VEC; ++v) vals[k][v] = next[k < (PREFETCH ? ITEMS : 1) ? k : 0][v];
         }
     }
 }

@@ -244,16 +244,20 @@ def test_several_chunks_per_channel(xp, rng, dtype, x_shape, offset):
             assert_close(a, b, dtype, what=what)
 
 
+@pytest.mark.parametrize("prefetch", [False, True])
 @pytest.mark.parametrize("resident", [None, "small"])
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 @pytest.mark.parametrize("x_shape,layout", [((3, 5, 40, 48), "NCHW"), ((2, 7, 13, 13), "NCHW"),
                                             ((9000, 3), "NCHW"), ((5, 1, 3, 7), "NCHW"),
                                             ((2, 3, 5, 11), "NHWC")])
-def test_single_read_path_matches_two_pass_path(xp, rng, monkeypatch, resident, dtype, x_shape, layout):
+def test_single_read_path_matches_two_pass_path(xp, rng, monkeypatch, prefetch, resident, dtype, x_shape,
+                                                layout):
     """The fused (single-read) training forward and backward give bitwise the
     two-pass results (the same partials merged in the same order), also with few
     resident blocks (many rounds of channels; `small` = two channels' chunks)."""
     from dnnprims import normalization
+    monkeypatch.setattr(normalization, "FUSED_PREFETCH", prefetch)
+    monkeypatch.setattr(normalization, "FUSED_FORWARD_MIN_BYTES", 0)
     if xp is not np and resident == "small":
         monkeypatch.setattr(normalization, "_RESIDENT", {})
         splits = -(-int(np.prod(x_shape)) // x_shape[1 if layout == "NCHW" else -1] // 4096)

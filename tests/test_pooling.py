@@ -335,7 +335,12 @@ def _direct_shape(layout, c, hw):
 @pytest.mark.parametrize("layout,c", [("NCHW", 3), ("NHWC", 3), ("NHWC", 16)])
 @pytest.mark.parametrize("mode", ["max", "avg"])
 @pytest.mark.parametrize("window,stride,padding", DIRECT_CONFIGS)
-def test_direct_paths_match_reference(xp, rng, dtype, layout, c, mode, window, stride, padding):
+@pytest.mark.parametrize("rows_backward", [False, True])
+def test_direct_paths_match_reference(xp, rng, monkeypatch, rows_backward, dtype, layout, c, mode,
+                                      window, stride, padding):
+    from dnnprims import pooling
+    monkeypatch.setattr(pooling, "ROWS_BACKWARD", rows_backward)
+    monkeypatch.setattr(pooling, "_PLANS", {})
     opts = dict(mode=mode, stride=stride, padding=padding, count_include_pad=mode == "avg")
     kh, kw = (window, window) if isinstance(window, int) else window
     ph, pw = (padding, padding) if isinstance(padding, int) else padding
@@ -350,9 +355,14 @@ def test_direct_paths_match_reference(xp, rng, dtype, layout, c, mode, window, s
 @pytest.mark.parametrize("layout,c", [("NCHW", 2), ("NHWC", 8), ("NHWC", 5)])
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 @pytest.mark.parametrize("window,stride,padding", DIRECT_CONFIGS)
-def test_direct_paths_ties_and_nan_exactly(xp, rng, layout, c, dtype, window, stride, padding):
+@pytest.mark.parametrize("rows_backward", [False, True])
+def test_direct_paths_ties_and_nan_exactly(xp, rng, monkeypatch, rows_backward, layout, c, dtype, window,
+                                           stride, padding):
     """Integer data (ties, all -inf planes, NaNs): the argmax bytes, the recomputed
     argmax and the vector lanes pick exactly the reference's element."""
+    from dnnprims import pooling
+    monkeypatch.setattr(pooling, "ROWS_BACKWARD", rows_backward)
+    monkeypatch.setattr(pooling, "_PLANS", {})
     shape = _direct_shape(layout, c, (13, 21))
     x = rng.integers(-2, 3, size=shape).astype(dtype)
     if layout == "NCHW":
