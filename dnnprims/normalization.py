@@ -196,11 +196,16 @@ class _Launch:
 # blocks resident at once, rounds of whole channels, a per-channel barrier in
 # global memory (kernels/batchnorm.cu).  FUSED = False forces the two-pass path.
 FUSED = True
-# Training forward: the fused kernel where a channel is one chunk (one launch
-# instead of two) or x is well past L2 (the two-pass path's second read then
-# comes from DRAM); below that the two-pass path's L2 reuse wins (H100,
-# bn_r50_early 103 MB: two-pass 0.114 ms, fused 0.145).
-FUSED_FORWARD_MIN_BYTES = 128 << 20
+# Training forward: measured on the H100 (notes/mem_poolbn.md), the fused
+# kernel LOSES to the two-pass path wherever a channel spans several chunks
+# (bn_big 0.238 vs 0.218 ms, bn_big float16 0.207 vs 0.123, bn_r50_early 0.151
+# vs 0.114): the per-round barrier latency costs more than the second read,
+# which the two-pass path partly takes from L2.  So the forward uses it only
+# where a channel is one chunk (no barrier; one launch instead of two), unless
+# x is at least FUSED_FORWARD_MIN_BYTES (tests set 0 to reach the kernel).
+# The backward's fused kernel wins everywhere measured (bn_big 0.272-0.281 vs
+# 0.345 ms) and is always used when the saved statistics are given.
+FUSED_FORWARD_MIN_BYTES = 1 << 62
 FUSED_PREFETCH = True  # the variant that loads the next round's chunk during the barrier
 _RESIDENT = {}  # (device, expression) -> blocks of that kernel resident at once
 _WORKSPACES = {}  # (device, stream) -> _Workspace
