@@ -36,6 +36,19 @@ FAMILY = KernelFamily("batchnorm.cu", [
       for t, p in _TYPE_PAIRS for i in _INDEX_TYPES for v in (1, _VECTOR[t]) for m in _BOOL),
     *(f"batchnorm_backward_data<{t}, {p}, {i}, {v}>"
       for t, p in _TYPE_PAIRS for i in _INDEX_TYPES for v in (1, _VECTOR[t])),
+    *(f"batchnorm_train_fused<{t}, {p}, {i}, {v}, {f}>"
+      for t, p in _TYPE_PAIRS for i in _INDEX_TYPES for v in (1, _VECTOR[t]) for f in _BOOL),
+    *(f"batchnorm_backward_fused<{t}, {p}, {i}, {v}>"
+      for t, p in _TYPE_PAIRS for i in _INDEX_TYPES for v in (1, _VECTOR[t])),
+    # channel-last (inner == 1) paths
+    *(f"batchnorm_rows_{k}<{t}, {i}, {v}>" for k in ("statistics", "backward_reduce")
+      for t in _X_TYPES for i in _INDEX_TYPES for v in (1, _VECTOR[t])),
+    *(f"batchnorm_rows_{k}<{t}, {p}>" for k in ("merge_statistics", "backward_merge")
+      for t, p in _TYPE_PAIRS),
+    *(f"batchnorm_rows_normalize<{t}, {p}, {i}, {v}, {m}>"
+      for t, p in _TYPE_PAIRS for i in _INDEX_TYPES for v in (1, _VECTOR[t]) for m in _BOOL),
+    *(f"batchnorm_rows_backward_data<{t}, {p}, {i}, {v}>"
+      for t, p in _TYPE_PAIRS for i in _INDEX_TYPES for v in (1, _VECTOR[t])),
 ])
 
 _BLOCK = 256  # BN_THREADS in kernels/batchnorm.cu
@@ -179,6 +192,131 @@ class _Launch:
         return f"{kernel}<{', '.join(a for a in args if a is not None)}>"
 
 
+# Single-read kernels (batchnorm_*_fused): a persistent grid of at most the
+# blocks resident at once, rounds of whole channels, a per-channel barrier in
+# global memory (kernels/batchnorm.cu).  FUSED = False forces the two-pass path.
+FUSED = True
+# Training forward: measured on the H100 (notes/mem_poolbn.md), the fused
+# kernel LOSES to the two-pass path wherever a channel spans several chunks
+# (bn_big 0.238 vs 0.218 ms, bn_big float16 0.207 vs 0.123, bn_r50_early 0.151
+# vs 0.114): the per-round barrier latency costs more than the second read,
+# which the two-pass path partly takes from L2.  So the forward uses it only
+# where a channel is one chunk (no barrier; one launch instead of two), unless
+# x is at least FUSED_FORWARD_MIN_BYTES (tests set 0 to reach the kernel).
+# The backward's fused kernel wins everywhere measured (bn_big 0.272-0.281 vs
+# 0.345 ms) and is always used when the saved statistics are given.
+FUSED_FORWARD_MIN_BYTES = 1 << 62
+FUSED_PREFETCH = True  # the variant that loads the next round's chunk during the barrier
+_RESIDENT = {}  # (device, expression) -> blocks of that kernel resident at once
+_WORKSPACES = {}  # (device, stream) -> _Workspace
+
+
+class _Workspace:
+    """Barrier counters (zero between launches: the kernels reset them), the
+    hang flag and the partials of one stream; grown, never shrunk."""
+
+    def __init__(self, cp):
+        self.arrive = cp.zeros(0, np.uint32)
+        self.failed = cp.zeros(1, np.int32)
+        self._parts = {}
+
+    def partials(self, cp, acc, count):
+        buf = self._parts.get(acc)
+        if buf is None or buf.size < 2 * count:
+            buf = self._parts[acc] = cp.empty(2 * count, acc)
+        return buf[:count], buf[count:2 * count]
+
+
+def _fused_grid(cp, launch, spec, channels):
+    """(grid, channels per round, workspace) for a fused kernel, or None when a
+    channel's chunks do not all fit on the device at once."""
+    device = cp.cuda.runtime.getDevice()
+    resident = _RESIDENT.get((device, spec))
+    if resident is None:
+        resident = _RESIDENT[(device, spec)] = _resident_blocks(cp, FAMILY.function(spec))
+    if launch.splits > resident:
+        return None
+    per_round = min(channels, resident // launch.splits)
+    key = (device, cp.cuda.get_current_stream().ptr)
+    work = _WORKSPACES.get(key)
+    if work is None:
+        work = _WORKSPACES[key] = _Workspace(cp)
+    if work.arrive.size < 2 * channels:
+        work.arrive = cp.zeros(2 * channels, np.uint32)
+    return (per_round * launch.splits,), per_round, work
+
+
+def _resident_blocks(cp, kernel):
+    """Blocks of `kernel` (BN_THREADS threads, static shared memory only) that
+    the device runs at once: the occupancy API times the SM count."""
+    try:
+        from cupy_backends.cuda.api import driver
+        per_sm = driver.occupancyMaxActiveBlocksPerMultiprocessor(kernel.kernel.ptr, _BLOCK, 0)
+        sms = cp.cuda.Device().attributes["MultiProcessorCount"]
+    except Exception:  # no occupancy API: never risk the barrier, use the two-pass path
+        return 0
+    return max(0, int(per_sm)) * int(sms)
+
+
+ROWS_REDUCE_PER_SM = 4  # blocks per SM of the channel-last reductions (lane partials per channel)
+
+
+class _Rows:
+    """Launch shape of the channel-last kernels (kernels/batchnorm.cu, RowLanes):
+    x as M rows of C channels, VEC channels per thread when C and the pointers allow."""
+
+    def __init__(self, cp, x, channels, rows, arrays):
+        t = _dtypes.cuda_type(x.dtype)
+        vec = _VECTOR[t]
+        if channels % vec or not all(a.data.ptr % 16 == 0 for a in arrays):
+            vec = 1
+        vectors = channels // vec
+        self.cols = min(vectors, _BLOCK)
+        lanes = _BLOCK // self.cols
+        groups = ceil_div(vectors, self.cols)
+        sms = _sm_count(cp)
+        # reductions: about 4 blocks per SM, >= 8 rows per lane; maps: up to 8 blocks per SM
+        self.reduce_grid = (max(1, min(ceil_div(rows, lanes * 8), ROWS_REDUCE_PER_SM * sms // groups)),
+                            groups)
+        self.map_grid = (max(1, min(ceil_div(rows, lanes * 4), 8 * sms // groups)), groups)
+        self.lanes = self.reduce_grid[0] * lanes  # L: partials per channel
+        self.index_t = index_type(x.size + (8 * max(self.reduce_grid[0], self.map_grid[0]) * lanes + 8)
+                                  * channels)
+        it = np.int32 if self.index_t == "int" else np.int64
+        self.t, self.vec = t, vec
+        self.shape = (it(rows), np.int32(channels), np.int32(self.cols))
+        self.merge_grid = (ceil_div(channels, _BLOCK // 32),)
+
+    def spec(self, kernel, *middle, flag=None):
+        args = [self.t, *middle, self.index_t, str(self.vec), flag]
+        return f"batchnorm_rows_{kernel}<{', '.join(a for a in args if a is not None)}>"
+
+
+_SMS = {}
+
+
+def _sm_count(cp):
+    device = cp.cuda.runtime.getDevice()
+    sms = _SMS.get(device)
+    if sms is None:
+        sms = _SMS[device] = int(cp.cuda.Device(device).attributes["MultiProcessorCount"])
+    return sms
+
+
+def _rows_statistics(cp, x, rows, acc, pt, mean, invstd, rm, rv, update, eps, momentum, unbias):
+    """Training statistics of channel-last x: lane partials, then a warp per channel."""
+    channels = int(mean.shape[0])
+    parts = cp.empty(3 * channels * rows.lanes, acc)
+    part_n, part_mean, part_m2 = (parts[k * channels * rows.lanes:(k + 1) * channels * rows.lanes]
+                                  for k in range(3))
+    FAMILY.launch(rows.spec("statistics"), rows.reduce_grid, (_BLOCK,),
+                  (x, part_n, part_mean, part_m2, *rows.shape))
+    real = _scalar(acc)
+    FAMILY.launch(f"batchnorm_rows_merge_statistics<{rows.t}, {pt}>", rows.merge_grid, (_BLOCK,),
+                  (part_n, part_mean, part_m2, np.int32(rows.lanes), np.int32(channels), mean, invstd,
+                   rm, rv, real(eps), real(momentum), real(unbias), np.int32(update)))
+
+
 def _partial_statistics(cp, x, launch, acc):
     part_mean = cp.empty(launch.grid[0], acc)
     part_m2 = cp.empty(launch.grid[0], acc)
@@ -196,32 +334,54 @@ def _batchnorm_gpu(cp, x, gamma, beta, running_mean, running_var, training, mome
         nan = cp.full(channels, np.nan, dtype=acc)
         return y, nan, nan.copy()
     x = _validate.contiguous(cp, x)
-    launch = _Launch(x, channels, outer, inner, (x, y))
     mean = cp.empty(channels, acc)
     invstd = cp.empty(channels, acc)
     gamma = cp.ones(channels, pdtype) if gamma is None else _validate.contiguous(cp, gamma)
     beta = cp.zeros(channels, pdtype) if beta is None else _validate.contiguous(cp, beta)
     pt = _dtypes.cuda_type(pdtype)
+    n = outer * inner
     if training:
         update = running_mean is not None
         rm = _validate.contiguous(cp, running_mean) if update else gamma  # placeholder, unread
         rv = _validate.contiguous(cp, running_var) if update else gamma
-        n = outer * inner
-        part_mean, part_m2 = _partial_statistics(cp, x, launch, acc)
-        FAMILY.launch(launch.spec("batchnorm_normalize", pt, "true"), launch.grid, (_BLOCK,),
-                      (x, y, part_mean, part_m2, mean, invstd, rm, rv, gamma, beta, *launch.shape,
-                       real(eps), real(momentum), real(n / (n - 1)), np.int32(update), np.int32(1)))
-        if update:  # the kernel updated contiguous copies: write them back
-            if rm is not running_mean:
-                running_mean[...] = rm
-            if rv is not running_var:
-                running_var[...] = rv
     else:
         rm = _validate.contiguous(cp, running_mean)
         rv = _validate.contiguous(cp, running_var)
+    if inner == 1:  # channel-last: rows kernels
+        rows = _Rows(cp, x, channels, outer, (x, y))
+        if training:
+            _rows_statistics(cp, x, rows, acc, pt, mean, invstd, rm, rv, update, eps, momentum,
+                             n / (n - 1))
+        FAMILY.launch(rows.spec("normalize", pt, flag=_BOOL[training]), rows.map_grid, (_BLOCK,),
+                      (x, y, mean, invstd, rm, rv, gamma, beta, *rows.shape, real(eps)))
+    elif training:
+        launch = _Launch(x, channels, outer, inner, (x, y))
+        spec = launch.spec("batchnorm_train_fused", pt, _BOOL[FUSED_PREFETCH])
+        use = FUSED and (launch.splits == 1 or x.nbytes >= FUSED_FORWARD_MIN_BYTES)
+        fused = _fused_grid(cp, launch, spec, channels) if use else None
+        if fused is not None:
+            grid, per_round, work = fused
+            part_mean, part_m2 = work.partials(cp, acc, launch.grid[0])
+            FAMILY.launch(spec, grid, (_BLOCK,),
+                          (x, y, part_mean, part_m2, mean, invstd, rm, rv, gamma, beta,
+                           *launch.shape, np.int32(per_round), work.arrive, work.failed, real(eps),
+                           real(momentum), real(n / (n - 1)), np.int32(update)))
+        else:
+            part_mean, part_m2 = _partial_statistics(cp, x, launch, acc)
+            FAMILY.launch(launch.spec("batchnorm_normalize", pt, "true"), launch.grid, (_BLOCK,),
+                          (x, y, part_mean, part_m2, mean, invstd, rm, rv, gamma, beta,
+                           *launch.shape, real(eps), real(momentum), real(n / (n - 1)),
+                           np.int32(update), np.int32(1)))
+    else:
+        launch = _Launch(x, channels, outer, inner, (x, y))
         FAMILY.launch(launch.spec("batchnorm_normalize", pt, "false"), launch.grid, (_BLOCK,),
                       (x, y, mean, invstd, mean, invstd, rm, rv, gamma, beta, *launch.shape,
                        real(eps), real(0), real(1), np.int32(0), np.int32(0)))
+    if training and update:  # the kernels updated contiguous copies: write them back
+        if rm is not running_mean:
+            running_mean[...] = rm
+        if rv is not running_var:
+            running_var[...] = rv
     return y, mean, invstd
 
 
@@ -234,6 +394,9 @@ def _batchnorm_backward_gpu(cp, dy, x, gamma, mean, invstd, eps, pdtype, channel
     dbeta = cp.empty(channels, pdtype)
     x = _validate.contiguous(cp, x)
     dy = _validate.contiguous(cp, dy)
+    if inner == 1:
+        return _rows_backward(cp, dy, x, gamma, mean, invstd, eps, pdtype, channels, outer, acc, dx,
+                              dgamma, dbeta)
     launch = _Launch(x, channels, outer, inner, (x, dy, dx))
     recompute = mean is None
     if recompute:
@@ -245,6 +408,16 @@ def _batchnorm_backward_gpu(cp, dy, x, gamma, mean, invstd, eps, pdtype, channel
         invstd = _validate.contiguous(cp, invstd)
         part_mean = part_m2 = mean  # unread
     gamma = cp.ones(channels, pdtype) if gamma is None else _validate.contiguous(cp, gamma)
+    if not recompute and FUSED:
+        spec = launch.spec("batchnorm_backward_fused", _dtypes.cuda_type(pdtype))
+        fused = _fused_grid(cp, launch, spec, channels)
+        if fused is not None:
+            grid, per_round, work = fused
+            part_dy, part_dy_xhat = work.partials(cp, acc, launch.grid[0])
+            FAMILY.launch(spec, grid, (_BLOCK,),
+                          (x, dy, mean, invstd, gamma, part_dy, part_dy_xhat, dx, dgamma, dbeta,
+                           *launch.shape, np.int32(per_round), work.arrive, work.failed))
+            return dx, dgamma, dbeta
     part_dy = cp.empty(launch.grid[0], acc)
     part_dy_xhat = cp.empty(launch.grid[0], acc)
     # Alternate the grid's direction from launch to launch (L2 reuse, see the .cu header).
@@ -256,4 +429,29 @@ def _batchnorm_backward_gpu(cp, dy, x, gamma, mean, invstd, eps, pdtype, channel
     FAMILY.launch(launch.spec("batchnorm_backward_data", _dtypes.cuda_type(pdtype)), launch.grid,
                   (_BLOCK,), (x, dy, mean, invstd, gamma, part_dy, part_dy_xhat, dx, dgamma, dbeta,
                               *launch.shape, np.int32(1 - reverse)))
+    return dx, dgamma, dbeta
+
+
+def _rows_backward(cp, dy, x, gamma, mean, invstd, eps, pdtype, channels, rows_count, acc, dx, dgamma,
+                   dbeta):
+    """Channel-last backward: [statistics,] lane sums, a warp per channel, dx."""
+    rows = _Rows(cp, x, channels, rows_count, (x, dy, dx))
+    pt = _dtypes.cuda_type(pdtype)
+    if mean is None:
+        mean = cp.empty(channels, acc)
+        invstd = cp.empty(channels, acc)
+        _rows_statistics(cp, x, rows, acc, pt, mean, invstd, mean, mean, False, eps, 0.0, 1.0)
+    else:
+        mean = _validate.contiguous(cp, mean)
+        invstd = _validate.contiguous(cp, invstd)
+    gamma = cp.ones(channels, pdtype) if gamma is None else _validate.contiguous(cp, gamma)
+    size = channels * rows.lanes
+    parts = cp.empty(2 * size + 2 * channels, acc)
+    part_g, part_gx, sums = parts[:size], parts[size:2 * size], parts[2 * size:]
+    FAMILY.launch(rows.spec("backward_reduce"), rows.reduce_grid, (_BLOCK,),
+                  (x, dy, mean, part_g, part_gx, *rows.shape))
+    FAMILY.launch(f"batchnorm_rows_backward_merge<{rows.t}, {pt}>", rows.merge_grid, (_BLOCK,),
+                  (part_g, part_gx, np.int32(rows.lanes), np.int32(channels), invstd, sums, dgamma, dbeta))
+    FAMILY.launch(rows.spec("backward_data", pt), rows.map_grid, (_BLOCK,),
+                  (x, dy, mean, invstd, gamma, sums, dx, *rows.shape))
     return dx, dgamma, dbeta

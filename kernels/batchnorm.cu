@@ -31,7 +31,8 @@
 // pass 1 (`reverse`), so its first blocks find the data pass 1 read last still
 // in L2 (50 MB on the H100).
 //
-// NHWC reads are strided by C within a chunk (correct, not yet fast).
+// Channel-last x (inner == 1: NHWC, 2-D) runs the rows kernels at the end of
+// this file instead (vectorised along C).
 #include "common.cuh"
 
 #define BN_THREADS 256
@@ -367,6 +368,601 @@ batchnorm_backward_data(const T* __restrict__ x, const T* __restrict__ dy,
                 xs[k][v] = scale * (ds[k][v] - mean_dy - xhat * mean_dy_xhat);
             }
             store_pack<T, VEC>(dx, channel_offset(j, (index_t)c, C, inner), xs[k]);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Single-read paths (issue 5, v3): training forward and backward (saved
+// statistics given) in ONE launch that reads x (and dy) once.  Measured on the
+// H100 the backward wins (bn_big 0.28 vs 0.35 ms) and is the default; the
+// forward loses to the two-pass path when a channel spans several chunks
+// (round barrier latency > the second read), so Python uses it only for
+// one-chunk channels (dnnprims/normalization.py: FUSED_FORWARD_MIN_BYTES).
+//
+// A persistent grid of G blocks, G = the number of blocks of this kernel that
+// are resident at once on the device (Python asks the occupancy API), so
+// every block runs concurrently.  The grid works in rounds of `per_round`
+// whole channels: block b takes chunk b % splits of channel round * per_round
+// + b / splits (blocks past per_round * splits exit).  A block loads its chunk
+// into registers (the same BN_CHUNK-value chunks and thread mapping as the
+// two-pass kernels), writes its partials (chunk mean and M2; or sum(dy) and
+// sum(dy * xhat)), then waits at a per-channel barrier in global memory
+// (channel_barrier: arrival and departure counters, reset by the last block
+// to leave, so no zeroing launch is needed).  After the barrier every block merges its channel's
+// partials in the same fixed order as the two-pass path (bitwise the same
+// statistics) and writes its outputs from the registers: x never comes back
+// from memory.  The floor drops from 3 passes over the tensor to 2 (forward)
+// and from 5 to 3 (backward).
+//
+// Deadlock freedom needs every block of a channel resident while it waits:
+// true because the whole grid is (G <= resident capacity, nothing else on
+// the device takes the SMs).  As a guard against a hang should that fail, a
+// block waits at most ~2^21 polls (~1 s), then sets *failed and goes on.
+//
+// Partials are read after the barrier with volatile loads (L2, never a stale L1 line).
+
+// Arrive at channel c's barrier and wait for all `splits` blocks of it.
+// arrive[c] counts arrivals, arrive[C + c] departures; the last block to
+// depart sets both back to zero, so the next launch finds them zeroed.
+__device__ __forceinline__ void channel_barrier(unsigned* __restrict__ arrive, int c, int C, int splits,
+                                                int* __restrict__ failed) {
+    __syncthreads();  // thread 0 stored the partials; its fence below orders them before the arrival
+    if (threadIdx.x == 0 && splits > 1) {
+        __threadfence();
+        atomicAdd(arrive + c, 1u);
+        const volatile unsigned* a = arrive + c;
+        int polls = 0;
+        while ((int)*a < splits) {
+            __nanosleep(64);
+            if (++polls > (1 << 21)) {
+                *failed = 1;
+                break;
+            }
+        }
+        __threadfence();
+        if (atomicAdd(arrive + C + c, 1u) == (unsigned)(splits - 1)) {
+            arrive[c] = 0u;
+            arrive[C + c] = 0u;
+        }
+    }
+    __syncthreads();
+}
+
+// merge_statistics with volatile loads of the partials (written by other blocks of this launch).
+template <typename A, typename index_t>
+__device__ __forceinline__ void merge_statistics_volatile(const A* part_mean, const A* part_m2, int c,
+                                                          int splits, index_t n, A& mean, A& var) {
+    __shared__ A result[2];
+    const volatile A* pm = part_mean;
+    const volatile A* p2 = part_m2;
+    if (threadIdx.x < 32) {
+        A cnt = 0, mu = 0, m2 = 0;
+        for (int b = threadIdx.x; b < splits; b += 32) {
+            chan_merge(cnt, mu, m2, chunk_count<A>(b, n), A(pm[c * splits + b]), A(p2[c * splits + b]));
+        }
+#pragma unroll
+        for (int offset = 16; offset > 0; offset >>= 1) {
+            const A ob = __shfl_down_sync(0xffffffffu, cnt, offset);
+            const A om = __shfl_down_sync(0xffffffffu, mu, offset);
+            const A o2 = __shfl_down_sync(0xffffffffu, m2, offset);
+            if ((int)threadIdx.x + offset < 32) chan_merge(cnt, mu, m2, ob, om, o2);
+        }
+        if (threadIdx.x == 0) {
+            result[0] = mu;
+            result[1] = m2 / cnt;
+        }
+    }
+    __syncthreads();
+    mean = result[0];
+    var = result[1];
+}
+
+// merge_sums with volatile loads.
+template <typename A>
+__device__ __forceinline__ void merge_sums_volatile(const A* part_a, const A* part_b, int c, int splits,
+                                                    A& a, A& b) {
+    __shared__ A result[2];
+    const volatile A* pa = part_a;
+    const volatile A* pb = part_b;
+    if (threadIdx.x < 32) {
+        A sa = 0, sb = 0;
+        for (int k = threadIdx.x; k < splits; k += 32) {
+            sa += pa[c * splits + k];
+            sb += pb[c * splits + k];
+        }
+#pragma unroll
+        for (int offset = 16; offset > 0; offset >>= 1) {
+            sa += __shfl_down_sync(0xffffffffu, sa, offset);
+            sb += __shfl_down_sync(0xffffffffu, sb, offset);
+        }
+        if (threadIdx.x == 0) {
+            result[0] = sa;
+            result[1] = sb;
+        }
+    }
+    __syncthreads();
+    a = result[0];
+    b = result[1];
+}
+
+#define BN_FUSED_PARAMS BN_SHAPE, int per_round, unsigned* __restrict__ arrive, int* __restrict__ failed
+
+// Load chunk `split` (values from `start`) of channel c into registers, zeros past n.
+template <typename T, int VEC, int ITEMS, typename index_t>
+__device__ __forceinline__ void load_chunk(const T* __restrict__ x, index_t start, index_t n, int c,
+                                           index_t C, index_t inner, acc_t<T> (&vals)[ITEMS][VEC]) {
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k) {
+        const index_t j = start + (index_t)(k * BN_THREADS + threadIdx.x) * VEC;
+        if (j < n) {
+            load_pack<T, VEC>(x, channel_offset(j, (index_t)c, C, inner), vals[k]);
+        } else {
+#pragma unroll
+            for (int v = 0; v < VEC; ++v) vals[k][v] = 0;
+        }
+    }
+}
+
+// PREFETCH: the next round's chunk is loaded into a second register set right
+// after this round's partials are stored, so its load overlaps the barrier wait
+// and this round's stores (more registers: fewer resident blocks).
+template <typename T, typename P, typename index_t, int VEC, bool PREFETCH>
+__global__ void __launch_bounds__(BN_THREADS)
+batchnorm_train_fused(const T* __restrict__ x, T* __restrict__ y, acc_t<T>* __restrict__ part_mean,
+                      acc_t<T>* __restrict__ part_m2, acc_t<T>* __restrict__ mean_out,
+                      acc_t<T>* __restrict__ invstd_out, P* __restrict__ running_mean,
+                      P* __restrict__ running_var, const P* __restrict__ gamma,
+                      const P* __restrict__ beta, BN_FUSED_PARAMS, acc_t<T> eps, acc_t<T> momentum,
+                      acc_t<T> unbias, int update_running) {
+    typedef acc_t<T> A;
+    constexpr int ITEMS = BN_PER_THREAD / VEC;
+    __shared__ A scratch[32];
+    if ((int)blockIdx.x >= per_round * splits) return;
+    const int local_c = (int)blockIdx.x / splits;
+    const int split = (int)blockIdx.x - local_c * splits;
+    const index_t n = outer * inner;
+    const index_t start = (index_t)split * BN_CHUNK;
+    const A count = chunk_count<A>(split, n);
+    A vals[ITEMS][VEC];
+    if (PREFETCH && local_c < (int)C) load_chunk<T, VEC, ITEMS>(x, start, n, local_c, C, inner, vals);
+    for (int c = local_c; c < (int)C; c += per_round) {
+        if (!PREFETCH) load_chunk<T, VEC, ITEMS>(x, start, n, c, C, inner, vals);
+        A sum = 0;
+#pragma unroll
+        for (int k = 0; k < ITEMS; ++k)
+#pragma unroll
+            for (int v = 0; v < VEC; ++v) sum += vals[k][v];
+        const A chunk_mean = block_sum(sum, scratch) / count;
+        A m2 = 0;
+#pragma unroll
+        for (int k = 0; k < ITEMS; ++k) {
+            const index_t j = start + (index_t)(k * BN_THREADS + threadIdx.x) * VEC;
+            if (j < n) {
+#pragma unroll
+                for (int v = 0; v < VEC; ++v) {
+                    const A d = vals[k][v] - chunk_mean;
+                    m2 += d * d;
+                }
+            }
+        }
+        m2 = block_sum(m2, scratch);
+        if (threadIdx.x == 0) {
+            part_mean[c * splits + split] = chunk_mean;
+            part_m2[c * splits + split] = m2;
+        }
+        A next[PREFETCH ? ITEMS : 1][VEC];
+        if (PREFETCH && c + per_round < (int)C) {
+            load_chunk<T, VEC, PREFETCH ? ITEMS : 1>(x, start, n, c + per_round, C, inner, next);
+        }
+        channel_barrier(arrive, c, (int)C, splits, failed);
+        A mean, var;
+        merge_statistics_volatile(part_mean, part_m2, c, splits, n, mean, var);
+        const A invstd = A(1) / sqrt(var + eps);
+        if (split == 0 && threadIdx.x == 0) {
+            mean_out[c] = mean;
+            invstd_out[c] = invstd;
+            if (update_running) {
+                running_mean[c] = store<P>((A(1) - momentum) * A(load(running_mean[c])) + momentum * mean);
+                running_var[c] =
+                    store<P>((A(1) - momentum) * A(load(running_var[c])) + momentum * (var * unbias));
+            }
+        }
+        const A scale = invstd * A(load(gamma[c]));
+        const A shift = A(load(beta[c]));
+#pragma unroll
+        for (int k = 0; k < ITEMS; ++k) {
+            const index_t j = start + (index_t)(k * BN_THREADS + threadIdx.x) * VEC;
+            if (j < n) {
+                A out[VEC];
+#pragma unroll
+                for (int v = 0; v < VEC; ++v) out[v] = (vals[k][v] - mean) * scale + shift;
+                store_pack<T, VEC>(y, channel_offset(j, (index_t)c, C, inner), out);
+            }
+        }
+        if (PREFETCH) {
+#pragma unroll
+            for (int k = 0; k < ITEMS; ++k)
+#pragma unroll
+                for (int v = 0; v < VEC; ++v) vals[k][v] = next[k < (PREFETCH ? ITEMS : 1) ? k : 0][v];
+        }
+    }
+}
+
+template <typename T, typename P, typename index_t, int VEC>
+__global__ void __launch_bounds__(BN_THREADS)
+batchnorm_backward_fused(const T* __restrict__ x, const T* __restrict__ dy,
+                         const acc_t<T>* __restrict__ mean, const acc_t<T>* __restrict__ invstd,
+                         const P* __restrict__ gamma, acc_t<T>* __restrict__ part_dy,
+                         acc_t<T>* __restrict__ part_dy_xhat, T* __restrict__ dx,
+                         P* __restrict__ dgamma, P* __restrict__ dbeta, BN_FUSED_PARAMS) {
+    typedef acc_t<T> A;
+    constexpr int ITEMS = BN_PER_THREAD / VEC;
+    __shared__ A scratch[32];
+    if ((int)blockIdx.x >= per_round * splits) return;
+    const int local_c = (int)blockIdx.x / splits;
+    const int split = (int)blockIdx.x - local_c * splits;
+    const index_t n = outer * inner;
+    const index_t start = (index_t)split * BN_CHUNK;
+    for (int c = local_c; c < (int)C; c += per_round) {
+        const A m = mean[c], s = invstd[c];
+        A xs[ITEMS][VEC], ds[ITEMS][VEC];
+#pragma unroll
+        for (int k = 0; k < ITEMS; ++k) {
+            const index_t j = start + (index_t)(k * BN_THREADS + threadIdx.x) * VEC;
+            if (j < n) {
+                const index_t off = channel_offset(j, (index_t)c, C, inner);
+                load_pack<T, VEC>(x, off, xs[k]);
+                load_pack<T, VEC>(dy, off, ds[k]);
+            } else {
+#pragma unroll
+                for (int v = 0; v < VEC; ++v) xs[k][v] = ds[k][v] = 0;
+            }
+        }
+        A g = 0, gx = 0;
+#pragma unroll
+        for (int k = 0; k < ITEMS; ++k) {
+            const index_t j = start + (index_t)(k * BN_THREADS + threadIdx.x) * VEC;
+            if (j < n) {
+#pragma unroll
+                for (int v = 0; v < VEC; ++v) {
+                    g += ds[k][v];
+                    gx += ds[k][v] * (xs[k][v] - m);
+                }
+            }
+        }
+        g = block_sum(g, scratch);
+        gx = block_sum(gx, scratch);
+        if (threadIdx.x == 0) {
+            part_dy[c * splits + split] = g;
+            part_dy_xhat[c * splits + split] = gx * s;
+        }
+        channel_barrier(arrive, c, (int)C, splits, failed);
+        A sg, sgx;
+        merge_sums_volatile(part_dy, part_dy_xhat, c, splits, sg, sgx);
+        if (split == 0 && threadIdx.x == 0) {
+            dbeta[c] = store<P>(sg);
+            dgamma[c] = store<P>(sgx);
+        }
+        const A scale = A(load(gamma[c])) * s;
+        const A mean_dy = sg / A(n), mean_dy_xhat = sgx / A(n);
+#pragma unroll
+        for (int k = 0; k < ITEMS; ++k) {
+            const index_t j = start + (index_t)(k * BN_THREADS + threadIdx.x) * VEC;
+            if (j < n) {
+#pragma unroll
+                for (int v = 0; v < VEC; ++v) {
+                    const A xhat = (xs[k][v] - m) * s;
+                    xs[k][v] = scale * (ds[k][v] - mean_dy - xhat * mean_dy_xhat);
+                }
+                store_pack<T, VEC>(dx, channel_offset(j, (index_t)c, C, inner), xs[k]);
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Channel-last paths (issue 5, v3): inner == 1, i.e. NHWC (and 2-D (N, C)):
+// x is M rows of C contiguous channels.  A thread owns VEC consecutive
+// channels (one 16-byte vector when C % VEC == 0 and the pointers are
+// aligned) and walks rows, so a warp reads 32 consecutive vectors of a row
+// (coalesced) and per-channel parameters are loaded once per thread.
+//
+// Mapping (every rows kernel): a block is `lanes` row lanes x `cols` vector
+// columns (lanes * cols <= BN_THREADS); blockIdx.y picks the column group
+// (C / VEC > cols).  Row lane g = blockIdx.x * lanes + t / cols of L =
+// gridDim.x * lanes lanes; vector column cv = blockIdx.y * cols + t % cols.
+//
+// Training forward: rows_statistics (lane g takes batches of B contiguous
+// rows, rows [(k * L + g) * B, +B); each batch exact two-pass in registers,
+// Chan-merged into the lane's (count, mean, M2) per channel; one partial per
+// (channel, lane) at [c * L + g]), rows_merge_statistics (a warp per channel,
+// the fixed-order merge of merge_statistics: mean, invstd, running stats),
+// rows_normalize.  Backward: rows_backward_reduce (per lane sums of dy and
+// dy * (x - mean)), rows_backward_merge (a warp per channel: dbeta, dgamma
+// and the two sums for dx), rows_backward_data.
+
+struct RowLanes {
+    int cols, lanes, lane, cv, L;
+    __device__ __forceinline__ RowLanes(int cols_) {
+        cols = cols_;
+        lanes = BN_THREADS / cols;
+        const int t = threadIdx.x;
+        lane = (int)blockIdx.x * lanes + t / cols;
+        cv = (int)blockIdx.y * cols + t % cols;
+        L = (int)gridDim.x * lanes;
+    }
+    __device__ __forceinline__ bool active(int CV) const {
+        return (int)threadIdx.x < lanes * cols && cv < CV;
+    }
+};
+
+// Rows per register batch of rows_statistics: 8, fewer when a row's vector
+// takes more than 4 registers (half types: VEC = 8 floats), so that a batch
+// holds at most 32 registers of values.
+template <typename T, int VEC>
+__host__ __device__ constexpr int rows_batch() {
+    constexpr int words = VEC * (int)sizeof(acc_t<T>) / 4;
+    return words > 0 && 32 / words < 8 ? 32 / words : 8;
+}
+
+template <typename T, typename index_t, int VEC>
+__global__ void __launch_bounds__(BN_THREADS)
+batchnorm_rows_statistics(const T* __restrict__ x, acc_t<T>* __restrict__ part_n,
+                          acc_t<T>* __restrict__ part_mean, acc_t<T>* __restrict__ part_m2,
+                          index_t M, int C, int cols) {
+    typedef acc_t<T> A;
+    constexpr int B = rows_batch<T, VEC>();
+    const RowLanes rl(cols);
+    const int CV = C / VEC;
+    if (!rl.active(CV)) return;
+    A cnt[VEC], mu[VEC], m2[VEC];
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) cnt[v] = mu[v] = m2[v] = 0;
+    for (index_t r0 = (index_t)rl.lane * B; r0 < M; r0 += (index_t)rl.L * B) {
+        A vals[B][VEC];
+        const int rows = (int)(M - r0 < (index_t)B ? M - r0 : (index_t)B);
+#pragma unroll
+        for (int i = 0; i < B; ++i) {
+            if (i < rows) {
+                load_pack<T, VEC>(x, (r0 + i) * C + (index_t)rl.cv * VEC, vals[i]);
+            } else {
+#pragma unroll
+                for (int v = 0; v < VEC; ++v) vals[i][v] = 0;
+            }
+        }
+        const A nb = A(rows);
+#pragma unroll
+        for (int v = 0; v < VEC; ++v) {
+            A s = 0;
+#pragma unroll
+            for (int i = 0; i < B; ++i) s += vals[i][v];
+            const A mb = s / nb;
+            A q = 0;
+#pragma unroll
+            for (int i = 0; i < B; ++i) {
+                const A d = vals[i][v] - mb;
+                if (i < rows) q += d * d;
+            }
+            chan_merge(cnt[v], mu[v], m2[v], nb, mb, q);
+        }
+    }
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) {
+        const index_t o = (index_t)(rl.cv * VEC + v) * rl.L + rl.lane;
+        part_n[o] = cnt[v];
+        part_mean[o] = mu[v];
+        part_m2[o] = m2[v];
+    }
+}
+
+// One warp per channel: the fixed-order Chan merge of the L lane partials.
+template <typename T, typename P>
+__global__ void __launch_bounds__(BN_THREADS)
+batchnorm_rows_merge_statistics(const acc_t<T>* __restrict__ part_n, const acc_t<T>* __restrict__ part_mean,
+                                const acc_t<T>* __restrict__ part_m2, int L, int C,
+                                acc_t<T>* __restrict__ mean_out, acc_t<T>* __restrict__ invstd_out,
+                                P* __restrict__ running_mean, P* __restrict__ running_var, acc_t<T> eps,
+                                acc_t<T> momentum, acc_t<T> unbias, int update_running) {
+    typedef acc_t<T> A;
+    const int c = (int)blockIdx.x * (BN_THREADS / 32) + (int)(threadIdx.x >> 5);
+    const int lane = threadIdx.x & 31;
+    if (c >= C) return;
+    A cnt = 0, mu = 0, m2 = 0;
+    for (int b = lane; b < L; b += 32) {
+        const long long o = (long long)c * L + b;
+        chan_merge(cnt, mu, m2, part_n[o], part_mean[o], part_m2[o]);
+    }
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1) {
+        const A ob = __shfl_down_sync(0xffffffffu, cnt, offset);
+        const A om = __shfl_down_sync(0xffffffffu, mu, offset);
+        const A o2 = __shfl_down_sync(0xffffffffu, m2, offset);
+        if (lane + offset < 32) chan_merge(cnt, mu, m2, ob, om, o2);
+    }
+    if (lane == 0) {
+        const A var = m2 / cnt;
+        mean_out[c] = mu;
+        invstd_out[c] = A(1) / sqrt(var + eps);
+        if (update_running) {
+            running_mean[c] = store<P>((A(1) - momentum) * A(load(running_mean[c])) + momentum * mu);
+            running_var[c] = store<P>((A(1) - momentum) * A(load(running_var[c])) + momentum * (var * unbias));
+        }
+    }
+}
+
+// y = (x - mean) * invstd * gamma + beta.  TRAINING: mean/invstd from
+// rows_merge_statistics; else from the running statistics (lane 0 writes them out).
+template <typename T, typename P, typename index_t, int VEC, bool TRAINING>
+__global__ void __launch_bounds__(BN_THREADS)
+batchnorm_rows_normalize(const T* __restrict__ x, T* __restrict__ y, acc_t<T>* __restrict__ mean_io,
+                         acc_t<T>* __restrict__ invstd_io, const P* __restrict__ running_mean,
+                         const P* __restrict__ running_var, const P* __restrict__ gamma,
+                         const P* __restrict__ beta, index_t M, int C, int cols, acc_t<T> eps) {
+    typedef acc_t<T> A;
+    const RowLanes rl(cols);
+    const int CV = C / VEC;
+    if (!rl.active(CV)) return;
+    A mean[VEC], scale[VEC], shift[VEC];
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) {
+        const int c = rl.cv * VEC + v;
+        A s;
+        if (TRAINING) {
+            mean[v] = mean_io[c];
+            s = invstd_io[c];
+        } else {
+            mean[v] = load(running_mean[c]);
+            s = A(1) / sqrt(A(load(running_var[c])) + eps);
+            if (rl.lane == 0) {
+                mean_io[c] = mean[v];
+                invstd_io[c] = s;
+            }
+        }
+        scale[v] = s * A(load(gamma[c]));
+        shift[v] = A(load(beta[c]));
+    }
+    constexpr int U = 4;
+    for (index_t r0 = rl.lane; r0 < M; r0 += (index_t)rl.L * U) {
+        A vals[U][VEC];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const index_t r = r0 + (index_t)u * rl.L;
+            if (r < M) load_pack<T, VEC>(x, r * C + (index_t)rl.cv * VEC, vals[u]);
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const index_t r = r0 + (index_t)u * rl.L;
+            if (r < M) {
+#pragma unroll
+                for (int v = 0; v < VEC; ++v) vals[u][v] = (vals[u][v] - mean[v]) * scale[v] + shift[v];
+                store_pack<T, VEC>(y, r * C + (index_t)rl.cv * VEC, vals[u]);
+            }
+        }
+    }
+}
+
+// Per lane: sum(dy) and sum(dy * (x - mean)) per channel, at [c * L + lane].
+template <typename T, typename index_t, int VEC>
+__global__ void __launch_bounds__(BN_THREADS)
+batchnorm_rows_backward_reduce(const T* __restrict__ x, const T* __restrict__ dy,
+                               const acc_t<T>* __restrict__ mean, acc_t<T>* __restrict__ part_g,
+                               acc_t<T>* __restrict__ part_gx, index_t M, int C, int cols) {
+    typedef acc_t<T> A;
+    const RowLanes rl(cols);
+    const int CV = C / VEC;
+    if (!rl.active(CV)) return;
+    A m[VEC], g[VEC], gx[VEC];
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) {
+        m[v] = mean[rl.cv * VEC + v];
+        g[v] = gx[v] = 0;
+    }
+    constexpr int U = 4;
+    for (index_t r0 = rl.lane; r0 < M; r0 += (index_t)rl.L * U) {
+        A xs[U][VEC], ds[U][VEC];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const index_t r = r0 + (index_t)u * rl.L;
+            if (r < M) {
+                load_pack<T, VEC>(x, r * C + (index_t)rl.cv * VEC, xs[u]);
+                load_pack<T, VEC>(dy, r * C + (index_t)rl.cv * VEC, ds[u]);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const index_t r = r0 + (index_t)u * rl.L;
+            if (r < M) {
+#pragma unroll
+                for (int v = 0; v < VEC; ++v) {
+                    g[v] += ds[u][v];
+                    gx[v] += ds[u][v] * (xs[u][v] - m[v]);
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) {
+        const index_t o = (index_t)(rl.cv * VEC + v) * rl.L + rl.lane;
+        part_g[o] = g[v];
+        part_gx[o] = gx[v];
+    }
+}
+
+// One warp per channel: sums in a fixed order; dbeta, dgamma, and into
+// sums[c] / sums[C + c] the sum(dy) and sum(dy * xhat) the data kernel needs.
+template <typename T, typename P>
+__global__ void __launch_bounds__(BN_THREADS)
+batchnorm_rows_backward_merge(const acc_t<T>* __restrict__ part_g, const acc_t<T>* __restrict__ part_gx,
+                              int L, int C, const acc_t<T>* __restrict__ invstd,
+                              acc_t<T>* __restrict__ sums, P* __restrict__ dgamma, P* __restrict__ dbeta) {
+    typedef acc_t<T> A;
+    const int c = (int)blockIdx.x * (BN_THREADS / 32) + (int)(threadIdx.x >> 5);
+    const int lane = threadIdx.x & 31;
+    if (c >= C) return;
+    A sg = 0, sgx = 0;
+    for (int b = lane; b < L; b += 32) {
+        const long long o = (long long)c * L + b;
+        sg += part_g[o];
+        sgx += part_gx[o];
+    }
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1) {
+        sg += __shfl_down_sync(0xffffffffu, sg, offset);
+        sgx += __shfl_down_sync(0xffffffffu, sgx, offset);
+    }
+    if (lane == 0) {
+        sgx *= invstd[c];
+        sums[c] = sg;
+        sums[C + c] = sgx;
+        dbeta[c] = store<P>(sg);
+        dgamma[c] = store<P>(sgx);
+    }
+}
+
+template <typename T, typename P, typename index_t, int VEC>
+__global__ void __launch_bounds__(BN_THREADS)
+batchnorm_rows_backward_data(const T* __restrict__ x, const T* __restrict__ dy,
+                             const acc_t<T>* __restrict__ mean, const acc_t<T>* __restrict__ invstd,
+                             const P* __restrict__ gamma, const acc_t<T>* __restrict__ sums,
+                             T* __restrict__ dx, index_t M, int C, int cols) {
+    typedef acc_t<T> A;
+    const RowLanes rl(cols);
+    const int CV = C / VEC;
+    if (!rl.active(CV)) return;
+    A m[VEC], s[VEC], scale[VEC], mean_dy[VEC], mean_dy_xhat[VEC];
+    const A n = A(M);
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) {
+        const int c = rl.cv * VEC + v;
+        m[v] = mean[c];
+        s[v] = invstd[c];
+        scale[v] = A(load(gamma[c])) * s[v];
+        mean_dy[v] = sums[c] / n;
+        mean_dy_xhat[v] = sums[C + c] / n;
+    }
+    constexpr int U = 4;
+    for (index_t r0 = rl.lane; r0 < M; r0 += (index_t)rl.L * U) {
+        A xs[U][VEC], ds[U][VEC];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const index_t r = r0 + (index_t)u * rl.L;
+            if (r < M) {
+                load_pack<T, VEC>(x, r * C + (index_t)rl.cv * VEC, xs[u]);
+                load_pack<T, VEC>(dy, r * C + (index_t)rl.cv * VEC, ds[u]);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const index_t r = r0 + (index_t)u * rl.L;
+            if (r < M) {
+#pragma unroll
+                for (int v = 0; v < VEC; ++v) {
+                    const A xhat = (xs[u][v] - m[v]) * s[v];
+                    xs[u][v] = scale[v] * (ds[u][v] - mean_dy[v] - xhat * mean_dy_xhat[v]);
+                }
+                store_pack<T, VEC>(dx, r * C + (index_t)rl.cv * VEC, xs[u]);
+            }
         }
     }
 }

@@ -193,10 +193,9 @@ __global__ void pool_avg_backward(const T* __restrict__ x, const T* __restrict__
 // (plus the k - s halo rows between tiles), however much the windows overlap.
 // One block per (plane, tile) item, grid-stride over items; Python picks the
 // tile height so the staged rows fit the shared-memory budget (else the
-// general kernels above run).
-//
-// Forward (pool_forward_nchw_tiled): a tile is `tile_rows` output rows; one
-// thread per output of the tile.
+// direct kernels at the end of the file run).  Since v3 only the backward is
+// tiled: the forward runs the direct rows kernels (the tiled forward measured
+// no faster: 0.138 vs 0.150 ms on max3x3s2_big, and slower for average pooling).
 //
 // Backward (pool_backward_nchw_tiled): a tile is `tile_rows` *input* rows,
 // so every dx element is written by exactly one thread (no atomics; the same
@@ -245,55 +244,6 @@ struct ThreadGrid {
         row = threadIdx.x / cols;
     }
 };
-
-template <typename T, typename index_t, bool MAX>
-__global__ void pool_forward_nchw_tiled(const T* __restrict__ x, T* __restrict__ y, POOL_PARAMS,
-                                        int count_include_pad, int tile_rows, int tiles,
-                                        index_t items) {
-    typedef acc_t<T> A;
-    extern __shared__ __align__(16) unsigned char pool_smem[];
-    A* rows = reinterpret_cast<A*>(pool_smem);
-    const int iH = (int)H, iW = (int)W, iWo = (int)Wo;
-    const int ikh = (int)kh, ikw = (int)kw, ish = (int)sh, isw = (int)sw, iph = (int)ph, ipw = (int)pw;
-    const ThreadGrid g(iWo);
-    for (index_t item = blockIdx.x; item < items; item += gridDim.x) {
-        const index_t plane = item / tiles;
-        const int tile = (int)(item - plane * tiles);
-        const int oh0 = tile * tile_rows;
-        const int oh1 = min(oh0 + tile_rows, (int)Ho);
-        const int ha = max(oh0 * ish - iph, 0);
-        const int hb = min((oh1 - 1) * ish - iph + ikh, iH);
-        __syncthreads();  // the previous item's reads of rows are done
-        copy_rows(x + plane * H * W + (index_t)ha * W, (hb - ha) * iW, rows);
-        __syncthreads();
-        if (g.row >= g.rows) continue;
-        T* yp = y + plane * Ho * Wo;
-        for (int oh = oh0 + g.row; oh < oh1; oh += g.rows) {
-            const int hs = oh * ish - iph;
-            const int h0 = max(hs, 0), h1 = min(hs + ikh, iH);
-            for (int ow = g.col; ow < iWo; ow += g.cols) {
-                const int ws = ow * isw - ipw;
-                const int w0 = max(ws, 0), w1 = min(ws + ikw, iW);
-                A r = MAX ? negative_infinity<A>() : A(0);
-                for (int h = h0; h < h1; ++h) {
-                    const A* row = rows + (h - ha) * iW;
-                    for (int w = w0; w < w1; ++w) {
-                        const A v = row[w];
-                        if (MAX) {
-                            if (v > r || v != v) r = v;
-                        } else {
-                            r += v;
-                        }
-                    }
-                }
-                if (!MAX) {
-                    r = r / A(avg_divisor<int>(hs, ws, ikh, ikw, iH, iW, iph, ipw, count_include_pad));
-                }
-                yp[(index_t)oh * Wo + ow] = store<T>(r);
-            }
-        }
-    }
-}
 
 // Shared memory: [x rows (max only)] [dy per window] [argmax per window (max
 // only)] [covering output range per tile row] [covering output range per column].
@@ -474,5 +424,376 @@ __global__ void pool_global_backward(const T* __restrict__ x, const T* __restric
             const T v = store<T>(g / A(count));
             for (int e = lane; e < count; e += 32) p[e] = v;
         }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Direct paths (issue 5, v3): no shared memory, the overlap re-read comes from
+// L1/L2.  Used for NCHW planes below 2^31 elements and for NHWC.
+//
+// Max pooling backward with overlapping windows runs in two launches: the
+// forward kernel writes, per output window, the *window-local* position of its
+// argmax as one byte ((h - hs) * kw + (w - ws), so kh * kw <= 256) and no y;
+// the backward gathers, per input element, over its covering windows, adding
+// dy where the window's byte names the element.  The extra traffic is 2 bytes
+// per output (1/8 of y in float32), instead of recomputing each covering
+// window's argmax (9 x 4 loads per input for 3x3 stride 2).  Without overlap
+// (stride >= window) an input has at most one covering window and the backward
+// recomputes that window's argmax from x (one launch, no byte workspace).  The
+// gather is deterministic: covering windows in row-major order, no atomics.
+//
+// Measured (H100, notes/mem_poolbn.md): NCHW forward 0.57-0.58 of copy for
+// max 3x3/2 (float16 0.25: instruction-bound, scalar 2-byte loads), 0.93 for
+// average 2x2/2; NHWC max forward 0.80 (16-byte loads).  The NCHW backward
+// gather (argmax bytes or recompute) measured slower than the row tiles
+// (0.58 vs 0.37 ms on max3x3s2_big: one dependent load chain per element), so
+// Python prefers the tiles and keeps this as the fallback when a tile does not fit.
+//
+// NCHW (pool_rows_*): a group of S lanes (S = 4..32, a power of two >= the
+// row width where possible) handles one output row (forward) or input row
+// (backward) of one plane; lanes walk the row's columns, two outputs per lane
+// per step (ow and ow + S) so that 2 * kh * kw independent loads are in
+// flight per thread; consecutive lanes read input columns stride apart, so a
+// warp's loads hit a few cache lines and the window overlap hits L1.  One
+// division per row, none per element.  CASE fixes the window and stride at
+// compile time for the common shapes (1: 3x3 stride 2, 2: 2x2 stride 2; 0:
+// runtime), so the window loops unroll into independent predicated loads.
+//
+// NHWC (pool_nhwc_*): one thread per (pixel, VEC consecutive channels), VEC =
+// 16 / sizeof(T) when C % VEC == 0 and the pointers are 16-byte aligned (else
+// 1): each window element is one 16-byte load, coalesced across the warp
+// along C.
+
+template <typename T, int VEC>
+struct alignas(sizeof(T) * VEC) Pack16 {
+    T v[VEC];
+};
+
+template <int CASE> struct WindowCase { static constexpr int KH = 0, KW = 0, SH = 0, SW = 0; };
+template <> struct WindowCase<1> { static constexpr int KH = 3, KW = 3, SH = 2, SW = 2; };
+template <> struct WindowCase<2> { static constexpr int KH = 2, KW = 2, SH = 2, SW = 2; };
+
+// The window geometry, with the compile-time values of CASE where it fixes them.
+template <int CASE>
+struct Geometry {
+    int H, W, Ho, Wo, kh, kw, sh, sw, ph, pw;
+    __device__ __forceinline__ Geometry(int H_, int W_, int Ho_, int Wo_, int kh_, int kw_, int sh_,
+                                        int sw_, int ph_, int pw_)
+        : H(H_), W(W_), Ho(Ho_), Wo(Wo_),
+          kh(CASE ? WindowCase<CASE>::KH : kh_), kw(CASE ? WindowCase<CASE>::KW : kw_),
+          sh(CASE ? WindowCase<CASE>::SH : sh_), sw(CASE ? WindowCase<CASE>::SW : sw_),
+          ph(ph_), pw(pw_) {}
+};
+
+#define GEOMETRY_PARAMS int H, int W, int Ho, int Wo, int kh, int kw, int sh, int sw, int ph, int pw
+#define GEOMETRY_ARGS H, W, Ho, Wo, kh, kw, sh, sw, ph, pw
+
+// Max or sum over the window starting at (hs, ws) of one NCHW plane p; for max
+// also the window-local position of the forward rule's pick (first maximum in
+// row-major order, the last NaN if any; the first real element if all -inf).
+template <typename T, bool MAX, int CASE>
+__device__ __forceinline__ acc_t<T> window_reduce(const T* __restrict__ p, const Geometry<CASE>& g,
+                                                  int hs, int ws, bool active, int& pos) {
+    typedef acc_t<T> A;
+    const int h0 = max(hs, 0), w0 = max(ws, 0);
+    A r = MAX ? negative_infinity<A>() : A(0);
+    pos = (h0 - hs) * g.kw + (w0 - ws);
+    if constexpr (CASE != 0) {
+        constexpr int KH = WindowCase<CASE>::KH, KW = WindowCase<CASE>::KW;
+        A v[KH][KW];
+        bool ok[KH][KW];
+#pragma unroll
+        for (int i = 0; i < KH; ++i)
+#pragma unroll
+            for (int j = 0; j < KW; ++j) {
+                const int h = hs + i, w = ws + j;
+                ok[i][j] = active && h >= 0 && h < g.H && w >= 0 && w < g.W;
+                v[i][j] = ok[i][j] ? load(p[h * g.W + w]) : A(0);
+            }
+#pragma unroll
+        for (int i = 0; i < KH; ++i)
+#pragma unroll
+            for (int j = 0; j < KW; ++j) {
+                if (!ok[i][j]) continue;
+                if (MAX) {
+                    if (v[i][j] > r || v[i][j] != v[i][j]) {
+                        r = v[i][j];
+                        pos = i * KW + j;
+                    }
+                } else {
+                    r += v[i][j];
+                }
+            }
+    } else {
+        if (!active) return r;
+        const int h1 = min(hs + g.kh, g.H), w1 = min(ws + g.kw, g.W);
+        for (int h = h0; h < h1; ++h) {
+            const T* row = p + h * g.W;
+            for (int w = w0; w < w1; ++w) {
+                const A v = load(row[w]);
+                if (MAX) {
+                    if (v > r || v != v) {
+                        r = v;
+                        pos = (h - hs) * g.kw + (w - ws);
+                    }
+                } else {
+                    r += v;
+                }
+            }
+        }
+    }
+    return r;
+}
+
+// Lanes of a warp as groups of S = 1 << log2_group lanes, one row per group.
+struct LaneGroups {
+    int group, col, size;
+    long long first, stride;
+    __device__ __forceinline__ LaneGroups(int log2_group) {
+        size = 1 << log2_group;
+        const int lane = threadIdx.x & 31;
+        const int per_warp = 32 >> log2_group;
+        col = lane & (size - 1);
+        group = lane >> log2_group;
+        const long long warp = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+        first = warp * per_warp + group;
+        stride = (long long)gridDim.x * (blockDim.x >> 5) * per_warp;
+    }
+};
+
+// y (may be null) and, for max, the window-local argmax byte (may be null).
+template <typename T, bool MAX, int CASE>
+__global__ void __launch_bounds__(256)
+pool_rows_forward(const T* __restrict__ x, T* __restrict__ y, unsigned char* __restrict__ arg,
+                  long long rows, GEOMETRY_PARAMS, int count_include_pad, int log2_group) {
+    typedef acc_t<T> A;
+    const Geometry<CASE> g(GEOMETRY_ARGS);
+    const LaneGroups lg(log2_group);
+    for (long long r = lg.first; r < rows; r += lg.stride) {
+        const long long plane = r / g.Ho;
+        const int oh = (int)(r - plane * g.Ho);
+        const T* xp = x + plane * g.H * g.W;
+        const long long out = r * g.Wo;
+        const int hs = oh * g.sh - g.ph;
+        for (int ow0 = lg.col; ow0 < g.Wo; ow0 += 2 * lg.size) {
+            A res[2];
+            int pos[2];
+#pragma unroll
+            for (int u = 0; u < 2; ++u) {
+                const int ow = ow0 + u * lg.size;
+                res[u] = window_reduce<T, MAX, CASE>(xp, g, hs, ow * g.sw - g.pw, ow < g.Wo, pos[u]);
+            }
+#pragma unroll
+            for (int u = 0; u < 2; ++u) {
+                const int ow = ow0 + u * lg.size;
+                if (ow >= g.Wo) continue;
+                A v = res[u];
+                if (!MAX) {
+                    v = v / A(avg_divisor<int>(hs, ow * g.sw - g.pw, g.kh, g.kw, g.H, g.W, g.ph,
+                                               g.pw, count_include_pad));
+                }
+                if (y) y[out + ow] = store<T>(v);
+                if (MAX && arg) arg[out + ow] = (unsigned char)pos[u];
+            }
+        }
+    }
+}
+
+// dx, one input row per lane group.  MAX: `arg` from pool_rows_forward, or
+// null when windows do not overlap (the one covering window's argmax is then
+// recomputed from x).
+template <typename T, bool MAX, int CASE>
+__global__ void __launch_bounds__(256)
+pool_rows_backward(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ dx,
+                   const unsigned char* __restrict__ arg, long long rows,
+                   GEOMETRY_PARAMS, int count_include_pad, int log2_group) {
+    typedef acc_t<T> A;
+    const Geometry<CASE> g(GEOMETRY_ARGS);
+    const LaneGroups lg(log2_group);
+    for (long long r = lg.first; r < rows; r += lg.stride) {
+        const long long plane = r / g.H;
+        const int h = (int)(r - plane * g.H);
+        int oh_lo, oh_hi;
+        covering_outputs<int>(h, g.kh, g.sh, g.ph, g.Ho, oh_lo, oh_hi);
+        const long long out0 = plane * g.Ho * g.Wo;
+        const T* xp = x + plane * g.H * g.W;
+        for (int w = lg.col; w < g.W; w += lg.size) {
+            int ow_lo, ow_hi;
+            covering_outputs<int>(w, g.kw, g.sw, g.pw, g.Wo, ow_lo, ow_hi);
+            A grad = 0;
+            for (int oh = oh_lo; oh <= oh_hi; ++oh) {
+                const int hs = oh * g.sh - g.ph;
+                for (int ow = ow_lo; ow <= ow_hi; ++ow) {
+                    const int ws = ow * g.sw - g.pw;
+                    const long long o = out0 + (long long)oh * g.Wo + ow;
+                    const A gv = load(dy[o]);
+                    if (MAX) {
+                        int pos;
+                        if (arg) {
+                            pos = arg[o];
+                        } else {
+                            window_reduce<T, true, CASE>(xp, g, hs, ws, true, pos);
+                        }
+                        if (pos == (h - hs) * g.kw + (w - ws)) grad += gv;
+                    } else {
+                        grad += gv / A(avg_divisor<int>(hs, ws, g.kh, g.kw, g.H, g.W, g.ph, g.pw,
+                                                        count_include_pad));
+                    }
+                }
+            }
+            dx[r * g.W + w] = store<T>(grad);
+        }
+    }
+}
+
+// NHWC: thread i = ((n * Ho + oh) * Wo + ow) * (C / VEC) + c / VEC.
+template <typename T, typename index_t, bool MAX, int VEC>
+__global__ void __launch_bounds__(256)
+pool_nhwc_forward(const T* __restrict__ x, T* __restrict__ y, unsigned char* __restrict__ arg,
+                  index_t total, int C, GEOMETRY_PARAMS, int count_include_pad) {
+    typedef acc_t<T> A;
+    const int cv = C / VEC;
+    for (index_t i = (index_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+         i += (index_t)blockDim.x * gridDim.x) {
+        index_t p = i / cv;
+        const int c = (int)(i - p * cv) * VEC;
+        const int ow = (int)(p % Wo);
+        p /= Wo;
+        const int oh = (int)(p % Ho);
+        const index_t n = p / Ho;
+        const int hs = oh * sh - ph, ws = ow * sw - pw;
+        const int h0 = max(hs, 0), w0 = max(ws, 0), h1 = min(hs + kh, H), w1 = min(ws + kw, W);
+        A r[VEC];
+        int pos[VEC];
+#pragma unroll
+        for (int v = 0; v < VEC; ++v) {
+            r[v] = MAX ? negative_infinity<A>() : A(0);
+            pos[v] = (h0 - hs) * kw + (w0 - ws);
+        }
+        for (int h = h0; h < h1; ++h) {
+            for (int w = w0; w < w1; ++w) {
+                const index_t off = ((n * H + h) * W + w) * C + c;
+                A vals[VEC];
+                if (VEC > 1) {
+                    const Pack16<T, VEC> pk = *reinterpret_cast<const Pack16<T, VEC>*>(x + off);
+#pragma unroll
+                    for (int v = 0; v < VEC; ++v) vals[v] = load(pk.v[v]);
+                } else {
+                    vals[0] = load(x[off]);
+                }
+#pragma unroll
+                for (int v = 0; v < VEC; ++v) {
+                    if (MAX) {
+                        if (vals[v] > r[v] || vals[v] != vals[v]) {
+                            r[v] = vals[v];
+                            pos[v] = (h - hs) * kw + (w - ws);
+                        }
+                    } else {
+                        r[v] += vals[v];
+                    }
+                }
+            }
+        }
+        const A divisor = MAX ? A(1) : A(avg_divisor<int>(hs, ws, kh, kw, H, W, ph, pw, count_include_pad));
+        const index_t o = i * VEC;
+        if (y) {
+            Pack16<T, VEC> pk;
+#pragma unroll
+            for (int v = 0; v < VEC; ++v) pk.v[v] = store<T>(MAX ? r[v] : r[v] / divisor);
+            *reinterpret_cast<Pack16<T, VEC>*>(y + o) = pk;
+        }
+        if (MAX && arg) {
+#pragma unroll
+            for (int v = 0; v < VEC; ++v) arg[o + v] = (unsigned char)pos[v];
+        }
+    }
+}
+
+// NHWC: thread i = ((n * H + h) * W + w) * (C / VEC) + c / VEC.
+template <typename T, typename index_t, bool MAX, int VEC>
+__global__ void __launch_bounds__(256)
+pool_nhwc_backward(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ dx,
+                   const unsigned char* __restrict__ arg, index_t total, int C,
+                   GEOMETRY_PARAMS, int count_include_pad) {
+    typedef acc_t<T> A;
+    const int cv = C / VEC;
+    for (index_t i = (index_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+         i += (index_t)blockDim.x * gridDim.x) {
+        index_t p = i / cv;
+        const int c = (int)(i - p * cv) * VEC;
+        const int w = (int)(p % W);
+        p /= W;
+        const int h = (int)(p % H);
+        const index_t n = p / H;
+        int oh_lo, oh_hi, ow_lo, ow_hi;
+        covering_outputs<int>(h, kh, sh, ph, Ho, oh_lo, oh_hi);
+        covering_outputs<int>(w, kw, sw, pw, Wo, ow_lo, ow_hi);
+        A grad[VEC];
+#pragma unroll
+        for (int v = 0; v < VEC; ++v) grad[v] = 0;
+        for (int oh = oh_lo; oh <= oh_hi; ++oh) {
+            const int hs = oh * sh - ph;
+            for (int ow = ow_lo; ow <= ow_hi; ++ow) {
+                const int ws = ow * sw - pw;
+                const index_t o = ((n * Ho + oh) * Wo + ow) * C + c;
+                A g[VEC];
+                if (VEC > 1) {
+                    const Pack16<T, VEC> pk = *reinterpret_cast<const Pack16<T, VEC>*>(dy + o);
+#pragma unroll
+                    for (int v = 0; v < VEC; ++v) g[v] = load(pk.v[v]);
+                } else {
+                    g[0] = load(dy[o]);
+                }
+                if (MAX) {
+                    const int self = (h - hs) * kw + (w - ws);
+                    int pos[VEC];
+                    if (arg) {
+#pragma unroll
+                        for (int v = 0; v < VEC; ++v) pos[v] = arg[o + v];
+                    } else {  // no overlap: recompute this window's argmax per channel
+                        const int h0 = max(hs, 0), w0 = max(ws, 0);
+                        const int h1 = min(hs + kh, H), w1 = min(ws + kw, W);
+                        A m[VEC];
+#pragma unroll
+                        for (int v = 0; v < VEC; ++v) {
+                            m[v] = negative_infinity<A>();
+                            pos[v] = (h0 - hs) * kw + (w0 - ws);
+                        }
+                        for (int hh = h0; hh < h1; ++hh) {
+                            for (int ww = w0; ww < w1; ++ww) {
+                                const index_t off = ((n * H + hh) * W + ww) * C + c;
+                                A vals[VEC];
+                                if (VEC > 1) {
+                                    const Pack16<T, VEC> pk =
+                                        *reinterpret_cast<const Pack16<T, VEC>*>(x + off);
+#pragma unroll
+                                    for (int v = 0; v < VEC; ++v) vals[v] = load(pk.v[v]);
+                                } else {
+                                    vals[0] = load(x[off]);
+                                }
+#pragma unroll
+                                for (int v = 0; v < VEC; ++v) {
+                                    if (vals[v] > m[v] || vals[v] != vals[v]) {
+                                        m[v] = vals[v];
+                                        pos[v] = (hh - hs) * kw + (ww - ws);
+                                    }
+                                }
+                            }
+                        }
+                    }
+#pragma unroll
+                    for (int v = 0; v < VEC; ++v)
+                        if (pos[v] == self) grad[v] += g[v];
+                } else {
+                    const A divisor = A(avg_divisor<int>(hs, ws, kh, kw, H, W, ph, pw, count_include_pad));
+#pragma unroll
+                    for (int v = 0; v < VEC; ++v) grad[v] += g[v] / divisor;
+                }
+            }
+        }
+        Pack16<T, VEC> pk;
+#pragma unroll
+        for (int v = 0; v < VEC; ++v) pk.v[v] = store<T>(grad[v]);
+        *reinterpret_cast<Pack16<T, VEC>*>(dx + i * VEC) = pk;
     }
 }

@@ -244,6 +244,85 @@ def test_several_chunks_per_channel(xp, rng, dtype, x_shape, offset):
             assert_close(a, b, dtype, what=what)
 
 
+@pytest.mark.parametrize("prefetch", [False, True])
+@pytest.mark.parametrize("resident", [None, "small"])
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("x_shape,layout", [((3, 5, 40, 48), "NCHW"), ((2, 7, 13, 13), "NCHW"),
+                                            ((9000, 3), "NCHW"), ((5, 1, 3, 7), "NCHW"),
+                                            ((2, 3, 5, 11), "NHWC")])
+def test_single_read_path_matches_two_pass_path(xp, rng, monkeypatch, prefetch, resident, dtype, x_shape,
+                                                layout):
+    """The fused (single-read) training forward and backward give bitwise the
+    two-pass results (the same partials merged in the same order), also with few
+    resident blocks (many rounds of channels; `small` = two channels' chunks)."""
+    from dnnprims import normalization
+    monkeypatch.setattr(normalization, "FUSED_PREFETCH", prefetch)
+    monkeypatch.setattr(normalization, "FUSED_FORWARD_MIN_BYTES", 0)
+    if xp is not np and resident == "small":
+        monkeypatch.setattr(normalization, "_RESIDENT", {})
+        splits = -(-int(np.prod(x_shape)) // x_shape[1 if layout == "NCHW" else -1] // 4096)
+        monkeypatch.setattr(normalization, "_resident_blocks", lambda cp, kernel: 2 * splits)
+    pdtype = np.float32 if dtype in (np.float16, _dtypes.BFLOAT16) else dtype
+    x = xp.asarray(random_array(rng, x_shape, dtype, low=-1, high=3))
+    dy = xp.asarray(random_array(rng, x_shape, dtype))
+    gamma, beta = (xp.asarray(a) for a in _params(rng, x_shape, layout, pdtype))
+    c = gamma.shape[0]
+    results = []
+    for fused in (True, False):
+        monkeypatch.setattr(normalization, "FUSED", fused)
+        rm, rv = xp.zeros(c, pdtype), xp.ones(c, pdtype)
+        y, mean, invstd = batchnorm(x, gamma, beta, rm, rv, layout=layout, return_stats=True)
+        grads = batchnorm_backward(dy, x, gamma, mean=mean, invstd=invstd, layout=layout)
+        results.append([_host(a) for a in (y, mean, invstd, rm, rv, *grads)])
+    for a, b in zip(*results):
+        np.testing.assert_array_equal(a, b)
+    f64 = lambda a: _host(a).astype(np.float64)  # noqa: E731
+    y64 = batchnorm(f64(x), f64(gamma), f64(beta), layout=layout)
+    assert_close(results[0][0], y64, dtype, what="y")
+    expect = batchnorm_backward(f64(dy), f64(x), f64(gamma), layout=layout)
+    for a, b, what in zip(results[0][5:], expect, ("dx", "dgamma", "dbeta")):
+        assert_close(a, b, dtype, what=what)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("x_shape,offset", [((3, 5, 7, 16), 0), ((3, 5, 7, 16), 1), ((2, 3, 3, 1100), 0),
+                                            ((5000, 8), 0), ((1, 13, 3, 24), 0), ((7, 1, 1, 3), 0)])
+def test_channel_last_paths(xp, rng, dtype, x_shape, offset):
+    """The channel-last (rows) kernels: vectors along C (C % VEC == 0), more than 256
+    vectors per row (two column groups), many rows, and a misaligned copy (offset)."""
+    layout = "NHWC" if len(x_shape) == 4 else "NCHW"
+    pdtype = np.float32 if dtype in (np.float16, _dtypes.BFLOAT16) else dtype
+    x_host = random_array(rng, x_shape, dtype, low=-1, high=3)
+    dy_host = random_array(rng, x_shape, dtype)
+    gamma, beta = _params(rng, x_shape, layout, pdtype)
+
+    def placed(a):
+        buf = xp.empty(a.size + offset, a.dtype)
+        buf[offset:] = xp.asarray(a).ravel()
+        return buf[offset:].reshape(a.shape)
+
+    c = gamma.shape[0]
+    f64 = lambda a: _host(a).astype(np.float64)  # noqa: E731
+    rm, rv = xp.zeros(c, pdtype), xp.ones(c, pdtype)
+    rm64, rv64 = np.zeros(c), np.ones(c)
+    y, mean, invstd = batchnorm(placed(x_host), xp.asarray(gamma), xp.asarray(beta), rm, rv,
+                                layout=layout, return_stats=True)
+    assert_close(y, batchnorm(f64(x_host), f64(gamma), f64(beta), rm64, rv64, layout=layout), dtype,
+                 what="y")
+    assert_close(rm, rm64, pdtype, what="running_mean")
+    assert_close(rv, rv64, pdtype, what="running_var")
+    y_inf = batchnorm(placed(x_host), xp.asarray(gamma), xp.asarray(beta), rm, rv, training=False,
+                      layout=layout)
+    assert_close(y_inf, batchnorm(f64(x_host), f64(gamma), f64(beta), rm64, rv64, training=False,
+                                  layout=layout), dtype, what="y (inference)")
+    expect = batchnorm_backward(f64(dy_host), f64(x_host), f64(gamma), layout=layout)
+    for stats in ({}, dict(mean=mean, invstd=invstd)):
+        got = batchnorm_backward(placed(dy_host), placed(x_host), xp.asarray(gamma), layout=layout,
+                                 **stats)
+        for a, b, what in zip(got, expect, ("dx", "dgamma", "dbeta")):
+            assert_close(a, b, dtype, what=what)
+
+
 def test_non_contiguous_inputs(xp, rng):
     base = random_array(rng, (2, 5, 7, 3), np.float32)
     x = xp.asarray(base).transpose(0, 3, 1, 2)  # NCHW view of NHWC memory

@@ -313,6 +313,90 @@ def test_fast_paths_ties_and_nan_exactly(xp, rng, window, stride, padding):
                                   pool_backward(dy64, x64, None, window, **opts))
 
 
+# Direct paths (v3): NCHW rows kernels (CASE 1 = 3x3/2, CASE 2 = 2x2/2, 0 = any),
+# NHWC kernels vectorised along C (C % VEC == 0) or not; max backward with
+# overlap (argmax bytes + gather), without overlap (argmax recomputed), and
+# windows of more than 256 elements with overlap (the tiled / general fallback).
+DIRECT_CONFIGS = [
+    (3, 2, 1), (3, 2, 0),          # CASE 1, with and without padding
+    (2, 2, 0), (2, 2, 1),          # CASE 2
+    (3, 1, 1), ((3, 2), (2, 1), (1, 0)),  # generic, overlapping
+    (2, 3, 0), (1, 1, 0),          # generic, no overlap (stride > window, 1x1)
+    ((17, 16), 1, (8, 0)),         # overlap, 272-element windows: not the byte path
+]
+DIRECT_SIZES = [(1, 1), (3, 7), (7, 13), (13, 3), (20, 150)]
+
+
+def _direct_shape(layout, c, hw):
+    return (2, c, *hw) if layout == "NCHW" else (2, *hw, c)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("layout,c", [("NCHW", 3), ("NHWC", 3), ("NHWC", 16)])
+@pytest.mark.parametrize("mode", ["max", "avg"])
+@pytest.mark.parametrize("window,stride,padding", DIRECT_CONFIGS)
+@pytest.mark.parametrize("rows_backward", [False, True])
+def test_direct_paths_match_reference(xp, rng, monkeypatch, rows_backward, dtype, layout, c, mode,
+                                      window, stride, padding):
+    from dnnprims import pooling
+    monkeypatch.setattr(pooling, "ROWS_BACKWARD", rows_backward)
+    monkeypatch.setattr(pooling, "_PLANS", {})
+    opts = dict(mode=mode, stride=stride, padding=padding, count_include_pad=mode == "avg")
+    kh, kw = (window, window) if isinstance(window, int) else window
+    ph, pw = (padding, padding) if isinstance(padding, int) else padding
+    for hw in DIRECT_SIZES:
+        if hw[0] + 2 * ph < kh or hw[1] + 2 * pw < kw:
+            continue
+        x = random_array(rng, _direct_shape(layout, c, hw), dtype)
+        y_shape = pool(x.astype(np.float64), window, layout=layout, **opts).shape
+        _check_against_reference(xp, x, random_array(rng, y_shape, dtype), window, opts, layout)
+
+
+@pytest.mark.parametrize("layout,c", [("NCHW", 2), ("NHWC", 8), ("NHWC", 5)])
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("window,stride,padding", DIRECT_CONFIGS)
+@pytest.mark.parametrize("rows_backward", [False, True])
+def test_direct_paths_ties_and_nan_exactly(xp, rng, monkeypatch, rows_backward, layout, c, dtype, window,
+                                           stride, padding):
+    """Integer data (ties, all -inf planes, NaNs): the argmax bytes, the recomputed
+    argmax and the vector lanes pick exactly the reference's element."""
+    from dnnprims import pooling
+    monkeypatch.setattr(pooling, "ROWS_BACKWARD", rows_backward)
+    monkeypatch.setattr(pooling, "_PLANS", {})
+    shape = _direct_shape(layout, c, (13, 21))
+    x = rng.integers(-2, 3, size=shape).astype(dtype)
+    if layout == "NCHW":
+        x[0, 1] = -np.inf
+        x[1, 0, 1, 1] = x[1, 0, 3, 2] = np.nan
+    else:
+        x[0, :, :, 1] = -np.inf
+        x[1, 1, 1, 0] = x[1, 3, 2, 0] = np.nan
+    opts = dict(stride=stride, padding=padding, layout=layout)
+    y = pool(xp.asarray(x), window, **opts)
+    dy = rng.integers(-4, 5, size=y.shape).astype(dtype)
+    dx = pool_backward(xp.asarray(dy), xp.asarray(x), y, window, **opts)
+    x64, dy64 = x.astype(np.float64), dy.astype(np.float64)
+    np.testing.assert_array_equal(_host(y).astype(np.float64), pool(x64, window, **opts))
+    np.testing.assert_array_equal(_host(dx).astype(np.float64),
+                                  pool_backward(dy64, x64, None, window, **opts))
+
+
+@pytest.mark.parametrize("mode", ["max", "avg"])
+def test_nhwc_misaligned_falls_back_to_scalar_loads(xp, rng, mode):
+    """An NHWC view starting 4 bytes into its buffer: C % VEC == 0 but the
+    pointers are not 16-byte aligned, so the kernels must use VEC = 1."""
+    base = xp.asarray(random_array(rng, (2 * 7 * 9 * 8 + 1,), np.float32))
+    x = base[1:].reshape(2, 7, 9, 8)
+    opts = dict(mode=mode, stride=2, padding=1, layout="NHWC")
+    y = pool(x, 3, **opts)
+    dbase = xp.asarray(random_array(rng, (y.size + 1,), np.float32))
+    dy = dbase[1:].reshape(y.shape)
+    dx = pool_backward(dy, x, y, 3, **opts)
+    x64, dy64 = _host(x).astype(np.float64), _host(dy).astype(np.float64)
+    assert_close(y, pool(x64, 3, **opts), np.float32, what="pool")
+    assert_close(dx, pool_backward(dy64, x64, None, 3, **opts), np.float32, what="pool_backward")
+
+
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
 def test_empty_batch(xp, layout):
     shape = (0, 3, 5, 5)

@@ -21,6 +21,7 @@ Without a GPU it runs the NumPy path (and PyTorch on the CPU where installed):
 only a smoke test of this script, not a benchmark.
 """
 import argparse
+import functools
 import json
 import math
 import os
@@ -75,14 +76,14 @@ class Backend:
                 torch.backends.cuda.matmul.allow_tf32 = False
         self.torch_device = "cuda" if self.gpu else "cpu"
 
-    def random(self, rng, shape, low=-1.0, high=1.0):
-        """Fresh uniform fp32 data on the device (generated there: never zeros)."""
+    def random(self, rng, shape, low=-1.0, high=1.0, dtype="float32"):
+        """Fresh uniform data on the device (generated there in fp32: never zeros)."""
         if self.gpu:
             a = self.xp.random.random(shape, dtype=self.xp.float32)
             a *= high - low
             a += low
-            return a
-        return rng.uniform(low, high, shape).astype(np.float32)
+            return a if np.dtype(dtype) == np.float32 else a.astype(dtype)
+        return rng.uniform(low, high, shape).astype(dtype)
 
     def to_torch(self, a):
         if a is None:
@@ -294,16 +295,30 @@ def _sample_error(got, want_fn, *inputs, rows=8):
     return relative_error(_host64(got[:rows]), want_fn(*(cut(a) for a in inputs)))
 
 
+def _layout_of(s):
+    """(layout, dtype, NCHW-view function for torch) of a problem: optional keys
+    "layout" (NHWC: torch gets the channels-last view) and "dtype"."""
+    layout, dtype = s.get("layout", "NCHW"), s.get("dtype", "float32")
+    nchw = (lambda t: t.permute(0, 3, 1, 2)) if layout == "NHWC" else (lambda t: t)
+    return layout, dtype, nchw
+
+
+def _shape_of(s, layout):
+    return (s["N"], s["C"], s["H"], s["W"]) if layout == "NCHW" else (s["N"], s["H"], s["W"], s["C"])
+
+
 def bench_pool(be, specs, repeat, rng):
     rows = []
     for s in specs:
-        x = be.random(rng, (s["N"], s["C"], s["H"], s["W"]))
+        layout, dtype, nchw = _layout_of(s)
+        x = be.random(rng, _shape_of(s, layout), dtype=dtype)
         k, st, pad, mode = s["window"], s["stride"], s["pad"], s["mode"]
-        opts = dict(mode=mode, stride=st, padding=pad)
+        opts = dict(mode=mode, stride=st, padding=pad, layout=layout)
         y = dp.pool(x, k, **opts)
-        dy = be.random(rng, y.shape)
-        tx, ty, tdy = be.to_torch(x), None, be.to_torch(dy)
+        dy = be.random(rng, y.shape, dtype=dtype)
+        tx, ty, tdy = None, None, None
         if be.torch is not None:
+            tx, tdy = nchw(be.to_torch(x)), nchw(be.to_torch(dy))
             F = be.torch.nn.functional
             pool_t = (lambda a: F.max_pool2d(a, k, st, pad)) if mode == "max" else \
                 (lambda a: F.avg_pool2d(a, k, st, pad, count_include_pad=True))
@@ -333,17 +348,21 @@ def bench_pool(be, specs, repeat, rng):
 def bench_batchnorm(be, specs, repeat, rng):
     rows = []
     for s in specs:
-        shape = (s["N"], s["C"], s["H"], s["W"])
+        layout, dtype, nchw = _layout_of(s)
+        shape = _shape_of(s, layout)
         C = s["C"]
-        x, dy = be.random(rng, shape), be.random(rng, shape)
+        x, dy = be.random(rng, shape, dtype=dtype), be.random(rng, shape, dtype=dtype)
         gamma, beta = be.random(rng, (C,), 0.5, 1.5), be.random(rng, (C,), -0.5, 0.5)
         rm, rv = be.random(rng, (C,), -0.1, 0.1), be.random(rng, (C,), 0.5, 1.5)
-        _, mean, invstd = dp.batchnorm(x, gamma, beta, training=True, return_stats=True)
+        bn = functools.partial(dp.batchnorm, layout=layout)
+        bn_backward = functools.partial(dp.batchnorm_backward, layout=layout)
+        _, mean, invstd = bn(x, gamma, beta, training=True, return_stats=True)
         n = x.nbytes
         torch_fns = {}
         if be.torch is not None:
             torch, F = be.torch, be.torch.nn.functional
             tx, tg, tb, trm, trv, tdy = (be.to_torch(a) for a in (x, gamma, beta, rm.copy(), rv.copy(), dy))
+            tx, tdy = nchw(tx), nchw(tdy)
             torch_fns["train"] = lambda: F.batch_norm(tx, trm, trv, tg, tb, training=True)
             torch_fns["infer"] = lambda: F.batch_norm(tx, trm, trv, tg, tb, training=False)
             txg, tgg, tbg = (t.detach().clone().requires_grad_() for t in (tx, tg, tb))
@@ -352,23 +371,23 @@ def bench_batchnorm(be, specs, repeat, rng):
         scratch = (rm.copy(), rv.copy())
         rows.append(_memory_row(
             be, "batchnorm train forward", s["name"], shape, 3 * n, 2 * n,
-            lambda: dp.batchnorm(x, gamma, beta, *scratch, training=True), torch_fns.get("train"),
-            lambda: relative_error(dp.batchnorm(x, gamma, beta, training=True),
-                                   dp.batchnorm(_host64(x), _host64(gamma), _host64(beta), training=True)),
+            lambda: bn(x, gamma, beta, *scratch, training=True), torch_fns.get("train"),
+            lambda: relative_error(bn(x, gamma, beta, training=True),
+                                   bn(_host64(x), _host64(gamma), _host64(beta), training=True)),
             repeat))
         rows.append(_memory_row(
             be, "batchnorm infer forward", s["name"], shape, 2 * n, 2 * n,
-            lambda: dp.batchnorm(x, gamma, beta, rm, rv, training=False), torch_fns.get("infer"),
-            lambda: _sample_error(dp.batchnorm(x, gamma, beta, rm, rv, training=False),
-                                  lambda a: dp.batchnorm(a, _host64(gamma), _host64(beta), _host64(rm),
+            lambda: bn(x, gamma, beta, rm, rv, training=False), torch_fns.get("infer"),
+            lambda: _sample_error(bn(x, gamma, beta, rm, rv, training=False),
+                                  lambda a: bn(a, _host64(gamma), _host64(beta), _host64(rm),
                                                          _host64(rv), training=False), x),
             repeat))
         rows.append(_memory_row(
             be, "batchnorm backward", s["name"], shape, 5 * n, 3 * n,
-            lambda: dp.batchnorm_backward(dy, x, gamma, mean=mean, invstd=invstd),
+            lambda: bn_backward(dy, x, gamma, mean=mean, invstd=invstd),
             torch_fns.get("backward"),
-            lambda: relative_error(dp.batchnorm_backward(dy, x, gamma, mean=mean, invstd=invstd)[0],
-                                   dp.batchnorm_backward(_host64(dy), _host64(x), _host64(gamma))[0]),
+            lambda: relative_error(bn_backward(dy, x, gamma, mean=mean, invstd=invstd)[0],
+                                   bn_backward(_host64(dy), _host64(x), _host64(gamma))[0]),
             repeat))
         del x, dy, torch_fns
         be.free()
@@ -711,7 +730,8 @@ def tables(result):
         rows = [(r["op"], r["name"], _fmt(r.get("ms")), _fmt(r.get("torch_ms")), _fmt(r.get("ratio"), 2),
                  _fmt(r.get("GBps"), 4), _fmt(r["GBps"] / copy if copy and r.get("GBps") else None, 2),
                  _fmt(r.get("rel_error"), 2), _error_of(r)) for r in memory]
-        lines += ["memory-bound, fp32 NCHW (GB/s over the floor bytes; ratio = PyTorch time / ours)",
+        lines += ["memory-bound, fp32 NCHW unless the problem is _nhwc / _f16 (GB/s over the floor bytes; "
+                  "ratio = PyTorch time / ours)",
                   _table(("op", "problem", "ours ms", "torch ms", "ratio", "GB/s", "of copy", "rel.err",
                           "error"), rows), ""]
     rnn = [r for r in result["rows"] if r["kind"] == "rnn"]
