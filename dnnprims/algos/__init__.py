@@ -162,8 +162,20 @@ def auto_preferences(problem, direction):
     2. "gemm" (im2col + cuBLAS) for ungrouped problems whose workspace fits
        AUTO_GEMM_WORKSPACE_LIMIT.
     3. "direct": grouped and depthwise problems, and the fallback that
-       supports every problem."""
+       supports every problem.
+
+    Before these, for the backward passes the kernels of
+    :mod:`.implicit_gemm_backward` cover (all but depthwise, where one filter
+    channel per group leaves the GEMM tiles empty): "implicit_gemm_wgrad"
+    (deterministic split-K) for backward filter and "implicit_gemm_subpixel"
+    for backward data with stride > 1 (measured on the H100: notes/conv_bwd.md)."""
     prefs = []
+    depthwise = problem.K == problem.groups and problem.C == problem.groups
+    if direction == "backward_filter" and not depthwise:
+        prefs.append(("implicit_gemm_wgrad", "backward filter: split-K implicit GEMM over N*P*Q"))
+    if direction == "backward_data" and problem.stride != (1, 1) and not depthwise:
+        prefs.append(("implicit_gemm_subpixel", "backward data with stride > 1: one implicit GEMM "
+                                                "per output phase, no work on inserted zeros"))
     gemm = REGISTRY.get("gemm")
     gemm_fits = (gemm is not None and problem.groups == 1 and gemm.supports(problem, direction)[0]
                  and gemm.workspace_bytes(problem, direction) <= AUTO_GEMM_WORKSPACE_LIMIT)
@@ -222,4 +234,4 @@ def choose(problem, direction, algo="auto", gpu=False, options=DEFAULT_OPTIONS):
 
 # Importing the algorithm modules registers them (and declares their kernel
 # families for _kernels.families()).
-from . import direct, gemm, implicit_gemm  # noqa: E402,F401
+from . import direct, gemm, implicit_gemm, implicit_gemm_backward  # noqa: E402,F401
