@@ -51,6 +51,10 @@
 
 #define CONV_BACKWARD_OUTSIDE (-(1 << 29))
 
+// 256-thread tiles ask for two resident blocks per SM (at most 128 registers a
+// thread): with one, 8 warps cannot hide the gather latency.
+#define CONV_BACKWARD_BOUNDS(THREADS) __launch_bounds__(THREADS, (THREADS) >= 256 ? 2 : 5)
+
 // The shared math of one k-step: acc += As[kk][m] * Bs[kk][n] for the thread's
 // TM x TN tile (groups of 4 spaced BM*4/TM, BN*4/TN apart: conflict-free float4).
 template <int BM, int BN, int BK, int TM, int TN, int LDA, int LDB>
@@ -79,7 +83,7 @@ __device__ __forceinline__ void conv_backward_tile_math(const float (*As)[LDA], 
 }
 
 template <typename T, bool NHWC, int BM, int BN, int BK, int TM, int TN>
-__global__ void __launch_bounds__((BM / TM) * (BN / TN))
+__global__ void CONV_BACKWARD_BOUNDS((BM / TM) * (BN / TN))
 conv_wgrad_implicit_gemm(const T* __restrict__ x, const T* __restrict__ dy, const int4* __restrict__ taps,
                          float* __restrict__ partial, T* __restrict__ dw, int mode,
                          int H, int W, int C, int Cg, int P, int Q, int K, int Kg, int Ntaps,
@@ -201,7 +205,7 @@ __global__ void conv_wgrad_split_sum(const float* __restrict__ partial, T* __res
 }
 
 template <typename T, bool NHWC, int BM, int BN, int BK, int TM, int TN>
-__global__ void __launch_bounds__((BM / TM) * (BN / TN))
+__global__ void CONV_BACKWARD_BOUNDS((BM / TM) * (BN / TN))
 conv_dgrad_subpixel(const T* __restrict__ dy, const T* __restrict__ w, const int4* __restrict__ taps,
                     const int* __restrict__ phase_depth, T* __restrict__ dx,
                     int H, int W, int C, int Cg, int P, int Q, int K, int Kg,

@@ -34,7 +34,10 @@ WGRAD_TILES = {
     "64x64": (64, 64, 16, 8, 4),
 }
 WGRAD_TABLE_MULTIPLE = 128   # the widest BN: a block never reads past the table
-WGRAD_MIN_CHUNK_STEPS = 32   # a split reduces at least this many k-steps
+WGRAD_MIN_CHUNK_STEPS = 16   # a split reduces at least this many k-steps
+# Resident blocks per SM (registers: 96 a thread for 64x64 at 128 threads, 128 for
+# 128x128 at 256): split-K aims at one full wave.
+WGRAD_BLOCKS_PER_SM = {"64x64": 5, "128x128": 2}
 WGRAD_WORKSPACE_LIMIT = 256 * 2**20
 MAX_GRID_Z = 65535
 _SMS_H100 = 132
@@ -80,14 +83,14 @@ def wgrad_tile(p):
 
 def wgrad_splits(p, tile, sms=_SMS_H100):
     """(splits, chunk): split the depth L = N*P*Q into chunks of whole k-steps so
-    that about 4 (64x64) or 2 (128x128) blocks per SM run, each chunk at least
+    that one wave of WGRAD_BLOCKS_PER_SM blocks per SM runs, each chunk at least
     WGRAD_MIN_CHUNK_STEPS k-steps, the float partials within
     WGRAD_WORKSPACE_LIMIT and groups * splits within the grid's z limit."""
     bm, bn, bk, _, _ = WGRAD_TILES[tile]
     L = p.N * p.P * p.Q
     Kg, taps = p.K // p.groups, (p.C // p.groups) * p.R * p.S
     blocks = ceil_div(Kg, bm) * ceil_div(taps, bn) * p.groups
-    target = (4 if tile == "64x64" else 2) * sms
+    target = WGRAD_BLOCKS_PER_SM[tile] * sms
     splits = max(1, min(ceil_div(target, blocks), ceil_div(L, bk * WGRAD_MIN_CHUNK_STEPS),
                         WGRAD_WORKSPACE_LIMIT // (4 * p.K * taps), MAX_GRID_Z // p.groups))
     chunk = ceil_div(ceil_div(L, splits), bk) * bk
@@ -124,6 +127,8 @@ class ImplicitGemmBackwardFilter(ConvAlgorithm):
                            f"not {problem.dtype}")
         if not _fits_int32(problem):
             return False, "it indexes with 32-bit ints; a tensor here has 2^31 elements or more"
+        if problem.groups > MAX_GRID_Z:
+            return False, f"its grid holds at most {MAX_GRID_Z} groups"
         return True, ""
 
     def mode_and_splits(self, p):
