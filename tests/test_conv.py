@@ -270,7 +270,8 @@ def test_auto_rule():
     assert auto((2, 4, 7, 7), (8, 4, 3, 3)) == ("implicit_gemm", "implicit_gemm", wgrad)
     assert auto((2, 4, 7, 7), (8, 4, 3, 3), np.float64) == ("gemm",) * 3     # implicit_gemm: no float64
     assert auto((2, 4, 7, 7), (8, 4, 3, 3), np.float16) == ("implicit_gemm", "implicit_gemm", wgrad)
-    assert auto((2, 4, 7, 7), (8, 2, 3, 3), groups=2) == ("direct", "direct", wgrad)
+    assert auto((2, 4, 7, 7), (8, 2, 3, 3), groups=2) == ("direct",) * 3     # 4 filters a group
+    assert auto((2, 64, 7, 7), (64, 32, 3, 3), groups=2) == ("direct", "direct", wgrad)
     assert auto((2, 4, 7, 7), (4, 1, 3, 3), groups=4) == ("direct",) * 3     # depthwise
     deep = auto((2, 512, 7, 7), (512, 512, 3, 3))                         # GEMM depth 4608: cuBLAS
     assert deep == ("gemm", "gemm", wgrad)
@@ -289,9 +290,14 @@ def test_conv2d_choose_says_what_auto_runs_and_why():
     name, reason = dnnprims.conv2d_choose((2, 4, 7, 7), (8, 4, 3, 3), padding=1,
                                           direction="backward_filter")
     assert name == "implicit_gemm_wgrad" and "split-K" in reason
-    name, reason = dnnprims.conv2d_choose((2, 4, 7, 7), (8, 4, 3, 3), padding=1, stride=2,
+    name, reason = dnnprims.conv2d_choose((2, 64, 7, 7), (8, 64, 3, 3), padding=1, stride=2,
                                           direction="backward_data")
     assert name == "implicit_gemm_subpixel" and "phase" in reason
+    # Few channels, or phases without taps (1x1, stride 2): im2col + cuBLAS.
+    for x_shape, w_shape in (((2, 4, 7, 7), (8, 4, 3, 3)), ((2, 64, 7, 7), (8, 64, 1, 1))):
+        assert dnnprims.conv2d_choose(x_shape, w_shape, stride=2, direction="backward_data")[0] == "gemm"
+    assert dnnprims.conv2d_choose((2, 4, 7, 7), (8, 4, 1, 1), stride=2, direction="backward_data",
+                                  dtype="float16")[0] == "implicit_gemm_subpixel"
     assert dnnprims.conv2d_choose((2, 4, 7, 7), (8, 4, 3, 3), algo="direct")[0] == "direct"
     with pytest.raises(ValueError, match="direction must be one of"):
         dnnprims.conv2d_choose((2, 4, 7, 7), (8, 4, 3, 3), direction="sideways")
@@ -809,6 +815,18 @@ def test_implicit_gemm_backward_matches_reference(xp, rng, monkeypatch, algo, ca
         assert dtype == np.float64
         return
     _check_all_directions(xp, rng, x, w, b, opts, algo, [direction])
+
+
+def test_wgrad_tile_rule():
+    from dnnprims.algos import implicit_gemm_backward as igb
+
+    def tile(C, K, R, groups=1):
+        return igb.wgrad_tile(_problem_of(np.empty((32, C, 28, 28)), np.empty((K, C // groups, R, R)),
+                                          _options(1, R // 2, 1, groups)))
+    assert tile(256, 256, 3) == "128x128"          # r50_4_3x3: 144 tiles of 64x64
+    assert tile(512, 512, 3) == "64x64"            # r50_5_3x3: 576 tiles, 64x64 won
+    assert tile(64, 192, 5) == "64x64"             # K = 192 leaves a 128-row tile a quarter empty
+    assert tile(64, 256, 1) == "64x64"             # 64 taps: half of a 128-wide tile
 
 
 def test_wgrad_splits_cover_the_reduction_in_whole_k_steps():

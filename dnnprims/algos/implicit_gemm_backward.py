@@ -74,11 +74,22 @@ def _fits_int32(p):
 
 # --- backward filter ------------------------------------------------------------
 
+# At or above this many 64x64 tiles of dw (about 4 per SM) 64x64 beat 128x128.
+WGRAD_MANY_TILES = 512
+
+
 def wgrad_tile(p):
-    """128x128 when both the output channels and the taps per group fill it,
-    else 64x64 (more, smaller blocks; split-K fills the rest)."""
+    """128x128 when the output channels per group are a multiple of 128, the
+    taps per group fill a tile, and dw has fewer than WGRAD_MANY_TILES 64x64
+    tiles; else 64x64.  Fitted to the H100 batch-32 measurements
+    (notes/conv_bwd.md): 128x128 won r50_3/4 and vgg_2/3 (36-144 tiles) by
+    5-30 %, 64x64 won the 576-tile layers (r50_5_3x3, vgg_4/5) by 8-10 % and
+    alex_conv2 (K=192: a 128-row tile is a quarter empty) by 15 %."""
     Kg, taps = p.K // p.groups, (p.C // p.groups) * p.R * p.S
-    return "128x128" if Kg >= 128 and taps >= 128 else "64x64"
+    tiles = ceil_div(Kg, 64) * ceil_div(taps, 64) * p.groups
+    if Kg >= 128 and Kg % 128 == 0 and taps >= 128 and tiles < WGRAD_MANY_TILES:
+        return "128x128"
+    return "64x64"
 
 
 def wgrad_splits(p, tile, sms=_SMS_H100):
@@ -228,6 +239,21 @@ def subpixel_tables(p):
         if taps:
             table[i, :len(taps)] = np.array(taps, np.int32)
     return table.reshape(-1, 4), depth, taps_per_phase
+
+
+def subpixel_pays(p):
+    """Whether the sub-pixel GEMMs are efficient here: at least 64 input
+    channels per group (the GEMM's N; r50_conv1 with 3 ran 8x slower than
+    im2col + cuBLAS on the H100) and every phase has taps (with a 1x1 stride-2
+    filter three of four phases are empty and the one GEMM left ran at 10
+    TFLOP/s, 0.58x of im2col + cuBLAS: notes/conv_bwd.md)."""
+    if p.C // p.groups < 64:
+        return False
+    for stride, pad, dil, taps in ((p.stride[0], p.padding[0], p.dilation[0], p.R),
+                                   (p.stride[1], p.padding[1], p.dilation[1], p.S)):
+        if len({(pad - t * dil) % stride for t in range(taps)}) < stride:
+            return False
+    return True
 
 
 def subpixel_tile(p):
