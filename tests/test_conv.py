@@ -317,8 +317,8 @@ def test_forward_activation_is_act_of_conv_plus_bias(xp, rng, mode, alpha, algo)
 def test_options_constrain_the_choice():
     problem = _problem_of(np.empty((2, 4, 7, 7), np.float32), np.empty((8, 4, 3, 3), np.float32),
                           _options(1, 1, 1, 1))
-    # Every registered algorithm of today is deterministic and strict; a zero
-    # workspace limit leaves only those without workspace.
+    # deterministic=True and a zero workspace limit each still leave an
+    # algorithm for every direction (the atomic backward filter is refused).
     for direction in algos.DIRECTIONS:
         name, _ = algos.explain_auto(problem, direction, algos.ConvOptions(workspace_limit=0))
         assert algos.REGISTRY[name].workspace_bytes(problem, direction) == 0
@@ -815,6 +815,19 @@ def test_implicit_gemm_backward_matches_reference(xp, rng, monkeypatch, algo, ca
         assert dtype == np.float64
         return
     _check_all_directions(xp, rng, x, w, b, opts, algo, [direction])
+
+
+@HYPOTHESIS
+@given(problem=conv_problems(), dtype=st.sampled_from(["float32", "float16"]),
+       algo=st.sampled_from(["implicit_gemm_wgrad", "implicit_gemm_wgrad_atomic", "implicit_gemm_subpixel"]),
+       seed=st.integers(0, 2**32 - 1))
+def test_implicit_gemm_backward_matches_reference_drawn(xp, problem, dtype, algo, seed):
+    rng = np.random.default_rng(seed)
+    problem = dict(problem)
+    x = random_array(rng, problem.pop("x_shape"), dtype)
+    w = random_array(rng, problem.pop("w_shape"), dtype)
+    b = random_array(rng, (w.shape[0],), dtype)
+    _check_all_directions(xp, rng, x, w, b, problem, algo, algos.REGISTRY[algo].directions)
 
 
 def test_wgrad_tile_rule():
