@@ -273,19 +273,21 @@ def test_auto_rule(rule_only):
         return tuple(algos.choose(problem, d, "auto").name for d in algos.DIRECTIONS)
 
     # (forward, backward_data, backward_filter)
-    assert auto((2, 4, 7, 7), (8, 4, 3, 3)) == ("implicit_gemm", "implicit_gemm", "gemm")
+    wgrad = "implicit_gemm_wgrad"
+    assert auto((2, 4, 7, 7), (8, 4, 3, 3)) == ("implicit_gemm", "implicit_gemm", wgrad)
     assert auto((2, 4, 7, 7), (8, 4, 3, 3), np.float64) == ("gemm",) * 3     # implicit_gemm: no float64
-    assert auto((2, 4, 7, 7), (8, 4, 3, 3), np.float16) == ("implicit_gemm", "implicit_gemm", "direct")
-    assert auto((2, 4, 7, 7), (8, 2, 3, 3), groups=2) == ("direct",) * 3
+    assert auto((2, 4, 7, 7), (8, 4, 3, 3), np.float16) == ("implicit_gemm", "implicit_gemm", wgrad)
+    assert auto((2, 4, 7, 7), (8, 2, 3, 3), groups=2) == ("direct",) * 3     # 4 filters a group
+    assert auto((2, 64, 7, 7), (64, 32, 3, 3), groups=2) == ("direct", "direct", wgrad)
     assert auto((2, 4, 7, 7), (4, 1, 3, 3), groups=4) == ("depthwise",) * 3  # depthwise
     assert auto((2, 4, 7, 7), (8, 1, 3, 3), groups=4) == ("depthwise",) * 3  # multiplier 2
     assert auto((2, 4, 7, 7), (4, 1, 3, 3), np.float16, groups=4) == ("depthwise",) * 3
     deep = auto((2, 512, 7, 7), (512, 512, 3, 3))                         # GEMM depth 4608: cuBLAS
-    assert deep == ("gemm",) * 3                                          # too small for Winograd
+    assert deep == ("gemm", "gemm", wgrad)                                # too small for Winograd
     # Column matrix 64*576*4096 floats = 604 MB: backward filter still takes gemm,
     # in batch chunks that fit gemm.FILTER_CHUNK_BYTES.
     big = (64, 64, 64, 64)
-    assert auto(big, (64, 64, 3, 3)) == ("winograd_f4x4_3x3", "winograd_f4x4_3x3", "gemm")  # 19 GFLOP
+    assert auto(big, (64, 64, 3, 3)) == ("winograd_f4x4_3x3", "winograd_f4x4_3x3", wgrad)  # 19 GFLOP
     assert algos.REGISTRY["gemm"].workspace_bytes(
         _problem_of(np.empty(big, np.float32), np.empty((64, 64, 3, 3), np.float32), _options(1, 1, 1, 1, "NCHW")),
         "backward_filter") <= gemm_algo.FILTER_CHUNK_BYTES
@@ -296,7 +298,15 @@ def test_conv2d_choose_says_what_auto_runs_and_why(rule_only):
     assert name == "implicit_gemm" and "depth" in reason
     name, reason = dnnprims.conv2d_choose((2, 4, 7, 7), (8, 4, 3, 3), padding=1,
                                           direction="backward_filter")
-    assert name == "gemm" and reason
+    assert name == "implicit_gemm_wgrad" and "split-K" in reason
+    name, reason = dnnprims.conv2d_choose((2, 64, 7, 7), (8, 64, 3, 3), padding=1, stride=2,
+                                          direction="backward_data")
+    assert name == "implicit_gemm_subpixel" and "phase" in reason
+    # Few channels, or phases without taps (1x1, stride 2): im2col + cuBLAS.
+    for x_shape, w_shape in (((2, 4, 7, 7), (8, 4, 3, 3)), ((2, 64, 7, 7), (8, 64, 1, 1))):
+        assert dnnprims.conv2d_choose(x_shape, w_shape, stride=2, direction="backward_data")[0] == "gemm"
+    assert dnnprims.conv2d_choose((2, 4, 7, 7), (8, 4, 1, 1), stride=2, direction="backward_data",
+                                  dtype="float16")[0] == "implicit_gemm_subpixel"
     assert dnnprims.conv2d_choose((2, 4, 7, 7), (8, 4, 3, 3), algo="direct")[0] == "direct"
     with pytest.raises(ValueError, match="direction must be one of"):
         dnnprims.conv2d_choose((2, 4, 7, 7), (8, 4, 3, 3), direction="sideways")
@@ -346,8 +356,8 @@ def test_fused_activation_epilogue(xp, rng, mode, algo, dtype, case, layout):
 def test_options_constrain_the_choice():
     problem = _problem_of(np.empty((2, 4, 7, 7), np.float32), np.empty((8, 4, 3, 3), np.float32),
                           _options(1, 1, 1, 1))
-    # Every registered algorithm of today is deterministic and strict; a zero
-    # workspace limit leaves only those without workspace.
+    # deterministic=True and a zero workspace limit each still leave an
+    # algorithm for every direction (the atomic backward filter is refused).
     for direction in algos.DIRECTIONS:
         name, _ = algos.explain_auto(problem, direction, algos.ConvOptions(workspace_limit=0))
         assert algos.REGISTRY[name].workspace_bytes(problem, direction) == 0
@@ -908,3 +918,207 @@ def test_depthwise_tap_groups_and_determinism_on_the_gpu(gpu, rng, monkeypatch):
         first = conv2d_backward_filter(X, dy, w.shape, algo="depthwise", deterministic=True, **opts)
         second = conv2d_backward_filter(X, dy, w.shape, algo="depthwise", deterministic=True, **opts)
         assert bool((first == second).all())
+
+
+# --- implicit-GEMM backward passes: split-K backward filter, sub-pixel backward data --
+
+# (N, C, H, W, K, R, S, stride, padding, dilation, groups): long reductions over
+# N*P*Q with small filters (several split-K chunks), a K and C*R*S wide enough
+# for the 128x128 tile, strides 2 and 3 with dilation, phases without taps,
+# sizes 1, 3, 7, 13.
+BACKWARD_CASES = [
+    pytest.param((4, 3, 32, 32, 5, 3, 3, 1, 1, 1, 1), id="splitk-small-filter"),
+    pytest.param((2, 13, 23, 29, 7, 1, 1, 1, 0, 1, 1), id="splitk-1x1-odd"),
+    pytest.param((2, 16, 9, 9, 130, 3, 3, 1, 1, 1, 1), id="wide-128x128"),
+    pytest.param((3, 7, 13, 13, 13, 3, 3, 2, 1, 2, 1), id="stride2-dilation2"),
+    pytest.param((2, 6, 13, 7, 9, 3, 3, 3, 2, 2, 3), id="stride3-dilation2-groups3"),
+    pytest.param((1, 1, 7, 7, 1, 7, 7, 3, 3, 1, 1), id="7x7-stride3"),
+    pytest.param((2, 3, 13, 13, 7, 1, 3, (3, 2), (0, 1), (1, 3), 1), id="phases-without-taps"),
+]
+
+BACKWARD_ALGOS = ["implicit_gemm_wgrad", "implicit_gemm_wgrad_atomic", "implicit_gemm_wgrad_64x64",
+                  "implicit_gemm_wgrad_128x128", "implicit_gemm_subpixel", "implicit_gemm_subpixel_128x128",
+                  "implicit_gemm_subpixel_128x64"]
+
+
+def _backward_algorithm(monkeypatch, name):
+    """The registered algorithm, or a tile variant registered for this test."""
+    from dnnprims.algos import implicit_gemm_backward as igb
+    if name not in algos.REGISTRY:
+        base, tile = name.rsplit("_", 1)
+        algorithm = (igb.ImplicitGemmBackwardFilter(tile=tile) if "wgrad" in base
+                     else igb.SubpixelBackwardData(tile=tile))
+        assert algorithm.name == name
+        monkeypatch.setitem(algos.REGISTRY, name, algorithm)
+    return algos.REGISTRY[name]
+
+
+@pytest.mark.parametrize("algo", BACKWARD_ALGOS)
+@pytest.mark.parametrize("case", BACKWARD_CASES + [CASES[2], CASES[5], CASES[7], CASES[8]])
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_implicit_gemm_backward_matches_reference(xp, rng, monkeypatch, algo, case, layout, dtype):
+    algorithm = _backward_algorithm(monkeypatch, algo)
+    x, w, b, opts = _random_problem(rng, case, layout, dtype)
+    problem = _problem_of(x, w, opts)
+    (direction,) = algorithm.directions
+    if not algorithm.supports(problem, direction)[0]:
+        assert dtype == np.float64
+        return
+    _check_all_directions(xp, rng, x, w, b, opts, algo, [direction])
+
+
+@HYPOTHESIS
+@given(problem=conv_problems(), dtype=st.sampled_from(["float32", "float16"]),
+       algo=st.sampled_from(["implicit_gemm_wgrad", "implicit_gemm_wgrad_atomic", "implicit_gemm_subpixel"]),
+       seed=st.integers(0, 2**32 - 1))
+def test_implicit_gemm_backward_matches_reference_drawn(xp, problem, dtype, algo, seed):
+    rng = np.random.default_rng(seed)
+    problem = dict(problem)
+    x = random_array(rng, problem.pop("x_shape"), dtype)
+    w = random_array(rng, problem.pop("w_shape"), dtype)
+    b = random_array(rng, (w.shape[0],), dtype)
+    _check_all_directions(xp, rng, x, w, b, problem, algo, algos.REGISTRY[algo].directions)
+
+
+def test_wgrad_tile_rule():
+    from dnnprims.algos import implicit_gemm_backward as igb
+
+    def tile(C, K, R, groups=1):
+        return igb.wgrad_tile(_problem_of(np.empty((32, C, 28, 28)), np.empty((K, C // groups, R, R)),
+                                          _options(1, R // 2, 1, groups)))
+    assert tile(256, 256, 3) == "128x128"          # r50_4_3x3: 144 tiles of 64x64
+    assert tile(512, 512, 3) == "64x64"            # r50_5_3x3: 576 tiles, 64x64 won
+    assert tile(64, 192, 5) == "64x64"             # K = 192 leaves a 128-row tile a quarter empty
+    assert tile(64, 256, 1) == "64x64"             # 64 taps: half of a 128-wide tile
+
+
+def test_wgrad_splits_cover_the_reduction_in_whole_k_steps():
+    from dnnprims.algos import implicit_gemm_backward as igb
+    for case in BACKWARD_CASES + CASES + [pytest.param((32, 64, 56, 56, 64, 1, 1, 1, 0, 1, 1))]:
+        x_shape, w_shape = case.values[0][:4], None
+        N, C, H, W, K, R, S, stride, padding, dilation, groups = case.values[0]
+        p = _problem_of(np.empty((N, C, H, W)), np.empty((K, C // groups, R, S)),
+                        _options(stride, padding, dilation, groups))
+        for tile, (_, _, bk, _, _) in igb.WGRAD_TILES.items():
+            splits, chunk = igb.wgrad_splits(p, tile)
+            L = p.N * p.P * p.Q
+            assert splits >= 1 and chunk % bk == 0
+            assert (splits - 1) * chunk < L <= splits * chunk, (tile, splits, chunk, L)
+            assert p.groups * splits <= igb.MAX_GRID_Z
+    # A batch-32 1x1 layer: one 64x64 tile of dw, so the depth is split many ways.
+    assert splits > 100
+
+
+@pytest.mark.parametrize("case", BACKWARD_CASES + CASES)
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_subpixel_tables_on_numpy(rng, case, layout):
+    # The sub-pixel kernel's GEMM written out on NumPy from the phase tables:
+    # per group and phase, rows (image, i, j) gather dy through the table,
+    # B[k, n] = w through .w for k < depth, and the result lands on the
+    # phase's pixels (a + sh*i, b + sw*j).  Every pixel is written exactly once.
+    from dnnprims.algos import implicit_gemm_backward as igb
+    x, w, _, opts = _random_problem(rng, case, layout, F64)
+    p = _problem_of(x, w, opts)
+    dy = random_array(rng, p.y_shape, F64)
+    expected = conv2d_backward_data(dy, w, x.shape, **opts)
+    table, depth, per_phase = igb.subpixel_tables(p)
+    assert per_phase % 16 == 0 and len(table) == per_phase * len(depth)
+    nhwc = layout == "NHWC"
+    (sh, sw), Kg, Cg = p.stride, p.K // p.groups, p.C // p.groups
+    out = np.full(expected.size, np.nan)
+    for phase, (a, b) in enumerate((a, b) for a in range(sh) for b in range(sw)):
+        Hp, Wp = len(range(a, p.H, sh)), len(range(b, p.W, sw))
+        image, ij = np.divmod(np.arange(p.N * Hp * Wp), Hp * Wp)
+        i, j = np.divmod(ij, Wp)
+        base = image * p.K * p.P * p.Q + ((i * p.Q + j) * p.K if nhwc else i * p.Q + j)
+        taps = table[phase * per_phase:(phase + 1) * per_phase]
+        k = int(depth[phase])
+        for group in range(p.groups):
+            dy_off = group * Kg * (1 if nhwc else p.P * p.Q)
+            ii, jj = i[:, None] + taps[None, :, 1], j[:, None] + taps[None, :, 2]
+            inside = (ii >= 0) & (ii < p.P) & (jj >= 0) & (jj < p.Q)
+            A = np.where(inside, dy.ravel()[np.where(inside, dy_off + base[:, None] + taps[None, :, 0], 0)], 0.0)
+            B = w.ravel()[group * Kg * Cg * p.R * p.S + np.arange(Cg)[None, :] * p.R * p.S
+                          + taps[:k, 3][:, None]] if k else np.zeros((0, Cg))
+            Y = A[:, :k] @ B
+            h, wi = a + sh * i, b + sw * j
+            channel = group * Cg + np.arange(Cg)[None, :]
+            where = ((((image * p.H + h) * p.W + wi)[:, None] * p.C + channel) if nhwc
+                     else ((image[:, None] * p.C + channel) * p.H + h[:, None]) * p.W + wi[:, None])
+            assert np.isnan(out[where]).all()
+            out[where] = Y
+    np.testing.assert_allclose(out.reshape(expected.shape), expected, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_wgrad_split_k_is_bit_reproducible(gpu, rng, layout, dtype):
+    x, w, _, opts = _random_problem(rng, BACKWARD_CASES[0].values[0], layout, dtype)
+    X, DY = gpu.asarray(x), gpu.asarray(random_array(rng, conv2d_forward(x, w, **opts).shape, dtype))
+    p = _problem_of(x, w, opts)
+    assert algos.REGISTRY["implicit_gemm_wgrad"].mode_and_splits(p)[2] > 1
+    first = conv2d_backward_filter(X, DY, w.shape, algo="implicit_gemm_wgrad", **opts)
+    for _ in range(3):
+        again = conv2d_backward_filter(X, DY, w.shape, algo="implicit_gemm_wgrad", **opts)
+        assert gpu.array_equal(first.view(np.uint16 if dtype == np.float16 else np.uint32),
+                               again.view(np.uint16 if dtype == np.float16 else np.uint32))
+    auto = conv2d_backward_filter(X, DY, w.shape, deterministic=True, **opts)
+    assert auto.shape == first.shape
+
+
+def test_deterministic_excludes_the_atomic_backward_filter():
+    problem = _problem_of(np.empty((4, 3, 32, 32), np.float32), np.empty((5, 3, 3, 3), np.float32),
+                          _options(1, 1, 1, 1))
+    atomic = algos.REGISTRY["implicit_gemm_wgrad_atomic"]
+    assert not atomic.deterministic and algos.admits(atomic, problem, "backward_filter")[0]
+    ok, reason = algos.admits(atomic, problem, "backward_filter", algos.ConvOptions(deterministic=True))
+    assert not ok and "deterministic" in reason
+    name, _ = algos.explain_auto(problem, "backward_filter", algos.ConvOptions(deterministic=True))
+    assert algos.REGISTRY[name].deterministic
+    with pytest.raises(ValueError, match="deterministic"):
+        conv2d_backward_filter(np.ones((4, 3, 32, 32), np.float32), np.ones((4, 5, 32, 32), np.float32),
+                               (5, 3, 3, 3), padding=1, algo="implicit_gemm_wgrad_atomic", deterministic=True)
+    # The deterministic split-K reports its float partials as workspace.
+    wgrad = algos.REGISTRY["implicit_gemm_wgrad"]
+    _, _, splits, _ = wgrad.mode_and_splits(problem)
+    assert wgrad.workspace_bytes(problem, "backward_filter") == 4 * splits * 5 * 3 * 3 * 3
+
+
+@pytest.mark.parametrize("case", BACKWARD_CASES[:4] + CASES)
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_wgrad_index_math_on_numpy(rng, case, layout):
+    # conv_wgrad_implicit_gemm's addressing written out on NumPy: per split and
+    # group, each position l decodes to (image, p, q); A[m, l] from dy, B[l, n]
+    # gathered from x through the padded forward tap table; the partial tiles
+    # land at (g*Kg + m) * Ntaps + table.w and are summed in split order.
+    from dnnprims.algos import implicit_gemm_backward as igb
+    x, w, _, opts = _random_problem(rng, case, layout, F64)
+    p = _problem_of(x, w, opts)
+    dy = random_array(rng, p.y_shape, F64)
+    expected = conv2d_backward_filter(x, dy, w.shape, **opts)
+    nhwc = layout == "NHWC"
+    table = igb.wgrad_table(p)
+    Kg, Cg, ntaps = p.K // p.groups, p.C // p.groups, (p.C // p.groups) * p.R * p.S
+    assert len(table) % igb.WGRAD_TABLE_MULTIPLE == 0
+    L, PQ = p.N * p.P * p.Q, p.P * p.Q
+    splits, chunk = igb.wgrad_splits(p, igb.wgrad_tile(p))
+    partial = np.full((splits, p.K * ntaps), np.nan)
+    for split in range(splits):
+        l = np.arange(split * chunk, min(L, (split + 1) * chunk))
+        image, pq = np.divmod(l, PQ)
+        h0, w0 = pq // p.Q * p.stride[0] - p.padding[0], pq % p.Q * p.stride[1] - p.padding[1]
+        dy_base = l * p.K if nhwc else image * p.K * PQ + pq
+        x_base = image * p.C * p.H * p.W + ((h0 * p.W + w0) * p.C if nhwc else h0 * p.W + w0)
+        for g in range(p.groups):
+            m = np.arange(Kg)
+            A = dy.ravel()[g * Kg * (1 if nhwc else PQ) + dy_base[None, :] + (m[:, None] if nhwc else m[:, None] * PQ)]
+            hh, ww = h0[:, None] + table[None, :, 1], w0[:, None] + table[None, :, 2]
+            inside = (hh >= 0) & (hh < p.H) & (ww >= 0) & (ww < p.W)
+            x_off = g * Cg * (1 if nhwc else p.H * p.W)
+            B = np.where(inside, x.ravel()[np.where(inside, x_off + x_base[:, None] + table[None, :, 0], 0)], 0.0)
+            tile = A @ B[:, :ntaps]
+            where = (g * Kg + m[:, None]) * ntaps + table[None, :ntaps, 3]
+            partial[split, where] = tile
+    np.testing.assert_allclose(partial.sum(axis=0).reshape(expected.shape), expected, rtol=1e-12, atol=1e-12)

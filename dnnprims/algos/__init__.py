@@ -161,6 +161,10 @@ AUTO_IMPLICIT_GEMM_MAX_DEPTH = 2304
 AUTO_WINOGRAD_MIN_CHANNELS = 64
 AUTO_WINOGRAD_MIN_FLOPS = 4e9
 
+# Grouped backward filter goes to "implicit_gemm_wgrad" from this many filters
+# per group (half of a 64-row tile).
+WGRAD_MIN_GROUP_FILTERS = 32
+
 
 def winograd_wins(problem, direction):
     """The stand-in rule's Winograd case (see :func:`auto_preferences`)."""
@@ -175,27 +179,44 @@ def auto_preferences(problem, direction):
     (:mod:`.table`): an ordered list of (name, reason); ``auto`` takes the
     first one that :func:`admits` the problem under the caller's options.
 
-    0. "depthwise" for depthwise problems (groups == C, any multiplier).
-    0. "winograd_f4x4_3x3", then "winograd_f2x2_3x3" (F(2x2) where a
+    In order (each measured on the H100; see notes/conv_*.md):
+    1. "depthwise" for depthwise problems (groups == C, any multiplier).
+    2. "implicit_gemm_wgrad" (deterministic split-K) for backward filter,
+       ungrouped, or grouped with at least WGRAD_MIN_GROUP_FILTERS filters
+       per group (smaller groups would leave the GEMM tiles mostly empty).
+       It beat im2col + cuBLAS on all 26 non-depthwise batch-32 problems.
+    3. "implicit_gemm_subpixel" for backward data with stride > 1: for half
+       types, and for ungrouped float32 where ``subpixel_pays`` (wide
+       channels, every phase has taps).
+    4. "winograd_f4x4_3x3", then "winograd_f2x2_3x3" (F(2x2) where a
        workspace limit excludes F(4x4)) for 3x3 stride-1 ungrouped float32
        forward and backward data with C, K >= AUTO_WINOGRAD_MIN_CHANNELS and
        at least AUTO_WINOGRAD_MIN_FLOPS of direct work (:func:`winograd_wins`).
-    1. "implicit_gemm" (its tile by its own rule) for half types always (it
+    5. "implicit_gemm" (its tile by its own rule) for half types always (it
        accumulates float32 tiles; the alternatives are far slower) and for
        ungrouped float32 problems -- except GEMMs at least
        AUTO_IMPLICIT_GEMM_MAX_DEPTH deep whose im2col workspace fits
        AUTO_GEMM_WORKSPACE_LIMIT, where cuBLAS is faster.
-    2. "gemm" (im2col + cuBLAS) for ungrouped problems whose workspace fits
+    6. "gemm" (im2col + cuBLAS) for ungrouped problems whose workspace fits
        AUTO_GEMM_WORKSPACE_LIMIT.
-    3. "direct": grouped and depthwise problems, and the fallback that
-       supports every problem."""
+    7. "direct": the fallback that supports every problem."""
+    from .implicit_gemm_backward import subpixel_pays
     prefs = []
     if problem.groups == problem.C:
         prefs.append(("depthwise", "depthwise (groups == C): memory-bound, dedicated kernels"))
+    half = problem.dtype in ("float16", "bfloat16")
+    if direction == "backward_filter" and (problem.groups == 1 or
+                                           problem.K // problem.groups >= WGRAD_MIN_GROUP_FILTERS):
+        prefs.append(("implicit_gemm_wgrad", "backward filter: split-K implicit GEMM over N*P*Q, "
+                                             "deterministic"))
+    depthwise = problem.K == problem.groups and problem.C == problem.groups
+    if direction == "backward_data" and problem.stride != (1, 1) and not depthwise and (
+            half or (problem.groups == 1 and subpixel_pays(problem))):
+        prefs.append(("implicit_gemm_subpixel", "backward data with stride > 1: one implicit GEMM "
+                                                "per output phase, no work on inserted zeros"))
     gemm = REGISTRY.get("gemm")
     gemm_fits = (gemm is not None and problem.groups == 1 and gemm.supports(problem, direction)[0]
                  and gemm.workspace_bytes(problem, direction) <= AUTO_GEMM_WORKSPACE_LIMIT)
-    half = problem.dtype in ("float16", "bfloat16")
     depth = (problem.C // problem.groups if direction == "forward" else problem.K // problem.groups) \
         * problem.R * problem.S
     if winograd_wins(problem, direction):
@@ -286,5 +307,5 @@ def choose(problem, direction, algo="auto", gpu=False, options=DEFAULT_OPTIONS):
 
 # Importing the algorithm modules registers them (and declares their kernel
 # families for _kernels.families()).
-from . import direct, gemm, implicit_gemm, winograd  # noqa: E402,F401
+from . import direct, gemm, implicit_gemm, implicit_gemm_backward, winograd  # noqa: E402,F401
 from . import depthwise  # noqa: E402,F401  (registered after the general algorithms)
