@@ -149,6 +149,27 @@ def register(algorithm):
 AUTO_IMPLICIT_GEMM_MAX_DEPTH = 2304
 
 
+# "auto" tries FFT convolution first for ungrouped stride-1 float32 problems
+# with filters at least this large (both sides), in these directions: measured
+# on the H100 (notes/conv_fft.md).  "fft" (one tile per image) when its
+# workspace fits AUTO_GEMM_WORKSPACE_LIMIT, then "fft_tiled" (bounded tiles).
+AUTO_FFT_MIN_FILTER = 7
+AUTO_FFT_DIRECTIONS = ("forward", "backward_data")
+
+
+def _fft_preferences(problem, direction):
+    p = problem
+    if not (p.dtype == "float32" and p.groups == 1 and p.stride == (1, 1) and p.dilation == (1, 1)
+            and min(p.R, p.S) >= AUTO_FFT_MIN_FILTER and direction in AUTO_FFT_DIRECTIONS):
+        return []
+    prefs = []
+    whole = REGISTRY.get("fft")
+    if whole is not None and whole.workspace_bytes(p, direction) <= AUTO_GEMM_WORKSPACE_LIMIT:
+        prefs.append(("fft", f"stride-1 {p.R}x{p.S} float32: spectra fit AUTO_GEMM_WORKSPACE_LIMIT"))
+    prefs.append(("fft_tiled", f"stride-1 {p.R}x{p.S} float32: FFT on bounded tiles"))
+    return prefs
+
+
 def auto_preferences(problem, direction):
     """The stand-in rule until the measured heuristic table replaces it: an
     ordered list of (name, reason); ``auto`` takes the first one that
@@ -162,8 +183,11 @@ def auto_preferences(problem, direction):
     2. "gemm" (im2col + cuBLAS) for ungrouped problems whose workspace fits
        AUTO_GEMM_WORKSPACE_LIMIT.
     3. "direct": grouped and depthwise problems, and the fallback that
-       supports every problem."""
-    prefs = []
+       supports every problem.
+    Before all of them, "fft" / "fft_tiled" for stride-1 ungrouped float32
+    problems with filters of at least AUTO_FFT_MIN_FILTER taps a side
+    (:func:`_fft_preferences`)."""
+    prefs = _fft_preferences(problem, direction)
     gemm = REGISTRY.get("gemm")
     gemm_fits = (gemm is not None and problem.groups == 1 and gemm.supports(problem, direction)[0]
                  and gemm.workspace_bytes(problem, direction) <= AUTO_GEMM_WORKSPACE_LIMIT)
@@ -222,4 +246,4 @@ def choose(problem, direction, algo="auto", gpu=False, options=DEFAULT_OPTIONS):
 
 # Importing the algorithm modules registers them (and declares their kernel
 # families for _kernels.families()).
-from . import direct, gemm, implicit_gemm  # noqa: E402,F401
+from . import direct, fft, gemm, implicit_gemm  # noqa: E402,F401

@@ -19,6 +19,14 @@ TOLERANCES = {
     ("float32", "default"): 2e-5,
     ("float16", "default"): 3e-3,
     ("bfloat16", "default"): 2e-2,
+    # FFT convolution (dnnprims/algos/fft.py): rounding in the transforms grows
+    # like eps * log2(T T') of the FFT size and is spread over every output, so
+    # it is bounded normwise against the whole result.  PROVISIONAL, see
+    # notes/conv_fft.md for the measurement.
+    ("float32", "fft"): 2e-5,
+    ("float32", "fft_tiled"): 2e-5,
+    ("float64", "fft"): 1e-11,
+    ("float64", "fft_tiled"): 1e-11,
 }
 
 
