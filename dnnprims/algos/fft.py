@@ -43,8 +43,6 @@ on every later call of the same shapes.
 Every step is written against ``xp`` so that the tiling, placement and GEMM
 bookkeeping run (and are tested) on NumPy too.
 """
-import math
-
 import numpy as np
 
 from . import ConvAlgorithm, register
@@ -145,8 +143,9 @@ def _largest_chunk(N, tiles, chunk_tiles):
 
 
 def _buffer_bytes(p, direction, g):
-    """(bytes fixed per call, bytes per tile) of the live buffers: real tiles,
-    spectra and their transposed copies, the filter's and the product's."""
+    """(bytes fixed per call, bytes per tile): an upper bound of the buffers
+    alive at once -- real tiles, spectra (and the transposed copies of the
+    plain cupy.fft path), the filter's and the product's."""
     real = np.dtype(p.dtype).itemsize
     cplx = 2 * real
     tt, F = g.T[0] * g.T[1], g.frequencies
@@ -296,7 +295,7 @@ def _correlate(xp, a, filt, out, g, chunk_tiles, bias):
     scaled = filt.transpose(1, 0, 2, 3) * (1.0 / (T[0] * T[1]))
     G = _spectrum(xp, _place_reversed(xp, scaled, T, (J, Ko)))                 # (F, J, Ko)
     del scaled
-    (s0, s1), (th, tw) = g.step, g.tiles
+    (s0, s1), tw = g.step, g.tiles[1]
     P, Q = out.shape[2:]
     b4 = None if bias is None else bias.reshape(1, Ko, 1, 1)
     for n0, n1, i0, i1 in _chunks(N, g.tiles, chunk_tiles):
@@ -328,7 +327,7 @@ def _filter_gradient(xp, a, d, g, chunk_tiles):
     N = a.shape[0]
     K = d.shape[1]
     T = g.T
-    (s0, s1), (th, tw) = g.step, g.tiles
+    (s0, s1), tw = g.step, g.tiles[1]
     total = None
     for n0, n1, i0, i1 in _chunks(N, g.tiles, chunk_tiles):
         X = _spectrum(xp, _input_tiles(xp, a, g, n0, n1, i0, i1))              # (F, B, C)
@@ -380,8 +379,9 @@ class FFTConvolution(ConvAlgorithm):
         g = self.geometry(problem, direction)
         fixed, per_tile = _buffer_bytes(problem, direction, g)
         chunk = _largest_chunk(problem.N, g.tiles, _chunk_tiles(problem, direction, g, self.tiled))
-        # cuFFT's own work area is at most about one of the transformed arrays.
-        return fixed + 2 * chunk * per_tile
+        # cuFFT's work area: about one spectrum of the chunk (an estimate).
+        cufft_work = chunk * max(g.channels_in, g.channels_out) * g.frequencies * 2 * np.dtype(problem.dtype).itemsize
+        return fixed + chunk * per_tile + cufft_work
 
     def run(self, problem, direction, a, b, out, bias=None, activation=None):
         import cupy
