@@ -551,8 +551,20 @@ def _fft_run_on_numpy(rng, case, layout, algo):
 @pytest.mark.parametrize("algo", FFT_ALGOS)
 @pytest.mark.parametrize("case", FFT_CASES + [CASES[0], CASES[1], CASES[6], CASES[9]])
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
-def test_fft_bookkeeping_on_numpy(rng, case, layout, algo):
+@pytest.mark.parametrize("buffers", ["spatial_first", "plain"])
+def test_fft_bookkeeping_on_numpy(monkeypatch, rng, case, layout, algo, buffers):
+    monkeypatch.setattr(fft_algo, "LAYOUT", buffers)
     _fft_run_on_numpy(rng, case, layout, algo)
+
+
+@pytest.mark.parametrize("buffers", fft_algo.LAYOUTS)
+@pytest.mark.parametrize("case", [FFT_CASES[2], FFT_CASES[5], FFT_CASES[6]])
+def test_fft_buffer_layouts_on_the_gpu(gpu, rng, monkeypatch, case, buffers):
+    monkeypatch.setattr(fft_algo, "LAYOUT", buffers)
+    monkeypatch.setattr(fft_algo, "TILE_SIZES", (16,))
+    for algo in FFT_ALGOS:
+        x, w, b, opts = _random_problem(rng, case, "NHWC", np.float32)
+        _check_all_directions(gpu, rng, x, w, b, opts, algo)
 
 
 @pytest.mark.parametrize("chunk_bytes", [1, 40000, 10**6])
@@ -563,6 +575,7 @@ def test_fft_tiles_and_chunks_on_numpy(monkeypatch, rng, case, chunk_bytes):
     # tile rows of one sample.
     monkeypatch.setattr(fft_algo, "TILE_SIZES", (8, 16))
     monkeypatch.setattr(fft_algo, "TILED_CHUNK_BYTES", chunk_bytes)
+    monkeypatch.setattr(fft_algo, "LAYOUT", "spatial_first" if chunk_bytes > 1 else "plain")
     p = _fft_run_on_numpy(rng, case, "NCHW", "fft_tiled")
     g = algos.REGISTRY["fft_tiled"].geometry(p, "forward")
     assert max(g.tiles) > 1 or max(p.R, p.S) > 4

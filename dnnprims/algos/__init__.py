@@ -154,7 +154,7 @@ AUTO_IMPLICIT_GEMM_MAX_DEPTH = 2304
 # on the H100 (notes/conv_fft.md).  "fft" (one tile per image) when its
 # workspace fits AUTO_GEMM_WORKSPACE_LIMIT, then "fft_tiled" (bounded tiles).
 AUTO_FFT_MIN_FILTER = 7
-AUTO_FFT_DIRECTIONS = ("forward", "backward_data")
+AUTO_FFT_DIRECTIONS = DIRECTIONS
 
 
 def _fft_preferences(problem, direction):

@@ -174,31 +174,41 @@ def _nchw(a, layout):
     return a if layout == "NCHW" else a.transpose(0, 3, 1, 2)
 
 
-def _window(xp, a, n0, n1, row0, rows, col0, cols):
+def _window(xp, a, n0, n1, row0, rows, col0, cols, spatial_first=False):
     """a[n0:n1, :, row0:row0+rows, col0:col0+cols], zero outside ``a`` (row0 and
-    col0 may be negative), as a new C-contiguous array."""
+    col0 may be negative), as a new C-contiguous array (nb, J, rows, cols), or
+    (rows, cols, nb, J) when ``spatial_first``."""
     H, W = a.shape[2:]
-    out = xp.zeros((n1 - n0, a.shape[1], rows, cols), dtype=a.dtype)
+    nb, J = n1 - n0, a.shape[1]
+    out = xp.zeros((rows, cols, nb, J) if spatial_first else (nb, J, rows, cols), dtype=a.dtype)
     r0, r1 = max(row0, 0), min(row0 + rows, H)
     c0, c1 = max(col0, 0), min(col0 + cols, W)
     if r0 < r1 and c0 < c1:
-        out[:, :, r0 - row0:r1 - row0, c0 - col0:c1 - col0] = a[n0:n1, :, r0:r1, c0:c1]
+        src = a[n0:n1, :, r0:r1, c0:c1]
+        if spatial_first:
+            out[r0 - row0:r1 - row0, c0 - col0:c1 - col0] = src.transpose(2, 3, 0, 1)
+        else:
+            out[:, :, r0 - row0:r1 - row0, c0 - col0:c1 - col0] = src
     return out
 
 
-def _input_tiles(xp, a, g, n0, n1, i0, i1):
+def _input_tiles(xp, a, g, n0, n1, i0, i1, spatial_first):
     """(B, J, T, T') tiles of the padded input for samples n0:n1, tile rows
-    i0:i1 (all tile columns), B = samples x rows x columns, in that order."""
+    i0:i1 (all tile columns), B = samples x rows x columns, in that order;
+    (T, T', B, J) when ``spatial_first``."""
     (T0, T1), (s0, s1), (_, tw) = g.T, g.step, g.tiles
     rows = i1 - i0
+    one = rows == 1 and tw == 1
     strip = _window(xp, a, n0, n1, i0 * s0 - g.pad[0], (rows - 1) * s0 + T0, -g.pad[1],
-                    (tw - 1) * s1 + T1)
-    if rows == 1 and tw == 1:
+                    (tw - 1) * s1 + T1, spatial_first and one)
+    if one:
         return strip
     nb, J = strip.shape[:2]
     st = strip.strides
     view = xp.lib.stride_tricks.as_strided(strip, (nb, rows, tw, J, T0, T1),
                                            (st[0], s0 * st[2], s1 * st[3], st[1], st[2], st[3]))
+    if spatial_first:
+        return xp.ascontiguousarray(view.transpose(4, 5, 0, 1, 2, 3)).reshape(T0, T1, nb * rows * tw, J)
     return xp.ascontiguousarray(view).reshape(nb * rows * tw, J, T0, T1)
 
 
@@ -210,20 +220,32 @@ def _reversed_pieces(length, size):
     return pieces
 
 
-def _place_reversed(xp, src, T, batch_shape):
-    """A zero (batch..., T, T') buffer with src[..., i, j] at (-i mod T, -j mod T')."""
-    buf = xp.zeros(tuple(batch_shape) + tuple(T), dtype=src.dtype)
+def _place_reversed(xp, src, T, spatial_first):
+    """A zero (batch..., T, T') buffer -- (T, T', batch...) when ``spatial_first``
+    -- with src[..., i, j] at (-i mod T, -j mod T')."""
+    batch = tuple(src.shape[:-2])
+    buf = xp.zeros(tuple(T) + batch if spatial_first else batch + tuple(T), dtype=src.dtype)
     for si, di in _reversed_pieces(src.shape[-2], T[0]):
         for sj, dj in _reversed_pieces(src.shape[-1], T[1]):
-            buf[..., di, dj] = src[..., si, sj]
+            piece = src[..., si, sj]
+            if spatial_first:
+                buf[di, dj] = xp.moveaxis(piece, (-2, -1), (0, 1))
+            else:
+                buf[..., di, dj] = piece
     return buf
 
 
 # Spectra are laid out frequency-major, (F, b0, b1): each frequency's matrix
-# is then contiguous for the batched GEMM.  On CuPy, cuFFT writes (and reads)
-# that layout itself through strided plans (output stride b0*b1, distance 1
-# between batches), so no transposed copy of a spectrum is ever made.
-STRIDED_PLANS = True
+# is then contiguous for the batched GEMM.  How the real buffers are laid out
+# and transformed (chosen by measurement, notes/conv_fft.md):
+#   "spatial_first": buffers (T, T', b0, b1); cupy.fft transforms the first two
+#       axes with the batch innermost (cuFFT stride b0*b1, distance 1), which
+#       reads and writes the frequency-major layout directly;
+#   "strided": buffers (b0, b1, T, T'); our own cuFFT plans read them
+#       contiguously and write (F, b0, b1) with stride b0*b1;
+#   "plain": buffers (b0, b1, T, T'); contiguous cupy.fft + a transposed copy.
+LAYOUT = "strided"
+LAYOUTS = ("spatial_first", "strided", "plain")
 PLAN_CACHE_SIZE = 32
 _plans = {}   # (device, kind, T, batch) -> cupy.cuda.cufft.PlanNd, least recently used first
 
@@ -251,9 +273,13 @@ def _plan(cupy, inverse, real_dtype, T, batch):
 
 
 def _spectrum(xp, buf):
-    """Unnormalised rfft2 of real (b0, b1, T, T') as complex (F, b0, b1)."""
+    """Unnormalised rfft2 of real (b0, b1, T, T') -- (T, T', b0, b1) for the
+    "spatial_first" layout -- as complex (F, b0, b1)."""
+    if LAYOUT == "spatial_first":
+        T0, T1, b0, b1 = buf.shape
+        return xp.fft.rfft2(buf, axes=(0, 1)).reshape(-1, b0, b1)
     b0, b1, T0, T1 = buf.shape
-    if xp is np or not STRIDED_PLANS:
+    if xp is np or LAYOUT == "plain":
         s = xp.fft.rfft2(buf).reshape(b0, b1, -1)
         return xp.ascontiguousarray(s.transpose(2, 0, 1))
     from cupy.cuda import cufft
@@ -264,17 +290,67 @@ def _spectrum(xp, buf):
 
 
 def _inverse(xp, spectrum, T, real_dtype):
-    """Unnormalised inverse of :func:`_spectrum`: complex (F, b0, b1) to real
-    (b0, b1, T, T').  Overwrites ``spectrum`` (cuFFT's C2R does)."""
+    """Unnormalised inverse of :func:`_spectrum`: complex (F, b0, b1) to a real
+    (b0, b1, T, T') array or view.  Overwrites ``spectrum`` (cuFFT's C2R does)."""
     F, b0, b1 = spectrum.shape
-    if xp is np or not STRIDED_PLANS:
+    if LAYOUT == "spatial_first":
+        s = spectrum.reshape(T[0], T[1] // 2 + 1, b0, b1)
+        if xp is np:
+            out = np.fft.irfft2(s, s=T, axes=(0, 1), norm="forward")
+        else:
+            import cupyx.scipy.fft
+            out = cupyx.scipy.fft.irfft2(s, s=T, axes=(0, 1), norm="forward", overwrite_x=True)
+        out = out if out.dtype == real_dtype else out.astype(real_dtype)
+        return out.transpose(2, 3, 0, 1)
+    if xp is np or LAYOUT == "plain":
         s = xp.ascontiguousarray(spectrum.transpose(1, 2, 0)).reshape(b0, b1, T[0], T[1] // 2 + 1)
-        out = xp.fft.irfft2(s, s=T, norm="forward")
+        if xp is np:
+            out = np.fft.irfft2(s, s=T, norm="forward")
+        else:  # s is our own copy: let cuFFT's C2R overwrite it instead of copying it again
+            import cupyx.scipy.fft
+            out = cupyx.scipy.fft.irfft2(s, s=T, norm="forward", overwrite_x=True)
         return out if out.dtype == real_dtype else out.astype(real_dtype)
     from cupy.cuda import cufft
     out = xp.empty((b0, b1) + tuple(T), dtype=real_dtype)
     _plan(xp, True, np.dtype(real_dtype), tuple(T), b0 * b1).fft(spectrum, out, cufft.CUFFT_INVERSE)
     return out
+
+
+_twiddles = {}   # (device, T, E, complex dtype) -> (Ds, Dr), least recently used first
+
+
+def _twiddle_matrices(xp, T, E, cdtype):
+    """Ds (T'/2+1, E') = exp(+2 pi i v s / T') and Dr (T, E) = exp(+2 pi i u r / T) / (T T'),
+    computed in float64, cached on the device."""
+    key = (None if xp is np else xp.cuda.runtime.getDevice(), T, E, np.dtype(cdtype).name)
+    pair = _twiddles.pop(key, None)
+    if pair is None:
+        v, s = np.arange(T[1] // 2 + 1), np.arange(E[1])
+        u, r = np.arange(T[0]), np.arange(E[0])
+        Ds = np.exp(2j * np.pi * np.outer(v, s) / T[1])
+        Dr = np.exp(2j * np.pi * np.outer(u, r) / T[0]) / (T[0] * T[1])
+        pair = (xp.asarray(Ds.astype(cdtype)), xp.asarray(Dr.astype(cdtype)))
+        while len(_twiddles) >= PLAN_CACHE_SIZE:
+            _twiddles.pop(next(iter(_twiddles)))
+    _twiddles[key] = pair
+    return pair
+
+
+def _filter_spectrum(xp, filt, T, cdtype):
+    """The spectrum (F, J, Ko) of filt (Ko, J, E, E') placed reversed in a T x T'
+    buffer, scaled by 1 / (T T') (the inverse transform is unnormalised).
+
+    The buffer would be almost all zeros, so the 2-D DFT is taken directly as
+    two small GEMMs over the E x E' taps, rows last:
+        G[u, v] = sum_r Dr[u, r] sum_s Ds[v, s] g[r, s]
+    (reversed placement: g[r, s] sits at (-r, -s), hence the + sign), which
+    writes the frequency-major layout at once."""
+    Ko, J, E0, E1 = filt.shape
+    Ds, Dr = _twiddle_matrices(xp, T, (E0, E1), cdtype)
+    w = xp.ascontiguousarray(filt.transpose(2, 3, 1, 0)).astype(cdtype)       # (E, E', J, Ko)
+    A = xp.matmul(Ds, w.reshape(E0, E1, J * Ko))                               # (E, T'/2+1, J Ko)
+    G = xp.matmul(Dr, A.reshape(E0, -1))                                       # (T, (T'/2+1) J Ko)
+    return G.reshape(-1, J, Ko)
 
 
 def _dilated(xp, w, dilation, extent):
@@ -291,15 +367,13 @@ def _correlate(xp, a, filt, out, g, chunk_tiles, bias):
     N, J = a.shape[:2]
     Ko = filt.shape[0]
     T = g.T
-    # The inverse transform is unnormalised: 1 / (T T') goes into the small filter.
-    scaled = filt.transpose(1, 0, 2, 3) * (1.0 / (T[0] * T[1]))
-    G = _spectrum(xp, _place_reversed(xp, scaled, T, (J, Ko)))                 # (F, J, Ko)
-    del scaled
+    G = _filter_spectrum(xp, filt, T, np.result_type(out.dtype, np.complex64))  # (F, J, Ko)
+    sf = LAYOUT == "spatial_first"
     (s0, s1), tw = g.step, g.tiles[1]
     P, Q = out.shape[2:]
     b4 = None if bias is None else bias.reshape(1, Ko, 1, 1)
     for n0, n1, i0, i1 in _chunks(N, g.tiles, chunk_tiles):
-        X = _spectrum(xp, _input_tiles(xp, a, g, n0, n1, i0, i1))              # (F, B, J)
+        X = _spectrum(xp, _input_tiles(xp, a, g, n0, n1, i0, i1, sf))          # (F, B, J)
         Y = xp.matmul(X, G)                                                    # (F, B, Ko)
         del X
         y = _inverse(xp, Y, T, out.dtype)                                      # (B, Ko, T, T')
@@ -329,8 +403,9 @@ def _filter_gradient(xp, a, d, g, chunk_tiles):
     T = g.T
     (s0, s1), tw = g.step, g.tiles[1]
     total = None
+    sf = LAYOUT == "spatial_first"
     for n0, n1, i0, i1 in _chunks(N, g.tiles, chunk_tiles):
-        X = _spectrum(xp, _input_tiles(xp, a, g, n0, n1, i0, i1))              # (F, B, C)
+        X = _spectrum(xp, _input_tiles(xp, a, g, n0, n1, i0, i1, sf))          # (F, B, C)
         rows = i1 - i0
         B = (n1 - n0) * rows * tw
         if rows == 1 and tw == 1:
@@ -338,7 +413,8 @@ def _filter_gradient(xp, a, d, g, chunk_tiles):
         else:
             strip = _window(xp, d, n0, n1, i0 * s0, rows * s0, 0, tw * s1)
             tiles = strip.reshape(n1 - n0, K, rows, s0, tw, s1).transpose(1, 0, 2, 4, 3, 5)
-        D = _spectrum(xp, _place_reversed(xp, tiles, T, tiles.shape[:-2]).reshape(K, B, *T))
+        placed = _place_reversed(xp, tiles, T, sf)
+        D = _spectrum(xp, placed.reshape(T + (K, B) if sf else (K, B) + T))
         del tiles                                                              # D: (F, K, B)
         product = xp.matmul(D, X)                                              # (F, K, C)
         del D, X
