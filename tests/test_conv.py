@@ -559,6 +559,7 @@ def test_fft_bookkeeping_on_numpy(monkeypatch, rng, case, layout, algo, buffers)
 
 @pytest.mark.parametrize("buffers", fft_algo.LAYOUTS)
 @pytest.mark.parametrize("case", [FFT_CASES[2], FFT_CASES[5], FFT_CASES[6]])
+@pytest.mark.gpu
 def test_fft_buffer_layouts_on_the_gpu(gpu, rng, monkeypatch, case, buffers):
     monkeypatch.setattr(fft_algo, "LAYOUT", buffers)
     monkeypatch.setattr(fft_algo, "TILE_SIZES", (16,))
@@ -589,6 +590,7 @@ def test_fft_matches_reference(xp, rng, algo, case, dtype):
     _check_all_directions(xp, rng, x, w, b, opts, algo)
 
 
+@pytest.mark.gpu
 def test_fft_tiled_runs_on_the_gpu_with_many_tiles_and_chunks(gpu, rng, monkeypatch):
     monkeypatch.setattr(fft_algo, "TILED_CHUNK_BYTES", 300000)
     x, w, b, opts = _random_problem(rng, (3, 4, 70, 45, 5, 7, 7, 1, 3, 1, 1), "NHWC", np.float32)
@@ -613,7 +615,9 @@ def test_fft_workspace_is_bounded_when_tiled_and_the_limit_forces_tiles():
     limit = algos.ConvOptions(workspace_limit=256 * 2**20)
     ok, reason = algos.admits(algos.REGISTRY["fft"], p, "forward", limit)
     assert not ok and "workspace_limit" in reason
-    assert algos.explain_auto(p, "forward", limit)[0] == "fft_tiled"
+    assert algos.admits(algos.REGISTRY["fft_tiled"], p, "forward", limit)[0]
+    # "auto" takes "fft" only where its spectra fit AUTO_FFT_WORKSPACE_LIMIT.
+    assert algos.explain_auto(p, "forward")[0] != "fft"
 
 
 def test_fft_tiled_forced_by_workspace_limit(xp, rng, monkeypatch):
@@ -625,11 +629,27 @@ def test_fft_tiled_forced_by_workspace_limit(xp, rng, monkeypatch):
     limit = (tiled + whole) // 2
     with pytest.raises(ValueError, match="workspace_limit"):
         conv2d_forward(xp.asarray(x), xp.asarray(w), algo="fft", workspace_limit=limit, **opts)
-    assert dnnprims.conv2d_choose(x.shape, w.shape, workspace_limit=limit, **opts)[0] == "fft_tiled"
-    y = conv2d_forward(xp.asarray(x), xp.asarray(w), xp.asarray(b), workspace_limit=limit, **opts)
+    assert dnnprims.conv2d_choose(x.shape, w.shape, workspace_limit=limit, algo="fft_tiled",
+                                  **opts)[0] == "fft_tiled"
+    y = conv2d_forward(xp.asarray(x), xp.asarray(w), xp.asarray(b), workspace_limit=limit,
+                       algo="fft_tiled", **opts)
     x64, w64, b64 = x.astype(F64), w.astype(F64), b.astype(F64)
     assert_close(y, conv2d_forward(x64, w64, b64, **opts), np.float32, algorithm="fft_tiled",
                  magnitude=conv2d_forward(np.abs(x64), np.abs(w64), np.abs(b64), **opts))
+
+
+def test_auto_takes_fft_for_large_stride1_filters_with_enough_work():
+    def auto(N, C, H, K, R, dtype=np.float32, stride=1):
+        problem = _problem_of(np.empty((N, C, H, H), dtype), np.empty((K, C, R, R), dtype),
+                              _options(stride, R // 2, 1, 1))
+        return tuple(algos.choose(problem, d, "auto").name for d in algos.DIRECTIONS)
+
+    assert auto(32, 64, 56, 64, 7) == ("fft",) * 3                  # big_7x7_s1: 40 GFLOP
+    assert auto(32, 32, 64, 32, 11) == ("fft",) * 3                 # big_11x11_s1
+    assert "fft" not in auto(1, 64, 56, 64, 7)                      # batch 1: 1.3 GFLOP
+    assert "fft" not in auto(32, 64, 56, 64, 3)                     # 3x3
+    assert "fft" not in auto(32, 64, 56, 64, 7, np.float16)
+    assert "fft" not in auto(32, 64, 112, 64, 7, stride=2)
 
 
 @pytest.mark.parametrize("algo", FFT_ALGOS)

@@ -149,25 +149,31 @@ def register(algorithm):
 AUTO_IMPLICIT_GEMM_MAX_DEPTH = 2304
 
 
-# "auto" tries FFT convolution first for ungrouped stride-1 float32 problems
-# with filters at least this large (both sides), in these directions: measured
-# on the H100 (notes/conv_fft.md).  "fft" (one tile per image) when its
-# workspace fits AUTO_GEMM_WORKSPACE_LIMIT, then "fft_tiled" (bounded tiles).
-AUTO_FFT_MIN_FILTER = 7
-AUTO_FFT_DIRECTIONS = DIRECTIONS
+# "auto" tries "fft" first for ungrouped stride-1 float32 problems with
+# filters of at least AUTO_FFT_MIN_FILTER taps a side and at least
+# AUTO_FFT_MIN_FLOPS of direct-convolution work, in every direction, when its
+# workspace fits AUTO_FFT_WORKSPACE_LIMIT.  Measured on the H100
+# (notes/conv_fft.md): "fft" beats our other algorithms by 1.4-18x on
+# big_7x7_s1 / big_11x11_s1 / alex_conv2_5x5 at batch 32 (14-40 GFLOP), and
+# loses 2-4x at batch 1 (1-1.3 GFLOP), where ~0.4 ms of fixed cost (host
+# overhead of its ~15 CuPy calls) dominates.  "fft_tiled" (bounded workspace)
+# is never picked by "auto": its chunks were slower than implicit_gemm on
+# every measured problem; name it, or let "find" time it.
+AUTO_FFT_MIN_FILTER = 5
+AUTO_FFT_MIN_FLOPS = 8e9
+AUTO_FFT_WORKSPACE_LIMIT = 1 << 30
 
 
 def _fft_preferences(problem, direction):
     p = problem
     if not (p.dtype == "float32" and p.groups == 1 and p.stride == (1, 1) and p.dilation == (1, 1)
-            and min(p.R, p.S) >= AUTO_FFT_MIN_FILTER and direction in AUTO_FFT_DIRECTIONS):
+            and min(p.R, p.S) >= AUTO_FFT_MIN_FILTER and p.flops >= AUTO_FFT_MIN_FLOPS):
         return []
-    prefs = []
-    whole = REGISTRY.get("fft")
-    if whole is not None and whole.workspace_bytes(p, direction) <= AUTO_GEMM_WORKSPACE_LIMIT:
-        prefs.append(("fft", f"stride-1 {p.R}x{p.S} float32: spectra fit AUTO_GEMM_WORKSPACE_LIMIT"))
-    prefs.append(("fft_tiled", f"stride-1 {p.R}x{p.S} float32: FFT on bounded tiles"))
-    return prefs
+    fft = REGISTRY.get("fft")
+    if fft is None or fft.workspace_bytes(p, direction) > AUTO_FFT_WORKSPACE_LIMIT:
+        return []
+    return [("fft", f"stride-1 {p.R}x{p.S} float32, {p.flops / 1e9:.0f} GFLOP of direct work: "
+                    f"FFT (spectra within AUTO_FFT_WORKSPACE_LIMIT)")]
 
 
 def auto_preferences(problem, direction):
@@ -184,8 +190,8 @@ def auto_preferences(problem, direction):
        AUTO_GEMM_WORKSPACE_LIMIT.
     3. "direct": grouped and depthwise problems, and the fallback that
        supports every problem.
-    Before all of them, "fft" / "fft_tiled" for stride-1 ungrouped float32
-    problems with filters of at least AUTO_FFT_MIN_FILTER taps a side
+    Before all of them, "fft" for large stride-1 ungrouped float32 problems
+    with filters of at least AUTO_FFT_MIN_FILTER taps a side
     (:func:`_fft_preferences`)."""
     prefs = _fft_preferences(problem, direction)
     gemm = REGISTRY.get("gemm")

@@ -20,11 +20,14 @@ TOLERANCES = {
     ("float16", "default"): 3e-3,
     ("bfloat16", "default"): 2e-2,
     # FFT convolution (dnnprims/algos/fft.py): rounding in the transforms grows
-    # like eps * log2(T T') of the FFT size and is spread over every output, so
-    # it is bounded normwise against the whole result.  PROVISIONAL, see
-    # notes/conv_fft.md for the measurement.
-    ("float32", "fft"): 2e-5,
-    ("float32", "fft_tiled"): 2e-5,
+    # like eps * log2(T T') of the FFT size and is spread evenly over the
+    # outputs, so it is bounded normwise.  Measured on the H100 (cuFFT, fp32)
+    # against PyTorch float64, N(0, 1) data, C up to 512, FFT sizes 16..240,
+    # per-channel scales 10^U(-3, 3) and a +100 offset, all three directions:
+    # worst 7.5e-7 (notes/conv_fft.md).  5e-6 leaves ~7x margin and stays
+    # below the float32 direct bound, so FFT is admitted by precision="strict".
+    ("float32", "fft"): 5e-6,
+    ("float32", "fft_tiled"): 5e-6,
     ("float64", "fft"): 1e-11,
     ("float64", "fft_tiled"): 1e-11,
 }
