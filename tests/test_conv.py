@@ -11,7 +11,7 @@ from dnnprims.algos import gemm as gemm_algo
 from dnnprims.conv import (ConvProblem, conv2d_backward_bias, conv2d_backward_data,
                            conv2d_backward_filter, conv2d_forward, conv2d_output_shape)
 from dnnprims.testing import assert_close
-from dnnprims.testing.strategies import conv_problems
+from dnnprims.testing.strategies import conv_problems, fft_conv_problems
 
 from conftest import FLOAT_DTYPES, random_array
 
@@ -580,6 +580,20 @@ def test_fft_tiles_and_chunks_on_numpy(monkeypatch, rng, case, chunk_bytes):
     p = _fft_run_on_numpy(rng, case, "NCHW", "fft_tiled")
     g = algos.REGISTRY["fft_tiled"].geometry(p, "forward")
     assert max(g.tiles) > 1 or max(p.R, p.S) > 4
+
+
+@HYPOTHESIS
+@given(problem=fft_conv_problems(), algo=st.sampled_from(FFT_ALGOS),
+       buffers=st.sampled_from(["spatial_first", "plain"]), seed=st.integers(0, 2**32 - 1))
+def test_fft_bookkeeping_on_numpy_drawn(monkeypatch, problem, algo, buffers, seed):
+    # Tiles of 8 and 16: the drawn 13x13 images with small filters get several.
+    monkeypatch.setattr(fft_algo, "LAYOUT", buffers)
+    monkeypatch.setattr(fft_algo, "TILE_SIZES", (8, 16))
+    rng = np.random.default_rng(seed)
+    (N, *rest), (K, C, R, S) = problem["x_shape"], problem["w_shape"]
+    H, W = rest[1:] if problem["layout"] == "NCHW" else rest[:2]
+    case = (N, C, H, W, K, R, S, 1, problem["padding"], problem["dilation"], 1)
+    _fft_run_on_numpy(rng, case, problem["layout"], algo)
 
 
 @pytest.mark.parametrize("algo", FFT_ALGOS)
