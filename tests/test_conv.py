@@ -7,11 +7,12 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 import dnnprims
 from dnnprims import _dtypes, algos
 from dnnprims.algos import depthwise as depthwise_algo
+from dnnprims.algos import fft as fft_algo
 from dnnprims.algos import gemm as gemm_algo
 from dnnprims.conv import (ConvProblem, conv2d_backward_bias, conv2d_backward_data,
                            conv2d_backward_filter, conv2d_forward, conv2d_output_shape)
 from dnnprims.testing import assert_close
-from dnnprims.testing.strategies import conv_problems
+from dnnprims.testing.strategies import conv_problems, fft_conv_problems
 
 from conftest import FLOAT_DTYPES, random_array
 
@@ -591,6 +592,169 @@ def test_gemm_backward_filter_in_batch_chunks_on_the_gpu(gpu, rng, monkeypatch, 
     dw = conv2d_backward_filter(gpu.asarray(x), gpu.asarray(dy), w.shape, algo="gemm", **opts)
     expected = conv2d_backward_filter(x.astype(F64), dy.astype(F64), w.shape, **opts)
     assert_close(dw, expected, np.float32, algorithm="gemm", what="backward_filter")
+
+
+# --- FFT convolution (dnnprims/algos/fft.py) --------------------------------------
+
+FFT_ALGOS = ("fft", "fft_tiled")
+# (N, C, H, W, K, R, S, stride, padding, dilation, groups): large filters, odd
+# sizes, padding 0..5 (more than the filter's half: wrapped placements), dilation.
+FFT_CASES = [
+    pytest.param((1, 3, 13, 13, 4, 5, 5, 1, 2, 1, 1), id="5x5-pad2"),
+    pytest.param((3, 2, 13, 7, 3, 5, 5, 1, (0, 1), 1, 1), id="5x5-13x7-pad0"),
+    pytest.param((3, 4, 13, 13, 5, 7, 7, 1, 3, 1, 1), id="7x7-pad3-batch3"),
+    pytest.param((1, 2, 7, 7, 3, 7, 7, 1, 5, 1, 1), id="7x7-on-7x7-pad5"),
+    pytest.param((1, 3, 13, 13, 2, 11, 11, 1, 5, 1, 1), id="11x11-pad5"),
+    pytest.param((3, 2, 13, 13, 3, 11, 11, 1, (4, 0), 1, 1), id="11x11-pad4-0"),
+    pytest.param((2, 3, 13, 7, 2, 3, 3, 1, (5, 1), 2, 1), id="3x3-dilation2-pad5"),
+]
+
+
+def _fft_run_on_numpy(rng, case, layout, algo):
+    """The FFT algorithm's placements, tiles and GEMM bookkeeping on NumPy in
+    float64, against the reference."""
+    x, w, b, opts = _random_problem(rng, case, layout, F64)
+    p = _problem_of(x, w, opts)
+    algorithm = algos.REGISTRY[algo]
+    y = algorithm._run(np, p, "forward", x, w, np.empty(p.y_shape), b)
+    np.testing.assert_allclose(y, conv2d_forward(x, w, b, **opts), rtol=1e-11, atol=1e-11)
+    dy = random_array(rng, p.y_shape, F64)
+    dx = algorithm._run(np, p, "backward_data", dy, w, np.empty(p.x_shape))
+    np.testing.assert_allclose(dx, conv2d_backward_data(dy, w, x.shape, **opts), rtol=1e-11, atol=1e-11)
+    dw = algorithm._run(np, p, "backward_filter", x, dy, np.empty(p.w_shape))
+    np.testing.assert_allclose(dw, conv2d_backward_filter(x, dy, w.shape, **opts), rtol=1e-11,
+                               atol=1e-11)
+    return p
+
+
+@pytest.mark.parametrize("algo", FFT_ALGOS)
+@pytest.mark.parametrize("case", FFT_CASES + [CASES[0], CASES[1], CASES[6], CASES[9]])
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+@pytest.mark.parametrize("buffers", ["spatial_first", "plain"])
+def test_fft_bookkeeping_on_numpy(monkeypatch, rng, case, layout, algo, buffers):
+    monkeypatch.setattr(fft_algo, "LAYOUT", buffers)
+    _fft_run_on_numpy(rng, case, layout, algo)
+
+
+@pytest.mark.parametrize("buffers", fft_algo.LAYOUTS)
+@pytest.mark.parametrize("case", [FFT_CASES[2], FFT_CASES[5], FFT_CASES[6]])
+@pytest.mark.gpu
+def test_fft_buffer_layouts_on_the_gpu(gpu, rng, monkeypatch, case, buffers):
+    monkeypatch.setattr(fft_algo, "LAYOUT", buffers)
+    monkeypatch.setattr(fft_algo, "TILE_SIZES", (16,))
+    for algo in FFT_ALGOS:
+        x, w, b, opts = _random_problem(rng, case, "NHWC", np.float32)
+        _check_all_directions(gpu, rng, x, w, b, opts, algo)
+
+
+@pytest.mark.parametrize("chunk_bytes", [1, 40000, 10**6])
+@pytest.mark.parametrize("case", [FFT_CASES[0], FFT_CASES[3], FFT_CASES[5], FFT_CASES[6]])
+def test_fft_tiles_and_chunks_on_numpy(monkeypatch, rng, case, chunk_bytes):
+    # 8x8 (or 16x16) FFT tiles on 13x13 images: several tiles per axis, the
+    # last one partly outside; small chunk budgets split the batch, then the
+    # tile rows of one sample.
+    monkeypatch.setattr(fft_algo, "TILE_SIZES", (8, 16))
+    monkeypatch.setattr(fft_algo, "TILED_CHUNK_BYTES", chunk_bytes)
+    monkeypatch.setattr(fft_algo, "LAYOUT", "spatial_first" if chunk_bytes > 1 else "plain")
+    p = _fft_run_on_numpy(rng, case, "NCHW", "fft_tiled")
+    g = algos.REGISTRY["fft_tiled"].geometry(p, "forward")
+    assert max(g.tiles) > 1 or max(p.R, p.S) > 4
+
+
+@HYPOTHESIS
+@given(problem=fft_conv_problems(), algo=st.sampled_from(FFT_ALGOS),
+       buffers=st.sampled_from(["spatial_first", "plain"]), seed=st.integers(0, 2**32 - 1))
+def test_fft_bookkeeping_on_numpy_drawn(monkeypatch, problem, algo, buffers, seed):
+    # Tiles of 8 and 16: the drawn 13x13 images with small filters get several.
+    monkeypatch.setattr(fft_algo, "LAYOUT", buffers)
+    monkeypatch.setattr(fft_algo, "TILE_SIZES", (8, 16))
+    rng = np.random.default_rng(seed)
+    (N, *rest), (K, C, R, S) = problem["x_shape"], problem["w_shape"]
+    H, W = rest[1:] if problem["layout"] == "NCHW" else rest[:2]
+    case = (N, C, H, W, K, R, S, 1, problem["padding"], problem["dilation"], 1)
+    _fft_run_on_numpy(rng, case, problem["layout"], algo)
+
+
+@pytest.mark.parametrize("algo", FFT_ALGOS)
+@pytest.mark.parametrize("case", FFT_CASES)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_fft_matches_reference(xp, rng, algo, case, dtype):
+    x, w, b, opts = _random_problem(rng, case, "NCHW", dtype)
+    _check_all_directions(xp, rng, x, w, b, opts, algo)
+
+
+@pytest.mark.gpu
+def test_fft_tiled_runs_on_the_gpu_with_many_tiles_and_chunks(gpu, rng, monkeypatch):
+    monkeypatch.setattr(fft_algo, "TILED_CHUNK_BYTES", 300000)
+    x, w, b, opts = _random_problem(rng, (3, 4, 70, 45, 5, 7, 7, 1, 3, 1, 1), "NHWC", np.float32)
+    p = _problem_of(x, w, opts)
+    g = algos.REGISTRY["fft_tiled"].geometry(p, "forward")
+    assert g.tiles == (3, 2) and fft_algo._chunk_tiles(p, "forward", g, True) < 6
+    _check_all_directions(gpu, rng, x, w, b, opts, "fft_tiled")
+
+
+def test_fft_sizes_and_tile_rule():
+    assert [fft_algo.good_fft_size(n) for n in (1, 7, 13, 59, 62, 69, 97)] == [2, 8, 14, 60, 64, 70, 98]
+    assert [fft_algo.tile_size(e) for e in (1, 3, 5, 7, 11, 17, 23)] == [16, 16, 16, 32, 64, 64, 90]
+
+
+def test_fft_workspace_is_bounded_when_tiled_and_the_limit_forces_tiles():
+    p = _problem_of(np.empty((64, 64, 512, 512), np.float32), np.empty((64, 64, 7, 7), np.float32),
+                    _options(1, 3, 1, 1))
+    whole, tiled = (algos.REGISTRY[a].workspace_bytes(p, "forward") for a in FFT_ALGOS)
+    assert whole > 8 * 2**30 and tiled < 256 * 2**20
+    for direction in algos.DIRECTIONS:
+        assert algos.REGISTRY["fft_tiled"].workspace_bytes(p, direction) < 256 * 2**20
+    limit = algos.ConvOptions(workspace_limit=256 * 2**20)
+    ok, reason = algos.admits(algos.REGISTRY["fft"], p, "forward", limit)
+    assert not ok and "workspace_limit" in reason
+    assert algos.admits(algos.REGISTRY["fft_tiled"], p, "forward", limit)[0]
+    # "auto" takes "fft" only where its spectra fit AUTO_FFT_WORKSPACE_LIMIT.
+    assert algos.explain_auto(p, "forward")[0] != "fft"
+
+
+def test_fft_tiled_forced_by_workspace_limit(xp, rng, monkeypatch):
+    monkeypatch.setattr(fft_algo, "TILED_CHUNK_BYTES", 1)  # one row of tiles at a time
+    x, w, b, opts = _random_problem(rng, (2, 3, 40, 40, 4, 7, 7, 1, 3, 1, 1), "NCHW", np.float32)
+    p = _problem_of(x, w, opts)
+    whole, tiled = (algos.REGISTRY[a].workspace_bytes(p, "forward") for a in FFT_ALGOS)
+    assert tiled < whole and algos.REGISTRY["fft_tiled"].geometry(p, "forward").tiles == (2, 2)
+    limit = (tiled + whole) // 2
+    with pytest.raises(ValueError, match="workspace_limit"):
+        conv2d_forward(xp.asarray(x), xp.asarray(w), algo="fft", workspace_limit=limit, **opts)
+    assert dnnprims.conv2d_choose(x.shape, w.shape, workspace_limit=limit, algo="fft_tiled",
+                                  **opts)[0] == "fft_tiled"
+    y = conv2d_forward(xp.asarray(x), xp.asarray(w), xp.asarray(b), workspace_limit=limit,
+                       algo="fft_tiled", **opts)
+    x64, w64, b64 = x.astype(F64), w.astype(F64), b.astype(F64)
+    assert_close(y, conv2d_forward(x64, w64, b64, **opts), np.float32, algorithm="fft_tiled",
+                 magnitude=conv2d_forward(np.abs(x64), np.abs(w64), np.abs(b64), **opts))
+
+
+def test_auto_takes_fft_for_large_stride1_filters_with_enough_work(rule_only):
+    def auto(N, C, H, K, R, dtype=np.float32, stride=1):
+        problem = _problem_of(np.empty((N, C, H, H), dtype), np.empty((K, C, R, R), dtype),
+                              _options(stride, R // 2, 1, 1))
+        return tuple(algos.choose(problem, d, "auto").name for d in algos.DIRECTIONS)
+
+    assert auto(32, 64, 56, 64, 7) == ("fft",) * 3                  # big_7x7_s1: 40 GFLOP
+    assert auto(32, 32, 64, 32, 11) == ("fft",) * 3                 # big_11x11_s1
+    assert "fft" not in auto(1, 64, 56, 64, 7)                      # batch 1: 1.3 GFLOP
+    assert "fft" not in auto(32, 64, 56, 64, 3)                     # 3x3
+    assert "fft" not in auto(32, 64, 56, 64, 7, np.float16)
+    assert "fft" not in auto(32, 64, 112, 64, 7, stride=2)
+
+
+@pytest.mark.parametrize("algo", FFT_ALGOS)
+@pytest.mark.parametrize("kwargs,dtype,match", [
+    (dict(stride=2), np.float32, "stride 1 only"),
+    (dict(groups=2), np.float32, "ungrouped"),
+    ({}, np.float16, "float32 and float64 only"),
+])
+def test_fft_refuses_what_it_does_not_compute(xp, algo, kwargs, dtype, match):
+    x, w = np.ones((1, 4, 9, 9), dtype), np.ones((4, 4 // kwargs.get("groups", 1), 5, 5), dtype)
+    with pytest.raises(ValueError, match=match):
+        conv2d_forward(xp.asarray(x), xp.asarray(w), algo=algo, **kwargs)
 
 
 def test_problem_is_a_hashable_key():

@@ -161,6 +161,34 @@ AUTO_IMPLICIT_GEMM_MAX_DEPTH = 2304
 AUTO_WINOGRAD_MIN_CHANNELS = 64
 AUTO_WINOGRAD_MIN_FLOPS = 4e9
 
+# "auto" tries "fft" first for ungrouped stride-1 float32 problems with
+# filters of at least AUTO_FFT_MIN_FILTER taps a side and at least
+# AUTO_FFT_MIN_FLOPS of direct-convolution work, in every direction, when its
+# workspace fits AUTO_FFT_WORKSPACE_LIMIT.  Measured on the H100
+# (notes/conv_fft.md): "fft" beats our other algorithms by 1.4-18x on
+# big_7x7_s1 / big_11x11_s1 / alex_conv2_5x5 at batch 32 (14-40 GFLOP), and
+# loses 2-4x at batch 1 (1-1.3 GFLOP), where ~0.4 ms of fixed cost (host
+# overhead of its ~15 CuPy calls) dominates.  "fft_tiled" (bounded workspace)
+# is never picked by "auto": its chunks were slower than implicit_gemm on
+# every measured problem; name it, or let "find" time it.
+AUTO_FFT_MIN_FILTER = 5
+AUTO_FFT_MIN_FLOPS = 8e9
+AUTO_FFT_WORKSPACE_LIMIT = 1 << 30
+
+
+def _fft_preferences(problem, direction):
+    p = problem
+    if not (p.dtype == "float32" and p.groups == 1 and p.stride == (1, 1) and p.dilation == (1, 1)
+            and min(p.R, p.S) >= AUTO_FFT_MIN_FILTER and p.flops >= AUTO_FFT_MIN_FLOPS):
+        return []
+    fft = REGISTRY.get("fft")
+    if fft is None or fft.workspace_bytes(p, direction) > AUTO_FFT_WORKSPACE_LIMIT:
+        return []
+    return [("fft", f"stride-1 {p.R}x{p.S} float32, {p.flops / 1e9:.0f} GFLOP of direct work: "
+                    f"FFT (spectra within AUTO_FFT_WORKSPACE_LIMIT)")]
+
+
+
 # Grouped backward filter goes to "implicit_gemm_wgrad" from this many filters
 # per group (half of a 64-row tile).
 WGRAD_MIN_GROUP_FILTERS = 32
@@ -199,9 +227,12 @@ def auto_preferences(problem, direction):
        AUTO_GEMM_WORKSPACE_LIMIT, where cuBLAS is faster.
     6. "gemm" (im2col + cuBLAS) for ungrouped problems whose workspace fits
        AUTO_GEMM_WORKSPACE_LIMIT.
-    7. "direct": the fallback that supports every problem."""
+    7. "direct": the fallback that supports every problem.
+    Before all of them, "fft" for large stride-1 ungrouped float32 problems
+    with filters of at least AUTO_FFT_MIN_FILTER taps a side
+    (:func:`_fft_preferences`)."""
     from .implicit_gemm_backward import subpixel_pays
-    prefs = []
+    prefs = _fft_preferences(problem, direction)
     if problem.groups == problem.C:
         prefs.append(("depthwise", "depthwise (groups == C): memory-bound, dedicated kernels"))
     half = problem.dtype in ("float16", "bfloat16")
@@ -307,5 +338,5 @@ def choose(problem, direction, algo="auto", gpu=False, options=DEFAULT_OPTIONS):
 
 # Importing the algorithm modules registers them (and declares their kernel
 # families for _kernels.families()).
-from . import direct, gemm, implicit_gemm, implicit_gemm_backward, winograd  # noqa: E402,F401
+from . import direct, fft, gemm, implicit_gemm, implicit_gemm_backward, winograd  # noqa: E402,F401
 from . import depthwise  # noqa: E402,F401  (registered after the general algorithms)

@@ -204,3 +204,30 @@ def reduce_problems(draw, max_ndim=4):
                           .map(tuple)))
     op = draw(st.sampled_from(("sum", "mean", "max", "min", "amax", "norm1", "norm2")))
     return {"x_shape": x_shape, "axes": axes, "op": op, "keepdims": draw(st.booleans())}
+
+
+# ---------------------------------------------------------------------- convolution: FFT
+
+@st.composite
+def fft_conv_problems(draw, max_channels=4, max_filter=11, max_padding=5):
+    """Keyword arguments of a stride-1 ungrouped conv2d problem -- what the FFT
+    algorithms compute: filters up to ``max_filter`` (also larger than the
+    image), padding up to ``max_padding`` (also more than half the filter),
+    dilation 1 or 2, images from {1, 3, 7, 13} where the filter fits."""
+    R, S = draw(st.integers(1, max_filter)), draw(st.integers(1, max_filter))
+    dilation = (draw(st.integers(1, 2)), draw(st.integers(1, 2)))
+    padding = (draw(st.integers(0, max_padding)), draw(st.integers(0, max_padding)))
+
+    def spatial(extent, pad):
+        smallest = max(1, extent - 2 * pad)
+        choices = [n for n in (1, 3, 7, 13) if n >= smallest]
+        return draw(st.sampled_from(choices) if choices else st.integers(smallest, smallest + 4))
+
+    H = spatial(dilation[0] * (R - 1) + 1, padding[0])
+    W = spatial(dilation[1] * (S - 1) + 1, padding[1])
+    N, C, K = (draw(st.integers(1, 3)), draw(st.integers(1, max_channels)),
+               draw(st.integers(1, max_channels)))
+    layout = draw(st.sampled_from(("NCHW", "NHWC")))
+    x_shape = (N, C, H, W) if layout == "NCHW" else (N, H, W, C)
+    return dict(x_shape=x_shape, w_shape=(K, C, R, S), stride=(1, 1), padding=padding,
+                dilation=dilation, groups=1, layout=layout)
