@@ -15,7 +15,8 @@ _PUBLIC = {
     "pooling": ("pool", "pool_backward"),
     "normalization": ("batchnorm", "batchnorm_backward"),
     "softmaxes": ("softmax", "softmax_backward", "log_softmax", "log_softmax_backward"),
-    "activations": ("activation", "activation_backward", "ACTIVATION_MODES"),
+    "activations": ("activation", "activation_backward", "bias_activation", "bias_activation_backward",
+                    "ACTIVATION_MODES"),
     "recurrent": ("lstm_cell", "lstm_cell_backward", "gru_cell", "gru_cell_backward"),
 }
 _WHERE = {name: module for module, names in _PUBLIC.items() for name in names}
