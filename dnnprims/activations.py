@@ -149,8 +149,8 @@ def _bias_view(x, bias, layout):
     axis = 1 if layout == "NCHW" else x.ndim - 1
     channels = int(x.shape[axis])
     _validate.check_shape("bias", bias, (channels,), f"the channels of x in {layout}")
-    outer = int(np.prod(x.shape[:axis], dtype=np.int64))
-    inner = int(np.prod(x.shape[axis + 1:], dtype=np.int64))
+    outer = math.prod(x.shape[:axis])
+    inner = math.prod(x.shape[axis + 1:])
     return outer, channels, inner
 
 

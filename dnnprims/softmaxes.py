@@ -10,6 +10,8 @@ accesses when aligned), other axes (such as the channel axis of NCHW) are
 staged through a shared-memory tile of the whole axis by 8-32 consecutive
 inner positions; rows or axes too long for either fall back to two reads.
 """
+import math
+
 import numpy as np
 
 from . import _dtypes, _kernels, _validate
@@ -65,8 +67,8 @@ def _check_at_least_1d(name, a):
 
 def _view(shape, axis):
     """(outer, n, inner) sizes around the reduced axis."""
-    outer = int(np.prod(shape[:axis], dtype=np.int64))
-    inner = int(np.prod(shape[axis + 1:], dtype=np.int64))
+    outer = math.prod(shape[:axis])
+    inner = math.prod(shape[axis + 1:])
     return outer, int(shape[axis]), inner
 
 

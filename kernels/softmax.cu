@@ -237,6 +237,7 @@ __global__ void softmax_forward_rows_registers(const T* __restrict__ x, T* __res
         }
         s = row_sum(s, scratch);
         const A log_s = LOG ? log_acc(s) : A(0);
+        const A inv_s = A(1) / s;  // one division per row; the product is within 1.5 ulp of v / s
 #pragma unroll
         for (int k = 0; k < ROW_PACKS; ++k) {
             const index_t j = (index_t)threadIdx.x + (index_t)k * (index_t)blockDim.x;
@@ -244,7 +245,7 @@ __global__ void softmax_forward_rows_registers(const T* __restrict__ x, T* __res
                 Pack<T, VEC> p;
 #pragma unroll
                 for (int e = 0; e < VEC; ++e)
-                    p.v[e] = store<T>(LOG ? v[k][e] - m - log_s : exp_acc(v[k][e] - m) / s);
+                    p.v[e] = store<T>(LOG ? v[k][e] - m - log_s : exp_acc(v[k][e] - m) * inv_s);
                 store_pack<T, VEC>(yr + j * VEC, p);
             }
         }
@@ -336,10 +337,11 @@ __global__ void softmax_forward_channels(const T* __restrict__ x, T* __restrict_
             for (index_t c = ty; c < n; c += cy) s += exp_acc(load(tile[c * tw + tx]) - m);
         s = column_reduce<A, false>(s, scratch);
         const A log_s = LOG ? log_acc(s) : A(0);
+        const A inv_s = A(1) / s;
         if (valid) {
             for (index_t c = ty; c < n; c += cy) {
                 const A v = load(tile[c * tw + tx]);
-                y[base + c * inner] = store<T>(LOG ? v - m - log_s : exp_acc(v - m) / s);
+                y[base + c * inner] = store<T>(LOG ? v - m - log_s : exp_acc(v - m) * inv_s);
             }
         }
     }
