@@ -322,7 +322,8 @@ def test_bias_activation_backward_by_finite_differences(rng, mode, options, layo
 # NCHW: packs of one channel (inner % 8 == 0), scalar planes (odd inner), planes of
 # several chunks, no spatial axes; NHWC: packs of consecutive channels, odd C.
 BIAS_CASES = [((2, 8, 4, 4), "NCHW"), ((2, 5, 3, 7), "NCHW"), ((1, 3, 100, 90), "NCHW"), ((3, 16), "NCHW"),
-              ((1, 13, 1, 1), "NCHW"), ((2, 3, 5, 8), "NHWC"), ((2, 4, 3, 13), "NHWC"), ((70, 24), "NHWC")]
+              ((1, 13, 1, 1), "NCHW"), ((2, 3, 5, 8), "NHWC"), ((2, 4, 3, 13), "NHWC"), ((70, 24), "NHWC"),
+              ((3, 2, 136), "NHWC")]
 BIAS_MODES = [("relu", {}), ("gelu", {}), ("gelu", {"approximate": "tanh"}), ("elu", {"alpha": 0.5}),
               ("silu", {}), ("clipped_relu", {})]
 
