@@ -93,7 +93,7 @@ CASES = [
     ((2, 3000, 3), 1), ((1, 13, 1, 1), 1),
     # register rows: one and two warps per row, several rows per block, an odd
     # length (scalar packs), past the register capacity (block kernel)
-    ((9, 2048), 1), ((5, 4096), -1), ((6, 2049), -1), ((2, 40000), -1),
+    ((9, 2048), 1), ((5, 4096), -1), ((6, 2049), -1), ((2, 12000), -1), ((2, 40000), -1),
     # shared-memory channel tiles: partial tiles, narrow tiles, and an axis too
     # long for the tile (column kernel)
     ((2, 40, 48), 1), ((3, 17, 7), 1), ((2, 5, 2), 1), ((2, 1600, 20), 1),
