@@ -19,7 +19,8 @@ _PUBLIC = {
                           "group_norm", "group_norm_backward", "instance_norm", "instance_norm_backward"),
     "tensor_ops": ("add_tensor", "scale_tensor", "transform_layout", "reduce_tensor"),
     "softmaxes": ("softmax", "softmax_backward", "log_softmax", "log_softmax_backward"),
-    "activations": ("activation", "activation_backward", "ACTIVATION_MODES"),
+    "activations": ("activation", "activation_backward", "bias_activation", "bias_activation_backward",
+                    "ACTIVATION_MODES"),
     "recurrent": ("lstm_cell", "lstm_cell_backward", "gru_cell", "gru_cell_backward"),
 }
 _WHERE = {name: module for module, names in _PUBLIC.items() for name in names}

@@ -34,15 +34,22 @@ _KERNEL_MODE = {"relu": 0, "sigmoid": 1, "tanh": 2, "elu": 3, "gelu": 4, "gelu_t
                 "silu": 6, "leaky_relu": 7, "clipped_relu": 8}
 
 _BLOCK = 256
+_UNROLL = 4          # UNROLL in activation.cu: packs per thread per grid-stride step
 _MAX_BLOCKS = 65536  # grid cap; kernels loop with a grid stride
-_STRIDE_SLACK = _BLOCK * _MAX_BLOCKS
+_STRIDE_SLACK = 4 * _BLOCK * _UNROLL * _MAX_BLOCKS  # index + one stride, in elements (VEC <= 8)
+_PLANE_CHUNK = 8192  # elements per block in the NCHW bias backward (a multiple of every VEC)
+_ROW_CHUNK = 64      # rows per block in the NHWC bias backward
+LAYOUTS = ("NCHW", "NHWC")
 
+_MODE_VALUES = sorted(set(_KERNEL_MODE.values()))
 FAMILY = _kernels.KernelFamily("activation.cu", [
-    f"activation_{direction}<{t}, {i}, {m}>"
-    for direction in ("forward", "backward")
-    for t in _dtypes.CUDA_TYPES
-    for i in ("int", "long long")
-    for m in sorted(set(_KERNEL_MODE.values()))
+    *(f"{kernel}<{t}, {i}, {m}>"
+      for kernel in ("activation_forward", "activation_backward", "bias_activation_forward",
+                     "bias_activation_backward_planes", "bias_activation_backward_rows")
+      for t in _dtypes.CUDA_TYPES
+      for i in ("int", "long long")
+      for m in _MODE_VALUES),
+    *(f"bias_grad_reduce<{t}, {i}>" for t in _dtypes.CUDA_TYPES for i in ("int", "long long")),
 ])
 
 
@@ -72,16 +79,34 @@ def _check_options(mode, alpha, approximate):
     return alpha
 
 
+def _packs(n, dtype, arrays):
+    """16-byte packs the kernels may move: all of n's whole packs when every pointer is aligned."""
+    vec = 16 // np.dtype(dtype).itemsize
+    return n // vec if all(a.data.ptr % 16 == 0 for a in arrays) else 0
+
+
+def _kernel_args(mode, approximate, alpha, n, dtype):
+    """(template arguments, index type, alpha scalar) of one call."""
+    kernel_mode = _KERNEL_MODE["gelu_tanh" if approximate == "tanh" else mode]
+    index_t = _kernels.index_type(n + _STRIDE_SLACK)
+    atype = np.float64 if np.dtype(dtype) == _dtypes.FLOAT64 else np.float32
+    template = f"<{_dtypes.cuda_type(dtype)}, {index_t}, {kernel_mode}>"
+    return template, (np.int32 if index_t == "int" else np.int64), atype(alpha if alpha is not None else 0.0)
+
+
+def _grid(n, packs, vec):
+    """Blocks for the pack loop and the scalar tail, capped (the kernels grid-stride)."""
+    blocks = max(_kernels.ceil_div(packs, _BLOCK * _UNROLL), _kernels.ceil_div(n - packs * vec, _BLOCK))
+    return min(max(blocks, 1), _MAX_BLOCKS)
+
+
 def _launch(direction, mode, approximate, alpha, arrays, n, dtype):
     if n == 0:
         return
-    kernel_mode = _KERNEL_MODE["gelu_tanh" if approximate == "tanh" else mode]
-    index_t = _kernels.index_type(n + _STRIDE_SLACK)
-    itype = np.int32 if index_t == "int" else np.int64
-    atype = np.float64 if np.dtype(dtype) == _dtypes.FLOAT64 else np.float32
-    grid = min(_kernels.ceil_div(n, _BLOCK), _MAX_BLOCKS)
-    FAMILY.launch(f"activation_{direction}<{_dtypes.cuda_type(dtype)}, {index_t}, {kernel_mode}>",
-                  (grid,), (_BLOCK,), (*arrays, itype(n), atype(alpha if alpha is not None else 0.0)))
+    template, itype, a = _kernel_args(mode, approximate, alpha, n, dtype)
+    packs = _packs(n, dtype, arrays)
+    grid = _grid(n, packs, 16 // np.dtype(dtype).itemsize)
+    FAMILY.launch(f"activation_{direction}{template}", (grid,), (_BLOCK,), (*arrays, itype(n), itype(packs), a))
 
 
 def activation(x, mode, *, alpha=None, approximate="none"):
@@ -112,3 +137,91 @@ def activation_backward(dy, x, mode, *, alpha=None, approximate="none"):
     dx = xp.empty(x.shape, x.dtype)
     _launch("backward", mode, approximate, alpha, (dy, x, dx), x.size, x.dtype)
     return dx
+
+
+# ---- bias + activation -----------------------------------------------------------
+
+def _bias_view(x, bias, layout):
+    """(outer, channels, inner) of x around its channel axis; checks bias against it."""
+    _validate.check_layout(layout, LAYOUTS)
+    if x.ndim < 2:
+        raise ValueError(f"x must have at least 2 dimensions (batch and channels), got shape {tuple(x.shape)}")
+    axis = 1 if layout == "NCHW" else x.ndim - 1
+    channels = int(x.shape[axis])
+    _validate.check_shape("bias", bias, (channels,), f"the channels of x in {layout}")
+    outer = math.prod(x.shape[:axis])
+    inner = math.prod(x.shape[axis + 1:])
+    return outer, channels, inner
+
+
+def bias_activation(x, bias, mode, *, alpha=None, approximate="none", layout="NCHW"):
+    """``activation(x + bias[c], mode)`` in one pass, ``c`` the channel of each element.
+
+    x is (N, C, ...) in NCHW (channels on axis 1) or (N, ..., C) in NHWC
+    (channels last); bias is (C,).  The sum x + bias is kept in the
+    accumulation type (not rounded to x's dtype) before the activation."""
+    xp = _validate.array_module(x=x, bias=bias)
+    _validate.check_same_dtype(x=x, bias=bias)
+    alpha = _check_options(mode, alpha, approximate)
+    outer, channels, inner = _bias_view(x, bias, layout)
+    if xp is np:
+        return _reference.bias_activation(x, bias, mode, alpha, approximate, layout)
+    x, bias = _validate.contiguous(xp, x), _validate.contiguous(xp, bias)
+    y = xp.empty(x.shape, x.dtype)
+    n = x.size
+    if n == 0:
+        return y
+    template, itype, a = _kernel_args(mode, approximate, alpha, n, x.dtype)
+    vec = 16 // x.dtype.itemsize
+    # A pack holds one channel (NCHW, inner % vec == 0) or vec consecutive ones (C % vec == 0).
+    packable = inner % vec == 0 if inner > 1 else channels % vec == 0
+    packs = _packs(n, x.dtype, (x, y)) if packable else 0
+    FAMILY.launch(f"bias_activation_forward{template}", (_grid(n, packs, vec),), (_BLOCK,),
+                  (x, bias, y, itype(n), itype(packs), itype(inner), itype(channels), a))
+    return y
+
+
+def bias_activation_backward(dy, x, bias, mode, *, alpha=None, approximate="none", layout="NCHW"):
+    """Gradients of :func:`bias_activation`: ``(dx, dbias)`` with
+    ``dx = dy * act'(x + bias[c])`` and ``dbias[c]`` the sum of dx over every
+    axis but the channel axis.  ``dy=None`` stands for a zero output gradient."""
+    xp = _validate.array_module(dy=dy, x=x, bias=bias)
+    _validate.check_same_dtype(x=x, bias=bias, dy=dy)
+    alpha = _check_options(mode, alpha, approximate)
+    outer, channels, inner = _bias_view(x, bias, layout)
+    if dy is None:
+        return xp.zeros(x.shape, x.dtype), xp.zeros(bias.shape, bias.dtype)
+    _validate.check_shape("dy", dy, x.shape, "the shape of x")
+    if xp is np:
+        return _reference.bias_activation_backward(dy, x, bias, mode, alpha, approximate, layout)
+    dy, x, bias = (_validate.contiguous(xp, a) for a in (dy, x, bias))
+    dx = xp.empty(x.shape, x.dtype)
+    dbias = xp.empty(bias.shape, bias.dtype)
+    n = x.size
+    if n == 0:
+        dbias.fill(0)
+        return dx, dbias
+    template, itype, a = _kernel_args(mode, approximate, alpha, n, x.dtype)
+    acc = _dtypes.accumulate_dtype(x.dtype)
+    if inner > 1:  # NCHW: chunks of (n, c) planes
+        vec = 16 // x.dtype.itemsize
+        chunks = _kernels.ceil_div(inner, _PLANE_CHUNK)
+        planes = outer * channels
+        vector = int(inner % vec == 0 and all(v.data.ptr % 16 == 0 for v in (dy, x, dx)))
+        groups = outer * chunks
+        partial = xp.empty((groups, channels), acc)
+        FAMILY.launch(f"bias_activation_backward_planes{template}", (min(planes * chunks, _MAX_BLOCKS),),
+                      (_BLOCK,), (dy, x, bias, dx, partial, itype(planes), itype(channels), itype(inner),
+                                  itype(chunks), itype(_PLANE_CHUNK), np.int32(vector), a))
+    else:  # channels last (or no spatial axes): 32 channels x rows per block
+        rows_per_chunk = max(_ROW_CHUNK, _kernels.ceil_div(_kernels.ceil_div(outer, 65535), 8) * 8)
+        groups = _kernels.ceil_div(outer, rows_per_chunk)
+        partial = xp.empty((groups, channels), acc)
+        FAMILY.launch(f"bias_activation_backward_rows{template}", (_kernels.ceil_div(channels, 32), groups),
+                      (32, 8), (dy, x, bias, dx, partial, itype(outer), itype(channels),
+                                itype(rows_per_chunk), a))
+    index_t = template.split(", ")[1]
+    FAMILY.launch(f"bias_grad_reduce<{_dtypes.cuda_type(x.dtype)}, {index_t}>",
+                  (min(_kernels.ceil_div(channels, _BLOCK), _MAX_BLOCKS),), (_BLOCK,),
+                  (partial, dbias, itype(groups), itype(channels)))
+    return dx, dbias

@@ -4,34 +4,52 @@
 (negative axes count from the end); the backward functions take the forward
 output ``y``, not ``x``.  NumPy arrays run :mod:`dnnprims.reference.softmaxes`;
 CuPy arrays run ``kernels/softmax.cu``, which views the array as
-(outer, n, inner) around the reduced axis: contiguous rows (inner == 1) get a
-warp or a block per row, other axes (such as the channel axis of NCHW) a
-thread per (outer, inner) column.
+(outer, n, inner) around the reduced axis: contiguous rows (inner == 1) are
+held in registers by a warp or a block per row (one read, one write, 16-byte
+accesses when aligned), other axes (such as the channel axis of NCHW) are
+staged through a shared-memory tile of the whole axis by 8-32 consecutive
+inner positions; rows or axes too long for either fall back to two reads.
 """
+import math
+
 import numpy as np
 
 from . import _dtypes, _kernels, _validate
 from .reference import softmaxes as _reference
 
-# Rows up to this length get one warp each; longer rows one block each.
-_WARP_ROW_LIMIT = 1024
-_ROWS_PER_WARP_BLOCK = 8     # warps (rows) per block in the warp-per-row kernels
-_ROW_BLOCK = 512             # threads per block in the block-per-row kernels
+# Launch configuration (kernels/softmax.cu explains each mapping).
+_ROW_PACKS = 8               # ROW_PACKS in softmax.cu: packs each thread holds per row
+# At most 256 threads a row: with 512 or 1024, the float64 and 16-bit row
+# specialisations (up to 128 values a thread) exceed the register file and
+# the launch fails (CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES, seen on the H100).
+_MAX_ROW_THREADS = 256
+_WARP_ROWS_PER_BLOCK = 4     # rows per block when a warp owns a row
+_ROW_BLOCK = 512             # threads per block in the block-per-row (long row) kernels
 _COLUMN_BLOCK = 256          # threads per block in the column kernels
-_MAX_BLOCKS = 65536          # grids are capped; kernels loop with a grid stride
+_CHANNEL_THREADS = 256       # CHANNEL_THREADS in softmax.cu: tile width x rows of threads
+_TILE_BYTES = 46 * 1024      # dynamic shared memory per channel tile (48 KB less the scratch)
+_MAX_BLOCKS = 1 << 20        # grids are capped; kernels loop with a grid stride
 # index_t must also hold an index plus one grid stride (the last loop step).
 _STRIDE_SLACK = _MAX_BLOCKS * _ROW_BLOCK
 
-_MAPPINGS = ("rows_warp", "rows_block", "columns")
 _INDEX_TYPES = ("int", "long long")
 
+
+_ITEMSIZE = {"float": 4, "double": 8, "half_t": 2, "bfloat16_t": 2}
+
 FAMILY = _kernels.KernelFamily("softmax.cu", [
-    f"softmax_{direction}_{mapping}<{t}, {i}, {log}>"
-    for direction in ("forward", "backward")
-    for mapping in _MAPPINGS
-    for t in _dtypes.CUDA_TYPES
-    for i in _INDEX_TYPES
-    for log in ("false", "true")
+    *(f"softmax_{direction}_{mapping}<{t}, {i}, {log}>"
+      for direction in ("forward", "backward")
+      for mapping in ("rows_block", "channels", "columns")
+      for t in _dtypes.CUDA_TYPES
+      for i in _INDEX_TYPES
+      for log in ("false", "true")),
+    *(f"softmax_{direction}_rows_registers<{t}, {i}, {log}, {vec}>"
+      for direction in ("forward", "backward")
+      for t in _dtypes.CUDA_TYPES
+      for i in _INDEX_TYPES
+      for log in ("false", "true")
+      for vec in sorted({1, 16 // _ITEMSIZE[t]})),
 ])
 
 
@@ -52,9 +70,13 @@ def _check_at_least_1d(name, a):
 
 def _view(shape, axis):
     """(outer, n, inner) sizes around the reduced axis."""
-    outer = int(np.prod(shape[:axis], dtype=np.int64))
-    inner = int(np.prod(shape[axis + 1:], dtype=np.int64))
+    outer = math.prod(shape[:axis])
+    inner = math.prod(shape[axis + 1:])
     return outer, int(shape[axis]), inner
+
+
+def _aligned(arrays, n, vec):
+    return n % vec == 0 and all(a.data.ptr % 16 == 0 for a in arrays)
 
 
 def _launch(direction, log, arrays, shape, axis, dtype):
@@ -65,19 +87,40 @@ def _launch(direction, log, arrays, shape, axis, dtype):
         return
     index_t = _kernels.index_type(size + _STRIDE_SLACK)
     itype = np.int32 if index_t == "int" else np.int64
-    template = f"<{_dtypes.cuda_type(dtype)}, {index_t}, {'true' if log else 'false'}>"
-    if inner == 1 and n <= _WARP_ROW_LIMIT:
-        grid = min(_kernels.ceil_div(outer, _ROWS_PER_WARP_BLOCK), _MAX_BLOCKS)
-        FAMILY.launch(f"softmax_{direction}_rows_warp{template}", (grid,), (32, _ROWS_PER_WARP_BLOCK),
-                      (*arrays, itype(outer), itype(n)))
-    elif inner == 1:
-        grid = min(outer, _MAX_BLOCKS)
-        FAMILY.launch(f"softmax_{direction}_rows_block{template}", (grid,), (_ROW_BLOCK,),
-                      (*arrays, itype(outer), itype(n)))
-    else:
-        grid = min(_kernels.ceil_div(outer * inner, _COLUMN_BLOCK), _MAX_BLOCKS)
-        FAMILY.launch(f"softmax_{direction}_columns{template}", (grid,), (_COLUMN_BLOCK,),
-                      (*arrays, itype(outer), itype(n), itype(inner)))
+    ctype = _dtypes.cuda_type(dtype)
+    template = f"{ctype}, {index_t}, {'true' if log else 'false'}"
+    itemsize = np.dtype(dtype).itemsize
+    if inner == 1:
+        vec = 16 // itemsize if _aligned(arrays, n, 16 // itemsize) else 1
+        threads = 32  # per row: the fewest (>= a warp) that hold the row in ROW_PACKS packs each
+        while threads * _ROW_PACKS * vec < n and threads < _MAX_ROW_THREADS:
+            threads *= 2
+        if threads * _ROW_PACKS * vec >= n:
+            rows_per_block = _WARP_ROWS_PER_BLOCK if threads == 32 else 1
+            grid = min(_kernels.ceil_div(outer, rows_per_block), _MAX_BLOCKS)
+            FAMILY.launch(f"softmax_{direction}_rows_registers<{template}, {vec}>", (grid,),
+                          (threads, rows_per_block), (*arrays, itype(outer), itype(n)))
+            return
+        FAMILY.launch(f"softmax_{direction}_rows_block<{template}>", (min(outer, _MAX_BLOCKS),),
+                      (_ROW_BLOCK,), (*arrays, itype(outer), itype(n)))
+        return
+    # Strided axis: the widest tile (<= 32 inner positions, a power of two) whose
+    # n x width values (both inputs' for backward) fit in shared memory.
+    tiles_in = 1 if direction == "forward" else 2
+    width = 32
+    while width > 1 and (width >= 2 * inner or width * n * itemsize * tiles_in > _TILE_BYTES):
+        width //= 2
+    if width * n * itemsize * tiles_in <= _TILE_BYTES and width >= min(8, inner):
+        tiles_per_outer = _kernels.ceil_div(inner, width)
+        grid = min(outer * tiles_per_outer, _MAX_BLOCKS)
+        FAMILY.launch(f"softmax_{direction}_channels<{template}>", (grid,),
+                      (width, _CHANNEL_THREADS // width),
+                      (*arrays, itype(outer), itype(n), itype(inner), itype(tiles_per_outer)),
+                      shared_mem=width * n * itemsize * tiles_in)
+        return
+    grid = min(_kernels.ceil_div(outer * inner, _COLUMN_BLOCK), _MAX_BLOCKS)
+    FAMILY.launch(f"softmax_{direction}_columns<{template}>", (grid,), (_COLUMN_BLOCK,),
+                  (*arrays, itype(outer), itype(n), itype(inner)))
 
 
 def _forward(x, axis, log):

@@ -1,19 +1,33 @@
 // Softmax and log-softmax over one axis, forward and backward.
 //
 // Python views the tensor as (outer, n, inner) with the reduced axis of length
-// n in the middle, and picks one of three mappings:
+// n in the middle, and picks one of four mappings:
 //
-//   *_rows_warp    inner == 1 and n <= 1024: one warp per row, blockDim
-//                  (32, ROWS); lane l reads elements l, l+32, ... so every
-//                  step is a coalesced 128-byte read.  Reductions are warp
-//                  shuffles only: no shared memory, no __syncthreads.
-//   *_rows_block   inner == 1 and longer rows: one block per row, block-wide
-//                  reductions through shared memory.
-//   *_columns      inner > 1 (e.g. the channel axis of NCHW): one thread per
+//   *_rows_registers  inner == 1 and the row fits in registers (n up to
+//                  256 threads x ROW_PACKS packs x VEC values): blockDim
+//                  (G, R), G threads (a power of two, 32..256) per row and R rows
+//                  per block (R > 1 only when G == 32).  Thread t holds packs
+//                  t, t + G, ... (ROW_PACKS of them, VEC values each, 16-byte
+//                  loads when Python found the row and pointers aligned), so
+//                  x is read once and y written once; max and sum are
+//                  reductions over registers (warp shuffles, plus shared
+//                  memory across the warps of one row when G > 32).
+//   *_rows_block   inner == 1 and longer rows: one block per row, online
+//                  (max, sum) in one read, a second read writes y.
+//   *_channels     inner > 1 and a (n x TW) tile fits in shared memory (the
+//                  channel axis of NCHW): blockDim (TW, CY) with TW * CY =
+//                  256; a block owns TW consecutive inner positions of one
+//                  outer index and all n values along the axis.  Thread
+//                  (tx, ty) loads rows ty, ty + CY, ... of the tile: each warp
+//                  load is TW consecutive values (coalesced along inner), the
+//                  tile is staged in shared memory, so x is read once; the
+//                  column max/sum are combined across ty in fixed order.
+//                  Each thread reads back only the tile slots it wrote, so
+//                  the tile needs no barrier (the scratch of the column
+//                  reductions does).
+//   *_columns      inner > 1 and the tile does not fit: one thread per
 //                  (outer, inner) column loops over the n elements with stride
-//                  inner.  Neighbouring threads own neighbouring inner indices,
-//                  so each step of every thread's loop is one coalesced read
-//                  across the warp, and no thread ever talks to another.
+//                  inner (coalesced across the warp), reading x twice.
 //
 // Forward keeps an online (max, sum of exp(x - max)) pair (Milakov and
 // Gimelshein, "Online normalizer calculation for softmax", 2018): the max and
@@ -29,6 +43,10 @@
 // caps the grid and picks index_t with room for the last stride step
 // (dnnprims/softmax.py).
 #include "common.cuh"
+#include "packs.cuh"
+
+// Packs each thread holds per row in the *_rows_registers kernels.
+#define ROW_PACKS 8
 
 __device__ __forceinline__ float exp_acc(float v) { return expf(v); }
 __device__ __forceinline__ double exp_acc(double v) { return exp(v); }
@@ -99,22 +117,6 @@ template <typename A, bool LOG> __device__ __forceinline__ A backward_value(A dy
 // ---- forward ---------------------------------------------------------------
 
 template <typename T, typename index_t, bool LOG>
-__global__ void softmax_forward_rows_warp(const T* x, T* y, index_t rows, index_t n) {
-    typedef acc_t<T> A;
-    const index_t lane = threadIdx.x;
-    const index_t row_stride = (index_t)gridDim.x * (index_t)blockDim.y;
-    for (index_t row = (index_t)blockIdx.x * (index_t)blockDim.y + (index_t)threadIdx.y; row < rows;
-         row += row_stride) {
-        const T* xr = x + row * n;
-        T* yr = y + row * n;
-        A m = negative_infinity<A>(), s = A(0);
-        for (index_t k = lane; k < n; k += 32) online_add(m, s, load(xr[k]));
-        warp_online_merge(m, s);
-        for (index_t k = lane; k < n; k += 32) yr[k] = store<T>(softmax_value<A, LOG>(load(xr[k]), m, s));
-    }
-}
-
-template <typename T, typename index_t, bool LOG>
 __global__ void softmax_forward_rows_block(const T* x, T* y, index_t rows, index_t n) {
     typedef acc_t<T> A;
     const index_t step = blockDim.x;
@@ -147,22 +149,6 @@ __global__ void softmax_forward_columns(const T* x, T* y, index_t outer, index_t
 }
 
 // ---- backward --------------------------------------------------------------
-
-template <typename T, typename index_t, bool LOG>
-__global__ void softmax_backward_rows_warp(const T* dy, const T* y, T* dx, index_t rows, index_t n) {
-    typedef acc_t<T> A;
-    const index_t lane = threadIdx.x;
-    const index_t row_stride = (index_t)gridDim.x * (index_t)blockDim.y;
-    for (index_t row = (index_t)blockIdx.x * (index_t)blockDim.y + (index_t)threadIdx.y; row < rows;
-         row += row_stride) {
-        const index_t off = row * n;
-        A sum = A(0);
-        for (index_t k = lane; k < n; k += 32) sum += backward_term<A, LOG>(load(dy[off + k]), load(y[off + k]));
-        sum = warp_sum(sum);
-        for (index_t k = lane; k < n; k += 32)
-            dx[off + k] = store<T>(backward_value<A, LOG>(load(dy[off + k]), load(y[off + k]), sum));
-    }
-}
 
 template <typename T, typename index_t, bool LOG>
 __global__ void softmax_backward_rows_block(const T* dy, const T* y, T* dx, index_t rows, index_t n) {
@@ -198,6 +184,199 @@ __global__ void softmax_backward_columns(const T* dy, const T* y, T* dx, index_t
         for (index_t k = 0; k < n; ++k) {
             const index_t at = base + k * inner;
             dx[at] = store<T>(backward_value<A, LOG>(load(dy[at]), load(y[at]), sum));
+        }
+    }
+}
+
+// ---- rows held in registers ---------------------------------------------------
+
+// Max / sum over the threads of one row: the warp, or (G > 32, one row per
+// block) the whole block.  Called by every thread of the row.
+template <typename A> __device__ __forceinline__ A row_max(A v, A* scratch) {
+    return blockDim.x > 32 ? block_max(v, scratch) : warp_max(v);
+}
+
+template <typename A> __device__ __forceinline__ A row_sum(A v, A* scratch) {
+    return blockDim.x > 32 ? block_sum(v, scratch) : warp_sum(v);
+}
+
+template <typename T, typename index_t, bool LOG, int VEC>
+__global__ void softmax_forward_rows_registers(const T* __restrict__ x, T* __restrict__ y, index_t rows,
+                                               index_t n) {
+    typedef acc_t<T> A;
+    __shared__ A scratch[32];
+    const index_t packs = n / VEC;  // Python: n % VEC == 0
+    const index_t row_stride = (index_t)gridDim.x * (index_t)blockDim.y;
+    for (index_t row = (index_t)blockIdx.x * (index_t)blockDim.y + (index_t)threadIdx.y; row < rows;
+         row += row_stride) {
+        const T* xr = x + row * n;
+        T* yr = y + row * n;
+        A v[ROW_PACKS][VEC];
+        A m = negative_infinity<A>();
+#pragma unroll
+        for (int k = 0; k < ROW_PACKS; ++k) {
+            const index_t j = (index_t)threadIdx.x + (index_t)k * (index_t)blockDim.x;
+            if (j < packs) {
+                const Pack<T, VEC> p = load_pack<T, VEC>(xr + j * VEC);
+#pragma unroll
+                for (int e = 0; e < VEC; ++e) {
+                    v[k][e] = load(p.v[e]);
+                    m = fmax(m, v[k][e]);  // a NaN is skipped here and poisons the sum below
+                }
+            }
+        }
+        m = row_max(m, scratch);
+        A s = A(0);
+#pragma unroll
+        for (int k = 0; k < ROW_PACKS; ++k) {
+            const index_t j = (index_t)threadIdx.x + (index_t)k * (index_t)blockDim.x;
+            if (j < packs) {
+#pragma unroll
+                for (int e = 0; e < VEC; ++e) s += exp_acc(v[k][e] - m);
+            }
+        }
+        s = row_sum(s, scratch);
+        const A log_s = LOG ? log_acc(s) : A(0);
+        const A inv_s = A(1) / s;  // one division per row; the product is within 1.5 ulp of v / s
+#pragma unroll
+        for (int k = 0; k < ROW_PACKS; ++k) {
+            const index_t j = (index_t)threadIdx.x + (index_t)k * (index_t)blockDim.x;
+            if (j < packs) {
+                Pack<T, VEC> p;
+#pragma unroll
+                for (int e = 0; e < VEC; ++e)
+                    p.v[e] = store<T>(LOG ? v[k][e] - m - log_s : exp_acc(v[k][e] - m) * inv_s);
+                store_pack<T, VEC>(yr + j * VEC, p);
+            }
+        }
+    }
+}
+
+template <typename T, typename index_t, bool LOG, int VEC>
+__global__ void softmax_backward_rows_registers(const T* __restrict__ dy, const T* __restrict__ y,
+                                                T* __restrict__ dx, index_t rows, index_t n) {
+    typedef acc_t<T> A;
+    __shared__ A scratch[32];
+    const index_t packs = n / VEC;
+    const index_t row_stride = (index_t)gridDim.x * (index_t)blockDim.y;
+    for (index_t row = (index_t)blockIdx.x * (index_t)blockDim.y + (index_t)threadIdx.y; row < rows;
+         row += row_stride) {
+        const index_t off = row * n;
+        A g[ROW_PACKS][VEC], w[ROW_PACKS][VEC];
+        A sum = A(0);
+#pragma unroll
+        for (int k = 0; k < ROW_PACKS; ++k) {
+            const index_t j = (index_t)threadIdx.x + (index_t)k * (index_t)blockDim.x;
+            if (j < packs) {
+                const Pack<T, VEC> pg = load_pack<T, VEC>(dy + off + j * VEC);
+                const Pack<T, VEC> pw = load_pack<T, VEC>(y + off + j * VEC);
+#pragma unroll
+                for (int e = 0; e < VEC; ++e) {
+                    g[k][e] = load(pg.v[e]);
+                    w[k][e] = load(pw.v[e]);
+                    sum += backward_term<A, LOG>(g[k][e], w[k][e]);
+                }
+            }
+        }
+        sum = row_sum(sum, scratch);
+#pragma unroll
+        for (int k = 0; k < ROW_PACKS; ++k) {
+            const index_t j = (index_t)threadIdx.x + (index_t)k * (index_t)blockDim.x;
+            if (j < packs) {
+                Pack<T, VEC> p;
+#pragma unroll
+                for (int e = 0; e < VEC; ++e) p.v[e] = store<T>(backward_value<A, LOG>(g[k][e], w[k][e], sum));
+                store_pack<T, VEC>(dx + off + j * VEC, p);
+            }
+        }
+    }
+}
+
+// ---- strided axis through a shared-memory tile ---------------------------------
+
+#define CHANNEL_THREADS 256  // TW * CY
+
+// Combine one value per thread across the CY threads of each tile column
+// (fixed order, so every thread of the column gets the same bits).
+template <typename A, bool MAX> __device__ __forceinline__ A column_reduce(A v, A* scratch) {
+    const int tx = threadIdx.x, ty = threadIdx.y, tw = blockDim.x, cy = blockDim.y;
+    __syncthreads();  // scratch may still be read by the previous call
+    scratch[ty * tw + tx] = v;
+    __syncthreads();
+    A r = scratch[tx];
+    for (int k = 1; k < cy; ++k) r = MAX ? fmax(r, scratch[k * tw + tx]) : r + scratch[k * tw + tx];
+    return r;
+}
+
+template <typename T, typename index_t, bool LOG>
+__global__ void softmax_forward_channels(const T* __restrict__ x, T* __restrict__ y, index_t outer, index_t n,
+                                         index_t inner, index_t tiles_per_outer) {
+    typedef acc_t<T> A;
+    __shared__ A scratch[CHANNEL_THREADS];
+    extern __shared__ __align__(16) unsigned char tile_bytes[];
+    T* tile = reinterpret_cast<T*>(tile_bytes);  // n x TW values
+    const int tx = threadIdx.x, ty = threadIdx.y, tw = blockDim.x, cy = blockDim.y;
+    const index_t tiles = outer * tiles_per_outer;
+    for (index_t t = blockIdx.x; t < tiles; t += (index_t)gridDim.x) {
+        const index_t o = t / tiles_per_outer;
+        const index_t p = (t - o * tiles_per_outer) * tw + tx;
+        const bool valid = p < inner;
+        const index_t base = o * n * inner + p;
+        A m = negative_infinity<A>();
+        if (valid) {
+#pragma unroll 8
+            for (index_t c = ty; c < n; c += cy) {
+                const T v = x[base + c * inner];
+                tile[c * tw + tx] = v;
+                m = fmax(m, load(v));
+            }
+        }
+        m = column_reduce<A, true>(m, scratch);
+        A s = A(0);
+        if (valid)
+            for (index_t c = ty; c < n; c += cy) s += exp_acc(load(tile[c * tw + tx]) - m);
+        s = column_reduce<A, false>(s, scratch);
+        const A log_s = LOG ? log_acc(s) : A(0);
+        const A inv_s = A(1) / s;
+        if (valid) {
+            for (index_t c = ty; c < n; c += cy) {
+                const A v = load(tile[c * tw + tx]);
+                y[base + c * inner] = store<T>(LOG ? v - m - log_s : exp_acc(v - m) * inv_s);
+            }
+        }
+    }
+}
+
+template <typename T, typename index_t, bool LOG>
+__global__ void softmax_backward_channels(const T* __restrict__ dy, const T* __restrict__ y, T* __restrict__ dx,
+                                          index_t outer, index_t n, index_t inner, index_t tiles_per_outer) {
+    typedef acc_t<T> A;
+    __shared__ A scratch[CHANNEL_THREADS];
+    extern __shared__ __align__(16) unsigned char tile_bytes[];
+    const int tx = threadIdx.x, ty = threadIdx.y, tw = blockDim.x, cy = blockDim.y;
+    T* tile_dy = reinterpret_cast<T*>(tile_bytes);  // n x TW values of dy, then n x TW of y
+    T* tile_y = tile_dy + n * tw;
+    const index_t tiles = outer * tiles_per_outer;
+    for (index_t t = blockIdx.x; t < tiles; t += (index_t)gridDim.x) {
+        const index_t o = t / tiles_per_outer;
+        const index_t p = (t - o * tiles_per_outer) * tw + tx;
+        const bool valid = p < inner;
+        const index_t base = o * n * inner + p;
+        A sum = A(0);
+        if (valid) {
+#pragma unroll 8
+            for (index_t c = ty; c < n; c += cy) {
+                const T g = dy[base + c * inner], w = y[base + c * inner];
+                tile_dy[c * tw + tx] = g;
+                tile_y[c * tw + tx] = w;
+                sum += backward_term<A, LOG>(load(g), load(w));
+            }
+        }
+        sum = column_reduce<A, false>(sum, scratch);
+        if (valid) {
+            for (index_t c = ty; c < n; c += cy)
+                dx[base + c * inner] = store<T>(
+                    backward_value<A, LOG>(load(tile_dy[c * tw + tx]), load(tile_y[c * tw + tx]), sum));
         }
     }
 }

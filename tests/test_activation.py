@@ -6,10 +6,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 from conftest import FLOAT_DTYPES, random_array
-from dnnprims.activations import ACTIVATION_MODES, DEFAULT_ALPHA, activation, activation_backward
+from dnnprims.activations import (ACTIVATION_MODES, DEFAULT_ALPHA, activation, activation_backward,
+                                  bias_activation, bias_activation_backward)
 from dnnprims.reference import activations as ref
 from dnnprims.testing import assert_close
-from dnnprims.testing.strategies import activation_problems
+from dnnprims.testing.gradcheck import numerical_gradient
+from dnnprims.testing.strategies import activation_problems, bias_activation_problems
 
 SETTINGS = settings(max_examples=30, deadline=None,
                     suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -153,6 +155,20 @@ def test_non_contiguous_input(xp, rng, dtype):
                      dtype)
 
 
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_misaligned_and_long(xp, rng, dtype):
+    """A view one element into its buffer (no 16-byte packs), and enough elements
+    for several grid-stride steps of the pack loop with a tail."""
+    for size, offset in [(4099, 1), (3 * 2**16 + 5, 0)]:
+        flat = random_array(rng, (size + offset,), dtype, low=-4, high=4)
+        dflat = random_array(rng, (size + offset,), dtype)
+        x, dy = xp.asarray(flat)[offset:], xp.asarray(dflat)[offset:]
+        x64, dy64 = flat[offset:].astype(np.float64), dflat[offset:].astype(np.float64)
+        assert_close(activation(x, "silu"), ref.activation(x64, "silu"), dtype, what="silu forward")
+        assert_close(activation_backward(dy, x, "gelu"), ref.activation_backward(dy64, x64, "gelu"), dtype,
+                     what="gelu backward")
+
+
 def test_empty_and_zero_dimensional(xp):
     x = xp.ones((0, 3), np.float32)
     assert activation(x, "gelu").shape == (0, 3)
@@ -251,3 +267,157 @@ def test_relu_backward_passes_gradient_at_nan(xp):
     dy = xp.asarray(np.array([3.0, 4.0, 5.0, 6.0]))
     dx = activation_backward(dy, x, "relu")
     np.testing.assert_array_equal(dx.get() if xp is not np else dx, [3.0, 0.0, 0.0, 6.0])
+
+
+# ---- bias + activation ---------------------------------------------------------
+
+def _channel_axis(ndim, layout):
+    return 1 if layout == "NCHW" else ndim - 1
+
+
+def _other_axes(ndim, layout):
+    return tuple(i for i in range(ndim) if i != _channel_axis(ndim, layout))
+
+
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+@pytest.mark.parametrize("mode,options", VARIANTS, ids=VARIANT_IDS)
+def test_bias_activation_reference_matches_scalar_formulas(rng, mode, options, layout):
+    x = random_array(rng, (2, 3, 4, 5), low=-3, high=3)
+    channels = x.shape[_channel_axis(x.ndim, layout)]
+    bias = random_array(rng, (channels,))
+    alpha = options.get("alpha", DEFAULT_ALPHA.get(mode))
+    approximate = options.get("approximate", "none")
+    got = ref.bias_activation(x, bias, mode, alpha, approximate, layout)
+    moved_x = np.moveaxis(x, _channel_axis(x.ndim, layout), 0)
+    moved = np.moveaxis(got, _channel_axis(x.ndim, layout), 0)
+    for c in range(channels):
+        np.testing.assert_allclose(moved[c], scalar_forward(moved_x[c] + bias[c], mode, options),
+                                   rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+@pytest.mark.parametrize("mode,options", VARIANTS, ids=VARIANT_IDS)
+def test_bias_activation_backward_by_finite_differences(rng, mode, options, layout):
+    x = random_array(rng, (2, 3, 2, 3), low=-3, high=3)
+    channels = x.shape[_channel_axis(x.ndim, layout)]
+    bias = random_array(rng, (channels,), low=-0.5, high=0.5)
+    bshape = [1] * x.ndim
+    bshape[_channel_axis(x.ndim, layout)] = channels
+    alpha = options.get("alpha", DEFAULT_ALPHA.get(mode))
+    z = x + bias.reshape(bshape)
+    x[np.abs(z) < 1e-3] += 0.01  # keep clear of the kinks at 0 ...
+    if mode == "clipped_relu":
+        x[np.abs(x + bias.reshape(bshape) - alpha) < 1e-3] += 0.01  # ... and at the ceiling
+    dy = random_array(rng, x.shape)
+    kw = dict(layout=layout, **options)
+    dx, dbias = bias_activation_backward(dy, x, bias, mode, **kw)
+    f = lambda: float(np.sum(dy * bias_activation(x, bias, mode, **kw)))  # noqa: E731
+    np.testing.assert_allclose(dx, numerical_gradient(f, x), rtol=1e-6, atol=1e-9)
+    np.testing.assert_allclose(dbias, numerical_gradient(f, bias), rtol=1e-6, atol=1e-9)
+    # The adjoint identity for the bias: <dbias, v> = <dx, v broadcast over the channel>.
+    v = random_array(rng, (channels,))
+    np.testing.assert_allclose(dbias @ v, np.sum(dx * v.reshape(bshape)), rtol=1e-12)
+
+
+# NCHW: packs of one channel (inner % 8 == 0), scalar planes (odd inner), planes of
+# several chunks, no spatial axes; NHWC: packs of consecutive channels, odd C.
+BIAS_CASES = [((2, 8, 4, 4), "NCHW"), ((2, 5, 3, 7), "NCHW"), ((1, 3, 100, 90), "NCHW"), ((3, 16), "NCHW"),
+              ((1, 13, 1, 1), "NCHW"), ((2, 3, 5, 8), "NHWC"), ((2, 4, 3, 13), "NHWC"), ((70, 24), "NHWC"),
+              ((3, 2, 136), "NHWC")]
+BIAS_MODES = [("relu", {}), ("gelu", {}), ("gelu", {"approximate": "tanh"}), ("elu", {"alpha": 0.5}),
+              ("silu", {}), ("clipped_relu", {})]
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("shape,layout", BIAS_CASES, ids=[f"{s}-{l}" for s, l in BIAS_CASES])
+def test_bias_activation_against_reference(xp, rng, dtype, shape, layout):
+    channels = shape[_channel_axis(len(shape), layout)]
+    x = random_array(rng, shape, dtype, low=-4, high=4)
+    bias = random_array(rng, (channels,), dtype)
+    dy = random_array(rng, shape, dtype)
+    x64, b64, dy64 = (a.astype(np.float64) for a in (x, bias, dy))
+    for mode, options in BIAS_MODES:
+        alpha = options.get("alpha", DEFAULT_ALPHA.get(mode))
+        approximate = options.get("approximate", "none")
+        kw = dict(layout=layout, **options)
+        y = bias_activation(xp.asarray(x), xp.asarray(bias), mode, **kw)
+        assert y.dtype == dtype and y.shape == shape and isinstance(y, xp.ndarray)
+        assert_close(y, ref.bias_activation(x64, b64, mode, alpha, approximate, layout), dtype,
+                     what=f"{mode} forward")
+        dx, dbias = bias_activation_backward(xp.asarray(dy), xp.asarray(x), xp.asarray(bias), mode, **kw)
+        assert dx.dtype == dtype and dbias.dtype == dtype and dbias.shape == (channels,)
+        dx_ref, dbias_ref = ref.bias_activation_backward(dy64, x64, b64, mode, alpha, approximate, layout)
+        assert_close(dx, dx_ref, dtype, what=f"{mode} dx")
+        # dbias sums terms of both signs: bound its error by the sum of their magnitudes.
+        assert_close(dbias, dbias_ref, dtype, what=f"{mode} dbias",
+                     magnitude=np.abs(dx_ref).sum(axis=_other_axes(len(shape), layout)))
+
+
+@SETTINGS
+@given(problem=bias_activation_problems())
+def test_bias_activation_hypothesis(xp, problem):
+    shape, layout, mode, options = problem
+    rng = np.random.default_rng(sum(shape) + len(mode))
+    channels = shape[_channel_axis(len(shape), layout)]
+    alpha = options.get("alpha", DEFAULT_ALPHA.get(mode))
+    approximate = options.get("approximate", "none")
+    x = random_array(rng, shape, np.float32, low=-5, high=5)
+    bias = random_array(rng, (channels,), np.float32)
+    dy = random_array(rng, shape, np.float32)
+    x64, b64, dy64 = (a.astype(np.float64) for a in (x, bias, dy))
+    kw = dict(layout=layout, **options)
+    assert_close(bias_activation(xp.asarray(x), xp.asarray(bias), mode, **kw),
+                 ref.bias_activation(x64, b64, mode, alpha, approximate, layout), np.float32)
+    dx, dbias = bias_activation_backward(xp.asarray(dy), xp.asarray(x), xp.asarray(bias), mode, **kw)
+    dx_ref, dbias_ref = ref.bias_activation_backward(dy64, x64, b64, mode, alpha, approximate, layout)
+    assert_close(dx, dx_ref, np.float32)
+    assert_close(dbias, dbias_ref, np.float32, magnitude=np.abs(dx_ref).sum(axis=_other_axes(len(shape), layout)))
+
+
+def test_bias_activation_zero_output_gradient_and_empty(xp):
+    x, bias = xp.ones((2, 3, 4), np.float32), xp.ones((3,), np.float32)
+    dx, dbias = bias_activation_backward(None, x, bias, "tanh")
+    assert dx.shape == x.shape and dbias.shape == (3,) and not bool((dx != 0).any()) and not bool((dbias != 0).any())
+    e = xp.ones((0, 3, 4), np.float32)
+    assert bias_activation(e, bias, "relu").shape == (0, 3, 4)
+    dx, dbias = bias_activation_backward(e, e, bias, "relu")
+    assert dx.shape == (0, 3, 4) and not bool((dbias != 0).any())
+
+
+def test_bias_activation_bad_bias_shape():
+    with pytest.raises(ValueError, match="bias must have shape"):
+        bias_activation(np.ones((2, 3, 4)), np.ones(4), "relu")
+    with pytest.raises(ValueError, match="bias must have shape"):
+        bias_activation(np.ones((2, 3, 4)), np.ones(3), "relu", layout="NHWC")
+
+
+def test_bias_activation_bad_layout():
+    with pytest.raises(ValueError, match="layout must be one of"):
+        bias_activation(np.ones((2, 3)), np.ones(3), "relu", layout="CHWN")
+
+
+def test_bias_activation_x_needs_a_channel_axis():
+    with pytest.raises(ValueError, match="x must have at least 2 dimensions"):
+        bias_activation(np.ones(3), np.ones(3), "relu")
+
+
+def test_bias_activation_mismatched_dtypes():
+    with pytest.raises(TypeError, match="bias has dtype float32 but x has dtype float64"):
+        bias_activation(np.ones((2, 3)), np.ones(3, np.float32), "relu")
+
+
+def test_bias_activation_bad_dy_shape():
+    with pytest.raises(ValueError, match=r"dy must have shape \(2, 3\)"):
+        bias_activation_backward(np.ones((3, 2)), np.ones((2, 3)), np.ones(3), "relu")
+
+
+def test_bias_activation_bad_mode_and_alpha():
+    with pytest.raises(ValueError, match="mode must be one of"):
+        bias_activation(np.ones((2, 3)), np.ones(3), "swish")
+    with pytest.raises(ValueError, match="alpha is not used by mode 'relu'"):
+        bias_activation_backward(np.ones((2, 3)), np.ones((2, 3)), np.ones(3), "relu", alpha=0.1)
+
+
+def test_bias_activation_mixing_numpy_and_cupy(gpu):
+    with pytest.raises(TypeError, match="cannot mix NumPy and CuPy arrays"):
+        bias_activation(gpu.ones((2, 3)), np.ones(3), "relu")

@@ -91,6 +91,14 @@ CASES = [
     ((3, 1000), 1), ((2, 1024), 1), ((3, 1025), -1), ((2, 5000), -1),
     ((2, 7, 3, 5), 1), ((2, 7, 3, 5), 0), ((2, 7, 3, 5), 2), ((2, 7, 3, 5), -1),
     ((2, 3000, 3), 1), ((1, 13, 1, 1), 1),
+    # register rows: one and two warps per row, several rows per block, an odd
+    # length (scalar packs), past the register capacity (block kernel)
+    ((9, 2048), 1), ((5, 4096), -1), ((6, 2049), -1), ((2, 12000), -1), ((2, 40000), -1),
+    # shared-memory channel tiles: partial tiles, narrow tiles, and an axis too
+    # long for the tile (column kernel)
+    ((2, 40, 48), 1), ((3, 17, 7), 1), ((2, 5, 2), 1), ((2, 1600, 20), 1),
+    # channel axis held in registers by 8, 16 and 32 rows of threads
+    ((2, 256, 40), 1), ((2, 300, 16), 1), ((2, 1000, 9), 1),
 ]
 
 
@@ -147,6 +155,23 @@ def test_non_contiguous_input(xp, rng, dtype):
         strided_dy = xp.asarray(np.asfortranarray(dy))
         assert_close(softmax_backward(strided_dy, xp.asarray(y), axis=axis),
                      ref.softmax_backward(dy.astype(np.float64), y.astype(np.float64), axis), dtype)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("shape,axis", [((4, 1024), 1), ((3, 8, 40), 1)])
+def test_misaligned_views(xp, rng, dtype, shape, axis):
+    """A contiguous view that starts one element into its buffer cannot take 16-byte packs."""
+    size = int(np.prod(shape))
+    flat = random_array(rng, (size + 1,), dtype, low=-4, high=4)
+    x = xp.asarray(flat)[1:].reshape(shape)
+    expected = np.ascontiguousarray(flat[1:].reshape(shape)).astype(np.float64)
+    assert_close(softmax(x, axis=axis), ref.softmax(expected, axis), dtype, what="softmax")
+    y = ref.softmax(expected, axis).astype(dtype)
+    dy_flat = random_array(rng, (size + 1,), dtype)
+    dy = xp.asarray(dy_flat)[1:].reshape(shape)
+    assert_close(log_softmax_backward(dy, xp.asarray(y), axis=axis),
+                 ref.log_softmax_backward(dy_flat[1:].reshape(shape).astype(np.float64),
+                                          y.astype(np.float64), axis), dtype)
 
 
 @pytest.mark.parametrize("shape,axis", [((0, 5), -1), ((3, 0), -1), ((3, 0, 2), 0)])

@@ -254,6 +254,7 @@ def bench_conv(be, specs, repeat, all_algos, rng):
 #                            Ours moves 5x today: dgamma/dbeta re-read x and dy.
 #   layout transform, add with a broadcast bias: read x, write y
 #   reduction over most axes: read x
+#   bias_activation:         as activation (the C bias values are not counted)
 # "bytes_once" counts each input read once and each output written once, the
 # accounting of ../shared/bench/ANCHORS.md.
 
@@ -394,38 +395,75 @@ def bench_batchnorm(be, specs, repeat, rng):
     return rows
 
 
+# Problems may list "dtypes" (softmax) or "half_modes" (activation) to add
+# float16/bfloat16 rows; the op label then ends in fp16/bf16.
+_DTYPE_LABEL = {"float32": "", "float16": " fp16", "bfloat16": " bf16"}
+
+
+def _random_typed(be, rng, shape, dtype, low=-1.0, high=1.0):
+    """Uniform data in float32, float16 or bfloat16 (bfloat16 drawn by torch on the device
+    where it can be, since CuPy has no bfloat16 random generator)."""
+    from dnnprims import _dtypes
+    if dtype == "float32":
+        return be.random(rng, shape, low, high)
+    if dtype == "float16":
+        return be.random(rng, shape, low, high).astype(np.float16)
+    if be.gpu and be.torch is not None:
+        try:
+            t = be.torch.empty(shape, dtype=be.torch.bfloat16, device="cuda").uniform_(low, high)
+            return be.xp.from_dlpack(t.view(be.torch.int16)).view(_dtypes.BFLOAT16)
+        except Exception:
+            pass
+    return be.xp.asarray(rng.uniform(low, high, shape).astype(_dtypes.BFLOAT16))
+
+
+def _to_torch_typed(be, a):
+    """A torch view of our array (bfloat16 through its 16-bit pattern: DLPack has no ml_dtypes)."""
+    if a.dtype.name == "bfloat16":
+        raw = a.view(be.xp.int16)
+        return (be.torch.from_dlpack(raw) if be.gpu else be.torch.from_numpy(raw)).view(be.torch.bfloat16)
+    return be.to_torch(a)
+
+
 def bench_softmax(be, specs, repeat, rng):
     rows = []
     for s in specs:
         shape, axis = tuple(s["shape"]), s["axis"]
-        x = be.random(rng, shape, -4.0, 4.0)
-        for log in (False, True):
-            fwd, bwd = (dp.log_softmax, dp.log_softmax_backward) if log else (dp.softmax, dp.softmax_backward)
-            label = "log_softmax" if log else "softmax"
-            y = fwd(x, axis=axis)
-            dy = be.random(rng, shape)
-            theirs_f = theirs_b = None
-            if be.torch is not None:
-                torch = be.torch
-                tx, ty, tdy = be.to_torch(x), be.to_torch(y), be.to_torch(dy)
-                if log:
-                    theirs_f = lambda: torch.log_softmax(tx, axis)  # noqa: E731
-                    theirs_b = lambda: torch._log_softmax_backward_data(tdy, ty, axis, tx.dtype)  # noqa: E731
-                else:
-                    theirs_f = lambda: torch.softmax(tx, axis)  # noqa: E731
-                    theirs_b = lambda: torch._softmax_backward_data(tdy, ty, axis, tx.dtype)  # noqa: E731
-            rows.append(_memory_row(
-                be, f"{label} forward", s["name"], shape, 2 * x.nbytes, 2 * x.nbytes,
-                lambda: fwd(x, axis=axis), theirs_f,
-                lambda: _sample_error(fwd(x, axis=axis), lambda a: fwd(a, axis=axis), x), repeat))
-            rows.append(_memory_row(
-                be, f"{label} backward", s["name"], shape, 3 * x.nbytes, 3 * x.nbytes,
-                lambda: bwd(dy, y, axis=axis), theirs_b,
-                lambda: _sample_error(bwd(dy, y, axis=axis), lambda d, b: bwd(d, b, axis=axis), dy, y),
-                repeat))
-            del y, dy
-        del x
-        be.free()
+        for dtype in s.get("dtypes", ["float32"]):
+            x = _random_typed(be, rng, shape, dtype, -4.0, 4.0)
+            for log in (False, True):
+                fwd, bwd = (dp.log_softmax, dp.log_softmax_backward) if log else (dp.softmax, dp.softmax_backward)
+                label = ("log_softmax" if log else "softmax")
+                y = fwd(x, axis=axis)
+                dy = _random_typed(be, rng, shape, dtype)
+                theirs_f = theirs_b = None
+                if be.torch is not None:
+                    torch = be.torch
+                    tx, ty, tdy = (_to_torch_typed(be, a) for a in (x, y, dy))
+                    if log:
+                        theirs_f = lambda tx=tx: torch.log_softmax(tx, axis)  # noqa: E731
+                        theirs_b = lambda tdy=tdy, ty=ty: torch._log_softmax_backward_data(  # noqa: E731
+                            tdy, ty, axis, ty.dtype)
+                    else:
+                        theirs_f = lambda tx=tx: torch.softmax(tx, axis)  # noqa: E731
+                        theirs_b = lambda tdy=tdy, ty=ty: torch._softmax_backward_data(  # noqa: E731
+                            tdy, ty, axis, ty.dtype)
+                suffix = _DTYPE_LABEL[dtype]
+                for row in (
+                        _memory_row(be, f"{label} forward{suffix}", s["name"], shape, 2 * x.nbytes, 2 * x.nbytes,
+                                    lambda: fwd(x, axis=axis), theirs_f,
+                                    lambda: _sample_error(fwd(x, axis=axis), lambda a: fwd(a, axis=axis), x),
+                                    repeat),
+                        _memory_row(be, f"{label} backward{suffix}", s["name"], shape, 3 * x.nbytes,
+                                    3 * x.nbytes, lambda: bwd(dy, y, axis=axis), theirs_b,
+                                    lambda: _sample_error(bwd(dy, y, axis=axis), lambda d, b: bwd(d, b, axis=axis),
+                                                          dy, y),
+                                    repeat)):
+                    row["dtype"] = dtype
+                    rows.append(row)
+                del y, dy
+            del x
+            be.free()
     return rows
 
 
@@ -448,39 +486,57 @@ def _torch_activation(torch, mode, alpha):
     }[mode]
 
 
+def _torch_backward(be, mode, alpha, f, b):
+    """PyTorch's backward as a function of (dy, x): the aten op, or for the output-based
+    derivatives (tanh, elu) the aten op on y = f(x) computed once up front."""
+    if b is not None:
+        return lambda tdy, tx: lambda: b(tdy, tx)  # noqa: E731
+    aten = be.torch.ops.aten
+    b_y = aten.tanh_backward if mode == "tanh" else \
+        (lambda dy_, y_: aten.elu_backward(dy_, 1.0, 1, 1.0, True, y_))
+
+    def make(tdy, tx):
+        ty = f(tx)
+        return lambda: b_y(tdy, ty)
+    return make
+
+
 def bench_activation(be, specs, repeat, rng):
     rows = []
     for s in specs:
         shape = tuple(s["shape"])
-        x, dy = be.random(rng, shape, -3.0, 3.0), be.random(rng, shape)
-        n = x.nbytes
-        for mode in s["modes"]:
+        runs = [("float32", m) for m in s["modes"]] + \
+            [(d, m) for d in ("float16", "bfloat16") for m in s.get("half_modes", [])]
+        data = {}
+        for dtype, mode in runs:
+            if dtype not in data:
+                data = {dtype: (_random_typed(be, rng, shape, dtype, -3.0, 3.0), _random_typed(be, rng, shape, dtype))}
+                be.free()
+            x, dy = data[dtype]
+            n = x.nbytes
             alpha = ACTIVATION_ALPHA.get(mode)
             theirs_f = theirs_b = None
             if be.torch is not None:
-                tx, tdy = be.to_torch(x), be.to_torch(dy)
+                tx, tdy = _to_torch_typed(be, x), _to_torch_typed(be, dy)
                 f, b = _torch_activation(be.torch, mode, alpha)
-                theirs_f = lambda f=f: f(tx)  # noqa: E731
-                if b is None:  # output-based derivative: PyTorch's backward takes y
-                    aten = be.torch.ops.aten
-                    ty = f(tx)
-                    b_y = aten.tanh_backward if mode == "tanh" else \
-                        (lambda dy_, y_: aten.elu_backward(dy_, 1.0, 1, 1.0, True, y_))
-                    theirs_b = lambda b_y=b_y, ty=ty: b_y(tdy, ty)  # noqa: E731
-                else:
-                    theirs_b = lambda b=b: b(tdy, tx)  # noqa: E731
-            rows.append(_memory_row(
-                be, f"activation {mode} forward", s["name"], shape, 2 * n, 2 * n,
-                lambda: dp.activation(x, mode, alpha=alpha), theirs_f,
-                lambda: _sample_error(dp.activation(x, mode, alpha=alpha),
-                                      lambda a: dp.activation(a, mode, alpha=alpha), x), repeat))
-            rows.append(_memory_row(
-                be, f"activation {mode} backward", s["name"], shape, 3 * n, 3 * n,
-                lambda: dp.activation_backward(dy, x, mode, alpha=alpha), theirs_b,
-                lambda: _sample_error(dp.activation_backward(dy, x, mode, alpha=alpha),
-                                      lambda d, a: dp.activation_backward(d, a, mode, alpha=alpha), dy, x),
-                repeat))
-        del x, dy
+                theirs_f = lambda f=f, tx=tx: f(tx)  # noqa: E731
+                theirs_b = _torch_backward(be, mode, alpha, f, b)(tdy, tx)
+            suffix = _DTYPE_LABEL[dtype]
+            for row in (
+                    _memory_row(be, f"activation {mode} forward{suffix}", s["name"], shape, 2 * n, 2 * n,
+                                lambda: dp.activation(x, mode, alpha=alpha), theirs_f,
+                                lambda: _sample_error(dp.activation(x, mode, alpha=alpha),
+                                                      lambda a: dp.activation(a, mode, alpha=alpha), x, rows=1),
+                                repeat),
+                    _memory_row(be, f"activation {mode} backward{suffix}", s["name"], shape, 3 * n, 3 * n,
+                                lambda: dp.activation_backward(dy, x, mode, alpha=alpha), theirs_b,
+                                lambda: _sample_error(dp.activation_backward(dy, x, mode, alpha=alpha),
+                                                      lambda d, a: dp.activation_backward(d, a, mode, alpha=alpha),
+                                                      dy, x, rows=1),
+                                repeat)):
+                row["dtype"] = dtype
+                rows.append(row)
+        del data
         be.free()
     return rows
 
@@ -607,6 +663,51 @@ def bench_tensor_ops(be, specs, repeat, rng):
                                    _host64(x).sum(axis=(0, 2, 3))), repeat))
         del x, nhwc
         be.free()
+
+
+# Fused bias + activation: y = act(x + bias[c]).  Floor: read x, write y (forward);
+# read dy and x, write dx (backward; dbias is C values).  PyTorch runs it as two
+# kernels forward (x + b, then act) and act's backward plus a sum over the
+# non-channel axes for dbias.
+def bench_bias_activation(be, specs, repeat, rng):
+    rows = []
+    for s in specs:
+        N, C, H, W = s["shape"]
+        for layout in s.get("layouts", ["NCHW"]):
+            shape = (N, C, H, W) if layout == "NCHW" else (N, H, W, C)
+            x, dy = be.random(rng, shape, -3.0, 3.0), be.random(rng, shape)
+            bias = be.random(rng, (C,), -0.5, 0.5)
+            bias64 = _host64(bias)
+            n = x.nbytes
+            if be.torch is not None:
+                tx, tdy, tb = be.to_torch(x), be.to_torch(dy), be.to_torch(bias)
+                tbv = tb.view((1, C, 1, 1) if layout == "NCHW" else (C,))
+                tz = tx + tbv  # what autograd would have saved
+                others = (0, 2, 3) if layout == "NCHW" else (0, 1, 2)
+            for mode in s["modes"]:
+                alpha = ACTIVATION_ALPHA.get(mode)
+                kw = dict(alpha=alpha, layout=layout)
+                theirs_f = theirs_b = None
+                if be.torch is not None:
+                    f, b = _torch_activation(be.torch, mode, alpha)
+                    theirs_f = lambda f=f: f(tx + tbv)  # noqa: E731
+                    if b is not None:
+                        theirs_b = lambda b=b: b(tdy, tz).sum(others)  # noqa: E731
+                rows.append(_memory_row(
+                    be, f"bias_activation {mode} forward {layout}", s["name"], shape, 2 * n, 2 * n,
+                    lambda: dp.bias_activation(x, bias, mode, **kw), theirs_f,
+                    lambda: _sample_error(dp.bias_activation(x, bias, mode, **kw),
+                                          lambda a: dp.bias_activation(a, bias64, mode, **kw), x, rows=1),
+                    repeat))
+                rows.append(_memory_row(
+                    be, f"bias_activation {mode} backward {layout}", s["name"], shape, 3 * n, 3 * n,
+                    lambda: dp.bias_activation_backward(dy, x, bias, mode, **kw), theirs_b,
+                    lambda: _sample_error(dp.bias_activation_backward(dy, x, bias, mode, **kw)[0],
+                                          lambda d, a: dp.bias_activation_backward(d, a, bias64, mode, **kw)[0],
+                                          dy, x, rows=1),
+                    repeat))
+            del x, dy
+            be.free()
     return rows
 
 
@@ -730,8 +831,8 @@ def tables(result):
         rows = [(r["op"], r["name"], _fmt(r.get("ms")), _fmt(r.get("torch_ms")), _fmt(r.get("ratio"), 2),
                  _fmt(r.get("GBps"), 4), _fmt(r["GBps"] / copy if copy and r.get("GBps") else None, 2),
                  _fmt(r.get("rel_error"), 2), _error_of(r)) for r in memory]
-        lines += ["memory-bound, fp32 NCHW unless the problem is _nhwc / _f16 (GB/s over the floor bytes; "
-                  "ratio = PyTorch time / ours)",
+        lines += ["memory-bound, fp32 NCHW unless the problem or op says fp16/bf16/_f16 or NHWC/_nhwc "
+                  "(GB/s over the floor bytes; ratio = PyTorch time / ours)",
                   _table(("op", "problem", "ours ms", "torch ms", "ratio", "GB/s", "of copy", "rel.err",
                           "error"), rows), ""]
     rnn = [r for r in result["rows"] if r["kind"] == "rnn"]
@@ -808,7 +909,8 @@ def main(argv=None):
                              "and fewer repeats")
     parser.add_argument("--all-algos", action="store_true", help="also time every registry algorithm "
                         "that supports each convolution")
-    parser.add_argument("--only", default=None, help="only problems whose name contains this text")
+    parser.add_argument("--only", default=None, help="only problems whose name contains this text "
+                        "(or any of several, comma-separated: --only rows_,act_)")
     parser.add_argument("--limit", type=int, default=None, help="at most this many problems per family")
     parser.add_argument("--repeat", type=int, default=None, help="timed calls per measurement (median)")
     parser.add_argument("--json", default=None, help="write every number here (and a PNG plot beside it)")
@@ -824,7 +926,8 @@ def main(argv=None):
     def select(family):
         specs = problems.get(family, [])
         if args.only:
-            specs = [s for s in specs if args.only in s.get("name", "")]
+            wanted = [w for w in args.only.split(",") if w]
+            specs = [s for s in specs if any(w in s.get("name", "") for w in wanted)]
         if args.quick:
             specs = [s for s in specs if s.get("N", 1) == 1] if family == "conv2d" else specs[:1]
         return specs[:args.limit] if args.limit else specs
@@ -850,7 +953,8 @@ def main(argv=None):
                   lambda: bench_activation(be, select("activation"), repeat, rng),
                   lambda: bench_row_norms(be, {k: select(k) for k in ("layer_norm", "rms_norm", "group_norm")},
                                           repeat, rng),
-                  lambda: bench_tensor_ops(be, select("tensor_ops"), repeat, rng)]
+                  lambda: bench_tensor_ops(be, select("tensor_ops"), repeat, rng),
+                  lambda: bench_bias_activation(be, select("bias_activation"), repeat, rng)]
     if args.suite in ("rnn", "all"):
         steps.append(lambda: bench_rnn(be, select("lstm"), repeat, rng))
     for step in steps:

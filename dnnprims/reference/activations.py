@@ -118,3 +118,30 @@ def activation_backward(dy, x, mode, alpha=None, approximate="none"):
     with np.errstate(invalid="ignore"):
         d = np.asarray(_derivative(a, mode, alpha, approximate)).astype(acc)
     return (np.asarray(dy).astype(acc) * d).astype(x.dtype)
+
+
+def _channel_shape(x, layout):
+    """The shape bias broadcasts to: C on axis 1 (NCHW) or on the last axis (NHWC)."""
+    shape = [1] * x.ndim
+    shape[1 if layout == "NCHW" else x.ndim - 1] = x.shape[1 if layout == "NCHW" else x.ndim - 1]
+    return tuple(shape)
+
+
+def bias_activation(x, bias, mode, alpha=None, approximate="none", layout="NCHW"):
+    """act(x + bias[c]); the sum is formed in the accumulation type, not rounded to x's dtype."""
+    acc = _dtypes.accumulate_dtype(x.dtype)
+    a = np.asarray(x).astype(acc) + np.asarray(bias).astype(acc).reshape(_channel_shape(x, layout))
+    with np.errstate(invalid="ignore"):
+        return np.asarray(_forward(a, mode, alpha, approximate)).astype(x.dtype)
+
+
+def bias_activation_backward(dy, x, bias, mode, alpha=None, approximate="none", layout="NCHW"):
+    """(dx, dbias): dx = dy * act'(x + bias[c]); dbias[c] = sum of dx over all axes but the channel's."""
+    acc = _dtypes.accumulate_dtype(x.dtype)
+    a = np.asarray(x).astype(acc) + np.asarray(bias).astype(acc).reshape(_channel_shape(x, layout))
+    with np.errstate(invalid="ignore"):
+        d = np.asarray(_derivative(a, mode, alpha, approximate)).astype(acc)
+    dx = np.asarray(dy).astype(acc) * d
+    axis = 1 if layout == "NCHW" else x.ndim - 1
+    dbias = dx.sum(axis=tuple(i for i in range(x.ndim) if i != axis))
+    return dx.astype(x.dtype), np.asarray(dbias).astype(bias.dtype)

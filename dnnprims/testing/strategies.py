@@ -138,6 +138,16 @@ def activation_problems(draw, max_ndim=4):
     return shape, mode, options
 
 
+@st.composite
+def bias_activation_problems(draw, max_ndim=4):
+    """(shape, layout, mode, options) for bias_activation: ndim >= 2, either layout."""
+    ndim = draw(st.integers(2, max_ndim))
+    shape = tuple(draw(st.lists(st.sampled_from(SIDES + (8, 16)), min_size=ndim, max_size=ndim)))
+    layout = draw(st.sampled_from(("NCHW", "NHWC")))
+    mode, options = draw(activation_options())
+    return shape, layout, mode, options
+
+
 # ---- recurrent cells -----------------------------------------------------------
 @st.composite
 def recurrent_cell_problems(draw):
