@@ -54,6 +54,10 @@ FAMILY = KernelFamily("batchnorm.cu", [
 _BLOCK = 256  # BN_THREADS in kernels/batchnorm.cu
 
 
+# Validated GPU calls: (parameter dtype, channels, outer, inner) per kind of call.
+_MEMO = _validate.CallMemo()
+
+
 def _shape(x, layout):
     """(channels, outer, inner): x viewed as (outer, C, inner)."""
     _validate.check_layout(layout, LAYOUTS)
@@ -107,6 +111,13 @@ def batchnorm(x, gamma, beta, running_mean=None, running_var=None, *, training=T
     """Batch normalization.  ``training=True`` normalizes with batch statistics and,
     when given, updates ``running_mean``/``running_var`` in place; ``training=False``
     uses them (then required).  ``return_stats=True`` returns ``(y, mean, invstd)``."""
+    key = _MEMO.key("batchnorm", (x, gamma, beta, running_mean, running_var),
+                    (training, momentum, eps, layout))
+    checked = _MEMO.get(key)
+    if checked is not None:  # this kind of call was validated before: straight to the kernels
+        y, mean, invstd = _batchnorm_gpu(_validate._cupy, x, gamma, beta, running_mean, running_var,
+                                         bool(training), momentum, eps, *checked)
+        return (y, mean, invstd) if return_stats else y
     xp = _validate.array_module(x=x, gamma=gamma, beta=beta, running_mean=running_mean,
                                 running_var=running_var)
     channels, outer, inner = _shape(x, layout)
@@ -129,9 +140,9 @@ def batchnorm(x, gamma, beta, running_mean=None, running_var=None, *, training=T
         y, mean, invstd = reference.batchnorm(x, gamma, beta, running_mean, running_var,
                                               bool(training), momentum, eps, layout)
     else:
+        checked = _MEMO.put(key, (pdtype, channels, outer, inner))
         y, mean, invstd = _batchnorm_gpu(xp, x, gamma, beta, running_mean, running_var,
-                                         bool(training), momentum, eps, pdtype, channels, outer,
-                                         inner)
+                                         bool(training), momentum, eps, *checked)
     return (y, mean, invstd) if return_stats else y
 
 
@@ -140,6 +151,10 @@ def batchnorm_backward(dy, x, gamma, *, eps=1e-5, mean=None, invstd=None, layout
     saved statistics (``batchnorm(..., return_stats=True)``); None recomputes them
     from ``x``.  ``dy=None`` is a zero gradient.  dgamma/dbeta have gamma's dtype
     (x's when gamma is None)."""
+    key = _MEMO.key("batchnorm_backward", (dy, x, gamma, mean, invstd), (eps, layout))
+    checked = _MEMO.get(key) if dy is not None else None
+    if checked is not None:
+        return _batchnorm_backward_gpu(_validate._cupy, dy, x, gamma, mean, invstd, eps, *checked)
     xp = _validate.array_module(dy=dy, x=x, gamma=gamma, mean=mean, invstd=invstd)
     channels, outer, inner = _shape(x, layout)
     eps = _check_real("eps", eps, 0.0)
@@ -158,7 +173,8 @@ def batchnorm_backward(dy, x, gamma, *, eps=1e-5, mean=None, invstd=None, layout
         return (xp.zeros(x.shape, x.dtype), xp.zeros(channels, pdtype), xp.zeros(channels, pdtype))
     if xp is np:
         return reference.batchnorm_backward(dy, x, gamma, mean, invstd, eps, layout, pdtype)
-    return _batchnorm_backward_gpu(xp, dy, x, gamma, mean, invstd, eps, pdtype, channels, outer, inner)
+    checked = _MEMO.put(key, (pdtype, channels, outer, inner))
+    return _batchnorm_backward_gpu(xp, dy, x, gamma, mean, invstd, eps, *checked)
 
 
 # ---------------------------------------------------------------------- GPU path
@@ -168,6 +184,21 @@ def batchnorm_backward(dy, x, gamma, *, eps=1e-5, mean=None, invstd=None, layout
 
 def _scalar(acc):
     return np.float32 if acc == np.float32 else np.float64
+
+
+_LAUNCHES = {}  # (shape, dtype, channels, inner, 16-byte aligned) -> _Launch
+
+
+def _launch_of(x, channels, outer, inner, arrays):
+    """The _Launch of one call, built once per kind of call (specs memoised inside)."""
+    aligned = all(a.data.ptr % 16 == 0 for a in arrays)
+    key = (x.shape, x.dtype, channels, inner, aligned)
+    launch = _LAUNCHES.get(key)
+    if launch is None:
+        if len(_LAUNCHES) >= 4096:
+            _LAUNCHES.clear()
+        launch = _LAUNCHES[key] = _Launch(x, channels, outer, inner, arrays)
+    return launch
 
 
 class _Launch:
@@ -185,11 +216,16 @@ class _Launch:
         aligned = all(a.data.ptr % 16 == 0 for a in arrays)
         self.vec = vec if inner % vec == 0 and aligned else 1
         self.shape = (self.it(outer), self.it(channels), self.it(inner), np.int32(self.splits))
+        self._specs = {}
 
     def spec(self, kernel, param_type=None, flag=None):
         """`kernel<T, [P,] index_t, VEC[, flag]>`."""
-        args = [self.t, param_type, self.index_t, str(self.vec), flag]
-        return f"{kernel}<{', '.join(a for a in args if a is not None)}>"
+        key = (kernel, param_type, flag)
+        spec = self._specs.get(key)
+        if spec is None:
+            args = [self.t, param_type, self.index_t, str(self.vec), flag]
+            spec = self._specs[key] = f"{kernel}<{', '.join(a for a in args if a is not None)}>"
+        return spec
 
 
 # Single-read kernels (batchnorm_*_fused): a persistent grid of at most the
@@ -355,7 +391,7 @@ def _batchnorm_gpu(cp, x, gamma, beta, running_mean, running_var, training, mome
         FAMILY.launch(rows.spec("normalize", pt, flag=_BOOL[training]), rows.map_grid, (_BLOCK,),
                       (x, y, mean, invstd, rm, rv, gamma, beta, *rows.shape, real(eps)))
     elif training:
-        launch = _Launch(x, channels, outer, inner, (x, y))
+        launch = _launch_of(x, channels, outer, inner, (x, y))
         spec = launch.spec("batchnorm_train_fused", pt, _BOOL[FUSED_PREFETCH])
         use = FUSED and (launch.splits == 1 or x.nbytes >= FUSED_FORWARD_MIN_BYTES)
         fused = _fused_grid(cp, launch, spec, channels) if use else None
@@ -373,7 +409,7 @@ def _batchnorm_gpu(cp, x, gamma, beta, running_mean, running_var, training, mome
                            *launch.shape, real(eps), real(momentum), real(n / (n - 1)),
                            np.int32(update), np.int32(1)))
     else:
-        launch = _Launch(x, channels, outer, inner, (x, y))
+        launch = _launch_of(x, channels, outer, inner, (x, y))
         FAMILY.launch(launch.spec("batchnorm_normalize", pt, "false"), launch.grid, (_BLOCK,),
                       (x, y, mean, invstd, mean, invstd, rm, rv, gamma, beta, *launch.shape,
                        real(eps), real(0), real(1), np.int32(0), np.int32(0)))
@@ -397,7 +433,7 @@ def _batchnorm_backward_gpu(cp, dy, x, gamma, mean, invstd, eps, pdtype, channel
     if inner == 1:
         return _rows_backward(cp, dy, x, gamma, mean, invstd, eps, pdtype, channels, outer, acc, dx,
                               dgamma, dbeta)
-    launch = _Launch(x, channels, outer, inner, (x, dy, dx))
+    launch = _launch_of(x, channels, outer, inner, (x, dy, dx))
     recompute = mean is None
     if recompute:
         mean = cp.empty(channels, acc)

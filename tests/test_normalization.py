@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 
+import dnnprims
 from dnnprims import _dtypes, batchnorm, batchnorm_backward
 from dnnprims.testing.strategies import batchnorm_problems
 from dnnprims.testing.tolerances import assert_close
@@ -434,3 +435,35 @@ def test_mixing_numpy_and_cupy(gpu):
         batchnorm(gpu.asarray(x), gamma, beta)
     with pytest.raises(TypeError, match="cannot mix NumPy and CuPy"):
         batchnorm_backward(gpu.asarray(x), x, gamma)
+
+
+@pytest.mark.gpu
+def test_repeated_gpu_calls_reuse_the_validated_plan_and_still_check(gpu, rng):
+    from dnnprims import normalization
+    x = random_array(rng, (3, 5, 7, 7), np.float32)
+    g, b = random_array(rng, (5,), np.float32), random_array(rng, (5,), np.float32)
+    X, G, B = gpu.asarray(x), gpu.asarray(g), gpu.asarray(b)
+    rm, rv = gpu.zeros(5, np.float32), gpu.ones(5, np.float32)
+    first = dnnprims.batchnorm(X, G, B, rm, rv, training=True, return_stats=True)
+    entries = len(normalization._MEMO._entries)
+    again = dnnprims.batchnorm(X, G, B, rm, rv, training=True, return_stats=True)
+    assert len(normalization._MEMO._entries) == entries
+    for a, c in zip(first, again):
+        assert gpu.array_equal(a, c)
+    want = dnnprims.batchnorm(x.astype(np.float64), g.astype(np.float64), b.astype(np.float64),
+                              training=True)
+    assert_close(again[0], want, np.float32)
+    with pytest.raises(TypeError, match="training"):
+        dnnprims.batchnorm(X, G, B, rm, rv, training=1)
+    with pytest.raises(ValueError, match="momentum"):
+        dnnprims.batchnorm(X, G, B, rm, rv, momentum=2.0)
+    with pytest.raises(ValueError, match="gamma"):
+        dnnprims.batchnorm(X, G[:-1], B, rm, rv)
+    dy = gpu.asarray(random_array(rng, x.shape, np.float32))
+    for _ in range(2):
+        dx, dg, db = dnnprims.batchnorm_backward(dy, X, G, mean=first[1], invstd=first[2])
+    want = dnnprims.batchnorm_backward(dy.get().astype(np.float64), x.astype(np.float64), g.astype(np.float64))
+    for got, ref in zip((dx, dg, db), want):
+        assert_close(got, ref, np.float32)
+    with pytest.raises(ValueError, match="dy"):
+        dnnprims.batchnorm_backward(dy[:, :, :-1], X, G, mean=first[1], invstd=first[2])
