@@ -255,12 +255,20 @@ class _Workspace:
         self.arrive = cp.zeros(0, np.uint32)
         self.failed = cp.zeros(1, np.int32)
         self._parts = {}
+        self._views = {}
 
     def partials(self, cp, acc, count):
-        buf = self._parts.get(acc)
-        if buf is None or buf.size < 2 * count:
-            buf = self._parts[acc] = cp.empty(2 * count, acc)
-        return buf[:count], buf[count:2 * count]
+        """Two scratch vectors of ``count`` values, reused by every call on this
+        stream (the kernel that reads them runs before the next call's writes)."""
+        key = (acc, count)
+        views = self._views.get(key)
+        if views is None:
+            buf = self._parts.get(acc)
+            if buf is None or buf.size < 2 * count:
+                buf = self._parts[acc] = cp.empty(2 * count, acc)
+                self._views = {}
+            views = self._views[key] = (buf[:count], buf[count:2 * count])
+        return views
 
 
 def _fused_grid(cp, launch, spec, channels):
@@ -273,10 +281,7 @@ def _fused_grid(cp, launch, spec, channels):
     if launch.splits > resident:
         return None
     per_round = min(channels, resident // launch.splits)
-    key = (device, cp.cuda.get_current_stream().ptr)
-    work = _WORKSPACES.get(key)
-    if work is None:
-        work = _WORKSPACES[key] = _Workspace(cp)
+    work = _stream_workspace(cp)
     if work.arrive.size < 2 * channels:
         work.arrive = cp.zeros(2 * channels, np.uint32)
     return (per_round * launch.splits,), per_round, work
@@ -353,9 +358,16 @@ def _rows_statistics(cp, x, rows, acc, pt, mean, invstd, rm, rv, update, eps, mo
                    rm, rv, real(eps), real(momentum), real(unbias), np.int32(update)))
 
 
+def _stream_workspace(cp):
+    key = (cp.cuda.runtime.getDevice(), cp.cuda.get_current_stream().ptr)
+    work = _WORKSPACES.get(key)
+    if work is None:
+        work = _WORKSPACES[key] = _Workspace(cp)
+    return work
+
+
 def _partial_statistics(cp, x, launch, acc):
-    part_mean = cp.empty(launch.grid[0], acc)
-    part_m2 = cp.empty(launch.grid[0], acc)
+    part_mean, part_m2 = _stream_workspace(cp).partials(cp, acc, launch.grid[0])
     FAMILY.launch(launch.spec("batchnorm_partial_statistics"),
                   launch.grid, (_BLOCK,), (x, part_mean, part_m2, *launch.shape))
     return part_mean, part_m2
