@@ -11,6 +11,8 @@
 #   bash scripts/gpu_suite.sh bench [conv|memory|rnn|all] [bench options...]
 #   bash scripts/gpu_suite.sh main             # the main job on the GPU only
 #   bash scripts/gpu_suite.sh overhead         # per-call host overhead against PyTorch only
+#   bash scripts/gpu_suite.sh tune [tune options]  # re-measure the heuristic table: written to
+#                                                  # $OUT/conv_table.json and installed in the tree
 #
 # Logs and bench.json (+ bench.png) go to $OUT when it is set, else ./out.
 set -uo pipefail
@@ -25,15 +27,16 @@ PY="${PYTHON:-python3}"
 
 what="${1:-all}"
 [ $# -gt 0 ] && shift
-run_tests=0; run_main=0; run_bench=0; run_overhead=0
+run_tests=0; run_main=0; run_bench=0; run_overhead=0; run_tune=0; tune_args=()
 pytest_args=(); bench_args=()
 case "$what" in
     all) run_tests=1; run_main=1; run_bench=1; run_overhead=1; bench_args=(all) ;;
     overhead) run_overhead=1 ;;
+    tune) run_tune=1; tune_args=("$@") ;;
     tests) run_tests=1; pytest_args=("$@") ;;
     main) run_main=1 ;;
     bench) run_bench=1; bench_args=("${@:-all}") ;;
-    *) echo "usage: bash scripts/gpu_suite.sh [all | tests [pytest args] | main | overhead | bench [suite] [options]]" >&2
+    *) echo "usage: bash scripts/gpu_suite.sh [all | tests [pytest args] | main | overhead | tune [options] | bench [suite] [options]]" >&2
        exit 2 ;;
 esac
 
@@ -60,6 +63,18 @@ if [ "$run_main" = 1 ]; then
     [ "$rc" -ne 0 ] && status=1
     main_summary="$(tail -n 1 "$OUTDIR/main_job.log") (exit $rc)"
 fi
+tune_summary=""
+if [ "$run_tune" = 1 ]; then
+    echo "== tuning: python -m dnnprims.tune ${tune_args[*]:-}"
+    "$PY" -m dnnprims.tune "${tune_args[@]}" --out "$OUTDIR/conv_table.json" 2>&1 | tee "$OUTDIR/tune.log"
+    if [ "${PIPESTATUS[0]}" -eq 0 ] && [ -s "$OUTDIR/conv_table.json" ]; then
+        cp "$OUTDIR/conv_table.json" dnnprims/algos/conv_table.json
+        tune_summary="$(grep -iE 'holdout|within|points' "$OUTDIR/tune.log" | tail -n 6); failed: $(grep -c failed "$OUTDIR/tune.log")"
+    else
+        status=1
+        tune_summary="tuning failed (see $OUTDIR/tune.log)"
+    fi
+fi
 overhead_table=""
 if [ "$run_overhead" = 1 ]; then
     echo "== per-call host overhead: python -m dnnprims.bench.overhead"
@@ -82,6 +97,7 @@ echo
 echo "================ summary ================"
 echo "GPU tests: $tests_summary"
 echo "main job:  $main_summary"
+[ -n "$tune_summary" ] && echo "tuning: $tune_summary"
 if [ -n "$overhead_table" ]; then
     echo "per-call host overhead (us, cached problem, no sync):"
     echo "$overhead_table"
