@@ -26,6 +26,8 @@ FAMILY = KernelFamily("pooling.cu", [
       for kind, direction in (("backward", "nchw_tiled"),
                               ("global", "forward"), ("global", "backward"))
       for t in _dtypes.CUDA_TYPES for i in ("int", "long long") for is_max in _BOOL),
+    *(f"pool_global_avg_forward_small<{t}, {i}>"
+      for t in ("half_t", "bfloat16_t", "float") for i in ("int", "long long")),
     # Direct paths (v3): NCHW rows <T, MAX, CASE>, NHWC <T, index_t, MAX, VEC>
     *(f"pool_rows_{direction}<{t}, {is_max}, {case}>"
       for direction in ("forward", "backward") for t in _dtypes.CUDA_TYPES for is_max in _BOOL
@@ -335,12 +337,27 @@ def _tiled_launch(problem, direction, rows, shared, x_rows, windows):
     return expr, (blocks,), args, shared
 
 
+# Whole-plane average forward of planes up to this many values (and not
+# float64) stages many planes per block: GLOBAL_SMALL_COUNT / _PLANES in
+# kernels/pooling.cu.
+GLOBAL_SMALL_COUNT = 64
+GLOBAL_SMALL_PLANES = 128
+
+
 def _global_launch(problem, direction):
-    """(expr, grid, scalar args) of the whole-plane kernels: one warp per plane."""
+    """(expr, grid, scalar args) of the whole-plane kernels: one warp per plane,
+    or a block per GLOBAL_SMALL_PLANES small planes for average forward."""
     planes = problem.n * problem.c
-    blocks = min(ceil_div(planes, _BLOCK // 32), _MAX_ITEMS_BLOCKS)
-    index_t = index_type(planes * problem.h * problem.w, 2 * planes + _BLOCK)
+    count = problem.h * problem.w
+    index_t = index_type(planes * count, 2 * planes + _BLOCK,
+                         planes + _MAX_ITEMS_BLOCKS * GLOBAL_SMALL_PLANES)
     it = np.int32 if index_t == "int" else np.int64
+    if (direction == "forward" and problem.mode == "avg" and count <= GLOBAL_SMALL_COUNT
+            and np.dtype(problem.dtype) != np.float64):
+        blocks = min(ceil_div(planes, GLOBAL_SMALL_PLANES), _MAX_ITEMS_BLOCKS)
+        expr = f"pool_global_avg_forward_small<{_dtypes.cuda_type(problem.dtype)}, {index_t}>"
+        return expr, (blocks,), (it(planes), np.int32(count))
+    blocks = min(ceil_div(planes, _BLOCK // 32), _MAX_ITEMS_BLOCKS)
     expr = (f"pool_global_{direction}<{_dtypes.cuda_type(problem.dtype)}, {index_t}, "
             f"{_BOOL[problem.mode == 'max']}>")
     return expr, (blocks,), (it(planes), np.int32(problem.h * problem.w))

@@ -405,6 +405,38 @@ __global__ void pool_global_forward(const T* __restrict__ x, T* __restrict__ y, 
     }
 }
 
+// Global average pooling of small planes (count <= GLOBAL_SMALL_COUNT, e.g.
+// ResNet's 7x7): one warp per plane would leave most lanes idle and keep only
+// two loads in flight per warp.  Instead a block stages GLOBAL_SMALL_PLANES
+// consecutive planes -- one contiguous run of memory -- into shared memory
+// with coalesced loads spread over all its threads, then one thread sums one
+// plane from shared memory (thread t reads tile[t * count + e]: for odd count
+// the 32 lanes hit 32 different banks).  Not for double (the tile is float).
+#define GLOBAL_SMALL_COUNT 64
+#define GLOBAL_SMALL_PLANES 128
+
+template <typename T, typename index_t>
+__global__ void pool_global_avg_forward_small(const T* __restrict__ x, T* __restrict__ y,
+                                              index_t planes, int count) {
+    static_assert(sizeof(acc_t<T>) == 4, "float accumulation only");
+    __shared__ float tile[GLOBAL_SMALL_PLANES * GLOBAL_SMALL_COUNT];
+    for (index_t first = (index_t)blockIdx.x * GLOBAL_SMALL_PLANES; first < planes;
+         first += (index_t)gridDim.x * GLOBAL_SMALL_PLANES) {
+        const int here = (int)(planes - first < GLOBAL_SMALL_PLANES ? planes - first : GLOBAL_SMALL_PLANES);
+        const int n = here * count;
+        const T* src = x + first * count;
+        for (int i = threadIdx.x; i < n; i += blockDim.x) tile[i] = load(src[i]);
+        __syncthreads();
+        if ((int)threadIdx.x < here) {
+            const float* p = tile + threadIdx.x * count;
+            float r = 0.f;
+            for (int e = 0; e < count; ++e) r += p[e];
+            y[first + threadIdx.x] = store<T>(r / float(count));
+        }
+        __syncthreads();  // the tile is rewritten by the next round
+    }
+}
+
 template <typename T, typename index_t, bool MAX>
 __global__ void pool_global_backward(const T* __restrict__ x, const T* __restrict__ dy,
                                      T* __restrict__ dx, index_t planes, int count) {

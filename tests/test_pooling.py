@@ -397,6 +397,23 @@ def test_nhwc_misaligned_falls_back_to_scalar_loads(xp, rng, mode):
     assert_close(dx, pool_backward(dy64, x64, None, 3, **opts), np.float32, what="pool_backward")
 
 
+@pytest.mark.parametrize("shape", [(3, 100, 7, 7), (2, 5, 8, 8), (1, 1, 1, 1), (2, 129, 3, 5), (1, 7, 9, 9)])
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("max_blocks", [None, 2])
+def test_global_average_pool_small_planes(xp, rng, monkeypatch, shape, dtype, max_blocks):
+    """Whole-plane average pooling: planes of up to 64 values are staged many to a
+    block (several blocks, a partial last block, and the grid-stride loop when the
+    grid is capped); 9x9 planes and float64 take the warp-per-plane kernel."""
+    from dnnprims import pooling
+    if max_blocks is not None:
+        monkeypatch.setattr(pooling, "_MAX_ITEMS_BLOCKS", max_blocks)
+        monkeypatch.setattr(pooling, "_PLANS", {})
+    x = random_array(rng, shape, dtype)
+    window = shape[2:]
+    got = pool(xp.asarray(x), window, mode="avg")
+    assert_close(got, pool(x.astype(np.float64), window, mode="avg"), dtype)
+
+
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
 def test_empty_batch(xp, layout):
     shape = (0, 3, 5, 5)
