@@ -4,6 +4,8 @@ Every public function validates here, before any kernel runs.  Messages name the
 argument and say what was expected.  Errors about the kind of a value are
 ``TypeError``; errors about its shape or range are ``ValueError``.
 """
+import numbers
+
 import numpy as np
 
 from . import _dtypes
@@ -126,6 +128,37 @@ def check_choice(name, value, choices):
     if value not in choices:
         raise ValueError(f"{name} must be one of {', '.join(map(repr, choices))}, got {value!r}")
     return value
+
+
+def real_number(name, value, low, high=None):
+    """A real number (not a bool) in [low, high] (no upper bound when None), as float."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a real number, got {value!r}")
+    if not (value >= low and (high is None or value <= high)):
+        bounds = f"in [{low}, {high}]" if high is not None else f">= {low}"
+        raise ValueError(f"{name} must be {bounds}, got {value!r}")
+    return float(value)
+
+
+def check_pair(first, a, second, b):
+    """Two optional arguments that only make sense together: both or neither."""
+    if (a is None) != (b is None):
+        given, missing = (first, second) if a is not None else (second, first)
+        raise ValueError(f"{given} was given without {missing}; pass both or neither")
+
+
+def parameter_dtype(x_dtype, **params):
+    """The common dtype of a normalization's parameters (None entries skipped):
+    x's, or float32 for half x (the cuDNN rule); x's dtype when none is given."""
+    dtype = check_same_dtype(**params)
+    if dtype is None:
+        return np.dtype(x_dtype)
+    allowed = {np.dtype(x_dtype), _dtypes.accumulate_dtype(x_dtype)}
+    if dtype not in allowed:
+        names = ", ".join(n for n, a in params.items() if a is not None)
+        raise TypeError(f"{names} must have dtype {' or '.join(sorted(str(d) for d in allowed))} "
+                        f"for x of dtype {x_dtype}, got {dtype}")
+    return dtype
 
 
 def contiguous(xp, a):

@@ -7,8 +7,6 @@ NumPy arrays run ``dnnprims.reference.normalization``; CuPy arrays run
 dtype, or float32 when x is float16/bfloat16 (the cuDNN rule); the saved
 ``mean``/``invstd`` are in the accumulation dtype (float32 for half x).
 """
-import numbers
-
 import numpy as np
 
 from . import _dtypes, _validate
@@ -72,38 +70,10 @@ def _shape(x, layout):
     return channels, outer, inner
 
 
-def _param_dtype(x_dtype, **params):
-    """The common dtype of the given parameters: x's, or float32 for half x."""
-    dtype = _validate.check_same_dtype(**params)
-    if dtype is None:
-        return np.dtype(x_dtype)
-    allowed = {np.dtype(x_dtype), _dtypes.accumulate_dtype(x_dtype)}
-    if dtype not in allowed:
-        names = ", ".join(n for n, a in params.items() if a is not None)
-        raise TypeError(f"{names} must have dtype {' or '.join(sorted(str(d) for d in allowed))} "
-                        f"for x of dtype {x_dtype}, got {dtype}")
-    return dtype
-
-
 def _check_vectors(channels, **vectors):
     for name, v in vectors.items():
         if v is not None:
             _validate.check_shape(name, v, (channels,), "one value per channel")
-
-
-def _check_real(name, value, low, high=None):
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be a real number, got {value!r}")
-    if not (value >= low and (high is None or value <= high)):
-        bounds = f"in [{low}, {high}]" if high is not None else f">= {low}"
-        raise ValueError(f"{name} must be {bounds}, got {value!r}")
-    return float(value)
-
-
-def _check_pair(first, a, second, b):
-    if (a is None) != (b is None):
-        given, missing = (first, second) if a is not None else (second, first)
-        raise ValueError(f"{given} was given without {missing}; pass both or neither")
 
 
 def batchnorm(x, gamma, beta, running_mean=None, running_var=None, *, training=True, momentum=0.1,
@@ -123,13 +93,13 @@ def batchnorm(x, gamma, beta, running_mean=None, running_var=None, *, training=T
     channels, outer, inner = _shape(x, layout)
     if not isinstance(training, (bool, np.bool_)):
         raise TypeError(f"training must be a bool, got {training!r}")
-    momentum = _check_real("momentum", momentum, 0.0, 1.0)
-    eps = _check_real("eps", eps, 0.0)
-    pdtype = _param_dtype(x.dtype, gamma=gamma, beta=beta, running_mean=running_mean,
-                          running_var=running_var)
+    momentum = _validate.real_number("momentum", momentum, 0.0, 1.0)
+    eps = _validate.real_number("eps", eps, 0.0)
+    pdtype = _validate.parameter_dtype(x.dtype, gamma=gamma, beta=beta, running_mean=running_mean,
+                                       running_var=running_var)
     _check_vectors(channels, gamma=gamma, beta=beta, running_mean=running_mean,
                    running_var=running_var)
-    _check_pair("running_mean", running_mean, "running_var", running_var)
+    _validate.check_pair("running_mean", running_mean, "running_var", running_var)
     n = outer * inner
     if not training and running_mean is None:
         raise ValueError("running_mean and running_var are required when training=False")
@@ -157,13 +127,13 @@ def batchnorm_backward(dy, x, gamma, *, eps=1e-5, mean=None, invstd=None, layout
         return _batchnorm_backward_gpu(_validate._cupy, dy, x, gamma, mean, invstd, eps, *checked)
     xp = _validate.array_module(dy=dy, x=x, gamma=gamma, mean=mean, invstd=invstd)
     channels, outer, inner = _shape(x, layout)
-    eps = _check_real("eps", eps, 0.0)
+    eps = _validate.real_number("eps", eps, 0.0)
     _validate.check_same_dtype(x=x, dy=dy)
     if dy is not None:
         _validate.check_shape("dy", dy, x.shape, "x's shape")
-    pdtype = _param_dtype(x.dtype, gamma=gamma)
+    pdtype = _validate.parameter_dtype(x.dtype, gamma=gamma)
     _check_vectors(channels, gamma=gamma, mean=mean, invstd=invstd)
-    _check_pair("mean", mean, "invstd", invstd)
+    _validate.check_pair("mean", mean, "invstd", invstd)
     acc = _dtypes.accumulate_dtype(x.dtype)
     for name, v in (("mean", mean), ("invstd", invstd)):
         if v is not None and v.dtype != acc:

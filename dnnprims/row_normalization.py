@@ -14,8 +14,6 @@ rule); saved statistics (``return_stats=True``) are ``mean`` and ``rstd`` =
 1 / sqrt(var + eps) per row, in the accumulation dtype.  Backward functions
 return gradients for every parameter (dtype of gamma, x's when gamma is None).
 """
-import numbers
-
 import numpy as np
 
 from . import _dtypes, _validate
@@ -47,28 +45,6 @@ _SM_TARGET = 132 * 8  # blocks for the parameter-gradient column reduction
 
 # ---------------------------------------------------------------------- validation
 
-def _check_real(name, value, low, high=None):
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be a real number, got {value!r}")
-    if not (value >= low and (high is None or value <= high)):
-        bounds = f"in [{low}, {high}]" if high is not None else f">= {low}"
-        raise ValueError(f"{name} must be {bounds}, got {value!r}")
-    return float(value)
-
-
-def _param_dtype(x_dtype, **params):
-    """The common dtype of the given parameters: x's, or float32 for half x."""
-    dtype = _validate.check_same_dtype(**params)
-    if dtype is None:
-        return np.dtype(x_dtype)
-    allowed = {np.dtype(x_dtype), _dtypes.accumulate_dtype(x_dtype)}
-    if dtype not in allowed:
-        names = ", ".join(n for n, a in params.items() if a is not None)
-        raise TypeError(f"{names} must have dtype {' or '.join(sorted(str(d) for d in allowed))} "
-                        f"for x of dtype {x_dtype}, got {dtype}")
-    return dtype
-
-
 def _check_params(shape, what, **params):
     for name, v in params.items():
         if v is not None:
@@ -84,12 +60,6 @@ def _check_stats(x_dtype, shape, **stats):
             raise TypeError(f"{name} must have dtype {acc} (the accumulation dtype of x's "
                             f"{x_dtype}), got {v.dtype}")
         _validate.check_shape(name, v, shape, "one value per normalized row")
-
-
-def _check_pair(first, a, second, b):
-    if (a is None) != (b is None):
-        given, missing = (first, second) if a is not None else (second, first)
-        raise ValueError(f"{given} was given without {missing}; pass both or neither")
 
 
 def _check_dy(dy, x):
@@ -148,8 +118,8 @@ def layer_norm(x, normalized_shape, gamma=None, beta=None, eps=1e-5, return_stat
     ``(y, mean, rstd)`` with the batch (leading) shape."""
     xp = _validate.array_module(x=x, gamma=gamma, beta=beta)
     shape, batch = _row_problem(x, normalized_shape)
-    eps = _check_real("eps", eps, 0.0)
-    _param_dtype(x.dtype, gamma=gamma, beta=beta)
+    eps = _validate.real_number("eps", eps, 0.0)
+    _validate.parameter_dtype(x.dtype, gamma=gamma, beta=beta)
     _check_params(shape, "normalized_shape", gamma=gamma, beta=beta)
     y, mean, rstd = _rows_forward(xp, x.reshape(-1, int(np.prod(shape))),
                                   1, _flat(gamma), _flat(beta), eps, "NCHW", False)
@@ -162,11 +132,11 @@ def layer_norm_backward(dy, x, normalized_shape, gamma=None, *, eps=1e-5, mean=N
     recomputed from x).  dgamma/dbeta have ``normalized_shape``."""
     xp = _validate.array_module(dy=dy, x=x, gamma=gamma, mean=mean, rstd=rstd)
     shape, batch = _row_problem(x, normalized_shape)
-    eps = _check_real("eps", eps, 0.0)
+    eps = _validate.real_number("eps", eps, 0.0)
     _check_dy(dy, x)
-    pdtype = _param_dtype(x.dtype, gamma=gamma)
+    pdtype = _validate.parameter_dtype(x.dtype, gamma=gamma)
     _check_params(shape, "normalized_shape", gamma=gamma)
-    _check_pair("mean", mean, "rstd", rstd)
+    _validate.check_pair("mean", mean, "rstd", rstd)
     _check_stats(x.dtype, batch, mean=mean, rstd=rstd)
     L = int(np.prod(shape))
     dx, dgamma, dbeta = _rows_backward(xp, dy.reshape(-1, L), x.reshape(-1, L), 1, _flat(gamma),
@@ -179,7 +149,7 @@ def _default_rms_eps(dtype, eps):
     float16/bfloat16 x (checked against torch 2.11 on the H100: 1.19e-7, not 9.8e-4)."""
     if eps is None:
         return float(np.finfo(_dtypes.accumulate_dtype(dtype)).eps)
-    return _check_real("eps", eps, 0.0)
+    return _validate.real_number("eps", eps, 0.0)
 
 
 def rms_norm(x, normalized_shape, gamma=None, eps=None, return_stats=False):
@@ -190,7 +160,7 @@ def rms_norm(x, normalized_shape, gamma=None, eps=None, return_stats=False):
     xp = _validate.array_module(x=x, gamma=gamma)
     shape, batch = _row_problem(x, normalized_shape)
     eps = _default_rms_eps(x.dtype, eps)
-    _param_dtype(x.dtype, gamma=gamma)
+    _validate.parameter_dtype(x.dtype, gamma=gamma)
     _check_params(shape, "normalized_shape", gamma=gamma)
     y, _, rstd = _rows_forward(xp, x.reshape(-1, int(np.prod(shape))),
                                1, _flat(gamma), None, eps, "NCHW", True)
@@ -204,7 +174,7 @@ def rms_norm_backward(dy, x, normalized_shape, gamma=None, *, eps=None, rstd=Non
     shape, batch = _row_problem(x, normalized_shape)
     eps = _default_rms_eps(x.dtype, eps)
     _check_dy(dy, x)
-    pdtype = _param_dtype(x.dtype, gamma=gamma)
+    pdtype = _validate.parameter_dtype(x.dtype, gamma=gamma)
     _check_params(shape, "normalized_shape", gamma=gamma)
     _check_stats(x.dtype, batch, rstd=rstd)
     L = int(np.prod(shape))
@@ -221,8 +191,8 @@ def group_norm(x, num_groups, gamma=None, beta=None, eps=1e-5, layout="NCHW", re
     ``return_stats=True`` returns ``(y, mean, rstd)`` of shape (N, num_groups)."""
     xp = _validate.array_module(x=x, gamma=gamma, beta=beta)
     channels, groups = _group_problem(x, num_groups, layout)
-    eps = _check_real("eps", eps, 0.0)
-    _param_dtype(x.dtype, gamma=gamma, beta=beta)
+    eps = _validate.real_number("eps", eps, 0.0)
+    _validate.parameter_dtype(x.dtype, gamma=gamma, beta=beta)
     _check_params((channels,), "one value per channel", gamma=gamma, beta=beta)
     y, mean, rstd = _rows_forward(xp, x, groups, gamma, beta, eps, layout, False)
     return (y, mean, rstd) if return_stats else y
@@ -232,11 +202,11 @@ def group_norm_backward(dy, x, num_groups, gamma=None, *, eps=1e-5, mean=None, r
     """``(dx, dgamma, dbeta)``; ``mean``/``rstd`` (N, num_groups) saved, or None."""
     xp = _validate.array_module(dy=dy, x=x, gamma=gamma, mean=mean, rstd=rstd)
     channels, groups = _group_problem(x, num_groups, layout)
-    eps = _check_real("eps", eps, 0.0)
+    eps = _validate.real_number("eps", eps, 0.0)
     _check_dy(dy, x)
-    pdtype = _param_dtype(x.dtype, gamma=gamma)
+    pdtype = _validate.parameter_dtype(x.dtype, gamma=gamma)
     _check_params((channels,), "one value per channel", gamma=gamma)
-    _check_pair("mean", mean, "rstd", rstd)
+    _validate.check_pair("mean", mean, "rstd", rstd)
     _check_stats(x.dtype, (x.shape[0], groups), mean=mean, rstd=rstd)
     return _rows_backward(xp, dy, x, groups, gamma, mean, rstd, eps, layout, pdtype, False)
 
@@ -263,12 +233,12 @@ def instance_norm(x, gamma=None, beta=None, running_mean=None, running_var=None,
     channels = _instance_problem(x, layout)
     if not isinstance(use_input_stats, (bool, np.bool_)):
         raise TypeError(f"use_input_stats must be a bool, got {use_input_stats!r}")
-    momentum = _check_real("momentum", momentum, 0.0, 1.0)
-    eps = _check_real("eps", eps, 0.0)
-    _param_dtype(x.dtype, gamma=gamma, beta=beta, running_mean=running_mean, running_var=running_var)
+    momentum = _validate.real_number("momentum", momentum, 0.0, 1.0)
+    eps = _validate.real_number("eps", eps, 0.0)
+    _validate.parameter_dtype(x.dtype, gamma=gamma, beta=beta, running_mean=running_mean, running_var=running_var)
     _check_params((channels,), "one value per channel", gamma=gamma, beta=beta,
                   running_mean=running_mean, running_var=running_var)
-    _check_pair("running_mean", running_mean, "running_var", running_var)
+    _validate.check_pair("running_mean", running_mean, "running_var", running_var)
     spatial = x.size // max(1, x.shape[0] * channels)
     if not use_input_stats:
         if running_mean is None:
@@ -298,17 +268,17 @@ def instance_norm_backward(dy, x, gamma=None, *, running_mean=None, running_var=
     xp = _validate.array_module(dy=dy, x=x, gamma=gamma, running_mean=running_mean, running_var=running_var,
                                 mean=mean, rstd=rstd)
     channels = _instance_problem(x, layout)
-    eps = _check_real("eps", eps, 0.0)
+    eps = _validate.real_number("eps", eps, 0.0)
     _check_dy(dy, x)
-    pdtype = _param_dtype(x.dtype, gamma=gamma)
+    pdtype = _validate.parameter_dtype(x.dtype, gamma=gamma)
     _check_params((channels,), "one value per channel", gamma=gamma)
     if use_input_stats:
-        _check_pair("mean", mean, "rstd", rstd)
+        _validate.check_pair("mean", mean, "rstd", rstd)
         _check_stats(x.dtype, (x.shape[0], channels), mean=mean, rstd=rstd)
         return _rows_backward(xp, dy, x, channels, gamma, mean, rstd, eps, layout, pdtype, False)
     if running_mean is None or running_var is None:
         raise ValueError("running_mean and running_var are required when use_input_stats=False")
-    _param_dtype(x.dtype, running_mean=running_mean, running_var=running_var)
+    _validate.parameter_dtype(x.dtype, running_mean=running_mean, running_var=running_var)
     _check_params((channels,), "one value per channel", running_mean=running_mean, running_var=running_var)
     return _constant_stats_backward(xp, dy, x, gamma, running_mean, running_var, eps, layout, pdtype)
 
