@@ -5,6 +5,8 @@ output checks, a handle and stream dance); the convolution algorithms call
 GEMMs whose shapes they already know, on the hot path of small problems.
 :func:`gemm` goes straight to ``cublas<S|D>gemmStridedBatched`` for float32 /
 float64 operands laid out as row-major matrices (unit stride along rows) and
+and ``cublas<C|Z>gemmStridedBatched`` for complex64 / complex128 (the FFT
+convolution's per-frequency products), and
 falls back to ``matmul`` for anything else, and on NumPy arrays (so the
 algorithms' bookkeeping stays testable without a GPU).
 
@@ -16,6 +18,8 @@ cuBLAS's first operand, A's the second, with m = N, n = M.
 import numpy as np
 
 _OP_N, _OP_T = 0, 1    # CUBLAS_OP_N, CUBLAS_OP_T
+_RUN = {np.dtype(np.float32): "sgemmStridedBatched", np.dtype(np.float64): "dgemmStridedBatched",
+        np.dtype(np.complex64): "cgemmStridedBatched", np.dtype(np.complex128): "zgemmStridedBatched"}
 _SCALARS = {}          # (dtype, value) -> one-element host array (cuBLAS reads a host pointer)
 
 
@@ -49,7 +53,7 @@ def gemm(xp, a, b, c, trans_a=False, trans_b=False, beta=0.0):
     first), likewise ``b``."""
     op_a = a.swapaxes(-1, -2) if trans_a else a
     op_b = b.swapaxes(-1, -2) if trans_b else b
-    if xp is np or c.dtype not in (np.float32, np.float64) or not c.flags.c_contiguous:
+    if xp is np or c.dtype not in _RUN or not c.flags.c_contiguous:
         return _matmul(xp, op_a, op_b, c, beta)
     la, lb = _layout(a), _layout(b)
     if la is None or lb is None:
@@ -61,7 +65,7 @@ def gemm(xp, a, b, c, trans_a=False, trans_b=False, beta=0.0):
         return c
     from cupy.cuda import device
     from cupy_backends.cuda.libs import cublas
-    run = cublas.sgemmStridedBatched if c.dtype == np.float32 else cublas.dgemmStridedBatched
+    run = getattr(cublas, _RUN[c.dtype])
     one, zero_or_beta = _scalar(c.dtype, 1.0), _scalar(c.dtype, beta)
     if K == 0:  # an empty sum: C = beta * C
         c *= beta

@@ -636,11 +636,32 @@ def test_fft_bookkeeping_on_numpy(monkeypatch, rng, case, layout, algo, buffers)
     _fft_run_on_numpy(rng, case, layout, algo)
 
 
+@pytest.mark.parametrize("case", FFT_CASES + [CASES[0], CASES[1], CASES[6], CASES[9]])
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+@pytest.mark.parametrize("buffers", ["strided", "spatial_first"])
+def test_fft_fast_path_on_numpy(monkeypatch, rng, case, layout, buffers):
+    # The fast path's buffer layouts and GEMM shapes with NumPy stand-ins for its
+    # kernels and cuFFT ("plain" and "fft_tiled" always take the generic path).
+    monkeypatch.setattr(fft_algo, "FAST", True)
+    monkeypatch.setattr(fft_algo, "LAYOUT", buffers)
+    _fft_run_on_numpy(rng, case, layout, "fft")
+
+
+def test_fft_fast_setup_is_cached(monkeypatch, rng):
+    monkeypatch.setattr(fft_algo, "FAST", True)
+    monkeypatch.setattr(fft_algo, "_setups", {})
+    _fft_run_on_numpy(rng, FFT_CASES[1].values[0], "NCHW", "fft")
+    _fft_run_on_numpy(rng, FFT_CASES[1].values[0], "NCHW", "fft")
+    assert len(fft_algo._setups) == 2      # forward and backward data: one setup each
+
+
+@pytest.mark.parametrize("fast", [True, False])
 @pytest.mark.parametrize("buffers", fft_algo.LAYOUTS)
 @pytest.mark.parametrize("case", [FFT_CASES[2], FFT_CASES[5], FFT_CASES[6]])
 @pytest.mark.gpu
-def test_fft_buffer_layouts_on_the_gpu(gpu, rng, monkeypatch, case, buffers):
+def test_fft_buffer_layouts_on_the_gpu(gpu, rng, monkeypatch, case, buffers, fast):
     monkeypatch.setattr(fft_algo, "LAYOUT", buffers)
+    monkeypatch.setattr(fft_algo, "FAST", fast)
     monkeypatch.setattr(fft_algo, "TILE_SIZES", (16,))
     for algo in FFT_ALGOS:
         x, w, b, opts = _random_problem(rng, case, "NHWC", np.float32)
@@ -681,6 +702,17 @@ def test_fft_bookkeeping_on_numpy_drawn(monkeypatch, problem, algo, buffers, see
 def test_fft_matches_reference(xp, rng, algo, case, dtype):
     x, w, b, opts = _random_problem(rng, case, "NCHW", dtype)
     _check_all_directions(xp, rng, x, w, b, opts, algo)
+
+
+@pytest.mark.parametrize("buffers", ["strided", "spatial_first"])
+@pytest.mark.parametrize("case", FFT_CASES)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_fft_fast_path_matches_reference(xp, rng, monkeypatch, buffers, case, dtype, layout):
+    monkeypatch.setattr(fft_algo, "FAST", True)
+    monkeypatch.setattr(fft_algo, "LAYOUT", buffers)
+    x, w, b, opts = _random_problem(rng, case, layout, dtype)
+    _check_all_directions(xp, rng, x, w, b, opts, "fft")
 
 
 @pytest.mark.gpu

@@ -54,6 +54,15 @@ bookkeeping run (and are tested) on NumPy too.
 import numpy as np
 
 from . import ConvAlgorithm, register
+from .. import _cublas, _dtypes
+from .._kernels import KernelFamily, ceil_div, index_type
+
+# kernels/conv_fft.cu: window (pad + layout), crop (+ bias), filter to complex.
+FAMILY = KernelFamily("conv_fft.cu", [
+    f"{name}<{t}, {i}>"
+    for name in ("fft_window", "fft_crop", "fft_filter_complex")
+    for t in ("float", "double") for i in ("int", "long long")])
+_THREADS = 256
 
 SUPPORTED_DTYPES = ("float32", "float64")
 # FFT tile sizes of "fft_tiled", smallest first (powers of two: cuFFT's fastest).
@@ -365,6 +374,17 @@ def _filter_spectrum(xp, filt, T, cdtype):
     return G.reshape(-1, J, Ko)
 
 
+def _filter_dft(xp, w, Ds, Dr):
+    """The two DFT GEMMs of :func:`_filter_spectrum` on complex w (E, E', J, Ko),
+    straight to cuBLAS (the fast path)."""
+    E0, E1, J, Ko = w.shape
+    A = xp.empty((E0, Ds.shape[0], J * Ko), dtype=w.dtype)
+    _cublas.gemm(xp, Ds, w.reshape(E0, E1, J * Ko), A)                         # (E, T'/2+1, J Ko)
+    G = xp.empty((Dr.shape[0], A.shape[1] * J * Ko), dtype=w.dtype)
+    _cublas.gemm(xp, Dr, A.reshape(E0, -1), G)                                 # (T, (T'/2+1) J Ko)
+    return G.reshape(-1, J, Ko)
+
+
 def _dilated(xp, w, dilation, extent):
     if dilation == (1, 1):
         return w
@@ -439,12 +459,190 @@ def _filter_gradient(xp, a, d, g, chunk_tiles):
     return dw * (1.0 / (T[0] * T[1]))
 
 
+# --- the fast path of "fft" (one tile per sample) -------------------------------
+# A cached call is 7 launches: filter to complex (kernel), two filter-DFT GEMMs,
+# window (kernel), R2C, the per-frequency GEMM, C2R, crop + bias (kernel); the
+# cuFFT plans, twiddles and launch shapes are made once per problem and kept
+# in ``_setups``.  On NumPy the same steps run with NumPy stand-ins for the
+# kernels and cuFFT (:func:`_emulate_window` ...), so the layout bookkeeping is
+# tested without a GPU.
+# WORK IN PROGRESS: FAST is False (off) until the GPU tests have run on it
+# (test_fft_buffer_layouts_on_the_gpu[...-True], notes/conv_fft.md "fft_fast");
+# the kernels compile with NVRTC and the bookkeeping passes on NumPy.
+FAST = False
+_setups = {}   # key -> _Setup, least recently used first
+
+
+class _Setup:
+    """Everything about one (device, geometry, batch, dtype, layout) that does
+    not depend on the data."""
+
+    def __init__(self, xp, g, N, dtype, spatial):
+        self.spatial = spatial
+        self.dtype = np.dtype(dtype)
+        self.cdtype = np.result_type(self.dtype, np.complex64)
+        T0, T1 = g.T
+        self.half = T1 // 2 + 1
+        J, Ko = g.channels_in, g.channels_out
+        self.B_in, self.B_out = N * J, N * Ko
+        self.Ds, self.Dr = _twiddle_matrices(xp, g.T, g.extent, self.cdtype)
+        self.plans = None
+        if xp is not np:
+            self.plans = (_spatial_plan(False, self.dtype, g.T, self.B_in) if spatial
+                          else _plan(xp, False, self.dtype, g.T, self.B_in),
+                          _spatial_plan(True, self.dtype, g.T, self.B_out) if spatial
+                          else _plan(xp, True, self.dtype, g.T, self.B_out))
+        ct = _dtypes.cuda_type(self.dtype)
+        E0, E1 = g.extent
+        it = index_type(2 * g.frequencies * max(self.B_in, self.B_out), T0 * T1 * max(self.B_in, self.B_out),
+                        2 * E0 * E1 * J * Ko)
+        self.exprs = {k: f"{k}<{ct}, {it}>" for k in ("fft_window", "fft_crop", "fft_filter_complex")}
+        self.index = np.int64 if it == "long long" else np.int32
+
+
+def _spatial_plan(inverse, real_dtype, T, batch):
+    """cuFFT plans for the "spatial_first" layout: real (T0, T1, batch) and
+    complex (T0, T1/2+1, batch), batch innermost (stride batch, distance 1)."""
+    from cupy.cuda import cufft
+    import cupy
+    key = (cupy.cuda.runtime.getDevice(), "spatial", inverse, real_dtype == np.float64, T, batch)
+    plan = _plans.pop(key, None)
+    if plan is None:
+        half = T[1] // 2 + 1
+        if inverse:
+            kind = cufft.CUFFT_Z2D if real_dtype == np.float64 else cufft.CUFFT_C2R
+            plan = cufft.PlanNd(list(T), [T[0], half], batch, 1, list(T), batch, 1,
+                                kind, batch, "C", -1, T[1])
+        else:
+            kind = cufft.CUFFT_D2Z if real_dtype == np.float64 else cufft.CUFFT_R2C
+            plan = cufft.PlanNd(list(T), list(T), batch, 1, [T[0], half], batch, 1,
+                                kind, batch, "C", -1, half)
+        while len(_plans) >= PLAN_CACHE_SIZE:
+            _plans.pop(next(iter(_plans)))
+    _plans[key] = plan
+    return plan
+
+
+def _setup(xp, g, N, dtype):
+    spatial = LAYOUT == "spatial_first"
+    key = (None if xp is np else xp.cuda.runtime.getDevice(), g.T, g.extent, g.channels_in,
+           g.channels_out, N, np.dtype(dtype).name, spatial)
+    st = _setups.pop(key, None)
+    if st is None:
+        st = _Setup(xp, g, N, dtype, spatial)
+        while len(_setups) >= PLAN_CACHE_SIZE:
+            _setups.pop(next(iter(_setups)))
+    _setups[key] = st
+    return st
+
+
+def _elements(a):
+    return [s // a.itemsize for s in a.strides]
+
+
+def _emulate_filter_complex(f, out, dilation, flip, channels_swapped):
+    """NumPy stand-in for fft_filter_complex."""
+    E0, E1 = out.shape[:2]
+    w = f.transpose(1, 0, 2, 3) if channels_swapped else f                   # (Ko, J, R, S)
+    full = np.zeros(w.shape[:2] + (E0, E1), dtype=f.dtype)
+    full[:, :, ::dilation[0], ::dilation[1]] = w
+    if flip:
+        full = full[:, :, ::-1, ::-1]
+    out[...] = full.transpose(2, 3, 1, 0)
+
+
+def _emulate_window(a, buf, row0, col0, spatial):
+    N, J, H, W = a.shape
+    T0, T1 = buf.shape[:2] if spatial else buf.shape[2:]
+    win = _window(np, a, 0, N, row0, T0, col0, T1)                          # (N, J, T0, T1)
+    buf[...] = win.transpose(2, 3, 0, 1) if spatial else win
+
+
+def _fast_correlate(xp, a, f, out, g, bias, dilation, flip):
+    """out (N, Ko, P, Q view) = cross-correlation of a (N, J, H, W view), padded
+    by g.pad, with the (dilated) filter f (Ko, J, R, S), or for backward data
+    (``flip``) with f (J, Ko, R, S) rotated by 180 degrees and channels
+    swapped; plus bias."""
+    N, J, H, W = a.shape
+    Ko = g.channels_out
+    P, Q = out.shape[2:]
+    T0, T1 = g.T
+    E0, E1 = g.extent
+    F = g.frequencies
+    st = _setup(xp, g, N, out.dtype)
+    gpu = xp is not np
+    # 1. the filter spectrum (F, J, Ko), 1 / (T T') folded in.
+    wc = xp.empty((E0, E1, J, Ko), dtype=st.cdtype)
+    if gpu:
+        fs = _elements(f)
+        sk, sj = (fs[1], fs[0]) if flip else (fs[0], fs[1])
+        total = wc.size
+        FAMILY.launch(st.exprs["fft_filter_complex"], (ceil_div(total, _THREADS),), (_THREADS,),
+                      (f, wc, st.index(total), np.int32(E0), np.int32(E1), np.int32(J), np.int32(Ko),
+                       np.int32(dilation[0]), np.int32(dilation[1]), np.int32(flip),
+                       np.int64(sk), np.int64(sj), np.int64(fs[2]), np.int64(fs[3])))
+    else:
+        _emulate_filter_complex(f, wc, dilation, flip, flip)
+    G = _filter_dft(xp, wc, st.Ds, st.Dr)
+    del wc
+    # 2. the input window, zero-padded, in the FFT layout.
+    buf = xp.empty((T0, T1, N, J) if st.spatial else (N, J, T0, T1), dtype=out.dtype)
+    row0, col0 = -g.pad[0], -g.pad[1]
+    if gpu:
+        sa = _elements(a)
+        total = buf.size
+        FAMILY.launch(st.exprs["fft_window"], (ceil_div(total, _THREADS),), (_THREADS,),
+                      (a, buf, st.index(total), np.int32(N), np.int32(J), np.int32(H), np.int32(W),
+                       np.int32(T0), np.int32(T1), np.int32(row0), np.int32(col0),
+                       np.int64(sa[0]), np.int64(sa[1]), np.int64(sa[2]), np.int64(sa[3]),
+                       np.int32(st.spatial)))
+    else:
+        _emulate_window(a, buf, row0, col0, st.spatial)
+    # 3. spectra, product, inverse.
+    X = xp.empty((F, N, J), dtype=st.cdtype)
+    if gpu:
+        from cupy.cuda import cufft
+        st.plans[0].fft(buf, X, cufft.CUFFT_FORWARD)
+    elif st.spatial:
+        X[...] = np.fft.rfft2(buf, axes=(0, 1)).reshape(F, N, J)
+    else:
+        X[...] = np.fft.rfft2(buf).reshape(N * J, F).T.reshape(F, N, J)
+    del buf
+    Y = _cublas.gemm(xp, X, G, xp.empty((F, N, Ko), dtype=st.cdtype))
+    del X, G
+    y = xp.empty((T0, T1, N * Ko) if st.spatial else (N * Ko, T0, T1), dtype=out.dtype)
+    if gpu:
+        st.plans[1].fft(Y, y, cufft.CUFFT_INVERSE)
+    elif st.spatial:
+        y[...] = np.fft.irfft2(Y.reshape(T0, st.half, N * Ko), s=g.T, axes=(0, 1), norm="forward")
+    else:
+        y[...] = np.fft.irfft2(Y.reshape(F, N * Ko).T.reshape(N * Ko, T0, st.half), s=g.T,
+                               norm="forward")
+    del Y
+    # 4. crop (+ bias) into out.
+    if gpu:
+        so = _elements(out)
+        total = out.size
+        has_bias = bias is not None
+        FAMILY.launch(st.exprs["fft_crop"], (ceil_div(total, _THREADS),), (_THREADS,),
+                      (y, bias if has_bias else y, out, st.index(total), np.int32(N), np.int32(Ko),
+                       np.int32(P), np.int32(Q), np.int32(T0), np.int32(T1),
+                       np.int64(so[0]), np.int64(so[1]), np.int64(so[2]), np.int64(so[3]),
+                       np.int64(_elements(bias)[0] if has_bias else 0), np.int32(has_bias),
+                       np.int32(st.spatial)))
+    else:
+        block = (y.transpose(2, 0, 1) if st.spatial else y).reshape(N, Ko, T0, T1)[:, :, :P, :Q]
+        out[...] = block if bias is None else block + bias.reshape(1, Ko, 1, 1)
+    return out
+
+
 class FFTConvolution(ConvAlgorithm):
     """One tile per sample ("fft") or bounded tiles ("fft_tiled")."""
 
     def __init__(self, name, tiled):
         self.name = name
         self.tiled = tiled
+        self._geometries = {}   # (problem, direction, TILE_SIZES) -> Geometry (host time per call)
 
     def supports(self, problem, direction):
         ok, reason = super().supports(problem, direction)
@@ -461,7 +659,13 @@ class FFTConvolution(ConvAlgorithm):
         return True, ""
 
     def geometry(self, problem, direction):
-        return Geometry(problem, direction, self.tiled)
+        key = (problem, direction, TILE_SIZES)
+        g = self._geometries.get(key)
+        if g is None:
+            if len(self._geometries) >= 4 * PLAN_CACHE_SIZE:
+                self._geometries.clear()
+            g = self._geometries[key] = Geometry(problem, direction, self.tiled)
+        return g
 
     def workspace_bytes(self, problem, direction):
         g = self.geometry(problem, direction)
@@ -477,6 +681,11 @@ class FFTConvolution(ConvAlgorithm):
 
     def _run(self, xp, p, direction, a, b, out, bias=None):
         g = self.geometry(p, direction)
+        if FAST and not self.tiled and direction != "backward_filter" and LAYOUT != "plain":
+            _fast_correlate(xp, _nchw(a, p.layout), b, _nchw(out, p.layout), g,
+                            bias if direction == "forward" else None, p.dilation,
+                            direction == "backward_data")
+            return out
         chunk_tiles = _chunk_tiles(p, direction, g, self.tiled)
         if direction == "forward":
             w = _dilated(xp, b, p.dilation, g.extent)
