@@ -466,10 +466,12 @@ def _filter_gradient(xp, a, d, g, chunk_tiles):
 # in ``_setups``.  On NumPy the same steps run with NumPy stand-ins for the
 # kernels and cuFFT (:func:`_emulate_window` ...), so the layout bookkeeping is
 # tested without a GPU.
-# WORK IN PROGRESS: FAST is False (off) until the GPU tests have run on it
-# (test_fft_buffer_layouts_on_the_gpu[...-True], notes/conv_fft.md "fft_fast");
-# the kernels compile with NVRTC and the bookkeeping passes on NumPy.
-FAST = False
+# On since the H100 run of 2026-11-23 (114 FFT GPU tests pass, both layouts):
+# with the "strided" layout it matches the generic path on big_7x7_s1
+# (0.549 vs 0.557 ms forward: that layer is GPU-bound) and cuts big_11x11_s1
+# backward data from 0.552 to 0.372 ms (notes/conv_fft.md, "fft_fast").
+# "spatial_first" measured 20-30 % slower, so LAYOUT stays "strided".
+FAST = True
 _setups = {}   # key -> _Setup, least recently used first
 
 
