@@ -39,15 +39,13 @@ _MAX_BLOCKS = 65536  # grid cap; kernels loop with a grid stride
 _STRIDE_SLACK = 4 * _BLOCK * _UNROLL * _MAX_BLOCKS  # index + one stride, in elements (VEC <= 8)
 _PLANE_CHUNK = 8192  # elements per block in the NCHW bias backward (a multiple of every VEC)
 _ROW_CHUNK = 64      # rows per block in the NHWC bias backward
-_NHWC_PACKED = True  # NHWC bias backward with 16-byte packs of channels when C % VEC == 0
 LAYOUTS = ("NCHW", "NHWC")
 
 _MODE_VALUES = sorted(set(_KERNEL_MODE.values()))
 FAMILY = _kernels.KernelFamily("activation.cu", [
     *(f"{kernel}<{t}, {i}, {m}>"
       for kernel in ("activation_forward", "activation_backward", "bias_activation_forward",
-                     "bias_activation_backward_planes", "bias_activation_backward_rows",
-                     "bias_activation_backward_rows_packed")
+                     "bias_activation_backward_planes", "bias_activation_backward_rows")
       for t in _dtypes.CUDA_TYPES
       for i in ("int", "long long")
       for m in _MODE_VALUES),
@@ -219,13 +217,9 @@ def bias_activation_backward(dy, x, bias, mode, *, alpha=None, approximate="none
         rows_per_chunk = max(_ROW_CHUNK, _kernels.ceil_div(_kernels.ceil_div(outer, 65535), 8) * 8)
         groups = _kernels.ceil_div(outer, rows_per_chunk)
         partial = xp.empty((groups, channels), acc)
-        vec = 16 // x.dtype.itemsize
-        if _NHWC_PACKED and channels % vec == 0 and all(v.data.ptr % 16 == 0 for v in (dy, x, dx)):
-            kernel, lanes = "bias_activation_backward_rows_packed", _kernels.ceil_div(channels // vec, 32)
-        else:
-            kernel, lanes = "bias_activation_backward_rows", _kernels.ceil_div(channels, 32)
-        FAMILY.launch(f"{kernel}{template}", (lanes, groups), (32, 8),
-                      (dy, x, bias, dx, partial, itype(outer), itype(channels), itype(rows_per_chunk), a))
+        FAMILY.launch(f"bias_activation_backward_rows{template}", (_kernels.ceil_div(channels, 32), groups),
+                      (32, 8), (dy, x, bias, dx, partial, itype(outer), itype(channels),
+                                itype(rows_per_chunk), a))
     index_t = template.split(", ")[1]
     FAMILY.launch(f"bias_grad_reduce<{_dtypes.cuda_type(x.dtype)}, {index_t}>",
                   (min(_kernels.ceil_div(channels, _BLOCK), _MAX_BLOCKS),), (_BLOCK,),

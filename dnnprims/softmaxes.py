@@ -8,7 +8,7 @@ CuPy arrays run ``kernels/softmax.cu``, which views the array as
 held in registers by a warp or a block per row (one read, one write, 16-byte
 accesses when aligned), other axes (such as the channel axis of NCHW) are held
 by tiles of the whole axis by 8-32 consecutive inner positions, in registers
-(axis <= 1024) or shared memory; rows or axes too long for these fall back to
+(16-bit forward, axis <= 1024) or shared memory; rows or axes too long for these fall back to
 two reads.
 """
 import math
@@ -35,12 +35,20 @@ _INDEX_TYPES = ("int", "long long")
 
 
 _ITEMSIZE = {"float": 4, "double": 8, "half_t": 2, "bfloat16_t": 2}
+# The channel axis in registers runs for the forward of these types only: on the
+# H100 it was faster than the shared-memory tile there and slower for float and
+# for backward (notes/mem_softmax.md, v2).
+_REGISTER_CHANNEL_TYPES = ("half_t", "bfloat16_t")
 
 FAMILY = _kernels.KernelFamily("softmax.cu", [
     *(f"softmax_{direction}_{mapping}<{t}, {i}, {log}>"
       for direction in ("forward", "backward")
-      for mapping in ("rows_block", "channels", "channels_registers", "columns")
+      for mapping in ("rows_block", "channels", "columns")
       for t in _dtypes.CUDA_TYPES
+      for i in _INDEX_TYPES
+      for log in ("false", "true")),
+    *(f"softmax_forward_channels_registers<{t}, {i}, {log}>"
+      for t in _REGISTER_CHANNEL_TYPES
       for i in _INDEX_TYPES
       for log in ("false", "true")),
     *(f"softmax_{direction}_rows_registers<{t}, {i}, {log}, {vec}>"
@@ -103,13 +111,14 @@ def _launch(direction, log, arrays, shape, axis, dtype):
         FAMILY.launch(f"softmax_{direction}_rows_block<{template}>", (min(outer, _MAX_BLOCKS),),
                       (_ROW_BLOCK,), (*arrays, itype(outer), itype(n)))
         return
-    # Strided axis held in registers: CY rows of threads hold CHANNEL_VALUES values
-    # each (CY the fewest that cover n), TW = 256 / CY inner positions (fewer when
-    # inner is smaller).
+    # Strided axis held in registers (16-bit forward): CY rows of threads hold
+    # CHANNEL_VALUES values each (CY the fewest that cover n), TW = 256 / CY inner
+    # positions (fewer when inner is smaller).
     rows_of_threads = 8
     while rows_of_threads * _CHANNEL_VALUES < n and rows_of_threads < 32:
         rows_of_threads *= 2
-    if rows_of_threads * _CHANNEL_VALUES >= n and inner >= 8:
+    if (direction == "forward" and ctype in _REGISTER_CHANNEL_TYPES and inner >= 8
+            and rows_of_threads * _CHANNEL_VALUES >= n):
         width = _CHANNEL_THREADS // rows_of_threads
         while width > 8 and width >= 2 * inner:
             width //= 2

@@ -16,8 +16,7 @@
 // per-block partial sum of dx per channel into a workspace, reduced over the
 // blocks in a fixed order by bias_grad_reduce (deterministic, no atomics):
 //   *_planes  (NCHW) one block per chunk of one (n, c) plane;
-//   *_rows    (NHWC) blockDim (32, 8): 32 consecutive channels by 8 rows;
-//   *_rows_packed  the same with 32 packs of VEC channels (C % VEC == 0).
+//   *_rows    (NHWC) blockDim (32, 8): 32 consecutive channels by 8 rows.
 //
 // The math (modes, derivatives, PyTorch's conventions at the kinks) lives in
 // activation_math.cuh, shared with the fused convolution epilogues.
@@ -205,54 +204,6 @@ __global__ void bias_activation_backward_rows(const T* __restrict__ dy, const T*
     if (threadIdx.y == 0 && c < channels) {
         for (int k = 1; k < 8; ++k) acc += scratch[k][threadIdx.x];
         partial[(index_t)blockIdx.y * channels + c] = acc;
-    }
-}
-
-// NHWC backward with 16-byte packs (C % VEC == 0, aligned): thread tx of block bx owns
-// the VEC channels of pack 32 bx + tx, so a warp reads 512 contiguous bytes of a row.
-template <typename T, typename index_t, int MODE>
-__global__ void bias_activation_backward_rows_packed(const T* __restrict__ dy, const T* __restrict__ x,
-                                                     const T* __restrict__ bias, T* __restrict__ dx,
-                                                     acc_t<T>* __restrict__ partial, index_t rows,
-                                                     index_t channels, index_t rows_per_chunk, acc_t<T> alpha) {
-    typedef acc_t<T> A;
-    constexpr int VEC = pack_width<T>::value;
-    __shared__ A scratch[8][32 * VEC];
-    const index_t q = (index_t)blockIdx.x * 32 + threadIdx.x;  // pack index within a row
-    const index_t c0 = q * VEC;
-    const index_t first = (index_t)blockIdx.y * rows_per_chunk;
-    const index_t last = min(first + rows_per_chunk, rows);
-    A acc[VEC];
-#pragma unroll
-    for (int e = 0; e < VEC; ++e) acc[e] = A(0);
-    if (c0 < channels) {
-        A bc[VEC];
-#pragma unroll
-        for (int e = 0; e < VEC; ++e) bc[e] = load(bias[c0 + e]);
-#pragma unroll 4
-        for (index_t r = first + threadIdx.y; r < last; r += blockDim.y) {
-            const index_t at = r * channels + c0;
-            const Pack<T, VEC> g = load_pack<T, VEC>(dy + at), in = load_pack<T, VEC>(x + at);
-            Pack<T, VEC> out;
-#pragma unroll
-            for (int e = 0; e < VEC; ++e) {
-                const A d = load(g.v[e]) * derivative<MODE>(load(in.v[e]) + bc[e], alpha);
-                out.v[e] = store<T>(d);
-                acc[e] += d;
-            }
-            store_pack<T, VEC>(dx + at, out);
-        }
-    }
-#pragma unroll
-    for (int e = 0; e < VEC; ++e) scratch[threadIdx.y][threadIdx.x * VEC + e] = acc[e];
-    __syncthreads();
-    if (threadIdx.y == 0 && c0 < channels) {
-#pragma unroll
-        for (int e = 0; e < VEC; ++e) {
-            A s = acc[e];
-            for (int k = 1; k < 8; ++k) s += scratch[k][threadIdx.x * VEC + e];
-            partial[(index_t)blockIdx.y * channels + c0 + e] = s;
-        }
     }
 }
 

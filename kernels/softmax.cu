@@ -14,9 +14,10 @@
 //                  shared memory across the warps of one row when G > 32).
 //   *_rows_block   inner == 1 and longer rows: one block per row, online
 //                  (max, sum) in one read, a second read writes y.
-//   *_channels_registers  inner >= 8 and n <= 32 x CY (CY <= 32): the same
-//                  tiles as *_channels below, each thread holding its 32
-//                  values in registers (no shared memory but the reductions').
+//   *_channels_registers  forward, 16-bit types, inner >= 8 and n <= 32 x CY
+//                  (CY <= 32): the same tiles as *_channels below, each thread
+//                  holding its 32 values in registers (no shared memory but the
+//                  reductions').
 //   *_channels     inner > 1 and a (n x TW) tile fits in shared memory (the
 //                  channel axis of NCHW): blockDim (TW, CY) with TW * CY =
 //                  256; a block owns TW consecutive inner positions of one
@@ -414,7 +415,10 @@ __global__ void softmax_backward_channels(const T* __restrict__ dy, const T* __r
 // The same tiles as *_channels, but each thread keeps its CHANNEL_VALUES values
 // (rows ty, ty + CY, ... of the tile; Python: n <= CHANNEL_VALUES * CY) in
 // registers: all loads in flight at once, no shared-memory traffic, one exp
-// per element.
+// per element.  Forward of the 16-bit types only: on the H100 it beat the
+// shared-memory tile there (fp16 softmax 0.163 -> 0.125 ms on 64x256x56x56)
+// but lost for float (0.165 -> 0.183 ms) and for every backward it was tried
+// on (notes/mem_softmax.md, v2).
 #define CHANNEL_VALUES 32
 
 template <typename T, typename index_t, bool LOG>
@@ -459,45 +463,6 @@ __global__ void __launch_bounds__(256) softmax_forward_channels_registers(const 
         for (int k = 0; k < CHANNEL_VALUES; ++k) {
             const index_t c = (index_t)ty + (index_t)k * cy;
             if (valid && c < n) y[base + c * inner] = store<T>(LOG ? v[k] - m - log_s : v[k] * inv_s);
-        }
-    }
-}
-
-template <typename T, typename index_t, bool LOG>
-__global__ void __launch_bounds__(256) softmax_backward_channels_registers(const T* __restrict__ dy,
-                                                                          const T* __restrict__ y,
-                                                                          T* __restrict__ dx, index_t outer,
-                                                                          index_t n, index_t inner,
-                                                                          index_t tiles_per_outer) {
-    typedef acc_t<T> A;
-    __shared__ A scratch[CHANNEL_THREADS];
-    const int tx = threadIdx.x, ty = threadIdx.y, tw = blockDim.x, cy = blockDim.y;
-    const index_t tiles = outer * tiles_per_outer;
-    for (index_t t = blockIdx.x; t < tiles; t += (index_t)gridDim.x) {
-        const index_t o = t / tiles_per_outer;
-        const index_t p = (t - o * tiles_per_outer) * tw + tx;
-        const bool valid = p < inner;
-        const index_t base = o * n * inner + p;
-        T g[CHANNEL_VALUES], w[CHANNEL_VALUES];
-#pragma unroll
-        for (int k = 0; k < CHANNEL_VALUES; ++k) {
-            const index_t c = (index_t)ty + (index_t)k * cy;
-            if (valid && c < n) {
-                g[k] = dy[base + c * inner];
-                w[k] = y[base + c * inner];
-            }
-        }
-        A sum = A(0);
-#pragma unroll
-        for (int k = 0; k < CHANNEL_VALUES; ++k) {
-            const index_t c = (index_t)ty + (index_t)k * cy;
-            if (valid && c < n) sum += backward_term<A, LOG>(load(g[k]), load(w[k]));
-        }
-        sum = column_reduce<A, false>(sum, scratch);
-#pragma unroll
-        for (int k = 0; k < CHANNEL_VALUES; ++k) {
-            const index_t c = (index_t)ty + (index_t)k * cy;
-            if (valid && c < n) dx[base + c * inner] = store<T>(backward_value<A, LOG>(load(g[k]), load(w[k]), sum));
         }
     }
 }
