@@ -6,9 +6,10 @@ output ``y``, not ``x``.  NumPy arrays run :mod:`dnnprims.reference.softmaxes`;
 CuPy arrays run ``kernels/softmax.cu``, which views the array as
 (outer, n, inner) around the reduced axis: contiguous rows (inner == 1) are
 held in registers by a warp or a block per row (one read, one write, 16-byte
-accesses when aligned), other axes (such as the channel axis of NCHW) are
-staged through a shared-memory tile of the whole axis by 8-32 consecutive
-inner positions; rows or axes too long for either fall back to two reads.
+accesses when aligned), other axes (such as the channel axis of NCHW) are held
+by tiles of the whole axis by 8-32 consecutive inner positions, in registers
+(16-bit forward, axis <= 1024) or shared memory; rows or axes too long for these fall back to
+two reads.
 """
 import math
 
@@ -19,15 +20,13 @@ from .reference import softmaxes as _reference
 
 # Launch configuration (kernels/softmax.cu explains each mapping).
 _ROW_PACKS = 8               # ROW_PACKS in softmax.cu: packs each thread holds per row
-# At most 256 threads a row: with 512 or 1024, the float64 and 16-bit row
-# specialisations (up to 128 values a thread) exceed the register file and
-# the launch fails (CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES, seen on the H100).
-_MAX_ROW_THREADS = 256
+_MAX_ROW_THREADS = 256       # threads per row in the register kernels (their launch bound)
 _WARP_ROWS_PER_BLOCK = 4     # rows per block when a warp owns a row
 _ROW_BLOCK = 512             # threads per block in the block-per-row (long row) kernels
 _COLUMN_BLOCK = 256          # threads per block in the column kernels
 _CHANNEL_THREADS = 256       # CHANNEL_THREADS in softmax.cu: tile width x rows of threads
 _TILE_BYTES = 46 * 1024      # dynamic shared memory per channel tile (48 KB less the scratch)
+_CHANNEL_VALUES = 32         # CHANNEL_VALUES in softmax.cu: axis values a thread holds in registers
 _MAX_BLOCKS = 1 << 20        # grids are capped; kernels loop with a grid stride
 # index_t must also hold an index plus one grid stride (the last loop step).
 _STRIDE_SLACK = _MAX_BLOCKS * _ROW_BLOCK
@@ -36,12 +35,20 @@ _INDEX_TYPES = ("int", "long long")
 
 
 _ITEMSIZE = {"float": 4, "double": 8, "half_t": 2, "bfloat16_t": 2}
+# The channel axis in registers runs for the forward of these types only: on the
+# H100 it was faster than the shared-memory tile there and slower for float and
+# for backward (notes/mem_softmax.md, v2).
+_REGISTER_CHANNEL_TYPES = ("half_t", "bfloat16_t")
 
 FAMILY = _kernels.KernelFamily("softmax.cu", [
     *(f"softmax_{direction}_{mapping}<{t}, {i}, {log}>"
       for direction in ("forward", "backward")
       for mapping in ("rows_block", "channels", "columns")
       for t in _dtypes.CUDA_TYPES
+      for i in _INDEX_TYPES
+      for log in ("false", "true")),
+    *(f"softmax_forward_channels_registers<{t}, {i}, {log}>"
+      for t in _REGISTER_CHANNEL_TYPES
       for i in _INDEX_TYPES
       for log in ("false", "true")),
     *(f"softmax_{direction}_rows_registers<{t}, {i}, {log}, {vec}>"
@@ -104,8 +111,24 @@ def _launch(direction, log, arrays, shape, axis, dtype):
         FAMILY.launch(f"softmax_{direction}_rows_block<{template}>", (min(outer, _MAX_BLOCKS),),
                       (_ROW_BLOCK,), (*arrays, itype(outer), itype(n)))
         return
-    # Strided axis: the widest tile (<= 32 inner positions, a power of two) whose
-    # n x width values (both inputs' for backward) fit in shared memory.
+    # Strided axis held in registers (16-bit forward): CY rows of threads hold
+    # CHANNEL_VALUES values each (CY the fewest that cover n), TW = 256 / CY inner
+    # positions (fewer when inner is smaller).
+    rows_of_threads = 8
+    while rows_of_threads * _CHANNEL_VALUES < n and rows_of_threads < 32:
+        rows_of_threads *= 2
+    if (direction == "forward" and ctype in _REGISTER_CHANNEL_TYPES and inner >= 8
+            and rows_of_threads * _CHANNEL_VALUES >= n):
+        width = _CHANNEL_THREADS // rows_of_threads
+        while width > 8 and width >= 2 * inner:
+            width //= 2
+        tiles_per_outer = _kernels.ceil_div(inner, width)
+        grid = min(outer * tiles_per_outer, _MAX_BLOCKS)
+        FAMILY.launch(f"softmax_{direction}_channels_registers<{template}>", (grid,), (width, rows_of_threads),
+                      (*arrays, itype(outer), itype(n), itype(inner), itype(tiles_per_outer)))
+        return
+    # Otherwise through shared memory: the widest tile (<= 32 inner positions, a
+    # power of two) whose n x width values (both inputs' for backward) fit.
     tiles_in = 1 if direction == "forward" else 2
     width = 32
     while width > 1 and (width >= 2 * inner or width * n * itemsize * tiles_in > _TILE_BYTES):

@@ -1,19 +1,23 @@
 // Softmax and log-softmax over one axis, forward and backward.
 //
 // Python views the tensor as (outer, n, inner) with the reduced axis of length
-// n in the middle, and picks one of four mappings:
+// n in the middle, and picks one of five mappings:
 //
 //   *_rows_registers  inner == 1 and the row fits in registers (n up to
 //                  256 threads x ROW_PACKS packs x VEC values): blockDim
-//                  (G, R), G threads (a power of two, 32..256) per row and R rows
-//                  per block (R > 1 only when G == 32).  Thread t holds packs
-//                  t, t + G, ... (ROW_PACKS of them, VEC values each, 16-byte
-//                  loads when Python found the row and pointers aligned), so
-//                  x is read once and y written once; max and sum are
-//                  reductions over registers (warp shuffles, plus shared
-//                  memory across the warps of one row when G > 32).
+//                  (G, R), G threads (a power of two, 32..256) per row and R
+//                  rows per block (R > 1 only when G == 32).  Thread t holds
+//                  packs t, t + G, ... (ROW_PACKS of them, VEC values each,
+//                  16-byte loads when Python found the row and pointers
+//                  aligned), so x is read once and y written once; max and
+//                  sum are reductions over registers (warp shuffles, plus
+//                  shared memory across the warps of one row when G > 32).
 //   *_rows_block   inner == 1 and longer rows: one block per row, online
 //                  (max, sum) in one read, a second read writes y.
+//   *_channels_registers  forward, 16-bit types, inner >= 8 and n <= 32 x CY
+//                  (CY <= 32): the same tiles as *_channels below, each thread
+//                  holding its 32 values in registers (no shared memory but the
+//                  reductions').
 //   *_channels     inner > 1 and a (n x TW) tile fits in shared memory (the
 //                  channel axis of NCHW): blockDim (TW, CY) with TW * CY =
 //                  256; a block owns TW consecutive inner positions of one
@@ -190,6 +194,20 @@ __global__ void softmax_backward_columns(const T* dy, const T* y, T* dx, index_t
 
 // ---- rows held in registers ---------------------------------------------------
 
+// exp for the register kernels.  float/double use the accurate library exp;
+// the 16-bit types use ex2.approx (relative error ~2^-22, far below their
+// storage rounding), which halves the instructions per element -- at 2 bytes
+// a value these kernels otherwise run out of issue slots before bandwidth.
+template <typename T> __device__ __forceinline__ acc_t<T> exp_for(acc_t<T> v) {
+    if constexpr (sizeof(T) == 2) {
+        float r;
+        asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(v * 1.4426950408889634f));
+        return r;
+    } else {
+        return exp_acc(v);
+    }
+}
+
 // Max / sum over the threads of one row: the warp, or (G > 32, one row per
 // block) the whole block.  Called by every thread of the row.
 template <typename A> __device__ __forceinline__ A row_max(A v, A* scratch) {
@@ -200,9 +218,13 @@ template <typename A> __device__ __forceinline__ A row_sum(A v, A* scratch) {
     return blockDim.x > 32 ? block_sum(v, scratch) : warp_sum(v);
 }
 
+// Rows are held as raw packs (ROW_PACKS x 16 bytes a thread: 32 registers in
+// every storage type) and converted where used, so 16-bit rows need no more
+// registers than float rows.  At most 256 threads a row (Python), which keeps
+// every specialisation launchable whatever its register count.
 template <typename T, typename index_t, bool LOG, int VEC>
-__global__ void softmax_forward_rows_registers(const T* __restrict__ x, T* __restrict__ y, index_t rows,
-                                               index_t n) {
+__global__ void __launch_bounds__(256) softmax_forward_rows_registers(const T* __restrict__ x, T* __restrict__ y,
+                                                                      index_t rows, index_t n) {
     typedef acc_t<T> A;
     __shared__ A scratch[32];
     const index_t packs = n / VEC;  // Python: n % VEC == 0
@@ -211,18 +233,19 @@ __global__ void softmax_forward_rows_registers(const T* __restrict__ x, T* __res
          row += row_stride) {
         const T* xr = x + row * n;
         T* yr = y + row * n;
-        A v[ROW_PACKS][VEC];
+        Pack<T, VEC> v[ROW_PACKS];
+#pragma unroll
+        for (int k = 0; k < ROW_PACKS; ++k) {
+            const index_t j = (index_t)threadIdx.x + (index_t)k * (index_t)blockDim.x;
+            if (j < packs) v[k] = load_pack<T, VEC>(xr + j * VEC);
+        }
         A m = negative_infinity<A>();
 #pragma unroll
         for (int k = 0; k < ROW_PACKS; ++k) {
             const index_t j = (index_t)threadIdx.x + (index_t)k * (index_t)blockDim.x;
             if (j < packs) {
-                const Pack<T, VEC> p = load_pack<T, VEC>(xr + j * VEC);
 #pragma unroll
-                for (int e = 0; e < VEC; ++e) {
-                    v[k][e] = load(p.v[e]);
-                    m = fmax(m, v[k][e]);  // a NaN is skipped here and poisons the sum below
-                }
+                for (int e = 0; e < VEC; ++e) m = fmax(m, load(v[k].v[e]));  // a NaN is skipped here and poisons the sum below
             }
         }
         m = row_max(m, scratch);
@@ -232,7 +255,7 @@ __global__ void softmax_forward_rows_registers(const T* __restrict__ x, T* __res
             const index_t j = (index_t)threadIdx.x + (index_t)k * (index_t)blockDim.x;
             if (j < packs) {
 #pragma unroll
-                for (int e = 0; e < VEC; ++e) s += exp_acc(v[k][e] - m);
+                for (int e = 0; e < VEC; ++e) s += exp_for<T>(load(v[k].v[e]) - m);
             }
         }
         s = row_sum(s, scratch);
@@ -244,8 +267,10 @@ __global__ void softmax_forward_rows_registers(const T* __restrict__ x, T* __res
             if (j < packs) {
                 Pack<T, VEC> p;
 #pragma unroll
-                for (int e = 0; e < VEC; ++e)
-                    p.v[e] = store<T>(LOG ? v[k][e] - m - log_s : exp_acc(v[k][e] - m) * inv_s);
+                for (int e = 0; e < VEC; ++e) {
+                    const A d = load(v[k].v[e]) - m;
+                    p.v[e] = store<T>(LOG ? d - log_s : exp_for<T>(d) * inv_s);
+                }
                 store_pack<T, VEC>(yr + j * VEC, p);
             }
         }
@@ -253,8 +278,9 @@ __global__ void softmax_forward_rows_registers(const T* __restrict__ x, T* __res
 }
 
 template <typename T, typename index_t, bool LOG, int VEC>
-__global__ void softmax_backward_rows_registers(const T* __restrict__ dy, const T* __restrict__ y,
-                                                T* __restrict__ dx, index_t rows, index_t n) {
+__global__ void __launch_bounds__(256) softmax_backward_rows_registers(const T* __restrict__ dy,
+                                                                       const T* __restrict__ y,
+                                                                       T* __restrict__ dx, index_t rows, index_t n) {
     typedef acc_t<T> A;
     __shared__ A scratch[32];
     const index_t packs = n / VEC;
@@ -262,20 +288,22 @@ __global__ void softmax_backward_rows_registers(const T* __restrict__ dy, const 
     for (index_t row = (index_t)blockIdx.x * (index_t)blockDim.y + (index_t)threadIdx.y; row < rows;
          row += row_stride) {
         const index_t off = row * n;
-        A g[ROW_PACKS][VEC], w[ROW_PACKS][VEC];
+        Pack<T, VEC> g[ROW_PACKS], w[ROW_PACKS];
+#pragma unroll
+        for (int k = 0; k < ROW_PACKS; ++k) {
+            const index_t j = (index_t)threadIdx.x + (index_t)k * (index_t)blockDim.x;
+            if (j < packs) {
+                g[k] = load_pack<T, VEC>(dy + off + j * VEC);
+                w[k] = load_pack<T, VEC>(y + off + j * VEC);
+            }
+        }
         A sum = A(0);
 #pragma unroll
         for (int k = 0; k < ROW_PACKS; ++k) {
             const index_t j = (index_t)threadIdx.x + (index_t)k * (index_t)blockDim.x;
             if (j < packs) {
-                const Pack<T, VEC> pg = load_pack<T, VEC>(dy + off + j * VEC);
-                const Pack<T, VEC> pw = load_pack<T, VEC>(y + off + j * VEC);
 #pragma unroll
-                for (int e = 0; e < VEC; ++e) {
-                    g[k][e] = load(pg.v[e]);
-                    w[k][e] = load(pw.v[e]);
-                    sum += backward_term<A, LOG>(g[k][e], w[k][e]);
-                }
+                for (int e = 0; e < VEC; ++e) sum += backward_term<A, LOG>(load(g[k].v[e]), load(w[k].v[e]));
             }
         }
         sum = row_sum(sum, scratch);
@@ -285,7 +313,8 @@ __global__ void softmax_backward_rows_registers(const T* __restrict__ dy, const 
             if (j < packs) {
                 Pack<T, VEC> p;
 #pragma unroll
-                for (int e = 0; e < VEC; ++e) p.v[e] = store<T>(backward_value<A, LOG>(g[k][e], w[k][e], sum));
+                for (int e = 0; e < VEC; ++e)
+                    p.v[e] = store<T>(backward_value<A, LOG>(load(g[k].v[e]), load(w[k].v[e]), sum));
                 store_pack<T, VEC>(dx + off + j * VEC, p);
             }
         }
@@ -377,6 +406,63 @@ __global__ void softmax_backward_channels(const T* __restrict__ dy, const T* __r
             for (index_t c = ty; c < n; c += cy)
                 dx[base + c * inner] = store<T>(
                     backward_value<A, LOG>(load(tile_dy[c * tw + tx]), load(tile_y[c * tw + tx]), sum));
+        }
+    }
+}
+
+// ---- strided axis held in registers ----------------------------------------------
+
+// The same tiles as *_channels, but each thread keeps its CHANNEL_VALUES values
+// (rows ty, ty + CY, ... of the tile; Python: n <= CHANNEL_VALUES * CY) in
+// registers: all loads in flight at once, no shared-memory traffic, one exp
+// per element.  Forward of the 16-bit types only: on the H100 it beat the
+// shared-memory tile there (fp16 softmax 0.163 -> 0.125 ms on 64x256x56x56)
+// but lost for float (0.165 -> 0.183 ms) and for every backward it was tried
+// on (notes/mem_softmax.md, v2).
+#define CHANNEL_VALUES 32
+
+template <typename T, typename index_t, bool LOG>
+__global__ void __launch_bounds__(256) softmax_forward_channels_registers(const T* __restrict__ x,
+                                                                         T* __restrict__ y, index_t outer,
+                                                                         index_t n, index_t inner,
+                                                                         index_t tiles_per_outer) {
+    typedef acc_t<T> A;
+    __shared__ A scratch[CHANNEL_THREADS];
+    const int tx = threadIdx.x, ty = threadIdx.y, tw = blockDim.x, cy = blockDim.y;
+    const index_t tiles = outer * tiles_per_outer;
+    for (index_t t = blockIdx.x; t < tiles; t += (index_t)gridDim.x) {
+        const index_t o = t / tiles_per_outer;
+        const index_t p = (t - o * tiles_per_outer) * tw + tx;
+        const bool valid = p < inner;
+        const index_t base = o * n * inner + p;
+        A v[CHANNEL_VALUES];
+        A m = negative_infinity<A>();
+#pragma unroll
+        for (int k = 0; k < CHANNEL_VALUES; ++k) {
+            const index_t c = (index_t)ty + (index_t)k * cy;
+            if (valid && c < n) {
+                v[k] = load(x[base + c * inner]);
+                m = fmax(m, v[k]);
+            }
+        }
+        m = column_reduce<A, true>(m, scratch);
+        A s = A(0);
+#pragma unroll
+        for (int k = 0; k < CHANNEL_VALUES; ++k) {
+            const index_t c = (index_t)ty + (index_t)k * cy;
+            if (valid && c < n) {
+                const A e = exp_for<T>(v[k] - m);
+                s += e;
+                if (!LOG) v[k] = e;
+            }
+        }
+        s = column_reduce<A, false>(s, scratch);
+        const A log_s = LOG ? log_acc(s) : A(0);
+        const A inv_s = A(1) / s;
+#pragma unroll
+        for (int k = 0; k < CHANNEL_VALUES; ++k) {
+            const index_t c = (index_t)ty + (index_t)k * cy;
+            if (valid && c < n) y[base + c * inner] = store<T>(LOG ? v[k] - m - log_s : v[k] * inv_s);
         }
     }
 }
