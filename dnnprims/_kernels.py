@@ -2,9 +2,13 @@
 
 Each ``kernels/<family>.cu`` file is a *kernel family*: CUDA C++ templates
 plus the list of name expressions (specialisations) the library may request.
-A family is compiled once per device, all its specialisations in one NVRTC
-call (CuPy also keeps the binary in its on-disk cache), and every launch goes
-through :meth:`KernelFamily.function`.  Nothing else in dnnprims compiles code.
+A family is compiled per device and per kernel: the first launch of
+``activation_forward<...>`` compiles every declared specialisation of
+``activation_forward`` in one NVRTC call (CuPy also keeps the binary in its
+on-disk cache), not the whole family -- a family of several kernels times
+dtypes, index types and modes has hundreds of specialisations, over a minute
+of NVRTC for the first call otherwise.  Every launch goes through
+:meth:`KernelFamily.function`.  Nothing else in dnnprims compiles code.
 
 Without a GPU, :func:`compile_with_nvrtc` compiles a family to PTX through
 NVRTC alone; CI uses it to prove that every specialisation builds cleanly.
@@ -37,7 +41,7 @@ class KernelFamily:
         self.filename = filename
         self.name_expressions = tuple(name_expressions)
         self._declared = frozenset(self.name_expressions)
-        self._modules = {}  # device id -> cupy.RawModule
+        self._modules = {}  # (device id, kernel name) -> cupy.RawModule
         self._functions = {}  # (device id, expression) -> cupy.RawKernel: the hot-path lookup
         _FAMILIES[filename] = self
 
@@ -55,16 +59,17 @@ class KernelFamily:
             return kernel
         if expression not in self._declared:
             raise KeyError(f"{expression!r} is not a declared specialisation of {self.filename}")
-        module = self._modules.get(device)
+        kernel_name = expression.split("<", 1)[0]
+        module = self._modules.get((device, kernel_name))
         if module is None:
-            module = cupy.RawModule(code=self.source, options=COMPILE_OPTIONS,
-                                    name_expressions=self.name_expressions)
+            group = tuple(e for e in self.name_expressions if e.split("<", 1)[0] == kernel_name)
+            module = cupy.RawModule(code=self.source, options=COMPILE_OPTIONS, name_expressions=group)
             try:
                 module.compile()
             except cupy.cuda.compiler.CompileException as e:
-                raise RuntimeError(f"compiling kernel family {self.filename} failed:\n"
+                raise RuntimeError(f"compiling {kernel_name} of kernel family {self.filename} failed:\n"
                                    f"{e.get_message()}") from None
-            self._modules[device] = module
+            self._modules[(device, kernel_name)] = module
         kernel = self._functions[(device, expression)] = module.get_function(expression)
         return kernel
 
