@@ -82,35 +82,46 @@ def _view(shape, axis):
     return outer, int(shape[axis]), inner
 
 
-def _aligned(arrays, n, vec):
-    return n % vec == 0 and all(a.data.ptr % 16 == 0 for a in arrays)
-
-
 def _launch(direction, log, arrays, shape, axis, dtype):
     """Run one direction on contiguous CuPy arrays; the last array is the output."""
+    aligned = all(a.data.ptr % 16 == 0 for a in arrays)
+    key = (direction, log, shape, axis, dtype, aligned)
+    plan = _PLANS.get(key)
+    if plan is None:
+        if len(_PLANS) >= 4096:
+            _PLANS.clear()
+        plan = _PLANS[key] = _plan(direction, log, shape, axis, dtype, aligned)
+    if plan is not None:
+        expr, grid, block, scalars, shared = plan
+        FAMILY.launch(expr, grid, block, (*arrays, *scalars), shared_mem=shared)
+
+
+_PLANS = {}  # (direction, log, shape, axis, dtype, 16-byte aligned) -> launch, or None (empty)
+
+
+def _plan(direction, log, shape, axis, dtype, aligned):
+    """(expression, grid, block, scalar arguments, shared bytes) of one launch."""
     outer, n, inner = _view(shape, axis)
     size = outer * n * inner
     if size == 0:
-        return
+        return None
     index_t = _kernels.index_type(size + _STRIDE_SLACK)
     itype = np.int32 if index_t == "int" else np.int64
     ctype = _dtypes.cuda_type(dtype)
     template = f"{ctype}, {index_t}, {'true' if log else 'false'}"
     itemsize = np.dtype(dtype).itemsize
     if inner == 1:
-        vec = 16 // itemsize if _aligned(arrays, n, 16 // itemsize) else 1
+        vec = 16 // itemsize if aligned and n % (16 // itemsize) == 0 else 1
         threads = 32  # per row: the fewest (>= a warp) that hold the row in ROW_PACKS packs each
         while threads * _ROW_PACKS * vec < n and threads < _MAX_ROW_THREADS:
             threads *= 2
         if threads * _ROW_PACKS * vec >= n:
             rows_per_block = _WARP_ROWS_PER_BLOCK if threads == 32 else 1
             grid = min(_kernels.ceil_div(outer, rows_per_block), _MAX_BLOCKS)
-            FAMILY.launch(f"softmax_{direction}_rows_registers<{template}, {vec}>", (grid,),
-                          (threads, rows_per_block), (*arrays, itype(outer), itype(n)))
-            return
-        FAMILY.launch(f"softmax_{direction}_rows_block<{template}>", (min(outer, _MAX_BLOCKS),),
-                      (_ROW_BLOCK,), (*arrays, itype(outer), itype(n)))
-        return
+            return (f"softmax_{direction}_rows_registers<{template}, {vec}>", (grid,),
+                    (threads, rows_per_block), (itype(outer), itype(n)), 0)
+        return (f"softmax_{direction}_rows_block<{template}>", (min(outer, _MAX_BLOCKS),),
+                (_ROW_BLOCK,), (itype(outer), itype(n)), 0)
     # Strided axis held in registers (16-bit forward): CY rows of threads hold
     # CHANNEL_VALUES values each (CY the fewest that cover n), TW = 256 / CY inner
     # positions (fewer when inner is smaller).
@@ -124,9 +135,8 @@ def _launch(direction, log, arrays, shape, axis, dtype):
             width //= 2
         tiles_per_outer = _kernels.ceil_div(inner, width)
         grid = min(outer * tiles_per_outer, _MAX_BLOCKS)
-        FAMILY.launch(f"softmax_{direction}_channels_registers<{template}>", (grid,), (width, rows_of_threads),
-                      (*arrays, itype(outer), itype(n), itype(inner), itype(tiles_per_outer)))
-        return
+        return (f"softmax_{direction}_channels_registers<{template}>", (grid,), (width, rows_of_threads),
+                (itype(outer), itype(n), itype(inner), itype(tiles_per_outer)), 0)
     # Otherwise through shared memory: the widest tile (<= 32 inner positions, a
     # power of two) whose n x width values (both inputs' for backward) fit.
     tiles_in = 1 if direction == "forward" else 2
@@ -136,23 +146,31 @@ def _launch(direction, log, arrays, shape, axis, dtype):
     if width * n * itemsize * tiles_in <= _TILE_BYTES and width >= min(8, inner):
         tiles_per_outer = _kernels.ceil_div(inner, width)
         grid = min(outer * tiles_per_outer, _MAX_BLOCKS)
-        FAMILY.launch(f"softmax_{direction}_channels<{template}>", (grid,),
-                      (width, _CHANNEL_THREADS // width),
-                      (*arrays, itype(outer), itype(n), itype(inner), itype(tiles_per_outer)),
-                      shared_mem=width * n * itemsize * tiles_in)
-        return
+        return (f"softmax_{direction}_channels<{template}>", (grid,),
+                (width, _CHANNEL_THREADS // width),
+                (itype(outer), itype(n), itype(inner), itype(tiles_per_outer)),
+                width * n * itemsize * tiles_in)
     grid = min(_kernels.ceil_div(outer * inner, _COLUMN_BLOCK), _MAX_BLOCKS)
-    FAMILY.launch(f"softmax_{direction}_columns<{template}>", (grid,), (_COLUMN_BLOCK,),
-                  (*arrays, itype(outer), itype(n), itype(inner)))
+    return (f"softmax_{direction}_columns<{template}>", (grid,), (_COLUMN_BLOCK,),
+            (itype(outer), itype(n), itype(inner)), 0)
+
+
+# Validated GPU calls: the normalised axis per kind of call (see _validate.CallMemo).
+_MEMO = _validate.CallMemo()
 
 
 def _forward(x, axis, log):
-    xp = _validate.array_module(x=x)
-    _validate.check_float_dtype("x", x)
-    _check_at_least_1d("x", x)
-    axis = _normalize_axis(axis, x.ndim)
-    if xp is np:
-        return (_reference.log_softmax if log else _reference.softmax)(x, axis)
+    key = _MEMO.key("forward", (x,), (axis, log))
+    checked = _MEMO.get(key)
+    if checked is None:
+        xp = _validate.array_module(x=x)
+        _validate.check_float_dtype("x", x)
+        _check_at_least_1d("x", x)
+        axis = _normalize_axis(axis, x.ndim)
+        if xp is np:
+            return (_reference.log_softmax if log else _reference.softmax)(x, axis)
+        checked = _MEMO.put(key, axis)
+    xp, axis = _validate._cupy, checked
     x = _validate.contiguous(xp, x)
     y = xp.empty(x.shape, x.dtype)
     _launch("forward", log, (x, y), x.shape, axis, x.dtype)
@@ -160,16 +178,21 @@ def _forward(x, axis, log):
 
 
 def _backward(dy, y, axis, log):
-    xp = _validate.array_module(dy=dy, y=y)
-    _validate.check_float_dtype("y", y)
-    _check_at_least_1d("y", y)
-    axis = _normalize_axis(axis, y.ndim, "y")
-    if dy is None:  # a zero output gradient
-        return xp.zeros(y.shape, y.dtype)
-    _validate.check_same_dtype(dy=dy, y=y)
-    _validate.check_shape("dy", dy, y.shape, "the shape of y")
-    if xp is np:
-        return (_reference.log_softmax_backward if log else _reference.softmax_backward)(dy, y, axis)
+    key = _MEMO.key("backward", (dy, y), (axis, log))
+    checked = _MEMO.get(key) if dy is not None else None
+    if checked is None:
+        xp = _validate.array_module(dy=dy, y=y)
+        _validate.check_float_dtype("y", y)
+        _check_at_least_1d("y", y)
+        axis = _normalize_axis(axis, y.ndim, "y")
+        if dy is None:  # a zero output gradient
+            return xp.zeros(y.shape, y.dtype)
+        _validate.check_same_dtype(dy=dy, y=y)
+        _validate.check_shape("dy", dy, y.shape, "the shape of y")
+        if xp is np:
+            return (_reference.log_softmax_backward if log else _reference.softmax_backward)(dy, y, axis)
+        checked = _MEMO.put(key, axis)
+    xp, axis = _validate._cupy, checked
     dy, y = _validate.contiguous(xp, dy), _validate.contiguous(xp, y)
     dx = xp.empty(y.shape, y.dtype)
     _launch("backward", log, (dy, y, dx), y.shape, axis, y.dtype)

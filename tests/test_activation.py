@@ -421,3 +421,28 @@ def test_bias_activation_bad_mode_and_alpha():
 def test_bias_activation_mixing_numpy_and_cupy(gpu):
     with pytest.raises(TypeError, match="cannot mix NumPy and CuPy arrays"):
         bias_activation(gpu.ones((2, 3)), np.ones(3), "relu")
+
+
+@pytest.mark.gpu
+def test_repeated_gpu_calls_reuse_the_validated_plan_and_still_check(gpu, rng):
+    from dnnprims import activations
+    x = random_array(rng, (3, 7, 13), np.float32)
+    X = gpu.asarray(x)
+    first = activations.activation(X, "leaky_relu", alpha=0.2)
+    entries = len(activations._MEMO._entries)
+    again = activations.activation(X, "leaky_relu", alpha=0.2)
+    assert len(activations._MEMO._entries) == entries and gpu.array_equal(first, again)
+    assert_close(again, activations.activation(x.astype(np.float64), "leaky_relu", alpha=0.2), np.float32)
+    other = activations.activation(X, "leaky_relu", alpha=0.3)       # another alpha: another plan
+    assert_close(other, activations.activation(x.astype(np.float64), "leaky_relu", alpha=0.3), np.float32)
+    with pytest.raises(TypeError, match="alpha"):
+        activations.activation(X, "leaky_relu", alpha=True)
+    with pytest.raises(ValueError, match="mode"):
+        activations.activation(X, "swish")
+    dy = gpu.asarray(random_array(rng, x.shape, np.float32))
+    for _ in range(2):
+        dx = activations.activation_backward(dy, X, "gelu")
+    assert_close(dx, activations.activation_backward(dy.get().astype(np.float64), x.astype(np.float64), "gelu"),
+                 np.float32)
+    with pytest.raises(ValueError, match="dy"):
+        activations.activation_backward(dy[:, :-1], X, "gelu")

@@ -261,3 +261,29 @@ def test_mismatched_shapes():
 def test_mixing_numpy_and_cupy(gpu):
     with pytest.raises(TypeError, match="cannot mix NumPy and CuPy arrays: dy is NumPy but y is CuPy"):
         softmax_backward(np.ones((2, 3)), gpu.ones((2, 3)))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("log", [False, True])
+def test_repeated_gpu_calls_reuse_the_validated_plan_and_still_check(gpu, rng, log):
+    from dnnprims import softmaxes
+    forward = softmaxes.log_softmax if log else softmaxes.softmax
+    backward = softmaxes.log_softmax_backward if log else softmaxes.softmax_backward
+    x = random_array(rng, (5, 13, 7), np.float32)
+    X = gpu.asarray(x)
+    first = forward(X, axis=1)
+    entries = len(softmaxes._MEMO._entries)
+    again = forward(X, axis=1)
+    assert len(softmaxes._MEMO._entries) == entries and gpu.array_equal(first, again)
+    assert_close(again, forward(x.astype(np.float64), axis=1), np.float32)
+    with pytest.raises(TypeError, match="axis"):
+        forward(X, axis=True)
+    with pytest.raises(ValueError, match="axis"):
+        forward(X, axis=3)
+    dy = gpu.asarray(random_array(rng, x.shape, np.float32))
+    for _ in range(2):
+        dx = backward(dy, again, axis=1)
+    y64 = forward(x.astype(np.float64), axis=1)
+    assert_close(dx, backward(dy.get().astype(np.float64), y64, axis=1), np.float32)
+    with pytest.raises(ValueError, match="dy"):
+        backward(dy[:, :-1], again, axis=1)
