@@ -98,41 +98,16 @@ template <typename T, int V> __device__ __forceinline__ void store_vec(T* p, con
 
 // Stage rows [row0, row0 + rows) x cols [col0, col0 + cols) of one plane
 // (height Hs, width Ws) into dst (row pitch `pitch`), zeros outside the plane.
-// Each thread issues STAGE_ROWS x STAGE_COLS independent loads before storing
-// any (a tile with a 3 x 3 halo is then one round trip to memory): one load
-// at a time per thread leaves too few bytes in flight to approach DRAM
-// bandwidth (measured: 0.37 of copy on mbv2_dw_112).
-#define STAGE_ROWS 2
-#define STAGE_COLS (DW_V + 1)
 template <typename T>
 __device__ __forceinline__ void stage_tile(acc_t<T>* dst, const T* __restrict__ plane, int Hs, int Ws,
                                            int row0, int col0, int rows, int cols, int pitch) {
-    typedef acc_t<T> A;
-    const int TY = blockDim.y, TX = blockDim.x;
-    for (int rb = threadIdx.y; rb < rows; rb += STAGE_ROWS * TY) {
-        for (int cb = threadIdx.x; cb < cols; cb += STAGE_COLS * TX) {
-            A v[STAGE_ROWS][STAGE_COLS];
-#pragma unroll
-            for (int i = 0; i < STAGE_ROWS; ++i) {
-                const int h = row0 + rb + i * TY;
-                const bool row_ok = rb + i * TY < rows && (unsigned)h < (unsigned)Hs;
-                const T* src = plane + (long long)(row_ok ? h : 0) * Ws;
-#pragma unroll
-                for (int j = 0; j < STAGE_COLS; ++j) {
-                    const int wi = col0 + cb + j * TX;
-                    v[i][j] = (row_ok && cb + j * TX < cols && (unsigned)wi < (unsigned)Ws) ? load(src[wi])
-                                                                                           : A(0);
-                }
-            }
-#pragma unroll
-            for (int i = 0; i < STAGE_ROWS; ++i) {
-                const int row = rb + i * TY;
-#pragma unroll
-                for (int j = 0; j < STAGE_COLS; ++j) {
-                    const int col = cb + j * TX;
-                    if (row < rows && col < cols) dst[row * pitch + col] = v[i][j];
-                }
-            }
+    for (int row = threadIdx.y; row < rows; row += blockDim.y) {
+        const int h = row0 + row;
+        const bool row_in = (unsigned)h < (unsigned)Hs;
+        const T* src = plane + (long long)(row_in ? h : 0) * Ws;
+        for (int col = threadIdx.x; col < cols; col += blockDim.x) {
+            const int wi = col0 + col;
+            dst[row * pitch + col] = (row_in && (unsigned)wi < (unsigned)Ws) ? load(src[wi]) : acc_t<T>(0);
         }
     }
 }
@@ -294,19 +269,18 @@ dw_backward_filter_nchw(const T* __restrict__ x, const T* __restrict__ dy, acc_t
             const int tile = (int)(item - n * tiles);
             const int tp = tile / tiles_q, tq = tile - tp * tiles_q;
             const int p0 = tp * TP, q0 = tq * TQT * DW_V;
-            // dy goes to registers first, so its loads are in flight with the x tile's.
+            __syncthreads();  // the previous item's reads of xs are done
+            stage_tile<T>(xs, x + (n * C + c) * (long long)H * W, H, W,
+                          p0 * sh - ph, q0 * sw - pw, in_rows, in_cols, pitch);
+            __syncthreads();
             const int p = p0 + ty;
-            const T* dyrow = dy + (n * K + k) * (long long)P * Q + (long long)(p < P ? p : 0) * Q;
+            const T* dyrow = dy + (n * K + k) * (long long)P * Q + (long long)p * Q;
             A d[DW_V];
 #pragma unroll
             for (int v = 0; v < DW_V; ++v) {
                 const int q = q0 + tx + v * TQT;
                 d[v] = (p < P && q < Q) ? load(dyrow[q]) : A(0);
             }
-            __syncthreads();  // the previous item's reads of xs are done
-            stage_tile<T>(xs, x + (n * C + c) * (long long)H * W, H, W,
-                          p0 * sh - ph, q0 * sw - pw, in_rows, in_cols, pitch);
-            __syncthreads();
             const A* xrow = xs + ty * sh * pitch + tx * sw;
             for (int i = 0; i < G; ++i) {
                 const int tap = t0 + i, r = tap / S, s = tap - r * S;
