@@ -663,6 +663,7 @@ def bench_tensor_ops(be, specs, repeat, rng):
                                    _host64(x).sum(axis=(0, 2, 3))), repeat))
         del x, nhwc
         be.free()
+    return rows
 
 
 # Fused bias + activation: y = act(x + bias[c]).  Floor: read x, write y (forward);
