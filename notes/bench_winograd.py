@@ -5,7 +5,7 @@ measure each one's error against float64 (cuDNN in float64 on the same
 inputs, N(0, 1) data).  Then a per-stage breakdown of the Winograd path.
 The figures of notes/conv_wino.md come from this script.
 
-    python scripts/winograd_h100.py [--only NAME] [--batch N] [--breakdown] [--json PATH]
+    python notes/bench_winograd.py [--only NAME] [--batch N] [--breakdown] [--json PATH]
 """
 import argparse
 import json
