@@ -916,12 +916,14 @@ def main(argv=None):
     parser.add_argument("--repeat", type=int, default=None, help="timed calls per measurement (median)")
     parser.add_argument("--json", default=None, help="write every number here (and a PNG plot beside it)")
     parser.add_argument("--cpu", action="store_true", help="run the NumPy path (a smoke test of this script)")
+    parser.add_argument("--problems", default=str(PROBLEMS),
+                        help="problem list (JSON, the format of dnnprims/bench/problems.json)")
     parser.add_argument("--quiet", action="store_true", help="no per-row progress lines")
     args = parser.parse_args(argv)
     _VERBOSE = not args.quiet
 
     be = Backend(force_cpu=args.cpu)
-    problems = json.loads(PROBLEMS.read_text())
+    problems = json.loads(pathlib.Path(args.problems).read_text())
     repeat = args.repeat or (10 if args.quick else 30)
 
     def select(family):
