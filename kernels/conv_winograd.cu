@@ -190,3 +190,203 @@ winograd_output_transform(const acc_t<T>* __restrict__ mw, const T* __restrict__
         }
     }
 }
+
+// ---- Backward filter: Winograd F(3x3, M x M) ------------------------------------
+// dw[k][c] (3x3) = sum over tiles t of the correlation of the x tile (ALPHA x ALPHA)
+// with the dy tile (M x M): per tile F(3x3, MxM), and since the inverse transform
+// is linear the sum over t moves inside it,
+//     dw[k][c] = A^T ( sum_t (G dy[k,t] G^T) .* (B^T x[c,t] B) ) A,
+// i.e. ALPHA^2 GEMMs Mw[a] = Dt[a] Xt[a]^T of depth "tiles" (cuBLAS, from Python).
+// The depth is split into `splits` contiguous runs of `split_tiles` tile slots
+// (GEMM batch b = a * splits + s: more blocks for small K x C, shorter float sums);
+// slots past the chunk's last tile are written as zeros in both operands.
+// Workspace layouts (acc_t<T>), slot = s * split_tiles + tl, tile of the slot
+// t = ((n - n0) * tiles_h + th) * tiles_w + tw:
+//   Xt[a][s][c][tl] (NCHW) / Xt[a][s][tl][c] (NHWC)  input transform
+//   Dt[a][s][k][tl] (NCHW) / Dt[a][s][tl][k] (NHWC)  output-gradient transform
+//   Mw[a][s][k][c]                                    GEMM results (over batch chunks: beta = 1)
+// Either way the thread with flat index i writes element i of every a-plane:
+// one thread per (channel, slot), tl fastest for NCHW, the channel fastest for
+// NHWC, so the stores are coalesced and the loads run along W or C.
+
+// x -> Xt: B^T d B of the ALPHA x ALPHA tile at (th * M - pad_h, tw * M - pad_w).
+template <typename T, int M, bool NHWC>
+__global__ void __launch_bounds__(256)
+winograd_wgrad_input_transform(const T* __restrict__ x, acc_t<T>* __restrict__ v,
+                               int C, int H, int W, int pad_h, int pad_w, int tiles_h, int tiles_w,
+                               int tiles, int n0, int splits, int split_tiles) {
+    typedef acc_t<T> A;
+    typedef winograd_wgrad_matrices<M> F;
+    constexpr int ALPHA = F::ALPHA;
+    const int plane = C * splits * split_tiles;
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= plane) return;
+    int c, t;
+    if (NHWC) {
+        c = i % C;
+        t = i / C;
+    } else {
+        const int tl = i % split_tiles, rest = i / split_tiles;
+        c = rest % C;
+        t = (rest / C) * split_tiles + tl;
+    }
+    const bool live = t < tiles;
+    const int tw = t % tiles_w;
+    const int th = (t / tiles_w) % tiles_h;
+    const int n = n0 + t / (tiles_w * tiles_h);
+    const int h0 = th * M - pad_h, w0 = tw * M - pad_w;
+
+    A d[ALPHA][ALPHA];
+#pragma unroll
+    for (int r = 0; r < ALPHA; ++r) {
+#pragma unroll
+        for (int s = 0; s < ALPHA; ++s) {
+            const int h = h0 + r, w = w0 + s;
+            A value = A(0);
+            if (live && (unsigned)h < (unsigned)H && (unsigned)w < (unsigned)W)
+                value = load(x[NHWC ? ((n * H + h) * W + w) * C + c : ((n * C + c) * H + h) * W + w]);
+            d[r][s] = value;
+        }
+    }
+    A bd[ALPHA][ALPHA];   // B^T d
+#pragma unroll
+    for (int r = 0; r < ALPHA; ++r) {
+#pragma unroll
+        for (int s = 0; s < ALPHA; ++s) {
+            A sum = A(0);
+#pragma unroll
+            for (int k = 0; k < ALPHA; ++k) {
+                if (F::bt(r, k) != 0.0) sum += A(F::bt(r, k)) * d[k][s];
+            }
+            bd[r][s] = sum;
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < ALPHA; ++r) {
+#pragma unroll
+        for (int s = 0; s < ALPHA; ++s) {
+            A sum = A(0);
+#pragma unroll
+            for (int k = 0; k < ALPHA; ++k) {
+                if (F::bt(s, k) != 0.0) sum += bd[r][k] * A(F::bt(s, k));
+            }
+            v[(r * ALPHA + s) * plane + i] = sum;
+        }
+    }
+}
+
+// dy -> Dt: G e G^T of the M x M tile e at (th * M, tw * M), zero outside P x Q.
+template <typename T, int M, bool NHWC>
+__global__ void __launch_bounds__(256)
+winograd_wgrad_grad_transform(const T* __restrict__ dy, acc_t<T>* __restrict__ v,
+                              int K, int P, int Q, int tiles_h, int tiles_w,
+                              int tiles, int n0, int splits, int split_tiles) {
+    typedef acc_t<T> A;
+    typedef winograd_wgrad_matrices<M> F;
+    constexpr int ALPHA = F::ALPHA;
+    const int plane = K * splits * split_tiles;
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= plane) return;
+    int k, t;
+    if (NHWC) {
+        k = i % K;
+        t = i / K;
+    } else {
+        const int tl = i % split_tiles, rest = i / split_tiles;
+        k = rest % K;
+        t = (rest / K) * split_tiles + tl;
+    }
+    const bool live = t < tiles;
+    const int tw = t % tiles_w;
+    const int th = (t / tiles_w) % tiles_h;
+    const int n = n0 + t / (tiles_w * tiles_h);
+    const int p0 = th * M, q0 = tw * M;
+
+    A e[M][M];
+#pragma unroll
+    for (int r = 0; r < M; ++r) {
+#pragma unroll
+        for (int s = 0; s < M; ++s) {
+            const int p = p0 + r, q = q0 + s;
+            A value = A(0);
+            if (live && p < P && q < Q)
+                value = load(dy[NHWC ? ((n * P + p) * Q + q) * K + k : ((n * K + k) * P + p) * Q + q]);
+            e[r][s] = value;
+        }
+    }
+    A ge[ALPHA][M];   // G e
+#pragma unroll
+    for (int r = 0; r < ALPHA; ++r) {
+#pragma unroll
+        for (int s = 0; s < M; ++s) {
+            A sum = A(0);
+#pragma unroll
+            for (int j = 0; j < M; ++j) {
+                if (F::g(r, j) != 0.0) sum += A(F::g(r, j)) * e[j][s];
+            }
+            ge[r][s] = sum;
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < ALPHA; ++r) {
+#pragma unroll
+        for (int s = 0; s < ALPHA; ++s) {
+            A sum = A(0);
+#pragma unroll
+            for (int j = 0; j < M; ++j) {
+                if (F::g(s, j) != 0.0) sum += ge[r][j] * A(F::g(s, j));
+            }
+            v[(r * ALPHA + s) * plane + i] = sum;
+        }
+    }
+}
+
+// Mw -> dw (K, C, 3, 3): the splits summed in order (the same bits every run),
+// then A^T Mw A.  One thread per (k, c), c fastest: the Mw reads are coalesced.
+template <typename T, int M>
+__global__ void __launch_bounds__(256)
+winograd_wgrad_output_transform(const acc_t<T>* __restrict__ mw, T* __restrict__ dw,
+                                int K, int C, int splits) {
+    typedef acc_t<T> A;
+    typedef winograd_wgrad_matrices<M> F;
+    constexpr int ALPHA = F::ALPHA;
+    const int plane = K * C;
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= plane) return;
+    A mt[ALPHA][ALPHA];
+#pragma unroll
+    for (int r = 0; r < ALPHA; ++r) {
+#pragma unroll
+        for (int s = 0; s < ALPHA; ++s) {
+            const A* in = mw + (r * ALPHA + s) * splits * plane + i;
+            A sum = A(0);
+            for (int j = 0; j < splits; ++j) sum += in[j * plane];
+            mt[r][s] = sum;
+        }
+    }
+    A am[3][ALPHA];   // A^T Mw
+#pragma unroll
+    for (int r = 0; r < 3; ++r) {
+#pragma unroll
+        for (int s = 0; s < ALPHA; ++s) {
+            A sum = A(0);
+#pragma unroll
+            for (int j = 0; j < ALPHA; ++j) {
+                if (F::at(r, j) != 0.0) sum += A(F::at(r, j)) * mt[j][s];
+            }
+            am[r][s] = sum;
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < 3; ++r) {
+#pragma unroll
+        for (int s = 0; s < 3; ++s) {
+            A sum = A(0);
+#pragma unroll
+            for (int j = 0; j < ALPHA; ++j) {
+                if (F::at(s, j) != 0.0) sum += am[r][j] * A(F::at(s, j));
+            }
+            dw[i * 9 + r * 3 + s] = store<T>(sum);
+        }
+    }
+}

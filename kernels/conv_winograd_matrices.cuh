@@ -44,3 +44,42 @@ template <> struct winograd_matrices<4> {
         return v[i][j];
     }
 };
+
+// Backward filter F(3x3, MxM) (wgrad_toom_cook): at(i, j) = A^T[i][j] (3 x ALPHA),
+// g(i, j) = G[i][j] (ALPHA x M, applied to an M x M tile of dy), bt(i, j) = B^T[i][j]
+// (ALPHA x ALPHA, applied to an ALPHA x ALPHA tile of x).
+template <int M> struct winograd_wgrad_matrices;
+
+// F(3x3, 2x2), points 0, 1, -1, inf
+template <> struct winograd_wgrad_matrices<2> {
+    static constexpr int ALPHA = 4;
+    static __device__ __forceinline__ double at(int i, int j) {
+        constexpr double v[3][4] = {{1.0, 1.0, 1.0, 0.0}, {0.0, 1.0, -1.0, 0.0}, {0.0, 1.0, 1.0, 1.0}};
+        return v[i][j];
+    }
+    static __device__ __forceinline__ double g(int i, int j) {
+        constexpr double v[4][2] = {{1.0, 0.0}, {1.0 / 2.0, 1.0 / 2.0}, {1.0 / 2.0, -1.0 / 2.0}, {0.0, 1.0}};
+        return v[i][j];
+    }
+    static __device__ __forceinline__ double bt(int i, int j) {
+        constexpr double v[4][4] = {{1.0, 0.0, -1.0, 0.0}, {0.0, 1.0, 1.0, 0.0}, {0.0, -1.0, 1.0, 0.0}, {0.0, -1.0, 0.0, 1.0}};
+        return v[i][j];
+    }
+};
+
+// F(3x3, 4x4), points 0, 1, -1, 2, -2, inf
+template <> struct winograd_wgrad_matrices<4> {
+    static constexpr int ALPHA = 6;
+    static __device__ __forceinline__ double at(int i, int j) {
+        constexpr double v[3][6] = {{1.0, 1.0, 1.0, 1.0, 1.0, 0.0}, {0.0, 1.0, -1.0, 2.0, -2.0, 0.0}, {0.0, 1.0, 1.0, 4.0, 4.0, 1.0}};
+        return v[i][j];
+    }
+    static __device__ __forceinline__ double g(int i, int j) {
+        constexpr double v[6][4] = {{1.0 / 4.0, 0.0, 0.0, 0.0}, {1.0 / 6.0, 1.0 / 6.0, 1.0 / 6.0, 1.0 / 6.0}, {1.0 / 6.0, -1.0 / 6.0, 1.0 / 6.0, -1.0 / 6.0}, {1.0 / 24.0, 1.0 / 12.0, 1.0 / 6.0, 1.0 / 3.0}, {1.0 / 24.0, -1.0 / 12.0, 1.0 / 6.0, -1.0 / 3.0}, {0.0, 0.0, 0.0, 1.0}};
+        return v[i][j];
+    }
+    static __device__ __forceinline__ double bt(int i, int j) {
+        constexpr double v[6][6] = {{4.0, 0.0, -5.0, 0.0, 1.0, 0.0}, {0.0, 4.0, 4.0, -1.0, -1.0, 0.0}, {0.0, -4.0, 4.0, 1.0, -1.0, 0.0}, {0.0, -2.0, -1.0, 2.0, 1.0, 0.0}, {0.0, 2.0, -1.0, -2.0, 1.0, 0.0}, {0.0, 4.0, 0.0, -5.0, 0.0, 1.0}};
+        return v[i][j];
+    }
+};

@@ -121,6 +121,21 @@ def toom_cook(m, r=FILTER_SIZE, points=None):
     return at, g, bt
 
 
+def wgrad_toom_cook(m):
+    """(A^T, G, B^T) of F(3, m), the backward-filter transforms (exact Fractions):
+    the weight gradient of a 3-tap filter is the correlation of x with dy,
+
+        dw[j] = sum_i x[i + j] dy[i],
+
+    so over one tile it is F(3, m) -- 3 outputs (the taps), the m-long dy tile in
+    the role of the filter, an alpha = m + 2 long x tile as data -- and, being
+    linear, the sum over tiles moves inside the inverse transform:
+    dw = A^T [sum_t (G dy_t) * (B^T x_t)].  Same points as the forward F(m, 3)
+    (POINTS[m]: the same alpha), so B^T is the forward input transform exactly
+    (it depends on the points only); G (alpha x m) and A^T (3 x alpha) differ."""
+    return toom_cook(FILTER_SIZE, r=m, points=POINTS[m])
+
+
 def correlate_1d(d, g):
     """y[i] = sum_j d[i + j] g[j], the definition the transforms must reproduce."""
     m = len(d) - len(g) + 1
@@ -135,10 +150,12 @@ def apply_1d(m, d, g):
     return [sum(row[a] * u[a] * v[a] for a in range(len(u))) for row in at]
 
 
-def matrices(m, dtype=np.float64):
-    """(A^T, G, B^T) of F(m, 3) as arrays (each entry rounded once from the exact value)."""
-    return tuple(np.array([[float(v) for v in row] for row in mat], dtype=dtype)
-                 for mat in toom_cook(m))
+def matrices(m, dtype=np.float64, wgrad=False):
+    """(A^T, G, B^T) of F(m, 3) -- or, with ``wgrad``, of the backward-filter
+    F(3, m) (:func:`wgrad_toom_cook`) -- as arrays (each entry rounded once from
+    the exact value)."""
+    exact = wgrad_toom_cook(m) if wgrad else toom_cook(m)
+    return tuple(np.array([[float(v) for v in row] for row in mat], dtype=dtype) for mat in exact)
 
 
 def _c_value(v):
@@ -165,20 +182,29 @@ def matrices_header():
         "template <int M> struct winograd_matrices;",
     ]
     for m in sorted(POINTS):
-        at, g, bt = toom_cook(m)
-        alpha = len(bt)
         points = ", ".join("inf" if p is None else str(p) for p in POINTS[m])
-        lines += ["", f"// F({m}x{m}, 3x3), points {points}",
-                  f"template <> struct winograd_matrices<{m}> {{",
-                  f"    static constexpr int ALPHA = {alpha};"]
-        for name, mat in (("at", at), ("g", g), ("bt", bt)):
-            rows = ", ".join("{" + ", ".join(_c_value(v) for v in row) + "}" for row in mat)
-            lines += [f"    static __device__ __forceinline__ double {name}(int i, int j) {{",
-                      f"        constexpr double v[{len(mat)}][{len(mat[0])}] = {{{rows}}};",
-                      "        return v[i][j];",
-                      "    }"]
-        lines.append("};")
+        lines += ["", f"// F({m}x{m}, 3x3), points {points}"]
+        lines += _matrices_struct(f"winograd_matrices<{m}>", m + 2, toom_cook(m))
+    lines += ["", "// Backward filter F(3x3, MxM) (wgrad_toom_cook): at(i, j) = A^T[i][j] (3 x ALPHA),",
+              "// g(i, j) = G[i][j] (ALPHA x M, applied to an M x M tile of dy), bt(i, j) = B^T[i][j]",
+              "// (ALPHA x ALPHA, applied to an ALPHA x ALPHA tile of x).",
+              "template <int M> struct winograd_wgrad_matrices;"]
+    for m in sorted(POINTS):
+        points = ", ".join("inf" if p is None else str(p) for p in POINTS[m])
+        lines += ["", f"// F(3x3, {m}x{m}), points {points}"]
+        lines += _matrices_struct(f"winograd_wgrad_matrices<{m}>", m + 2, wgrad_toom_cook(m))
     return "\n".join(lines) + "\n"
+
+
+def _matrices_struct(name, alpha, mats):
+    lines = [f"template <> struct {name} {{", f"    static constexpr int ALPHA = {alpha};"]
+    for method, mat in zip(("at", "g", "bt"), mats):
+        rows = ", ".join("{" + ", ".join(_c_value(v) for v in row) + "}" for row in mat)
+        lines += [f"    static __device__ __forceinline__ double {method}(int i, int j) {{",
+                  f"        constexpr double v[{len(mat)}][{len(mat[0])}] = {{{rows}}};",
+                  "        return v[i][j];",
+                  "    }"]
+    return lines + ["};"]
 
 
 # --- the three stages on NumPy (tests, accuracy measurement) ---------------------------
@@ -215,6 +241,32 @@ def emulate(x, w, m, padding=(1, 1), acc_dtype=np.float32, direction="forward"):
     return np.ascontiguousarray(y[:, :, :P, :Q])
 
 
+def emulate_wgrad(x, dy, m, padding=(1, 1), acc_dtype=np.float32):
+    """The backward-filter stages of the GPU path on NumPy, NCHW, arithmetic in
+    ``acc_dtype``: dw (K, C, 3, 3) of a 3x3 stride-1 convolution from x and dy."""
+    at, g, bt = (a.astype(acc_dtype) for a in matrices(m, wgrad=True))
+    alpha = m + 2
+    x = np.asarray(x).astype(acc_dtype)
+    dy = np.asarray(dy).astype(acc_dtype)
+    ph, pw = padding
+    N, C, H, W = x.shape
+    K, P, Q = dy.shape[1:]
+    th, tw = ceil_div(P, m), ceil_div(Q, m)
+    # th * m + 2 >= P + 2 = H + 2 ph: the padded image fits the canvas.
+    canvas = np.zeros((N, C, th * m + 2, tw * m + 2), acc_dtype)
+    canvas[:, :, ph:ph + H, pw:pw + W] = x
+    s = canvas.strides
+    x_tiles = np.lib.stride_tricks.as_strided(
+        canvas, (N, C, th, tw, alpha, alpha), (s[0], s[1], m * s[2], m * s[3], s[2], s[3]))
+    dy_canvas = np.zeros((N, K, th * m, tw * m), acc_dtype)
+    dy_canvas[:, :, :P, :Q] = dy
+    dy_tiles = dy_canvas.reshape(N, K, th, m, tw, m).transpose(0, 1, 2, 4, 3, 5)
+    xt = np.einsum("ai,nctuij,bj->abcntu", bt, x_tiles, bt).reshape(alpha * alpha, C, N * th * tw)
+    dt = np.einsum("ai,nktuij,bj->abkntu", g, dy_tiles, g).reshape(alpha * alpha, K, N * th * tw)
+    mw = np.matmul(dt, xt.transpose(0, 2, 1)).reshape(alpha, alpha, K, C)
+    return np.einsum("ia,abkc,jb->kcij", at, mw, at)
+
+
 # --- the GPU algorithm ---------------------------------------------------------------
 
 def _expression(kernel, dtype, m, nhwc=None):
@@ -227,9 +279,12 @@ def _expression(kernel, dtype, m, nhwc=None):
 FAMILY = KernelFamily("conv_winograd.cu", [
     expr
     for dtype in SUPPORTED_DTYPES for m in sorted(POINTS)
-    for expr in ([_expression("winograd_filter_transform", dtype, m)]
+    for expr in ([_expression("winograd_filter_transform", dtype, m),
+                  _expression("winograd_wgrad_output_transform", dtype, m)]
                  + [_expression(k, dtype, m, nhwc) for k in ("winograd_input_transform",
-                                                             "winograd_output_transform")
+                                                             "winograd_output_transform",
+                                                             "winograd_wgrad_input_transform",
+                                                             "winograd_wgrad_grad_transform")
                     for nhwc in (False, True)])
 ])
 
@@ -388,6 +443,173 @@ class WinogradConvolution(ConvAlgorithm):
 
 WINOGRAD_F2 = register(WinogradConvolution(2))
 WINOGRAD_F4 = register(WinogradConvolution(4))
+
+
+# --- backward filter: F(3x3, m x m) ---------------------------------------------------
+
+# Split of the GEMM depth (the tiles of a batch chunk) into runs that are GEMM
+# batch entries of their own: aim at WGRAD_TARGET_BLOCKS blocks of 128 x 128 (two
+# waves on the H100's 132 SMs) where K x C alone gives fewer, with at least
+# WGRAD_MIN_SPLIT_DEPTH tiles a run; and at most WGRAD_MAX_SPLIT_DEPTH tiles a run
+# whatever the shape, which bounds the length of cuBLAS's sequential float sums
+# (the error of one grows like sqrt(depth) * eps).  The splits add in order in
+# the output transform: deterministic.
+WGRAD_TARGET_BLOCKS = 2 * 132
+WGRAD_MIN_SPLIT_DEPTH = 512
+WGRAD_MAX_SPLIT_DEPTH = 4096
+_WGRAD_DEPTH_MULTIPLE = 4     # split_tiles: NCHW rows start 16-byte aligned
+
+
+@functools.lru_cache(maxsize=4096)
+def _wgrad_sizes(p, m, bound, target_blocks, min_depth, max_depth):
+    """(tiles per image, images per chunk, splits, split tiles of a full chunk)."""
+    alpha2 = (m + 2) ** 2
+    acc = np.dtype(_dtypes.accumulate_dtype(np.dtype(p.dtype))).itemsize
+    tiles = ceil_div(p.P, m) * ceil_div(p.Q, m)
+    chunk = max(1, min(p.N, bound // max(1, alpha2 * (p.C + p.K) * tiles * acc)))
+    depth = chunk * tiles
+    splits = ceil_div(target_blocks, alpha2 * ceil_div(p.K, 128) * ceil_div(p.C, 128))
+    splits = min(splits, max(1, depth // min_depth))
+    splits = max(splits, ceil_div(depth, max_depth))
+    return tiles, chunk, splits, _split_tiles(depth, splits)
+
+
+def _split_tiles(depth, splits):
+    return ceil_div(ceil_div(depth, splits), _WGRAD_DEPTH_MULTIPLE) * _WGRAD_DEPTH_MULTIPLE
+
+
+def wgrad_sizes(p, m):
+    return _wgrad_sizes(p, m, WORKSPACE_BOUND, WGRAD_TARGET_BLOCKS, WGRAD_MIN_SPLIT_DEPTH,
+                        WGRAD_MAX_SPLIT_DEPTH)
+
+
+def _wgrad_parts(alpha2, K, C, splits, split_tiles):
+    """Elements of Mw, Xt and Dt in the one workspace allocation (Mw and Xt
+    rounded up to 64 elements: every part starts 256-byte aligned)."""
+    return (ceil_div(alpha2 * splits * K * C, 64) * 64, ceil_div(alpha2 * splits * C * split_tiles, 64) * 64,
+            alpha2 * splits * K * split_tiles)
+
+
+def wgrad_workspace_views(workspace, alpha2, K, C, splits, full_split_tiles, split_tiles, nhwc):
+    """Mw (alpha2 * splits, K, C), and Xt, Dt of ``split_tiles`` tiles a split
+    ((batch, split_tiles, C) and (batch, split_tiles, K) for NHWC, (batch, C,
+    split_tiles) and (batch, K, split_tiles) for NCHW), as views of the one
+    workspace allocation laid out by :func:`_wgrad_parts` for
+    ``full_split_tiles`` (a short last chunk takes a prefix of each part)."""
+    mw_size, xt_size, _ = _wgrad_parts(alpha2, K, C, splits, full_split_tiles)
+    batch = alpha2 * splits
+    mw = workspace[:batch * K * C].reshape(batch, K, C)
+    xt = workspace[mw_size:mw_size + batch * C * split_tiles]
+    dt = workspace[mw_size + xt_size:mw_size + xt_size + batch * K * split_tiles]
+    if nhwc:
+        return mw, xt.reshape(batch, split_tiles, C), dt.reshape(batch, split_tiles, K)
+    return mw, xt.reshape(batch, C, split_tiles), dt.reshape(batch, K, split_tiles)
+
+
+class WinogradBackwardFilter(ConvAlgorithm):
+    """Backward filter by Winograd F(3x3, m x m): dw = A^T [sum over tiles of
+    (G dy G^T) .* (B^T x B)] A (:func:`wgrad_toom_cook`), the sum as
+    alpha^2 * splits batched cuBLAS GEMMs over the tiles of each batch chunk."""
+    directions = ("backward_filter",)
+    strict = True   # set per instance below from the measured error
+
+    def __init__(self, m, strict):
+        self.m = m
+        self.alpha = m + 2
+        self.strict = strict
+        self.name = f"winograd_wgrad_f3x3_{m}x{m}"
+        self._plans = {}
+
+    def supports(self, problem, direction):
+        ok, reason = super().supports(problem, direction)
+        if not ok:
+            return ok, reason
+        p = problem
+        if (p.R, p.S) != (3, 3):
+            return False, f"it is F(3x3, {self.m}x{self.m}): 3x3 filters only, not {p.R}x{p.S}"
+        if p.stride != (1, 1) or p.dilation != (1, 1):
+            return False, "it needs stride 1 and dilation 1"
+        if p.groups != 1:
+            return False, "it handles ungrouped convolutions only (groups == 1)"
+        if p.dtype not in SUPPORTED_DTYPES:
+            return False, f"it supports {', '.join(SUPPORTED_DTYPES)}, not {p.dtype}"
+        if max(p.N * p.C * p.H * p.W, p.N * p.K * p.P * p.Q) > INT32_LIMIT:
+            return False, "it indexes with 32-bit ints; a tensor here has 2^31 elements or more"
+        if self._elements(p) > INT32_LIMIT:
+            return False, "its workspace has 2^31 elements or more"
+        return True, ""
+
+    def _elements(self, p):
+        _, _, splits, split_tiles = wgrad_sizes(p, self.m)
+        return sum(_wgrad_parts(self.alpha ** 2, p.K, p.C, splits, split_tiles))
+
+    def workspace_bytes(self, problem, direction):
+        acc = np.dtype(_dtypes.accumulate_dtype(np.dtype(problem.dtype))).itemsize
+        return self._elements(problem) * acc
+
+    def plan(self, p):
+        """Per batch chunk: (n0, split_tiles, beta, input-transform grid and
+        scalars, grad-transform grid and scalars); cached per (device, problem)."""
+        m, alpha2 = self.m, self.alpha ** 2
+        tiles, chunk, splits, full_split_tiles = wgrad_sizes(p, m)
+        tiles_h, tiles_w = ceil_div(p.P, m), ceil_div(p.Q, m)
+        i32 = np.int32
+        chunks = []
+        for n0 in range(0, p.N, chunk):
+            t = (min(p.N, n0 + chunk) - n0) * tiles
+            st = _split_tiles(t, splits)
+            chunks.append((
+                n0, st, 0.0 if n0 == 0 else 1.0,
+                (ceil_div(p.C * splits * st, _THREADS),),
+                (i32(p.C), i32(p.H), i32(p.W), i32(p.padding[0]), i32(p.padding[1]), i32(tiles_h),
+                 i32(tiles_w), i32(t), i32(n0), i32(splits), i32(st)),
+                (ceil_div(p.K * splits * st, _THREADS),),
+                (i32(p.K), i32(p.P), i32(p.Q), i32(tiles_h), i32(tiles_w), i32(t), i32(n0),
+                 i32(splits), i32(st))))
+        nhwc = p.layout == "NHWC"
+        return dict(acc=_dtypes.accumulate_dtype(np.dtype(p.dtype)), alpha2=alpha2, splits=splits,
+                    full_split_tiles=full_split_tiles, nhwc=nhwc, chunks=chunks,
+                    elements=self._elements(p),
+                    input=_expression("winograd_wgrad_input_transform", p.dtype, m, nhwc),
+                    grad=_expression("winograd_wgrad_grad_transform", p.dtype, m, nhwc),
+                    output=(_expression("winograd_wgrad_output_transform", p.dtype, m),
+                            (ceil_div(p.K * p.C, _THREADS),), (i32(p.K), i32(p.C), i32(splits))))
+
+    def _cached_plan(self, p):
+        import cupy
+
+        key = (cupy.cuda.runtime.getDevice(), p, WORKSPACE_BOUND, WGRAD_TARGET_BLOCKS,
+               WGRAD_MIN_SPLIT_DEPTH, WGRAD_MAX_SPLIT_DEPTH)
+        plan = self._plans.get(key)
+        if plan is None:
+            if len(self._plans) >= _PLAN_CACHE_SIZE:
+                self._plans.clear()
+            plan = self._plans[key] = self.plan(p)
+        return plan
+
+    def run(self, problem, direction, a, b, out, bias=None, activation=None):
+        import cupy
+
+        p = problem
+        plan = self._cached_plan(p)
+        alpha2, splits, nhwc = plan["alpha2"], plan["splits"], plan["nhwc"]
+        workspace = cupy.empty(plan["elements"], dtype=plan["acc"])
+        for _, st, beta, x_grid, x_args, dy_grid, dy_args in plan["chunks"]:
+            mw, xt, dt = wgrad_workspace_views(workspace, alpha2, p.K, p.C, splits,
+                                               plan["full_split_tiles"], st, nhwc)
+            FAMILY.launch(plan["input"], x_grid, (_THREADS,), (a, xt, *x_args))
+            FAMILY.launch(plan["grad"], dy_grid, (_THREADS,), (b, dt, *dy_args))
+            # Mw[b] = Dt[b] Xt[b]^T: NHWC stores both transposed (tiles x channels).
+            gemm(cupy, dt, xt, mw, trans_a=nhwc, trans_b=not nhwc, beta=beta)
+        expr, grid, args = plan["output"]
+        FAMILY.launch(expr, grid, (_THREADS,), (mw, out, *args))
+        return out
+
+
+# Measured float32 error against float64 (dnnprims/testing/tolerances.py):
+# both within the float32 direct bound, so precision="strict" keeps them.
+WINOGRAD_WGRAD_F2 = register(WinogradBackwardFilter(2, strict=True))
+WINOGRAD_WGRAD_F4 = register(WinogradBackwardFilter(4, strict=True))
 
 
 if __name__ == "__main__":   # regenerate the constant header
