@@ -13,7 +13,7 @@ import dnnprims
 from dnnprims import algos
 from dnnprims.algos import winograd
 from dnnprims._kernels import KERNEL_DIR, ceil_div
-from dnnprims.conv import conv2d_backward_data, conv2d_forward
+from dnnprims.conv import conv2d_backward_data, conv2d_backward_filter, conv2d_forward
 from dnnprims.testing import assert_close
 from dnnprims.testing.tolerances import TOLERANCES, relative_error
 
@@ -235,3 +235,285 @@ def test_workspace_views_fit_and_do_not_overlap(nhwc, alpha2, Kout, Cin, tiles):
         assert workspace.max() == 1 and workspace.sum() == u.size + v.size + m.size
         for view in (v, m):   # 256-byte aligned parts, given an aligned allocation
             assert (view.ctypes.data - workspace.ctypes.data) // workspace.itemsize % 64 == 0
+
+
+# --- backward filter: F(3x3, 2x2) and F(3x3, 4x4) ------------------------------------
+
+WGRAD = {2: "winograd_wgrad_f3x3_2x2", 4: "winograd_wgrad_f3x3_4x4"}
+
+
+def _weight_gradient_1d(x, dy):
+    """dw[j] = sum_i x[i + j] dy[i], the definition the backward-filter transforms must reproduce."""
+    return [sum(x[i + j] * dy[i] for i in range(len(dy))) for j in range(3)]
+
+
+@pytest.mark.parametrize("m", sorted(winograd.POINTS))
+def test_wgrad_transforms_compute_the_weight_gradient_exactly(m):
+    at, g, bt = winograd.wgrad_toom_cook(m)
+    alpha = m + 2
+    assert (len(at), len(at[0]), len(g), len(g[0]), len(bt), len(bt[0])) == (3, alpha, alpha, m, alpha, alpha)
+    assert bt == winograd.toom_cook(m)[2]     # the same points: the forward input transform
+    rng = random.Random(10 + m)
+    for _ in range(30):
+        x = [_fraction(rng) for _ in range(alpha)]
+        dy = [_fraction(rng) for _ in range(m)]
+        u = [sum(row[j] * dy[j] for j in range(m)) for row in g]
+        v = [sum(row[j] * x[j] for j in range(alpha)) for row in bt]
+        assert [sum(row[a] * u[a] * v[a] for a in range(alpha)) for row in at] == _weight_gradient_1d(x, dy)
+    # Unit vectors pin every entry: tap j of dw picks x[i + j] dy[i].
+    for i in range(m):
+        for k in range(alpha):
+            got = [sum(at[j][a] * g[a][i] * bt[a][k] for a in range(alpha)) for j in range(3)]
+            assert got == [Fraction(int(k == i + j)) for j in range(3)]
+    # Two sums of tiles = the sum of the transformed products (linearity: the
+    # sum over tiles moves inside the inverse transform).
+    xs = [[_fraction(rng) for _ in range(alpha)] for _ in range(2)]
+    dys = [[_fraction(rng) for _ in range(m)] for _ in range(2)]
+    prods = [sum(sum(g[a][j] * dy[j] for j in range(m)) * sum(bt[a][j] * x[j] for j in range(alpha))
+                 for x, dy in zip(xs, dys)) for a in range(alpha)]
+    want = [a + b for a, b in zip(*(_weight_gradient_1d(x, dy) for x, dy in zip(xs, dys)))]
+    assert [sum(row[a] * prods[a] for a in range(alpha)) for row in at] == want
+
+
+def _wgrad_reference(x, dy, padding, layout="NCHW"):
+    K = dy.shape[1] if layout == "NCHW" else dy.shape[3]
+    C = x.shape[1] if layout == "NCHW" else x.shape[3]
+    return conv2d_backward_filter(x, dy, (K, C, 3, 3), padding=padding, layout=layout)
+
+
+@settings(max_examples=40, deadline=None)
+@given(m=st.sampled_from(sorted(winograd.POINTS)), n=st.integers(1, 2), c=st.integers(1, 4),
+       k=st.integers(1, 4), h=st.sampled_from((1, 3, 7, 13)), w_=st.sampled_from((1, 3, 7, 13)),
+       padding=st.integers(0, 3), seed=st.integers(0, 2**32 - 1))
+def test_wgrad_stages_on_numpy_match_the_reference(m, n, c, k, h, w_, padding, seed):
+    P, Q = h + 2 * padding - 2, w_ + 2 * padding - 2
+    if min(P, Q) < 1:
+        return
+    rng = np.random.default_rng(seed)
+    x, dy = random_array(rng, (n, c, h, w_)), random_array(rng, (n, k, P, Q))
+    got = winograd.emulate_wgrad(x, dy, m, (padding, padding), F64)
+    np.testing.assert_allclose(got, _wgrad_reference(x, dy, padding), rtol=1e-11, atol=1e-11)
+
+
+@pytest.mark.parametrize("m", sorted(winograd.POINTS))
+def test_wgrad_float32_error_is_within_the_tolerance_row(m):
+    # float32 transforms and GEMM against the float64 reference, N(0, 1) data
+    # (the long sums are measured on the GPU too: notes/wino_wgrad.md).
+    rng = np.random.default_rng(8)
+    x, dy = rng.standard_normal((4, 32, 24, 24)), rng.standard_normal((4, 48, 24, 24))
+    err = relative_error(winograd.emulate_wgrad(x, dy, m, (1, 1), np.float32), _wgrad_reference(x, dy, 1))
+    bound = TOLERANCES[("float32", WGRAD[m])]
+    assert err <= bound / 2
+    assert algos.REGISTRY[WGRAD[m]].strict == (bound <= TOLERANCES[("float32", "default")])
+
+
+def _run_wgrad_kernels_on_numpy(algorithm, p, x, dy):
+    """The plan, workspace views and the three kernels' index math of
+    WinogradBackwardFilter.run, emulated on NumPy (vectorised over the thread
+    index i): catches layout, split, zero-fill and chunking mistakes off the GPU."""
+    m, alpha = algorithm.m, algorithm.alpha
+    at, g, bt = winograd.matrices(m, F64, wgrad=True)
+    plan = algorithm.plan(p)
+    nhwc, splits, alpha2 = plan["nhwc"], plan["splits"], plan["alpha2"]
+    workspace = np.full(plan["elements"], np.nan)     # uninitialised memory
+    xf, dyf = x.ravel(), dy.ravel()
+    mw = None
+
+    def transform(src, tile, mat, plane, ch, t, live, index):
+        # Gather the tile (zero where masked), apply mat on both sides.
+        vals = np.zeros((plane,) + tile)
+        for r in range(tile[0]):
+            for s in range(tile[1]):
+                idx, ok = index(r, s)
+                ok = ok & live
+                vals[ok, r, s] = src[idx[ok]]
+        return np.einsum("ai,tij,bj->tab", mat, vals, mat).reshape(plane, -1)
+
+    for _, st, beta, _, x_args, _, dy_args in plan["chunks"]:
+        mw, xt, dt = winograd.wgrad_workspace_views(workspace, alpha2, p.K, p.C, splits,
+                                                    plan["full_split_tiles"], st, nhwc)
+        for args, view, src, is_x in ((x_args, xt, xf, True), (dy_args, dt, dyf, False)):
+            if is_x:
+                C, H, W, ph, pw, tiles_h, tiles_w, tiles, n0, S, ST = (int(v) for v in args)
+            else:
+                C, H, W, tiles_h, tiles_w, tiles, n0, S, ST = (int(v) for v in args)
+                ph = pw = 0
+            plane = C * S * ST
+            i = np.arange(plane)
+            if nhwc:
+                c, t = i % C, i // C
+            else:
+                c, t = (i // ST) % C, (i // ST // C) * ST + i % ST
+            live = t < tiles
+            tw, th, n = t % tiles_w, (t // tiles_w) % tiles_h, n0 + t // (tiles_w * tiles_h)
+            size = alpha if is_x else m
+
+            def index(r, s):
+                h, w = th * m - ph + r, tw * m - pw + s
+                ok = (h >= 0) & (h < H) & (w >= 0) & (w < W)
+                idx = ((n * H + h) * W + w) * C + c if nhwc else ((n * C + c) * H + h) * W + w
+                return np.where(ok, idx, 0), ok
+
+            out = transform(src, (size, size), bt if is_x else g, plane, c, t, live, index)
+            flat = view.reshape(-1)
+            for a in range(alpha2):
+                flat[a * plane + i] = out[:, a]
+        winograd.gemm(np, dt, xt, mw, trans_a=nhwc, trans_b=not nhwc, beta=beta)
+    total = mw.reshape(alpha2, splits, p.K, p.C).sum(axis=1).reshape(alpha, alpha, p.K, p.C)
+    return np.einsum("ia,abkc,jb->kcij", at, total, at)
+
+
+@pytest.mark.parametrize("m", sorted(winograd.POINTS))
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+@pytest.mark.parametrize("bound,target,min_depth,max_depth", [
+    (None, None, None, None),           # the shipped constants: one chunk, one split
+    (1, 1, 1, 5),                        # one image a chunk, several splits with a ragged last one
+    ("two", 100, 3, 64),                 # two images a chunk, the last chunk short
+])
+def test_wgrad_kernel_index_math_on_numpy(monkeypatch, m, layout, bound, target, min_depth, max_depth):
+    rng = np.random.default_rng(m)
+    N, C, H, W, K, padding = 3, 5, 9, 7, 4, 1
+    p = _problem((N, C, H, W) if layout == "NCHW" else (N, H, W, C), (K, C, 3, 3), F64,
+                 padding=padding, layout=layout)
+    if bound is not None:
+        per_image = (m + 2) ** 2 * (C + K) * ceil_div(H, m) * ceil_div(W, m) * 8
+        monkeypatch.setattr(winograd, "WORKSPACE_BOUND", 2 * per_image if bound == "two" else bound)
+        monkeypatch.setattr(winograd, "WGRAD_TARGET_BLOCKS", target)
+        monkeypatch.setattr(winograd, "WGRAD_MIN_SPLIT_DEPTH", min_depth)
+        monkeypatch.setattr(winograd, "WGRAD_MAX_SPLIT_DEPTH", max_depth)
+    algorithm = algos.REGISTRY[WGRAD[m]]
+    plan = algorithm.plan(p)
+    if bound is not None:
+        assert plan["splits"] > 1 and len(plan["chunks"]) > 1
+    x, dy = random_array(rng, p.x_shape), random_array(rng, p.y_shape)
+    got = _run_wgrad_kernels_on_numpy(algorithm, p, x, dy)
+    np.testing.assert_allclose(got, _wgrad_reference(x, dy, padding, layout), rtol=1e-11, atol=1e-11)
+
+
+@pytest.mark.parametrize("opts,w_shape,match", [
+    (dict(), (8, 4, 5, 5), "3x3 filters only"),
+    (dict(stride=2), (8, 4, 3, 3), "stride 1"),
+    (dict(dilation=2), (8, 4, 3, 3), "dilation 1"),
+    (dict(groups=2), (8, 2, 3, 3), "ungrouped"),
+])
+def test_wgrad_refuses_what_it_cannot_compute(opts, w_shape, match):
+    p = _problem((2, 4, 9, 9), w_shape, **opts)
+    for name in WGRAD.values():
+        ok, reason = algos.REGISTRY[name].supports(p, "backward_filter")
+        assert not ok and match in reason
+    good = _problem((2, 4, 9, 9), (8, 4, 3, 3))
+    for name in WGRAD.values():
+        for direction in ("forward", "backward_data"):
+            ok, reason = algos.REGISTRY[name].supports(good, direction)
+            assert not ok and direction in reason
+        assert algos.REGISTRY[name].supports(good, "backward_filter") == (True, "")
+    x, dy = np.ones((2, 4, 9, 9)), np.ones((2, 8, 9, 9))
+    with pytest.raises(ValueError, match="does not support this backward_filter problem: it needs stride 1"):
+        conv2d_backward_filter(x, np.ones((2, 8, 5, 5)), (8, 4, 3, 3), stride=2, padding=1, algo=WGRAD[2])
+    with pytest.raises(ValueError, match="does not support this forward problem"):
+        conv2d_forward(x, np.ones((8, 4, 3, 3)), padding=1, algo=WGRAD[4])
+    assert conv2d_backward_filter(x, dy, (8, 4, 3, 3), padding=1, algo=WGRAD[2]).shape == (8, 4, 3, 3)
+
+
+def test_wgrad_workspace_is_reported_exactly_bounded_and_limits_the_choice(monkeypatch, rule_only):
+    p = _problem((32, 256, 56, 56), (256, 256, 3, 3))        # vgg_3_2
+    for m, name in WGRAD.items():
+        algorithm = algos.REGISTRY[name]
+        alpha2 = (m + 2) ** 2
+        tiles, chunk, splits, st = winograd.wgrad_sizes(p, m)
+        assert tiles == ceil_div(56, m) ** 2
+        per_image = alpha2 * 512 * tiles * 4
+        assert chunk * per_image <= winograd.WORKSPACE_BOUND
+        assert chunk == 32 or (chunk + 1) * per_image > winograd.WORKSPACE_BOUND
+        assert st * splits >= chunk * tiles and st <= winograd.WGRAD_MAX_SPLIT_DEPTH
+        need = algorithm.workspace_bytes(p, "backward_filter")
+        assert need == 4 * (alpha2 * splits * 256 * 256 + 2 * alpha2 * splits * 256 * st)
+        assert need <= winograd.WORKSPACE_BOUND * 1.1 + 4 * alpha2 * splits * 256 * 256
+        assert algos.admits(algorithm, p, "backward_filter", algos.ConvOptions(workspace_limit=need))[0]
+        ok, reason = algos.admits(algorithm, p, "backward_filter", algos.ConvOptions(workspace_limit=need - 1))
+        assert not ok and "workspace_limit" in reason
+    monkeypatch.setattr(winograd, "WORKSPACE_BOUND", 1)   # one image a chunk: less workspace
+    assert winograd.wgrad_sizes(p, 2)[1] == 1
+    assert algos.REGISTRY[WGRAD[2]].workspace_bytes(p, "backward_filter") < need
+    monkeypatch.undo()
+    assert algos.explain_auto(p, "backward_filter", algos.ConvOptions(workspace_limit=0))[0] not in WGRAD.values()
+    needs = {algos.REGISTRY[name].workspace_bytes(p, "backward_filter"): name for name in WGRAD.values()}
+    assert algos.explain_auto(p, "backward_filter", algos.ConvOptions(workspace_limit=min(needs)))[0] == \
+        needs[min(needs)]
+
+
+def test_wgrad_splits_fill_the_gpu_within_the_depth_bounds():
+    small = _problem((32, 128, 28, 28), (128, 128, 3, 3))      # r50_3_3x3
+    for m in WGRAD:
+        tiles, chunk, splits, st = winograd.wgrad_sizes(small, m)
+        assert splits > 1 and winograd.WGRAD_MIN_SPLIT_DEPTH <= st <= winograd.WGRAD_MAX_SPLIT_DEPTH
+        assert st % 4 == 0 and (splits - 1) * st < chunk * tiles <= splits * st
+    deep = _problem((32, 512, 7, 7), (512, 512, 3, 3))          # r50_5_3x3: K x C fills it already
+    assert winograd.wgrad_sizes(deep, 2)[2] == 1
+
+
+def test_auto_takes_winograd_wgrad_for_wide_large_3x3_float32_only(rule_only):
+    def auto(x_shape, w_shape, dtype=np.float32, **opts):
+        return algos.explain_auto(_problem(x_shape, w_shape, dtype, **opts), "backward_filter")[0]
+
+    big = (32, 64, 56, 56)    # r50_2_3x3: 7.4 GFLOP
+    assert auto(big, (64, 64, 3, 3)) in WGRAD.values()
+    assert auto((32, 256, 56, 56), (256, 256, 3, 3)) in WGRAD.values()
+    assert auto((1, 64, 56, 56), (64, 64, 3, 3)) == "implicit_gemm_wgrad"       # 0.23 GFLOP
+    assert auto((32, 32, 56, 56), (64, 32, 3, 3)) == "implicit_gemm_wgrad"      # C < 64
+    assert auto(big, (64, 64, 3, 3), np.float16) == "implicit_gemm_wgrad"
+    assert auto(big, (64, 64, 3, 3), stride=2) == "implicit_gemm_wgrad"
+    name, reason = dnnprims.conv2d_choose(big, (64, 64, 3, 3), padding=1, direction="backward_filter",
+                                          precision="strict")
+    assert name in WGRAD.values() and "Winograd" in reason
+
+
+WGRAD_GPU_CASES = [
+    # (N, C, H, W, K, padding, layout)
+    pytest.param((2, 5, 9, 11, 7, 1, "NCHW"), id="odd"),
+    pytest.param((3, 6, 13, 7, 4, 0, "NHWC"), id="nhwc-pad0"),
+    pytest.param((1, 3, 7, 7, 2, 2, "NCHW"), id="pad2"),
+    pytest.param((2, 4, 6, 5, 3, 3, "NHWC"), id="pad3"),
+    pytest.param((1, 1, 1, 1, 1, 1, "NCHW"), id="one-pixel"),
+    pytest.param((1, 13, 3, 13, 7, 1, "NHWC"), id="sizes-1-3-7-13"),
+]
+
+
+@pytest.mark.parametrize("m", sorted(winograd.POINTS))
+@pytest.mark.parametrize("case", WGRAD_GPU_CASES)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_gpu_wgrad_matches_reference(gpu, rng, m, case, dtype):
+    N, C, H, W, K, padding, layout = case
+    p = _problem((N, C, H, W) if layout == "NCHW" else (N, H, W, C), (K, C, 3, 3), dtype,
+                 padding=padding, layout=layout)
+    x, dy = random_array(rng, p.x_shape, dtype), random_array(rng, p.y_shape, dtype)
+    opts = dict(padding=padding, layout=layout)
+    dw = conv2d_backward_filter(gpu.asarray(x), gpu.asarray(dy), (K, C, 3, 3), algo=WGRAD[m], **opts)
+    assert dw.dtype == dtype
+    assert_close(dw, _wgrad_reference(x.astype(F64), dy.astype(F64), padding, layout), dtype,
+                 algorithm=WGRAD[m], what="backward_filter")
+
+
+@pytest.mark.parametrize("m", sorted(winograd.POINTS))
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_gpu_wgrad_wide_channels_in_chunks_and_splits(gpu, rng, monkeypatch, m, layout):
+    # 128 x 96 channels (several GEMM tiles), a workspace bound of two images so
+    # the batch of 5 runs in three chunks (beta = 1 after the first), and
+    # splits with a ragged last run.
+    N, C, H, K = 5, 128, 10, 96
+    per_image = (m + 2) ** 2 * (C + K) * ceil_div(H, m) ** 2 * 4
+    monkeypatch.setattr(winograd, "WORKSPACE_BOUND", 2 * per_image)
+    monkeypatch.setattr(winograd, "WGRAD_MIN_SPLIT_DEPTH", 7)
+    monkeypatch.setattr(winograd, "WGRAD_MAX_SPLIT_DEPTH", 9)
+    p = _problem((N, C, H, H) if layout == "NCHW" else (N, H, H, C), (K, C, 3, 3), np.float32, layout=layout)
+    plan = algos.REGISTRY[WGRAD[m]].plan(p)
+    assert plan["splits"] > 1 and len(plan["chunks"]) == 3
+    x = rng.standard_normal(p.x_shape).astype(np.float32)
+    dy = rng.standard_normal(p.y_shape).astype(np.float32)
+    dw = conv2d_backward_filter(gpu.asarray(x), gpu.asarray(dy), (K, C, 3, 3), padding=1, layout=layout,
+                                algo=WGRAD[m])
+    want = _wgrad_reference(x.astype(F64), dy.astype(F64), 1, layout)
+    assert_close(dw, want, np.float32, algorithm=WGRAD[m], what="backward_filter")
+    again = conv2d_backward_filter(gpu.asarray(x), gpu.asarray(dy), (K, C, 3, 3), padding=1, layout=layout,
+                                   algo=WGRAD[m])
+    assert bool((again == dw).all())    # deterministic: splits add in order

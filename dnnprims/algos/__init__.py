@@ -202,6 +202,12 @@ def winograd_wins(problem, direction):
             and min(p.C, p.K) >= AUTO_WINOGRAD_MIN_CHANNELS and p.flops >= AUTO_WINOGRAD_MIN_FLOPS)
 
 
+def winograd_wgrad_wins(problem, direction):
+    """The stand-in rule's Winograd backward-filter case (see :func:`auto_preferences`):
+    the same problems as :func:`winograd_wins`, for backward filter."""
+    return direction == "backward_filter" and winograd_wins(problem, "forward")
+
+
 def auto_preferences(problem, direction):
     """The documented rule for problems the measured table does not cover
     (:mod:`.table`): an ordered list of (name, reason); ``auto`` takes the
@@ -209,7 +215,10 @@ def auto_preferences(problem, direction):
 
     In order (each measured on the H100; see notes/conv_*.md):
     1. "depthwise" for depthwise problems (groups == C, any multiplier).
-    2. "implicit_gemm_wgrad" (deterministic split-K) for backward filter,
+    2. "winograd_wgrad_f3x3_4x4", then "winograd_wgrad_f3x3_2x2", for backward
+       filter of the problems of step 4 (:func:`winograd_wgrad_wins`):
+       transforms of x and dy tiles, one cuBLAS GEMM per transform point over
+       all tiles, deterministic.  Then "implicit_gemm_wgrad" (deterministic split-K) for backward filter,
        ungrouped, or grouped with at least WGRAD_MIN_GROUP_FILTERS filters
        per group (smaller groups would leave the GEMM tiles mostly empty).
        It beat im2col + cuBLAS on all 26 non-depthwise batch-32 problems.
@@ -236,6 +245,11 @@ def auto_preferences(problem, direction):
     if problem.groups == problem.C:
         prefs.append(("depthwise", "depthwise (groups == C): memory-bound, dedicated kernels"))
     half = problem.dtype in ("float16", "bfloat16")
+    if winograd_wgrad_wins(problem, direction):
+        reason = (f"backward filter, 3x3 stride 1, float32, C and K >= {AUTO_WINOGRAD_MIN_CHANNELS}, "
+                  f">= {AUTO_WINOGRAD_MIN_FLOPS:.0e} FLOPs: Winograd")
+        prefs += [("winograd_wgrad_f3x3_4x4", reason + " F(3x3, 4x4)"),
+                  ("winograd_wgrad_f3x3_2x2", reason + " F(3x3, 2x2)")]
     if direction == "backward_filter" and (problem.groups == 1 or
                                            problem.K // problem.groups >= WGRAD_MIN_GROUP_FILTERS):
         prefs.append(("implicit_gemm_wgrad", "backward filter: split-K implicit GEMM over N*P*Q, "
