@@ -329,9 +329,9 @@ def _run_wgrad_kernels_on_numpy(algorithm, p, x, dy):
                 vals[ok, r, s] = src[idx[ok]]
         return np.einsum("ai,tij,bj->tab", mat, vals, mat).reshape(plane, -1)
 
-    for _, st, beta, _, x_args, _, dy_args in plan["chunks"]:
+    for _, split_tiles, beta, _, x_args, _, dy_args in plan["chunks"]:
         mw, xt, dt = winograd.wgrad_workspace_views(workspace, alpha2, p.K, p.C, splits,
-                                                    plan["full_split_tiles"], st, nhwc)
+                                                    plan["full_split_tiles"], split_tiles, nhwc)
         for args, view, src, is_x in ((x_args, xt, xf, True), (dy_args, dt, dyf, False)):
             if is_x:
                 C, H, W, ph, pw, tiles_h, tiles_w, tiles, n0, S, ST = (int(v) for v in args)

@@ -267,6 +267,20 @@ def emulate_wgrad(x, dy, m, padding=(1, 1), acc_dtype=np.float32):
     return np.einsum("ia,abkc,jb->kcij", at, mw, at)
 
 
+def write_header():
+    """Regenerate kernels/conv_winograd_matrices.cuh from :func:`matrices_header`."""
+    path = KERNEL_DIR / MATRICES_HEADER
+    path.write_text(matrices_header())
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    # `python -m dnnprims.algos.winograd`: the package import has already run this
+    # module (and registered its algorithms); stop before registering them twice.
+    write_header()
+    raise SystemExit(0)
+
+
 # --- the GPU algorithm ---------------------------------------------------------------
 
 def _expression(kernel, dtype, m, nhwc=None):
@@ -613,7 +627,3 @@ WINOGRAD_WGRAD_F2 = register(WinogradBackwardFilter(2, strict=True))
 WINOGRAD_WGRAD_F4 = register(WinogradBackwardFilter(4, strict=True))
 
 
-if __name__ == "__main__":   # regenerate the constant header
-    path = KERNEL_DIR / MATRICES_HEADER
-    path.write_text(matrices_header())
-    print(f"wrote {path}")
