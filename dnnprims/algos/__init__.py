@@ -204,7 +204,10 @@ def winograd_wins(problem, direction):
 
 def winograd_wgrad_wins(problem, direction):
     """The stand-in rule's Winograd backward-filter case (see :func:`auto_preferences`):
-    the same problems as :func:`winograd_wins`, for backward filter."""
+    the same problems as :func:`winograd_wins`, for backward filter.  Measured on
+    the H100 (notes/wino_wgrad.md): on the nine batch-32 layers F(3x3, 4x4) is
+    the fastest of ours on seven and within 6 % on the other two (F(3x3, 2x2)
+    there), 1.7-5.1x faster than implicit_gemm_wgrad, 0.52-2.26x cuDNN."""
     return direction == "backward_filter" and winograd_wins(problem, "forward")
 
 
