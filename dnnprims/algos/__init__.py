@@ -339,4 +339,5 @@ def choose(problem, direction, algo="auto", gpu=False, options=DEFAULT_OPTIONS):
 # Importing the algorithm modules registers them (and declares their kernel
 # families for _kernels.families()).
 from . import direct, fft, gemm, implicit_gemm, implicit_gemm_backward, winograd  # noqa: E402,F401
+from . import dft  # noqa: E402,F401  (after fft: it reuses its filter-spectrum kernel)
 from . import depthwise  # noqa: E402,F401  (registered after the general algorithms)

@@ -40,6 +40,15 @@ TOLERANCES = {
     ("float32", "fft_tiled"): 5e-6,
     ("float64", "fft"): 1e-11,
     ("float64", "fft_tiled"): 1e-11,
+    # "dft" (dnnprims/algos/dft.py): the same spectra as "fft", but each
+    # transform is a dense DFT matrix product (sums of up to ~60 terms per axis
+    # instead of log2(T) butterfly stages), so its rounding grows like
+    # sqrt(H) * eps per axis rather than log2(T) * eps.  Measured (notes/conv_large.md):
+    # NumPy float32 emulation, C = 64, T = 36: 4e-7; H100, the public 7x7 / 5x5
+    # layers at batch 32: see the note.  5e-6 as for "fft": below the float32 direct
+    # bound, so "dft" is admitted by precision="strict".
+    ("float32", "dft"): 5e-6,
+    ("float64", "dft"): 1e-11,
 }
 
 
