@@ -50,7 +50,18 @@ class _Cublas:
         return r
 
 
+_ORIGINAL = {}
+
+
+def _restore():
+    for k, v in _ORIGINAL.items():
+        setattr(D, k, v)
+
+
 def _instrument():
+    for k in ("_cublas", "_transpose", "_filter_spectrum"):
+        _ORIGINAL.setdefault(k, getattr(D, k))
+    _restore()
     D._cublas = _Cublas(D._cublas)
     D._transpose = _wrap(lambda a: f"transpose {a[3]}x{a[4]}", D._transpose)
     # the filter spectrum's own GEMMs are not logged separately (they run inside _fft).
@@ -93,33 +104,46 @@ def main():
             "backward_filter": (lambda a: conv.conv2d_backward_filter(x, dy, w.shape, padding=pad, algo=a),
                                 lambda: torch.nn.grad.conv2d_weight(tx, tw.shape, tdy, padding=pad)),
         }
+        t64 = [a.double() for a in (tx, tw, tdy)]
+        exact = {"forward": lambda: torch.nn.functional.conv2d(t64[0], t64[1], padding=pad),
+                 "backward_data": lambda: torch.nn.grad.conv2d_input(tx.shape, t64[1], t64[2], padding=pad),
+                 "backward_filter": lambda: torch.nn.grad.conv2d_weight(t64[0], tw.shape, t64[2], padding=pad)}
         for direction, (ours, theirs) in calls.items():
-            t_dft = _time(lambda: ours("dft"))
-            t_fft = _time(lambda: ours("fft"))
-            t_cudnn = _time(theirs)
-            # stage profile: one instrumented call after warm-up, median of REPEAT
-            stages = {}
-            for _ in range(REPEAT):
-                _log.clear()
-                ours("dft")
-                cupy.cuda.Device().synchronize()
-                for i, (label, e0, e1) in enumerate(_log):
-                    stages.setdefault((i, label), []).append(cupy.cuda.get_elapsed_time(e0, e1))
-            print(f"\n{name} {direction}: dft {t_dft:.3f} ms, fft {t_fft:.3f}, cuDNN {t_cudnn:.3f} "
-                  f"(cuDNN/dft {t_cudnn / t_dft:.2f})")
-            total = 0.0
-            for (i, label), ts in sorted(stages.items()):
-                m = float(np.median(ts))
-                total += m
-                print(f"   {label:40s} {m:.4f}")
-            print(f"   {'sum of stages':40s} {total:.4f}")
-            summary.append((name, direction, t_cudnn, t_fft, t_dft))
-    print("\n| problem | direction | cuDNN ms | fft ms | dft ms | cuDNN/dft |")
-    print("|---|---|---|---|---|---|")
-    for name, d, c, f, t in summary:
-        print(f"| {name} | {d} | {c:.3f} | {f:.3f} | {t:.3f} | {c / t:.2f} |")
+            try:
+                ref = exact[direction]()
+                got = torch.as_tensor(ours("dft"), device="cuda").double()
+                err = float(torch.linalg.norm(got - ref) / torch.linalg.norm(ref))
+                t_dft = _time(lambda: ours("dft"))
+                t_fft = _time(lambda: ours("fft"))
+                t_cudnn = _time(theirs)
+                # stage profile: one instrumented call after warm-up, median of REPEAT
+                stages = {}
+                _instrument()
+                for _ in range(REPEAT):
+                    _log.clear()
+                    ours("dft")
+                    cupy.cuda.Device().synchronize()
+                    for i, (label, e0, e1) in enumerate(_log):
+                        stages.setdefault((i, label), []).append(cupy.cuda.get_elapsed_time(e0, e1))
+                _restore()
+                print(f"\n{name} {direction}: dft {t_dft:.3f} ms, fft {t_fft:.3f}, cuDNN {t_cudnn:.3f} "
+                      f"(cuDNN/dft {t_cudnn / t_dft:.2f}), dft rel. error vs fp64 {err:.1e}")
+                total = 0.0
+                for (i, label), ts in sorted(stages.items()):
+                    m = float(np.median(ts))
+                    total += m
+                    print(f"   {label:40s} {m:.4f}")
+                print(f"   {'sum of stages':40s} {total:.4f}")
+                summary.append((name, direction, t_cudnn, t_fft, t_dft, err))
+            except Exception:  # keep the other rows
+                import traceback
+                traceback.print_exc()
+
+    print("\n| problem | direction | cuDNN ms | fft ms | dft ms | cuDNN/dft | dft error |")
+    print("|---|---|---|---|---|---|---|")
+    for name, d, c, f, t, e in summary:
+        print(f"| {name} | {d} | {c:.3f} | {f:.3f} | {t:.3f} | {c / t:.2f} | {e:.1e} |")
 
 
 if __name__ == "__main__":
-    _instrument()
     sys.exit(main())
