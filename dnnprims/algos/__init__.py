@@ -172,8 +172,11 @@ AUTO_WINOGRAD_MIN_FLOPS = 4e9
 # is never picked by "auto": its chunks were slower than implicit_gemm on
 # every measured problem; name it, or let "find" time it.
 # "dft" (same spectra, transforms as dense DFT GEMMs: no pad / crop passes,
-# no cuFFT) goes before "fft" under the same conditions: measured faster on
-# big_7x7_s1 and alex_conv2_5x5 at batch 32 in all directions (notes/conv_large.md).
+# no cuFFT) goes before "fft" under the same conditions: in one H100 run at
+# batch 32 (notes/conv_large.md) it beat "fft" on big_7x7_s1 by 1.4-1.7x in
+# all three directions and on alex_conv2_5x5 backward filter by 1.5x, and
+# tied it on alex_conv2_5x5 forward / backward data (0.52 vs 0.53 ms, 0.49 vs
+# 0.47).  The measured table decides first where it has entries.
 AUTO_FFT_MIN_FILTER = 5
 AUTO_FFT_MIN_FLOPS = 8e9
 AUTO_FFT_WORKSPACE_LIMIT = 1 << 30
