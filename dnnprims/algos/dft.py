@@ -60,8 +60,18 @@ from .. import _cublas, _dtypes
 from .._kernels import KernelFamily, ceil_div, index_type
 from . import fft as _fft
 
-FAMILY = KernelFamily("conv_dft.cu", [f"dft_transpose<{t}, {i}>" for t in ("float", "double")
-                                      for i in ("int", "long long")])
+FAMILY = KernelFamily("conv_dft.cu", [f"{k}<{t}, {i}>"
+                                      for k in ("dft_transpose", "dft_rows_forward", "dft_rows_inverse")
+                                      for t in ("float", "double") for i in ("int", "long long")])
+
+# WORK IN PROGRESS, off: the W-axis transforms as our own kernels fused with the
+# transposes (dft_rows_forward / dft_rows_inverse in kernels/conv_dft.cu) instead
+# of cuBLAS GEMM + transpose.  Compiled (NVRTC) and wired, NOT yet run on a GPU:
+# turn on only after tests/test_conv_dft.py::test_dft_fused_rows_match_reference
+# passes there (notes/conv_large.md says how).  Where a shape does not fit the
+# kernels' shared memory (48 KB) or grid, the cuBLAS path runs whatever FUSED says.
+FUSED = False
+_SMEM_LIMIT = 48 * 1024
 
 SUPPORTED_DTYPES = ("float32", "float64")
 SETUP_CACHE_SIZE = 32
@@ -168,6 +178,8 @@ class _Setup:
         it = index_type(big, 2 * g.extent[0] * g.extent[1] * J * Ko)
         ct = _dtypes.cuda_type(self.dtype)
         self.transpose = f"dft_transpose<{ct}, {it}>"
+        self.rows_forward = f"dft_rows_forward<{ct}, {it}>"
+        self.rows_inverse = f"dft_rows_inverse<{ct}, {it}>"
         self.filter_complex = f"fft_filter_complex<{ct}, {it}>"
         self.index = np.int64 if it == "long long" else np.int32
 
@@ -200,11 +212,21 @@ def _spectra(xp, st, a, DW, DH):
     contiguous, under the W-axis matrix DW (Wi, 2 h) and H-axis matrix DH (T, Hi)."""
     NB, J, Hi, Wi = a.shape
     h = DW.shape[1] // 2
+    T0 = DH.shape[0]
+    if FUSED and xp is not np:
+        dpitch, xpitch = 2 * (-(-h // 4) * 4), Wi | 1
+        smem = (Wi * dpitch + 64 * xpitch) * a.itemsize
+        if smem <= _SMEM_LIMIT and Hi <= 65535 and NB <= 65535:
+            A1t = xp.empty((Hi * h, NB * J), dtype=st.cdtype)
+            FAMILY.launch(st.rows_forward, (ceil_div(J, 64), Hi, NB), (256,),
+                          (a, DW, A1t, np.int32(NB), np.int32(J), np.int32(Hi), np.int32(Wi), np.int32(h),
+                           np.int32(dpitch), np.int32(xpitch)), shared_mem=smem)
+            Z = _cublas.gemm(xp, DH, A1t.reshape(Hi, h * NB * J), xp.empty((T0, h * NB * J), dtype=st.cdtype))
+            return Z.reshape(T0 * h, NB, J)
     A1 = _cublas.gemm(xp, a.reshape(NB * J * Hi, Wi), DW, xp.empty((NB * J * Hi, 2 * h), dtype=a.dtype))
     A1 = A1.view(st.cdtype)                                                  # (NB J Hi, h)
     A1t = _transpose(xp, st, A1, NB * J, Hi * h)                             # (Hi h, NB J)
     del A1
-    T0 = DH.shape[0]
     Z = _cublas.gemm(xp, DH, A1t.reshape(Hi, h * NB * J), xp.empty((T0, h * NB * J), dtype=st.cdtype))
     return Z.reshape(T0 * h, NB, J)
 
@@ -217,6 +239,11 @@ def _inverse(xp, st, Y, DHi, DWi, out):
     h = F // T0
     n1 = DWi.shape[1]
     Yp = _cublas.gemm(xp, DHi, Y.reshape(T0, h * B), xp.empty((n0, h * B), dtype=st.cdtype))
+    smem = (2 * 32 * h + 2 * h * n1) * out.itemsize
+    if FUSED and xp is not np and smem <= _SMEM_LIMIT and n0 <= 65535:
+        FAMILY.launch(st.rows_inverse, (ceil_div(B, 32), n0), (256,),
+                      (Yp, DWi, out, np.int32(B), np.int32(n0), np.int32(n1), np.int32(h)), shared_mem=smem)
+        return out
     Ypt = _transpose(xp, st, Yp, n0 * h, B)                                  # (B, n0 h)
     del Yp
     real = Ypt.view(st.dtype).reshape(B * n0, 2 * h)
