@@ -61,12 +61,17 @@ from .._kernels import KernelFamily, ceil_div, index_type
 from . import fft as _fft
 
 FAMILY = KernelFamily("conv_dft.cu", [f"{k}<{t}, {i}>"
-                                      for k in ("dft_transpose", "dft_rows_forward", "dft_rows_inverse")
+                                      for k in ("dft_transpose", "dft_rows_forward", "dft_rows_inverse",
+                                                "dft_filter_spectrum")
                                       for t in ("float", "double") for i in ("int", "long long")])
 
 # WORK IN PROGRESS, off: the W-axis transforms as our own kernels fused with the
 # transposes (dft_rows_forward / dft_rows_inverse in kernels/conv_dft.cu) instead
-# of cuBLAS GEMM + transpose.  Compiled (NVRTC) and wired, NOT yet run on a GPU:
+# of cuBLAS GEMM + transpose, and the filter spectrum in one kernel
+# (dft_filter_spectrum) instead of a conversion kernel + two cuBLAS GEMMs: the
+# three steps that the H100 stage profile shows slowest for the GPU work they do
+# (notes/conv_large.md).  Compiled (NVRTC), wired, index arithmetic checked by a
+# line-by-line NumPy port of each kernel (notes/conv_large_emulate.py), NOT yet run on a GPU:
 # turn on only after tests/test_conv_dft.py::test_dft_fused_rows_match_reference
 # passes there (notes/conv_large.md says how).  Where a shape does not fit the
 # kernels' shared memory (48 KB) or grid, the cuBLAS path runs whatever FUSED says.
@@ -180,6 +185,7 @@ class _Setup:
         self.transpose = f"dft_transpose<{ct}, {it}>"
         self.rows_forward = f"dft_rows_forward<{ct}, {it}>"
         self.rows_inverse = f"dft_rows_inverse<{ct}, {it}>"
+        self.filter_spectrum = f"dft_filter_spectrum<{ct}, {it}>"
         self.filter_complex = f"fft_filter_complex<{ct}, {it}>"
         self.index = np.int64 if it == "long long" else np.int32
 
@@ -256,6 +262,17 @@ def _filter_spectrum(xp, st, g, f, dilation, flip):
     channel-swapped) filter placed reversed, 1 / (T T') folded in."""
     E0, E1 = g.extent
     J, Ko = g.channels_in, g.channels_out
+    h = g.half
+    smem = 2 * (h * E1 + E0) * np.dtype(st.dtype).itemsize
+    if FUSED and xp is not np and E1 <= 32 and smem <= _SMEM_LIMIT and g.T[0] <= 65535:
+        fs = _fft._elements(f)
+        sk, sj = (fs[1], fs[0]) if flip else (fs[0], fs[1])
+        G = xp.empty((g.frequencies, J, Ko), dtype=st.cdtype)
+        FAMILY.launch(st.filter_spectrum, (ceil_div(J * Ko, 256), g.T[0]), (256,),
+                      (f, st.Ds, st.Dr, G, np.int32(h), np.int32(E0), np.int32(E1), np.int32(J), np.int32(Ko),
+                       np.int32(dilation[0]), np.int32(dilation[1]), np.int32(flip),
+                       np.int64(sk), np.int64(sj), np.int64(fs[2]), np.int64(fs[3])), shared_mem=smem)
+        return G
     wc = xp.empty((E0, E1, J, Ko), dtype=st.cdtype)
     if xp is np:
         _fft._emulate_filter_complex(f, wc, dilation, flip, flip)
