@@ -2,6 +2,7 @@
 (H100 run of helper conv_large; notes/conv_large.md).
 
     python notes/bench_conv_large.py          # prints a table per problem/direction
+    python notes/bench_conv_large.py --fused  # the same with dft.FUSED (WIP kernels) on
 
 Each step of dnnprims/algos/dft.py (GEMMs, transposes, filter spectrum, bias)
 is wrapped so that CUDA events are recorded around it; a step's time is the
@@ -22,17 +23,26 @@ PROBLEMS = {"big_7x7_s1": (32, 64, 56, 64, 7, 3), "alex_conv2_5x5": (32, 64, 27,
 REPEAT = 20
 
 _log = []
+_depth = [0]   # only outermost steps are logged (the filter spectrum contains GEMMs / a kernel)
 
 
-def _wrap(label_of, fn):
-    def inner(*args, **kwargs):
-        e0, e1 = cupy.cuda.Event(), cupy.cuda.Event()
+def _timed(label, fn, *args, **kwargs):
+    if _depth[0]:
+        return fn(*args, **kwargs)
+    e0, e1 = cupy.cuda.Event(), cupy.cuda.Event()
+    _depth[0] += 1
+    try:
         e0.record()
         r = fn(*args, **kwargs)
         e1.record()
-        _log.append((label_of(args), e0, e1))
-        return r
-    return inner
+    finally:
+        _depth[0] -= 1
+    _log.append((label, e0, e1))
+    return r
+
+
+def _wrap(label_of, fn):
+    return lambda *args, **kwargs: _timed(label_of(args), fn, *args, **kwargs)
 
 
 class _Cublas:
@@ -40,14 +50,9 @@ class _Cublas:
         self.real = real
 
     def gemm(self, xp, a, b, c, **kw):
-        e0, e1 = cupy.cuda.Event(), cupy.cuda.Event()
-        e0.record()
-        r = self.real.gemm(xp, a, b, c, **kw)
-        e1.record()
         kind = "cgemm" if c.dtype.kind == "c" else "sgemm"
-        shape = "x".join(map(str, c.shape))
-        _log.append((f"{kind} -> {shape}" + (" (T)" if kw.get("trans_a") else ""), e0, e1))
-        return r
+        label = f"{kind} -> {'x'.join(map(str, c.shape))}" + (" (T)" if kw.get("trans_a") else "")
+        return _timed(label, self.real.gemm, xp, a, b, c, **kw)
 
 
 _ORIGINAL = {}
@@ -56,16 +61,20 @@ _ORIGINAL = {}
 def _restore():
     for k, v in _ORIGINAL.items():
         setattr(D, k, v)
+    D.FAMILY.__dict__.pop("launch", None)
 
 
 def _instrument():
+    """Log every step of dft.py: its cuBLAS calls, its own kernels (transpose,
+    and with dft.FUSED the fused W-axis kernels), the filter spectrum as one step."""
     for k in ("_cublas", "_transpose", "_filter_spectrum"):
         _ORIGINAL.setdefault(k, getattr(D, k))
     _restore()
     D._cublas = _Cublas(D._cublas)
     D._transpose = _wrap(lambda a: f"transpose {a[3]}x{a[4]}", D._transpose)
-    # the filter spectrum's own GEMMs are not logged separately (they run inside _fft).
     D._filter_spectrum = _wrap(lambda a: "filter spectrum", D._filter_spectrum)
+    launch = type(D.FAMILY).launch.__get__(D.FAMILY)
+    D.FAMILY.launch = _wrap(lambda a: "kernel " + a[0].split("<")[0], launch)
 
 
 def _time(fn, repeat=REPEAT):
@@ -126,7 +135,7 @@ def main():
                     for i, (label, e0, e1) in enumerate(_log):
                         stages.setdefault((i, label), []).append(cupy.cuda.get_elapsed_time(e0, e1))
                 _restore()
-                print(f"\n{name} {direction}: dft {t_dft:.3f} ms, fft {t_fft:.3f}, cuDNN {t_cudnn:.3f} "
+                print(f"\n{name} {direction} (dft.FUSED={D.FUSED}): dft {t_dft:.3f} ms, fft {t_fft:.3f}, cuDNN {t_cudnn:.3f} "
                       f"(cuDNN/dft {t_cudnn / t_dft:.2f}), dft rel. error vs fp64 {err:.1e}")
                 total = 0.0
                 for (i, label), ts in sorted(stages.items()):
@@ -146,4 +155,6 @@ def main():
 
 
 if __name__ == "__main__":
+    if "--fused" in sys.argv[1:]:   # the work-in-progress kernels (dft.FUSED)
+        D.FUSED = True
     sys.exit(main())
