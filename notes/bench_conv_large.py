@@ -2,7 +2,7 @@
 (H100 run of helper conv_large; notes/conv_large.md).
 
     python notes/bench_conv_large.py          # prints a table per problem/direction
-    python notes/bench_conv_large.py --fused  # the same with dft.FUSED (WIP kernels) on
+    python notes/bench_conv_large.py --fused  # the same with the WIP kernels on (dft.FUSED_*)
 
 Each step of dnnprims/algos/dft.py (GEMMs, transposes, filter spectrum, bias)
 is wrapped so that CUDA events are recorded around it; a step's time is the
@@ -66,7 +66,7 @@ def _restore():
 
 def _instrument():
     """Log every step of dft.py: its cuBLAS calls, its own kernels (transpose,
-    and with dft.FUSED the fused W-axis kernels), the filter spectrum as one step."""
+    and with dft.FUSED_ROWS the fused W-axis kernels), the filter spectrum as one step."""
     for k in ("_cublas", "_transpose", "_filter_spectrum"):
         _ORIGINAL.setdefault(k, getattr(D, k))
     _restore()
@@ -135,7 +135,7 @@ def main():
                     for i, (label, e0, e1) in enumerate(_log):
                         stages.setdefault((i, label), []).append(cupy.cuda.get_elapsed_time(e0, e1))
                 _restore()
-                print(f"\n{name} {direction} (dft.FUSED={D.FUSED}): dft {t_dft:.3f} ms, fft {t_fft:.3f}, cuDNN {t_cudnn:.3f} "
+                print(f"\n{name} {direction} (fused rows={D.FUSED_ROWS}, filter={D.FUSED_FILTER}): dft {t_dft:.3f} ms, fft {t_fft:.3f}, cuDNN {t_cudnn:.3f} "
                       f"(cuDNN/dft {t_cudnn / t_dft:.2f}), dft rel. error vs fp64 {err:.1e}")
                 total = 0.0
                 for (i, label), ts in sorted(stages.items()):
@@ -155,6 +155,6 @@ def main():
 
 
 if __name__ == "__main__":
-    if "--fused" in sys.argv[1:]:   # the work-in-progress kernels (dft.FUSED)
-        D.FUSED = True
+    if "--fused" in sys.argv[1:]:   # the work-in-progress kernels, both flags
+        D.FUSED_ROWS = D.FUSED_FILTER = True
     sys.exit(main())

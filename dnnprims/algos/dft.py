@@ -74,8 +74,11 @@ FAMILY = KernelFamily("conv_dft.cu", [f"{k}<{t}, {i}>"
 # line-by-line NumPy port of each kernel (notes/conv_large_emulate.py), NOT yet run on a GPU:
 # turn on only after tests/test_conv_dft.py::test_dft_fused_rows_match_reference
 # passes there (notes/conv_large.md says how).  Where a shape does not fit the
-# kernels' shared memory (48 KB) or grid, the cuBLAS path runs whatever FUSED says.
-FUSED = False
+# kernels' shared memory (48 KB) or grid, the cuBLAS path runs whatever the flags say.
+# FUSED_ROWS: dft_rows_forward + dft_rows_inverse; FUSED_FILTER: dft_filter_spectrum
+# (separate, so that one failing on the GPU does not hold the other back).
+FUSED_ROWS = False
+FUSED_FILTER = False
 _SMEM_LIMIT = 48 * 1024
 
 SUPPORTED_DTYPES = ("float32", "float64")
@@ -219,7 +222,7 @@ def _spectra(xp, st, a, DW, DH):
     NB, J, Hi, Wi = a.shape
     h = DW.shape[1] // 2
     T0 = DH.shape[0]
-    if FUSED and xp is not np:
+    if FUSED_ROWS and xp is not np:
         dpitch, xpitch = 2 * (-(-h // 4) * 4), Wi | 1
         smem = (Wi * dpitch + 64 * xpitch) * a.itemsize
         if smem <= _SMEM_LIMIT and Hi <= 65535 and NB <= 65535:
@@ -246,7 +249,7 @@ def _inverse(xp, st, Y, DHi, DWi, out):
     n1 = DWi.shape[1]
     Yp = _cublas.gemm(xp, DHi, Y.reshape(T0, h * B), xp.empty((n0, h * B), dtype=st.cdtype))
     smem = (2 * 32 * h + 2 * h * n1) * out.itemsize
-    if FUSED and xp is not np and smem <= _SMEM_LIMIT and n0 <= 65535:
+    if FUSED_ROWS and xp is not np and smem <= _SMEM_LIMIT and n0 <= 65535:
         FAMILY.launch(st.rows_inverse, (ceil_div(B, 32), n0), (256,),
                       (Yp, DWi, out, np.int32(B), np.int32(n0), np.int32(n1), np.int32(h)), shared_mem=smem)
         return out
@@ -264,7 +267,7 @@ def _filter_spectrum(xp, st, g, f, dilation, flip):
     J, Ko = g.channels_in, g.channels_out
     h = g.half
     smem = 2 * (h * E1 + E0) * np.dtype(st.dtype).itemsize
-    if FUSED and xp is not np and E1 <= 32 and smem <= _SMEM_LIMIT and g.T[0] <= 65535:
+    if FUSED_FILTER and xp is not np and E1 <= 32 and smem <= _SMEM_LIMIT and g.T[0] <= 65535:
         fs = _fft._elements(f)
         sk, sj = (fs[1], fs[0]) if flip else (fs[0], fs[1])
         G = xp.empty((g.frequencies, J, Ko), dtype=st.cdtype)
