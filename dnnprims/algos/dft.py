@@ -183,7 +183,8 @@ class _Setup:
         J, Ko = g.channels_in, g.channels_out
         big = max(N, J, Ko) * max(J, Ko) * max(g.frequencies, g.size_in[0] * g.half,
                                                 g.out[0] * g.half) * 2
-        it = index_type(big, 2 * g.extent[0] * g.extent[1] * J * Ko)
+        it = index_type(big, 2 * g.extent[0] * g.extent[1] * J * Ko,
+                        N * J * g.size_in[0] * g.size_in[1], N * Ko * g.out[0] * g.out[1])
         ct = _dtypes.cuda_type(self.dtype)
         self.transpose = f"dft_transpose<{ct}, {it}>"
         self.rows_forward = f"dft_rows_forward<{ct}, {it}>"
