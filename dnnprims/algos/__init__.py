@@ -171,6 +171,12 @@ AUTO_WINOGRAD_MIN_FLOPS = 4e9
 # overhead of its ~15 CuPy calls) dominates.  "fft_tiled" (bounded workspace)
 # is never picked by "auto": its chunks were slower than implicit_gemm on
 # every measured problem; name it, or let "find" time it.
+# "dft" (same spectra, transforms as dense DFT GEMMs: no pad / crop passes,
+# no cuFFT) goes before "fft" under the same conditions: in one H100 run at
+# batch 32 (notes/conv_large.md) it beat "fft" on big_7x7_s1 by 1.4-1.7x in
+# all three directions and on alex_conv2_5x5 backward filter by 1.5x, and
+# tied it on alex_conv2_5x5 forward / backward data (0.52 vs 0.53 ms, 0.49 vs
+# 0.47).  The measured table decides first where it has entries.
 AUTO_FFT_MIN_FILTER = 5
 AUTO_FFT_MIN_FLOPS = 8e9
 AUTO_FFT_WORKSPACE_LIMIT = 1 << 30
@@ -181,11 +187,13 @@ def _fft_preferences(problem, direction):
     if not (p.dtype == "float32" and p.groups == 1 and p.stride == (1, 1) and p.dilation == (1, 1)
             and min(p.R, p.S) >= AUTO_FFT_MIN_FILTER and p.flops >= AUTO_FFT_MIN_FLOPS):
         return []
-    fft = REGISTRY.get("fft")
-    if fft is None or fft.workspace_bytes(p, direction) > AUTO_FFT_WORKSPACE_LIMIT:
-        return []
-    return [("fft", f"stride-1 {p.R}x{p.S} float32, {p.flops / 1e9:.0f} GFLOP of direct work: "
-                    f"FFT (spectra within AUTO_FFT_WORKSPACE_LIMIT)")]
+    prefs = []
+    for name, what in (("dft", "Fourier domain, dense-DFT transforms on cuBLAS"), ("fft", "FFT")):
+        algorithm = REGISTRY.get(name)
+        if algorithm is not None and algorithm.workspace_bytes(p, direction) <= AUTO_FFT_WORKSPACE_LIMIT:
+            prefs.append((name, f"stride-1 {p.R}x{p.S} float32, {p.flops / 1e9:.0f} GFLOP of direct "
+                                f"work: {what} (spectra within AUTO_FFT_WORKSPACE_LIMIT)"))
+    return prefs
 
 
 
@@ -240,8 +248,8 @@ def auto_preferences(problem, direction):
     6. "gemm" (im2col + cuBLAS) for ungrouped problems whose workspace fits
        AUTO_GEMM_WORKSPACE_LIMIT.
     7. "direct": the fallback that supports every problem.
-    Before all of them, "fft" for large stride-1 ungrouped float32 problems
-    with filters of at least AUTO_FFT_MIN_FILTER taps a side
+    Before all of them, "dft" then "fft" for large stride-1 ungrouped float32
+    problems with filters of at least AUTO_FFT_MIN_FILTER taps a side
     (:func:`_fft_preferences`)."""
     from .implicit_gemm_backward import subpixel_pays
     prefs = _fft_preferences(problem, direction)
@@ -356,4 +364,5 @@ def choose(problem, direction, algo="auto", gpu=False, options=DEFAULT_OPTIONS):
 # Importing the algorithm modules registers them (and declares their kernel
 # families for _kernels.families()).
 from . import direct, fft, gemm, implicit_gemm, implicit_gemm_backward, winograd  # noqa: E402,F401
+from . import dft  # noqa: E402,F401  (after fft: it reuses its filter-spectrum kernel)
 from . import depthwise  # noqa: E402,F401  (registered after the general algorithms)

@@ -1,0 +1,408 @@
+"""The "dft" algorithm: Fourier-domain convolution whose transforms are dense
+DFT matrices applied by cuBLAS GEMMs instead of cuFFT.  Stride 1, ungrouped,
+float32 (complex64) and float64 (complex128), any padding, any filter size,
+dilation; all three directions.
+
+Why.  "fft" (:mod:`.fft`) spends most of its time around cuFFT, not in it:
+zero-padding the input into T x T' buffers, a strided R2C/C2R that writes
+the frequency-major spectra at a third of the memory bandwidth, and a crop.
+For the filters where the Fourier route pays (5x5 .. 11x11 on images of
+~27..60 pixels) the transform lengths are small, so a transform is a small
+matrix product, and a matrix product does three things an FFT library
+cannot:
+  * the zero padding is free: the DFT matrix only has columns for the image
+    pixels (the padded zeros contribute nothing), so the input is read
+    straight from x, no window buffer;
+  * the crop is free: the inverse DFT matrix only has rows for the P x Q
+    outputs kept, so the last GEMM writes y (NCHW) directly;
+  * any transform length works at the same speed, so T is the smallest
+    that avoids wrap-around (59 for a 7x7 filter on 56 x 56, pad 3; cuFFT
+    wanted 60 or 64), and the layout of every intermediate is ours to pick.
+The price is O(T) instead of O(log T) work per output of a transform, which
+at T <= ~64 is still far below the per-frequency channel contraction and
+runs on cuBLAS at GEMM speed.
+
+The computation (same cyclic-correlation identity as "fft": the tile of the
+padded input starts ``pad`` rows/columns above/left of the image, the filter
+sits reversed, no conjugation for forward and backward data):
+
+    1. W-axis real DFT:   A1 (NB J H, 2 h) = a (NB J H, W) @ DWf (W, 2 h)
+       a real GEMM whose output columns are (frequency, re/im) pairs, i.e. a
+       complex (NB J, H, h) array, h = T' / 2 + 1 (half spectrum);
+    2. transpose to (H, h, NB, J)                       (kernel dft_transpose)
+    3. H-axis DFT:        Z (T, h NB J) = DHf (T, H) @ A1^T (H, h NB J)
+       -> Z (F, NB, J), F = T h frequencies, channels innermost;
+    4. per frequency:     Y (F, NB, Ko) = Z (F, NB, J) @ G (F, J, Ko)
+       G = the filter spectrum with 1 / (T T') folded in (fft's kernel +
+       two DFT GEMMs); a bias is added to Y's zero frequency (a constant
+       added to every output of the cyclic correlation);
+    5. H-axis inverse for the kept rows only: (P, T) @ Y -> (P, h, NB, Ko);
+    6. transpose to (NB Ko, P, h);
+    7. W-axis real inverse (C2R weights 1, 2, .., 2, [1]) for the kept
+       columns only: (NB Ko P, 2 h) @ DWi (2 h, Q) -> y (NB, Ko, P, Q).
+
+Backward data is step 1-7 on dy with the rotated, channel-swapped filter and
+padding E - 1 - pad (negative padding drops the columns outside the tile:
+their DFT-matrix rows are zero).  Backward filter transforms x as above and
+dy placed at the tile origin with the conjugate DFT (conj(DFT(dy)) of a real
+dy), multiplies (F, K, N) @ (F, N, C) per frequency -- the sum over the batch
+happens in the frequency domain -- and inverts only the E x E' taps.
+
+Transform matrices are made once per problem in float64 (arguments reduced
+mod T in integers first) and cast; see :class:`_Setup`.  Everything is
+written against ``xp`` (the transpose's NumPy stand-in is ``ascontiguousarray``
+of the transposed view) so the whole bookkeeping is tested on NumPy.
+"""
+import numpy as np
+
+from . import ConvAlgorithm, register
+from .. import _cublas, _dtypes
+from .._kernels import KernelFamily, ceil_div, index_type
+from . import fft as _fft
+
+FAMILY = KernelFamily("conv_dft.cu", [f"{k}<{t}, {i}>"
+                                      for k in ("dft_transpose", "dft_rows_forward", "dft_rows_inverse",
+                                                "dft_filter_spectrum")
+                                      for t in ("float", "double") for i in ("int", "long long")])
+
+# WORK IN PROGRESS, off: the W-axis transforms as our own kernels fused with the
+# transposes (dft_rows_forward / dft_rows_inverse in kernels/conv_dft.cu) instead
+# of cuBLAS GEMM + transpose, and the filter spectrum in one kernel
+# (dft_filter_spectrum) instead of a conversion kernel + two cuBLAS GEMMs: the
+# three steps that the H100 stage profile shows slowest for the GPU work they do
+# (notes/conv_large.md).  Compiled (NVRTC), wired, index arithmetic checked by a
+# line-by-line NumPy port of each kernel (notes/conv_large_emulate.py), NOT yet run on a GPU:
+# turn on only after tests/test_conv_dft.py::test_dft_fused_rows_match_reference
+# passes there (notes/conv_large.md says how).  Where a shape does not fit the
+# kernels' shared memory (48 KB) or grid, the cuBLAS path runs whatever the flags say.
+# FUSED_ROWS: dft_rows_forward + dft_rows_inverse; FUSED_FILTER: dft_filter_spectrum
+# (separate, so that one failing on the GPU does not hold the other back).
+FUSED_ROWS = False
+FUSED_FILTER = False
+_SMEM_LIMIT = 48 * 1024
+
+SUPPORTED_DTYPES = ("float32", "float64")
+SETUP_CACHE_SIZE = 32
+_setups = {}   # key -> _Setup, least recently used first
+
+
+def transform_size(n_out, extent, pad):
+    """The smallest cyclic length T along one axis with no wrong wrap-around:
+    outputs 0..n_out-1 read tile positions up to n_out + extent - 2; those past
+    T wrap into the tile's leading ``pad`` positions, which hold padding zeros."""
+    return max(n_out + extent - 1 - max(pad, 0), n_out, extent)
+
+
+class Geometry:
+    """One direction of one problem.  The "input" is what is transformed with
+    the DFT (x, or dy for backward data), ``pad`` its padding (negative: the
+    tile starts inside it), ``out`` the computed output size."""
+
+    def __init__(self, p, direction):
+        E = (p.dilation[0] * (p.R - 1) + 1, p.dilation[1] * (p.S - 1) + 1)
+        if direction == "backward_data":
+            self.pad = (E[0] - 1 - p.padding[0], E[1] - 1 - p.padding[1])
+            self.size_in, self.out = (p.P, p.Q), (p.H, p.W)
+            self.channels_in, self.channels_out = p.K, p.C
+        else:
+            self.pad = tuple(p.padding)
+            self.size_in, self.out = (p.H, p.W), (p.P, p.Q)
+            self.channels_in, self.channels_out = p.C, p.K
+        self.extent = E
+        self.T = tuple(transform_size(self.out[i], E[i], self.pad[i]) for i in range(2))
+        self.half = self.T[1] // 2 + 1
+        self.frequencies = self.T[0] * self.half
+
+
+def _angles(k, pos, T):
+    """2 pi (k * pos mod T) / T for integer vectors k (rows) and pos (columns),
+    reduced exactly in integers before the float64 multiply."""
+    return 2 * np.pi * np.mod(np.outer(k, pos), T) / T
+
+
+def _forward_w(size, pad, T1, conj):
+    """(size, 2 h) real: column pair (2 v, 2 v + 1) = (cos, -+sin) of the angle
+    of input column c at tile position c + pad; zero rows outside [0, T')."""
+    pos = np.arange(size) + pad
+    theta = _angles(pos, np.arange(T1 // 2 + 1), T1)              # (size, h)
+    m = np.empty((size, T1 // 2 + 1, 2))
+    m[..., 0] = np.cos(theta)
+    m[..., 1] = np.sin(theta) if conj else -np.sin(theta)
+    m[(pos < 0) | (pos >= T1)] = 0.0
+    return m.reshape(size, -1)
+
+
+def _forward_h(size, pad, T0, conj):
+    """(T, size) complex: exp(-+2 pi i k (r + pad) / T), zero columns outside [0, T)."""
+    pos = np.arange(size) + pad
+    m = np.exp((1j if conj else -1j) * _angles(np.arange(T0), pos, T0))
+    m[:, (pos < 0) | (pos >= T0)] = 0.0
+    return m
+
+
+def _inverse_h(n_out, T0):
+    """(n_out, T) complex: exp(+2 pi i k u / T) for the kept rows u < n_out."""
+    return np.exp(1j * _angles(np.arange(n_out), np.arange(T0), T0))
+
+
+def _inverse_w(n_out, T1, scale):
+    """(2 h, n_out) real: the C2R along W for the kept columns, row pair
+    (2 v, 2 v + 1) = c_v (cos, -sin), c_v = 1 at v = 0 and v = T'/2, else 2."""
+    h = T1 // 2 + 1
+    theta = _angles(np.arange(h), np.arange(n_out), T1)           # (h, n_out)
+    c = np.full(h, 2.0)
+    c[0] = 1.0
+    if T1 % 2 == 0:
+        c[-1] = 1.0
+    m = np.empty((h, 2, n_out))
+    m[:, 0] = c[:, None] * np.cos(theta) * scale
+    m[:, 1] = -c[:, None] * np.sin(theta) * scale
+    return m.reshape(2 * h, n_out)
+
+
+class _Setup:
+    """The transform matrices of one (device, geometry, batch, dtype, direction)."""
+
+    def __init__(self, xp, g, N, dtype, direction):
+        self.dtype = np.dtype(dtype)
+        self.cdtype = np.result_type(self.dtype, np.complex64)
+        T0, T1 = g.T
+        dev = (lambda m, t: xp.asarray(np.ascontiguousarray(m).astype(t)))
+        self.DWf = dev(_forward_w(g.size_in[1], g.pad[1], T1, False), self.dtype)
+        self.DHf = dev(_forward_h(g.size_in[0], g.pad[0], T0, False), self.cdtype)
+        if direction == "backward_filter":
+            # dy sits at the tile origin, conjugate transform; only the taps come back.
+            self.DWd = dev(_forward_w(g.out[1], 0, T1, True), self.dtype)
+            self.DHd = dev(_forward_h(g.out[0], 0, T0, True), self.cdtype)
+            self.DHi = dev(_inverse_h(g.extent[0], T0), self.cdtype)
+            self.DWi = dev(_inverse_w(g.extent[1], T1, 1.0 / (T0 * T1)), self.dtype)
+        else:
+            self.DHi = dev(_inverse_h(g.out[0], T0), self.cdtype)
+            self.DWi = dev(_inverse_w(g.out[1], T1, 1.0), self.dtype)
+            self.Ds, self.Dr = _fft._twiddle_matrices(xp, g.T, g.extent, self.cdtype)
+        J, Ko = g.channels_in, g.channels_out
+        big = max(N, J, Ko) * max(J, Ko) * max(g.frequencies, g.size_in[0] * g.half,
+                                                g.out[0] * g.half) * 2
+        it = index_type(big, 2 * g.extent[0] * g.extent[1] * J * Ko,
+                        N * J * g.size_in[0] * g.size_in[1], N * Ko * g.out[0] * g.out[1])
+        ct = _dtypes.cuda_type(self.dtype)
+        self.transpose = f"dft_transpose<{ct}, {it}>"
+        self.rows_forward = f"dft_rows_forward<{ct}, {it}>"
+        self.rows_inverse = f"dft_rows_inverse<{ct}, {it}>"
+        self.filter_spectrum = f"dft_filter_spectrum<{ct}, {it}>"
+        self.filter_complex = f"fft_filter_complex<{ct}, {it}>"
+        self.index = np.int64 if it == "long long" else np.int32
+
+
+def _setup(xp, g, N, dtype, direction):
+    key = (None if xp is np else xp.cuda.runtime.getDevice(), g.T, g.pad, g.size_in, g.out, g.extent,
+           g.channels_in, g.channels_out, N, np.dtype(dtype).name, direction == "backward_filter")
+    st = _setups.pop(key, None)
+    if st is None:
+        st = _Setup(xp, g, N, dtype, direction)
+        while len(_setups) >= SETUP_CACHE_SIZE:
+            _setups.pop(next(iter(_setups)))
+    _setups[key] = st
+    return st
+
+
+def _transpose(xp, st, a, rows, cols):
+    """The complex (rows, cols) matrix a (contiguous) as a new (cols, rows) one."""
+    a = a.reshape(rows, cols)
+    if xp is np:
+        return np.ascontiguousarray(a.T)
+    out = xp.empty((cols, rows), dtype=a.dtype)
+    grid = (ceil_div(cols, 32), min(ceil_div(rows, 32), 65535))
+    FAMILY.launch(st.transpose, grid, (32, 8), (a, out, st.index(rows), st.index(cols)))
+    return out
+
+
+def _spectra(xp, st, a, DW, DH):
+    """Z (F, NB, J) complex: the 2-D (half) spectra of real a (NB, J, Hi, Wi),
+    contiguous, under the W-axis matrix DW (Wi, 2 h) and H-axis matrix DH (T, Hi)."""
+    NB, J, Hi, Wi = a.shape
+    h = DW.shape[1] // 2
+    T0 = DH.shape[0]
+    if FUSED_ROWS and xp is not np:
+        dpitch, xpitch = 2 * (-(-h // 4) * 4), Wi | 1
+        smem = (Wi * dpitch + 64 * xpitch) * a.itemsize
+        if smem <= _SMEM_LIMIT and Hi <= 65535 and NB <= 65535:
+            A1t = xp.empty((Hi * h, NB * J), dtype=st.cdtype)
+            FAMILY.launch(st.rows_forward, (ceil_div(J, 64), Hi, NB), (256,),
+                          (a, DW, A1t, np.int32(NB), np.int32(J), np.int32(Hi), np.int32(Wi), np.int32(h),
+                           np.int32(dpitch), np.int32(xpitch)), shared_mem=smem)
+            Z = _cublas.gemm(xp, DH, A1t.reshape(Hi, h * NB * J), xp.empty((T0, h * NB * J), dtype=st.cdtype))
+            return Z.reshape(T0 * h, NB, J)
+    A1 = _cublas.gemm(xp, a.reshape(NB * J * Hi, Wi), DW, xp.empty((NB * J * Hi, 2 * h), dtype=a.dtype))
+    A1 = A1.view(st.cdtype)                                                  # (NB J Hi, h)
+    A1t = _transpose(xp, st, A1, NB * J, Hi * h)                             # (Hi h, NB J)
+    del A1
+    Z = _cublas.gemm(xp, DH, A1t.reshape(Hi, h * NB * J), xp.empty((T0, h * NB * J), dtype=st.cdtype))
+    return Z.reshape(T0 * h, NB, J)
+
+
+def _inverse(xp, st, Y, DHi, DWi, out):
+    """out (B, n0, n1) real, contiguous = the kept outputs of the inverse of
+    Y (F, B) complex (frequency-major, F = T h)."""
+    n0, T0 = DHi.shape
+    F, B = Y.shape
+    h = F // T0
+    n1 = DWi.shape[1]
+    Yp = _cublas.gemm(xp, DHi, Y.reshape(T0, h * B), xp.empty((n0, h * B), dtype=st.cdtype))
+    smem = (2 * 32 * h + 2 * h * n1) * out.itemsize
+    if FUSED_ROWS and xp is not np and smem <= _SMEM_LIMIT and n0 <= 65535:
+        FAMILY.launch(st.rows_inverse, (ceil_div(B, 32), n0), (256,),
+                      (Yp, DWi, out, np.int32(B), np.int32(n0), np.int32(n1), np.int32(h)), shared_mem=smem)
+        return out
+    Ypt = _transpose(xp, st, Yp, n0 * h, B)                                  # (B, n0 h)
+    del Yp
+    real = Ypt.view(st.dtype).reshape(B * n0, 2 * h)
+    _cublas.gemm(xp, real, DWi, out.reshape(B * n0, n1))
+    return out
+
+
+def _filter_spectrum(xp, st, g, f, dilation, flip):
+    """G (F, J, Ko): the spectrum of the (dilated; for ``flip`` rotated and
+    channel-swapped) filter placed reversed, 1 / (T T') folded in."""
+    E0, E1 = g.extent
+    J, Ko = g.channels_in, g.channels_out
+    h = g.half
+    smem = 2 * (h * E1 + E0) * np.dtype(st.dtype).itemsize
+    if FUSED_FILTER and xp is not np and E1 <= 32 and smem <= _SMEM_LIMIT and g.T[0] <= 65535:
+        fs = _fft._elements(f)
+        sk, sj = (fs[1], fs[0]) if flip else (fs[0], fs[1])
+        G = xp.empty((g.frequencies, J, Ko), dtype=st.cdtype)
+        FAMILY.launch(st.filter_spectrum, (ceil_div(J * Ko, 256), g.T[0]), (256,),
+                      (f, st.Ds, st.Dr, G, np.int32(h), np.int32(E0), np.int32(E1), np.int32(J), np.int32(Ko),
+                       np.int32(dilation[0]), np.int32(dilation[1]), np.int32(flip),
+                       np.int64(sk), np.int64(sj), np.int64(fs[2]), np.int64(fs[3])), shared_mem=smem)
+        return G
+    wc = xp.empty((E0, E1, J, Ko), dtype=st.cdtype)
+    if xp is np:
+        _fft._emulate_filter_complex(f, wc, dilation, flip, flip)
+    else:
+        fs = _fft._elements(f)
+        sk, sj = (fs[1], fs[0]) if flip else (fs[0], fs[1])
+        total = wc.size
+        _fft.FAMILY.launch(st.filter_complex, (ceil_div(total, 256),), (256,),
+                           (f, wc, st.index(total), np.int32(E0), np.int32(E1), np.int32(J), np.int32(Ko),
+                            np.int32(dilation[0]), np.int32(dilation[1]), np.int32(flip),
+                            np.int64(sk), np.int64(sj), np.int64(fs[2]), np.int64(fs[3])))
+    return _fft._filter_dft(xp, wc, st.Ds, st.Dr)
+
+
+def correlate(xp, g, a, f, out, bias, dilation, flip):
+    """out (N, Ko, P, Q) contiguous = correlation of a (N, J, Hi, Wi) contiguous
+    with the filter (forward, or backward data when ``flip``), plus bias."""
+    N = a.shape[0]
+    Ko = g.channels_out
+    st = _setup(xp, g, N, out.dtype, "forward")
+    G = _filter_spectrum(xp, st, g, f, dilation, flip)                       # (F, J, Ko)
+    Z = _spectra(xp, st, a, st.DWf, st.DHf)                                  # (F, N, J)
+    Y = _cublas.gemm(xp, Z, G, xp.empty((g.frequencies, N, Ko), dtype=st.cdtype))
+    del Z, G
+    if bias is not None:  # the zero frequency of a constant: the unnormalised inverse spreads it
+        xp.add(Y[0], bias.reshape(1, Ko), out=Y[0])
+    return _inverse(xp, st, Y.reshape(g.frequencies, N * Ko), st.DHi, st.DWi, out.reshape(N * Ko, *g.out))
+
+
+def filter_gradient(xp, g, a, d, N):
+    """The dilated filter gradient (K, C, E, E'): a = x (N, C, H, W), d = dy
+    (N, K, P, Q), both contiguous."""
+    C, K = g.channels_in, g.channels_out
+    st = _setup(xp, g, N, a.dtype, "backward_filter")
+    Za = _spectra(xp, st, a, st.DWf, st.DHf)                                 # (F, N, C)
+    Zd = _spectra(xp, st, d, st.DWd, st.DHd)                                 # (F, N, K), conjugated
+    prod = _cublas.gemm(xp, Zd, Za, xp.empty((g.frequencies, K, C), dtype=st.cdtype), trans_a=True)
+    del Za, Zd
+    dw = xp.empty((K * C, g.extent[0], g.extent[1]), dtype=a.dtype)
+    return _inverse(xp, st, prod.reshape(g.frequencies, K * C), st.DHi, st.DWi, dw).reshape(
+        K, C, g.extent[0], g.extent[1])
+
+
+def _nchw_contiguous(xp, a, layout):
+    return xp.ascontiguousarray(a if layout == "NCHW" else a.transpose(0, 3, 1, 2))
+
+
+class DFTConvolution(ConvAlgorithm):
+    """Dense-DFT transforms on cuBLAS, per-frequency complex GEMMs in between."""
+
+    name = "dft"
+
+    def __init__(self):
+        self._geometries = {}
+
+    def supports(self, problem, direction):
+        ok, reason = super().supports(problem, direction)
+        if not ok:
+            return ok, reason
+        p = problem
+        if p.dtype not in SUPPORTED_DTYPES:
+            return False, (f"it transforms in complex64/complex128: float32 and float64 only, "
+                           f"not {p.dtype}")
+        if p.groups != 1:
+            return False, f"it computes ungrouped convolutions only, not groups={p.groups}"
+        if p.stride != (1, 1):
+            return False, f"it computes stride 1 only, not stride={p.stride}"
+        return True, ""
+
+    def geometry(self, problem, direction):
+        key = (problem, direction)
+        g = self._geometries.get(key)
+        if g is None:
+            if len(self._geometries) >= 4 * SETUP_CACHE_SIZE:
+                self._geometries.clear()
+            g = self._geometries[key] = Geometry(problem, direction)
+        return g
+
+    def workspace_bytes(self, problem, direction):
+        """An upper bound of the buffers alive at once (the largest pair of
+        consecutive intermediates plus the spectra kept across them)."""
+        p = problem
+        g = self.geometry(p, direction)
+        real = np.dtype(p.dtype).itemsize
+        cplx = 2 * real
+        J, Ko, N = g.channels_in, g.channels_out, p.N
+        F, h = g.frequencies, g.half
+        a1 = N * J * g.size_in[0] * h * cplx                     # A1 and its transpose
+        spectrum_in = N * J * F * cplx
+        if direction == "backward_filter":
+            d1 = N * Ko * g.out[0] * h * cplx
+            spectrum_d = N * Ko * F * cplx
+            prod = Ko * J * F * cplx
+            inv = Ko * J * g.extent[0] * h * cplx
+            return max(2 * a1, spectrum_in + 2 * d1) + spectrum_in + spectrum_d + prod + 2 * inv
+        spectrum_filter = J * Ko * (F + g.extent[0] * h + g.extent[0] * g.extent[1]) * cplx
+        out_spectrum = N * Ko * F * cplx
+        inv = N * Ko * g.out[0] * h * cplx
+        copies = 0 if p.layout == "NCHW" else (N * J * g.size_in[0] * g.size_in[1]
+                                                + N * Ko * g.out[0] * g.out[1]) * real
+        return spectrum_filter + max(2 * a1 + spectrum_in, spectrum_in + out_spectrum,
+                                     out_spectrum + 2 * inv) + copies
+
+    def run(self, problem, direction, a, b, out, bias=None, activation=None):
+        import cupy
+        return self._run(cupy, problem, direction, a, b, out, bias)
+
+    def _run(self, xp, p, direction, a, b, out, bias=None):
+        g = self.geometry(p, direction)
+        if direction == "backward_filter":
+            x = _nchw_contiguous(xp, a, p.layout)
+            dy = _nchw_contiguous(xp, b, p.layout)
+            dw = filter_gradient(xp, g, x, dy, p.N)
+            if p.dilation == (1, 1):
+                out[...] = dw
+            else:
+                out[...] = dw[:, :, ::p.dilation[0], ::p.dilation[1]]
+            return out
+        src = _nchw_contiguous(xp, a, p.layout)
+        nchw = p.layout == "NCHW"
+        dst = out if nchw else xp.empty((p.N, g.channels_out) + g.out, dtype=out.dtype)
+        correlate(xp, g, src, b, dst, bias if direction == "forward" else None, p.dilation,
+                  direction == "backward_data")
+        if not nchw:
+            out[...] = dst.transpose(0, 2, 3, 1)
+        return out
+
+
+DFT = register(DFTConvolution())

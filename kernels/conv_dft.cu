@@ -1,0 +1,227 @@
+// The one kernel of the DFT convolution (dnnprims/algos/dft.py): a transpose
+// of a complex matrix, the layout change between the W-axis transforms (real
+// GEMMs along the image rows, one row per (sample, channel, image row)) and
+// the H-axis transforms / per-frequency products (complex GEMMs whose rows
+// must be the channels, unit stride).  Everything else is cuBLAS.
+//
+// dft_transpose: out[c, r] = in[r, c] for a row-major (rows x cols) matrix of
+// complex values stored as (re, im) pairs of T (cuComplex / cuDoubleComplex).
+// Tile: 32 x 32 complex values staged in shared memory (a 33-column row pitch
+// against bank conflicts on the column reads); block 32 x 8 threads, each
+// thread moving 4 values in and 4 out, so both the global reads (along a row
+// of in) and the global writes (along a row of out) are coalesced.  The grid
+// covers column tiles in x and row tiles in y, y grid-strided past 65535.
+#include "common.cuh"
+
+template <typename T>
+struct dft_complex {
+    T re, im;
+};
+
+template <typename T, typename index_t>
+__global__ void dft_transpose(const T* __restrict__ in, T* __restrict__ out, index_t rows, index_t cols) {
+    __shared__ dft_complex<T> tile[32][33];
+    const dft_complex<T>* src = reinterpret_cast<const dft_complex<T>*>(in);
+    dft_complex<T>* dst = reinterpret_cast<dft_complex<T>*>(out);
+    const index_t c0 = (index_t)blockIdx.x * 32;
+    for (index_t r0 = (index_t)blockIdx.y * 32; r0 < rows; r0 += (index_t)gridDim.y * 32) {
+        for (int i = threadIdx.y; i < 32; i += 8) {
+            const index_t r = r0 + i, c = c0 + threadIdx.x;
+            if (r < rows && c < cols) tile[i][threadIdx.x] = src[r * cols + c];
+        }
+        __syncthreads();
+        for (int i = threadIdx.y; i < 32; i += 8) {
+            const index_t c = c0 + i, r = r0 + threadIdx.x;
+            if (r < rows && c < cols) dst[c * rows + r] = tile[threadIdx.x][i];
+        }
+        __syncthreads();
+    }
+}
+
+// --- work in progress (dft.FUSED, off until run on a GPU) ----------------------
+// The W-axis transforms fused with the transposes around them, replacing a
+// skinny cuBLAS GEMM (inner dimension W ~ 27..64, measured at ~1/4 of the
+// memory bandwidth on the H100) plus a transpose pass each.
+//
+// dft_rows_forward: out[(r, v), (nb, c)] = sum_col a[nb, c, r, col] * (dw[col, 2v]
+// + i dw[col, 2v + 1]) -- the real W-axis DFT of every image row, written straight
+// in the (Hi, h, NB, J) complex layout the H-axis GEMM reads.
+// Block: one image row r (grid.y) of one sample nb (grid.z) for 64 channels
+// (grid.x); 256 threads = 8 warps x 32 lanes; lane l owns channels c0 + l and
+// c0 + 32 + l (so a warp's writes are 32 consecutive complex values), warp w
+// the frequencies v0 = 4 w + 32 k .. v0 + 3.  Shared memory: the DFT matrix
+// (Wi x dpitch, dpitch = 2 * round_up(h, 4), zero-filled past 2h, so four
+// frequencies are two aligned 16-byte loads, broadcast to the warp) and the 64
+// image rows (64 x xpitch, xpitch = Wi | 1: odd, so the lanes' column reads
+// hit distinct banks).  Per column a thread does 2 row loads + 2 vector loads
+// for 16 FMAs.
+template <typename T>
+__device__ __forceinline__ void dft_load4(const T* p, T (&r)[4]);
+template <>
+__device__ __forceinline__ void dft_load4<float>(const float* p, float (&r)[4]) {
+    const float4 v = *reinterpret_cast<const float4*>(p);
+    r[0] = v.x; r[1] = v.y; r[2] = v.z; r[3] = v.w;
+}
+template <>
+__device__ __forceinline__ void dft_load4<double>(const double* p, double (&r)[4]) {
+    const double2 v = reinterpret_cast<const double2*>(p)[0], w = reinterpret_cast<const double2*>(p)[1];
+    r[0] = v.x; r[1] = v.y; r[2] = w.x; r[3] = w.y;
+}
+
+template <typename T, typename index_t>
+__global__ void __launch_bounds__(256) dft_rows_forward(const T* __restrict__ a, const T* __restrict__ dw,
+                                                        T* __restrict__ out, int NB, int J, int Hi, int Wi,
+                                                        int h, int dpitch, int xpitch) {
+    extern __shared__ __align__(16) unsigned char dft_smem[];
+    T* dws = reinterpret_cast<T*>(dft_smem);           // Wi x dpitch
+    T* xs = dws + Wi * dpitch;                          // 64 x xpitch
+    const int c0 = blockIdx.x * 64, r = blockIdx.y, nb = blockIdx.z;
+    const int tid = threadIdx.x;
+    for (int i = tid; i < Wi * dpitch; i += 256) {
+        const int col = i / dpitch, k = i - col * dpitch;
+        dws[i] = k < 2 * h ? dw[col * 2 * h + k] : T(0);
+    }
+    for (int i = tid; i < 64 * Wi; i += 256) {
+        const int cc = i / Wi, col = i - cc * Wi, c = c0 + cc;
+        xs[cc * xpitch + col] = c < J ? a[(((index_t)nb * J + c) * Hi + r) * Wi + col] : T(0);
+    }
+    __syncthreads();
+    const int lane = tid & 31, warp = tid >> 5;
+    for (int v0 = 4 * warp; v0 < h; v0 += 32) {
+        T re0[4] = {0, 0, 0, 0}, im0[4] = {0, 0, 0, 0}, re1[4] = {0, 0, 0, 0}, im1[4] = {0, 0, 0, 0};
+        for (int col = 0; col < Wi; ++col) {
+            const T x0 = xs[lane * xpitch + col], x1 = xs[(lane + 32) * xpitch + col];
+            T d0[4], d1[4];
+            dft_load4(dws + col * dpitch + 2 * v0, d0);
+            dft_load4(dws + col * dpitch + 2 * v0 + 4, d1);
+            re0[0] += x0 * d0[0]; im0[0] += x0 * d0[1]; re0[1] += x0 * d0[2]; im0[1] += x0 * d0[3];
+            re0[2] += x0 * d1[0]; im0[2] += x0 * d1[1]; re0[3] += x0 * d1[2]; im0[3] += x0 * d1[3];
+            re1[0] += x1 * d0[0]; im1[0] += x1 * d0[1]; re1[1] += x1 * d0[2]; im1[1] += x1 * d0[3];
+            re1[2] += x1 * d1[0]; im1[2] += x1 * d1[1]; re1[3] += x1 * d1[2]; im1[3] += x1 * d1[3];
+        }
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            const int v = v0 + u;
+            const index_t base = (((index_t)r * h + v) * NB + nb) * J;
+            if (v < h && c0 + lane < J) {
+                out[2 * (base + c0 + lane)] = re0[u];
+                out[2 * (base + c0 + lane) + 1] = im0[u];
+            }
+            if (v < h && c0 + 32 + lane < J) {
+                out[2 * (base + c0 + 32 + lane)] = re1[u];
+                out[2 * (base + c0 + 32 + lane) + 1] = im1[u];
+            }
+        }
+    }
+}
+
+// dft_rows_inverse: out[b, p, q] = sum_v Re(y[p, v, b]) dwi[2v, q] + Im(y[p, v, b]) dwi[2v + 1, q]
+// -- the real W-axis inverse (C2R weights and scale inside dwi) of every kept
+// row p, read from the (n0, h, B) complex output of the H-axis inverse GEMM and
+// written straight into the (B, n0, n1) real output.
+// Block: one row p (grid.y) for 32 consecutive b (grid.x); warp w owns b = b0 + w,
+// + 8, + 16, + 24 and lane l the columns q = l, l + 32, ... (consecutive lanes
+// write consecutive q: coalesced rows of out).  Shared memory: y for the block
+// (h x 32 complex, loaded along b, coalesced) and dwi (2h x n1).
+template <typename T, typename index_t>
+__global__ void __launch_bounds__(256) dft_rows_inverse(const T* __restrict__ y, const T* __restrict__ dwi,
+                                                        T* __restrict__ out, int B, int n0, int n1, int h) {
+    extern __shared__ __align__(16) unsigned char dft_smem[];
+    T* ys = reinterpret_cast<T*>(dft_smem);            // h x 32 complex: (v, bb) -> 2 * (v * 32 + bb)
+    T* ds = ys + 2 * 32 * h;                            // 2h x n1
+    const int b0 = blockIdx.x * 32, p = blockIdx.y;
+    const int tid = threadIdx.x;
+    for (int i = tid; i < 32 * h; i += 256) {
+        const int v = i >> 5, bb = i & 31, b = b0 + bb;
+        const index_t src = 2 * (((index_t)p * h + v) * B + b);
+        ys[2 * i] = b < B ? y[src] : T(0);
+        ys[2 * i + 1] = b < B ? y[src + 1] : T(0);
+    }
+    for (int i = tid; i < 2 * h * n1; i += 256) ds[i] = dwi[i];
+    __syncthreads();
+    const int lane = tid & 31, warp = tid >> 5;
+    for (int q0 = 0; q0 < n1; q0 += 32) {
+        const int q = q0 + lane;
+        const int qc = q < n1 ? q : n1 - 1;
+        T acc[4] = {0, 0, 0, 0};
+        for (int v = 0; v < h; ++v) {
+            const T cr = ds[(2 * v) * n1 + qc], ci = ds[(2 * v + 1) * n1 + qc];
+#pragma unroll
+            for (int u = 0; u < 4; ++u) {
+                const int bb = warp + 8 * u;
+                acc[u] += ys[2 * (v * 32 + bb)] * cr + ys[2 * (v * 32 + bb) + 1] * ci;
+            }
+        }
+        if (q < n1) {
+#pragma unroll
+            for (int u = 0; u < 4; ++u) {
+                const int b = b0 + warp + 8 * u;
+                if (b < B) out[((index_t)b * n0 + p) * n1 + q] = acc[u];
+            }
+        }
+    }
+}
+
+// dft_filter_spectrum (work in progress, dft.FUSED): the filter spectrum
+// G[(u, v), j, k] = sum_r dr[u, r] sum_s ds[v, s] g[r, s] of the (dilated; for
+// flip rotated, channel-swapped) filter, in one pass instead of a
+// complex-conversion kernel and two cuBLAS GEMMs with inner dimension E
+// (memory-bound GEMMs that cuBLAS ran at a fraction of the bandwidth).
+// g[r, s] = f[k, j, r', s'] as in fft_filter_complex (conv_fft.cu): r' = (flip ?
+// E0 - 1 - r : r) / d0 when that divides, else 0.  dr (T0 x E0) and ds
+// (h x E1) are complex (re, im) pairs, 1 / (T0 T1) folded into dr.
+// Thread: one (j, k) (k fastest: coalesced writes) for one row u (grid.y).  It
+// first folds the rows, b[s] = sum_r dr[u, r] g[r, s] (E1 <= 32 complex values
+// in registers, the loop unrolled with guards), then writes the h frequencies
+// G[u, v] = sum_s ds[v, s] b[s].  ds and dr's row u sit in shared memory
+// (broadcast reads).
+template <typename T, typename index_t>
+__global__ void __launch_bounds__(256) dft_filter_spectrum(const T* __restrict__ f, const T* __restrict__ ds,
+                                                           const T* __restrict__ dr, T* __restrict__ G,
+                                                           int h, int E0, int E1, int J, int Ko, int d0, int d1,
+                                                           int flip, long long sk, long long sj, long long sr,
+                                                           long long ss) {
+    extern __shared__ __align__(16) unsigned char dft_smem[];
+    T* dss = reinterpret_cast<T*>(dft_smem);           // h x E1 complex
+    T* drs = dss + 2 * h * E1;                          // E0 complex (row u)
+    const int u = blockIdx.y;
+    for (int i = threadIdx.x; i < 2 * h * E1; i += 256) dss[i] = ds[i];
+    for (int i = threadIdx.x; i < 2 * E0; i += 256) drs[i] = dr[(index_t)u * 2 * E0 + i];
+    __syncthreads();
+    const index_t jk = (index_t)blockIdx.x * 256 + threadIdx.x;
+    if (jk >= (index_t)J * Ko) return;
+    const int k = (int)(jk % Ko), j = (int)(jk / Ko);
+    T bre[32], bim[32];
+#pragma unroll
+    for (int s = 0; s < 32; ++s) { bre[s] = T(0); bim[s] = T(0); }
+    for (int r = 0; r < E0; ++r) {
+        const int rr = flip ? E0 - 1 - r : r;
+        if (rr % d0 != 0) continue;
+        const T cr = drs[2 * r], ci = drs[2 * r + 1];
+#pragma unroll
+        for (int s = 0; s < 32; ++s) {
+            if (s < E1) {
+                const int sv = flip ? E1 - 1 - s : s;
+                if (sv % d1 == 0) {
+                    const T g = f[k * sk + j * sj + (rr / d0) * sr + (sv / d1) * ss];
+                    bre[s] += cr * g;
+                    bim[s] += ci * g;
+                }
+            }
+        }
+    }
+    for (int v = 0; v < h; ++v) {
+        T gre = T(0), gim = T(0);
+#pragma unroll
+        for (int s = 0; s < 32; ++s) {
+            if (s < E1) {
+                const T dre = dss[2 * (v * E1 + s)], dim = dss[2 * (v * E1 + s) + 1];
+                gre += dre * bre[s] - dim * bim[s];
+                gim += dre * bim[s] + dim * bre[s];
+            }
+        }
+        const index_t o = (((index_t)u * h + v) * J + j) * Ko + k;
+        G[2 * o] = gre;
+        G[2 * o + 1] = gim;
+    }
+}

@@ -1,0 +1,117 @@
+"""Line-by-line NumPy ports of the WIP kernels of kernels/conv_dft.cu
+(dft_rows_forward, dft_rows_inverse, dft_filter_spectrum) against the cuBLAS path:
+checks their index arithmetic without a GPU.  PYTHONPATH=. python notes/conv_large_emulate.py"""
+import numpy as np
+from dnnprims.algos import dft as D, fft as F
+rng=np.random.default_rng(1)
+def rows_forward(a, dw, NB,J,Hi,Wi,h):
+    dpitch=2*(-(-h//4)*4); xpitch=Wi|1
+    out=np.full(2*Hi*h*NB*J, np.nan)
+    for bx in range(-(-J//64)):
+      for r in range(Hi):
+        for nb in range(NB):
+          c0=bx*64
+          dws=np.zeros(Wi*dpitch); xs=np.zeros(64*xpitch)
+          for i in range(Wi*dpitch):
+              col,k=divmod(i,dpitch); dws[i]=dw.flat[col*2*h+k] if k<2*h else 0
+          for i in range(64*Wi):
+              cc,col=divmod(i,Wi); c=c0+cc
+              xs[cc*xpitch+col]=a.flat[((nb*J+c)*Hi+r)*Wi+col] if c<J else 0
+          for tid in range(256):
+            lane,warp=tid&31,tid>>5
+            v0=4*warp
+            while v0<h:
+              re0=np.zeros(4);im0=np.zeros(4);re1=np.zeros(4);im1=np.zeros(4)
+              for col in range(Wi):
+                x0=xs[lane*xpitch+col]; x1=xs[(lane+32)*xpitch+col]
+                d=dws[col*dpitch+2*v0: col*dpitch+2*v0+8]
+                assert len(d)==8
+                for u in range(4):
+                  re0[u]+=x0*d[2*u]; im0[u]+=x0*d[2*u+1]; re1[u]+=x1*d[2*u]; im1[u]+=x1*d[2*u+1]
+              for u in range(4):
+                v=v0+u; base=((r*h+v)*NB+nb)*J
+                if v<h and c0+lane<J: out[2*(base+c0+lane)]=re0[u]; out[2*(base+c0+lane)+1]=im0[u]
+                if v<h and c0+32+lane<J: out[2*(base+c0+32+lane)]=re1[u]; out[2*(base+c0+32+lane)+1]=im1[u]
+              v0+=32
+    return out.view(np.complex128).reshape(Hi*h, NB*J)
+def rows_inverse(y, dwi, B,n0,n1,h):
+    y=y.reshape(-1).view(np.float64)
+    out=np.full(B*n0*n1,np.nan)
+    for bx in range(-(-B//32)):
+      for p in range(n0):
+        b0=bx*32
+        ys=np.zeros(64*h); ds=dwi.reshape(-1).copy()
+        for i in range(32*h):
+            v,bb=i>>5,i&31; b=b0+bb; src=2*((p*h+v)*B+b)
+            ys[2*i]=y[src] if b<B else 0; ys[2*i+1]=y[src+1] if b<B else 0
+        for tid in range(256):
+          lane,warp=tid&31,tid>>5
+          for q0 in range(0,n1,32):
+            q=q0+lane; qc=q if q<n1 else n1-1
+            acc=np.zeros(4)
+            for v in range(h):
+              cr=ds[2*v*n1+qc]; ci=ds[(2*v+1)*n1+qc]
+              for u in range(4):
+                bb=warp+8*u; acc[u]+=ys[2*(v*32+bb)]*cr+ys[2*(v*32+bb)+1]*ci
+            if q<n1:
+              for u in range(4):
+                b=b0+warp+8*u
+                if b<B: out[(b*n0+p)*n1+q]=acc[u]
+    return out.reshape(B,n0,n1)
+NB,J,Hi,Wi,T1,pad=2,70,3,5,7,2
+h=T1//2+1
+a=rng.standard_normal((NB,J,Hi,Wi)); DW=D._forward_w(Wi,pad,T1,False)
+A1=(a.reshape(-1,Wi)@DW).view(np.complex128)
+ref=np.ascontiguousarray(A1.reshape(NB*J,Hi*h).T)
+got=rows_forward(a,DW,NB,J,Hi,Wi,h)
+print("fwd", np.abs(got-ref).max())
+B,n0,n1,T0=40,3,6,5
+h=T1//2+1
+Yp=rng.standard_normal((n0,h*B))+1j*rng.standard_normal((n0,h*B))
+DWi=D._inverse_w(n1,T1,1.0)
+Ypt=np.ascontiguousarray(Yp.reshape(n0*h,B).T)
+ref=(Ypt.view(np.float64).reshape(B*n0,2*h)@DWi).reshape(B,n0,n1)
+got=rows_inverse(Yp,DWi,B,n0,n1,h)
+print("inv", np.abs(got-ref).max())
+NB,J,Hi,Wi,T1,pad=1,2,1,3,66,1
+h=T1//2+1
+a=rng.standard_normal((NB,J,Hi,Wi)); DW=D._forward_w(Wi,pad,T1,False)
+ref=np.ascontiguousarray((a.reshape(-1,Wi)@DW).view(np.complex128).reshape(NB*J,Hi*h).T)
+print("fwd big h", np.abs(rows_forward(a,DW,NB,J,Hi,Wi,h)-ref).max())
+B,n0,n1,T1=3,1,40,5
+h=T1//2+1
+Yp=rng.standard_normal((n0,h*B))+1j*rng.standard_normal((n0,h*B))
+DWi=D._inverse_w(n1,T1,1.0)
+Ypt=np.ascontiguousarray(Yp.reshape(n0*h,B).T)
+ref=(Ypt.view(np.float64).reshape(B*n0,2*h)@DWi).reshape(B,n0,n1)
+print("inv big n1", np.abs(rows_inverse(Yp,DWi,B,n0,n1,h)-ref).max())
+
+rng=np.random.default_rng(2)
+def emu(f, ds, dr, h,E0,E1,J,Ko,d0,d1,flip,T0):
+    sk,sj,sr,ss=[s//f.itemsize for s in f.strides]
+    if flip: sk,sj=sj,sk
+    ff=f.reshape(-1) if f.flags.c_contiguous else None
+    G=np.zeros((T0*h,J,Ko),complex)
+    for u in range(T0):
+      for jk in range(J*Ko):
+        k,j=jk%Ko,jk//Ko
+        b=np.zeros(32,complex)
+        for r in range(E0):
+          rr=E0-1-r if flip else r
+          if rr%d0: continue
+          for s in range(min(E1,32)):
+            sv=E1-1-s if flip else s
+            if sv%d1==0: b[s]+=dr[u,r]*ff[k*sk+j*sj+(rr//d0)*sr+(sv//d1)*ss]
+        for v in range(h):
+          G[u*h+v,j,k]=sum(ds[v,s]*b[s] for s in range(E1))
+    return G
+for (K,C,R,S,d,flip,T) in [(3,2,3,4,(1,1),0,(6,7)),(3,2,3,3,(2,1),1,(8,6)),(2,4,2,3,(1,2),1,(5,9))]:
+    f=rng.standard_normal((K,C,R,S))
+    E=(d[0]*(R-1)+1,d[1]*(S-1)+1)
+    J,Ko=(K,C) if flip else (C,K)
+    Ds,Dr=F._twiddle_matrices(np,T,E,np.complex128)
+    wc=np.empty((E[0],E[1],J,Ko),complex)
+    F._emulate_filter_complex(f,wc,d,flip,flip)
+    ref=F._filter_dft(np,wc,Ds,Dr)
+    got=emu(f,Ds,Dr,T[1]//2+1,E[0],E[1],J,Ko,d[0],d[1],flip,T[0])
+    print(np.abs(got-ref).max())

@@ -1,0 +1,186 @@
+"""The "dft" convolution (dnnprims/algos/dft.py): transform matrices against
+their definition, the whole bookkeeping on NumPy in float64, the GPU against
+the float64 reference, refusals, workspace and the auto rule.  (The registry
+test in test_conv.py runs it on every generic case, dtype and layout too.)"""
+import numpy as np
+import pytest
+from hypothesis import given, strategies as st
+
+import dnnprims
+from dnnprims import algos
+from dnnprims.algos import dft as dft_algo
+from dnnprims.conv import conv2d_backward_data, conv2d_backward_filter, conv2d_forward
+from dnnprims.testing.strategies import fft_conv_problems
+
+from conftest import random_array
+from test_conv import (CASES, FFT_CASES, HYPOTHESIS, _check_all_directions, _options, _problem_of,
+                       _random_problem)
+
+F64 = np.float64
+DFT = algos.REGISTRY["dft"]
+
+# Extra shapes for "dft": the two public large-filter layers at a small batch
+# (T = 59 and 29: odd transform lengths), a filter larger than the image,
+# negative backward-data padding (padding > E - 1), a 1-pixel image.
+DFT_CASES = FFT_CASES + [
+    pytest.param((2, 3, 27, 27, 5, 5, 5, 1, 2, 1, 1), id="alex-5x5-shape"),
+    pytest.param((1, 2, 20, 17, 3, 7, 7, 1, 3, 1, 1), id="7x7-odd-T"),
+    pytest.param((2, 2, 7, 9, 3, 3, 3, 1, (4, 3), 1, 1), id="3x3-pad4-negative-bwd-pad"),
+    pytest.param((1, 2, 1, 1, 3, 1, 1, 1, 0, 1, 1), id="one-pixel"),
+]
+
+
+def _run_on_numpy(rng, case, layout):
+    x, w, b, opts = _random_problem(rng, case, layout, F64)
+    p = _problem_of(x, w, opts)
+    y = DFT._run(np, p, "forward", x, w, np.empty(p.y_shape), b)
+    np.testing.assert_allclose(y, conv2d_forward(x, w, b, **opts), rtol=1e-11, atol=1e-11)
+    dy = random_array(rng, p.y_shape, F64)
+    dx = DFT._run(np, p, "backward_data", dy, w, np.empty(p.x_shape))
+    np.testing.assert_allclose(dx, conv2d_backward_data(dy, w, x.shape, **opts), rtol=1e-11, atol=1e-11)
+    dw = DFT._run(np, p, "backward_filter", x, dy, np.empty(p.w_shape))
+    np.testing.assert_allclose(dw, conv2d_backward_filter(x, dy, w.shape, **opts), rtol=1e-11,
+                               atol=1e-11)
+    return p
+
+
+# --- transform matrices against their definition ---------------------------------
+
+@pytest.mark.parametrize("size,pad,T", [(7, 2, 10), (5, 0, 5), (6, -2, 6), (4, 3, 9), (1, 0, 1)])
+@pytest.mark.parametrize("conj", [False, True])
+def test_forward_matrices_are_the_dft_of_the_placed_input(rng, size, pad, T, conj):
+    # The dense DFT of a length-T buffer holding v at positions c + pad
+    # (dropped outside [0, T)), against numpy.fft.
+    v = rng.standard_normal(size)
+    buf = np.zeros(T)
+    for c in range(size):
+        if 0 <= c + pad < T:
+            buf[c + pad] = v[c]
+    full = np.fft.fft(buf)
+    expected = np.conj(full) if conj else full
+    half = (v @ dft_algo._forward_w(size, pad, T, conj)).view(np.complex128)
+    np.testing.assert_allclose(half, expected[:T // 2 + 1], atol=1e-12)
+    np.testing.assert_allclose(dft_algo._forward_h(size, pad, T, conj) @ v, expected, atol=1e-12)
+
+
+@pytest.mark.parametrize("T,n_out", [(8, 5), (9, 9), (1, 1), (59, 56)])
+def test_inverse_matrices_are_the_inverse_dft_of_the_kept_outputs(rng, T, n_out):
+    c = rng.standard_normal(T)
+    spectrum = np.fft.fft(c)
+    np.testing.assert_allclose(dft_algo._inverse_h(n_out, T) @ spectrum / T, c[:n_out], atol=1e-12)
+    half = np.ascontiguousarray(spectrum[:T // 2 + 1]).view(np.float64)
+    np.testing.assert_allclose(half @ dft_algo._inverse_w(n_out, T, 1.0 / T), c[:n_out], atol=1e-12)
+
+
+def test_transform_sizes():
+    # big_7x7_s1 (56, pad 3): 59 (cuFFT's "fft" uses 60); alex_conv2_5x5 (27, pad 2): 29.
+    assert dft_algo.transform_size(56, 7, 3) == 59
+    assert dft_algo.transform_size(27, 5, 2) == 29
+    assert dft_algo.transform_size(11, 7, 5) == 12     # 7x7 image, 7x7 filter, pad 5: 11 outputs
+    assert dft_algo.transform_size(9, 3, -2) == 11     # negative padding: no wrap at all
+    p = _problem_of(np.empty((32, 64, 56, 56), np.float32), np.empty((64, 64, 7, 7), np.float32),
+                    _options(1, 3, 1, 1))
+    for d in algos.DIRECTIONS:
+        assert DFT.geometry(p, d).T == (59, 59)
+
+
+# --- the bookkeeping on NumPy, float64 -------------------------------------------
+
+@pytest.mark.parametrize("case", DFT_CASES + [CASES[0], CASES[1], CASES[6], CASES[9]])
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_dft_bookkeeping_on_numpy(rng, case, layout):
+    _run_on_numpy(rng, case, layout)
+
+
+@HYPOTHESIS
+@given(problem=fft_conv_problems(), seed=st.integers(0, 2**32 - 1))
+def test_dft_bookkeeping_on_numpy_drawn(problem, seed):
+    rng = np.random.default_rng(seed)
+    (N, *rest), (K, C, R, S) = problem["x_shape"], problem["w_shape"]
+    H, W = rest[1:] if problem["layout"] == "NCHW" else rest[:2]
+    _run_on_numpy(rng, (N, C, H, W, K, R, S, 1, problem["padding"], problem["dilation"], 1),
+                  problem["layout"])
+
+
+def test_dft_setup_is_cached(rng, monkeypatch):
+    monkeypatch.setattr(dft_algo, "_setups", {})
+    _run_on_numpy(rng, FFT_CASES[1].values[0], "NCHW")
+    _run_on_numpy(rng, FFT_CASES[1].values[0], "NCHW")
+    assert len(dft_algo._setups) == 3      # forward, backward data, backward filter
+
+
+def test_float32_error_within_the_table_row(rng):
+    # The same GEMMs in float32 on NumPy (the GPU runs them on cuBLAS): 64
+    # channels, the 7x7 layer's transform length, N(0, 1) data.
+    from dnnprims.testing.tolerances import tolerance
+    case = (1, 64, 30, 30, 16, 7, 7, 1, 3, 1, 1)
+    x, w, b, opts = _random_problem(rng, case, "NCHW", np.float32)
+    p = _problem_of(x, w, opts)
+    y = DFT._run(np, p, "forward", x, w, np.empty(p.y_shape, np.float32), b)
+    ref = conv2d_forward(x.astype(F64), w.astype(F64), b.astype(F64), **opts)
+    err = np.linalg.norm(y - ref) / np.linalg.norm(ref)
+    assert err <= tolerance(np.float32, "dft") / 2
+
+
+# --- GPU (and NumPy through the public API) against the reference -----------------
+
+@pytest.mark.parametrize("case", DFT_CASES)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_dft_matches_reference(xp, rng, case, dtype, layout):
+    x, w, b, opts = _random_problem(rng, case, layout, dtype)
+    _check_all_directions(xp, rng, x, w, b, opts, "dft")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("direction", algos.DIRECTIONS)
+def test_dft_on_a_public_shape_at_small_batch(gpu, rng, direction):
+    # alex_conv2_5x5 / big_7x7_s1 channel counts, batch 2: transposes of
+    # many tiles (64 x 192 channels), int indexing.
+    for case in [(2, 64, 27, 27, 192, 5, 5, 1, 2, 1, 1), (2, 64, 56, 56, 64, 7, 7, 1, 3, 1, 1)]:
+        x, w, b, opts = _random_problem(rng, case, "NCHW", np.float32)
+        _check_all_directions(gpu, rng, x, w, b, opts, "dft", (direction,))
+
+
+@pytest.mark.parametrize("kwargs,dtype,match", [
+    (dict(stride=2), np.float32, "stride 1 only"),
+    (dict(groups=2), np.float32, "ungrouped"),
+    ({}, np.float16, "float32 and float64 only"),
+])
+def test_dft_refuses_what_it_does_not_compute(xp, kwargs, dtype, match):
+    x, w = np.ones((1, 4, 9, 9), dtype), np.ones((4, 4 // kwargs.get("groups", 1), 5, 5), dtype)
+    with pytest.raises(ValueError, match=match):
+        conv2d_forward(xp.asarray(x), xp.asarray(w), algo="dft", **kwargs)
+
+
+def test_dft_workspace_is_reported_and_limits_it():
+    p = _problem_of(np.empty((32, 64, 56, 56), np.float32), np.empty((64, 64, 7, 7), np.float32),
+                    _options(1, 3, 1, 1))
+    for d in algos.DIRECTIONS:
+        need = DFT.workspace_bytes(p, d)
+        assert 100 * 2**20 < need < 1 << 30
+        ok, reason = algos.admits(DFT, p, d, algos.ConvOptions(workspace_limit=need - 1))
+        assert not ok and "workspace" in reason
+        assert dnnprims.conv2d_choose((32, 64, 56, 56), (64, 64, 7, 7), padding=3,
+                                      workspace_limit=need - 1, direction=d)[0] != "dft"
+
+
+# --- work in progress: the fused kernels (dft.FUSED_ROWS / FUSED_FILTER, off) ------
+# Their index arithmetic was checked against the cuBLAS path by a line-by-line
+# NumPy port (notes/conv_large.md); this is the GPU check that must pass before
+# the flags are turned on.  Shapes: channel counts over one 64-chunk (70), half
+# spectra over 32 frequencies (T' = 67), batch not a multiple of 32, float64
+# (twice the shared memory), the two public layers at batch 2.
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", DFT_CASES + [
+    pytest.param((3, 70, 9, 66, 5, 3, 3, 1, 1, 1, 1), id="70ch-T67"),
+    pytest.param((2, 64, 27, 27, 192, 5, 5, 1, 2, 1, 1), id="alex-batch2"),
+    pytest.param((2, 64, 56, 56, 64, 7, 7, 1, 3, 1, 1), id="7x7-batch2")])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("flags", [("FUSED_ROWS",), ("FUSED_FILTER",), ("FUSED_ROWS", "FUSED_FILTER")])
+def test_dft_fused_rows_match_reference(gpu, rng, monkeypatch, case, dtype, flags):
+    for flag in flags:
+        monkeypatch.setattr(dft_algo, flag, True)
+    x, w, b, opts = _random_problem(rng, case, "NCHW", dtype)
+    _check_all_directions(gpu, rng, x, w, b, opts, "dft")
