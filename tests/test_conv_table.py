@@ -450,3 +450,24 @@ def test_a_broken_cuda_context_stops_the_run_and_keeps_what_was_measured(tmp_pat
 def test_skip_must_name_registered_algorithms():
     with pytest.raises(SystemExit):
         tune.main(["--skip", "no_such_algorithm", "--list"])
+
+
+@pytest.mark.parametrize("direction", algos.DIRECTIONS)
+def test_the_tuner_times_the_public_call(direction):
+    # the callable the tuner times is the user's call with algo=name (here on the NumPy
+    # path, which runs the reference whatever the name): right function, shapes, options
+    problem = tune.problem_of(direction, "float32", 2, 3, 5, 4, 3, 3, 2, 1)
+    shapes = {"forward": (problem.x_shape, problem.w_shape, problem.y_shape),
+              "backward_data": (problem.y_shape, problem.w_shape, problem.x_shape),
+              "backward_filter": (problem.x_shape, problem.y_shape, problem.w_shape)}[direction]
+    rng = np.random.default_rng(0)
+    a, b = (rng.uniform(-0.5, 0.5, s).astype(np.float32) for s in shapes[:2])
+    out = tune.public_call(problem, direction, "direct", a, b)()
+    assert out.shape == shapes[2] and out.dtype == np.float32
+    call = {"forward": lambda: dnnprims.conv2d_forward(a, b, stride=2, padding=1),
+            "backward_data": lambda: dnnprims.conv2d_backward_data(a, b, problem.x_shape, stride=2, padding=1),
+            "backward_filter": lambda: dnnprims.conv2d_backward_filter(a, b, problem.w_shape, stride=2,
+                                                                        padding=1)}[direction]
+    np.testing.assert_allclose(out, call(), rtol=1e-6)
+    with pytest.raises(ValueError, match="algo"):
+        tune.public_call(problem, direction, "no_such_algorithm", a, b)()
