@@ -228,7 +228,7 @@ def measure_point(problem, direction, names, repeat):
             if not _context_ok(cupy):
                 raise BrokenContext(f"{name} broke the CUDA context on {direction} "
                                     f"{point_key(direction, problem)}: {failed[name]}") from e
-    del a, b, call
+    call = a = b = None   # the operands go back to the pool before it may be emptied
     pool = cupy.get_default_memory_pool()
     if pool.total_bytes() > POOL_KEEP_BYTES:
         pool.free_all_blocks()

@@ -471,3 +471,67 @@ def test_the_tuner_times_the_public_call(direction):
     np.testing.assert_allclose(out, call(), rtol=1e-6)
     with pytest.raises(ValueError, match="algo"):
         tune.public_call(problem, direction, "no_such_algorithm", a, b)()
+
+
+def _fake_gpu(monkeypatch, times, broken=False):
+    """measure_point on the NumPy path: a stand-in `cupy` module (synchronize, memory
+    pool), operands from NumPy, and a clock that says times[name] for the public call
+    of `name` (which really runs, on the reference path).  Returns the timed calls."""
+    import sys
+    import types
+    from dnnprims.bench import timing
+
+    def synchronize():
+        if broken:
+            raise RuntimeError("cudaErrorIllegalAddress")
+    fake = types.ModuleType("cupy")
+    fake.cuda = types.SimpleNamespace(runtime=types.SimpleNamespace(deviceSynchronize=synchronize))
+    fake.get_default_memory_pool = lambda: types.SimpleNamespace(total_bytes=lambda: 0,
+                                                                  free_all_blocks=lambda: None)
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    rng = np.random.default_rng(0)
+    monkeypatch.setattr(tune, "random_operands", lambda p, d: (
+        rng.uniform(-0.5, 0.5, p.x_shape).astype(p.dtype), rng.uniform(-0.5, 0.5, p.w_shape).astype(p.dtype),
+        None))
+    timed, real = [], tune.public_call
+
+    def public_call(problem, direction, name, a, b):
+        call = real(problem, direction, name, a, b)
+
+        def run():
+            if name == "implicit_gemm":
+                raise RuntimeError("boom")
+            out = call()
+            assert out.shape == problem.y_shape
+            return name
+        return run
+
+    def measure(fn, inputs=None, *, xp=None, warmup=3, repeat=20):
+        assert xp is fake
+        name = fn()
+        timed.append((name, repeat))
+        return timing.Timing(times[name], times[name], repeat)
+    monkeypatch.setattr(tune, "public_call", public_call)
+    monkeypatch.setattr(timing, "measure", measure)
+    return timed
+
+
+def test_measure_point_probes_losers_twice_only_when_it_may_matter(monkeypatch):
+    timed = _fake_gpu(monkeypatch, {"direct": 1.0, "gemm": 10.0, "fft": 100.0})
+    problem = tune.problem_of("forward", "float32", 1, 3, 5, 4, 3, 3, 1, 1)
+    ms, failed, probed = tune.measure_point(problem, "forward", ["direct", "gemm", "fft", "implicit_gemm"], 7)
+    assert ms == {"direct": 1.0, "gemm": 10.0, "fft": 100.0}
+    assert failed == {"implicit_gemm": "RuntimeError: boom"} and probed == ["gemm", "fft"]
+    # direct: a probe then the full measurement; gemm (10x, within RECHECK_FACTOR): two
+    # single calls; fft (100x): one
+    assert timed == [("direct", 1), ("direct", 7), ("gemm", 1), ("gemm", 1), ("fft", 1)]
+    entry = tune.make_entry("forward", problem, ms, failed, False, probed)
+    assert entry["probed"] == ["fft", "gemm"] and entry["winner"] == "direct"
+    assert tune.measure_point(problem, "forward", [], 7) == ({}, {}, [])   # nothing applicable
+
+
+def test_measure_point_stops_on_a_broken_context(monkeypatch):
+    _fake_gpu(monkeypatch, {"direct": 1.0}, broken=True)
+    problem = tune.problem_of("forward", "float32", 1, 3, 5, 4, 3, 3, 1, 1)
+    with pytest.raises(tune.BrokenContext, match="implicit_gemm broke the CUDA context"):
+        tune.measure_point(problem, "forward", ["direct", "implicit_gemm"], 7)
