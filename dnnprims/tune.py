@@ -270,15 +270,29 @@ def rule_pick(problem, direction, options=algos.DEFAULT_OPTIONS):
     return None
 
 
-def evaluate_holdout(entries):
+def block_of(entry, grid):
+    """The name of the first block of ``grid`` (a GRIDS value) that holds the
+    entry's point ("base" for the base block), or None."""
+    q = entry["problem"]
+    for i, block in enumerate(grid_blocks(grid)):
+        shapes = block["filters"] if q["groups"] == 1 else block.get("depthwise", [])
+        if (q["N"] in block["batches"] and q["H"] in block["images"] and q["C"] in block["channels"]
+                and q["K"] in block["channels"] and [entry["R"], entry["S"], entry["stride"][0]] in shapes):
+            return block.get("name", "base") if i else "base"
+    return None
+
+
+def evaluate_holdout(entries, grid=None):
     """How often the pick of a table built from the non-held-out entries is
-    within 10 % of the fastest measured algorithm on the held-out entries."""
+    within 10 % of the fastest measured algorithm on the held-out entries
+    (also per class, per batch, and per block of ``grid`` where given: the
+    base block's figure stays comparable when blocks are added)."""
     train = conv_table.Table({"version": conv_table.VERSION,
                               "entries": [e for e in entries if not e["holdout"]]})
     tested = [e for e in entries if e["holdout"] and e["ms"]]
     report = {"points": len(tested), "table_within_10pct": 0, "rule_within_10pct": 0,
               "table_decided": 0, "contested_points": 0, "contested_table_within_10pct": 0,
-              "by_class": {}, "by_batch": {}, "misses": []}
+              "by_class": {}, "by_batch": {}, "by_block": {}, "misses": []}
     slowdowns = []
     for e in tested:
         problem = entry_problem(e)
@@ -296,7 +310,10 @@ def evaluate_holdout(entries):
             report["contested_points"] += 1
             report["contested_table_within_10pct"] += good
         for group, name in (("by_class", f"{e['direction']} {e['dtype_class']}"),
-                            ("by_batch", f"N={e['problem']['N']}")):
+                            ("by_batch", f"N={e['problem']['N']}"),
+                            ("by_block", grid and block_of(e, grid))):
+            if not name:
+                continue
             cls = report.setdefault(group, {}).setdefault(name, {"points": 0, "table_within_10pct": 0})
             cls["points"] += 1
             cls["table_within_10pct"] += good
@@ -402,7 +419,7 @@ def tune(points, *, out, holdout=0.2, max_seconds=None, repeat=7, grid_info=None
         if (i + 1) % SAVE_EVERY == 0:
             write(out, snapshot())
     data = snapshot()
-    data["holdout"] = dict(evaluate_holdout(entries), fraction=holdout,
+    data["holdout"] = dict(evaluate_holdout(entries, (grid_info or {}).get("spec")), fraction=holdout,
                            split="a point is held out when crc32(its key) / 2^32 < fraction; "
                                  "held-out points are looked up in a table of the other points")
     write(out, data)
@@ -413,7 +430,7 @@ def tune(points, *, out, holdout=0.2, max_seconds=None, repeat=7, grid_info=None
         f"{h['rule_within_10pct']} ({100 * h['rule_fraction']:.1f} %); on the {h['contested_points']} points "
         f"with more than one candidate: {100 * h['contested_table_fraction']:.1f} %; "
         f"geomean slowdown of the table's pick {h.get('table_geomean_slowdown', float('nan'))}")
-    for group in ("by_batch", "by_class"):
+    for group in ("by_block", "by_batch", "by_class"):
         log(f"holdout {group[3:]}: " + "; ".join(
             f"{name} {c['table_within_10pct']}/{c['points']}" for name, c in sorted(h[group].items())))
     return data
