@@ -2,7 +2,7 @@
 
     python -m dnnprims.tune [--grid default|quick] [--quick] [--directions D ...]
                             [--dtypes T ...] [--layouts L ...] [--out PATH] [--holdout FRACTION]
-                            [--max-seconds S] [--repeat R] [--list]
+                            [--max-seconds S] [--repeat R] [--skip NAME ...] [--list]
 
 For every point of a grid of problems (batch, channels, image size, filter
 size, stride, groups, dtype, direction, layout: NCHW unless --layouts says more) it times every registered
