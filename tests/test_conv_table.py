@@ -103,7 +103,10 @@ def test_interpolation_places_the_boundary_between_entries():
     ranked, how, entry, distance = t.ranking(query, "forward")
     assert how == "interpolated from the 5 nearest entries" and entry["problem"]["N"] == 16
     assert [name for _, name in ranked] == ["implicit_gemm_64x64", "gemm"]
-    assert ranked[0][0] == pytest.approx(1.2, rel=0.1) and ranked[1][0] == pytest.approx(1.45)
+    assert ranked[0][0] == pytest.approx(1.2, rel=0.1)
+    # gemm's times at N <= 4 are censored at CAP x the fastest there (0.2, 0.4, 0.8 ms):
+    # its predicted time is lower than the 1.45 ms it measured, the ranking is the same
+    assert 1.2 < ranked[1][0] < 1.45
     # at a measured point the measurement decides
     assert t.ranking(_problem(N=16, H=8), "forward")[:2] == (
         [(1.45, "gemm"), (1.6, "implicit_gemm_64x64")], "measured at the nearest entry")
@@ -111,7 +114,7 @@ def test_interpolation_places_the_boundary_between_entries():
     name, reason = t.explain(query, "forward", algos.DEFAULT_OPTIONS, algos.REGISTRY, algos.admits)
     assert name == "implicit_gemm_64x64" and reason.startswith(
         "table: interpolated from the 5 nearest entries; nearest entry (forward float32 NCHW N=16 C=64 H=8")
-    assert "predicted implicit_gemm_64x64 1.0" in reason and "vs gemm 1.450 ms" in reason
+    assert "predicted implicit_gemm_64x64 1.0" in reason and "vs gemm 1.3" in reason
     assert "measured there: implicit_gemm_64x64 1.600 ms, fastest gemm" in reason
 
 
@@ -273,3 +276,278 @@ def test_without_a_limit_auto_keeps_to_the_measured_workspace(synthetic):
     # an explicit limit is the caller's decision
     limit = algos.REGISTRY["gemm"].workspace_bytes(big, "forward")
     assert algos.explain_auto(big, "forward", algos.ConvOptions(workspace_limit=limit))[0] == "gemm"
+
+
+# --- the decision rule: measured winners near the problem ----------------------
+
+def _ring_table(outlier):
+    """The r50_2_3x3 backward-data situation in miniature (forward here): a query
+    at C = K = 64 has four entries at log2 distance 1.41 (C, K in {32, 128}) and
+    four farther ones (N*P*Q / 4).  Winograd wins at every one of the nearest;
+    ``outlier`` is its time at C=32 K=128 (6x the best there when it is a stray
+    single-call time)."""
+    entries = []
+    for C in (32, 128):
+        for K in (32, 128):
+            for H, far in ((56, False), (28, True)):
+                scale = (C * K / 4096) * (0.25 if far else 1.0)
+                wino, igemm = 0.30 * scale, (0.40 if far else 0.45) * scale
+                if far:     # at a quarter of the rows implicit GEMM wins
+                    wino = 0.60 * scale
+                if (C, K, far) == (32, 128, False):
+                    wino = outlier
+                entries.append(_entry(_problem(N=32, C=C, H=H, K=K),
+                                      {"winograd_f4x4_3x3": wino, "implicit_gemm": igemm}))
+    return table.Table({"version": table.VERSION, "entries": entries})
+
+
+def test_one_stray_slow_time_does_not_outvote_the_nearest_measured_winners(monkeypatch):
+    query = _problem(N=32, C=64, H=56, K=64)
+    t = _ring_table(outlier=2.7)      # 6x the best there (implicit GEMM's 0.45 ms)
+    assert [round(d, 2) for d, _ in t.neighbours(query, "forward", 4)] == [1.41] * 4
+    ranked, how, _, _ = t.ranking(query, "forward")
+    assert how == "interpolated from the 8 nearest entries"
+    assert ranked[0][1] == "winograd_f4x4_3x3"
+    name, reason = t.explain(query, "forward", algos.DEFAULT_OPTIONS, algos.REGISTRY, algos.admits)
+    assert name == "winograd_f4x4_3x3" and "predicted winograd_f4x4_3x3" in reason
+    # without the censoring (the session-2 lookup) the stray time wins the argument
+    monkeypatch.setattr(table, "CAP", float("inf"))
+    assert t.ranking(query, "forward")[0][0][1] == "implicit_gemm"
+
+
+def test_without_a_stray_time_the_interpolation_agrees():
+    query = _problem(N=32, C=64, H=56, K=64)
+    t = _ring_table(outlier=0.30 * 2.0)      # Winograd's honest time there
+    assert t.ranking(query, "forward")[0][0][1] == "winograd_f4x4_3x3"
+
+
+def test_censoring_keeps_the_measured_order_at_a_grid_point():
+    t = _ring_table(outlier=4.0)
+    at = _problem(N=32, C=32, H=56, K=128)          # the entry with the stray time itself
+    ranked, how, entry, distance = t.ranking(at, "forward")
+    assert how == "measured at the nearest entry" and distance == 0
+    assert [name for _, name in ranked] == ["implicit_gemm", "winograd_f4x4_3x3"]
+
+
+def test_an_algorithm_missing_at_some_neighbours_is_still_ranked():
+    # "gemm" ran at the nearest entry and 5 of 8 neighbours only (workspace elsewhere):
+    # it is interpolated (missing times count as CAP x the fastest), not put last
+    entries = []
+    for i, n in enumerate((1, 2, 4, 8, 16, 32, 64, 128)):
+        ms = {"implicit_gemm": 1.0 * n}
+        if i < 5:
+            ms["gemm"] = 0.5 * n
+        entries.append(_entry(_problem(N=n, H=8), ms))
+    t = table.Table({"version": table.VERSION, "entries": entries})
+    ranked, how, entry, _ = t.ranking(_problem(N=3, H=8), "forward")
+    assert how.startswith("interpolated") and [name for _, name in ranked] == ["gemm", "implicit_gemm"]
+
+
+def test_nearest_entry_winner_on_a_grid_point_of_a_batch_1_table():
+    # batch-1 entries sit at small N*P*Q: a batch-1 problem is decided by them,
+    # a batch-32 problem by the batch-32 entries
+    entries = [_entry(_problem(N=1, C=c, H=h, K=c), {"direct": 0.02, "implicit_gemm": 0.03})
+               for c in (64, 256) for h in (7, 14, 28, 56)]
+    entries += [_entry(_problem(N=32, C=c, H=h, K=c), {"direct": 0.9, "implicit_gemm": 0.3})
+                for c in (64, 256) for h in (28, 56)]
+    t = table.Table({"version": table.VERSION, "entries": entries})
+    for c, h in ((64, 28), (128, 14), (256, 56)):
+        ranked, how, entry, _ = t.ranking(_problem(N=1, C=c, H=h, K=c), "forward")
+        assert ranked[0][1] == "direct" and entry["problem"]["N"] == 1, (c, h, how)
+    assert t.ranking(_problem(N=32, C=128, H=56, K=128), "forward")[0][0][1] == "implicit_gemm"
+
+
+# --- the holdout figure ----------------------------------------------------------
+
+def test_holdout_counts_picks_within_10_percent_of_the_fastest():
+    # a smooth world: "direct" wins below N=8, "gemm" from N=8 up; held-out points are
+    # looked up in a table of the others
+    def ms(n):
+        return {"direct": 0.01 * n, "gemm": 0.05 + 0.001 * n}
+    entries = [_entry(_problem(N=n, H=8), ms(n), holdout=n in (3, 24)) for n in (1, 2, 3, 4, 16, 24, 32)]
+    # a held-out point whose measurement contradicts its neighbours: a miss
+    entries.append(_entry(_problem(N=6, H=8), {"direct": 0.20, "gemm": 0.10}, holdout=True))
+    h = tune.evaluate_holdout(entries)
+    assert h["points"] == 3 and h["table_decided"] == 3
+    assert h["table_within_10pct"] == 2 and h["table_fraction"] == pytest.approx(2 / 3, abs=1e-4)
+    assert h["by_batch"] == {"N=3": {"points": 1, "table_within_10pct": 1},
+                             "N=24": {"points": 1, "table_within_10pct": 1},
+                             "N=6": {"points": 1, "table_within_10pct": 0}}
+    assert h["by_class"] == {"forward float32": {"points": 3, "table_within_10pct": 2}}
+    assert h["misses"] == [{"point": "forward float32 N=6 C=64 H=8 K=64 3x3 s1 g=1", "pick": "direct",
+                            "pick_ms": 0.2, "best": "gemm", "best_ms": 0.1}]
+    assert h["table_geomean_slowdown"] == pytest.approx(2 ** (1 / 3), abs=1e-3)
+    assert h["by_block"] == {}     # no grid given
+
+
+def test_holdout_reports_the_base_grid_and_each_block_apart():
+    grid = tune.GRIDS["default"]
+    points = tune.grid_points(grid, ["forward"], ["float32"])
+    entries = [_entry(p, {"direct": 1.0, "gemm": 2.0}, holdout=i % 5 == 0) for i, (_, p) in enumerate(points)]
+    h = tune.evaluate_holdout(entries, grid)
+    assert set(h["by_block"]) == {"base", "batch1"}
+    assert sum(b["points"] for b in h["by_block"].values()) == h["points"]
+    assert h["by_block"]["batch1"]["points"] == sum(
+        1 for e in entries if e["holdout"] and e["problem"]["C"] in (64, 256, 1024))
+    assert tune.block_of(_entry(_problem(N=2), {"direct": 1.0}), grid) is None   # off the grid
+
+
+def test_holdout_of_the_shipped_table_is_recomputable():
+    # recomputed from the stored per-algorithm times with today's lookup.  Issue 4's
+    # target is 0.90 (the shipped H100 table: 0.900); the floor here only catches a
+    # broken lookup: two tuning runs of the same grid agree on a pick within 10 % on
+    # ~92 % of the points (notes/table.md), so a re-measured table can land under 0.90.
+    data = json.loads(table.DEFAULT_PATH.read_text())
+    assert all(e["ms"] for e in data["entries"] if e["holdout"])
+    h = tune.evaluate_holdout(data["entries"])
+    assert h["points"] > 500 and h["table_fraction"] >= 0.85, h["table_fraction"]
+    assert h["table_fraction"] > h["rule_fraction"] + 0.2
+
+
+# --- the grid and the tuner's robustness ------------------------------------------
+
+def test_the_default_grid_has_batch_1_points_between_the_base_channels():
+    points = tune.grid_points(tune.GRIDS["default"], ["forward"], ["float32"])
+    keys = [tune.point_key(d, p) for d, p in points]
+    assert len(set(keys)) == len(keys)
+    one = [p for _, p in points if p.N == 1]
+    assert {p.C for p in one} == {32, 64, 128, 256, 512, 1024}
+    assert {p.C for _, p in points if p.N > 1} == {32, 128, 512}
+    # every filter and image size of the base block, and depthwise, at batch 1 with C=64
+    assert {(p.R, p.stride[0]) for p in one if p.C == 64 and p.groups == 1} == \
+        {(r, s) for r, _, s in tune.GRIDS["default"]["filters"]}
+    assert {p.H for p in one if p.C == 64} == set(tune.GRIDS["default"]["images"])
+    assert any(p.groups == p.C == 256 for p in one)
+    assert min(p.N * p.P * p.Q for p in one) == 16      # 7x7 image, stride 2
+    assert all(p.flops <= tune.GRIDS["default"]["max_gflop"] * 1e9 for p in one)
+
+
+def test_a_newly_registered_algorithm_is_timed_without_changes(tmp_path, monkeypatch):
+    class New(algos.ConvAlgorithm):
+        name = "new_test_algorithm"
+    monkeypatch.setitem(algos.REGISTRY, New.name, New())
+    assert New.name in tune.applicable(_problem(), "forward")[0]
+    assert New.name not in tune.applicable(_problem(), "forward", skip=[New.name])[0]
+
+    def measure(problem, direction, names, repeat):
+        ms, failed = _fake_measure(problem, direction, [n for n in names if n != New.name], repeat)
+        ms[New.name] = 1e-9                       # fastest everywhere
+        return ms, failed, ["direct"]
+    points = tune.grid_points(tune.GRIDS["quick"], ["forward"], ["float32"])[:4]
+    data = tune.tune(points, out=tmp_path / "t.json", meta={"version": table.VERSION},
+                     measure=measure, log=lambda s: None)
+    assert all(e["winner"] == New.name for e in data["entries"])
+    assert all(e["probed"] == ["direct"] for e in data["entries"])
+    skipped = tune.tune(points, out=tmp_path / "s.json", meta={"version": table.VERSION},
+                        measure=_fake_measure, log=lambda s: None, skip=[New.name])
+    assert all(New.name not in e["ms"] for e in skipped["entries"])
+    assert skipped["grid"]["skipped"] == [New.name]
+
+
+def test_a_broken_cuda_context_stops_the_run_and_keeps_what_was_measured(tmp_path):
+    calls = []
+
+    def measure(problem, direction, names, repeat):
+        calls.append(problem)
+        if len(calls) == 3:
+            raise tune.BrokenContext("boom_algorithm broke the CUDA context")
+        return _fake_measure(problem, direction, names, repeat)
+    points = tune.grid_points(tune.GRIDS["quick"], ["forward"], ["float32"])
+    lines = []
+    data = tune.tune(points, out=tmp_path / "t.json", meta={"version": table.VERSION},
+                     measure=measure, log=lines.append)
+    written = json.loads((tmp_path / "t.json").read_text())
+    assert written["grid"]["points_measured"] == 2 == len(written["entries"])
+    assert written["grid"]["stopped_early"] and "boom_algorithm" in written["grid"]["broken"]
+    assert any(line.startswith("stopping: boom_algorithm") for line in lines)
+    assert data["holdout"]["points"] <= 2
+
+
+def test_skip_must_name_registered_algorithms():
+    with pytest.raises(SystemExit):
+        tune.main(["--skip", "no_such_algorithm", "--list"])
+
+
+@pytest.mark.parametrize("direction", algos.DIRECTIONS)
+def test_the_tuner_times_the_public_call(direction):
+    # the callable the tuner times is the user's call with algo=name (here on the NumPy
+    # path, which runs the reference whatever the name): right function, shapes, options
+    problem = tune.problem_of(direction, "float32", 2, 3, 5, 4, 3, 3, 2, 1)
+    shapes = {"forward": (problem.x_shape, problem.w_shape, problem.y_shape),
+              "backward_data": (problem.y_shape, problem.w_shape, problem.x_shape),
+              "backward_filter": (problem.x_shape, problem.y_shape, problem.w_shape)}[direction]
+    rng = np.random.default_rng(0)
+    a, b = (rng.uniform(-0.5, 0.5, s).astype(np.float32) for s in shapes[:2])
+    out = tune.public_call(problem, direction, "direct", a, b)()
+    assert out.shape == shapes[2] and out.dtype == np.float32
+    call = {"forward": lambda: dnnprims.conv2d_forward(a, b, stride=2, padding=1),
+            "backward_data": lambda: dnnprims.conv2d_backward_data(a, b, problem.x_shape, stride=2, padding=1),
+            "backward_filter": lambda: dnnprims.conv2d_backward_filter(a, b, problem.w_shape, stride=2,
+                                                                        padding=1)}[direction]
+    np.testing.assert_allclose(out, call(), rtol=1e-6)
+    with pytest.raises(ValueError, match="algo"):
+        tune.public_call(problem, direction, "no_such_algorithm", a, b)()
+
+
+def _fake_gpu(monkeypatch, times, broken=False):
+    """measure_point on the NumPy path: a stand-in `cupy` module (synchronize, memory
+    pool), operands from NumPy, and a clock that says times[name] for the public call
+    of `name` (which really runs, on the reference path).  Returns the timed calls."""
+    import sys
+    import types
+    from dnnprims.bench import timing
+
+    def synchronize():
+        if broken:
+            raise RuntimeError("cudaErrorIllegalAddress")
+    fake = types.ModuleType("cupy")
+    fake.cuda = types.SimpleNamespace(runtime=types.SimpleNamespace(deviceSynchronize=synchronize))
+    fake.get_default_memory_pool = lambda: types.SimpleNamespace(total_bytes=lambda: 0,
+                                                                  free_all_blocks=lambda: None)
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    rng = np.random.default_rng(0)
+    monkeypatch.setattr(tune, "random_operands", lambda p, d: (
+        rng.uniform(-0.5, 0.5, p.x_shape).astype(p.dtype), rng.uniform(-0.5, 0.5, p.w_shape).astype(p.dtype),
+        None))
+    timed, real = [], tune.public_call
+
+    def public_call(problem, direction, name, a, b):
+        call = real(problem, direction, name, a, b)
+
+        def run():
+            if name == "implicit_gemm":
+                raise RuntimeError("boom")
+            out = call()
+            assert out.shape == problem.y_shape
+            return name
+        return run
+
+    def measure(fn, inputs=None, *, xp=None, warmup=3, repeat=20):
+        assert xp is fake
+        name = fn()
+        timed.append((name, repeat))
+        return timing.Timing(times[name], times[name], repeat)
+    monkeypatch.setattr(tune, "public_call", public_call)
+    monkeypatch.setattr(timing, "measure", measure)
+    return timed
+
+
+def test_measure_point_probes_losers_twice_only_when_it_may_matter(monkeypatch):
+    timed = _fake_gpu(monkeypatch, {"direct": 1.0, "gemm": 10.0, "fft": 100.0})
+    problem = tune.problem_of("forward", "float32", 1, 3, 5, 4, 3, 3, 1, 1)
+    ms, failed, probed = tune.measure_point(problem, "forward", ["direct", "gemm", "fft", "implicit_gemm"], 7)
+    assert ms == {"direct": 1.0, "gemm": 10.0, "fft": 100.0}
+    assert failed == {"implicit_gemm": "RuntimeError: boom"} and probed == ["gemm", "fft"]
+    # direct: a probe then the full measurement; gemm (10x, within RECHECK_FACTOR): two
+    # single calls; fft (100x): one
+    assert timed == [("direct", 1), ("direct", 7), ("gemm", 1), ("gemm", 1), ("fft", 1)]
+    entry = tune.make_entry("forward", problem, ms, failed, False, probed)
+    assert entry["probed"] == ["fft", "gemm"] and entry["winner"] == "direct"
+    assert tune.measure_point(problem, "forward", [], 7) == ({}, {}, [])   # nothing applicable
+
+
+def test_measure_point_stops_on_a_broken_context(monkeypatch):
+    _fake_gpu(monkeypatch, {"direct": 1.0}, broken=True)
+    problem = tune.problem_of("forward", "float32", 1, 3, 5, 4, 3, 3, 1, 1)
+    with pytest.raises(tune.BrokenContext, match="implicit_gemm broke the CUDA context"):
+        tune.measure_point(problem, "forward", ["direct", "implicit_gemm"], 7)

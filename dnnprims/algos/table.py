@@ -25,6 +25,7 @@ Format (``"version": 1``), one JSON object::
         "winner": "implicit_gemm_64x64",
         "ms": {name: median ms, for every candidate that ran},
         "failed": {name: error text, for a candidate that raised},
+        "probed": [names whose time is a single call: hopelessly slow there],
         "holdout": false}, ...]}
 
 Features (:func:`features`): the categorical ones must match exactly --
@@ -41,17 +42,26 @@ How the entries decide (:meth:`Table.ranking`):
 2. The problem is a measured point (nearest entry at distance < EXACT), or
    fewer than MIN_NEIGHBOURS entries match: the nearest entry's measured times
    rank the algorithms.
-3. Otherwise the times are interpolated: for each algorithm measured at all of
-   the :data:`NEIGHBOURS` nearest entries, a weighted least-squares plane
-   log(ms) ~ a + b . (features - problem's features) (weights 1 / (distance +
-   0.5), ridge :data:`RIDGE` on the slopes) predicts exp(a), its time at the
-   problem; algorithms rank by that.  Timing scales smoothly with the sizes,
-   so a plane through the neighbours on both sides of a boundary places the
-   boundary better than the single nearest entry: on the held-out points of
-   the H100 grid, 91.2 % of contested picks within 10 % of the fastest instead
-   of 87.1 % (NEIGHBOURS and RIDGE chosen by cross-validation inside the
-   non-held-out points; notes/conv_tune.md).  The nearest entry's other
-   measured candidates follow, in measured order.
+3. Otherwise the times are interpolated: for each algorithm measured at the
+   nearest entry and at no fewer than half of the :data:`NEIGHBOURS` nearest
+   entries, a weighted least-squares plane log(ms) ~ a + b . (features -
+   problem's features) (weights 1 / (distance + 0.5), ridge :data:`RIDGE` on
+   the slopes) predicts exp(a), its time at the problem; algorithms rank by
+   that (ties: by the nearest entry's measurement).  Timing scales smoothly
+   with the sizes, so a plane through the neighbours on both sides of a
+   boundary places the boundary better than the single nearest entry or a
+   vote of the nearest entries' measured winners (cross-validated on the
+   H100 grid: notes/conv_tune.md, notes/table.md).  Before the fit, each
+   neighbour's time of an algorithm is **censored** at :data:`CAP` times that
+   neighbour's fastest (and an algorithm that did not run there counts as
+   CAP times its fastest): whether a loser was 3x or 30x slower does not
+   change the ranking, but a steep plane through one such time (often a
+   single timed call, see :data:`dnnprims.tune.SLOW_FACTOR`) can swamp the
+   measured winners of the nearer entries.  (The known miss this fixed:
+   r50_2_3x3 backward data at batch 32, where one single-call Winograd time
+   of 1.99 ms at a neighbour, 6x that neighbour's best, made the plane prefer
+   implicit GEMM although Winograd won at the three other equidistant entries.)
+   The nearest entry's other measured candidates follow, in measured order.
 
 The first algorithm of that ranking that is registered and that :func:`admits`
 under the caller's :class:`ConvOptions` (workspace limit, precision,
@@ -80,6 +90,8 @@ EXACT = 0.05        # nearer than this, the nearest entry is the problem itself
 NEIGHBOURS = 8      # entries the interpolation fits (see the module docstring)
 MIN_NEIGHBOURS = 4  # fewer matching entries (a tiny table): the nearest one's measurements
 RIDGE = 1.0         # ridge penalty on the plane's slopes (a few neighbours, 3 slopes)
+CAP = 2.0           # times above CAP x a neighbour's fastest are censored to that (docstring, 3.)
+MIN_MEASURED = 0.5  # interpolate an algorithm measured at >= this fraction of the neighbours
 
 FEATURES = {
     "direction": "forward, backward_data or backward_filter",
@@ -153,7 +165,7 @@ class Table:
         """(ranked [(ms, name)], how, nearest entry, its distance): the
         algorithms in the order the table prefers them for this problem, or
         None where the rule must decide (see the module docstring)."""
-        near = self.neighbours(problem, direction, NEIGHBOURS)
+        near = [(d, e) for d, e in self.neighbours(problem, direction, NEIGHBOURS) if e["ms"]]
         if not near or near[0][0] > MAX_DISTANCE:
             return None
         distance, entry = near[0]
@@ -165,15 +177,18 @@ class Table:
         weights = np.array([1.0 / (d + 0.5) for d, _ in near])
         penalty = RIDGE * np.diag([0.0] + [1.0] * len(NUMERIC))
         lhs = offsets.T @ (weights[:, None] * offsets) + penalty
-        names = [n for n, _ in sorted(entry["ms"].items()) if all(e["ms"].get(n) for _, e in near)]
+        ceilings = [CAP * min((v for v in e["ms"].values() if v), default=math.inf) for _, e in near]
+        names = [n for n in sorted(entry["ms"]) if entry["ms"][n]
+                 and sum(1 for _, e in near if e["ms"].get(n)) >= MIN_MEASURED * len(near)]
         predicted = []
         for name in names:
-            log_ms = np.log([e["ms"][name] for _, e in near])
+            log_ms = np.log([min(e["ms"].get(name) or cap, cap) for (_, e), cap in zip(near, ceilings)])
             plane = np.linalg.solve(lhs, offsets.T @ (weights * log_ms))
-            predicted.append((float(np.exp(plane[0])), name))
+            predicted.append((float(np.exp(plane[0])), entry["ms"][name], name))
         predicted.sort()
         rest = [(ms, name) for ms, name in measured if name not in names]
-        return predicted + rest, f"interpolated from the {len(near)} nearest entries", entry, distance
+        return ([(ms, name) for ms, _, name in predicted] + rest,
+                f"interpolated from the {len(near)} nearest entries", entry, distance)
 
     def explain(self, problem, direction, options, registry, admits):
         """(name, reason) from the table, or None where the rule must decide."""
