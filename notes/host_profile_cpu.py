@@ -58,6 +58,14 @@ def _fake_asarray(a, dtype=None):
 
 cupy.asarray = _fake_asarray
 
+
+def _fake_filled(shape, *value, dtype=float):
+    return fake(shape if isinstance(shape, tuple) else (shape,), np.dtype(dtype))
+
+
+cupy.zeros = cupy.ones = lambda shape, dtype=float: _fake_filled(shape, dtype=dtype)
+cupy.full = lambda shape, value, dtype=float: _fake_filled(shape, dtype=dtype)
+
 from dnnprims import _kernels  # noqa: E402
 
 class _FakeFunction:
@@ -67,9 +75,17 @@ class _FakeFunction:
         pass
 
 
-_fake_kernel = types.SimpleNamespace(kernel=_FakeFunction())
+class _FakeRawKernel:
+    kernel = _FakeFunction()
+
+    def __call__(self, grid, block, args, shared_mem=0):
+        pass
+
+
+_fake_kernel = _FakeRawKernel()
 _kernels.KernelFamily.function = lambda self, expression: _fake_kernel
-_kernels._launch_kernel = lambda *args: None
+if hasattr(_kernels, "_launch_kernel"):
+    _kernels._launch_kernel = lambda *args: None
 _kernels._current_stream = cupy.cuda.get_current_stream
 
 import dnnprims as dp  # noqa: E402
@@ -80,7 +96,11 @@ def cases():
     w = fake((64, 64, 3, 3))
     rows = fake((256, 1000))
     act = fake((64, 1024))
+    bn_x = fake((32, 256, 7, 7))
+    gamma, beta, rm, rv = (fake((256,)) for _ in range(4))
     return {
+        "batchnorm train": lambda: dp.batchnorm(bn_x, gamma, beta, rm, rv, training=True),
+        "batchnorm infer": lambda: dp.batchnorm(bn_x, gamma, beta, rm, rv, training=False),
         "conv2d_forward 3x3 b1": lambda: dp.conv2d_forward(x, w, padding=1),
         "conv2d_backward_data 3x3 b1": lambda: dp.conv2d_backward_data(x, w, x.shape, padding=1),
         "conv2d_backward_filter 3x3 b1": lambda: dp.conv2d_backward_filter(x, x, w.shape, padding=1),
