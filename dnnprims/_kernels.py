@@ -10,10 +10,23 @@ dtypes, index types and modes has hundreds of specialisations, over a minute
 of NVRTC for the first call otherwise.  Every launch goes through
 :meth:`KernelFamily.function`.  Nothing else in dnnprims compiles code.
 
+Two ways to launch.  :meth:`KernelFamily.launch` takes every argument each
+call (CuPy packs them: a few hundred nanoseconds per argument).  A hot path
+that repeats one launch prepares it once with :meth:`KernelFamily.prepare`:
+grid, block, shared memory and every fixed argument (NumPy scalars, plan
+arrays such as tap tables) are packed into one buffer, and a call writes only
+the data pointers of the arrays it is given (:data:`ARRAY0` ... in the
+argument list mark where) and calls ``cuLaunchKernel`` -- about a microsecond
+of Python for any number of arguments.
+
 Without a GPU, :func:`compile_with_nvrtc` compiles a family to PTX through
 NVRTC alone; CI uses it to prove that every specialisation builds cleanly.
 """
+import array
 import pathlib
+import threading
+
+import numpy as np
 
 from ._validate import INT32_LIMIT
 
@@ -75,7 +88,134 @@ class KernelFamily:
 
     def launch(self, expression, grid, block, args, shared_mem=0):
         """Launch on the current device and current CuPy stream."""
-        self.function(expression)(grid, block, args, shared_mem=shared_mem)
+        import cupy
+
+        kernel = self._functions.get((cupy.cuda.runtime.getDevice(), expression))
+        if kernel is None:
+            kernel = self.function(expression)
+        # The device's cupy Function: skips RawKernel's per-call device lookup.
+        kernel.kernel(grid, block, args, shared_mem=shared_mem)
+
+    def prepare(self, expression, grid, block, args, shared_mem=0):
+        """A :class:`PreparedLaunch` of one specialisation on the current device.
+
+        ``args`` is the kernel's argument list with :data:`ARRAY0`,
+        :data:`ARRAY1`, ... where the call passes arrays (``ARRAY1`` is the
+        call's second array; an index may repeat or go unused); every other
+        entry is fixed now: a NumPy scalar of the exact C type, or a CuPy array
+        that the launch keeps alive (a tap table).  Cache the result per device:
+        it launches on the device it was prepared on."""
+        return PreparedLaunch(self.function(expression), grid, block, args, shared_mem, expression)
+
+
+class _ArrayArgument:
+    """Marks where :meth:`PreparedLaunch.__call__` puts its k-th array."""
+
+    __slots__ = ("index",)
+
+    def __init__(self, index):
+        self.index = index
+
+    def __repr__(self):
+        return f"ARRAY{self.index}"
+
+
+ARRAY0, ARRAY1, ARRAY2, ARRAY3, ARRAY4, ARRAY5, ARRAY6, ARRAY7 = (_ArrayArgument(i) for i in range(8))
+
+_SCALAR_KINDS = frozenset("biuf")
+
+
+class PreparedLaunch:
+    """One kernel launch with everything fixed but some arrays' data pointers.
+
+    The arguments live in one 8-byte slot each of ``_values`` (CUDA reads as
+    many bytes of a slot as the parameter's size; x86-64 and aarch64 hosts,
+    like the device, are little-endian), and
+    ``_params`` holds the slots' addresses: ``cuLaunchKernel``'s
+    ``kernelParams``.  A call writes the given arrays' pointers into their
+    slots and launches on the current stream.  The slots are shared, so a
+    lock keeps two threads from interleaving write and launch; a call that
+    finds it taken (another thread, or a signal handler re-entering) takes
+    CuPy's ordinary launch instead, as does a driver error (a thread whose
+    CUDA context is not yet current: CuPy's launch makes it current, or
+    raises the real error)."""
+
+    __slots__ = ("_kernel", "_function", "_ptr", "_dims", "_shared", "_template", "_slots",
+                 "_values", "_params", "_params_ptr", "_keep", "_lock", "expression")
+
+    def __init__(self, kernel, grid, block, args, shared_mem=0, expression=None):
+        import cupy
+
+        self.expression = expression
+        self._kernel = kernel
+        self._function = kernel.kernel            # the cupy Function of the current device
+        self._ptr = self._function.ptr
+        # Function.__call__'s normalisation: three dimensions, each at least 1.
+        grid = tuple(grid) + (1, 1)
+        block = tuple(block) + (1, 1)
+        self._dims = tuple(max(1, int(v)) for v in grid[:3] + block[:3])
+        self._shared = int(shared_mem)
+        self._template = tuple(args)
+        count = max(len(self._template), 1)
+        # array.array: the cheapest item assignment; its buffer never moves (no resizing).
+        self._values = array.array("Q", bytes(8 * count))
+        raw = memoryview(self._values).cast("B")
+        slots, keep = [], []
+        for i, a in enumerate(self._template):
+            if isinstance(a, _ArrayArgument):
+                slots.append((i, a.index))
+            elif isinstance(a, cupy.ndarray):
+                self._values[i] = a.data.ptr
+                keep.append(a)
+            elif isinstance(a, np.generic) and a.dtype.kind in _SCALAR_KINDS and a.dtype.itemsize <= 8:
+                raw[8 * i:8 * i + a.dtype.itemsize] = a.astype(a.dtype.newbyteorder("<")).tobytes()
+            else:
+                raise TypeError(f"argument {i} of {expression or 'a prepared launch'} must be a CuPy "
+                                f"array, an ARRAY marker or a NumPy scalar of the kernel's C type, "
+                                f"got {type(a).__name__}")
+        raw.release()
+        self._slots = tuple(slots)
+        self._keep = tuple(keep)
+        base = self._values.buffer_info()[0]
+        self._params = array.array("Q", [base + 8 * i for i in range(count)])
+        self._params_ptr = self._params.buffer_info()[0]
+        self._lock = threading.Lock()
+
+    def __call__(self, *arrays):
+        """Launch with these arrays in the marked places, on the current CuPy stream."""
+        if not self._lock.acquire(False):
+            return self._launch_with_cupy(arrays)
+        try:
+            values = self._values
+            for slot, index in self._slots:
+                values[slot] = arrays[index].data.ptr
+            gx, gy, gz, bx, by, bz = self._dims
+            try:
+                _launch_kernel(self._ptr, gx, gy, gz, bx, by, bz, self._shared,
+                               _current_stream().ptr, self._params_ptr, 0)
+            except _DriverError:
+                self._launch_with_cupy(arrays)
+        finally:
+            self._lock.release()
+
+    def _launch_with_cupy(self, arrays):
+        args = tuple(arrays[a.index] if isinstance(a, _ArrayArgument) else a for a in self._template)
+        self._function(self._dims[:3], self._dims[3:], args, shared_mem=self._shared)
+
+
+def _bind_driver():
+    """The driver entry points a prepared launch calls (CuPy's thin wrappers)."""
+    global _launch_kernel, _current_stream, _DriverError
+    try:
+        from cupy.cuda import driver, get_current_stream
+    except ImportError:  # CPU-only install: nothing launches
+        return
+    _launch_kernel, _current_stream, _DriverError = driver.launchKernel, get_current_stream, driver.CUDADriverError
+
+
+_launch_kernel = _current_stream = None
+_DriverError = RuntimeError
+_bind_driver()
 
 
 def families():

@@ -21,6 +21,11 @@ except ImportError:  # CPU-only install
 INT32_LIMIT = 2**31 - 1
 
 
+# The fast paths' cheap checks: the exact array type and the current device.
+NDARRAY = _cupy.ndarray if _cupy is not None else None
+current_device = _cupy.cuda.runtime.getDevice if _cupy is not None else None
+
+
 def is_cupy_array(a):
     return _cupy is not None and isinstance(a, _cupy.ndarray)
 
@@ -37,7 +42,7 @@ def array_module(**arrays):
             continue
         if is_cupy_array(a):
             kinds[name] = "cupy"
-            dev = a.device.id
+            dev = a.data.device_id
             if device is None:
                 device, device_name = dev, name
             elif dev != device:
@@ -57,10 +62,11 @@ def array_module(**arrays):
             f"{'is' if len(np_names) == 1 else 'are'} NumPy but {', '.join(cp_names)} "
             f"{'is' if len(cp_names) == 1 else 'are'} CuPy")
     if "cupy" in kinds.values():
-        if device != _cupy.cuda.Device().id:
+        current = _cupy.cuda.runtime.getDevice()
+        if device != current:
             raise ValueError(
                 f"{device_name} is on GPU {device} but the current device is "
-                f"GPU {_cupy.cuda.Device().id}; call inside `with cupy.cuda.Device({device}):`")
+                f"GPU {current}; call inside `with cupy.cuda.Device({device}):`")
         return _cupy
     return np
 
@@ -169,6 +175,18 @@ def contiguous(xp, a):
     return xp.ascontiguousarray(a).reshape(a.shape)
 
 
+def exact(value):
+    """A hashable stand-in for an option that equals another only when the
+    values and their exact types do (``True``, ``1.0`` and ``1`` are equal
+    and hash alike in Python, but validation treats them differently); for a
+    tuple, its elements' types too.  Raises TypeError when unhashable."""
+    t = type(value)
+    hash(value)
+    if t is tuple:
+        return (t, value, tuple(map(type, value)))
+    return (t, value)
+
+
 class CallMemo:
     """What the slow path of a public function worked out for one kind of GPU
     call (validated problem, chosen algorithm, launch plan), keyed by everything
@@ -178,12 +196,22 @@ class CallMemo:
 
     :meth:`key` returns None (no memo: take the slow path) unless every array
     is a CuPy array; it records each array's shape, dtype and device and the
-    current device, and each option's type and value (so ``True`` never passes
-    for a cached ``1``).  An unhashable option (a list) also gives no memo."""
+    current device, and each option's exact type and value (so ``True`` never
+    passes for a cached ``1``, nor ``(1.0, 1.0)`` for ``(1, 1)``).  An
+    unhashable option (a list) also gives no memo.
+
+    ``fast`` is the flat table of a function's fast path: a cheap key of the
+    commonest calls (C-contiguous, 16-byte-aligned CuPy arrays; options with
+    their types where types matter), built inline by the function itself and
+    checked before anything else, mapping straight to a prepared launch
+    (see ``_kernels.PreparedLaunch``).  An entry is made by the slow path after
+    the call validated, so a call that differs in anything validated misses
+    and is validated (and refused) as before.  :meth:`clear` empties both."""
 
     def __init__(self, limit=4096):
         self._entries = {}
         self._limit = limit
+        self.fast = {}
 
     @staticmethod
     def key(tag, arrays, options):
@@ -191,25 +219,24 @@ class CallMemo:
             return None
         parts = [tag, None]
         ndarray = _cupy.ndarray
+        arrays_given = False
         for a in arrays:
             if a is None:
                 parts.append(None)
             elif type(a) is ndarray:
-                parts.append((a.shape, a.dtype, a.device.id))
+                parts.append((a.shape, a.dtype, a.data.device_id))
+                arrays_given = True
             else:
                 return None
-        if parts[2:].count(None) == len(arrays):
+        if not arrays_given:
             return None
         parts[1] = _cupy.cuda.runtime.getDevice()
-        for v in options:
-            parts.append(type(v))
-            parts.append(v)
-        key = tuple(parts)
         try:
-            hash(key)
+            for v in options:
+                parts.append(exact(v))
         except TypeError:
             return None
-        return key
+        return tuple(parts)
 
     def get(self, key):
         return None if key is None else self._entries.get(key)
@@ -221,5 +248,13 @@ class CallMemo:
             self._entries[key] = value
         return value
 
+    def put_fast(self, key, value):
+        """Record a fast-path entry (the table is emptied when full)."""
+        if len(self.fast) >= self._limit:
+            self.fast.clear()
+        self.fast[key] = value
+        return value
+
     def clear(self):
         self._entries.clear()
+        self.fast.clear()

@@ -103,64 +103,130 @@ def _grid(n, packs, vec):
 _PLANS = {}  # (direction, mode, approximate, alpha, n, dtype, aligned) -> (expression, grid, scalars)
 
 
-def _launch(direction, mode, approximate, alpha, arrays, n, dtype):
-    if n == 0:
-        return
-    aligned = all(a.data.ptr % 16 == 0 for a in arrays)
+def _cached_plan(direction, mode, approximate, alpha, n, dtype, aligned):
     key = (direction, mode, approximate, alpha, n, dtype, aligned)
     plan = _PLANS.get(key)
     if plan is None:
         template, itype, a = _kernel_args(mode, approximate, alpha, n, dtype)
-        packs = _packs(n, dtype, arrays)
+        packs = n // (16 // np.dtype(dtype).itemsize) if aligned else 0
         grid = _grid(n, packs, 16 // np.dtype(dtype).itemsize)
         if len(_PLANS) >= 4096:
             _PLANS.clear()
         plan = _PLANS[key] = (f"activation_{direction}{template}", (grid,), (itype(n), itype(packs), a))
-    expr, grid, scalars = plan
+    return plan
+
+
+def _launch(direction, mode, approximate, alpha, arrays, n, dtype):
+    if n == 0:
+        return
+    aligned = all(a.data.ptr % 16 == 0 for a in arrays)
+    expr, grid, scalars = _cached_plan(direction, mode, approximate, alpha, n, dtype, aligned)
     FAMILY.launch(expr, grid, (_BLOCK,), (*arrays, *scalars))
 
 
-# Validated GPU calls: the resolved alpha per kind of call (see _validate.CallMemo).
+def _no_launch(*arrays):
+    """The prepared launch of an empty array."""
+
+
+def _prepare(direction, mode, approximate, alpha, n, dtype):
+    """The prepared launch for 16-byte-aligned arrays on the current device."""
+    if n == 0:
+        return _no_launch
+    expr, grid, scalars = _cached_plan(direction, mode, approximate, alpha, n, dtype, True)
+    arrays = (_kernels.ARRAY0, _kernels.ARRAY1) if direction == "forward" else \
+        (_kernels.ARRAY0, _kernels.ARRAY1, _kernels.ARRAY2)
+    return FAMILY.prepare(expr, grid, (_BLOCK,), (*arrays, *scalars))
+
+
+# Validated GPU calls: the resolved alpha per kind of call (see _validate.CallMemo);
+# _FAST: the fast path's table, (shapes, dtypes, devices, current device, mode,
+# alpha and its type, approximate) of C-contiguous 16-byte-aligned arrays ->
+# prepared launch.
 _MEMO = _validate.CallMemo()
+_FAST = _MEMO.fast
+_NDARRAY = _validate.NDARRAY
+_current_device = _validate.current_device
 
 
 def activation(x, mode, *, alpha=None, approximate="none"):
     """Apply the activation ``mode`` elementwise."""
+    if type(x) is _NDARRAY and x._c_contiguous:
+        data = x.data
+        try:
+            launch = _FAST.get((x.shape, x.dtype, data.device_id, _current_device(), mode, alpha,
+                                type(alpha), approximate))
+        except TypeError:  # an unhashable option: the slow path says what is wrong
+            launch = None
+        if launch is not None and not data.ptr & 15:
+            y = _NDARRAY(x.shape, x.dtype)
+            if not y.data.ptr & 15:
+                launch(x, y)
+                return y
     key = _MEMO.key("forward", (x,), (mode, alpha, approximate))
     checked = _MEMO.get(key)
     if checked is None:
         xp = _validate.array_module(x=x)
         _validate.check_float_dtype("x", x)
-        alpha = _check_options(mode, alpha, approximate)
+        resolved = _check_options(mode, alpha, approximate)
         if xp is np:
-            return _reference.activation(x, mode, alpha, approximate)
-        checked = _MEMO.put(key, (alpha,))
-    xp, (alpha,) = _validate._cupy, checked
+            return _reference.activation(x, mode, resolved, approximate)
+        checked = _MEMO.put(key, (resolved,))
+    xp, (resolved,) = _validate._cupy, checked
+    if x._c_contiguous:
+        fast_key = (x.shape, x.dtype, x.data.device_id, _current_device(), mode, alpha, type(alpha),
+                    approximate)
+        launch = _FAST.get(fast_key) or _MEMO.put_fast(
+            fast_key, _prepare("forward", mode, approximate, resolved, x.size, x.dtype))
+        y = xp.empty(x.shape, x.dtype)
+        if not (x.data.ptr | y.data.ptr) & 15:
+            launch(x, y)
+            return y
     x = _validate.contiguous(xp, x)
     y = xp.empty(x.shape, x.dtype)
-    _launch("forward", mode, approximate, alpha, (x, y), x.size, x.dtype)
+    _launch("forward", mode, approximate, resolved, (x, y), x.size, x.dtype)
     return y
 
 
 def activation_backward(dy, x, mode, *, alpha=None, approximate="none"):
     """Gradient of :func:`activation` with respect to its input ``x``."""
+    if type(dy) is _NDARRAY and type(x) is _NDARRAY and dy._c_contiguous and x._c_contiguous:
+        dy_data, x_data = dy.data, x.data
+        try:
+            launch = _FAST.get((dy.shape, dy.dtype, dy_data.device_id, x.shape, x.dtype, x_data.device_id,
+                                _current_device(), mode, alpha, type(alpha), approximate))
+        except TypeError:
+            launch = None
+        if launch is not None and not (dy_data.ptr | x_data.ptr) & 15:
+            dx = _NDARRAY(x.shape, x.dtype)
+            if not dx.data.ptr & 15:
+                launch(dy, x, dx)
+                return dx
     key = _MEMO.key("backward", (dy, x), (mode, alpha, approximate))
     checked = _MEMO.get(key) if dy is not None else None
     if checked is None:
         xp = _validate.array_module(dy=dy, x=x)
         _validate.check_float_dtype("x", x)
-        alpha = _check_options(mode, alpha, approximate)
+        resolved = _check_options(mode, alpha, approximate)
         if dy is None:  # a zero output gradient
             return xp.zeros(x.shape, x.dtype)
         _validate.check_same_dtype(dy=dy, x=x)
         _validate.check_shape("dy", dy, x.shape, "the shape of x")
         if xp is np:
-            return _reference.activation_backward(dy, x, mode, alpha, approximate)
-        checked = _MEMO.put(key, (alpha,))
-    xp, (alpha,) = _validate._cupy, checked
+            return _reference.activation_backward(dy, x, mode, resolved, approximate)
+        checked = _MEMO.put(key, (resolved,))
+    xp, (resolved,) = _validate._cupy, checked
+    if dy._c_contiguous and x._c_contiguous:
+        fast_key = (dy.shape, dy.dtype, dy.data.device_id, x.shape, x.dtype, x.data.device_id,
+                    _current_device(), mode, alpha, type(alpha), approximate)
+        launch = _FAST.get(fast_key) or _MEMO.put_fast(
+            fast_key, _prepare("backward", mode, approximate, resolved, x.size, x.dtype))
+        dx = xp.empty(x.shape, x.dtype)
+        if not (dy.data.ptr | x.data.ptr | dx.data.ptr) & 15:
+            launch(dy, x, dx)
+            return dx
     dy, x = _validate.contiguous(xp, dy), _validate.contiguous(xp, x)
     dx = xp.empty(x.shape, x.dtype)
-    _launch("backward", mode, approximate, alpha, (dy, x, dx), x.size, x.dtype)
+    _launch("backward", mode, approximate, resolved, (dy, x, dx), x.size, x.dtype)
     return dx
 
 

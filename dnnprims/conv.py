@@ -136,6 +136,63 @@ def _check_output_gradient(dy, problem, source):
 # Validated GPU calls: (problem, algorithm, ...) per kind of call (see _validate.CallMemo).
 _MEMO = _validate.CallMemo()
 
+# The fast path (see _validate.CallMemo): _FAST maps a cheap key of a call
+# whose arrays are all C-contiguous CuPy arrays -- each array's shape, dtype
+# and device, the current device, and the options (integer options as plain
+# ints where they are, else with their exact types) -- to a closure that
+# allocates the output and runs the algorithm's prepared launch.
+_FAST = _MEMO.fast
+_NDARRAY = _validate.NDARRAY
+_current_device = _validate.current_device
+_exact = _validate.exact
+
+
+def _int_key(v):
+    """An int option as itself when it is a plain int, else with its exact types."""
+    return v if type(v) is int else _exact(v)
+
+
+def _forward_key(x, w, bias, stride, padding, dilation, groups, layout, algo, activation, alpha,
+                 workspace_limit, precision):
+    """The fast path's key of a forward call, or None (no fast path)."""
+    if not (type(x) is _NDARRAY and type(w) is _NDARRAY and x._c_contiguous and w._c_contiguous):
+        return None
+    if bias is None:
+        b = None
+    elif type(bias) is _NDARRAY and bias._c_contiguous:
+        b = (bias.shape, bias.dtype, bias.data.device_id)
+    else:
+        return None
+    try:
+        return (x.shape, x.dtype, x.data.device_id, w.shape, w.dtype, w.data.device_id, b,
+                _current_device(), _int_key(stride), _int_key(padding), _int_key(dilation),
+                _int_key(groups), layout, algo, activation, alpha, type(alpha),
+                workspace_limit, type(workspace_limit), precision)
+    except TypeError:  # an unhashable option (a list): the slow path
+        return None
+
+
+def _forward_runner(problem, algorithm, act, fused, has_bias, dtype):
+    """The fast path's closure for one validated forward call."""
+    from .activations import activation as apply
+    shape = problem.y_shape
+    launch = algorithm.prepare(problem, "forward", has_bias, act if fused else None)
+    ndarray = _NDARRAY
+
+    if act is None or fused:
+        def run(x, w, bias):
+            y = ndarray(shape, dtype)
+            out = launch(x, w, y, bias)
+            return y if out is None else out
+    else:
+        mode, alpha = act
+
+        def run(x, w, bias):
+            y = ndarray(shape, dtype)
+            out = launch(x, w, y, bias)
+            return apply(y if out is None else out, mode, alpha=alpha)
+    return run
+
 
 def conv2d_forward(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1,
                    layout="NCHW", algo="auto", activation=None, alpha=None,
@@ -146,6 +203,12 @@ def conv2d_forward(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1
     is applied in the algorithm's epilogue where it fuses that mode, else as
     one extra pass.  ``workspace_limit`` (bytes) and ``precision="strict"``
     constrain which algorithms may run (see ``ConvOptions``)."""
+    fast_key = _forward_key(x, w, bias, stride, padding, dilation, groups, layout, algo, activation,
+                            alpha, workspace_limit, precision)
+    if fast_key is not None:
+        run = _FAST.get(fast_key)
+        if run is not None:
+            return run(x, w, bias)
     key = _MEMO.key("forward", (x, w, bias), (stride, padding, dilation, groups, layout, algo,
                                               activation, alpha, workspace_limit, precision))
     plan = _MEMO.get(key)
@@ -171,6 +234,10 @@ def conv2d_forward(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups=1
     y = xp.empty(problem.y_shape, dtype=x.dtype)
     if y.size == 0:
         return y
+    if fast_key is not None and fast_key not in _FAST:
+        # A prepared launch takes the pointers of the arrays as given (no copies).
+        return _MEMO.put_fast(fast_key, _forward_runner(problem, algorithm, act, fused, bias is not None,
+                                                          x.dtype))(x, w, bias)
     x, w = _validate.contiguous(xp, x), _validate.contiguous(xp, w)
     bias = None if bias is None else _validate.contiguous(xp, bias)
     y = algorithm.run(problem, "forward", x, w, y, bias=bias, activation=act if fused else None)
@@ -188,6 +255,12 @@ def conv2d_backward_data(dy, w, x_shape, *, stride=1, padding=0, dilation=1, gro
 
     With stride > 1 several input sizes give dy's size; ``x_shape`` picks one.
     ``dy=None`` means a zero output gradient."""
+    fast_key = _backward_key(dy, w, x_shape, stride, padding, dilation, groups, layout, algo,
+                             workspace_limit, precision)
+    if fast_key is not None:
+        run = _FAST.get(fast_key)
+        if run is not None:
+            return run(dy, w)
     key = _MEMO.key("backward_data", (dy, w), (x_shape, stride, padding, dilation, groups, layout,
                                                algo, workspace_limit, precision))
     plan = _MEMO.get(key) if dy is not None else None
@@ -214,8 +287,39 @@ def conv2d_backward_data(dy, w, x_shape, *, stride=1, padding=0, dilation=1, gro
     dx = xp.empty(problem.x_shape, dtype=dy.dtype)
     if dx.size == 0:
         return dx
+    if fast_key is not None and fast_key not in _FAST:
+        run = _MEMO.put_fast(fast_key, _backward_runner(problem, algorithm, "backward_data", dy.dtype))
+        return run(dy, w)
     dy, w = _validate.contiguous(xp, dy), _validate.contiguous(xp, w)
     return algorithm.run(problem, "backward_data", dy, w, dx)
+
+
+def _backward_key(a, b, shape, stride, padding, dilation, groups, layout, algo, workspace_limit,
+                  precision, deterministic=False):
+    """The fast path's key of a backward call (arrays a, b; the other tensor's
+    shape), or None (no fast path)."""
+    if not (type(a) is _NDARRAY and type(b) is _NDARRAY and a._c_contiguous and b._c_contiguous):
+        return None
+    try:
+        return (a.shape, a.dtype, a.data.device_id, b.shape, b.dtype, b.data.device_id,
+                _current_device(), _exact(shape), _int_key(stride), _int_key(padding),
+                _int_key(dilation), _int_key(groups), layout, algo, workspace_limit,
+                type(workspace_limit), precision, deterministic, type(deterministic))
+    except TypeError:
+        return None
+
+
+def _backward_runner(problem, algorithm, direction, dtype):
+    """The fast path's closure for one validated backward-data or backward-filter call."""
+    shape = problem.x_shape if direction == "backward_data" else problem.w_shape
+    launch = algorithm.prepare(problem, direction)
+    ndarray = _NDARRAY
+
+    def run(a, b):
+        out = ndarray(shape, dtype)
+        result = launch(a, b, out, None)
+        return out if result is None else result
+    return run
 
 
 def conv2d_backward_filter(x, dy, w_shape, *, stride=1, padding=0, dilation=1, groups=1,
@@ -225,6 +329,12 @@ def conv2d_backward_filter(x, dy, w_shape, *, stride=1, padding=0, dilation=1, g
 
     ``dy=None`` means a zero output gradient.  ``deterministic=True`` admits
     only algorithms that give the same bits on every run (no atomics)."""
+    fast_key = _backward_key(x, dy, w_shape, stride, padding, dilation, groups, layout, algo,
+                             workspace_limit, precision, deterministic)
+    if fast_key is not None:
+        run = _FAST.get(fast_key)
+        if run is not None:
+            return run(x, dy)
     key = _MEMO.key("backward_filter", (x, dy), (w_shape, stride, padding, dilation, groups, layout,
                                                  algo, deterministic, workspace_limit, precision))
     plan = _MEMO.get(key) if dy is not None else None
@@ -253,6 +363,9 @@ def conv2d_backward_filter(x, dy, w_shape, *, stride=1, padding=0, dilation=1, g
     dw = xp.empty(problem.w_shape, dtype=x.dtype)
     if dw.size == 0:
         return dw
+    if fast_key is not None and fast_key not in _FAST:
+        return _MEMO.put_fast(fast_key, _backward_runner(problem, algorithm, "backward_filter",
+                                                           x.dtype))(x, dy)
     x, dy = _validate.contiguous(xp, x), _validate.contiguous(xp, dy)
     return algorithm.run(problem, "backward_filter", x, dy, dw)
 

@@ -85,18 +85,38 @@ def _view(shape, axis):
 def _launch(direction, log, arrays, shape, axis, dtype):
     """Run one direction on contiguous CuPy arrays; the last array is the output."""
     aligned = all(a.data.ptr % 16 == 0 for a in arrays)
+    plan = _cached_plan(direction, log, shape, axis, dtype, aligned)
+    if plan is not None:
+        expr, grid, block, scalars, shared = plan
+        FAMILY.launch(expr, grid, block, (*arrays, *scalars), shared_mem=shared)
+
+
+def _cached_plan(direction, log, shape, axis, dtype, aligned):
     key = (direction, log, shape, axis, dtype, aligned)
     plan = _PLANS.get(key)
     if plan is None:
         if len(_PLANS) >= 4096:
             _PLANS.clear()
         plan = _PLANS[key] = _plan(direction, log, shape, axis, dtype, aligned)
-    if plan is not None:
-        expr, grid, block, scalars, shared = plan
-        FAMILY.launch(expr, grid, block, (*arrays, *scalars), shared_mem=shared)
+    return plan
 
 
 _PLANS = {}  # (direction, log, shape, axis, dtype, 16-byte aligned) -> launch, or None (empty)
+
+
+def _no_launch(*arrays):
+    """The prepared launch of an empty problem."""
+
+
+def _prepare(direction, log, shape, axis, dtype):
+    """The prepared launch for 16-byte-aligned arrays on the current device."""
+    plan = _cached_plan(direction, log, shape, axis, dtype, True)
+    if plan is None:
+        return _no_launch
+    expr, grid, block, scalars, shared = plan
+    arrays = (_kernels.ARRAY0, _kernels.ARRAY1) if direction == "forward" else \
+        (_kernels.ARRAY0, _kernels.ARRAY1, _kernels.ARRAY2)
+    return FAMILY.prepare(expr, grid, block, (*arrays, *scalars), shared_mem=shared)
 
 
 def _plan(direction, log, shape, axis, dtype, aligned):
@@ -155,11 +175,24 @@ def _plan(direction, log, shape, axis, dtype, aligned):
             (itype(outer), itype(n), itype(inner)), 0)
 
 
-# Validated GPU calls: the normalised axis per kind of call (see _validate.CallMemo).
+# Validated GPU calls: the normalised axis per kind of call (see _validate.CallMemo);
+# _FAST: the fast path's table, (shapes, dtypes, devices, current device, axis,
+# log) of C-contiguous 16-byte-aligned arrays -> prepared launch.
 _MEMO = _validate.CallMemo()
+_FAST = _MEMO.fast
+_NDARRAY = _validate.NDARRAY
+_current_device = _validate.current_device
 
 
 def _forward(x, axis, log):
+    if type(x) is _NDARRAY and type(axis) is int and x._c_contiguous:
+        data = x.data
+        launch = _FAST.get((x.shape, x.dtype, data.device_id, _current_device(), axis, log))
+        if launch is not None and not data.ptr & 15:
+            y = _NDARRAY(x.shape, x.dtype)
+            if not y.data.ptr & 15:
+                launch(x, y)
+                return y
     key = _MEMO.key("forward", (x,), (axis, log))
     checked = _MEMO.get(key)
     if checked is None:
@@ -170,14 +203,32 @@ def _forward(x, axis, log):
         if xp is np:
             return (_reference.log_softmax if log else _reference.softmax)(x, axis)
         checked = _MEMO.put(key, axis)
-    xp, axis = _validate._cupy, checked
+    xp, normalized = _validate._cupy, checked
+    if type(axis) is int and x._c_contiguous:
+        fast_key = (x.shape, x.dtype, x.data.device_id, _current_device(), axis, log)
+        launch = _FAST.get(fast_key) or _MEMO.put_fast(fast_key, _prepare("forward", log, x.shape,
+                                                                          normalized, x.dtype))
+        y = xp.empty(x.shape, x.dtype)
+        if not (x.data.ptr | y.data.ptr) & 15:
+            launch(x, y)
+            return y
     x = _validate.contiguous(xp, x)
     y = xp.empty(x.shape, x.dtype)
-    _launch("forward", log, (x, y), x.shape, axis, x.dtype)
+    _launch("forward", log, (x, y), x.shape, normalized, x.dtype)
     return y
 
 
 def _backward(dy, y, axis, log):
+    if (type(dy) is _NDARRAY and type(y) is _NDARRAY and type(axis) is int
+            and dy._c_contiguous and y._c_contiguous):
+        dy_data, y_data = dy.data, y.data
+        launch = _FAST.get((dy.shape, dy.dtype, dy_data.device_id, y.shape, y.dtype, y_data.device_id,
+                            _current_device(), axis, log))
+        if launch is not None and not (dy_data.ptr | y_data.ptr) & 15:
+            dx = _NDARRAY(y.shape, y.dtype)
+            if not dx.data.ptr & 15:
+                launch(dy, y, dx)
+                return dx
     key = _MEMO.key("backward", (dy, y), (axis, log))
     checked = _MEMO.get(key) if dy is not None else None
     if checked is None:
@@ -192,10 +243,19 @@ def _backward(dy, y, axis, log):
         if xp is np:
             return (_reference.log_softmax_backward if log else _reference.softmax_backward)(dy, y, axis)
         checked = _MEMO.put(key, axis)
-    xp, axis = _validate._cupy, checked
+    xp, normalized = _validate._cupy, checked
+    if type(axis) is int and dy._c_contiguous and y._c_contiguous:
+        fast_key = (dy.shape, dy.dtype, dy.data.device_id, y.shape, y.dtype, y.data.device_id,
+                    _current_device(), axis, log)
+        launch = _FAST.get(fast_key) or _MEMO.put_fast(fast_key, _prepare("backward", log, y.shape,
+                                                                          normalized, y.dtype))
+        dx = xp.empty(y.shape, y.dtype)
+        if not (dy.data.ptr | y.data.ptr | dx.data.ptr) & 15:
+            launch(dy, y, dx)
+            return dx
     dy, y = _validate.contiguous(xp, dy), _validate.contiguous(xp, y)
     dx = xp.empty(y.shape, y.dtype)
-    _launch("backward", log, (dy, y, dx), y.shape, axis, y.dtype)
+    _launch("backward", log, (dy, y, dx), y.shape, normalized, y.dtype)
     return dx
 
 

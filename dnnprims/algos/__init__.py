@@ -112,6 +112,30 @@ class ConvAlgorithm:
         ``fused_activations``: applied to ``y + bias`` in the epilogue."""
         raise NotImplementedError
 
+    def prepare(self, problem, direction, has_bias=False, activation=None):
+        """A callable ``(a, b, out, bias)`` that computes this problem into ``out``
+        on the current device: what a repeated call runs (conv.py's fast path).
+        The default calls :meth:`run`; an algorithm whose cached plan is one or
+        two kernel launches overrides it with prepared launches
+        (``_kernels.PreparedLaunch``), leaving only the pointers to write."""
+        def run(a, b, out, bias=None):
+            return self.run(problem, direction, a, b, out, bias=bias, activation=activation)
+        return run
+
+    def prepared(self, problem, direction, has_bias=False, activation=None):
+        """:meth:`prepare`, cached per (current device, problem, direction,
+        has_bias, activation): for a ``run`` written as ``prepared(...)(a, b, out, bias)``."""
+        import cupy
+
+        cache = self.__dict__.setdefault("_prepared_cache", {})
+        key = (cupy.cuda.runtime.getDevice(), problem, direction, has_bias, activation)
+        launch = cache.get(key)
+        if launch is None:
+            if len(cache) >= 4096:
+                cache.clear()
+            launch = cache[key] = self.prepare(problem, direction, has_bias, activation)
+        return launch
+
 
 def admits(algorithm, problem, direction, options=DEFAULT_OPTIONS):
     """(True, "") if ``algorithm`` supports the problem and the caller's options

@@ -17,7 +17,7 @@ one dict lookup and one launch.
 import numpy as np
 
 from .. import _dtypes
-from .._kernels import KernelFamily, ceil_div
+from .._kernels import ARRAY0, ARRAY1, ARRAY2, ARRAY3, KernelFamily, ceil_div
 from .._validate import INT32_LIMIT
 from ..activations import ACTIVATION_MODES, _KERNEL_MODE
 from . import ConvAlgorithm, register
@@ -173,11 +173,16 @@ class ImplicitGemmConvolution(ConvAlgorithm):
             self._plans[key] = plan
         return plan
 
-    def run(self, problem, direction, a, b, out, bias=None, activation=None):
+    def prepare(self, problem, direction, has_bias=False, activation=None):
+        # Arrays of the call: ARRAY0 = a, ARRAY1 = b, ARRAY2 = out, ARRAY3 = bias
+        # (b stands in for an absent bias: the kernel does not read it).
         expression, grid, block, table, scalars = self._plan(problem, direction)
-        FAMILY.launch(expression, grid, block,
-                      (a, b, table, b if bias is None else bias, np.int32(bias is not None),
-                       *activation_arguments(activation), out, *scalars))
+        return FAMILY.prepare(expression, grid, block,
+                              (ARRAY0, ARRAY1, table, ARRAY3 if has_bias else ARRAY1, np.int32(has_bias),
+                               *activation_arguments(activation), ARRAY2, *scalars))
+
+    def run(self, problem, direction, a, b, out, bias=None, activation=None):
+        self.prepared(problem, direction, bias is not None, activation)(a, b, out, bias)
         return out
 
 

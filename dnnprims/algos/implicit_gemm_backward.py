@@ -19,7 +19,7 @@ grid, scalars) are cached per (device, problem, direction).
 import numpy as np
 
 from .. import _dtypes
-from .._kernels import KernelFamily, ceil_div
+from .._kernels import ARRAY0, ARRAY1, ARRAY2, ARRAY3, KernelFamily, ceil_div
 from .._validate import INT32_LIMIT
 from . import ConvAlgorithm, register
 from .implicit_gemm import TAP_TABLE_MULTIPLE, TILES, _OUTSIDE, tap_table
@@ -179,25 +179,45 @@ class ImplicitGemmBackwardFilter(ConvAlgorithm):
             self._plans[key] = plan
         return plan
 
-    def run(self, problem, direction, a, b, out, bias=None, activation=None):
+    def prepare(self, problem, direction, has_bias=False, activation=None):
+        # Arrays of the call: ARRAY0 = x, ARRAY1 = dy, ARRAY2 = dw (out); the
+        # GEMM kernel's ARRAY3 is its float accumulator (dw itself when the
+        # splits need none, or float32 dw for atomics).
         import cupy
 
         expression, grid, block, table, mode, splits, scalars = self._plan(problem)
-        total = out.size
+        p = problem
+        total = p.K * (p.C // p.groups) * p.R * p.S
+        float_out = p.dtype == "float32"
+        separate = mode == _MODE_SPLITS or (mode == _MODE_ATOMIC and not float_out)
+        gemm = FAMILY.prepare(expression, grid, block,
+                              (ARRAY0, ARRAY1, table, ARRAY3 if separate else ARRAY2, ARRAY2, np.int32(mode),
+                               *scalars))
         if mode == _MODE_DIRECT:
-            partial = None
-        elif mode == _MODE_SPLITS:
-            partial = cupy.empty(splits * total, dtype=np.float32)
-        elif out.dtype == np.float32:
-            partial = out.reshape(-1)
-            partial.fill(0)
-        else:
-            partial = cupy.zeros(total, dtype=np.float32)
-        FAMILY.launch(expression, grid, block,
-                      (a, b, table, out if partial is None else partial, out, np.int32(mode), *scalars))
-        if mode == _MODE_SPLITS or (mode == _MODE_ATOMIC and out.dtype != np.float32):
-            FAMILY.launch(_sum_expression(problem.dtype), (ceil_div(total, 256),), (256,),
-                          (partial, out, np.int32(total), np.int32(splits if mode == _MODE_SPLITS else 1)))
+            return gemm
+        if not separate:  # atomics straight into float32 dw, zeroed first
+            memset, stream = cupy.cuda.runtime.memsetAsync, cupy.cuda.get_current_stream
+            nbytes = 4 * total
+
+            def run_atomic(a, b, out, bias=None):
+                memset(out.data.ptr, 0, nbytes, stream().ptr)
+                gemm(a, b, out)
+            return run_atomic
+        add = FAMILY.prepare(_sum_expression(p.dtype), (ceil_div(total, 256),), (256,),
+                             (ARRAY0, ARRAY1, np.int32(total), np.int32(splits if mode == _MODE_SPLITS else 1)))
+        ndarray, f32 = cupy.ndarray, np.dtype(np.float32)
+        size = splits * total if mode == _MODE_SPLITS else total
+
+        def run_with_partials(a, b, out, bias=None):
+            partial = ndarray((size,), f32)
+            if mode == _MODE_ATOMIC:
+                partial.fill(0)
+            gemm(a, b, out, partial)
+            add(partial, out)
+        return run_with_partials
+
+    def run(self, problem, direction, a, b, out, bias=None, activation=None):
+        self.prepared(problem, direction)(a, b, out)
         return out
 
 
@@ -309,9 +329,13 @@ class SubpixelBackwardData(ConvAlgorithm):
             self._plans[key] = plan
         return plan
 
-    def run(self, problem, direction, a, b, out, bias=None, activation=None):
+    def prepare(self, problem, direction, has_bias=False, activation=None):
+        # Arrays of the call: ARRAY0 = dy, ARRAY1 = w, ARRAY2 = dx.
         expression, grid, block, table, depth, scalars = self._plan(problem)
-        FAMILY.launch(expression, grid, block, (a, b, table, depth, out, *scalars))
+        return FAMILY.prepare(expression, grid, block, (ARRAY0, ARRAY1, table, depth, ARRAY2, *scalars))
+
+    def run(self, problem, direction, a, b, out, bias=None, activation=None):
+        self.prepared(problem, direction)(a, b, out)
         return out
 
 

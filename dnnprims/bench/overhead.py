@@ -43,7 +43,9 @@ def _cases(cp, torch):
         "batchnorm infer": (lambda: dp.batchnorm(bn_x, gamma, beta, rm, rv, training=False), None),
         "pool max 3x3 s2": (lambda: dp.pool(x, 3, stride=2, padding=1), None),
         "softmax 256x1000": (lambda: dp.softmax(rows), None),
+        "softmax backward 256x1000": (lambda: dp.softmax_backward(rows, rows), None),
         "activation relu": (lambda: dp.activation(act, "relu"), None),
+        "activation backward relu": (lambda: dp.activation_backward(act, act, "relu"), None),
     }
     if torch is not None:
         F = torch.nn.functional
@@ -60,7 +62,9 @@ def _cases(cp, torch):
             "batchnorm infer": lambda: F.batch_norm(tbn, trm, trv, tg, tb, training=False),
             "pool max 3x3 s2": lambda: F.max_pool2d(tx, 3, 2, 1),
             "softmax 256x1000": lambda: torch.softmax(trows, 1),
+            "softmax backward 256x1000": lambda: torch._softmax_backward_data(trows, trows, 1, trows.dtype),
             "activation relu": lambda: torch.relu(tact),
+            "activation backward relu": lambda: torch.ops.aten.threshold_backward(tact, tact, 0),
         }
         cases = {k: (ours, theirs.get(k)) for k, (ours, _) in cases.items()}
     return cases
@@ -109,19 +113,26 @@ def main(argv=None):
         other = per_call_us(theirs, cp, args.calls) if theirs is not None else float("nan")
         print(f"{name:34s} {mine:12.1f} {other:13.1f}")
     # What the pieces cost, for reading the profile.
+    from dnnprims import _kernels, activations
     a = cp.empty(16, cp.float32)
-    t0 = time.perf_counter()
-    for _ in range(args.calls):
-        cp.empty((32, 256, 7, 7), cp.float32)
-    print(f"{'  cupy.empty':34s} {(time.perf_counter() - t0) / args.calls * 1e6:12.1f}")
-    t0 = time.perf_counter()
-    for _ in range(args.calls):
-        cp.cuda.runtime.getDevice()
-    print(f"{'  cupy.cuda.runtime.getDevice':34s} {(time.perf_counter() - t0) / args.calls * 1e6:12.1f}")
-    t0 = time.perf_counter()
-    for _ in range(args.calls):
-        a.device.id
-    print(f"{'  ndarray.device.id':34s} {(time.perf_counter() - t0) / args.calls * 1e6:12.1f}")
+    f32 = np.dtype(np.float32)
+    act = cp.empty((64, 1024), f32)
+    out = cp.empty_like(act)
+    expr, grid, scalars = activations._cached_plan("forward", "relu", "none", None, act.size, f32, True)
+    prepared = activations.FAMILY.prepare(expr, grid, (activations._BLOCK,),
+                                          (_kernels.ARRAY0, _kernels.ARRAY1, *scalars))
+    pieces = {
+        "cupy.empty(shape, cp.float32)": lambda: cp.empty((32, 256, 7, 7), cp.float32),
+        "cupy.ndarray(shape, dtype)": lambda: cp.ndarray((32, 256, 7, 7), f32),
+        "cupy.cuda.runtime.getDevice": cp.cuda.runtime.getDevice,
+        "cupy.cuda.get_current_stream": cp.cuda.get_current_stream,
+        "ndarray.device.id": lambda: a.device.id,
+        "FAMILY.launch (relu, 5 args)": lambda: activations.FAMILY.launch(
+            expr, grid, (activations._BLOCK,), (act, out, *scalars)),
+        "PreparedLaunch (relu, 5 args)": lambda: prepared(act, out),
+    }
+    for name, fn in pieces.items():
+        print(f"{'  ' + name:34s} {per_call_us(fn, cp, args.calls):12.1f}")
     return 0
 
 
