@@ -17,6 +17,11 @@ LAYOUTS = ("NCHW", "NHWC")
 
 _BOOL = ("false", "true")
 _ITEMSIZE = {"half_t": 2, "bfloat16_t": 2, "float": 4, "double": 8}
+# Output rows per forward thread and input row pairs per backward thread, by
+# element size: as many as keep the unrolled tile in registers.
+_K3S2_FORWARD_ROWS = {2: 2, 4: 4, 8: 4}
+_K3S2_BACKWARD_ROWS = {2: 1, 4: 2, 8: 2}
+# (kernels pool_k3s2_*)
 FAMILY = KernelFamily("pooling.cu", [
     *(f"pool_{mode}_{direction}<{t}, {i}, {nhwc}>"
       for mode in MODES for direction in ("forward", "backward")
@@ -34,7 +39,12 @@ FAMILY = KernelFamily("pooling.cu", [
       for case in (0, 1, 2)),
     *(f"pool_nhwc_{direction}<{t}, {i}, {is_max}, {v}>"
       for direction in ("forward", "backward") for t in _dtypes.CUDA_TYPES
-      for i in ("int", "long long") for is_max in _BOOL for v in sorted({1, 16 // _ITEMSIZE[t]}))])
+      for i in ("int", "long long") for is_max in _BOOL for v in sorted({1, 16 // _ITEMSIZE[t]})),
+    # NCHW 3x3 / 2 / 1, vectorised: forward <T, index_t, MAX, R>, backward (max) <T, index_t, R>
+    *(f"pool_k3s2_forward<{t}, {i}, {is_max}, {_K3S2_FORWARD_ROWS[_ITEMSIZE[t]]}>"
+      for t in _dtypes.CUDA_TYPES for i in ("int", "long long") for is_max in _BOOL),
+    *(f"pool_k3s2_backward<{t}, {i}, {_K3S2_BACKWARD_ROWS[_ITEMSIZE[t]]}>"
+      for t in _dtypes.CUDA_TYPES for i in ("int", "long long"))])
 
 _BLOCK = 256
 _MAX_BLOCKS = 8192  # grid-stride loops beyond this many blocks (general kernels)
@@ -75,24 +85,6 @@ class PoolProblem:
         return (self.n, self.c, ho, wo) if self.layout == "NCHW" else (self.n, ho, wo, self.c)
 
 
-_PROBLEMS = {}
-_CACHE_LIMIT = 4096  # entries of each cache (problems, plans) before it is cleared
-
-
-def _problem(x, window, mode, stride, padding, count_include_pad, layout):
-    """The checked problem, cached by the options' reprs (so 2, 2.0 and True stay
-    distinct keys) and x's shape and dtype: a repeated call skips the checks."""
-    key = (x.shape, x.dtype, repr(window), repr(mode), repr(stride), repr(padding),
-           repr(count_include_pad), repr(layout))
-    problem = _PROBLEMS.get(key)
-    if problem is None:
-        problem = _check_problem(x, window, mode, stride, padding, count_include_pad, layout)
-        if len(_PROBLEMS) >= _CACHE_LIMIT:
-            _PROBLEMS.clear()
-        _PROBLEMS[key] = problem
-    return problem
-
-
 def _check_problem(x, window, mode, stride, padding, count_include_pad, layout):
     """Check every option and the input's shape and dtype; describe the problem."""
     _validate.check_choice("mode", mode, MODES)
@@ -120,17 +112,55 @@ def _check_problem(x, window, mode, stride, padding, count_include_pad, layout):
                        layout, np.dtype(x.dtype))
 
 
+# Validated GPU calls (see _validate.CallMemo): the problem and its launches,
+# so a repeated call is a key, a look-up, the output allocation and the launch.
+_MEMO = _validate.CallMemo()
+
+
+def _options(window, mode, stride, padding, count_include_pad, layout):
+    """The memo's option values; a tuple option also records its items' types
+    (so a cached (2, 1) never admits (2, True), which validation refuses)."""
+    return (window, mode, stride, padding, count_include_pad, layout,
+            *(tuple(map(type, v)) for v in (window, stride, padding) if type(v) is tuple))
+
+
+class _Call:
+    """One validated kind of GPU call: the problem and, per (direction, 16-byte
+    alignment of the arrays), its launches with the kernels already looked up."""
+    __slots__ = ("problem", "launches")
+
+    def __init__(self, problem):
+        self.problem = problem
+        self.launches = {}
+
+    def run(self, direction, arrays):
+        ptr = 0
+        for a in arrays:
+            ptr |= a.data.ptr
+        key = (direction, not ptr & 15)
+        launch = self.launches.get(key)
+        if launch is None:
+            launch = self.launches[key] = _resolve(_make_plan(self.problem, direction, key[1]))
+        launch(arrays)
+
+
 def pool(x, window, *, mode="max", stride=None, padding=0, count_include_pad=True, layout="NCHW"):
     """Max or average pooling of a 4-D tensor; ``stride=None`` means the window."""
-    xp = _validate.array_module(x=x)
-    problem = _problem(x, window, mode, stride, padding, count_include_pad, layout)
-    if xp is np:
-        return reference.pool(x, problem.window, problem.stride, problem.padding, mode,
-                              problem.count_include_pad, layout)
-    x = _validate.contiguous(xp, x)
-    y = xp.empty(problem.y_shape, dtype=x.dtype)
+    key = _MEMO.key("pool", (x,), _options(window, mode, stride, padding, count_include_pad, layout))
+    call = _MEMO.get(key)
+    if call is None:
+        xp = _validate.array_module(x=x)
+        problem = _check_problem(x, window, mode, stride, padding, count_include_pad, layout)
+        if xp is np:
+            return reference.pool(x, problem.window, problem.stride, problem.padding, mode,
+                                  problem.count_include_pad, layout)
+        call = _MEMO.put(key, _Call(problem))
+    cupy = _validate._cupy
+    if not x.flags.c_contiguous:
+        x = _validate.contiguous(cupy, x)
+    y = cupy.empty(call.problem.y_shape, dtype=x.dtype)
     if y.size:
-        _run(problem, "forward", (x, y))
+        call.run("forward", (x, y))
     return y
 
 
@@ -141,69 +171,59 @@ def pool_backward(dy, x, y, window, *, mode="max", stride=None, padding=0, count
     ``y`` (the forward output) may be None; it is checked but not needed: max
     pooling recomputes each window's argmax from ``x``.  ``dy=None`` means a
     zero gradient."""
-    xp = _validate.array_module(dy=dy, x=x, y=y)
-    problem = _problem(x, window, mode, stride, padding, count_include_pad, layout)
-    _validate.check_same_dtype(x=x, dy=dy, y=y)
-    for name, a in (("dy", dy), ("y", y)):
-        if a is not None:
-            _validate.check_shape(name, a, problem.y_shape, "the pooling output's shape")
-    if dy is None:
-        return xp.zeros(x.shape, dtype=x.dtype)
-    if xp is np:
-        return reference.pool_backward(dy, x, problem.window, problem.stride, problem.padding, mode,
-                                       problem.count_include_pad, layout)
-    x = _validate.contiguous(xp, x)
-    dy = _validate.contiguous(xp, dy)
-    dx = xp.empty(x.shape, dtype=x.dtype)
+    key = _MEMO.key("pool_backward", (dy, x, y),
+                    _options(window, mode, stride, padding, count_include_pad, layout))
+    call = _MEMO.get(key) if dy is not None else None
+    if call is None:
+        xp = _validate.array_module(dy=dy, x=x, y=y)
+        problem = _check_problem(x, window, mode, stride, padding, count_include_pad, layout)
+        _validate.check_same_dtype(x=x, dy=dy, y=y)
+        for name, a in (("dy", dy), ("y", y)):
+            if a is not None:
+                _validate.check_shape(name, a, problem.y_shape, "the pooling output's shape")
+        if dy is None:
+            return xp.zeros(x.shape, dtype=x.dtype)
+        if xp is np:
+            return reference.pool_backward(dy, x, problem.window, problem.stride, problem.padding,
+                                           mode, problem.count_include_pad, layout)
+        call = _MEMO.put(key, _Call(problem))
+    cupy = _validate._cupy
+    if not x.flags.c_contiguous:
+        x = _validate.contiguous(cupy, x)
+    if not dy.flags.c_contiguous:
+        dy = _validate.contiguous(cupy, dy)
+    dx = cupy.empty(x.shape, dtype=x.dtype)
     if dx.size:
-        _run(problem, "backward", (x, dy, dx))
+        call.run("backward", (x, dy, dx))
     return dx
 
 
-def _run(problem, direction, arrays):
-    """Pick the path: whole-plane windows, the direct NCHW rows / NHWC kernels,
-    NCHW row tiles (max backward with overlapping windows of more than 256
-    elements), or the general kernels (NCHW planes of 2^31 elements or more)."""
-    plan = _plan(problem, direction, all(a.data.ptr % 16 == 0 for a in arrays))
-    if plan is None:
-        x = arrays[0]
-        if direction == "forward":
-            return _launch(problem, direction, arrays[-1].size, x.size, arrays)
-        return _launch(problem, direction, x.size, arrays[1].size, arrays)
+def _resolve(plan):
+    """A function of the arrays that runs a plan (``_make_plan``), its kernels
+    looked up once (on the current device: the memo key holds the device)."""
     kind = plan[0]
     if kind == "launch":
         _, expr, grid, args, shared = plan
-        return FAMILY.launch(expr, grid, (_BLOCK,), (*arrays, *args), shared_mem=shared)
+        kernel = FAMILY.function(expr)
+        block = (_BLOCK,)
+        if shared:
+            return lambda arrays: kernel(grid, block, (*arrays, *args), shared_mem=shared)
+        return lambda arrays: kernel(grid, block, (*arrays, *args))
     # "two": max backward with overlapping windows: argmax bytes, then the gather
     _, (fexpr, fgrid, fargs), (bexpr, bgrid, bargs), arg_size = plan
-    x, dy, dx = arrays
-    arg = _cupy().empty(arg_size, dtype=np.uint8)
-    FAMILY.launch(fexpr, fgrid, (_BLOCK,), (x, _NULL, arg, *fargs[1:]))
-    FAMILY.launch(bexpr, bgrid, (_BLOCK,), (x, dy, dx, arg, *bargs[1:]))
+    forward, backward = FAMILY.function(fexpr), FAMILY.function(bexpr)
+    block = (_BLOCK,)
 
-
-def _cupy():
-    import cupy
-    return cupy
+    def two(arrays):
+        x, dy, dx = arrays
+        arg = _validate._cupy.empty(arg_size, dtype=np.uint8)
+        forward(fgrid, block, (x, _NULL, arg, *fargs[1:]))
+        backward(bgrid, block, (x, dy, dx, arg, *bargs[1:]))
+    return two
 
 
 # A null pointer argument (8 bytes of zero): "no y" / "no argmax bytes".
 _NULL = np.uint64(0)
-
-
-_PLANS = {}
-
-
-def _plan(problem, direction, aligned):
-    """The launches of one (problem, direction, 16-byte alignment), cached: the
-    per-call work is then a dictionary look-up and the kernel calls."""
-    key = (problem, direction, aligned)
-    plan = _PLANS.get(key)
-    if plan is None and key not in _PLANS:
-        if len(_PLANS) >= _CACHE_LIMIT:
-            _PLANS.clear()
-        plan = _PLANS[key] = _make_plan(problem, direction, aligned)
-    return plan
 
 
 def _overlap(problem):
@@ -216,26 +236,66 @@ def _overlap(problem):
 ROWS_BACKWARD = False
 
 
+# NCHW 3x3 / stride 2 / padding 1 with rows of whole 16-byte vectors: the
+# vectorised pool_k3s2 kernels (forward max and avg, backward max).  False
+# forces the other paths (tests, benchmarks).
+K3S2 = True
+
+
 def _make_plan(problem, direction, aligned):
+    """("launch", expr, grid, scalar args, shared bytes) or ("two", forward
+    (expr, grid, args), backward (expr, grid, args), argmax bytes)."""
     is_max = problem.mode == "max"
     kh, kw = problem.window
     nchw = problem.layout == "NCHW" and problem.h * problem.w < 2**31
     two = direction == "backward" and is_max and _overlap(problem)
     if problem.layout == "NCHW" and not nchw:
-        return None  # planes of 2^31 elements or more: the general kernels
+        return _general_plan(problem, direction)  # planes of 2^31 elements or more
     if nchw and problem.window == (problem.h, problem.w) and problem.padding == (0, 0):
         return ("launch", *_global_launch(problem, direction), 0)
+    k3s2 = _k3s2_launch(problem, direction, aligned) if nchw else None
+    if k3s2 is not None:
+        return ("launch", *k3s2, 0)
     if nchw and direction == "backward" and (not ROWS_BACKWARD or (two and kh * kw > 256)):
         tiling = _tiling(problem, direction)
         if tiling is not None:
             return ("launch", *_tiled_launch(problem, direction, *tiling))
     if two and kh * kw > 256:  # the argmax byte cannot hold the position
-        return None
+        return _general_plan(problem, direction)
     make = _rows_launch if nchw else _nhwc_launch
     if two:
         return ("two", make(problem, "forward", aligned),
                 make(problem, "backward", aligned), problem.n * problem.c * _prod(problem.out_hw))
     return ("launch", *make(problem, direction, aligned), 0)
+
+
+def _k3s2_launch(problem, direction, aligned):
+    """(expr, grid, scalar args) of pool_k3s2_{direction}, or None when the
+    problem is not 3x3 / 2 / 1 NCHW with W a multiple of a 16-byte vector and
+    aligned arrays (the backward: max only)."""
+    t = _dtypes.cuda_type(problem.dtype)
+    size = _ITEMSIZE[t]
+    if (not K3S2 or not aligned or problem.window != (3, 3) or problem.stride != (2, 2)
+            or problem.padding != (1, 1) or problem.w % (16 // size)
+            or (direction == "backward" and problem.mode != "max")):
+        return None
+    ho, _ = problem.out_hw
+    lanes = problem.w // (16 // size)
+    if direction == "forward":
+        rows = _K3S2_FORWARD_ROWS[size]
+        bands = ceil_div(ho, rows)
+    else:
+        rows = _K3S2_BACKWARD_ROWS[size]
+        bands = ceil_div(problem.h, 2 * rows)
+    items = problem.n * problem.c * bands * lanes
+    blocks = min(ceil_div(items, _BLOCK), _MAX_ITEMS_BLOCKS)
+    index_t = index_type(items + blocks * _BLOCK)
+    it = np.int32 if index_t == "int" else np.int64
+    geometry = (it(items), np.int32(problem.h), np.int32(problem.w), np.int32(ho), np.int32(bands))
+    if direction == "forward":
+        expr = f"pool_k3s2_forward<{t}, {index_t}, {_BOOL[problem.mode == 'max']}, {rows}>"
+        return expr, (blocks,), (*geometry, np.int32(problem.count_include_pad))
+    return f"pool_k3s2_backward<{t}, {index_t}, {rows}>", (blocks,), geometry
 
 
 def _prod(pair):
@@ -369,8 +429,12 @@ def _scalars(problem):
             *problem.stride, *problem.padding)
 
 
-def _launch(problem, direction, threads, other_size, arrays):
-    """One thread per output element (forward) or per input element (backward)."""
+def _general_plan(problem, direction):
+    """The one-thread-per-element kernels: one thread per output element
+    (forward) or per input element (backward)."""
+    x_size = problem.n * problem.c * problem.h * problem.w
+    y_size = problem.n * problem.c * _prod(problem.out_hw)
+    threads, other_size = (y_size, x_size) if direction == "forward" else (x_size, y_size)
     blocks = min(ceil_div(threads, _BLOCK), _MAX_BLOCKS)
     # The grid-stride loop index reaches threads + blocks * _BLOCK before it stops.
     index_t = index_type(threads + blocks * _BLOCK, other_size)
@@ -378,7 +442,7 @@ def _launch(problem, direction, threads, other_size, arrays):
     nhwc = "true" if problem.layout == "NHWC" else "false"
     expr = (f"pool_{problem.mode}_{direction}<{_dtypes.cuda_type(problem.dtype)}, {index_t}, "
             f"{nhwc}>")
-    args = (*arrays, *(it(v) for v in _scalars(problem)))
+    args = tuple(it(v) for v in _scalars(problem))
     if problem.mode == "avg":
         args += (np.int32(problem.count_include_pad),)
-    FAMILY.launch(expr, (blocks,), (_BLOCK,), args)
+    return ("launch", expr, (blocks,), args, 0)

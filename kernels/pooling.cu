@@ -829,3 +829,235 @@ pool_nhwc_backward(const T* __restrict__ x, const T* __restrict__ dy, T* __restr
         *reinterpret_cast<Pack16<T, VEC>*>(dx + i * VEC) = pk;
     }
 }
+
+// ---------------------------------------------------------------------------
+// NCHW 3x3 windows, stride 2, padding 1 (ResNet's stem pooling), vectorised
+// (pool_k3s2_*).  Requires W % VEC == 0 (VEC = 16 / sizeof(T)) and 16-byte
+// aligned x, y / dy, dx: every input row is then whole 16-byte vectors and
+// Wo = W / 2.
+//
+// Forward: thread = (plane, band of R output rows, column vector j).  It loads
+// the 2R + 1 input rows its band needs, each as ONE 16-byte vector (columns
+// VEC*j .. VEC*j + VEC - 1) plus the left halo column VEC*j - 1 (a scalar
+// load, an L1 hit: the neighbour lane's vector holds it), all loads issued
+// before any arithmetic (the loops unroll fully); then VEC / 2 outputs per
+// output row: a row pass (3 columns -> 1 per output) per input row, shared by
+// the two output rows that meet on it, then the column pass.  Consecutive
+// threads take consecutive vectors of a row (coalesced 16-byte loads) and
+// write consecutive VEC / 2-element packs of y.  The rolling window over rows
+// reads each input row once per band (2R + 1 rows for 2R: the halo row).
+//
+// Backward (max only): thread = (plane, band of 2R *input* rows, column vector
+// j): it owns that 2R x VEC tile of dx and writes it with 16-byte stores, every
+// dx element by exactly one thread (no atomics).  It recomputes the argmax of
+// every window touching its tile -- output rows R*b .. R*b + R and columns
+// VEC/2*j .. VEC/2*j + VEC/2, the last row and column shared with the next
+// band / vector, whose first input row / column is that window's last one --
+// from x rows 2Rb - 1 .. 2Rb + 2R + 1 and columns VEC*j - 1 .. VEC*j + VEC + 1
+// (left halo scalar, the vector, a 2-element right halo), and adds each
+// window's dy to its argmax when that lies in the tile, windows in row-major
+// order (the gather's order: deterministic).  DRAM traffic is the floor: x
+// and dy read once, dx written once; the halo re-reads hit L1/L2.
+//
+// The pick is the forward rule: the first maximum in row-major window order,
+// the last NaN if any; padding never enters; all -inf -> the first real element.
+
+template <typename T, int N>
+struct alignas(sizeof(T) * N) PackN {
+    T v[N];
+};
+
+template <typename T, int N>
+__device__ __forceinline__ PackN<T, N> load_pack(const T* p) {
+    return *reinterpret_cast<const PackN<T, N>*>(p);
+}
+
+template <typename index_t>
+__device__ __forceinline__ void k3s2_split(index_t i, int lanes, int bands, index_t& plane, int& band,
+                                           int& j) {
+    const index_t q = i / lanes;
+    j = (int)(i - q * lanes);
+    plane = q / bands;
+    band = (int)(q - plane * bands);
+}
+
+template <typename T, typename index_t, bool MAX, int R>
+__global__ void __launch_bounds__(256)
+pool_k3s2_forward(const T* __restrict__ x, T* __restrict__ y, index_t items, int H, int W, int Ho,
+                  int bands, int count_include_pad) {
+    typedef acc_t<T> A;
+    constexpr int VEC = 16 / sizeof(T), OUT = VEC / 2, ROWS = 2 * R + 1;
+    const int lanes = W / VEC, Wo = W / 2;
+    for (index_t i = (index_t)blockIdx.x * blockDim.x + threadIdx.x; i < items;
+         i += (index_t)blockDim.x * gridDim.x) {
+        index_t plane;
+        int band, j;
+        k3s2_split<index_t>(i, lanes, bands, plane, band, j);
+        const T* xp = x + (long long)plane * H * W + VEC * j;
+        const int oh0 = band * R, h0 = 2 * oh0 - 1;
+        // row pass: rp[r][u] = reduce of columns 2u - 1, 2u, 2u + 1 (local) of input row h0 + r
+        A v[ROWS][VEC + 1];  // [0] = the left halo column
+#pragma unroll
+        for (int r = 0; r < ROWS; ++r) {
+            const int h = h0 + r;
+            const bool ok = h >= 0 && h < H;
+            if (ok) {
+                const PackN<T, VEC> pk = load_pack<T, VEC>(xp + (long long)h * W);
+#pragma unroll
+                for (int e = 0; e < VEC; ++e) v[r][e + 1] = load(pk.v[e]);
+                v[r][0] = j > 0 ? load(xp[(long long)h * W - 1]) : (MAX ? negative_infinity<A>() : A(0));
+            } else {
+#pragma unroll
+                for (int e = 0; e <= VEC; ++e) v[r][e] = MAX ? negative_infinity<A>() : A(0);
+            }
+        }
+        A rp[ROWS][OUT];
+#pragma unroll
+        for (int r = 0; r < ROWS; ++r)
+#pragma unroll
+            for (int u = 0; u < OUT; ++u) {
+                A m = v[r][2 * u];
+#pragma unroll
+                for (int c = 1; c < 3; ++c) {
+                    const A e = v[r][2 * u + c];
+                    if (MAX) {
+                        m = (e > m || e != e) ? e : m;
+                    } else {
+                        m += e;
+                    }
+                }
+                rp[r][u] = m;
+            }
+        T* yp = y + (long long)plane * Ho * Wo + OUT * j;
+#pragma unroll
+        for (int k = 0; k < R; ++k) {
+            const int oh = oh0 + k;
+            if (oh >= Ho) break;
+            PackN<T, OUT> pk;
+#pragma unroll
+            for (int u = 0; u < OUT; ++u) {
+                A m = rp[2 * k][u];
+#pragma unroll
+                for (int a = 1; a < 3; ++a) {
+                    const A e = rp[2 * k + a][u];
+                    if (MAX) {
+                        m = (e > m || e != e) ? e : m;
+                    } else {
+                        m += e;
+                    }
+                }
+                if (!MAX) {
+                    m = m / A(avg_divisor<int>(2 * oh - 1, 2 * (OUT * j + u) - 1, 3, 3, H, W, 1, 1,
+                                               count_include_pad));
+                }
+                pk.v[u] = store<T>(m);
+            }
+            *reinterpret_cast<PackN<T, OUT>*>(yp + (long long)oh * Wo) = pk;
+        }
+    }
+}
+
+template <typename T, typename index_t, int R>
+__global__ void __launch_bounds__(256)
+pool_k3s2_backward(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ dx,
+                   index_t items, int H, int W, int Ho, int bands) {
+    typedef acc_t<T> A;
+    constexpr int VEC = 16 / sizeof(T), OUT = VEC / 2;
+    constexpr int XR = 2 * R + 3, XC = VEC + 3;  // x rows 2Rb - 1 .., columns VEC*j - 1 ..
+    const int lanes = W / VEC, Wo = W / 2;
+    for (index_t i = (index_t)blockIdx.x * blockDim.x + threadIdx.x; i < items;
+         i += (index_t)blockDim.x * gridDim.x) {
+        index_t plane;
+        int band, j;
+        k3s2_split<index_t>(i, lanes, bands, plane, band, j);
+        const T* xp = x + (long long)plane * H * W + VEC * j;
+        const T* dyp = dy + (long long)plane * Ho * Wo + OUT * j;
+        const int h0 = 2 * R * band - 1, oh0 = R * band;
+        const bool right = j + 1 < lanes;  // the window column shared with the next vector exists
+        A v[XR][XC];
+        bool rok[XR];
+#pragma unroll
+        for (int r = 0; r < XR; ++r) {
+            const int h = h0 + r;
+            rok[r] = h >= 0 && h < H;
+            const T* row = xp + (long long)h * W;
+            if (rok[r]) {
+                const PackN<T, VEC> pk = load_pack<T, VEC>(row);
+#pragma unroll
+                for (int e = 0; e < VEC; ++e) v[r][e + 1] = load(pk.v[e]);
+                v[r][0] = j > 0 ? load(row[-1]) : A(0);
+                if (right) {
+                    const PackN<T, 2> pr = load_pack<T, 2>(row + VEC);
+                    v[r][VEC + 1] = load(pr.v[0]);
+                    v[r][VEC + 2] = load(pr.v[1]);
+                } else {
+                    v[r][VEC + 1] = v[r][VEC + 2] = A(0);
+                }
+            } else {
+#pragma unroll
+                for (int e = 0; e < XC; ++e) v[r][e] = A(0);
+            }
+        }
+        A g[R + 1][OUT + 1];
+#pragma unroll
+        for (int k = 0; k <= R; ++k) {
+            const bool ok = oh0 + k < Ho;
+            const T* drow = dyp + (long long)(oh0 + k) * Wo;
+            if (ok) {
+                const PackN<T, OUT> pk = load_pack<T, OUT>(drow);
+#pragma unroll
+                for (int m = 0; m < OUT; ++m) g[k][m] = load(pk.v[m]);
+                g[k][OUT] = right ? load(drow[OUT]) : A(0);
+            } else {
+#pragma unroll
+                for (int m = 0; m <= OUT; ++m) g[k][m] = A(0);
+            }
+        }
+        A grad[2 * R][VEC];
+#pragma unroll
+        for (int d = 0; d < 2 * R; ++d)
+#pragma unroll
+            for (int f = 0; f < VEC; ++f) grad[d][f] = A(0);
+#pragma unroll
+        for (int k = 0; k <= R; ++k) {
+            if (oh0 + k >= Ho) break;
+#pragma unroll
+            for (int m = 0; m <= OUT; ++m) {
+                if (m == OUT && !right) break;
+                // window (oh0 + k, OUT*j + m): x rows 2k .. 2k + 2, columns 2m .. 2m + 2 (local)
+                A best = negative_infinity<A>();
+                int pos = -1;
+#pragma unroll
+                for (int a = 0; a < 3; ++a)
+#pragma unroll
+                    for (int c = 0; c < 3; ++c) {
+                        const bool real = rok[2 * k + a] && (2 * m + c > 0 || j > 0);
+                        const A e = v[2 * k + a][2 * m + c];
+                        if (real && (pos < 0 || e > best || e != e)) {
+                            best = e;
+                            pos = a * 3 + c;
+                        }
+                    }
+                // dx local (row 2k + a - 1, column 2m + c - 1)
+#pragma unroll
+                for (int a = 0; a < 3; ++a)
+#pragma unroll
+                    for (int c = 0; c < 3; ++c) {
+                        const int d = 2 * k + a - 1, f = 2 * m + c - 1;
+                        if (d < 0 || d >= 2 * R || f < 0 || f >= VEC) continue;
+                        if (pos == a * 3 + c) grad[d][f] += g[k][m];
+                    }
+            }
+        }
+        T* dxp = dx + (long long)plane * H * W + VEC * j;
+#pragma unroll
+        for (int d = 0; d < 2 * R; ++d) {
+            const int h = h0 + 1 + d;
+            if (h >= H) break;
+            PackN<T, VEC> pk;
+#pragma unroll
+            for (int f = 0; f < VEC; ++f) pk.v[f] = store<T>(grad[d][f]);
+            *reinterpret_cast<PackN<T, VEC>*>(dxp + (long long)h * W) = pk;
+        }
+    }
+}
