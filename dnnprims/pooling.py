@@ -21,6 +21,7 @@ _ITEMSIZE = {"half_t": 2, "bfloat16_t": 2, "float": 4, "double": 8}
 # element size: as many as keep the unrolled tile in registers.
 _K3S2_FORWARD_ROWS = {2: 2, 4: 4, 8: 4}
 _K3S2_BACKWARD_ROWS = {2: 1, 4: 2, 8: 2}
+_K2S2_ROWS = 4  # output rows per thread of pool_k2s2_avg_backward
 # (kernels pool_k3s2_*)
 FAMILY = KernelFamily("pooling.cu", [
     *(f"pool_{mode}_{direction}<{t}, {i}, {nhwc}>"
@@ -44,6 +45,8 @@ FAMILY = KernelFamily("pooling.cu", [
     *(f"pool_k3s2_forward<{t}, {i}, {is_max}, {_K3S2_FORWARD_ROWS[_ITEMSIZE[t]]}>"
       for t in _dtypes.CUDA_TYPES for i in ("int", "long long") for is_max in _BOOL),
     *(f"pool_k3s2_backward<{t}, {i}, {_K3S2_BACKWARD_ROWS[_ITEMSIZE[t]]}>"
+      for t in _dtypes.CUDA_TYPES for i in ("int", "long long")),
+    *(f"pool_k2s2_avg_backward<{t}, {i}, {_K2S2_ROWS}>"
       for t in _dtypes.CUDA_TYPES for i in ("int", "long long"))])
 
 _BLOCK = 256
@@ -120,8 +123,11 @@ _MEMO = _validate.CallMemo()
 def _options(window, mode, stride, padding, count_include_pad, layout):
     """The memo's option values; a tuple option also records its items' types
     (so a cached (2, 1) never admits (2, True), which validation refuses)."""
-    return (window, mode, stride, padding, count_include_pad, layout,
-            *(tuple(map(type, v)) for v in (window, stride, padding) if type(v) is tuple))
+    options = (window, mode, stride, padding, count_include_pad, layout)
+    if type(window) is tuple or type(stride) is tuple or type(padding) is tuple:
+        options += tuple(tuple(map(type, v)) if type(v) is tuple else None
+                         for v in (window, stride, padding))
+    return options
 
 
 class _Call:
@@ -236,10 +242,10 @@ def _overlap(problem):
 ROWS_BACKWARD = False
 
 
-# NCHW 3x3 / stride 2 / padding 1 with rows of whole 16-byte vectors: the
-# vectorised pool_k3s2 kernels (forward max and avg, backward max).  False
-# forces the other paths (tests, benchmarks).
-K3S2 = True
+# NCHW rows of whole 16-byte vectors: the vectorised kernels (3x3 / stride 2 /
+# padding 1: pool_k3s2_* forward max and avg, backward max; 2x2 / 2 / 0:
+# pool_k2s2_avg_backward).  False forces the other paths (tests, benchmarks).
+VECTOR_KERNELS = True
 
 
 def _make_plan(problem, direction, aligned):
@@ -253,9 +259,9 @@ def _make_plan(problem, direction, aligned):
         return _general_plan(problem, direction)  # planes of 2^31 elements or more
     if nchw and problem.window == (problem.h, problem.w) and problem.padding == (0, 0):
         return ("launch", *_global_launch(problem, direction), 0)
-    k3s2 = _k3s2_launch(problem, direction, aligned) if nchw else None
-    if k3s2 is not None:
-        return ("launch", *k3s2, 0)
+    vector = _vector_launch(problem, direction, aligned) if nchw else None
+    if vector is not None:
+        return ("launch", *vector, 0)
     if nchw and direction == "backward" and (not ROWS_BACKWARD or (two and kh * kw > 256)):
         tiling = _tiling(problem, direction)
         if tiling is not None:
@@ -269,33 +275,41 @@ def _make_plan(problem, direction, aligned):
     return ("launch", *make(problem, direction, aligned), 0)
 
 
-def _k3s2_launch(problem, direction, aligned):
-    """(expr, grid, scalar args) of pool_k3s2_{direction}, or None when the
-    problem is not 3x3 / 2 / 1 NCHW with W a multiple of a 16-byte vector and
-    aligned arrays (the backward: max only)."""
+def _vector_launch(problem, direction, aligned):
+    """(expr, grid, scalar args) of the vectorised NCHW kernels -- pool_k3s2_*
+    (3x3 / 2 / 1, backward max only) and pool_k2s2_avg_backward (2x2 / 2 / 0)
+    -- or None when the problem is neither, W is not a multiple of a 16-byte
+    vector, or an array is not 16-byte aligned."""
     t = _dtypes.cuda_type(problem.dtype)
     size = _ITEMSIZE[t]
-    if (not K3S2 or not aligned or problem.window != (3, 3) or problem.stride != (2, 2)
-            or problem.padding != (1, 1) or problem.w % (16 // size)
-            or (direction == "backward" and problem.mode != "max")):
+    if not VECTOR_KERNELS or not aligned or problem.w % (16 // size) or problem.stride != (2, 2):
         return None
     ho, _ = problem.out_hw
-    lanes = problem.w // (16 // size)
-    if direction == "forward":
-        rows = _K3S2_FORWARD_ROWS[size]
-        bands = ceil_div(ho, rows)
+    if problem.window == (3, 3) and problem.padding == (1, 1):
+        if direction == "forward":
+            rows = _K3S2_FORWARD_ROWS[size]
+            bands = ceil_div(ho, rows)
+            expr = f"pool_k3s2_forward<{t}, {{}}, {_BOOL[problem.mode == 'max']}, {rows}>"
+        elif problem.mode == "max":
+            rows = _K3S2_BACKWARD_ROWS[size]
+            bands = ceil_div(problem.h, 2 * rows)
+            expr = f"pool_k3s2_backward<{t}, {{}}, {rows}>"
+        else:
+            return None
+    elif (problem.window == (2, 2) and problem.padding == (0, 0) and direction == "backward"
+          and problem.mode == "avg"):
+        bands = ceil_div(problem.h, 2 * _K2S2_ROWS)
+        expr = f"pool_k2s2_avg_backward<{t}, {{}}, {_K2S2_ROWS}>"
     else:
-        rows = _K3S2_BACKWARD_ROWS[size]
-        bands = ceil_div(problem.h, 2 * rows)
-    items = problem.n * problem.c * bands * lanes
+        return None
+    items = problem.n * problem.c * bands * (problem.w * size // 16)
     blocks = min(ceil_div(items, _BLOCK), _MAX_ITEMS_BLOCKS)
     index_t = index_type(items + blocks * _BLOCK)
     it = np.int32 if index_t == "int" else np.int64
-    geometry = (it(items), np.int32(problem.h), np.int32(problem.w), np.int32(ho), np.int32(bands))
-    if direction == "forward":
-        expr = f"pool_k3s2_forward<{t}, {index_t}, {_BOOL[problem.mode == 'max']}, {rows}>"
-        return expr, (blocks,), (*geometry, np.int32(problem.count_include_pad))
-    return f"pool_k3s2_backward<{t}, {index_t}, {rows}>", (blocks,), geometry
+    args = (it(items), np.int32(problem.h), np.int32(problem.w), np.int32(ho), np.int32(bands))
+    if expr.startswith("pool_k3s2_forward"):
+        args += (np.int32(problem.count_include_pad),)
+    return expr.format(index_t), (blocks,), args
 
 
 def _prod(pair):

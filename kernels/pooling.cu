@@ -18,6 +18,18 @@
 // loads of a warp are coalesced in both layouts.
 #include "common.cuh"
 
+// N consecutive elements as one aligned (vector) access.
+template <typename T, int N>
+struct alignas(sizeof(T) * N) PackN {
+    T v[N];
+};
+
+template <typename T, int N>
+__device__ __forceinline__ PackN<T, N> load_pack(const T* p) {
+    return *reinterpret_cast<const PackN<T, N>*>(p);
+}
+
+
 template <typename index_t, bool NHWC>
 struct Layout4 {
     // Element offset of (n, c, h, w) in a tensor with C channels of H x W.
@@ -409,30 +421,49 @@ __global__ void pool_global_forward(const T* __restrict__ x, T* __restrict__ y, 
 // ResNet's 7x7): one warp per plane would leave most lanes idle and keep only
 // two loads in flight per warp.  Instead a block stages GLOBAL_SMALL_PLANES
 // consecutive planes -- one contiguous run of memory -- into shared memory
-// with coalesced loads spread over all its threads, then one thread sums one
-// plane from shared memory (thread t reads tile[t * count + e]: for odd count
-// the 32 lanes hit 32 different banks).  Not for double (the tile is float).
+// with coalesced 16-byte loads (when the run is aligned; 4 unrolled per
+// thread, so several are in flight) spread over all its threads, then two
+// threads sum one plane from shared memory (even / odd positions, one shuffle:
+// half the dependent chain of one thread per plane; thread t reads
+// tile[(t/2) * count + e]: for odd count the lanes' reads spread over the banks).
+// Not for double (the tile is float).
 #define GLOBAL_SMALL_COUNT 64
 #define GLOBAL_SMALL_PLANES 128
 
 template <typename T, typename index_t>
-__global__ void pool_global_avg_forward_small(const T* __restrict__ x, T* __restrict__ y,
-                                              index_t planes, int count) {
+__global__ void __launch_bounds__(256)
+pool_global_avg_forward_small(const T* __restrict__ x, T* __restrict__ y, index_t planes, int count) {
     static_assert(sizeof(acc_t<T>) == 4, "float accumulation only");
+    constexpr int VEC = 16 / sizeof(T);
     __shared__ float tile[GLOBAL_SMALL_PLANES * GLOBAL_SMALL_COUNT];
     for (index_t first = (index_t)blockIdx.x * GLOBAL_SMALL_PLANES; first < planes;
          first += (index_t)gridDim.x * GLOBAL_SMALL_PLANES) {
         const int here = (int)(planes - first < GLOBAL_SMALL_PLANES ? planes - first : GLOBAL_SMALL_PLANES);
         const int n = here * count;
         const T* src = x + first * count;
-        for (int i = threadIdx.x; i < n; i += blockDim.x) tile[i] = load(src[i]);
-        __syncthreads();
-        if ((int)threadIdx.x < here) {
-            const float* p = tile + threadIdx.x * count;
-            float r = 0.f;
-            for (int e = 0; e < count; ++e) r += p[e];
-            y[first + threadIdx.x] = store<T>(r / float(count));
+        int done = 0;
+        if ((((unsigned long long)src) & 15ull) == 0) {
+            const int vectors = n / VEC;
+            const PackN<T, VEC>* vsrc = reinterpret_cast<const PackN<T, VEC>*>(src);
+#pragma unroll 4
+            for (int i = threadIdx.x; i < vectors; i += blockDim.x) {
+                const PackN<T, VEC> pk = vsrc[i];
+#pragma unroll
+                for (int k = 0; k < VEC; ++k) tile[i * VEC + k] = load(pk.v[k]);
+            }
+            done = vectors * VEC;
         }
+        for (int i = done + threadIdx.x; i < n; i += blockDim.x) tile[i] = load(src[i]);
+        __syncthreads();
+        // blockDim.x == 2 * GLOBAL_SMALL_PLANES (Python launches 256 threads)
+        const int p = threadIdx.x >> 1, half = threadIdx.x & 1;
+        float r = 0.f;
+        if (p < here) {
+            const float* t = tile + p * count;
+            for (int e = half; e < count; e += 2) r += t[e];
+        }
+        r += __shfl_xor_sync(0xffffffffu, r, 1);
+        if (p < here && half == 0) y[first + p] = store<T>(r / float(count));
         __syncthreads();  // the tile is rewritten by the next round
     }
 }
@@ -734,9 +765,11 @@ pool_nhwc_forward(const T* __restrict__ x, T* __restrict__ y, unsigned char* __r
             for (int v = 0; v < VEC; ++v) pk.v[v] = store<T>(MAX ? r[v] : r[v] / divisor);
             *reinterpret_cast<Pack16<T, VEC>*>(y + o) = pk;
         }
-        if (MAX && arg) {
+        if (MAX && arg) {  // VEC bytes in one store (o is a multiple of VEC)
+            PackN<unsigned char, VEC> pb;
 #pragma unroll
-            for (int v = 0; v < VEC; ++v) arg[o + v] = (unsigned char)pos[v];
+            for (int v = 0; v < VEC; ++v) pb.v[v] = (unsigned char)pos[v];
+            *reinterpret_cast<PackN<unsigned char, VEC>*>(arg + o) = pb;
         }
     }
 }
@@ -779,9 +812,10 @@ pool_nhwc_backward(const T* __restrict__ x, const T* __restrict__ dy, T* __restr
                 if (MAX) {
                     const int self = (h - hs) * kw + (w - ws);
                     int pos[VEC];
-                    if (arg) {
+                    if (arg) {  // VEC bytes in one load (C and c are multiples of VEC)
+                        const PackN<unsigned char, VEC> pb = load_pack<unsigned char, VEC>(arg + o);
 #pragma unroll
-                        for (int v = 0; v < VEC; ++v) pos[v] = arg[o + v];
+                        for (int v = 0; v < VEC; ++v) pos[v] = pb.v[v];
                     } else {  // no overlap: recompute this window's argmax per channel
                         const int h0 = max(hs, 0), w0 = max(ws, 0);
                         const int h1 = min(hs + kh, H), w1 = min(ws + kw, W);
@@ -862,18 +896,8 @@ pool_nhwc_backward(const T* __restrict__ x, const T* __restrict__ dy, T* __restr
 // The pick is the forward rule: the first maximum in row-major window order,
 // the last NaN if any; padding never enters; all -inf -> the first real element.
 
-template <typename T, int N>
-struct alignas(sizeof(T) * N) PackN {
-    T v[N];
-};
-
-template <typename T, int N>
-__device__ __forceinline__ PackN<T, N> load_pack(const T* p) {
-    return *reinterpret_cast<const PackN<T, N>*>(p);
-}
-
 template <typename index_t>
-__device__ __forceinline__ void k3s2_split(index_t i, int lanes, int bands, index_t& plane, int& band,
+__device__ __forceinline__ void plane_band_lane(index_t i, int lanes, int bands, index_t& plane, int& band,
                                            int& j) {
     const index_t q = i / lanes;
     j = (int)(i - q * lanes);
@@ -892,7 +916,7 @@ pool_k3s2_forward(const T* __restrict__ x, T* __restrict__ y, index_t items, int
          i += (index_t)blockDim.x * gridDim.x) {
         index_t plane;
         int band, j;
-        k3s2_split<index_t>(i, lanes, bands, plane, band, j);
+        plane_band_lane<index_t>(i, lanes, bands, plane, band, j);
         const T* xp = x + (long long)plane * H * W + VEC * j;
         const int oh0 = band * R, h0 = 2 * oh0 - 1;
         // row pass: rp[r][u] = reduce of columns 2u - 1, 2u, 2u + 1 (local) of input row h0 + r
@@ -969,7 +993,7 @@ pool_k3s2_backward(const T* __restrict__ x, const T* __restrict__ dy, T* __restr
          i += (index_t)blockDim.x * gridDim.x) {
         index_t plane;
         int band, j;
-        k3s2_split<index_t>(i, lanes, bands, plane, band, j);
+        plane_band_lane<index_t>(i, lanes, bands, plane, band, j);
         const T* xp = x + (long long)plane * H * W + VEC * j;
         const T* dyp = dy + (long long)plane * Ho * Wo + OUT * j;
         const int h0 = 2 * R * band - 1, oh0 = R * band;
@@ -1058,6 +1082,55 @@ pool_k3s2_backward(const T* __restrict__ x, const T* __restrict__ dy, T* __restr
 #pragma unroll
             for (int f = 0; f < VEC; ++f) pk.v[f] = store<T>(grad[d][f]);
             *reinterpret_cast<PackN<T, VEC>*>(dxp + (long long)h * W) = pk;
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// NCHW average pooling backward, 2x2 windows, stride 2, no padding
+// (pool_k2s2_avg_backward): windows do not overlap, so dx = dy / 4 broadcast
+// over each window; input rows past 2 * Ho (odd H) get no gradient.  Requires
+// W % VEC == 0 (then Wo = W / 2) and 16-byte aligned dy, dx.  Thread = (plane,
+// band of R output rows, column vector j): R loads of VEC / 2 dy values (8
+// bytes each, issued first), then 2R 16-byte stores of dx rows -- the floor:
+// dy read once, dx written once, nothing else.
+template <typename T, typename index_t, int R>
+__global__ void __launch_bounds__(256)
+pool_k2s2_avg_backward(const T* __restrict__ /* x: not needed */, const T* __restrict__ dy,
+                       T* __restrict__ dx, index_t items, int H, int W, int Ho, int bands) {
+    typedef acc_t<T> A;
+    constexpr int VEC = 16 / sizeof(T), OUT = VEC / 2;
+    const int lanes = W / VEC, Wo = W / 2;
+    for (index_t i = (index_t)blockIdx.x * blockDim.x + threadIdx.x; i < items;
+         i += (index_t)blockDim.x * gridDim.x) {
+        index_t plane;
+        int band, j;
+        plane_band_lane<index_t>(i, lanes, bands, plane, band, j);
+        const T* dyp = dy + (long long)plane * Ho * Wo + OUT * j;
+        T* dxp = dx + (long long)plane * H * W + VEC * j;
+        const int oh0 = band * R;
+        A g[R][OUT];
+#pragma unroll
+        for (int k = 0; k < R; ++k) {
+            if (oh0 + k < Ho) {
+                const PackN<T, OUT> pk = load_pack<T, OUT>(dyp + (long long)(oh0 + k) * Wo);
+#pragma unroll
+                for (int m = 0; m < OUT; ++m) g[k][m] = load(pk.v[m]) / A(4);
+            } else {
+#pragma unroll
+                for (int m = 0; m < OUT; ++m) g[k][m] = A(0);
+            }
+        }
+#pragma unroll
+        for (int k = 0; k < R; ++k) {
+            PackN<T, VEC> pk;
+#pragma unroll
+            for (int f = 0; f < VEC; ++f) pk.v[f] = store<T>(g[k][f / 2]);
+#pragma unroll
+            for (int a = 0; a < 2; ++a) {
+                const int h = 2 * (oh0 + k) + a;
+                if (h < H) *reinterpret_cast<PackN<T, VEC>*>(dxp + (long long)h * W) = pk;
+            }
         }
     }
 }

@@ -443,12 +443,40 @@ def test_k3s2_kernels_serve_their_problems_only():
     assert not _k3s2_expressions((1, 1, 5, 14), np.float32, "max")[0].startswith("pool_k3s2")
 
 
+def test_k2s2_avg_backward_kernel_serves_its_problems_only():
+    from dnnprims import pooling
+
+    def backward_expr(shape, dtype, mode, window=2, stride=2, padding=0):
+        problem = pooling._check_problem(np.empty(shape, dtype), window, mode, stride, padding, True,
+                                         "NCHW")
+        return pooling._make_plan(problem, "backward", True)[1]
+    assert backward_expr((2, 3, 7, 16), np.float16, "avg").startswith("pool_k2s2_avg_backward<half_t")
+    assert backward_expr((2, 3, 7, 4), np.float64, "avg").startswith("pool_k2s2_avg_backward<double")
+    assert not backward_expr((2, 3, 7, 12), np.float16, "avg").startswith("pool_k2s2")
+    assert not backward_expr((2, 3, 7, 16), np.float32, "max").startswith("pool_k2s2")
+    assert not backward_expr((2, 3, 7, 16), np.float32, "avg", padding=1).startswith("pool_k2s2")
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("hw", [(2, 8), (3, 16), (7, 8), (13, 24), (20, 40), (9, 112)])
+@pytest.mark.parametrize("vector", [True, False])
+def test_k2s2_avg_backward_matches_reference(xp, rng, monkeypatch, vector, dtype, hw):
+    """Average 2x2 / 2 backward (odd heights: the last input row gets zeros)."""
+    from dnnprims import pooling
+    monkeypatch.setattr(pooling, "VECTOR_KERNELS", vector)
+    _fresh_plans(monkeypatch)
+    opts = dict(mode="avg", stride=2, padding=0)
+    x = random_array(rng, (2, 3, *hw), dtype)
+    y_shape = pool(x.astype(np.float64), 2, **opts).shape
+    _check_against_reference(xp, x, random_array(rng, y_shape, dtype), 2, opts, "NCHW")
+
+
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 @pytest.mark.parametrize("mode,count_include_pad", [("max", True), ("avg", True), ("avg", False)])
 @pytest.mark.parametrize("k3s2", [True, False])
 def test_k3s2_paths_match_reference(xp, rng, monkeypatch, k3s2, dtype, mode, count_include_pad):
     from dnnprims import pooling
-    monkeypatch.setattr(pooling, "K3S2", k3s2)
+    monkeypatch.setattr(pooling, "VECTOR_KERNELS", k3s2)
     _fresh_plans(monkeypatch)
     opts = dict(mode=mode, stride=2, padding=1, count_include_pad=count_include_pad)
     for hw in K3S2_SIZES:
