@@ -19,9 +19,17 @@ _BOOL = ("false", "true")
 _ITEMSIZE = {"half_t": 2, "bfloat16_t": 2, "float": 4, "double": 8}
 # Output rows per forward thread and input row pairs per backward thread, by
 # element size: as many as keep the unrolled tile in registers.
-_K3S2_FORWARD_ROWS = {2: 2, 4: 4, 8: 4}
+# Measured on the H100 (notes/pool.md): forward R = 1 / 2 / 4 took 0.0665 / 0.0710 /
+# 0.0930 ms on max3x3s2_big_f16, 0.0527 / 0.0461 / 0.0468 on r50_maxpool (float32);
+# backward R = 1 / 2: 0.232 / 0.311 (float16), 0.104 / 0.0997 (r50, float32).
+_K3S2_FORWARD_ROWS = {2: 1, 4: 2, 8: 2}
 _K3S2_BACKWARD_ROWS = {2: 1, 4: 2, 8: 2}
-_K2S2_ROWS = 4  # output rows per thread of pool_k2s2_avg_backward
+_K3S2_FORWARD_ROWS_CHOICES = (1, 2, 4)
+_K3S2_BACKWARD_ROWS_CHOICES = (1, 2)
+_K2S2_ROWS = 4
+# Channels per thread of pool_nhwc_k3s2_backward by element size (8 bytes for
+# 2-byte types: fewer registers for the window's values).
+_NHWC_K3S2_VEC = {2: 4, 4: 4, 8: 2}  # output rows per thread of pool_k2s2_avg_backward
 # (kernels pool_k3s2_*)
 FAMILY = KernelFamily("pooling.cu", [
     *(f"pool_{mode}_{direction}<{t}, {i}, {nhwc}>"
@@ -42,12 +50,17 @@ FAMILY = KernelFamily("pooling.cu", [
       for direction in ("forward", "backward") for t in _dtypes.CUDA_TYPES
       for i in ("int", "long long") for is_max in _BOOL for v in sorted({1, 16 // _ITEMSIZE[t]})),
     # NCHW 3x3 / 2 / 1, vectorised: forward <T, index_t, MAX, R>, backward (max) <T, index_t, R>
-    *(f"pool_k3s2_forward<{t}, {i}, {is_max}, {_K3S2_FORWARD_ROWS[_ITEMSIZE[t]]}>"
-      for t in _dtypes.CUDA_TYPES for i in ("int", "long long") for is_max in _BOOL),
-    *(f"pool_k3s2_backward<{t}, {i}, {_K3S2_BACKWARD_ROWS[_ITEMSIZE[t]]}>"
-      for t in _dtypes.CUDA_TYPES for i in ("int", "long long")),
+    # (every R of _K3S2_*_ROWS_CHOICES, so the tables can be re-measured)
+    *(f"pool_k3s2_forward<{t}, {i}, {is_max}, {r}>"
+      for t in _dtypes.CUDA_TYPES for i in ("int", "long long") for is_max in _BOOL
+      for r in _K3S2_FORWARD_ROWS_CHOICES),
+    *(f"pool_k3s2_backward<{t}, {i}, {r}>"
+      for t in _dtypes.CUDA_TYPES for i in ("int", "long long") for r in _K3S2_BACKWARD_ROWS_CHOICES),
     *(f"pool_k2s2_avg_backward<{t}, {i}, {_K2S2_ROWS}>"
-      for t in _dtypes.CUDA_TYPES for i in ("int", "long long"))])
+      for t in _dtypes.CUDA_TYPES for i in ("int", "long long")),
+    *(f"pool_nhwc_k3s2_backward<{t}, {i}, {v}>"
+      for t in _dtypes.CUDA_TYPES for i in ("int", "long long")
+      for v in (1, _NHWC_K3S2_VEC[_ITEMSIZE[t]]))])
 
 _BLOCK = 256
 _MAX_BLOCKS = 8192  # grid-stride loops beyond this many blocks (general kernels)
@@ -131,12 +144,15 @@ def _options(window, mode, stride, padding, count_include_pad, layout):
 
 
 class _Call:
-    """One validated kind of GPU call: the problem and, per (direction, 16-byte
-    alignment of the arrays), its launches with the kernels already looked up."""
-    __slots__ = ("problem", "launches")
+    """One validated kind of GPU call: the problem, the output shape, whether
+    there is any work, and per (direction, 16-byte alignment of the arrays) its
+    launches with the kernels already looked up."""
+    __slots__ = ("problem", "y_shape", "empty", "launches")
 
     def __init__(self, problem):
         self.problem = problem
+        self.y_shape = problem.y_shape
+        self.empty = 0 in problem.x_shape or 0 in self.y_shape
         self.launches = {}
 
     def run(self, direction, arrays):
@@ -164,8 +180,8 @@ def pool(x, window, *, mode="max", stride=None, padding=0, count_include_pad=Tru
     cupy = _validate._cupy
     if not x.flags.c_contiguous:
         x = _validate.contiguous(cupy, x)
-    y = cupy.empty(call.problem.y_shape, dtype=x.dtype)
-    if y.size:
+    y = cupy.empty(call.y_shape, dtype=x.dtype)
+    if not call.empty:
         call.run("forward", (x, y))
     return y
 
@@ -199,7 +215,7 @@ def pool_backward(dy, x, y, window, *, mode="max", stride=None, padding=0, count
     if not dy.flags.c_contiguous:
         dy = _validate.contiguous(cupy, dy)
     dx = cupy.empty(x.shape, dtype=x.dtype)
-    if dx.size:
+    if not call.empty:
         call.run("backward", (x, dy, dx))
     return dx
 
@@ -262,6 +278,10 @@ def _make_plan(problem, direction, aligned):
     vector = _vector_launch(problem, direction, aligned) if nchw else None
     if vector is not None:
         return ("launch", *vector, 0)
+    if problem.layout == "NHWC" and direction == "backward":
+        vector = _nhwc_k3s2_launch(problem, aligned)
+        if vector is not None:
+            return ("launch", *vector, 0)
     if nchw and direction == "backward" and (not ROWS_BACKWARD or (two and kh * kw > 256)):
         tiling = _tiling(problem, direction)
         if tiling is not None:
@@ -310,6 +330,26 @@ def _vector_launch(problem, direction, aligned):
     if expr.startswith("pool_k3s2_forward"):
         args += (np.int32(problem.count_include_pad),)
     return expr.format(index_t), (blocks,), args
+
+
+def _nhwc_k3s2_launch(problem, aligned):
+    """(expr, grid, scalar args) of pool_nhwc_k3s2_backward (max, 3x3 / 2 / 1,
+    NHWC), or None: a thread per (2x2 input pixels, VEC channels)."""
+    if (not VECTOR_KERNELS or problem.mode != "max" or problem.window != (3, 3)
+            or problem.stride != (2, 2) or problem.padding != (1, 1)):
+        return None
+    t = _dtypes.cuda_type(problem.dtype)
+    vec = _NHWC_K3S2_VEC[_ITEMSIZE[t]]
+    if problem.c % vec or not aligned:
+        vec = 1
+    ho, wo = problem.out_hw
+    hb, wb = ceil_div(problem.h, 2), ceil_div(problem.w, 2)
+    items = problem.n * hb * wb * (problem.c // vec)
+    blocks = min(ceil_div(items, _BLOCK), _MAX_ITEMS_BLOCKS)
+    index_t = index_type(items + blocks * _BLOCK)
+    it = np.int32 if index_t == "int" else np.int64
+    args = (it(items), *(np.int32(v) for v in (problem.c, problem.h, problem.w, ho, wo, hb, wb)))
+    return f"pool_nhwc_k3s2_backward<{t}, {index_t}, {vec}>", (blocks,), args
 
 
 def _prod(pair):

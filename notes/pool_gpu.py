@@ -26,29 +26,59 @@ def ms(fn):
 
 
 def old_vs_new():
-    print("== previous paths vs pool_k3s2 (ms, CUDA events, median of 30)")
-    for name, shape, dtype in (("r50_maxpool", (32, 64, 112, 112), cp.float32),
-                               ("max3x3s2_big", (64, 256, 56, 56), cp.float32),
-                               ("max3x3s2_big_f16", (64, 256, 56, 56), cp.float16)):
+    print("== previous paths (VECTOR_KERNELS = False) vs the vectorised kernels (ms, CUDA events, median of 30)")
+    for name, shape, dtype, k, opts in (
+            ("r50_maxpool", (32, 64, 112, 112), cp.float32, 3, dict(stride=2, padding=1)),
+            ("max3x3s2_big", (64, 256, 56, 56), cp.float32, 3, dict(stride=2, padding=1)),
+            ("max3x3s2_big_f16", (64, 256, 56, 56), cp.float16, 3, dict(stride=2, padding=1)),
+            ("avg2x2s2", (64, 256, 56, 56), cp.float32, 2, dict(mode="avg", stride=2))):
         x = cp.random.random(shape, dtype=cp.float32).astype(dtype)
-        y = dp.pool(x, 3, stride=2, padding=1)
+        y = dp.pool(x, k, **opts)
         dy = cp.random.random(y.shape, dtype=cp.float32).astype(dtype)
         got = {}
-        for k3s2 in (False, True):
-            pooling.VECTOR_KERNELS = k3s2
+        for vector in (False, True):
+            pooling.VECTOR_KERNELS = vector
             pooling._MEMO.clear()
-            got[k3s2] = (ms(lambda: dp.pool(x, 3, stride=2, padding=1)),
-                         ms(lambda: dp.pool_backward(dy, x, y, 3, stride=2, padding=1)),
-                         dp.pool(x, 3, stride=2, padding=1),
-                         dp.pool_backward(dy, x, y, 3, stride=2, padding=1))
-        same = bool(cp.array_equal(got[False][2], got[True][2])) and \
-            bool(cp.array_equal(got[False][3], got[True][3]))
+            got[vector] = (ms(lambda: dp.pool(x, k, **opts)),
+                           ms(lambda: dp.pool_backward(dy, x, y, k, **opts)),
+                           dp.pool(x, k, **opts), dp.pool_backward(dy, x, y, k, **opts))
+        same = [bool(cp.array_equal(got[False][i], got[True][i])) for i in (2, 3)]
+        err = float(cp.abs(got[False][3].astype(cp.float64) - got[True][3].astype(cp.float64)).max())
         print(f"{name:18s} forward {got[False][0]:.4f} -> {got[True][0]:.4f}   "
-              f"backward {got[False][1]:.4f} -> {got[True][1]:.4f}   bitwise equal: {same}")
-        del x, y, dy, got
+              f"backward {got[False][1]:.4f} -> {got[True][1]:.4f}   bitwise equal y/dx: {same} "
+              f"(dx max diff {err:.2e})")
         cp.get_default_memory_pool().free_all_blocks()
     pooling.VECTOR_KERNELS = True
     pooling._MEMO.clear()
+
+
+def rows_sweep():
+    """Rows per thread (the R template argument) of the pool_k3s2 kernels."""
+    print("== pool_k3s2 rows per thread (ms; forward R output rows, backward 2R input rows)")
+    for name, shape, dtype in (("r50_maxpool", (32, 64, 112, 112), cp.float32),
+                               ("max3x3s2_big", (64, 256, 56, 56), cp.float32),
+                               ("max3x3s2_big_f16", (64, 256, 56, 56), cp.float16)):
+        size = cp.dtype(dtype).itemsize
+        x = cp.random.random(shape, dtype=cp.float32).astype(dtype)
+        y = dp.pool(x, 3, stride=2, padding=1)
+        dy = cp.random.random(y.shape, dtype=cp.float32).astype(dtype)
+        saved = pooling._K3S2_FORWARD_ROWS[size], pooling._K3S2_BACKWARD_ROWS[size]
+        line = []
+        for r in pooling._K3S2_FORWARD_ROWS_CHOICES:
+            pooling._K3S2_FORWARD_ROWS[size] = r
+            pooling._MEMO.clear()
+            line.append(f"fwd R={r} {ms(lambda: dp.pool(x, 3, stride=2, padding=1)):.4f}"
+                        f"{'' if cp.array_equal(dp.pool(x, 3, stride=2, padding=1), y) else ' DIFFERS'}")
+        dx0 = dp.pool_backward(dy, x, y, 3, stride=2, padding=1)
+        for r in pooling._K3S2_BACKWARD_ROWS_CHOICES:
+            pooling._K3S2_BACKWARD_ROWS[size] = r
+            pooling._MEMO.clear()
+            line.append(f"bwd R={r} {ms(lambda: dp.pool_backward(dy, x, y, 3, stride=2, padding=1)):.4f}"
+                        f"{'' if cp.array_equal(dp.pool_backward(dy, x, y, 3, stride=2, padding=1), dx0) else ' DIFFERS'}")
+        pooling._K3S2_FORWARD_ROWS[size], pooling._K3S2_BACKWARD_ROWS[size] = saved
+        pooling._MEMO.clear()
+        print(f"{name:18s} " + "  ".join(line))
+        cp.get_default_memory_pool().free_all_blocks()
 
 
 def host_times():
@@ -85,7 +115,7 @@ def short_table(path):
 
 
 if __name__ == "__main__":
-    for step in (old_vs_new, host_times):
+    for step in (old_vs_new, rows_sweep, host_times):
         try:
             step()
         except Exception as e:  # keep going: the table must print
