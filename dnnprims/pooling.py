@@ -26,10 +26,7 @@ _K3S2_FORWARD_ROWS = {2: 1, 4: 2, 8: 2}
 _K3S2_BACKWARD_ROWS = {2: 1, 4: 2, 8: 2}
 _K3S2_FORWARD_ROWS_CHOICES = (1, 2, 4)
 _K3S2_BACKWARD_ROWS_CHOICES = (1, 2)
-_K2S2_ROWS = 4
-# Channels per thread of pool_nhwc_k3s2_backward by element size (8 bytes for
-# 2-byte types: fewer registers for the window's values).
-_NHWC_K3S2_VEC = {2: 4, 4: 4, 8: 2}  # output rows per thread of pool_k2s2_avg_backward
+_K2S2_ROWS = 4  # output rows per thread of pool_k2s2_avg_backward
 # (kernels pool_k3s2_*)
 FAMILY = KernelFamily("pooling.cu", [
     *(f"pool_{mode}_{direction}<{t}, {i}, {nhwc}>"
@@ -57,10 +54,7 @@ FAMILY = KernelFamily("pooling.cu", [
     *(f"pool_k3s2_backward<{t}, {i}, {r}>"
       for t in _dtypes.CUDA_TYPES for i in ("int", "long long") for r in _K3S2_BACKWARD_ROWS_CHOICES),
     *(f"pool_k2s2_avg_backward<{t}, {i}, {_K2S2_ROWS}>"
-      for t in _dtypes.CUDA_TYPES for i in ("int", "long long")),
-    *(f"pool_nhwc_k3s2_backward<{t}, {i}, {v}>"
-      for t in _dtypes.CUDA_TYPES for i in ("int", "long long")
-      for v in (1, _NHWC_K3S2_VEC[_ITEMSIZE[t]]))])
+      for t in _dtypes.CUDA_TYPES for i in ("int", "long long"))])
 
 _BLOCK = 256
 _MAX_BLOCKS = 8192  # grid-stride loops beyond this many blocks (general kernels)
@@ -278,10 +272,6 @@ def _make_plan(problem, direction, aligned):
     vector = _vector_launch(problem, direction, aligned) if nchw else None
     if vector is not None:
         return ("launch", *vector, 0)
-    if problem.layout == "NHWC" and direction == "backward":
-        vector = _nhwc_k3s2_launch(problem, aligned)
-        if vector is not None:
-            return ("launch", *vector, 0)
     if nchw and direction == "backward" and (not ROWS_BACKWARD or (two and kh * kw > 256)):
         tiling = _tiling(problem, direction)
         if tiling is not None:
@@ -330,26 +320,6 @@ def _vector_launch(problem, direction, aligned):
     if expr.startswith("pool_k3s2_forward"):
         args += (np.int32(problem.count_include_pad),)
     return expr.format(index_t), (blocks,), args
-
-
-def _nhwc_k3s2_launch(problem, aligned):
-    """(expr, grid, scalar args) of pool_nhwc_k3s2_backward (max, 3x3 / 2 / 1,
-    NHWC), or None: a thread per (2x2 input pixels, VEC channels)."""
-    if (not VECTOR_KERNELS or problem.mode != "max" or problem.window != (3, 3)
-            or problem.stride != (2, 2) or problem.padding != (1, 1)):
-        return None
-    t = _dtypes.cuda_type(problem.dtype)
-    vec = _NHWC_K3S2_VEC[_ITEMSIZE[t]]
-    if problem.c % vec or not aligned:
-        vec = 1
-    ho, wo = problem.out_hw
-    hb, wb = ceil_div(problem.h, 2), ceil_div(problem.w, 2)
-    items = problem.n * hb * wb * (problem.c // vec)
-    blocks = min(ceil_div(items, _BLOCK), _MAX_ITEMS_BLOCKS)
-    index_t = index_type(items + blocks * _BLOCK)
-    it = np.int32 if index_t == "int" else np.int64
-    args = (it(items), *(np.int32(v) for v in (problem.c, problem.h, problem.w, ho, wo, hb, wb)))
-    return f"pool_nhwc_k3s2_backward<{t}, {index_t}, {vec}>", (blocks,), args
 
 
 def _prod(pair):

@@ -1,7 +1,7 @@
 """GPU check of the pooling work of branch `pool` (notes/pool.md); run after
 `python -m dnnprims.bench memory --only <pool problems> --json PATH`:
 
-    python notes/pool_gpu.py PATH
+    python notes/pool_gpu.py PATH [--quick]
 
 Prints (1) the previous paths (VECTOR_KERNELS = False: rows forward, tiled backward)
 against the pool_k3s2 kernels on the same data, (2) host and GPU time per call
@@ -115,7 +115,8 @@ def short_table(path):
 
 
 if __name__ == "__main__":
-    for step in (old_vs_new, rows_sweep, host_times):
+    quick = "--quick" in sys.argv  # host times and the table only
+    for step in ((host_times,) if quick else (old_vs_new, rows_sweep, host_times)):
         try:
             step()
         except Exception as e:  # keep going: the table must print

@@ -506,46 +506,6 @@ def test_k3s2_ties_and_nan_exactly(xp, rng, monkeypatch, dtype, hw):
                                   pool_backward(dy64, x64, None, 3, **opts))
 
 
-def test_nhwc_k3s2_backward_serves_its_problems_only():
-    from dnnprims import pooling
-
-    def backward_expr(shape, dtype, mode="max", padding=1, aligned=True):
-        problem = pooling._check_problem(np.empty(shape, dtype), 3, mode, 2, padding, True, "NHWC")
-        plan = pooling._make_plan(problem, "backward", aligned)
-        return plan[1] if plan[0] == "launch" else plan[1][0]  # "two": the argmax-bytes launch
-    assert backward_expr((2, 7, 9, 8), np.float16) == "pool_nhwc_k3s2_backward<half_t, int, 4>"
-    assert backward_expr((2, 7, 9, 8), np.float32) == "pool_nhwc_k3s2_backward<float, int, 4>"
-    assert backward_expr((2, 7, 9, 6), np.float64) == "pool_nhwc_k3s2_backward<double, int, 2>"
-    assert backward_expr((2, 7, 9, 6), np.float32) == "pool_nhwc_k3s2_backward<float, int, 1>"
-    assert backward_expr((2, 7, 9, 8), np.float32, aligned=False).endswith(", 1>")
-    assert not backward_expr((2, 7, 9, 8), np.float32, "avg").startswith("pool_nhwc_k3s2")
-    assert not backward_expr((2, 7, 9, 8), np.float32, padding=0).startswith("pool_nhwc_k3s2")
-
-
-@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
-@pytest.mark.parametrize("c", [1, 3, 4, 8, 12])
-@pytest.mark.parametrize("vector", [True, False])
-def test_nhwc_k3s2_backward_ties_and_nan_exactly(xp, rng, monkeypatch, vector, dtype, c):
-    """The one-pass NHWC 3x3 / 2 / 1 max backward (vector and scalar channels)
-    against the reference on integer data with ties, -inf channels and NaNs,
-    odd and even sizes; VECTOR_KERNELS = False runs the argmax-bytes path."""
-    from dnnprims import pooling
-    monkeypatch.setattr(pooling, "VECTOR_KERNELS", vector)
-    _fresh_plans(monkeypatch)
-    opts = dict(stride=2, padding=1, layout="NHWC")
-    for hw in [(1, 1), (3, 7), (7, 13), (13, 3), (2, 8), (14, 9)]:
-        x = rng.integers(-1, 2, size=(2, *hw, c)).astype(dtype)
-        x[0, :, :, c // 2] = -np.inf
-        x[1, hw[0] // 2, hw[1] // 2, 0] = x[1, 0, 0, c - 1] = np.nan
-        y = pool(xp.asarray(x), 3, **opts)
-        dy = rng.integers(-4, 5, size=y.shape).astype(dtype)
-        dx = pool_backward(xp.asarray(dy), xp.asarray(x), y, 3, **opts)
-        x64, dy64 = x.astype(np.float64), dy.astype(np.float64)
-        np.testing.assert_array_equal(_host(y).astype(np.float64), pool(x64, 3, **opts))
-        np.testing.assert_array_equal(_host(dx).astype(np.float64),
-                                      pool_backward(dy64, x64, None, 3, **opts))
-
-
 def test_k3s2_misaligned_falls_back(xp, rng):
     """x starting 4 bytes into its buffer: W % VEC == 0 but the rows are not
     16-byte aligned, so the scalar paths must run (and agree)."""
