@@ -17,6 +17,17 @@ LAYOUTS = ("NCHW", "NHWC")
 
 _BOOL = ("false", "true")
 _ITEMSIZE = {"half_t": 2, "bfloat16_t": 2, "float": 4, "double": 8}
+# Output rows per forward thread and input row pairs per backward thread, by
+# element size: as many as keep the unrolled tile in registers.
+# Measured on the H100 (notes/pool.md): forward R = 1 / 2 / 4 took 0.0665 / 0.0710 /
+# 0.0930 ms on max3x3s2_big_f16, 0.0527 / 0.0461 / 0.0468 on r50_maxpool (float32);
+# backward R = 1 / 2: 0.232 / 0.311 (float16), 0.104 / 0.0997 (r50, float32).
+_K3S2_FORWARD_ROWS = {2: 1, 4: 2, 8: 2}
+_K3S2_BACKWARD_ROWS = {2: 1, 4: 2, 8: 2}
+_K3S2_FORWARD_ROWS_CHOICES = (1, 2, 4)
+_K3S2_BACKWARD_ROWS_CHOICES = (1, 2)
+_K2S2_ROWS = 4  # output rows per thread of pool_k2s2_avg_backward
+# (kernels pool_k3s2_*)
 FAMILY = KernelFamily("pooling.cu", [
     *(f"pool_{mode}_{direction}<{t}, {i}, {nhwc}>"
       for mode in MODES for direction in ("forward", "backward")
@@ -34,7 +45,16 @@ FAMILY = KernelFamily("pooling.cu", [
       for case in (0, 1, 2)),
     *(f"pool_nhwc_{direction}<{t}, {i}, {is_max}, {v}>"
       for direction in ("forward", "backward") for t in _dtypes.CUDA_TYPES
-      for i in ("int", "long long") for is_max in _BOOL for v in sorted({1, 16 // _ITEMSIZE[t]}))])
+      for i in ("int", "long long") for is_max in _BOOL for v in sorted({1, 16 // _ITEMSIZE[t]})),
+    # NCHW 3x3 / 2 / 1, vectorised: forward <T, index_t, MAX, R>, backward (max) <T, index_t, R>
+    # (every R of _K3S2_*_ROWS_CHOICES, so the tables can be re-measured)
+    *(f"pool_k3s2_forward<{t}, {i}, {is_max}, {r}>"
+      for t in _dtypes.CUDA_TYPES for i in ("int", "long long") for is_max in _BOOL
+      for r in _K3S2_FORWARD_ROWS_CHOICES),
+    *(f"pool_k3s2_backward<{t}, {i}, {r}>"
+      for t in _dtypes.CUDA_TYPES for i in ("int", "long long") for r in _K3S2_BACKWARD_ROWS_CHOICES),
+    *(f"pool_k2s2_avg_backward<{t}, {i}, {_K2S2_ROWS}>"
+      for t in _dtypes.CUDA_TYPES for i in ("int", "long long"))])
 
 _BLOCK = 256
 _MAX_BLOCKS = 8192  # grid-stride loops beyond this many blocks (general kernels)
@@ -75,24 +95,6 @@ class PoolProblem:
         return (self.n, self.c, ho, wo) if self.layout == "NCHW" else (self.n, ho, wo, self.c)
 
 
-_PROBLEMS = {}
-_CACHE_LIMIT = 4096  # entries of each cache (problems, plans) before it is cleared
-
-
-def _problem(x, window, mode, stride, padding, count_include_pad, layout):
-    """The checked problem, cached by the options' reprs (so 2, 2.0 and True stay
-    distinct keys) and x's shape and dtype: a repeated call skips the checks."""
-    key = (x.shape, x.dtype, repr(window), repr(mode), repr(stride), repr(padding),
-           repr(count_include_pad), repr(layout))
-    problem = _PROBLEMS.get(key)
-    if problem is None:
-        problem = _check_problem(x, window, mode, stride, padding, count_include_pad, layout)
-        if len(_PROBLEMS) >= _CACHE_LIMIT:
-            _PROBLEMS.clear()
-        _PROBLEMS[key] = problem
-    return problem
-
-
 def _check_problem(x, window, mode, stride, padding, count_include_pad, layout):
     """Check every option and the input's shape and dtype; describe the problem."""
     _validate.check_choice("mode", mode, MODES)
@@ -120,17 +122,61 @@ def _check_problem(x, window, mode, stride, padding, count_include_pad, layout):
                        layout, np.dtype(x.dtype))
 
 
+# Validated GPU calls (see _validate.CallMemo): the problem and its launches,
+# so a repeated call is a key, a look-up, the output allocation and the launch.
+_MEMO = _validate.CallMemo()
+
+
+def _options(window, mode, stride, padding, count_include_pad, layout):
+    """The memo's option values; a tuple option also records its items' types
+    (so a cached (2, 1) never admits (2, True), which validation refuses)."""
+    options = (window, mode, stride, padding, count_include_pad, layout)
+    if type(window) is tuple or type(stride) is tuple or type(padding) is tuple:
+        options += tuple(tuple(map(type, v)) if type(v) is tuple else None
+                         for v in (window, stride, padding))
+    return options
+
+
+class _Call:
+    """One validated kind of GPU call: the problem, the output shape, whether
+    there is any work, and per (direction, 16-byte alignment of the arrays) its
+    launches with the kernels already looked up."""
+    __slots__ = ("problem", "y_shape", "empty", "launches")
+
+    def __init__(self, problem):
+        self.problem = problem
+        self.y_shape = problem.y_shape
+        self.empty = 0 in problem.x_shape or 0 in self.y_shape
+        self.launches = {}
+
+    def run(self, direction, arrays):
+        ptr = 0
+        for a in arrays:
+            ptr |= a.data.ptr
+        key = (direction, not ptr & 15)
+        launch = self.launches.get(key)
+        if launch is None:
+            launch = self.launches[key] = _resolve(_make_plan(self.problem, direction, key[1]))
+        launch(arrays)
+
+
 def pool(x, window, *, mode="max", stride=None, padding=0, count_include_pad=True, layout="NCHW"):
     """Max or average pooling of a 4-D tensor; ``stride=None`` means the window."""
-    xp = _validate.array_module(x=x)
-    problem = _problem(x, window, mode, stride, padding, count_include_pad, layout)
-    if xp is np:
-        return reference.pool(x, problem.window, problem.stride, problem.padding, mode,
-                              problem.count_include_pad, layout)
-    x = _validate.contiguous(xp, x)
-    y = xp.empty(problem.y_shape, dtype=x.dtype)
-    if y.size:
-        _run(problem, "forward", (x, y))
+    key = _MEMO.key("pool", (x,), _options(window, mode, stride, padding, count_include_pad, layout))
+    call = _MEMO.get(key)
+    if call is None:
+        xp = _validate.array_module(x=x)
+        problem = _check_problem(x, window, mode, stride, padding, count_include_pad, layout)
+        if xp is np:
+            return reference.pool(x, problem.window, problem.stride, problem.padding, mode,
+                                  problem.count_include_pad, layout)
+        call = _MEMO.put(key, _Call(problem))
+    cupy = _validate._cupy
+    if not x.flags.c_contiguous:
+        x = _validate.contiguous(cupy, x)
+    y = cupy.empty(call.y_shape, dtype=x.dtype)
+    if not call.empty:
+        call.run("forward", (x, y))
     return y
 
 
@@ -141,69 +187,59 @@ def pool_backward(dy, x, y, window, *, mode="max", stride=None, padding=0, count
     ``y`` (the forward output) may be None; it is checked but not needed: max
     pooling recomputes each window's argmax from ``x``.  ``dy=None`` means a
     zero gradient."""
-    xp = _validate.array_module(dy=dy, x=x, y=y)
-    problem = _problem(x, window, mode, stride, padding, count_include_pad, layout)
-    _validate.check_same_dtype(x=x, dy=dy, y=y)
-    for name, a in (("dy", dy), ("y", y)):
-        if a is not None:
-            _validate.check_shape(name, a, problem.y_shape, "the pooling output's shape")
-    if dy is None:
-        return xp.zeros(x.shape, dtype=x.dtype)
-    if xp is np:
-        return reference.pool_backward(dy, x, problem.window, problem.stride, problem.padding, mode,
-                                       problem.count_include_pad, layout)
-    x = _validate.contiguous(xp, x)
-    dy = _validate.contiguous(xp, dy)
-    dx = xp.empty(x.shape, dtype=x.dtype)
-    if dx.size:
-        _run(problem, "backward", (x, dy, dx))
+    key = _MEMO.key("pool_backward", (dy, x, y),
+                    _options(window, mode, stride, padding, count_include_pad, layout))
+    call = _MEMO.get(key) if dy is not None else None
+    if call is None:
+        xp = _validate.array_module(dy=dy, x=x, y=y)
+        problem = _check_problem(x, window, mode, stride, padding, count_include_pad, layout)
+        _validate.check_same_dtype(x=x, dy=dy, y=y)
+        for name, a in (("dy", dy), ("y", y)):
+            if a is not None:
+                _validate.check_shape(name, a, problem.y_shape, "the pooling output's shape")
+        if dy is None:
+            return xp.zeros(x.shape, dtype=x.dtype)
+        if xp is np:
+            return reference.pool_backward(dy, x, problem.window, problem.stride, problem.padding,
+                                           mode, problem.count_include_pad, layout)
+        call = _MEMO.put(key, _Call(problem))
+    cupy = _validate._cupy
+    if not x.flags.c_contiguous:
+        x = _validate.contiguous(cupy, x)
+    if not dy.flags.c_contiguous:
+        dy = _validate.contiguous(cupy, dy)
+    dx = cupy.empty(x.shape, dtype=x.dtype)
+    if not call.empty:
+        call.run("backward", (x, dy, dx))
     return dx
 
 
-def _run(problem, direction, arrays):
-    """Pick the path: whole-plane windows, the direct NCHW rows / NHWC kernels,
-    NCHW row tiles (max backward with overlapping windows of more than 256
-    elements), or the general kernels (NCHW planes of 2^31 elements or more)."""
-    plan = _plan(problem, direction, all(a.data.ptr % 16 == 0 for a in arrays))
-    if plan is None:
-        x = arrays[0]
-        if direction == "forward":
-            return _launch(problem, direction, arrays[-1].size, x.size, arrays)
-        return _launch(problem, direction, x.size, arrays[1].size, arrays)
+def _resolve(plan):
+    """A function of the arrays that runs a plan (``_make_plan``), its kernels
+    looked up once (on the current device: the memo key holds the device)."""
     kind = plan[0]
     if kind == "launch":
         _, expr, grid, args, shared = plan
-        return FAMILY.launch(expr, grid, (_BLOCK,), (*arrays, *args), shared_mem=shared)
+        kernel = FAMILY.function(expr)
+        block = (_BLOCK,)
+        if shared:
+            return lambda arrays: kernel(grid, block, (*arrays, *args), shared_mem=shared)
+        return lambda arrays: kernel(grid, block, (*arrays, *args))
     # "two": max backward with overlapping windows: argmax bytes, then the gather
     _, (fexpr, fgrid, fargs), (bexpr, bgrid, bargs), arg_size = plan
-    x, dy, dx = arrays
-    arg = _cupy().empty(arg_size, dtype=np.uint8)
-    FAMILY.launch(fexpr, fgrid, (_BLOCK,), (x, _NULL, arg, *fargs[1:]))
-    FAMILY.launch(bexpr, bgrid, (_BLOCK,), (x, dy, dx, arg, *bargs[1:]))
+    forward, backward = FAMILY.function(fexpr), FAMILY.function(bexpr)
+    block = (_BLOCK,)
 
-
-def _cupy():
-    import cupy
-    return cupy
+    def two(arrays):
+        x, dy, dx = arrays
+        arg = _validate._cupy.empty(arg_size, dtype=np.uint8)
+        forward(fgrid, block, (x, _NULL, arg, *fargs[1:]))
+        backward(bgrid, block, (x, dy, dx, arg, *bargs[1:]))
+    return two
 
 
 # A null pointer argument (8 bytes of zero): "no y" / "no argmax bytes".
 _NULL = np.uint64(0)
-
-
-_PLANS = {}
-
-
-def _plan(problem, direction, aligned):
-    """The launches of one (problem, direction, 16-byte alignment), cached: the
-    per-call work is then a dictionary look-up and the kernel calls."""
-    key = (problem, direction, aligned)
-    plan = _PLANS.get(key)
-    if plan is None and key not in _PLANS:
-        if len(_PLANS) >= _CACHE_LIMIT:
-            _PLANS.clear()
-        plan = _PLANS[key] = _make_plan(problem, direction, aligned)
-    return plan
 
 
 def _overlap(problem):
@@ -216,26 +252,74 @@ def _overlap(problem):
 ROWS_BACKWARD = False
 
 
+# NCHW rows of whole 16-byte vectors: the vectorised kernels (3x3 / stride 2 /
+# padding 1: pool_k3s2_* forward max and avg, backward max; 2x2 / 2 / 0:
+# pool_k2s2_avg_backward).  False forces the other paths (tests, benchmarks).
+VECTOR_KERNELS = True
+
+
 def _make_plan(problem, direction, aligned):
+    """("launch", expr, grid, scalar args, shared bytes) or ("two", forward
+    (expr, grid, args), backward (expr, grid, args), argmax bytes)."""
     is_max = problem.mode == "max"
     kh, kw = problem.window
     nchw = problem.layout == "NCHW" and problem.h * problem.w < 2**31
     two = direction == "backward" and is_max and _overlap(problem)
     if problem.layout == "NCHW" and not nchw:
-        return None  # planes of 2^31 elements or more: the general kernels
+        return _general_plan(problem, direction)  # planes of 2^31 elements or more
     if nchw and problem.window == (problem.h, problem.w) and problem.padding == (0, 0):
         return ("launch", *_global_launch(problem, direction), 0)
+    vector = _vector_launch(problem, direction, aligned) if nchw else None
+    if vector is not None:
+        return ("launch", *vector, 0)
     if nchw and direction == "backward" and (not ROWS_BACKWARD or (two and kh * kw > 256)):
         tiling = _tiling(problem, direction)
         if tiling is not None:
             return ("launch", *_tiled_launch(problem, direction, *tiling))
     if two and kh * kw > 256:  # the argmax byte cannot hold the position
-        return None
+        return _general_plan(problem, direction)
     make = _rows_launch if nchw else _nhwc_launch
     if two:
         return ("two", make(problem, "forward", aligned),
                 make(problem, "backward", aligned), problem.n * problem.c * _prod(problem.out_hw))
     return ("launch", *make(problem, direction, aligned), 0)
+
+
+def _vector_launch(problem, direction, aligned):
+    """(expr, grid, scalar args) of the vectorised NCHW kernels -- pool_k3s2_*
+    (3x3 / 2 / 1, backward max only) and pool_k2s2_avg_backward (2x2 / 2 / 0)
+    -- or None when the problem is neither, W is not a multiple of a 16-byte
+    vector, or an array is not 16-byte aligned."""
+    t = _dtypes.cuda_type(problem.dtype)
+    size = _ITEMSIZE[t]
+    if not VECTOR_KERNELS or not aligned or problem.w % (16 // size) or problem.stride != (2, 2):
+        return None
+    ho, _ = problem.out_hw
+    if problem.window == (3, 3) and problem.padding == (1, 1):
+        if direction == "forward":
+            rows = _K3S2_FORWARD_ROWS[size]
+            bands = ceil_div(ho, rows)
+            expr = f"pool_k3s2_forward<{t}, {{}}, {_BOOL[problem.mode == 'max']}, {rows}>"
+        elif problem.mode == "max":
+            rows = _K3S2_BACKWARD_ROWS[size]
+            bands = ceil_div(problem.h, 2 * rows)
+            expr = f"pool_k3s2_backward<{t}, {{}}, {rows}>"
+        else:
+            return None
+    elif (problem.window == (2, 2) and problem.padding == (0, 0) and direction == "backward"
+          and problem.mode == "avg"):
+        bands = ceil_div(problem.h, 2 * _K2S2_ROWS)
+        expr = f"pool_k2s2_avg_backward<{t}, {{}}, {_K2S2_ROWS}>"
+    else:
+        return None
+    items = problem.n * problem.c * bands * (problem.w * size // 16)
+    blocks = min(ceil_div(items, _BLOCK), _MAX_ITEMS_BLOCKS)
+    index_t = index_type(items + blocks * _BLOCK)
+    it = np.int32 if index_t == "int" else np.int64
+    args = (it(items), np.int32(problem.h), np.int32(problem.w), np.int32(ho), np.int32(bands))
+    if expr.startswith("pool_k3s2_forward"):
+        args += (np.int32(problem.count_include_pad),)
+    return expr.format(index_t), (blocks,), args
 
 
 def _prod(pair):
@@ -369,8 +453,12 @@ def _scalars(problem):
             *problem.stride, *problem.padding)
 
 
-def _launch(problem, direction, threads, other_size, arrays):
-    """One thread per output element (forward) or per input element (backward)."""
+def _general_plan(problem, direction):
+    """The one-thread-per-element kernels: one thread per output element
+    (forward) or per input element (backward)."""
+    x_size = problem.n * problem.c * problem.h * problem.w
+    y_size = problem.n * problem.c * _prod(problem.out_hw)
+    threads, other_size = (y_size, x_size) if direction == "forward" else (x_size, y_size)
     blocks = min(ceil_div(threads, _BLOCK), _MAX_BLOCKS)
     # The grid-stride loop index reaches threads + blocks * _BLOCK before it stops.
     index_t = index_type(threads + blocks * _BLOCK, other_size)
@@ -378,7 +466,7 @@ def _launch(problem, direction, threads, other_size, arrays):
     nhwc = "true" if problem.layout == "NHWC" else "false"
     expr = (f"pool_{problem.mode}_{direction}<{_dtypes.cuda_type(problem.dtype)}, {index_t}, "
             f"{nhwc}>")
-    args = (*arrays, *(it(v) for v in _scalars(problem)))
+    args = tuple(it(v) for v in _scalars(problem))
     if problem.mode == "avg":
         args += (np.int32(problem.count_include_pad),)
-    FAMILY.launch(expr, (blocks,), (_BLOCK,), args)
+    return ("launch", expr, (blocks,), args, 0)

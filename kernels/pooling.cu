@@ -18,6 +18,18 @@
 // loads of a warp are coalesced in both layouts.
 #include "common.cuh"
 
+// N consecutive elements as one aligned (vector) access.
+template <typename T, int N>
+struct alignas(sizeof(T) * N) PackN {
+    T v[N];
+};
+
+template <typename T, int N>
+__device__ __forceinline__ PackN<T, N> load_pack(const T* p) {
+    return *reinterpret_cast<const PackN<T, N>*>(p);
+}
+
+
 template <typename index_t, bool NHWC>
 struct Layout4 {
     // Element offset of (n, c, h, w) in a tensor with C channels of H x W.
@@ -409,30 +421,49 @@ __global__ void pool_global_forward(const T* __restrict__ x, T* __restrict__ y, 
 // ResNet's 7x7): one warp per plane would leave most lanes idle and keep only
 // two loads in flight per warp.  Instead a block stages GLOBAL_SMALL_PLANES
 // consecutive planes -- one contiguous run of memory -- into shared memory
-// with coalesced loads spread over all its threads, then one thread sums one
-// plane from shared memory (thread t reads tile[t * count + e]: for odd count
-// the 32 lanes hit 32 different banks).  Not for double (the tile is float).
+// with coalesced 16-byte loads (when the run is aligned; 4 unrolled per
+// thread, so several are in flight) spread over all its threads, then two
+// threads sum one plane from shared memory (even / odd positions, one shuffle:
+// half the dependent chain of one thread per plane; thread t reads
+// tile[(t/2) * count + e]: for odd count the lanes' reads spread over the banks).
+// Not for double (the tile is float).
 #define GLOBAL_SMALL_COUNT 64
 #define GLOBAL_SMALL_PLANES 128
 
 template <typename T, typename index_t>
-__global__ void pool_global_avg_forward_small(const T* __restrict__ x, T* __restrict__ y,
-                                              index_t planes, int count) {
+__global__ void __launch_bounds__(256)
+pool_global_avg_forward_small(const T* __restrict__ x, T* __restrict__ y, index_t planes, int count) {
     static_assert(sizeof(acc_t<T>) == 4, "float accumulation only");
+    constexpr int VEC = 16 / sizeof(T);
     __shared__ float tile[GLOBAL_SMALL_PLANES * GLOBAL_SMALL_COUNT];
     for (index_t first = (index_t)blockIdx.x * GLOBAL_SMALL_PLANES; first < planes;
          first += (index_t)gridDim.x * GLOBAL_SMALL_PLANES) {
         const int here = (int)(planes - first < GLOBAL_SMALL_PLANES ? planes - first : GLOBAL_SMALL_PLANES);
         const int n = here * count;
         const T* src = x + first * count;
-        for (int i = threadIdx.x; i < n; i += blockDim.x) tile[i] = load(src[i]);
-        __syncthreads();
-        if ((int)threadIdx.x < here) {
-            const float* p = tile + threadIdx.x * count;
-            float r = 0.f;
-            for (int e = 0; e < count; ++e) r += p[e];
-            y[first + threadIdx.x] = store<T>(r / float(count));
+        int done = 0;
+        if ((((unsigned long long)src) & 15ull) == 0) {
+            const int vectors = n / VEC;
+            const PackN<T, VEC>* vsrc = reinterpret_cast<const PackN<T, VEC>*>(src);
+#pragma unroll 4
+            for (int i = threadIdx.x; i < vectors; i += blockDim.x) {
+                const PackN<T, VEC> pk = vsrc[i];
+#pragma unroll
+                for (int k = 0; k < VEC; ++k) tile[i * VEC + k] = load(pk.v[k]);
+            }
+            done = vectors * VEC;
         }
+        for (int i = done + threadIdx.x; i < n; i += blockDim.x) tile[i] = load(src[i]);
+        __syncthreads();
+        // blockDim.x == 2 * GLOBAL_SMALL_PLANES (Python launches 256 threads)
+        const int p = threadIdx.x >> 1, half = threadIdx.x & 1;
+        float r = 0.f;
+        if (p < here) {
+            const float* t = tile + p * count;
+            for (int e = half; e < count; e += 2) r += t[e];
+        }
+        r += __shfl_xor_sync(0xffffffffu, r, 1);
+        if (p < here && half == 0) y[first + p] = store<T>(r / float(count));
         __syncthreads();  // the tile is rewritten by the next round
     }
 }
@@ -734,9 +765,11 @@ pool_nhwc_forward(const T* __restrict__ x, T* __restrict__ y, unsigned char* __r
             for (int v = 0; v < VEC; ++v) pk.v[v] = store<T>(MAX ? r[v] : r[v] / divisor);
             *reinterpret_cast<Pack16<T, VEC>*>(y + o) = pk;
         }
-        if (MAX && arg) {
+        if (MAX && arg) {  // VEC bytes in one store (o is a multiple of VEC)
+            PackN<unsigned char, VEC> pb;
 #pragma unroll
-            for (int v = 0; v < VEC; ++v) arg[o + v] = (unsigned char)pos[v];
+            for (int v = 0; v < VEC; ++v) pb.v[v] = (unsigned char)pos[v];
+            *reinterpret_cast<PackN<unsigned char, VEC>*>(arg + o) = pb;
         }
     }
 }
@@ -779,9 +812,10 @@ pool_nhwc_backward(const T* __restrict__ x, const T* __restrict__ dy, T* __restr
                 if (MAX) {
                     const int self = (h - hs) * kw + (w - ws);
                     int pos[VEC];
-                    if (arg) {
+                    if (arg) {  // VEC bytes in one load (C and c are multiples of VEC)
+                        const PackN<unsigned char, VEC> pb = load_pack<unsigned char, VEC>(arg + o);
 #pragma unroll
-                        for (int v = 0; v < VEC; ++v) pos[v] = arg[o + v];
+                        for (int v = 0; v < VEC; ++v) pos[v] = pb.v[v];
                     } else {  // no overlap: recompute this window's argmax per channel
                         const int h0 = max(hs, 0), w0 = max(ws, 0);
                         const int h1 = min(hs + kh, H), w1 = min(ws + kw, W);
@@ -827,5 +861,282 @@ pool_nhwc_backward(const T* __restrict__ x, const T* __restrict__ dy, T* __restr
 #pragma unroll
         for (int v = 0; v < VEC; ++v) pk.v[v] = store<T>(grad[v]);
         *reinterpret_cast<Pack16<T, VEC>*>(dx + i * VEC) = pk;
+    }
+}
+
+// ---------------------------------------------------------------------------
+// NCHW 3x3 windows, stride 2, padding 1 (ResNet's stem pooling), vectorised
+// (pool_k3s2_*).  Requires W % VEC == 0 (VEC = 16 / sizeof(T)) and 16-byte
+// aligned x, y / dy, dx: every input row is then whole 16-byte vectors and
+// Wo = W / 2.
+//
+// Forward: thread = (plane, band of R output rows, column vector j).  It loads
+// the 2R + 1 input rows its band needs, each as ONE 16-byte vector (columns
+// VEC*j .. VEC*j + VEC - 1) plus the left halo column VEC*j - 1 (a scalar
+// load, an L1 hit: the neighbour lane's vector holds it), all loads issued
+// before any arithmetic (the loops unroll fully); then VEC / 2 outputs per
+// output row: a row pass (3 columns -> 1 per output) per input row, shared by
+// the two output rows that meet on it, then the column pass.  Consecutive
+// threads take consecutive vectors of a row (coalesced 16-byte loads) and
+// write consecutive VEC / 2-element packs of y.  The rolling window over rows
+// reads each input row once per band (2R + 1 rows for 2R: the halo row).
+//
+// Backward (max only): thread = (plane, band of 2R *input* rows, column vector
+// j): it owns that 2R x VEC tile of dx and writes it with 16-byte stores, every
+// dx element by exactly one thread (no atomics).  It recomputes the argmax of
+// every window touching its tile -- output rows R*b .. R*b + R and columns
+// VEC/2*j .. VEC/2*j + VEC/2, the last row and column shared with the next
+// band / vector, whose first input row / column is that window's last one --
+// from x rows 2Rb - 1 .. 2Rb + 2R + 1 and columns VEC*j - 1 .. VEC*j + VEC + 1
+// (left halo scalar, the vector, a 2-element right halo), and adds each
+// window's dy to its argmax when that lies in the tile, windows in row-major
+// order (the gather's order: deterministic).  DRAM traffic is the floor: x
+// and dy read once, dx written once; the halo re-reads hit L1/L2.
+//
+// The pick is the forward rule: the first maximum in row-major window order,
+// the last NaN if any; padding never enters; all -inf -> the first real element.
+//
+// Measured (H100, notes/pool.md; fraction of copy bandwidth over the floor
+// bytes): forward 0.91-0.97 in float32 (the rows kernel above: 0.57), 0.65 in
+// float16; backward 0.78-0.81 in float32 (the row tiles: 0.42), 0.33 in
+// float16 (per-element work, not bytes, sets the float16 time: it equals
+// float32's per element).  Results are bitwise those of the previous paths.
+
+template <typename index_t>
+__device__ __forceinline__ void plane_band_lane(index_t i, int lanes, int bands, index_t& plane, int& band,
+                                           int& j) {
+    const index_t q = i / lanes;
+    j = (int)(i - q * lanes);
+    plane = q / bands;
+    band = (int)(q - plane * bands);
+}
+
+template <typename T, typename index_t, bool MAX, int R>
+__global__ void __launch_bounds__(256)
+pool_k3s2_forward(const T* __restrict__ x, T* __restrict__ y, index_t items, int H, int W, int Ho,
+                  int bands, int count_include_pad) {
+    typedef acc_t<T> A;
+    constexpr int VEC = 16 / sizeof(T), OUT = VEC / 2, ROWS = 2 * R + 1;
+    const int lanes = W / VEC, Wo = W / 2;
+    for (index_t i = (index_t)blockIdx.x * blockDim.x + threadIdx.x; i < items;
+         i += (index_t)blockDim.x * gridDim.x) {
+        index_t plane;
+        int band, j;
+        plane_band_lane<index_t>(i, lanes, bands, plane, band, j);
+        const T* xp = x + (long long)plane * H * W + VEC * j;
+        const int oh0 = band * R, h0 = 2 * oh0 - 1;
+        // row pass: rp[r][u] = reduce of columns 2u - 1, 2u, 2u + 1 (local) of input row h0 + r
+        A v[ROWS][VEC + 1];  // [0] = the left halo column
+#pragma unroll
+        for (int r = 0; r < ROWS; ++r) {
+            const int h = h0 + r;
+            const bool ok = h >= 0 && h < H;
+            if (ok) {
+                const PackN<T, VEC> pk = load_pack<T, VEC>(xp + (long long)h * W);
+#pragma unroll
+                for (int e = 0; e < VEC; ++e) v[r][e + 1] = load(pk.v[e]);
+                v[r][0] = j > 0 ? load(xp[(long long)h * W - 1]) : (MAX ? negative_infinity<A>() : A(0));
+            } else {
+#pragma unroll
+                for (int e = 0; e <= VEC; ++e) v[r][e] = MAX ? negative_infinity<A>() : A(0);
+            }
+        }
+        A rp[ROWS][OUT];
+#pragma unroll
+        for (int r = 0; r < ROWS; ++r)
+#pragma unroll
+            for (int u = 0; u < OUT; ++u) {
+                A m = v[r][2 * u];
+#pragma unroll
+                for (int c = 1; c < 3; ++c) {
+                    const A e = v[r][2 * u + c];
+                    if (MAX) {
+                        m = (e > m || e != e) ? e : m;
+                    } else {
+                        m += e;
+                    }
+                }
+                rp[r][u] = m;
+            }
+        T* yp = y + (long long)plane * Ho * Wo + OUT * j;
+#pragma unroll
+        for (int k = 0; k < R; ++k) {
+            const int oh = oh0 + k;
+            if (oh >= Ho) break;
+            PackN<T, OUT> pk;
+#pragma unroll
+            for (int u = 0; u < OUT; ++u) {
+                A m = rp[2 * k][u];
+#pragma unroll
+                for (int a = 1; a < 3; ++a) {
+                    const A e = rp[2 * k + a][u];
+                    if (MAX) {
+                        m = (e > m || e != e) ? e : m;
+                    } else {
+                        m += e;
+                    }
+                }
+                if (!MAX) {
+                    m = m / A(avg_divisor<int>(2 * oh - 1, 2 * (OUT * j + u) - 1, 3, 3, H, W, 1, 1,
+                                               count_include_pad));
+                }
+                pk.v[u] = store<T>(m);
+            }
+            *reinterpret_cast<PackN<T, OUT>*>(yp + (long long)oh * Wo) = pk;
+        }
+    }
+}
+
+template <typename T, typename index_t, int R>
+__global__ void __launch_bounds__(256)
+pool_k3s2_backward(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ dx,
+                   index_t items, int H, int W, int Ho, int bands) {
+    typedef acc_t<T> A;
+    constexpr int VEC = 16 / sizeof(T), OUT = VEC / 2;
+    constexpr int XR = 2 * R + 3, XC = VEC + 3;  // x rows 2Rb - 1 .., columns VEC*j - 1 ..
+    const int lanes = W / VEC, Wo = W / 2;
+    for (index_t i = (index_t)blockIdx.x * blockDim.x + threadIdx.x; i < items;
+         i += (index_t)blockDim.x * gridDim.x) {
+        index_t plane;
+        int band, j;
+        plane_band_lane<index_t>(i, lanes, bands, plane, band, j);
+        const T* xp = x + (long long)plane * H * W + VEC * j;
+        const T* dyp = dy + (long long)plane * Ho * Wo + OUT * j;
+        const int h0 = 2 * R * band - 1, oh0 = R * band;
+        const bool right = j + 1 < lanes;  // the window column shared with the next vector exists
+        A v[XR][XC];
+        bool rok[XR];
+#pragma unroll
+        for (int r = 0; r < XR; ++r) {
+            const int h = h0 + r;
+            rok[r] = h >= 0 && h < H;
+            const T* row = xp + (long long)h * W;
+            if (rok[r]) {
+                const PackN<T, VEC> pk = load_pack<T, VEC>(row);
+#pragma unroll
+                for (int e = 0; e < VEC; ++e) v[r][e + 1] = load(pk.v[e]);
+                v[r][0] = j > 0 ? load(row[-1]) : A(0);
+                if (right) {
+                    const PackN<T, 2> pr = load_pack<T, 2>(row + VEC);
+                    v[r][VEC + 1] = load(pr.v[0]);
+                    v[r][VEC + 2] = load(pr.v[1]);
+                } else {
+                    v[r][VEC + 1] = v[r][VEC + 2] = A(0);
+                }
+            } else {
+#pragma unroll
+                for (int e = 0; e < XC; ++e) v[r][e] = A(0);
+            }
+        }
+        A g[R + 1][OUT + 1];
+#pragma unroll
+        for (int k = 0; k <= R; ++k) {
+            const bool ok = oh0 + k < Ho;
+            const T* drow = dyp + (long long)(oh0 + k) * Wo;
+            if (ok) {
+                const PackN<T, OUT> pk = load_pack<T, OUT>(drow);
+#pragma unroll
+                for (int m = 0; m < OUT; ++m) g[k][m] = load(pk.v[m]);
+                g[k][OUT] = right ? load(drow[OUT]) : A(0);
+            } else {
+#pragma unroll
+                for (int m = 0; m <= OUT; ++m) g[k][m] = A(0);
+            }
+        }
+        A grad[2 * R][VEC];
+#pragma unroll
+        for (int d = 0; d < 2 * R; ++d)
+#pragma unroll
+            for (int f = 0; f < VEC; ++f) grad[d][f] = A(0);
+#pragma unroll
+        for (int k = 0; k <= R; ++k) {
+            if (oh0 + k >= Ho) break;
+#pragma unroll
+            for (int m = 0; m <= OUT; ++m) {
+                if (m == OUT && !right) break;
+                // window (oh0 + k, OUT*j + m): x rows 2k .. 2k + 2, columns 2m .. 2m + 2 (local)
+                A best = negative_infinity<A>();
+                int pos = -1;
+#pragma unroll
+                for (int a = 0; a < 3; ++a)
+#pragma unroll
+                    for (int c = 0; c < 3; ++c) {
+                        const bool real = rok[2 * k + a] && (2 * m + c > 0 || j > 0);
+                        const A e = v[2 * k + a][2 * m + c];
+                        if (real && (pos < 0 || e > best || e != e)) {
+                            best = e;
+                            pos = a * 3 + c;
+                        }
+                    }
+                // dx local (row 2k + a - 1, column 2m + c - 1)
+#pragma unroll
+                for (int a = 0; a < 3; ++a)
+#pragma unroll
+                    for (int c = 0; c < 3; ++c) {
+                        const int d = 2 * k + a - 1, f = 2 * m + c - 1;
+                        if (d < 0 || d >= 2 * R || f < 0 || f >= VEC) continue;
+                        if (pos == a * 3 + c) grad[d][f] += g[k][m];
+                    }
+            }
+        }
+        T* dxp = dx + (long long)plane * H * W + VEC * j;
+#pragma unroll
+        for (int d = 0; d < 2 * R; ++d) {
+            const int h = h0 + 1 + d;
+            if (h >= H) break;
+            PackN<T, VEC> pk;
+#pragma unroll
+            for (int f = 0; f < VEC; ++f) pk.v[f] = store<T>(grad[d][f]);
+            *reinterpret_cast<PackN<T, VEC>*>(dxp + (long long)h * W) = pk;
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// NCHW average pooling backward, 2x2 windows, stride 2, no padding
+// (pool_k2s2_avg_backward): windows do not overlap, so dx = dy / 4 broadcast
+// over each window; input rows past 2 * Ho (odd H) get no gradient.  Requires
+// W % VEC == 0 (then Wo = W / 2) and 16-byte aligned dy, dx.  Thread = (plane,
+// band of R output rows, column vector j): R loads of VEC / 2 dy values (8
+// bytes each, issued first), then 2R 16-byte stores of dx rows -- the floor:
+// dy read once, dx written once, nothing else.
+template <typename T, typename index_t, int R>
+__global__ void __launch_bounds__(256)
+pool_k2s2_avg_backward(const T* __restrict__ /* x: not needed */, const T* __restrict__ dy,
+                       T* __restrict__ dx, index_t items, int H, int W, int Ho, int bands) {
+    typedef acc_t<T> A;
+    constexpr int VEC = 16 / sizeof(T), OUT = VEC / 2;
+    const int lanes = W / VEC, Wo = W / 2;
+    for (index_t i = (index_t)blockIdx.x * blockDim.x + threadIdx.x; i < items;
+         i += (index_t)blockDim.x * gridDim.x) {
+        index_t plane;
+        int band, j;
+        plane_band_lane<index_t>(i, lanes, bands, plane, band, j);
+        const T* dyp = dy + (long long)plane * Ho * Wo + OUT * j;
+        T* dxp = dx + (long long)plane * H * W + VEC * j;
+        const int oh0 = band * R;
+        A g[R][OUT];
+#pragma unroll
+        for (int k = 0; k < R; ++k) {
+            if (oh0 + k < Ho) {
+                const PackN<T, OUT> pk = load_pack<T, OUT>(dyp + (long long)(oh0 + k) * Wo);
+#pragma unroll
+                for (int m = 0; m < OUT; ++m) g[k][m] = load(pk.v[m]) / A(4);
+            } else {
+#pragma unroll
+                for (int m = 0; m < OUT; ++m) g[k][m] = A(0);
+            }
+        }
+#pragma unroll
+        for (int k = 0; k < R; ++k) {
+            PackN<T, VEC> pk;
+#pragma unroll
+            for (int f = 0; f < VEC; ++f) pk.v[f] = store<T>(g[k][f / 2]);
+#pragma unroll
+            for (int a = 0; a < 2; ++a) {
+                const int h = 2 * (oh0 + k) + a;
+                if (h < H) *reinterpret_cast<PackN<T, VEC>*>(dxp + (long long)h * W) = pk;
+            }
+        }
     }
 }

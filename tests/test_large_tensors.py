@@ -46,6 +46,15 @@ def test_pooling_past_int32_range(big):
         plane = x[n:n + 1, c:c + 1].get()
         assert_close(y[n:n + 1, c:c + 1], pooling_reference.pool(plane.astype(np.float64), (2, 2), (2, 2), (0, 0), "max", True, "NCHW"), np.float16)
         assert_close(yavg[n:n + 1, c:c + 1], pooling_reference.pool(plane.astype(np.float64), (3, 3), (2, 2), (1, 1), "avg", True, "NCHW"), np.float16)
+    # max 3x3 / 2 / 1 backward: the vectorised pool_k3s2 kernel, planes past 2^31 elements
+    del yavg
+    dy = cp.random.uniform(-1, 1, y.shape[:2] + (128, 128), dtype=cp.float32).astype(cp.float16)
+    dx = dnnprims.pool_backward(dy, x, None, 3, stride=2, padding=1)
+    for n, c in ((0, 0), (1, 16384), (1, 8191)):
+        plane, dplane = x[n:n + 1, c:c + 1].get(), dy[n:n + 1, c:c + 1].get()
+        want = pooling_reference.pool_backward(dplane.astype(np.float64), plane.astype(np.float64),
+                                               (3, 3), (2, 2), (1, 1), "max", True, "NCHW")
+        assert_close(dx[n:n + 1, c:c + 1], want, np.float16)
 
 
 def test_softmax_past_int32_range(big):

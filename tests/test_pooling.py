@@ -327,6 +327,12 @@ DIRECT_CONFIGS = [
 DIRECT_SIZES = [(1, 1), (3, 7), (7, 13), (13, 3), (20, 150)]
 
 
+def _fresh_plans(monkeypatch):
+    """Forget the memoised GPU calls (their launches), so a patched switch takes effect."""
+    from dnnprims import _validate, pooling
+    monkeypatch.setattr(pooling, "_MEMO", _validate.CallMemo())
+
+
 def _direct_shape(layout, c, hw):
     return (2, c, *hw) if layout == "NCHW" else (2, *hw, c)
 
@@ -340,7 +346,7 @@ def test_direct_paths_match_reference(xp, rng, monkeypatch, rows_backward, dtype
                                       window, stride, padding):
     from dnnprims import pooling
     monkeypatch.setattr(pooling, "ROWS_BACKWARD", rows_backward)
-    monkeypatch.setattr(pooling, "_PLANS", {})
+    _fresh_plans(monkeypatch)
     opts = dict(mode=mode, stride=stride, padding=padding, count_include_pad=mode == "avg")
     kh, kw = (window, window) if isinstance(window, int) else window
     ph, pw = (padding, padding) if isinstance(padding, int) else padding
@@ -362,7 +368,7 @@ def test_direct_paths_ties_and_nan_exactly(xp, rng, monkeypatch, rows_backward, 
     argmax and the vector lanes pick exactly the reference's element."""
     from dnnprims import pooling
     monkeypatch.setattr(pooling, "ROWS_BACKWARD", rows_backward)
-    monkeypatch.setattr(pooling, "_PLANS", {})
+    _fresh_plans(monkeypatch)
     shape = _direct_shape(layout, c, (13, 21))
     x = rng.integers(-2, 3, size=shape).astype(dtype)
     if layout == "NCHW":
@@ -407,11 +413,144 @@ def test_global_average_pool_small_planes(xp, rng, monkeypatch, shape, dtype, ma
     from dnnprims import pooling
     if max_blocks is not None:
         monkeypatch.setattr(pooling, "_MAX_ITEMS_BLOCKS", max_blocks)
-        monkeypatch.setattr(pooling, "_PLANS", {})
+        _fresh_plans(monkeypatch)
     x = random_array(rng, shape, dtype)
     window = shape[2:]
     got = pool(xp.asarray(x), window, mode="avg")
     assert_close(got, pool(x.astype(np.float64), window, mode="avg"), dtype)
+
+
+# NCHW 3x3 / stride 2 / padding 1, W a multiple of the 16-byte vector (8 elements
+# covers every dtype): the vectorised pool_k3s2 kernels.  Heights 1, 3, 7, 13
+# (odd: a last window with a padded bottom row) and even ones (last band partial).
+K3S2_SIZES = [(1, 8), (3, 16), (7, 8), (13, 24), (2, 8), (14, 40), (20, 112)]
+
+
+def _k3s2_expressions(shape, dtype, mode):
+    from dnnprims import pooling
+    problem = pooling._check_problem(np.empty(shape, dtype), 3, mode, 2, 1, True, "NCHW")
+    return [pooling._make_plan(problem, d, True)[1] for d in ("forward", "backward")]
+
+
+def test_k3s2_kernels_serve_their_problems_only():
+    fwd, bwd = _k3s2_expressions((2, 3, 13, 24), np.float16, "max")
+    assert fwd.startswith("pool_k3s2_forward<half_t") and bwd.startswith("pool_k3s2_backward<half_t")
+    fwd, bwd = _k3s2_expressions((2, 3, 13, 24), np.float32, "avg")
+    assert fwd.startswith("pool_k3s2_forward<float") and not bwd.startswith("pool_k3s2")
+    # W = 12: a whole number of float32 vectors but not of float16 ones
+    assert _k3s2_expressions((1, 1, 5, 12), np.float32, "max")[0].startswith("pool_k3s2")
+    assert not _k3s2_expressions((1, 1, 5, 12), np.float16, "max")[0].startswith("pool_k3s2")
+    assert not _k3s2_expressions((1, 1, 5, 14), np.float32, "max")[0].startswith("pool_k3s2")
+
+
+def test_k2s2_avg_backward_kernel_serves_its_problems_only():
+    from dnnprims import pooling
+
+    def backward_expr(shape, dtype, mode, window=2, stride=2, padding=0):
+        problem = pooling._check_problem(np.empty(shape, dtype), window, mode, stride, padding, True,
+                                         "NCHW")
+        return pooling._make_plan(problem, "backward", True)[1]
+    assert backward_expr((2, 3, 7, 16), np.float16, "avg").startswith("pool_k2s2_avg_backward<half_t")
+    assert backward_expr((2, 3, 7, 4), np.float64, "avg").startswith("pool_k2s2_avg_backward<double")
+    assert not backward_expr((2, 3, 7, 12), np.float16, "avg").startswith("pool_k2s2")
+    assert not backward_expr((2, 3, 7, 16), np.float32, "max").startswith("pool_k2s2")
+    assert not backward_expr((2, 3, 7, 16), np.float32, "avg", padding=1).startswith("pool_k2s2")
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("hw", [(2, 8), (3, 16), (7, 8), (13, 24), (20, 40), (9, 112)])
+@pytest.mark.parametrize("vector", [True, False])
+def test_k2s2_avg_backward_matches_reference(xp, rng, monkeypatch, vector, dtype, hw):
+    """Average 2x2 / 2 backward (odd heights: the last input row gets zeros)."""
+    from dnnprims import pooling
+    monkeypatch.setattr(pooling, "VECTOR_KERNELS", vector)
+    _fresh_plans(monkeypatch)
+    opts = dict(mode="avg", stride=2, padding=0)
+    x = random_array(rng, (2, 3, *hw), dtype)
+    y_shape = pool(x.astype(np.float64), 2, **opts).shape
+    _check_against_reference(xp, x, random_array(rng, y_shape, dtype), 2, opts, "NCHW")
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("mode,count_include_pad", [("max", True), ("avg", True), ("avg", False)])
+@pytest.mark.parametrize("k3s2", [True, False])
+def test_k3s2_paths_match_reference(xp, rng, monkeypatch, k3s2, dtype, mode, count_include_pad):
+    from dnnprims import pooling
+    monkeypatch.setattr(pooling, "VECTOR_KERNELS", k3s2)
+    _fresh_plans(monkeypatch)
+    opts = dict(mode=mode, stride=2, padding=1, count_include_pad=count_include_pad)
+    for hw in K3S2_SIZES:
+        x = random_array(rng, (2, 3, *hw), dtype)
+        y_shape = pool(x.astype(np.float64), 3, **opts).shape
+        _check_against_reference(xp, x, random_array(rng, y_shape, dtype), 3, opts, "NCHW")
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("hw", K3S2_SIZES)
+def test_k3s2_ties_and_nan_exactly(xp, rng, monkeypatch, dtype, hw):
+    """Integer data (ties inside and across the vector and band seams, all -inf
+    planes, NaNs, -0.0 against 0.0 in the argmax): the vectorised kernels pick the reference's element."""
+    _fresh_plans(monkeypatch)
+    x = rng.integers(-1, 2, size=(3, 4, *hw)).astype(dtype)
+    x[0, 1] = -np.inf
+    x[1, 0, 0, :] = -0.0
+    x[1, 2, hw[0] // 2, 3] = x[1, 2, hw[0] - 1, hw[1] - 1] = x[2, 3, 0, 0] = np.nan
+    opts = dict(stride=2, padding=1)
+    y = pool(xp.asarray(x), 3, **opts)
+    dy = rng.integers(-4, 5, size=y.shape).astype(dtype)
+    dx = pool_backward(xp.asarray(dy), xp.asarray(x), y, 3, **opts)
+    x64, dy64 = x.astype(np.float64), dy.astype(np.float64)
+    y_ref = pool(x64, 3, **opts)
+    np.testing.assert_array_equal(_host(y).astype(np.float64), y_ref)
+    np.testing.assert_array_equal(_host(dx).astype(np.float64),
+                                  pool_backward(dy64, x64, None, 3, **opts))
+
+
+def test_k3s2_misaligned_falls_back(xp, rng):
+    """x starting 4 bytes into its buffer: W % VEC == 0 but the rows are not
+    16-byte aligned, so the scalar paths must run (and agree)."""
+    base = xp.asarray(random_array(rng, (2 * 3 * 7 * 16 + 1,), np.float32))
+    x = base[1:].reshape(2, 3, 7, 16)
+    y = pool(x, 3, stride=2, padding=1)
+    dy = xp.asarray(random_array(rng, y.shape, np.float32))
+    dx = pool_backward(dy, x, y, 3, stride=2, padding=1)
+    x64, dy64 = _host(x).astype(np.float64), _host(dy).astype(np.float64)
+    assert_close(y, pool(x64, 3, stride=2, padding=1), np.float32, what="pool")
+    assert_close(dx, pool_backward(dy64, x64, None, 3, stride=2, padding=1), np.float32,
+                 what="pool_backward")
+
+
+def test_repeated_gpu_calls_reuse_the_validated_plan_and_still_check(gpu, rng):
+    from dnnprims import pooling
+    x = random_array(rng, (2, 3, 9, 16), np.float32)
+    X = gpu.asarray(x)
+    first = pool(X, 3, stride=2, padding=(1, 1))
+    entries = len(pooling._MEMO._entries)
+    again = pool(X, 3, stride=2, padding=(1, 1))
+    assert len(pooling._MEMO._entries) == entries and gpu.array_equal(first, again)
+    assert_close(again, pool(x.astype(np.float64), 3, stride=2, padding=1), np.float32)
+    for kwargs, error, match in [(dict(stride=(2, True)), TypeError, "stride"),
+                                 (dict(stride=2, padding=(1, True)), TypeError, "padding"),
+                                 (dict(stride=2.0), TypeError, "stride"),
+                                 (dict(stride=2, padding=1, mode="min"), ValueError, "mode"),
+                                 (dict(stride=2, padding=1, count_include_pad=1), TypeError,
+                                  "count_include_pad")]:
+        with pytest.raises(error, match=match):
+            pool(X, 3, **kwargs)
+    with pytest.raises(TypeError, match="window"):
+        pool(X, (3, True), stride=2)
+    dy = gpu.asarray(random_array(rng, first.shape, np.float32))
+    for _ in range(2):
+        dx = pool_backward(dy, X, again, 3, stride=2, padding=1)
+    assert_close(dx, pool_backward(dy.get().astype(np.float64), x.astype(np.float64), None, 3,
+                                   stride=2, padding=1), np.float32)
+    with pytest.raises(ValueError, match="dy"):
+        pool_backward(dy[:, :-1], X, None, 3, stride=2, padding=1)
+    with pytest.raises(TypeError, match="dy"):
+        pool_backward(dy.astype(np.float64), X, None, 3, stride=2, padding=1)
+    with pytest.raises(ValueError, match="y must have shape"):
+        pool_backward(dy, X, again[:, :, :-1], 3, stride=2, padding=1)
+    assert not pool_backward(None, X, None, 3, stride=2, padding=1).any()
 
 
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
