@@ -1,6 +1,6 @@
 """Compile the kernels of the norms helper's families in parallel (one process per
 kernel name) so that CuPy's on-disk cache is warm before the GPU tests run.
-Run on the GPU machine:  python notes/norms_warm.py [processes]"""
+Run on the GPU machine:  python notes/norms_warm.py [processes [kernel names, comma-separated]]"""
 import multiprocessing
 import sys
 import time
@@ -24,6 +24,9 @@ if __name__ == "__main__":
     for fam in (normalization.FAMILY, row_normalization.FAMILY, softmaxes.FAMILY, tensor_ops.FAMILY):
         names = sorted({e.split("<", 1)[0] for e in fam.name_expressions})
         items += [(fam.filename, n) for n in names]
+    if len(sys.argv) > 2:
+        only = set(sys.argv[2].split(","))
+        items = [i for i in items if i[1] in only]
     t0 = time.time()
     workers = int(sys.argv[1]) if len(sys.argv) > 1 else 16
     with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
