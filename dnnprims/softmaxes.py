@@ -42,8 +42,6 @@ _REGISTER_CHANNEL_TYPES = ("half_t", "bfloat16_t")
 # 16-bit channel softmax with inner even and aligned pointers: the tile kernels
 # with two inner positions (one 4-byte access) per thread, by direction.
 CHANNEL_PAIRS = {"forward": True, "backward": True}
-# ... and the 16-bit forward with the axis (n <= 1024) held in registers, pairs too.
-CHANNEL_PAIRS_REGISTERS = True
 
 FAMILY = _kernels.KernelFamily("softmax.cu", [
     *(f"softmax_{direction}_{mapping}<{t}, {i}, {log}>"
@@ -54,10 +52,6 @@ FAMILY = _kernels.KernelFamily("softmax.cu", [
       for log in ("false", "true")),
     *(f"softmax_{direction}_channels_pairs<{t}, {i}, {log}>"
       for direction in ("forward", "backward")
-      for t in _REGISTER_CHANNEL_TYPES
-      for i in _INDEX_TYPES
-      for log in ("false", "true")),
-    *(f"softmax_forward_channels_registers_pairs<{t}, {i}, {log}>"
       for t in _REGISTER_CHANNEL_TYPES
       for i in _INDEX_TYPES
       for log in ("false", "true")),
@@ -136,20 +130,7 @@ def _plan(direction, log, shape, axis, dtype, aligned):
                     (threads, rows_per_block), (itype(outer), itype(n)), 0)
         return (f"softmax_{direction}_rows_block<{template}>", (min(outer, _MAX_BLOCKS),),
                 (_ROW_BLOCK,), (itype(outer), itype(n)), 0)
-    pairs = ctype in _REGISTER_CHANNEL_TYPES and inner % 2 == 0 and aligned
-    rows_of_threads = 8
-    while rows_of_threads * _CHANNEL_VALUES < n and rows_of_threads < 32:
-        rows_of_threads *= 2
-    if (pairs and direction == "forward" and CHANNEL_PAIRS_REGISTERS and inner >= 16
-            and rows_of_threads * _CHANNEL_VALUES >= n):
-        width = _CHANNEL_THREADS // rows_of_threads  # TW threads cover 2 TW positions
-        while width > 8 and width >= inner:
-            width //= 2
-        tiles_per_outer = _kernels.ceil_div(inner, 2 * width)
-        grid = min(outer * tiles_per_outer, _MAX_BLOCKS)
-        return (f"softmax_forward_channels_registers_pairs<{template}>", (grid,), (width, rows_of_threads),
-                (itype(outer), itype(n), itype(inner), itype(tiles_per_outer)), 0)
-    if pairs and CHANNEL_PAIRS[direction]:
+    if CHANNEL_PAIRS[direction] and ctype in _REGISTER_CHANNEL_TYPES and inner % 2 == 0 and aligned:
         # 16-bit tile with pairs of inner positions: TW threads cover 2 TW positions.
         tiles_in = 1 if direction == "forward" else 2
         width = 32
@@ -164,7 +145,10 @@ def _plan(direction, log, shape, axis, dtype, aligned):
                     2 * width * n * itemsize * tiles_in)
     # Strided axis held in registers (16-bit forward): CY rows of threads hold
     # CHANNEL_VALUES values each (CY the fewest that cover n), TW = 256 / CY inner
-    # positions (fewer when inner is smaller); rows_of_threads is computed above.
+    # positions (fewer when inner is smaller).
+    rows_of_threads = 8
+    while rows_of_threads * _CHANNEL_VALUES < n and rows_of_threads < 32:
+        rows_of_threads *= 2
     if (direction == "forward" and ctype in _REGISTER_CHANNEL_TYPES and inner >= 8
             and rows_of_threads * _CHANNEL_VALUES >= n):
         width = _CHANNEL_THREADS // rows_of_threads

@@ -18,8 +18,6 @@
 //                  (CY <= 32): the same tiles as *_channels below, each thread
 //                  holding its 32 values in registers (no shared memory but the
 //                  reductions').
-//   *_channels_registers_pairs  forward, 16-bit, inner even, aligned, n <= 32 x CY:
-//                  the register kernel with two inner positions per thread.
 //   *_channels_pairs  16-bit types, inner even, pointers aligned: the
 //                  *_channels tile below with two inner positions (4 bytes) per
 //                  thread.
@@ -582,71 +580,6 @@ __global__ void __launch_bounds__(256) softmax_forward_channels_registers(const 
         for (int k = 0; k < CHANNEL_VALUES; ++k) {
             const index_t c = (index_t)ty + (index_t)k * cy;
             if (valid && c < n) y[base + c * inner] = store<T>(LOG ? v[k] - m - log_s : v[k] * inv_s);
-        }
-    }
-}
-
-// The register kernel above with two inner positions per thread (4-byte pairs,
-// 16-bit types, inner even, aligned): each value is converted to float once,
-// exponentiated once and converted back once.  At 2 bytes a value the 16-bit
-// channel kernels are bound by those quarter-rate conversions and ex2 (the
-// pairs tile re-converts from shared memory and exponentiates twice: 6 such
-// operations per element against 3 here), not by DRAM.
-template <typename T, typename index_t, bool LOG>
-__global__ void __launch_bounds__(256) softmax_forward_channels_registers_pairs(const T* __restrict__ x,
-                                                                               T* __restrict__ y, index_t outer,
-                                                                               index_t n, index_t inner,
-                                                                               index_t tiles_per_outer) {
-    typedef acc_t<T> A;
-    typedef Pack<T, 2> Pair;
-    __shared__ A scratch[2 * CHANNEL_THREADS];
-    const int tx = threadIdx.x, ty = threadIdx.y, tw = blockDim.x, cy = blockDim.y;
-    const index_t tiles = outer * tiles_per_outer;
-    for (index_t t = blockIdx.x; t < tiles; t += (index_t)gridDim.x) {
-        const index_t o = t / tiles_per_outer;
-        const index_t p = ((t - o * tiles_per_outer) * tw + tx) * 2;
-        const bool valid = p < inner;  // inner is even: p + 1 < inner too
-        const index_t base = o * n * inner + p;
-        A v0[CHANNEL_VALUES], v1[CHANNEL_VALUES];
-        A m0 = negative_infinity<A>(), m1 = negative_infinity<A>();
-#pragma unroll
-        for (int k = 0; k < CHANNEL_VALUES; ++k) {
-            const index_t c = (index_t)ty + (index_t)k * cy;
-            if (valid && c < n) {
-                const Pair pr = load_pack<T, 2>(x + base + c * inner);
-                v0[k] = load(pr.v[0]);
-                v1[k] = load(pr.v[1]);
-                m0 = fmax(m0, v0[k]);
-                m1 = fmax(m1, v1[k]);
-            }
-        }
-        column_reduce2<A, true>(m0, m1, scratch);
-        A s0 = A(0), s1 = A(0);
-#pragma unroll
-        for (int k = 0; k < CHANNEL_VALUES; ++k) {
-            const index_t c = (index_t)ty + (index_t)k * cy;
-            if (valid && c < n) {
-                const A e0 = exp_for<T>(v0[k] - m0), e1 = exp_for<T>(v1[k] - m1);
-                s0 += e0;
-                s1 += e1;
-                if (!LOG) {
-                    v0[k] = e0;
-                    v1[k] = e1;
-                }
-            }
-        }
-        column_reduce2<A, false>(s0, s1, scratch);
-        const A log_s0 = LOG ? log_acc(s0) : A(0), log_s1 = LOG ? log_acc(s1) : A(0);
-        const A inv_s0 = A(1) / s0, inv_s1 = A(1) / s1;
-#pragma unroll
-        for (int k = 0; k < CHANNEL_VALUES; ++k) {
-            const index_t c = (index_t)ty + (index_t)k * cy;
-            if (valid && c < n) {
-                Pair r;
-                r.v[0] = store<T>(LOG ? v0[k] - m0 - log_s0 : v0[k] * inv_s0);
-                r.v[1] = store<T>(LOG ? v1[k] - m1 - log_s1 : v1[k] * inv_s1);
-                store_pack<T, 2>(y + base + c * inner, r);
-            }
         }
     }
 }
