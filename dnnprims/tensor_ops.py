@@ -35,18 +35,12 @@ FAMILY = KernelFamily("tensor_ops.cu", [
       for i in _INDEX_TYPES),
     *(f"reduce_planes<{t}, {t}, {i}, {v}>" for t in _TYPES for i in _INDEX_TYPES
       for v in sorted({1, _VECTOR[t]})),
-    # a warp per row: x's type in, x's type or A out (the first stage of (R1, O, R2))
-    *(f"reduce_rows_warp<{t}, {b}, {i}, {v}>" for t in _TYPES for b in sorted({t, _ACC[t]})
-      for i in _INDEX_TYPES for v in sorted({1, _VECTOR[t]})),
 ])
 
 _BLOCK = 256
 _UNROLL = 4  # TENSOR_UNROLL
 _TARGET_BLOCKS = 132 * 8    # rows reduction: enough blocks to fill the GPU
 _TARGET_THREADS = 132 * 2048  # columns reduction
-# Rows reductions with at least this many outputs take a warp per row
-# (reduce_rows_warp: 64 warps per SM on 132 SMs); fewer outputs split rows over blocks.
-WARP_ROWS_MIN_OUTPUTS = 132 * 64
 # (R1, O, R2) reductions (NCHW over (0, 2, 3)) with at least this many outputs run
 # reduce_planes: one launch, a block per output, no partials; fewer outputs take
 # the rows + columns stages, which split the work over more blocks.
@@ -318,14 +312,6 @@ def _reduce_rows(cp, x, outputs, R, step, out_dtype):
     t, tout = _dtypes.cuda_type(x.dtype), _dtypes.cuda_type(out_dtype)
     map_, combine, finish, scale = _codes(step)
     real = _scalar(_dtypes.accumulate_dtype(x.dtype))
-    if outputs >= WARP_ROWS_MIN_OUTPUTS:
-        vec = _VECTOR[t] if R % _VECTOR[t] == 0 and x.data.ptr % 16 == 0 else 1
-        index_t = index_type(x.size + 32 * _UNROLL * vec, outputs + _BLOCK)
-        it = np.int32 if index_t == "int" else np.int64
-        out = cp.empty(outputs, out_dtype)
-        FAMILY.launch(f"reduce_rows_warp<{t}, {tout}, {index_t}, {vec}>", (ceil_div(outputs, _BLOCK // 32),),
-                      (_BLOCK,), (x, out, it(outputs), it(R), map_, combine, finish, real(scale)))
-        return out
     splits = max(1, min(ceil_div(_TARGET_BLOCKS, outputs), ceil_div(R, 8 * _UNROLL * _BLOCK)))
     per_split = ceil_div(R, splits)
     splits = ceil_div(R, per_split)

@@ -21,7 +21,6 @@
 //
 // reduce_rows: x viewed as (outputs, R) with each output's R values contiguous:
 // one block (256 threads) per (output, split) reduces a contiguous range.
-// reduce_rows_warp: the same with a warp per output, for many outputs.
 // reduce_planes: (R1, O, R2) with enough outputs O to fill the GPU, one block per
 // output (one launch; see there).
 // reduce_columns: x viewed as (O1, R, O2), output (o1, o2) reduces a column:
@@ -161,38 +160,6 @@ __global__ void reduce_rows(const Tin* __restrict__ x, Tout* __restrict__ out, i
         for (int off = 16; off > 0; off >>= 1) acc = reduce_combine(acc, __shfl_xor_sync(0xffffffffu, acc, off), combine);
         if (lane == 0) out[block] = store<Tout>(reduce_finish(acc, finish, scale));
     }
-}
-
-// reduce_rows_warp: one warp per output row (blockDim.x / 32 rows a block), for
-// many short rows (NCHW over (0, 2, 3): 16384 rows of 3136 values).  The block
-// kernel above spends a block, two barriers and scalar loads on each row; here
-// a lane keeps TENSOR_UNROLL loads of VEC values (16 bytes when R % VEC == 0
-// and x is aligned) in flight, and the warp combines with shuffles only, in a
-// fixed order.  Partials of the block kernel are not needed (no split).
-template <typename Tin, typename Tout, typename index_t, int VEC>
-__global__ void reduce_rows_warp(const Tin* __restrict__ x, Tout* __restrict__ out, index_t outputs,
-                                 index_t R, int map, int combine, int finish, acc_t<Tin> scale) {
-    typedef acc_t<Tin> A;
-    const index_t o = (index_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    const int lane = threadIdx.x & 31;
-    if (o >= outputs) return;
-    const TensorPack<Tin, VEC>* row = reinterpret_cast<const TensorPack<Tin, VEC>*>(x + o * R);
-    const index_t vectors = R / VEC;
-    A acc = reduce_identity<A>(combine);
-    for (index_t k = lane; k < vectors; k += 32 * TENSOR_UNROLL) {
-        TensorPack<Tin, VEC> pk[TENSOR_UNROLL];
-#pragma unroll
-        for (int u = 0; u < TENSOR_UNROLL; ++u)
-            if (k + 32 * u < vectors) pk[u] = row[k + 32 * u];
-#pragma unroll
-        for (int u = 0; u < TENSOR_UNROLL; ++u)
-            if (k + 32 * u < vectors)
-#pragma unroll
-                for (int v = 0; v < VEC; ++v) acc = reduce_combine(acc, reduce_map(A(load(pk[u].v[v])), map), combine);
-    }
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) acc = reduce_combine(acc, __shfl_xor_sync(0xffffffffu, acc, off), combine);
-    if (lane == 0) out[o] = store<Tout>(reduce_finish(acc, finish, scale));
 }
 
 // reduce_planes: x viewed as (R1, O, R2), one block per output o reduces its
