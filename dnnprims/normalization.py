@@ -34,6 +34,8 @@ FAMILY = KernelFamily("batchnorm.cu", [
       for t, p in _TYPE_PAIRS for i in _INDEX_TYPES for v in (1, _VECTOR[t]) for m in _BOOL),
     *(f"batchnorm_backward_data<{t}, {p}, {i}, {v}>"
       for t, p in _TYPE_PAIRS for i in _INDEX_TYPES for v in (1, _VECTOR[t])),
+    *(f"batchnorm_infer_flat<{t}, {p}, {i}, {v}>"
+      for t, p in _TYPE_PAIRS for i in _INDEX_TYPES for v in (1, _VECTOR[t])),
     *(f"batchnorm_train_fused<{t}, {p}, {i}, {v}, {f}>"
       for t, p in _TYPE_PAIRS for i in _INDEX_TYPES for v in (1, _VECTOR[t]) for f in _BOOL),
     *(f"batchnorm_backward_fused<{t}, {p}, {i}, {v}>"
@@ -269,7 +271,7 @@ def _resident_blocks(cp, kernel):
     return max(0, int(per_sm)) * int(sms)
 
 
-ROWS_REDUCE_PER_SM = 4  # blocks per SM of the channel-last reductions (lane partials per channel)
+ROWS_REDUCE_PER_SM = 4  # blocks per SM of the rows kernels when the occupancy API is missing
 
 
 class _Rows:
@@ -283,20 +285,31 @@ class _Rows:
             vec = 1
         vectors = channels // vec
         self.cols = min(vectors, _BLOCK)
-        lanes = _BLOCK // self.cols
-        groups = ceil_div(vectors, self.cols)
-        sms = _sm_count(cp)
-        # reductions: about 4 blocks per SM, >= 8 rows per lane; maps: up to 8 blocks per SM
-        self.reduce_grid = (max(1, min(ceil_div(rows, lanes * 8), ROWS_REDUCE_PER_SM * sms // groups)),
-                            groups)
-        self.map_grid = (max(1, min(ceil_div(rows, lanes * 4), 8 * sms // groups)), groups)
-        self.lanes = self.reduce_grid[0] * lanes  # L: partials per channel
-        self.index_t = index_type(x.size + (8 * max(self.reduce_grid[0], self.map_grid[0]) * lanes + 8)
-                                  * channels)
+        self.block_lanes = _BLOCK // self.cols
+        self.groups = ceil_div(vectors, self.cols)
+        self.rows = rows
+        self.sms = _sm_count(cp)
+        # A grid has at most 8 blocks of 256 threads per SM in x (grid()); a lane
+        # forms row indices up to one batch of 8 rows past the last one.
+        lanes = 8 * self.sms * self.block_lanes
+        self.index_t = index_type(x.size + (8 * lanes + 8) * channels)
         it = np.int32 if self.index_t == "int" else np.int64
         self.t, self.vec = t, vec
         self.shape = (it(rows), np.int32(channels), np.int32(self.cols))
         self.merge_grid = (ceil_div(channels, _BLOCK // 32),)
+
+    def grid(self, cp, spec, rows_per_lane):
+        """(grid, L) of one rows kernel: no more blocks than are resident at once
+        (a grid-stride loop over a grid of 1.3 waves left one block per SM for the
+        last third of the rows), fewer when there are few rows; L = row lanes."""
+        device = cp.cuda.runtime.getDevice()
+        resident = _RESIDENT.get((device, spec))
+        if resident is None:
+            resident = _RESIDENT[(device, spec)] = _resident_blocks(cp, FAMILY.function(spec))
+        cap = resident // self.groups if resident else ROWS_REDUCE_PER_SM * self.sms // self.groups
+        cap = min(max(1, cap), 8 * self.sms)
+        gx = max(1, min(ceil_div(self.rows, self.block_lanes * rows_per_lane), cap))
+        return (gx, self.groups), gx * self.block_lanes
 
     def spec(self, kernel, *middle, flag=None):
         args = [self.t, *middle, self.index_t, str(self.vec), flag]
@@ -317,14 +330,15 @@ def _sm_count(cp):
 def _rows_statistics(cp, x, rows, acc, pt, mean, invstd, rm, rv, update, eps, momentum, unbias):
     """Training statistics of channel-last x: lane partials, then a warp per channel."""
     channels = int(mean.shape[0])
-    parts = cp.empty(3 * channels * rows.lanes, acc)
-    part_n, part_mean, part_m2 = (parts[k * channels * rows.lanes:(k + 1) * channels * rows.lanes]
-                                  for k in range(3))
-    FAMILY.launch(rows.spec("statistics"), rows.reduce_grid, (_BLOCK,),
-                  (x, part_n, part_mean, part_m2, *rows.shape))
+    spec = rows.spec("statistics")
+    grid, lanes = rows.grid(cp, spec, 8)
+    size = channels * lanes
+    parts = cp.empty(3 * size, acc)
+    part_n, part_mean, part_m2 = parts[:size], parts[size:2 * size], parts[2 * size:]
+    FAMILY.launch(spec, grid, (_BLOCK,), (x, part_n, part_mean, part_m2, *rows.shape))
     real = _scalar(acc)
     FAMILY.launch(f"batchnorm_rows_merge_statistics<{rows.t}, {pt}>", rows.merge_grid, (_BLOCK,),
-                  (part_n, part_mean, part_m2, np.int32(rows.lanes), np.int32(channels), mean, invstd,
+                  (part_n, part_mean, part_m2, np.int32(lanes), np.int32(channels), mean, invstd,
                    rm, rv, real(eps), real(momentum), real(unbias), np.int32(update)))
 
 
@@ -341,6 +355,33 @@ def _partial_statistics(cp, x, launch, acc):
     FAMILY.launch(launch.spec("batchnorm_partial_statistics"),
                   launch.grid, (_BLOCK,), (x, part_mean, part_m2, *launch.shape))
     return part_mean, part_m2
+
+
+# Inference with an inner size that is not a multiple of the vector width (a
+# 7x7 plane) runs batchnorm_infer_flat: x as one flat array of 16-byte vectors,
+# instead of the per-channel chunk kernel's 4-byte accesses.  False forces the
+# chunk kernel (tests compare both).
+FLAT_INFERENCE = True
+_FLAT_UNROLL = 4  # BN_FLAT_UNROLL in kernels/batchnorm.cu
+_FLAT = {}  # (shape, dtype, channels, param type, aligned) -> (spec, grid, scalars)
+
+
+def _flat_launch(x, y, channels, inner, pt):
+    t = _dtypes.cuda_type(x.dtype)
+    aligned = x.data.ptr % 16 == 0 and y.data.ptr % 16 == 0
+    key = (x.shape, x.dtype, channels, pt, aligned)
+    plan = _FLAT.get(key)
+    if plan is None:
+        vec = _VECTOR[t] if aligned and x.size % _VECTOR[t] == 0 else 1
+        per_block = _FLAT_UNROLL * _BLOCK
+        index_t = index_type(x.size + per_block * vec, channels + _BLOCK)
+        it = np.int32 if index_t == "int" else np.int64
+        grid = (max(ceil_div(x.size // vec, per_block), ceil_div(channels, _BLOCK)),)
+        if len(_FLAT) >= 4096:
+            _FLAT.clear()
+        plan = _FLAT[key] = (f"batchnorm_infer_flat<{t}, {pt}, {index_t}, {vec}>", grid,
+                             (it(x.size), it(channels), it(inner)))
+    return plan
 
 
 def _batchnorm_gpu(cp, x, gamma, beta, running_mean, running_var, training, momentum, eps, pdtype,
@@ -370,7 +411,8 @@ def _batchnorm_gpu(cp, x, gamma, beta, running_mean, running_var, training, mome
         if training:
             _rows_statistics(cp, x, rows, acc, pt, mean, invstd, rm, rv, update, eps, momentum,
                              n / (n - 1))
-        FAMILY.launch(rows.spec("normalize", pt, flag=_BOOL[training]), rows.map_grid, (_BLOCK,),
+        spec = rows.spec("normalize", pt, flag=_BOOL[training])
+        FAMILY.launch(spec, rows.grid(cp, spec, 4)[0], (_BLOCK,),
                       (x, y, mean, invstd, rm, rv, gamma, beta, *rows.shape, real(eps)))
     elif training:
         launch = _launch_of(x, channels, outer, inner, (x, y))
@@ -390,6 +432,9 @@ def _batchnorm_gpu(cp, x, gamma, beta, running_mean, running_var, training, mome
                           (x, y, part_mean, part_m2, mean, invstd, rm, rv, gamma, beta,
                            *launch.shape, real(eps), real(momentum), real(n / (n - 1)),
                            np.int32(update), np.int32(1)))
+    elif FLAT_INFERENCE and inner % _VECTOR[_dtypes.cuda_type(x.dtype)]:
+        spec, grid, shape = _flat_launch(x, y, channels, inner, pt)
+        FAMILY.launch(spec, grid, (_BLOCK,), (x, y, mean, invstd, rm, rv, gamma, beta, *shape, real(eps)))
     else:
         launch = _launch_of(x, channels, outer, inner, (x, y))
         FAMILY.launch(launch.spec("batchnorm_normalize", pt, "false"), launch.grid, (_BLOCK,),
@@ -463,13 +508,15 @@ def _rows_backward(cp, dy, x, gamma, mean, invstd, eps, pdtype, channels, rows_c
         mean = _validate.contiguous(cp, mean)
         invstd = _validate.contiguous(cp, invstd)
     gamma = cp.ones(channels, pdtype) if gamma is None else _validate.contiguous(cp, gamma)
-    size = channels * rows.lanes
+    spec = rows.spec("backward_reduce")
+    grid, lanes = rows.grid(cp, spec, 8)
+    size = channels * lanes
     parts = cp.empty(2 * size + 2 * channels, acc)
     part_g, part_gx, sums = parts[:size], parts[size:2 * size], parts[2 * size:]
-    FAMILY.launch(rows.spec("backward_reduce"), rows.reduce_grid, (_BLOCK,),
-                  (x, dy, mean, part_g, part_gx, *rows.shape))
+    FAMILY.launch(spec, grid, (_BLOCK,), (x, dy, mean, part_g, part_gx, *rows.shape))
     FAMILY.launch(f"batchnorm_rows_backward_merge<{rows.t}, {pt}>", rows.merge_grid, (_BLOCK,),
-                  (part_g, part_gx, np.int32(rows.lanes), np.int32(channels), invstd, sums, dgamma, dbeta))
-    FAMILY.launch(rows.spec("backward_data", pt), rows.map_grid, (_BLOCK,),
+                  (part_g, part_gx, np.int32(lanes), np.int32(channels), invstd, sums, dgamma, dbeta))
+    spec = rows.spec("backward_data", pt)
+    FAMILY.launch(spec, rows.grid(cp, spec, 4)[0], (_BLOCK,),
                   (x, dy, mean, invstd, gamma, sums, dx, *rows.shape))
     return dx, dgamma, dbeta

@@ -35,12 +35,20 @@ FAMILY = KernelFamily("row_normalization.cu", [
     *(f"norm_param_grads_{k}<{t}, {i}>" for k in ("columns", "planes")
       for t in _X_TYPES for i in _INDEX_TYPES),
     *sorted({f"norm_param_grads_finish<{_ACC[t]}, {p}>" for t, p in _TYPE_PAIRS}),
+    *(f"norm_rows_backward_fused<{t}, {p}, {i}, {v}>"
+      for t, p in _TYPE_PAIRS for i in _INDEX_TYPES for v in sorted({1, _VECTOR[t]})),
+    *sorted({f"norm_param_grads_finish_wide<{_ACC[t]}, {p}>" for t, p in _TYPE_PAIRS}),
 ])
 
 # Dynamic shared memory a row block may hold (the single-read path): two blocks
 # of this size still fit one H100 SM (228 KB).
 CACHE_BYTES = 112 * 1024
 _SM_TARGET = 132 * 8  # blocks for the parameter-gradient column reduction
+# Layer / RMS norm backward: dx and the dgamma/dbeta partials in one kernel
+# (norm_rows_backward_fused) when a row is at most 2 vectors a thread of a block
+# the kernel's registers allow.  False: the row kernel + the column kernel.
+FUSED_BACKWARD = True
+_FUSED_ITEMS = 2  # NORM_FUSED_ITEMS in kernels/row_normalization.cu
 
 
 # ---------------------------------------------------------------------- validation
@@ -417,11 +425,51 @@ def _backward_gpu(cp, dy, x, groups, gamma, mean, rstd, eps, layout, pdtype, rms
     dx = cp.empty(x.shape, x.dtype)
     rows = _Rows(x, groups, layout, (x, dy, dx), 2)
     pt = _dtypes.cuda_type(pdtype)
+    if FUSED_BACKWARD and not rows.nhwc and rows.S == 1 and rows.groups == 1:
+        fused = _fused_backward(cp, dy, x, gamma, mean, rstd, dx, rows, pt, pdtype, acc, rms)
+        if fused is not None:
+            return (dx, *fused)
     _launch_rows(rows.spec("norm_rows_backward", pt), rows,
                  (dy, x, _param_or_null(cp, gamma), mean, rstd, dx, *rows.geometry(), np.int32(rms),
                   np.int32(rows.cache)))
     dgamma, dbeta = _param_grads(cp, dy, x, mean, rstd, rows, layout, pdtype, acc, rms)
     return dx, dgamma, dbeta
+
+
+_FUSED_GRID = {}  # (device, expression, block) -> blocks resident at once, 0 if unknown
+
+
+def _fused_backward(cp, dy, x, gamma, mean, rstd, dx, rows, pt, pdtype, acc, rms):
+    """(dgamma, dbeta) after norm_rows_backward_fused wrote dx, or None when the
+    row does not fit its registers (then nothing was launched)."""
+    if rows.block * _FUSED_ITEMS * rows.vec < rows.M:
+        return None
+    expr = rows.spec("norm_rows_backward_fused", pt)
+    kernel = FAMILY.function(expr)
+    key = (cp.cuda.runtime.getDevice(), expr, rows.block)
+    resident = _FUSED_GRID.get(key)
+    if resident is None:
+        resident = 0
+        if rows.block <= kernel.max_threads_per_block:
+            try:
+                from cupy_backends.cuda.api import driver
+                per_sm = driver.occupancyMaxActiveBlocksPerMultiprocessor(kernel.kernel.ptr, rows.block, 0)
+                resident = int(per_sm) * int(cp.cuda.Device().attributes["MultiProcessorCount"])
+            except Exception:  # no occupancy API: the unfused kernels
+                resident = 0
+        _FUSED_GRID[key] = resident
+    if resident <= 0:
+        return None
+    grid = min(rows.rows, resident)
+    channels = rows.M
+    part = cp.empty((2, grid, channels), acc)
+    kernel((grid,), (rows.block,), (dy, x, _param_or_null(cp, gamma), mean, rstd, dx, part[0], part[1],
+                                    rows.it(rows.rows), rows.it(channels), np.int32(rms)))
+    dgamma = cp.empty(channels, pdtype)
+    dbeta = cp.empty(channels, pdtype)
+    FAMILY.launch(f"norm_param_grads_finish_wide<{_ACC[rows.t]}, {pt}>", (ceil_div(channels, 32),), (32, 8),
+                  (part[0], part[1], dgamma, dbeta, np.int64(grid), np.int64(channels)))
+    return dgamma, dbeta
 
 
 def _param_grads(cp, dy, x, mean, rstd, rows, layout, pdtype, acc, rms):

@@ -39,12 +39,20 @@ _ITEMSIZE = {"float": 4, "double": 8, "half_t": 2, "bfloat16_t": 2}
 # H100 it was faster than the shared-memory tile there and slower for float and
 # for backward (notes/mem_softmax.md, v2).
 _REGISTER_CHANNEL_TYPES = ("half_t", "bfloat16_t")
+# 16-bit channel softmax with inner even and aligned pointers: the tile kernels
+# with two inner positions (one 4-byte access) per thread, by direction.
+CHANNEL_PAIRS = {"forward": True, "backward": True}
 
 FAMILY = _kernels.KernelFamily("softmax.cu", [
     *(f"softmax_{direction}_{mapping}<{t}, {i}, {log}>"
       for direction in ("forward", "backward")
       for mapping in ("rows_block", "channels", "columns")
       for t in _dtypes.CUDA_TYPES
+      for i in _INDEX_TYPES
+      for log in ("false", "true")),
+    *(f"softmax_{direction}_channels_pairs<{t}, {i}, {log}>"
+      for direction in ("forward", "backward")
+      for t in _REGISTER_CHANNEL_TYPES
       for i in _INDEX_TYPES
       for log in ("false", "true")),
     *(f"softmax_forward_channels_registers<{t}, {i}, {log}>"
@@ -142,6 +150,19 @@ def _plan(direction, log, shape, axis, dtype, aligned):
                     (threads, rows_per_block), (itype(outer), itype(n)), 0)
         return (f"softmax_{direction}_rows_block<{template}>", (min(outer, _MAX_BLOCKS),),
                 (_ROW_BLOCK,), (itype(outer), itype(n)), 0)
+    if CHANNEL_PAIRS[direction] and ctype in _REGISTER_CHANNEL_TYPES and inner % 2 == 0 and aligned:
+        # 16-bit tile with pairs of inner positions: TW threads cover 2 TW positions.
+        tiles_in = 1 if direction == "forward" else 2
+        width = 32
+        while width > 1 and (width >= inner or 2 * width * n * itemsize * tiles_in > _TILE_BYTES):
+            width //= 2
+        if 2 * width * n * itemsize * tiles_in <= _TILE_BYTES and width >= min(8, inner // 2):
+            tiles_per_outer = _kernels.ceil_div(inner, 2 * width)
+            grid = min(outer * tiles_per_outer, _MAX_BLOCKS)
+            return (f"softmax_{direction}_channels_pairs<{template}>", (grid,),
+                    (width, _CHANNEL_THREADS // width),
+                    (itype(outer), itype(n), itype(inner), itype(tiles_per_outer)),
+                    2 * width * n * itemsize * tiles_in)
     # Strided axis held in registers (16-bit forward): CY rows of threads hold
     # CHANNEL_VALUES values each (CY the fewest that cover n), TW = 256 / CY inner
     # positions (fewer when inner is smaller).

@@ -33,12 +33,20 @@ FAMILY = KernelFamily("tensor_ops.cu", [
     *(f"transpose_batched<{t}, {i}>" for t in _TYPES for i in _INDEX_TYPES),
     *(f"reduce_{k}<{a}, {b}, {i}>" for k in ("rows", "columns") for a, b in _REDUCE_PAIRS
       for i in _INDEX_TYPES),
+    *(f"reduce_planes<{t}, {t}, {i}, {v}>" for t in _TYPES for i in _INDEX_TYPES
+      for v in sorted({1, _VECTOR[t]})),
 ])
 
 _BLOCK = 256
 _UNROLL = 4  # TENSOR_UNROLL
 _TARGET_BLOCKS = 132 * 8    # rows reduction: enough blocks to fill the GPU
 _TARGET_THREADS = 132 * 2048  # columns reduction
+# (R1, O, R2) reductions (NCHW over (0, 2, 3)) with at least this many outputs run
+# reduce_planes: one launch, a block per output, no partials; fewer outputs take
+# the rows + columns stages, which split the work over more blocks.
+PLANES_MIN_OUTPUTS = 128
+# Validated reduce_planes calls: (kept shape, R1, O, R2, step) per kind of call.
+_MEMO = _validate.CallMemo()
 
 
 def _check_real(name, value):
@@ -189,6 +197,10 @@ def reduce_tensor(x, axes=None, op="sum", keepdims=False):
     """Reduce over ``axes`` (None: all) with ``op`` in sum, mean, max, min, amax
     (max |x|), norm1 (sum |x|), norm2 (sqrt(sum x^2)); result in x's dtype,
     accumulated in float32 for half x."""
+    key = _MEMO.key("reduce", (x,), (axes, op, keepdims))
+    plan = _MEMO.get(key)
+    if plan is not None:  # validated before: straight to the one launch
+        return _reduce_planes(_validate._cupy, x, *plan)
     xp = _validate.array_module(x=x)
     _validate.check_float_dtype("x", x)
     _validate.check_choice("op", op, REDUCE_OPS)
@@ -200,7 +212,45 @@ def reduce_tensor(x, axes=None, op="sum", keepdims=False):
         raise ValueError(f"x has a zero-size reduction over axes {axes}; op {op!r} has no identity")
     if xp is np:
         return reference.reduce_tensor(x, axes, op, keepdims)
+    plan = _planes_plan(x, axes, op, keepdims, count)
+    if plan is not None:
+        return _reduce_planes(xp, x, *_MEMO.put(key, plan))
     return _reduce_gpu(xp, x, axes, op, keepdims, count)
+
+
+def _kept_shape(shape, axes, keepdims):
+    if keepdims:
+        return tuple(1 if i in axes else d for i, d in enumerate(shape))
+    return tuple(d for i, d in enumerate(shape) if i not in axes)
+
+
+def _planes_plan(x, axes, op, keepdims, count):
+    """(kept shape, R1, O, R2, step) when x reduces as (R1, O, R2) with at least
+    PLANES_MIN_OUTPUTS outputs and something to reduce, else None."""
+    if x.size == 0 or count == 0:
+        return None
+    dims = _collapse_reduction(x.shape, axes)
+    if tuple(red for _, red in dims) != (True, False, True) or dims[1][0] < PLANES_MIN_OUTPUTS:
+        return None
+    map_, combine, finish = _REDUCE_CODES[op]
+    (r1, _), (o, _), (r2, _) = dims
+    return _kept_shape(x.shape, axes, keepdims), r1, o, r2, (map_, combine, finish, 1.0 / count)
+
+
+def _reduce_planes(cp, x, kept_shape, r1, o, r2, step):
+    x = _validate.contiguous(cp, x)
+    t = _dtypes.cuda_type(x.dtype)
+    vec = _VECTOR[t] if r2 % _VECTOR[t] == 0 and x.data.ptr % 16 == 0 else 1
+    vectors = r1 * r2 // vec
+    block = int(min(1024, max(64, 1 << max(0, (ceil_div(vectors, 8) - 1).bit_length()))))
+    index_t = index_type(x.size + _UNROLL * block * vec)
+    it = np.int32 if index_t == "int" else np.int64
+    map_, combine, finish, scale = _codes(step)
+    out = cp.empty(kept_shape, x.dtype)
+    FAMILY.launch(f"reduce_planes<{t}, {t}, {index_t}, {vec}>", (o,), (block,),
+                  (x, out, it(r1), it(o), it(r2), map_, combine, finish,
+                   _scalar(_dtypes.accumulate_dtype(x.dtype))(scale)))
+    return out
 
 
 def _collapse_reduction(shape, axes):
@@ -218,8 +268,7 @@ def _collapse_reduction(shape, axes):
 
 
 def _reduce_gpu(cp, x, axes, op, keepdims, count):
-    kept_shape = tuple(1 if i in axes else d for i, d in enumerate(x.shape)) if keepdims else \
-        tuple(d for i, d in enumerate(x.shape) if i not in axes)
+    kept_shape = _kept_shape(x.shape, axes, keepdims)
     out_size = int(np.prod(kept_shape, dtype=np.int64))
     if out_size == 0:
         return cp.empty(kept_shape, x.dtype)

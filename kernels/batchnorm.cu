@@ -261,6 +261,73 @@ batchnorm_normalize(const T* __restrict__ x, T* __restrict__ y, const acc_t<T>* 
     }
 }
 
+// Inference over x viewed flat, for inner sizes that are not a multiple of VEC
+// (ResNet's 7x7 = 49: the chunk kernel above would fall back to 4-byte
+// accesses and a block per channel of 1568 values).  Thread t of block b
+// handles vectors (b * BN_FLAT_UNROLL + u) * BN_THREADS + t of VEC values (16
+// bytes when x.size % VEC == 0 and the pointers are aligned), all loads first;
+// the channel of a vector's first value costs two divisions, the following
+// values step (position, channel) by one, and a channel's scale/shift are
+// recomputed only when it changes (from L1: C * 4 parameters).  Threads
+// 0..C-1 of the grid write mean/invstd (the running statistics, in A).
+#define BN_FLAT_UNROLL 4
+template <typename T, typename P, typename index_t, int VEC>
+__global__ void __launch_bounds__(BN_THREADS)
+batchnorm_infer_flat(const T* __restrict__ x, T* __restrict__ y, acc_t<T>* __restrict__ mean_out,
+                     acc_t<T>* __restrict__ invstd_out, const P* __restrict__ running_mean,
+                     const P* __restrict__ running_var, const P* __restrict__ gamma,
+                     const P* __restrict__ beta, index_t size, index_t C, index_t inner, acc_t<T> eps) {
+    typedef acc_t<T> A;
+    const index_t tid = (index_t)blockIdx.x * BN_THREADS + threadIdx.x;
+    if (tid < C) {
+        mean_out[tid] = A(load(running_mean[tid]));
+        invstd_out[tid] = A(1) / sqrt(A(load(running_var[tid])) + eps);
+    }
+    const index_t first = (index_t)blockIdx.x * (BN_FLAT_UNROLL * BN_THREADS) + threadIdx.x;
+    A vals[BN_FLAT_UNROLL][VEC];
+#pragma unroll
+    for (int u = 0; u < BN_FLAT_UNROLL; ++u) {
+        const index_t e = (first + (index_t)u * BN_THREADS) * VEC;
+        if (e < size) {
+            if (VEC > 1) {
+                load_pack<T, VEC>(x, e, vals[u]);
+            } else {
+                vals[u][0] = load(x[e]);
+            }
+        }
+    }
+#pragma unroll
+    for (int u = 0; u < BN_FLAT_UNROLL; ++u) {
+        const index_t e = (first + (index_t)u * BN_THREADS) * VEC;
+        if (e < size) {
+            const index_t o = e / inner;
+            index_t r = e - o * inner;
+            index_t c = o % C;
+            index_t current = -1;
+            A mean = 0, scale = 0, shift = 0;
+#pragma unroll
+            for (int v = 0; v < VEC; ++v) {
+                if (c != current) {
+                    current = c;
+                    mean = A(load(running_mean[c]));
+                    scale = (A(1) / sqrt(A(load(running_var[c])) + eps)) * A(load(gamma[c]));
+                    shift = A(load(beta[c]));
+                }
+                vals[u][v] = (vals[u][v] - mean) * scale + shift;
+                if (++r == inner) {
+                    r = 0;
+                    if (++c == C) c = 0;
+                }
+            }
+            if (VEC > 1) {
+                store_pack<T, VEC>(y, e, vals[u]);
+            } else {
+                y[e] = store<T>(vals[u][0]);
+            }
+        }
+    }
+}
+
 // Pass 1 of the backward: per chunk, sum(dy) and sum(dy * xhat) into
 // part_dy / part_dy_xhat.  MERGE: mean/invstd are not given -- merge pass-0
 // statistics partials here, and chunk 0 writes them to mean / invstd for pass 2.
@@ -680,7 +747,13 @@ batchnorm_backward_fused(const T* __restrict__ x, const T* __restrict__ dy,
 // the fixed-order merge of merge_statistics: mean, invstd, running stats),
 // rows_normalize.  Backward: rows_backward_reduce (per lane sums of dy and
 // dy * (x - mean)), rows_backward_merge (a warp per channel: dbeta, dgamma
-// and the two sums for dx), rows_backward_data.
+// and the two sums for dx), rows_backward_data.  The map kernels (normalize,
+// backward data) walk the rows last to first: the reductions read the last
+// rows last, so the first tens of MB they need are still in L2.  The host sizes
+// every rows grid to the blocks resident at once (occupancy API): a grid of
+// 1.3 waves left a tail of one block per SM for the last third of the rows.
+
+#define ROWS_MERGE_AHEAD 8
 
 struct RowLanes {
     int cols, lanes, lane, cv, L;
@@ -769,9 +842,20 @@ batchnorm_rows_merge_statistics(const acc_t<T>* __restrict__ part_n, const acc_t
     const int lane = threadIdx.x & 31;
     if (c >= C) return;
     A cnt = 0, mu = 0, m2 = 0;
-    for (int b = lane; b < L; b += 32) {
-        const long long o = (long long)c * L + b;
-        chan_merge(cnt, mu, m2, part_n[o], part_mean[o], part_m2[o]);
+    // ROWS_MERGE_AHEAD partials loaded before they are merged (a serial chain of
+    // L / 32 dependent loads took ~20 us at L = 2112); same lane-strided order.
+    for (int b0 = lane; b0 < L; b0 += 32 * ROWS_MERGE_AHEAD) {
+        A pn[ROWS_MERGE_AHEAD], pm[ROWS_MERGE_AHEAD], p2[ROWS_MERGE_AHEAD];
+#pragma unroll
+        for (int u = 0; u < ROWS_MERGE_AHEAD; ++u) {
+            const int b = b0 + 32 * u;
+            const long long o = (long long)c * L + b;
+            pn[u] = b < L ? part_n[o] : A(0);
+            pm[u] = b < L ? part_mean[o] : A(0);
+            p2[u] = b < L ? part_m2[o] : A(0);
+        }
+#pragma unroll
+        for (int u = 0; u < ROWS_MERGE_AHEAD; ++u) chan_merge(cnt, mu, m2, pn[u], pm[u], p2[u]);
     }
 #pragma unroll
     for (int offset = 16; offset > 0; offset >>= 1) {
@@ -828,7 +912,7 @@ batchnorm_rows_normalize(const T* __restrict__ x, T* __restrict__ y, acc_t<T>* _
 #pragma unroll
         for (int u = 0; u < U; ++u) {
             const index_t r = r0 + (index_t)u * rl.L;
-            if (r < M) load_pack<T, VEC>(x, r * C + (index_t)rl.cv * VEC, vals[u]);
+            if (r < M) load_pack<T, VEC>(x, (M - 1 - r) * C + (index_t)rl.cv * VEC, vals[u]);
         }
 #pragma unroll
         for (int u = 0; u < U; ++u) {
@@ -836,7 +920,7 @@ batchnorm_rows_normalize(const T* __restrict__ x, T* __restrict__ y, acc_t<T>* _
             if (r < M) {
 #pragma unroll
                 for (int v = 0; v < VEC; ++v) vals[u][v] = (vals[u][v] - mean[v]) * scale[v] + shift[v];
-                store_pack<T, VEC>(y, r * C + (index_t)rl.cv * VEC, vals[u]);
+                store_pack<T, VEC>(y, (M - 1 - r) * C + (index_t)rl.cv * VEC, vals[u]);
             }
         }
     }
@@ -901,10 +985,20 @@ batchnorm_rows_backward_merge(const acc_t<T>* __restrict__ part_g, const acc_t<T
     const int lane = threadIdx.x & 31;
     if (c >= C) return;
     A sg = 0, sgx = 0;
-    for (int b = lane; b < L; b += 32) {
-        const long long o = (long long)c * L + b;
-        sg += part_g[o];
-        sgx += part_gx[o];
+    for (int b0 = lane; b0 < L; b0 += 32 * ROWS_MERGE_AHEAD) {
+        A pg[ROWS_MERGE_AHEAD], pgx[ROWS_MERGE_AHEAD];
+#pragma unroll
+        for (int u = 0; u < ROWS_MERGE_AHEAD; ++u) {
+            const int b = b0 + 32 * u;
+            const long long o = (long long)c * L + b;
+            pg[u] = b < L ? part_g[o] : A(0);
+            pgx[u] = b < L ? part_gx[o] : A(0);
+        }
+#pragma unroll
+        for (int u = 0; u < ROWS_MERGE_AHEAD; ++u) {
+            sg += pg[u];
+            sgx += pgx[u];
+        }
     }
 #pragma unroll
     for (int offset = 16; offset > 0; offset >>= 1) {
@@ -948,8 +1042,8 @@ batchnorm_rows_backward_data(const T* __restrict__ x, const T* __restrict__ dy,
         for (int u = 0; u < U; ++u) {
             const index_t r = r0 + (index_t)u * rl.L;
             if (r < M) {
-                load_pack<T, VEC>(x, r * C + (index_t)rl.cv * VEC, xs[u]);
-                load_pack<T, VEC>(dy, r * C + (index_t)rl.cv * VEC, ds[u]);
+                load_pack<T, VEC>(x, (M - 1 - r) * C + (index_t)rl.cv * VEC, xs[u]);
+                load_pack<T, VEC>(dy, (M - 1 - r) * C + (index_t)rl.cv * VEC, ds[u]);
             }
         }
 #pragma unroll
@@ -961,7 +1055,7 @@ batchnorm_rows_backward_data(const T* __restrict__ x, const T* __restrict__ dy,
                     const A xhat = (xs[u][v] - m[v]) * s[v];
                     xs[u][v] = scale[v] * (ds[u][v] - mean_dy[v] - xhat * mean_dy_xhat[v]);
                 }
-                store_pack<T, VEC>(dx, r * C + (index_t)rl.cv * VEC, xs[u]);
+                store_pack<T, VEC>(dx, (M - 1 - r) * C + (index_t)rl.cv * VEC, xs[u]);
             }
         }
     }

@@ -38,7 +38,9 @@
 // range of rows o (32 columns x 8 row lanes per block, grid.y splits the rows);
 // norm_param_grads_planes (inner > 1) gives one block to each (o, p) plane.
 // Both write partial sums per (split, p); norm_param_grads_finish adds them in
-// order.  No atomics: results are deterministic.
+// order.  No atomics: results are deterministic.  Layer and RMS norm instead
+// run norm_rows_backward_fused (dx and the gradient partials from one read of
+// x and dy; see there) when a row fits NORM_FUSED_ITEMS vectors a thread.
 #include "common.cuh"
 
 #define NORM_UNROLL 4
@@ -244,6 +246,150 @@ __global__ void norm_rows_backward(const T* __restrict__ dy, const T* __restrict
             xv[e] = rstd * (gdy - mean_g - (xv[e] - mean) * rstd * mean_gx);
         }
         norm_store<T, VEC>(dx, geo.template offset<VEC>(row, vi), xv);
+    }
+}
+
+// Two block sums with one pair of barriers (scratch holds 64 values).
+template <typename A>
+__device__ __forceinline__ void block_sum2(A& a, A& b, A* scratch) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int warps = (blockDim.x + 31) >> 5;
+    a = warp_sum(a);
+    b = warp_sum(b);
+    __syncthreads();  // scratch may still be read by a previous call
+    if (lane == 0) {
+        scratch[warp] = a;
+        scratch[32 + warp] = b;
+    }
+    __syncthreads();
+    a = warp_sum(lane < warps ? scratch[lane] : A(0));
+    b = warp_sum(lane < warps ? scratch[32 + lane] : A(0));
+}
+
+// Layer / RMS norm backward with the parameter gradients fused (G == 1, S == 1,
+// NCHW: element j of every row is column j).  A persistent grid (the blocks
+// resident at once) walks rows blockIdx.x, + gridDim.x, ...; thread t owns
+// vectors t and t + blockDim (NORM_FUSED_ITEMS; the host picks blockDim >= M /
+// (2 VEC)), so its columns are the same in every row and it accumulates
+// dgamma = sum dy * xhat and dbeta = sum dy for them in registers while the
+// row's x and dy, also in registers, give dx.  x and dy are read once (the
+// separate gradient kernels re-read both: 5 tensors' traffic instead of 3).
+// Each block writes its column partials at [blockIdx.x * M + column];
+// norm_param_grads_finish_wide adds them in block order.
+#define NORM_FUSED_ITEMS 2
+template <typename T, typename P, typename index_t, int VEC>
+__global__ void norm_rows_backward_fused(const T* __restrict__ dy, const T* __restrict__ x,
+                                         const P* __restrict__ gamma, const acc_t<T>* __restrict__ mean_in,
+                                         const acc_t<T>* __restrict__ rstd_in, T* __restrict__ dx,
+                                         acc_t<T>* __restrict__ part_dgamma, acc_t<T>* __restrict__ part_dbeta,
+                                         index_t rows, index_t M, int rms) {
+    typedef acc_t<T> A;
+    __shared__ A scratch[64];
+    const index_t Mv = M / VEC;
+    const index_t T_ = blockDim.x;
+    const A count = A(M);
+    A dg[NORM_FUSED_ITEMS][VEC], db[NORM_FUSED_ITEMS][VEC], g[NORM_FUSED_ITEMS][VEC];
+#pragma unroll
+    for (int u = 0; u < NORM_FUSED_ITEMS; ++u) {
+        const index_t vi = threadIdx.x + u * T_;
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) {
+            dg[u][e] = db[u][e] = A(0);
+            g[u][e] = vi < Mv ? param_or(gamma, vi * VEC + e, A(1)) : A(0);
+        }
+    }
+    for (index_t row = blockIdx.x; row < rows; row += gridDim.x) {
+        const A mean = rms ? A(0) : mean_in[row];
+        const A rstd = rstd_in[row];
+        A xv[NORM_FUSED_ITEMS][VEC], dv[NORM_FUSED_ITEMS][VEC];
+#pragma unroll
+        for (int u = 0; u < NORM_FUSED_ITEMS; ++u) {
+            const index_t vi = threadIdx.x + u * T_;
+            if (vi < Mv) {
+                norm_load<T, VEC>(x, row * M + vi * VEC, xv[u]);
+                norm_load<T, VEC>(dy, row * M + vi * VEC, dv[u]);
+            }
+        }
+        A sum_g = 0, sum_gx = 0;
+#pragma unroll
+        for (int u = 0; u < NORM_FUSED_ITEMS; ++u) {
+            const index_t vi = threadIdx.x + u * T_;
+            if (vi < Mv) {
+#pragma unroll
+                for (int e = 0; e < VEC; ++e) {
+                    const A gdy = dv[u][e] * g[u][e];
+                    sum_g += gdy;
+                    sum_gx += gdy * (xv[u][e] - mean) * rstd;
+                }
+            }
+        }
+        block_sum2(sum_g, sum_gx, scratch);
+        const A mean_g = rms ? A(0) : sum_g / count;
+        const A mean_gx = sum_gx / count;
+#pragma unroll
+        for (int u = 0; u < NORM_FUSED_ITEMS; ++u) {
+            const index_t vi = threadIdx.x + u * T_;
+            if (vi < Mv) {
+#pragma unroll
+                for (int e = 0; e < VEC; ++e) {
+                    const A xhat = (xv[u][e] - mean) * rstd;
+                    dg[u][e] += dv[u][e] * xhat;
+                    db[u][e] += dv[u][e];
+                    xv[u][e] = rstd * (dv[u][e] * g[u][e] - mean_g - xhat * mean_gx);
+                }
+                norm_store<T, VEC>(dx, row * M + vi * VEC, xv[u]);
+            }
+        }
+    }
+#pragma unroll
+    for (int u = 0; u < NORM_FUSED_ITEMS; ++u) {
+        const index_t vi = threadIdx.x + u * T_;
+        if (vi < Mv) {
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) {
+                part_dgamma[(index_t)blockIdx.x * M + vi * VEC + e] = dg[u][e];
+                part_dbeta[(index_t)blockIdx.x * M + vi * VEC + e] = db[u][e];
+            }
+        }
+    }
+}
+
+// dgamma[p] = sum over splits s of part[s * count + p], many splits: block (32,
+// 8) per 32 columns, row lane ty adds splits ty, ty + 8, ... (4 loads ahead),
+// then lane 0 adds the 8 lane sums in order.  Deterministic.
+template <typename A, typename P>
+__global__ void norm_param_grads_finish_wide(const A* __restrict__ part_dgamma, const A* __restrict__ part_dbeta,
+                                             P* __restrict__ dgamma, P* __restrict__ dbeta, long long splits,
+                                             long long count) {
+    __shared__ A red_g[8][33], red_b[8][33];
+    const long long p = (long long)blockIdx.x * 32 + threadIdx.x;
+    A sg = 0, sb = 0;
+    if (p < count) {
+        for (long long s0 = threadIdx.y; s0 < splits; s0 += 8 * 4) {
+            A vg[4], vb[4];
+#pragma unroll
+            for (int u = 0; u < 4; ++u) {
+                const long long s = s0 + 8 * u;
+                vg[u] = s < splits ? part_dgamma[s * count + p] : A(0);
+                vb[u] = s < splits ? part_dbeta[s * count + p] : A(0);
+            }
+#pragma unroll
+            for (int u = 0; u < 4; ++u) {
+                sg += vg[u];
+                sb += vb[u];
+            }
+        }
+    }
+    red_g[threadIdx.y][threadIdx.x] = sg;
+    red_b[threadIdx.y][threadIdx.x] = sb;
+    __syncthreads();
+    if (threadIdx.y == 0 && p < count) {
+        for (int k = 1; k < 8; ++k) {
+            sg += red_g[k][threadIdx.x];
+            sb += red_b[k][threadIdx.x];
+        }
+        dgamma[p] = store<P>(sg);
+        if (dbeta != nullptr) dbeta[p] = store<P>(sb);
     }
 }
 

@@ -21,6 +21,8 @@
 //
 // reduce_rows: x viewed as (outputs, R) with each output's R values contiguous:
 // one block (256 threads) per (output, split) reduces a contiguous range.
+// reduce_planes: (R1, O, R2) with enough outputs O to fill the GPU, one block per
+// output (one launch; see there).
 // reduce_columns: x viewed as (O1, R, O2), output (o1, o2) reduces a column:
 // one thread per (o1, o2, split), consecutive threads on consecutive o2
 // (coalesced).  Either writes partials in A when the host splits R (then a
@@ -157,6 +159,51 @@ __global__ void reduce_rows(const Tin* __restrict__ x, Tout* __restrict__ out, i
 #pragma unroll
         for (int off = 16; off > 0; off >>= 1) acc = reduce_combine(acc, __shfl_xor_sync(0xffffffffu, acc, off), combine);
         if (lane == 0) out[block] = store<Tout>(reduce_finish(acc, finish, scale));
+    }
+}
+
+// reduce_planes: x viewed as (R1, O, R2), one block per output o reduces its
+// R1 planes of R2 contiguous values -- NCHW over (0, 2, 3) in one launch, no
+// partials.  The block's values are R1 * R2 / VEC vectors, taken flat: thread t
+// loads vectors t + u * blockDim (u < TENSOR_UNROLL in flight) of 16 bytes
+// when R2 % VEC == 0 and x is aligned; the block then combines in a fixed
+// order (warp shuffles, then warp 0 over the warps).
+template <typename Tin, typename Tout, typename index_t, int VEC>
+__global__ void reduce_planes(const Tin* __restrict__ x, Tout* __restrict__ out, index_t R1, index_t O,
+                              index_t R2, int map, int combine, int finish, acc_t<Tin> scale) {
+    typedef acc_t<Tin> A;
+    __shared__ A scratch[32];
+    const index_t o = blockIdx.x;
+    const index_t R2v = R2 / VEC;
+    const index_t total = R1 * R2v;
+    const index_t T_ = blockDim.x;
+    A acc = reduce_identity<A>(combine);
+    for (index_t v0 = threadIdx.x; v0 < total; v0 += TENSOR_UNROLL * T_) {
+        TensorPack<Tin, VEC> pk[TENSOR_UNROLL];
+#pragma unroll
+        for (int u = 0; u < TENSOR_UNROLL; ++u) {
+            const index_t v = v0 + u * T_;
+            if (v < total) {
+                const index_t r1 = v / R2v, k = v - r1 * R2v;
+                pk[u] = *reinterpret_cast<const TensorPack<Tin, VEC>*>(x + (r1 * O + o) * R2 + k * VEC);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < TENSOR_UNROLL; ++u)
+            if (v0 + u * T_ < total)
+#pragma unroll
+                for (int e = 0; e < VEC; ++e) acc = reduce_combine(acc, reduce_map(A(load(pk[u].v[e])), map), combine);
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) acc = reduce_combine(acc, __shfl_xor_sync(0xffffffffu, acc, off), combine);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (lane == 0) scratch[warp] = acc;
+    __syncthreads();
+    if (warp == 0) {
+        acc = lane < (int)(blockDim.x >> 5) ? scratch[lane] : reduce_identity<A>(combine);
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) acc = reduce_combine(acc, __shfl_xor_sync(0xffffffffu, acc, off), combine);
+        if (lane == 0) out[o] = store<Tout>(reduce_finish(acc, finish, scale));
     }
 }
 

@@ -324,6 +324,37 @@ def test_channel_last_paths(xp, rng, dtype, x_shape, offset):
             assert_close(a, b, dtype, what=what)
 
 
+@pytest.mark.parametrize("flat", [True, False])
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("x_shape,offset", [((2, 5, 7, 7), 0), ((2, 5, 7, 7), 1), ((3, 4, 3), 0),
+                                            ((2, 3, 13), 0), ((2, 3, 1, 3, 7), 0), ((3, 5, 7), 0),
+                                            ((1, 1, 1, 3), 0), ((4, 3, 1, 2), 1), ((1, 2, 5, 5), 3)])
+def test_inference_flat_path(xp, rng, monkeypatch, flat, dtype, x_shape, offset):
+    """Inference with an inner size not a multiple of the vector width: the flat
+    kernel (16-byte vectors that cross channel boundaries; 4-byte accesses when
+    x.size % VEC != 0 or the data is misaligned) against the chunk kernel and the
+    float64 reference; the returned mean/invstd are the running statistics."""
+    from dnnprims import normalization
+    monkeypatch.setattr(normalization, "FLAT_INFERENCE", flat)
+    pdtype = np.float32 if dtype in (np.float16, _dtypes.BFLOAT16) else dtype
+    x_host = random_array(rng, x_shape, dtype, low=-1, high=3)
+    gamma, beta = _params(rng, x_shape, "NCHW", pdtype)
+    c = x_shape[1]
+    rm, rv = random_array(rng, (c,), pdtype), random_array(rng, (c,), pdtype, 0.5, 2)
+    buf = xp.empty(x_host.size + offset, dtype)
+    buf[offset:] = xp.asarray(x_host).ravel()
+    x = buf[offset:].reshape(x_shape)
+    y, mean, invstd = batchnorm(x, xp.asarray(gamma), xp.asarray(beta), xp.asarray(rm), xp.asarray(rv),
+                                training=False, return_stats=True)
+    f64 = lambda a: _host(a).astype(np.float64)  # noqa: E731
+    y64, mean64, invstd64 = batchnorm(f64(x_host), f64(gamma), f64(beta), f64(rm), f64(rv), training=False,
+                                      return_stats=True)
+    assert y.dtype == dtype and y.shape == x_shape
+    assert_close(y, y64, dtype, what="y")
+    assert_close(mean, mean64, dtype, what="mean")
+    assert_close(invstd, invstd64, dtype, what="invstd")
+
+
 def test_non_contiguous_inputs(xp, rng):
     base = random_array(rng, (2, 5, 7, 3), np.float32)
     x = xp.asarray(base).transpose(0, 3, 1, 2)  # NCHW view of NHWC memory

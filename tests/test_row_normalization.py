@@ -307,6 +307,38 @@ def test_layer_and_rms_norm_match_reference(xp, rng, dtype, pdtype, x_shape, nor
         _compare(got[int(not big):], want[int(not big):], dtype, ("dx", "dgamma")[int(not big):])
 
 
+@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("dtype,pdtype", _param_dtypes())
+@pytest.mark.parametrize("x_shape,offset", [((3, 1), 0), ((5, 3), 0), ((4, 7), 0), ((6, 13), 1), ((3000, 8), 0),
+                                            ((700, 96), 1), ((5, 1024), 0), ((3, 5000), 0), ((2, 40000), 0)])
+@pytest.mark.parametrize("affine", [True, False])
+def test_layer_and_rms_norm_fused_backward(xp, rng, monkeypatch, fused, dtype, pdtype, x_shape, offset, affine):
+    """dx and dgamma/dbeta from one read of x and dy (norm_rows_backward_fused:
+    rows of 1 to 5000 values, more rows than the resident blocks so a block
+    walks many rows, misaligned data) against the separate kernels (fused off)
+    and the float64 reference; a row too long for the registers (40000) falls
+    back to the separate kernels."""
+    from dnnprims import row_normalization
+    monkeypatch.setattr(row_normalization, "FUSED_BACKWARD", fused)
+    L = x_shape[-1]
+    x = random_array(rng, x_shape, dtype, low=-1, high=3)
+    dy = random_array(rng, x_shape, dtype)
+    gamma = random_array(rng, (L,), pdtype, 0.5, 1.5) if affine else None
+    on = lambda a: None if a is None else _placed(xp, a, offset)  # noqa: E731
+    big = L >= 3  # 1 or 2 values a row: dx ~0 up to eps terms, no relative error to compare
+    names = ("dx", "dgamma", "dbeta")[int(not big):]
+    want = layer_norm_backward(_f64(dy), _f64(x), L, _f64(gamma))
+    _, mean, rstd = layer_norm(on(x), L, on(gamma), return_stats=True)
+    for stats in ({}, dict(mean=mean, rstd=rstd)):
+        got = layer_norm_backward(on(dy), on(x), L, on(gamma), **stats)
+        assert got[0].dtype == dtype and got[1].dtype == (pdtype if affine else dtype)
+        _compare(got[int(not big):], want[int(not big):], dtype, names)
+    eps = float(np.finfo(_dtypes.accumulate_dtype(dtype)).eps)
+    want = rms_norm_backward(_f64(dy), _f64(x), L, _f64(gamma), eps=eps)
+    got = rms_norm_backward(on(dy), on(x), L, on(gamma))
+    _compare(got[int(not big):], want[int(not big):], dtype, ("dx", "dgamma")[int(not big):])
+
+
 GROUP_SHAPES = [((2, 6, 3, 5), 3, "NCHW"), ((2, 8, 4, 4), 2, "NCHW"), ((3, 4, 7), 4, "NCHW"),
                 ((2, 3, 5, 6), 2, "NHWC"), ((2, 4, 4, 16), 2, "NHWC"), ((1, 13, 4), 4, "NHWC"),
                 ((2, 4, 40, 40), 2, "NCHW")]

@@ -123,6 +123,35 @@ def test_forward_and_backward_against_reference(xp, rng, dtype, shape, axis):
                  what="log_softmax_backward")
 
 
+PAIR_CASES = [((2, 7, 3, 6), 1), ((2, 13, 2), 1), ((3, 1, 4), 1), ((1, 3, 130), 1), ((2, 256, 64), 1),
+              ((2, 600, 16), 1), ((2, 3000, 4), 1), ((4, 7, 14), 1), ((3, 5, 7, 2), 2)]
+
+
+@pytest.mark.parametrize("pairs", [True, False])
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("shape,axis", PAIR_CASES, ids=[f"{s}-axis{a}" for s, a in PAIR_CASES])
+def test_channel_pairs_paths(xp, rng, monkeypatch, pairs, dtype, shape, axis):
+    """16-bit channel tiles with two inner positions per thread (inner even:
+    one and several tiles, a partial last tile, narrow tiles for a long axis, an
+    axis too long for any tile), against the one-position kernels (pairs off)
+    and the float64 reference, forward and backward."""
+    from dnnprims import softmaxes
+    monkeypatch.setattr(softmaxes, "CHANNEL_PAIRS", {"forward": pairs, "backward": pairs})
+    monkeypatch.setattr(softmaxes, "_PLANS", {})
+    x = random_array(rng, shape, dtype, low=-4, high=4)
+    dy = random_array(rng, shape, dtype)
+    x64, dy64 = x.astype(np.float64), dy.astype(np.float64)
+    assert_close(softmax(xp.asarray(x), axis=axis), ref.softmax(x64, axis), dtype, what="softmax")
+    assert_close(log_softmax(xp.asarray(x), axis=axis), ref.log_softmax(x64, axis), dtype, what="log_softmax")
+    y_stored = ref.softmax(x, axis)
+    assert_close(softmax_backward(xp.asarray(dy), xp.asarray(y_stored), axis=axis),
+                 ref.softmax_backward(dy64, y_stored.astype(np.float64), axis), dtype, what="softmax_backward")
+    logy_stored = ref.log_softmax(x, axis)
+    assert_close(log_softmax_backward(xp.asarray(dy), xp.asarray(logy_stored), axis=axis),
+                 ref.log_softmax_backward(dy64, logy_stored.astype(np.float64), axis), dtype,
+                 what="log_softmax_backward")
+
+
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 def test_minus_infinity_entries(xp, dtype):
     """Masked (-inf) entries get probability 0; a fully masked slice is NaN, as in PyTorch."""

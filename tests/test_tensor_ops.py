@@ -128,6 +128,38 @@ def test_reduce_matches_reference(xp, rng, dtype, shape, axes, keepdims):
         assert_close(got, want, dtype, what=op, magnitude=magnitude)
 
 
+@pytest.mark.parametrize("path", ["rows", "planes"])
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("shape,axes,offset", [((7, 13), (1,), 0), ((3, 16), (1,), 0), ((3, 16), (1,), 1),
+                                               ((5, 1), (1,), 0), ((2, 3, 7, 7), (0, 2, 3), 0),
+                                               ((3, 4, 8, 8), (0, 2, 3), 0), ((3, 4, 8, 8), (0, 2, 3), 3),
+                                               ((2, 5, 300), (2,), 0), ((4, 2, 3, 1), (0, 2, 3), 0),
+                                               ((7, 13, 3), (0, 2), 0), ((1, 3, 1, 1), (0, 2, 3), 0),
+                                               ((3, 2, 40, 50), (0, 2, 3), 0)])
+def test_reduce_planes_and_rows_paths(xp, rng, monkeypatch, path, dtype, shape, axes, offset):
+    """The one-launch (R1, O, R2) planes kernel (forced for any number of
+    outputs) and the rows / columns kernels agree with the reference: 16-byte
+    loads when the contiguous run is a multiple of the vector width and x is
+    aligned, scalar otherwise; a repeated call (the memoised plan) gives the
+    same bits."""
+    from dnnprims import tensor_ops
+    monkeypatch.setattr(tensor_ops, "PLANES_MIN_OUTPUTS", 1 if path == "planes" else 10**18)
+    monkeypatch.setattr(tensor_ops, "_MEMO", type(tensor_ops._MEMO)())
+    x_host = random_array(rng, shape, dtype, low=-1, high=2)
+    buf = xp.empty(x_host.size + offset, dtype)
+    buf[offset:] = xp.asarray(x_host).ravel()
+    x = buf[offset:].reshape(shape)
+    for op in OPS:
+        got = reduce_tensor(x, axes, op)
+        want = reduce_tensor(_f64(x_host), axes, op)
+        assert got.dtype == dtype and got.shape == want.shape
+        magnitude = reduce_tensor(np.abs(_f64(x_host)), axes, op) if op in ("sum", "mean") else None
+        assert_close(got, want, dtype, what=op, magnitude=magnitude)
+        np.testing.assert_array_equal(_host(reduce_tensor(x, axes, op)), _host(got))
+    kept = reduce_tensor(x, axes, "sum", keepdims=True)
+    assert kept.shape == tuple(1 if i in axes else d for i, d in enumerate(shape))
+
+
 @HYPOTHESIS
 @given(problem=broadcast_problems())
 def test_add_tensor_hypothesis(xp, problem):
