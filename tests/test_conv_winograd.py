@@ -193,6 +193,7 @@ GPU_CASES = [
 ]
 
 
+@pytest.mark.gpu   # the `gpu` fixture alone does not mark it: gpu_suite.sh selects -m gpu
 @pytest.mark.parametrize("m,r", VARIANTS)
 @pytest.mark.parametrize("case", GPU_CASES)
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
@@ -214,6 +215,7 @@ def test_gpu_matches_reference(gpu, rng, m, r, case, dtype):
                  algorithm=name, what="backward_data")
 
 
+@pytest.mark.gpu   # the `gpu` fixture alone does not mark it: gpu_suite.sh selects -m gpu
 @pytest.mark.parametrize("m,r", VARIANTS)
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
 def test_gpu_wide_channels_in_batch_chunks(gpu, rng, monkeypatch, m, r, layout):
@@ -505,6 +507,7 @@ WGRAD_GPU_CASES = [
 ]
 
 
+@pytest.mark.gpu   # the `gpu` fixture alone does not mark it: gpu_suite.sh selects -m gpu
 @pytest.mark.parametrize("m,r", VARIANTS)
 @pytest.mark.parametrize("case", WGRAD_GPU_CASES)
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
@@ -521,6 +524,7 @@ def test_gpu_wgrad_matches_reference(gpu, rng, m, r, case, dtype):
                  algorithm=WGRAD[m, r], what="backward_filter")
 
 
+@pytest.mark.gpu   # the `gpu` fixture alone does not mark it: gpu_suite.sh selects -m gpu
 @pytest.mark.parametrize("m,r", VARIANTS)
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
 def test_gpu_wgrad_wide_channels_in_chunks_and_splits(gpu, rng, monkeypatch, m, r, layout):
