@@ -1,6 +1,9 @@
-"""The "winograd" algorithms: Winograd minimal filtering F(m x m, 3 x 3) for 3x3
+"""The "winograd" algorithms: Winograd minimal filtering F(m x m, r x r) for r x r
 filters, stride 1, dilation 1, any padding, groups 1; forward and backward data,
-and F(3 x 3, m x m) for backward filter (kernels/conv_winograd.cu).
+and F(r x r, m x m) for backward filter (kernels/conv_winograd.cu).  Registered
+(m, r) pairs: VARIANTS -- F(2x2, 3x3), F(4x4, 3x3), F(2x2, 5x5); one code path,
+the kernels templated on (M, R).  Below, r = 3 for brevity: replace 3 by r,
+alpha = m + 2 by alpha = m + r - 1, 9 by r^2 and padding 2 - p by r - 1 - p.
 
 Structure (three stages; Lavin and Gray, "Fast Algorithms for Convolutional
 Neural Networks", 2016):
