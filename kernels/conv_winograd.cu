@@ -1,4 +1,4 @@
-// Winograd F(M x M, 3 x 3) convolution, stride 1: the input and output transforms
+// Winograd F(M x M, R x R) convolution, stride 1 (R = 3 or 5): the input and output transforms
 // and the filter transform around the alpha^2 batched GEMMs (cuBLAS, from
 // Python: dnnprims/algos/winograd.py, which also derives the matrices and
 // generates conv_winograd_matrices.cuh from the Toom-Cook points).
@@ -25,13 +25,13 @@
 
 // x (N, C, H, W) or (N, H, W, C) -> V.  Tiles start at (th * M - pad_h,
 // tw * M - pad_w); a negative pad (backward data with padding > 2) crops.
-template <typename T, int M, bool NHWC>
+template <typename T, int M, int R, bool NHWC>
 __global__ void __launch_bounds__(256)
 winograd_input_transform(const T* __restrict__ x, acc_t<T>* __restrict__ v,
                          int C, int H, int W, int pad_h, int pad_w,
                          int tiles_h, int tiles_w, int tiles, int n0) {
     typedef acc_t<T> A;
-    typedef winograd_matrices<M> F;
+    typedef winograd_matrices<M, R> F;
     constexpr int ALPHA = F::ALPHA;
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= C * tiles) return;
@@ -83,37 +83,37 @@ winograd_input_transform(const T* __restrict__ x, acc_t<T>* __restrict__ v,
     }
 }
 
-// w (K, C, 3, 3) -> U[a][kout][cin] = (G g G^T)[a] for the Winograd convolution
+// w (K, C, R, R) -> U[a][kout][cin] = (G g G^T)[a] for the Winograd convolution
 // with Kout output and Cin input channels.  rotate = 0: g = w[kout][cin]
 // (forward).  rotate = 1: g = w[cin][kout] rotated by 180 degrees (backward
 // data: w's K is the convolution's Cin, w's C its Kout).
-template <typename T, int M>
+template <typename T, int M, int R>
 __global__ void __launch_bounds__(256)
 winograd_filter_transform(const T* __restrict__ w, acc_t<T>* __restrict__ u,
                           int Kout, int Cin, int rotate) {
     typedef acc_t<T> A;
-    typedef winograd_matrices<M> F;
+    typedef winograd_matrices<M, R> F;
     constexpr int ALPHA = F::ALPHA;
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= Kout * Cin) return;
     const int cin = i % Cin, kout = i / Cin;
-    A g[3][3];
+    A g[R][R];
 #pragma unroll
-    for (int r = 0; r < 3; ++r) {
+    for (int r = 0; r < R; ++r) {
 #pragma unroll
-        for (int s = 0; s < 3; ++s) {
-            g[r][s] = rotate ? load(w[((cin * Kout + kout) * 3 + 2 - r) * 3 + 2 - s])
-                             : load(w[((kout * Cin + cin) * 3 + r) * 3 + s]);
+        for (int s = 0; s < R; ++s) {
+            g[r][s] = rotate ? load(w[((cin * Kout + kout) * R + R - 1 - r) * R + R - 1 - s])
+                             : load(w[((kout * Cin + cin) * R + r) * R + s]);
         }
     }
-    A gg[ALPHA][3];   // G g
+    A gg[ALPHA][R];   // G g
 #pragma unroll
     for (int r = 0; r < ALPHA; ++r) {
 #pragma unroll
-        for (int s = 0; s < 3; ++s) {
+        for (int s = 0; s < R; ++s) {
             A sum = A(0);
 #pragma unroll
-            for (int k = 0; k < 3; ++k) {
+            for (int k = 0; k < R; ++k) {
                 if (F::g(r, k) != 0.0) sum += A(F::g(r, k)) * g[k][s];
             }
             gg[r][s] = sum;
@@ -126,7 +126,7 @@ winograd_filter_transform(const T* __restrict__ w, acc_t<T>* __restrict__ u,
         for (int s = 0; s < ALPHA; ++s) {
             A sum = A(0);
 #pragma unroll
-            for (int k = 0; k < 3; ++k) {
+            for (int k = 0; k < R; ++k) {
                 if (F::g(s, k) != 0.0) sum += gg[r][k] * A(F::g(s, k));
             }
             u[(r * ALPHA + s) * plane + i] = sum;
@@ -136,13 +136,13 @@ winograd_filter_transform(const T* __restrict__ w, acc_t<T>* __restrict__ u,
 
 // Mw -> y (N, K, P, Q) or (N, P, Q, K): Y = A^T Mw A (+ bias), the part of the
 // M x M tile inside P x Q.
-template <typename T, int M, bool NHWC>
+template <typename T, int M, int R, bool NHWC>
 __global__ void __launch_bounds__(256)
 winograd_output_transform(const acc_t<T>* __restrict__ mw, const T* __restrict__ bias, int has_bias,
                           T* __restrict__ y, int K, int P, int Q,
                           int tiles_h, int tiles_w, int tiles, int n0) {
     typedef acc_t<T> A;
-    typedef winograd_matrices<M> F;
+    typedef winograd_matrices<M, R> F;
     constexpr int ALPHA = F::ALPHA;
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= K * tiles) return;
@@ -191,9 +191,9 @@ winograd_output_transform(const acc_t<T>* __restrict__ mw, const T* __restrict__
     }
 }
 
-// ---- Backward filter: Winograd F(3x3, M x M) ------------------------------------
-// dw[k][c] (3x3) = sum over tiles t of the correlation of the x tile (ALPHA x ALPHA)
-// with the dy tile (M x M): per tile F(3x3, MxM), and since the inverse transform
+// ---- Backward filter: Winograd F(R x R, M x M) ----------------------------------
+// dw[k][c] (RxR) = sum over tiles t of the correlation of the x tile (ALPHA x ALPHA)
+// with the dy tile (M x M): per tile F(RxR, MxM), and since the inverse transform
 // is linear the sum over t moves inside it,
 //     dw[k][c] = A^T ( sum_t (G dy[k,t] G^T) .* (B^T x[c,t] B) ) A,
 // i.e. ALPHA^2 GEMMs Mw[a] = Dt[a] Xt[a]^T of depth "tiles" (cuBLAS, from Python).
@@ -210,13 +210,13 @@ winograd_output_transform(const acc_t<T>* __restrict__ mw, const T* __restrict__
 // NHWC, so the stores are coalesced and the loads run along W or C.
 
 // x -> Xt: B^T d B of the ALPHA x ALPHA tile at (th * M - pad_h, tw * M - pad_w).
-template <typename T, int M, bool NHWC>
+template <typename T, int M, int R, bool NHWC>
 __global__ void __launch_bounds__(256)
 winograd_wgrad_input_transform(const T* __restrict__ x, acc_t<T>* __restrict__ v,
                                int C, int H, int W, int pad_h, int pad_w, int tiles_h, int tiles_w,
                                int tiles, int n0, int splits, int split_tiles) {
     typedef acc_t<T> A;
-    typedef winograd_wgrad_matrices<M> F;
+    typedef winograd_wgrad_matrices<M, R> F;
     constexpr int ALPHA = F::ALPHA;
     const int plane = C * splits * split_tiles;
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
@@ -276,13 +276,13 @@ winograd_wgrad_input_transform(const T* __restrict__ x, acc_t<T>* __restrict__ v
 }
 
 // dy -> Dt: G e G^T of the M x M tile e at (th * M, tw * M), zero outside P x Q.
-template <typename T, int M, bool NHWC>
+template <typename T, int M, int R, bool NHWC>
 __global__ void __launch_bounds__(256)
 winograd_wgrad_grad_transform(const T* __restrict__ dy, acc_t<T>* __restrict__ v,
                               int K, int P, int Q, int tiles_h, int tiles_w,
                               int tiles, int n0, int splits, int split_tiles) {
     typedef acc_t<T> A;
-    typedef winograd_wgrad_matrices<M> F;
+    typedef winograd_wgrad_matrices<M, R> F;
     constexpr int ALPHA = F::ALPHA;
     const int plane = K * splits * split_tiles;
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
@@ -341,14 +341,14 @@ winograd_wgrad_grad_transform(const T* __restrict__ dy, acc_t<T>* __restrict__ v
     }
 }
 
-// Mw -> dw (K, C, 3, 3): the splits summed in order (the same bits every run),
+// Mw -> dw (K, C, R, R): the splits summed in order (the same bits every run),
 // then A^T Mw A.  One thread per (k, c), c fastest: the Mw reads are coalesced.
-template <typename T, int M>
+template <typename T, int M, int R>
 __global__ void __launch_bounds__(256)
 winograd_wgrad_output_transform(const acc_t<T>* __restrict__ mw, T* __restrict__ dw,
                                 int K, int C, int splits) {
     typedef acc_t<T> A;
-    typedef winograd_wgrad_matrices<M> F;
+    typedef winograd_wgrad_matrices<M, R> F;
     constexpr int ALPHA = F::ALPHA;
     const int plane = K * C;
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
@@ -364,9 +364,9 @@ winograd_wgrad_output_transform(const acc_t<T>* __restrict__ mw, T* __restrict__
             mt[r][s] = sum;
         }
     }
-    A am[3][ALPHA];   // A^T Mw
+    A am[R][ALPHA];   // A^T Mw
 #pragma unroll
-    for (int r = 0; r < 3; ++r) {
+    for (int r = 0; r < R; ++r) {
 #pragma unroll
         for (int s = 0; s < ALPHA; ++s) {
             A sum = A(0);
@@ -378,15 +378,15 @@ winograd_wgrad_output_transform(const acc_t<T>* __restrict__ mw, T* __restrict__
         }
     }
 #pragma unroll
-    for (int r = 0; r < 3; ++r) {
+    for (int r = 0; r < R; ++r) {
 #pragma unroll
-        for (int s = 0; s < 3; ++s) {
+        for (int s = 0; s < R; ++s) {
             A sum = A(0);
 #pragma unroll
             for (int j = 0; j < ALPHA; ++j) {
                 if (F::at(s, j) != 0.0) sum += am[r][j] * A(F::at(s, j));
             }
-            dw[i * 9 + r * 3 + s] = store<T>(sum);
+            dw[i * (R * R) + r * R + s] = store<T>(sum);
         }
     }
 }

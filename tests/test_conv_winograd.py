@@ -1,4 +1,5 @@
-"""Winograd F(2x2, 3x3) and F(4x4, 3x3): the transforms against their
+"""Winograd F(2x2, 3x3), F(4x4, 3x3) and F(2x2, 5x5) (and the backward-filter
+F(3x3, 2x2), F(3x3, 4x4), F(5x5, 2x2)): the transforms against their
 definition, the three stages on NumPy against the reference, the accuracy
 bounds of the tolerance table, and the GPU kernels (the registry-wide checks
 of tests/test_conv.py run them too, on the small CASES)."""
@@ -20,36 +21,41 @@ from dnnprims.testing.tolerances import TOLERANCES, relative_error
 from conftest import FLOAT_DTYPES, random_array
 
 F64 = np.float64
-NAMES = {2: "winograd_f2x2_3x3", 4: "winograd_f4x4_3x3"}
+# (m, r) -> name: forward / backward data F(m x m, r x r).
+NAMES = {(2, 3): "winograd_f2x2_3x3", (4, 3): "winograd_f4x4_3x3", (2, 5): "winograd_f2x2_5x5"}
+VARIANTS = winograd.VARIANTS
 
 
 def _fraction(rng):
     return Fraction(rng.randint(-50, 50), rng.randint(1, 9))
 
 
-@pytest.mark.parametrize("m", sorted(winograd.POINTS))
-def test_transforms_compute_the_correlation_exactly(m):
+@pytest.mark.parametrize("m,r", VARIANTS)
+def test_transforms_compute_the_correlation_exactly(m, r):
     # 1-D: A^T [(G g) * (B^T d)] == sum_j d[i + j] g[j], in exact arithmetic.
-    rng = random.Random(m)
+    rng = random.Random(m * 10 + r)
+    alpha = m + r - 1
     for _ in range(30):
-        d = [_fraction(rng) for _ in range(m + 2)]
-        g = [_fraction(rng) for _ in range(3)]
+        d = [_fraction(rng) for _ in range(alpha)]
+        g = [_fraction(rng) for _ in range(r)]
         assert winograd.apply_1d(m, d, g) == winograd.correlate_1d(d, g)
     # On unit vectors the identity pins every entry: A^T diag(G e_j) B^T == the
     # correlation matrix of filter tap j (row i selects d[i + j]).
-    at, g, bt = winograd.toom_cook(m)
-    for j in range(3):
-        for k in range(m + 2):
-            got = [sum(at[i][a] * g[a][j] * bt[a][k] for a in range(m + 2)) for i in range(m)]
+    at, g, bt = winograd.toom_cook(m, r)
+    for j in range(r):
+        for k in range(alpha):
+            got = [sum(at[i][a] * g[a][j] * bt[a][k] for a in range(alpha)) for i in range(m)]
             assert got == [Fraction(int(k == i + j)) for i in range(m)]
 
 
 def test_transforms_have_the_documented_shapes_and_integer_input_transform():
-    for m in winograd.POINTS:
-        at, g, bt = winograd.toom_cook(m)
-        alpha = m + 2
-        assert (len(at), len(at[0]), len(g), len(g[0]), len(bt), len(bt[0])) == (m, alpha, alpha, 3, alpha, alpha)
+    for m, r in VARIANTS:
+        at, g, bt = winograd.toom_cook(m, r)
+        alpha = m + r - 1
+        assert (len(at), len(at[0]), len(g), len(g[0]), len(bt), len(bt[0])) == (m, alpha, alpha, r, alpha, alpha)
         assert all(v.denominator == 1 for row in bt for v in row)   # B^T: small integers
+    # The input transform depends on the points only: F(2, 5) shares F(4, 3)'s.
+    assert winograd.toom_cook(2, 5)[2] == winograd.toom_cook(4, 3)[2]
     assert [[int(v) for v in row] for row in winograd.toom_cook(2)[2]] == [
         [1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, -1, 0, 1]]   # Lavin & Gray's B^T
 
@@ -74,40 +80,43 @@ def test_generated_header_is_current():
 def _reference(x, w, padding, direction):
     if direction == "forward":
         return conv2d_forward(x, w, padding=padding)
-    shape = (x.shape[0], w.shape[1], x.shape[2] - 2 * padding + 2, x.shape[3] - 2 * padding + 2)
+    r = w.shape[2]
+    shape = (x.shape[0], w.shape[1], x.shape[2] - 2 * padding + r - 1, x.shape[3] - 2 * padding + r - 1)
     return conv2d_backward_data(x, w, shape, padding=padding)
 
 
 @settings(max_examples=40, deadline=None)
-@given(m=st.sampled_from(sorted(winograd.POINTS)), n=st.integers(1, 2), c=st.integers(1, 4),
+@given(mr=st.sampled_from(VARIANTS), n=st.integers(1, 2), c=st.integers(1, 4),
        k=st.integers(1, 4), h=st.sampled_from((1, 3, 7, 13)), w_=st.sampled_from((1, 3, 7, 13)),
-       padding=st.integers(0, 3), direction=st.sampled_from(("forward", "backward_data")),
+       padding=st.integers(0, 5), direction=st.sampled_from(("forward", "backward_data")),
        seed=st.integers(0, 2**32 - 1))
-def test_three_stages_on_numpy_match_the_reference(m, n, c, k, h, w_, padding, direction, seed):
+def test_three_stages_on_numpy_match_the_reference(mr, n, c, k, h, w_, padding, direction, seed):
+    m, r = mr
     rng = np.random.default_rng(seed)
     if direction == "forward":
-        if min(h, w_) + 2 * padding < 3:
+        if min(h, w_) + 2 * padding < r:
             return
-        x, w = random_array(rng, (n, c, h, w_)), random_array(rng, (k, c, 3, 3))
-    else:   # x stands for dy of a forward pass with input h + 2 - 2p
-        if min(h, w_) + 2 - 2 * padding < 1:
+        x, w = random_array(rng, (n, c, h, w_)), random_array(rng, (k, c, r, r))
+    else:   # x stands for dy of a forward pass with input h + r - 1 - 2p
+        if min(h, w_) + r - 1 - 2 * padding < 1:
             return
-        x, w = random_array(rng, (n, k, h, w_)), random_array(rng, (k, c, 3, 3))
+        x, w = random_array(rng, (n, k, h, w_)), random_array(rng, (k, c, r, r))
     got = winograd.emulate(x, w, m, (padding, padding), F64, direction)
     np.testing.assert_allclose(got, _reference(x, w, padding, direction), rtol=1e-11, atol=1e-11)
 
 
-@pytest.mark.parametrize("m", sorted(winograd.POINTS))
-def test_float32_error_is_within_the_tolerance_row(m):
+@pytest.mark.parametrize("m,r", VARIANTS)
+def test_float32_error_is_within_the_tolerance_row(m, r):
     # The measurement behind the table's rows, on one mid-size problem: float32
     # transforms and GEMMs against the float64 reference, N(0, 1) data.
     rng = np.random.default_rng(7)
-    x, w = rng.standard_normal((1, 128, 12, 12)), rng.standard_normal((128, 128, 3, 3))
-    y = conv2d_forward(x, w, padding=1)
-    err = relative_error(winograd.emulate(x, w, m, (1, 1), np.float32), y)
-    bound = TOLERANCES[("float32", NAMES[m])]
+    pad = (r - 1) // 2
+    x, w = rng.standard_normal((1, 128, 12, 12)), rng.standard_normal((128, 128, r, r))
+    y = conv2d_forward(x, w, padding=pad)
+    err = relative_error(winograd.emulate(x, w, m, (pad, pad), np.float32), y)
+    bound = TOLERANCES[("float32", NAMES[m, r])]
     assert err <= bound / 2 and bound <= TOLERANCES[("float32", "default")]
-    assert algos.REGISTRY[NAMES[m]].strict   # within the float32 direct bound
+    assert algos.REGISTRY[NAMES[m, r]].strict   # within the float32 direct bound
 
 
 def _problem(x_shape, w_shape, dtype=np.float32, **opts):
@@ -116,24 +125,31 @@ def _problem(x_shape, w_shape, dtype=np.float32, **opts):
                                    opts.get("layout", "NCHW"), dtype)
 
 
-@pytest.mark.parametrize("opts,w_shape,match", [
-    (dict(), (8, 4, 5, 5), "3x3 filters only"),
-    (dict(stride=2), (8, 4, 3, 3), "stride 1"),
-    (dict(dilation=2), (8, 4, 3, 3), "dilation 1"),
-    (dict(groups=2), (8, 2, 3, 3), "ungrouped"),
-])
-def test_refuses_what_it_cannot_compute(opts, w_shape, match):
-    p = _problem((2, 4, 9, 9), w_shape, **opts)
-    for name in NAMES.values():
-        ok, reason = algos.REGISTRY[name].supports(p, "forward")
+def _bad_inputs(r):
+    """(options, filter shape, reason) that an F(., r x r) algorithm must refuse."""
+    other = 5 if r == 3 else 3
+    return [(dict(), (8, 4, other, other), f"{r}x{r} filters only"),
+            (dict(padding=2), (8, 4, 7, 7), f"{r}x{r} filters only"),
+            (dict(stride=2), (8, 4, r, r), "stride 1"),
+            (dict(dilation=2), (8, 4, r, r), "dilation 1"),
+            (dict(groups=2), (8, 2, r, r), "ungrouped")]
+
+
+@pytest.mark.parametrize("m,r", VARIANTS)
+def test_refuses_what_it_cannot_compute(m, r):
+    algorithm = algos.REGISTRY[NAMES[m, r]]
+    for opts, w_shape, match in _bad_inputs(r):
+        ok, reason = algorithm.supports(_problem((2, 4, 9, 9), w_shape, **opts), "forward")
         assert not ok and match in reason
-    ok, reason = algos.REGISTRY[NAMES[2]].supports(_problem((2, 4, 9, 9), (8, 4, 3, 3)), "backward_filter")
+    good = _problem((2, 4, 9, 9), (8, 4, r, r), padding=(r - 1) // 2)
+    ok, reason = algorithm.supports(good, "backward_filter")
     assert not ok and "backward_filter" in reason
+    assert algorithm.supports(good, "forward") == (True, "")
 
 
 def test_workspace_is_reported_bounded_and_limits_the_choice(monkeypatch):
     p = _problem((32, 64, 224, 224), (64, 64, 3, 3))
-    f4 = algos.REGISTRY[NAMES[4]]
+    f4 = algos.REGISTRY[NAMES[4, 3]]
     need = f4.workspace_bytes(p, "forward")
     assert 0 < need <= winograd.WORKSPACE_BOUND + 36 * 64 * 64 * 4
     # One image of V and M: 36 * (64 + 64) * 56 * 56 floats.
@@ -142,9 +158,9 @@ def test_workspace_is_reported_bounded_and_limits_the_choice(monkeypatch):
     monkeypatch.setattr(winograd, "WORKSPACE_BOUND", 10 * 2**30)   # the whole batch in one chunk
     assert f4.workspace_bytes(p, "forward") == 36 * 64 * 64 * 4 + 32 * 36 * 128 * 56 * 56 * 4
     monkeypatch.undo()
-    assert algos.explain_auto(p, "forward")[0] == NAMES[4]
+    assert algos.explain_auto(p, "forward")[0] == NAMES[4, 3]
     assert algos.explain_auto(p, "forward", algos.ConvOptions(workspace_limit=0))[0] == "implicit_gemm"
-    small = algos.REGISTRY[NAMES[2]].workspace_bytes(p, "forward")
+    small = algos.REGISTRY[NAMES[2, 3]].workspace_bytes(p, "forward")
     assert algos.explain_auto(p, "forward", algos.ConvOptions(workspace_limit=small))[0] in NAMES.values()
 
 
@@ -153,21 +169,22 @@ def test_auto_takes_winograd_for_wide_large_3x3_float32_only(rule_only):
         return algos.explain_auto(_problem(x_shape, w_shape, dtype, **opts), direction)[0]
 
     big = (32, 64, 56, 56)    # r50_2_3x3: 7.4 GFLOP
-    assert auto(big, (64, 64, 3, 3)) == NAMES[4]
-    assert auto(big, (64, 64, 3, 3), direction="backward_data", padding=0) == NAMES[4]
-    assert auto(big, (64, 64, 3, 3), direction="backward_filter") != NAMES[4]
+    assert auto(big, (64, 64, 3, 3)) == NAMES[4, 3]
+    assert auto(big, (64, 64, 3, 3), direction="backward_data", padding=0) == NAMES[4, 3]
+    assert auto(big, (64, 64, 3, 3), direction="backward_filter") != NAMES[4, 3]
     assert auto((1, 64, 56, 56), (64, 64, 3, 3)) == "implicit_gemm"      # batch 1: 0.23 GFLOP
     assert auto((32, 32, 56, 56), (64, 32, 3, 3)) == "implicit_gemm"     # C < 64
     assert auto(big, (64, 64, 3, 3), np.float16) == "implicit_gemm"
     assert auto(big, (64, 64, 3, 3), stride=2) == "implicit_gemm"
     name, reason = dnnprims.conv2d_choose(big, (64, 64, 3, 3), padding=1, precision="strict")
-    assert name == NAMES[4] and "Winograd" in reason
+    assert name == NAMES[4, 3] and "Winograd" in reason
 
 
 # --- the GPU kernels --------------------------------------------------------------
 
 GPU_CASES = [
-    # (N, C, H, W, K, padding, layout)
+    # (N, C, H, W, K, padding, layout); padding + r - 3 for r x r filters (the
+    # same output sizes, and the last case still crops in backward data).
     pytest.param((2, 5, 9, 11, 7, 1, "NCHW"), id="odd"),
     pytest.param((3, 6, 13, 7, 4, 0, "NHWC"), id="nhwc-pad0"),
     pytest.param((1, 3, 7, 7, 2, 2, "NCHW"), id="pad2"),
@@ -176,45 +193,50 @@ GPU_CASES = [
 ]
 
 
-@pytest.mark.parametrize("m", sorted(winograd.POINTS))
+@pytest.mark.gpu   # the `gpu` fixture alone does not mark it: gpu_suite.sh selects -m gpu
+@pytest.mark.parametrize("m,r", VARIANTS)
 @pytest.mark.parametrize("case", GPU_CASES)
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
-def test_gpu_matches_reference(gpu, rng, m, case, dtype):
+def test_gpu_matches_reference(gpu, rng, m, r, case, dtype):
     N, C, H, W, K, padding, layout = case
+    padding += r - 3
+    name = NAMES[m, r]
     shape = (N, C, H, W) if layout == "NCHW" else (N, H, W, C)
-    x, w, b = random_array(rng, shape, dtype), random_array(rng, (K, C, 3, 3), dtype), random_array(rng, (K,), dtype)
+    x, w, b = random_array(rng, shape, dtype), random_array(rng, (K, C, r, r), dtype), random_array(rng, (K,), dtype)
     opts = dict(padding=padding, layout=layout)
     x64, w64, b64 = x.astype(F64), w.astype(F64), b.astype(F64)
     y64 = conv2d_forward(x64, w64, b64, **opts)
-    y = conv2d_forward(gpu.asarray(x), gpu.asarray(w), gpu.asarray(b), algo=NAMES[m], **opts)
+    y = conv2d_forward(gpu.asarray(x), gpu.asarray(w), gpu.asarray(b), algo=name, **opts)
     magnitude = conv2d_forward(np.abs(x64), np.abs(w64), np.abs(b64), **opts)
-    assert_close(y, y64, dtype, algorithm=NAMES[m], what="forward", magnitude=magnitude)
+    assert_close(y, y64, dtype, algorithm=name, what="forward", magnitude=magnitude)
     dy = random_array(rng, y64.shape, dtype)
-    dx = conv2d_backward_data(gpu.asarray(dy), gpu.asarray(w), x.shape, algo=NAMES[m], **opts)
+    dx = conv2d_backward_data(gpu.asarray(dy), gpu.asarray(w), x.shape, algo=name, **opts)
     assert_close(dx, conv2d_backward_data(dy.astype(F64), w64, x.shape, **opts), dtype,
-                 algorithm=NAMES[m], what="backward_data")
+                 algorithm=name, what="backward_data")
 
 
-@pytest.mark.parametrize("m", sorted(winograd.POINTS))
+@pytest.mark.gpu   # the `gpu` fixture alone does not mark it: gpu_suite.sh selects -m gpu
+@pytest.mark.parametrize("m,r", VARIANTS)
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
-def test_gpu_wide_channels_in_batch_chunks(gpu, rng, monkeypatch, m, layout):
+def test_gpu_wide_channels_in_batch_chunks(gpu, rng, monkeypatch, m, r, layout):
     # 128 channels (several GEMM tiles), and a workspace bound of two images so
     # the batch of 5 runs in three chunks (the last one short).
     N, C, H, K = 5, 128, 10, 96
+    name = NAMES[m, r]
     tiles = ceil_div(H, m) ** 2
-    per_image = (m + 2) ** 2 * (C + K) * tiles * 4
+    per_image = (m + r - 1) ** 2 * (C + K) * tiles * 4
     monkeypatch.setattr(winograd, "WORKSPACE_BOUND", 2 * per_image)
     shape = (N, C, H, H) if layout == "NCHW" else (N, H, H, C)
-    x, w = rng.standard_normal(shape).astype(np.float32), rng.standard_normal((K, C, 3, 3)).astype(np.float32)
+    x, w = rng.standard_normal(shape).astype(np.float32), rng.standard_normal((K, C, r, r)).astype(np.float32)
     b = rng.standard_normal(K).astype(np.float32)
-    opts = dict(padding=1, layout=layout)
-    y = conv2d_forward(gpu.asarray(x), gpu.asarray(w), gpu.asarray(b), algo=NAMES[m], **opts)
+    opts = dict(padding=(r - 1) // 2, layout=layout)
+    y = conv2d_forward(gpu.asarray(x), gpu.asarray(w), gpu.asarray(b), algo=name, **opts)
     assert_close(y, conv2d_forward(x.astype(F64), w.astype(F64), b.astype(F64), **opts), np.float32,
-                 algorithm=NAMES[m], what="forward")
+                 algorithm=name, what="forward")
     dy = rng.standard_normal(y.shape).astype(np.float32)
-    dx = conv2d_backward_data(gpu.asarray(dy), gpu.asarray(w), x.shape, algo=NAMES[m], **opts)
+    dx = conv2d_backward_data(gpu.asarray(dy), gpu.asarray(w), x.shape, algo=name, **opts)
     assert_close(dx, conv2d_backward_data(dy.astype(F64), w.astype(F64), x.shape, **opts), np.float32,
-                 algorithm=NAMES[m], what="backward_data")
+                 algorithm=name, what="backward_data")
 
 
 @pytest.mark.parametrize("nhwc", [False, True])
@@ -237,23 +259,25 @@ def test_workspace_views_fit_and_do_not_overlap(nhwc, alpha2, Kout, Cin, tiles):
             assert (view.ctypes.data - workspace.ctypes.data) // workspace.itemsize % 64 == 0
 
 
-# --- backward filter: F(3x3, 2x2) and F(3x3, 4x4) ------------------------------------
+# --- backward filter: F(3x3, 2x2), F(3x3, 4x4), F(5x5, 2x2) -----------------------------
 
-WGRAD = {2: "winograd_wgrad_f3x3_2x2", 4: "winograd_wgrad_f3x3_4x4"}
+# (m, r) -> name: backward filter F(r x r, m x m).
+WGRAD = {(2, 3): "winograd_wgrad_f3x3_2x2", (4, 3): "winograd_wgrad_f3x3_4x4", (2, 5): "winograd_wgrad_f5x5_2x2"}
+WGRAD_3X3 = {m: name for (m, r), name in WGRAD.items() if r == 3}
 
 
 def _weight_gradient_1d(x, dy):
     """dw[j] = sum_i x[i + j] dy[i], the definition the backward-filter transforms must reproduce."""
-    return [sum(x[i + j] * dy[i] for i in range(len(dy))) for j in range(3)]
+    return [sum(x[i + j] * dy[i] for i in range(len(dy))) for j in range(len(x) - len(dy) + 1)]
 
 
-@pytest.mark.parametrize("m", sorted(winograd.POINTS))
-def test_wgrad_transforms_compute_the_weight_gradient_exactly(m):
-    at, g, bt = winograd.wgrad_toom_cook(m)
-    alpha = m + 2
-    assert (len(at), len(at[0]), len(g), len(g[0]), len(bt), len(bt[0])) == (3, alpha, alpha, m, alpha, alpha)
-    assert bt == winograd.toom_cook(m)[2]     # the same points: the forward input transform
-    rng = random.Random(10 + m)
+@pytest.mark.parametrize("m,r", VARIANTS)
+def test_wgrad_transforms_compute_the_weight_gradient_exactly(m, r):
+    at, g, bt = winograd.wgrad_toom_cook(m, r)
+    alpha = m + r - 1
+    assert (len(at), len(at[0]), len(g), len(g[0]), len(bt), len(bt[0])) == (r, alpha, alpha, m, alpha, alpha)
+    assert bt == winograd.toom_cook(m, r)[2]     # the same points: the forward input transform
+    rng = random.Random(10 * r + m)
     for _ in range(30):
         x = [_fraction(rng) for _ in range(alpha)]
         dy = [_fraction(rng) for _ in range(m)]
@@ -263,8 +287,8 @@ def test_wgrad_transforms_compute_the_weight_gradient_exactly(m):
     # Unit vectors pin every entry: tap j of dw picks x[i + j] dy[i].
     for i in range(m):
         for k in range(alpha):
-            got = [sum(at[j][a] * g[a][i] * bt[a][k] for a in range(alpha)) for j in range(3)]
-            assert got == [Fraction(int(k == i + j)) for j in range(3)]
+            got = [sum(at[j][a] * g[a][i] * bt[a][k] for a in range(alpha)) for j in range(r)]
+            assert got == [Fraction(int(k == i + j)) for j in range(r)]
     # Two sums of tiles = the sum of the transformed products (linearity: the
     # sum over tiles moves inside the inverse transform).
     xs = [[_fraction(rng) for _ in range(alpha)] for _ in range(2)]
@@ -278,15 +302,18 @@ def test_wgrad_transforms_compute_the_weight_gradient_exactly(m):
 def _wgrad_reference(x, dy, padding, layout="NCHW"):
     K = dy.shape[1] if layout == "NCHW" else dy.shape[3]
     C = x.shape[1] if layout == "NCHW" else x.shape[3]
-    return conv2d_backward_filter(x, dy, (K, C, 3, 3), padding=padding, layout=layout)
+    H, P = (x.shape[2], dy.shape[2]) if layout == "NCHW" else (x.shape[1], dy.shape[1])
+    r = H + 2 * padding - P + 1
+    return conv2d_backward_filter(x, dy, (K, C, r, r), padding=padding, layout=layout)
 
 
 @settings(max_examples=40, deadline=None)
-@given(m=st.sampled_from(sorted(winograd.POINTS)), n=st.integers(1, 2), c=st.integers(1, 4),
+@given(mr=st.sampled_from(VARIANTS), n=st.integers(1, 2), c=st.integers(1, 4),
        k=st.integers(1, 4), h=st.sampled_from((1, 3, 7, 13)), w_=st.sampled_from((1, 3, 7, 13)),
-       padding=st.integers(0, 3), seed=st.integers(0, 2**32 - 1))
-def test_wgrad_stages_on_numpy_match_the_reference(m, n, c, k, h, w_, padding, seed):
-    P, Q = h + 2 * padding - 2, w_ + 2 * padding - 2
+       padding=st.integers(0, 5), seed=st.integers(0, 2**32 - 1))
+def test_wgrad_stages_on_numpy_match_the_reference(mr, n, c, k, h, w_, padding, seed):
+    m, r = mr
+    P, Q = h + 2 * padding - r + 1, w_ + 2 * padding - r + 1
     if min(P, Q) < 1:
         return
     rng = np.random.default_rng(seed)
@@ -295,16 +322,17 @@ def test_wgrad_stages_on_numpy_match_the_reference(m, n, c, k, h, w_, padding, s
     np.testing.assert_allclose(got, _wgrad_reference(x, dy, padding), rtol=1e-11, atol=1e-11)
 
 
-@pytest.mark.parametrize("m", sorted(winograd.POINTS))
-def test_wgrad_float32_error_is_within_the_tolerance_row(m):
+@pytest.mark.parametrize("m,r", VARIANTS)
+def test_wgrad_float32_error_is_within_the_tolerance_row(m, r):
     # float32 transforms and GEMM against the float64 reference, N(0, 1) data
-    # (the long sums are measured on the GPU too: notes/wino_wgrad.md).
+    # (the long sums are measured on the GPU too: notes/wino_wgrad.md, notes/wino5.md).
     rng = np.random.default_rng(8)
+    pad = (r - 1) // 2
     x, dy = rng.standard_normal((4, 32, 24, 24)), rng.standard_normal((4, 48, 24, 24))
-    err = relative_error(winograd.emulate_wgrad(x, dy, m, (1, 1), np.float32), _wgrad_reference(x, dy, 1))
-    bound = TOLERANCES[("float32", WGRAD[m])]
+    err = relative_error(winograd.emulate_wgrad(x, dy, m, (pad, pad), np.float32), _wgrad_reference(x, dy, pad))
+    bound = TOLERANCES[("float32", WGRAD[m, r])]
     assert err <= bound / 2
-    assert algos.REGISTRY[WGRAD[m]].strict == (bound <= TOLERANCES[("float32", "default")])
+    assert algos.REGISTRY[WGRAD[m, r]].strict == (bound <= TOLERANCES[("float32", "default")])
 
 
 def _run_wgrad_kernels_on_numpy(algorithm, p, x, dy):
@@ -312,7 +340,7 @@ def _run_wgrad_kernels_on_numpy(algorithm, p, x, dy):
     WinogradBackwardFilter.run, emulated on NumPy (vectorised over the thread
     index i): catches layout, split, zero-fill and chunking mistakes off the GPU."""
     m, alpha = algorithm.m, algorithm.alpha
-    at, g, bt = winograd.matrices(m, F64, wgrad=True)
+    at, g, bt = winograd.matrices(m, F64, wgrad=True, r=algorithm.r)
     plan = algorithm.plan(p)
     nhwc, splits, alpha2 = plan["nhwc"], plan["splits"], plan["alpha2"]
     workspace = np.full(plan["elements"], np.nan)     # uninitialised memory
@@ -363,25 +391,25 @@ def _run_wgrad_kernels_on_numpy(algorithm, p, x, dy):
     return np.einsum("ia,abkc,jb->kcij", at, total, at)
 
 
-@pytest.mark.parametrize("m", sorted(winograd.POINTS))
+@pytest.mark.parametrize("m,r", VARIANTS)
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
 @pytest.mark.parametrize("bound,target,min_depth,max_depth", [
     (None, None, None, None),           # the shipped constants: one chunk, one split
     (1, 1, 1, 5),                        # one image a chunk, several splits with a ragged last one
     ("two", 100, 3, 64),                 # two images a chunk, the last chunk short
 ])
-def test_wgrad_kernel_index_math_on_numpy(monkeypatch, m, layout, bound, target, min_depth, max_depth):
+def test_wgrad_kernel_index_math_on_numpy(monkeypatch, m, r, layout, bound, target, min_depth, max_depth):
     rng = np.random.default_rng(m)
-    N, C, H, W, K, padding = 3, 5, 9, 7, 4, 1
-    p = _problem((N, C, H, W) if layout == "NCHW" else (N, H, W, C), (K, C, 3, 3), F64,
+    N, C, H, W, K, padding = 3, 5, 9, 7, 4, (r - 1) // 2
+    p = _problem((N, C, H, W) if layout == "NCHW" else (N, H, W, C), (K, C, r, r), F64,
                  padding=padding, layout=layout)
     if bound is not None:
-        per_image = (m + 2) ** 2 * (C + K) * ceil_div(H, m) * ceil_div(W, m) * 8
+        per_image = (m + r - 1) ** 2 * (C + K) * ceil_div(H, m) * ceil_div(W, m) * 8
         monkeypatch.setattr(winograd, "WORKSPACE_BOUND", 2 * per_image if bound == "two" else bound)
         monkeypatch.setattr(winograd, "WGRAD_TARGET_BLOCKS", target)
         monkeypatch.setattr(winograd, "WGRAD_MIN_SPLIT_DEPTH", min_depth)
         monkeypatch.setattr(winograd, "WGRAD_MAX_SPLIT_DEPTH", max_depth)
-    algorithm = algos.REGISTRY[WGRAD[m]]
+    algorithm = algos.REGISTRY[WGRAD[m, r]]
     plan = algorithm.plan(p)
     if bound is not None:
         assert plan["splits"] > 1 and len(plan["chunks"]) > 1
@@ -390,34 +418,34 @@ def test_wgrad_kernel_index_math_on_numpy(monkeypatch, m, layout, bound, target,
     np.testing.assert_allclose(got, _wgrad_reference(x, dy, padding, layout), rtol=1e-11, atol=1e-11)
 
 
-@pytest.mark.parametrize("opts,w_shape,match", [
-    (dict(), (8, 4, 5, 5), "3x3 filters only"),
-    (dict(stride=2), (8, 4, 3, 3), "stride 1"),
-    (dict(dilation=2), (8, 4, 3, 3), "dilation 1"),
-    (dict(groups=2), (8, 2, 3, 3), "ungrouped"),
-])
-def test_wgrad_refuses_what_it_cannot_compute(opts, w_shape, match):
-    p = _problem((2, 4, 9, 9), w_shape, **opts)
-    for name in WGRAD.values():
-        ok, reason = algos.REGISTRY[name].supports(p, "backward_filter")
+@pytest.mark.parametrize("m,r", VARIANTS)
+def test_wgrad_refuses_what_it_cannot_compute(m, r):
+    algorithm = algos.REGISTRY[WGRAD[m, r]]
+    for opts, w_shape, match in _bad_inputs(r):
+        ok, reason = algorithm.supports(_problem((2, 4, 9, 9), w_shape, **opts), "backward_filter")
         assert not ok and match in reason
-    good = _problem((2, 4, 9, 9), (8, 4, 3, 3))
-    for name in WGRAD.values():
-        for direction in ("forward", "backward_data"):
-            ok, reason = algos.REGISTRY[name].supports(good, direction)
-            assert not ok and direction in reason
-        assert algos.REGISTRY[name].supports(good, "backward_filter") == (True, "")
+    good = _problem((2, 4, 9, 9), (8, 4, r, r), padding=(r - 1) // 2)
+    for direction in ("forward", "backward_data"):
+        ok, reason = algorithm.supports(good, direction)
+        assert not ok and direction in reason
+    assert algorithm.supports(good, "backward_filter") == (True, "")
+
+
+def test_wgrad_refusals_reach_the_public_functions():
     x, dy = np.ones((2, 4, 9, 9)), np.ones((2, 8, 9, 9))
     with pytest.raises(ValueError, match="does not support this backward_filter problem: it needs stride 1"):
-        conv2d_backward_filter(x, np.ones((2, 8, 5, 5)), (8, 4, 3, 3), stride=2, padding=1, algo=WGRAD[2])
+        conv2d_backward_filter(x, np.ones((2, 8, 5, 5)), (8, 4, 3, 3), stride=2, padding=1, algo=WGRAD[2, 3])
     with pytest.raises(ValueError, match="does not support this forward problem"):
-        conv2d_forward(x, np.ones((8, 4, 3, 3)), padding=1, algo=WGRAD[4])
-    assert conv2d_backward_filter(x, dy, (8, 4, 3, 3), padding=1, algo=WGRAD[2]).shape == (8, 4, 3, 3)
+        conv2d_forward(x, np.ones((8, 4, 3, 3)), padding=1, algo=WGRAD[4, 3])
+    with pytest.raises(ValueError, match="5x5 filters only"):
+        conv2d_backward_filter(x, dy, (8, 4, 3, 3), padding=1, algo=WGRAD[2, 5])
+    assert conv2d_backward_filter(x, dy, (8, 4, 3, 3), padding=1, algo=WGRAD[2, 3]).shape == (8, 4, 3, 3)
+    assert conv2d_backward_filter(x, dy, (8, 4, 5, 5), padding=2, algo=WGRAD[2, 5]).shape == (8, 4, 5, 5)
 
 
 def test_wgrad_workspace_is_reported_exactly_bounded_and_limits_the_choice(monkeypatch, rule_only):
     p = _problem((32, 256, 56, 56), (256, 256, 3, 3))        # vgg_3_2
-    for m, name in WGRAD.items():
+    for m, name in WGRAD_3X3.items():
         algorithm = algos.REGISTRY[name]
         alpha2 = (m + 2) ** 2
         tiles, chunk, splits, st = winograd.wgrad_sizes(p, m)
@@ -434,17 +462,17 @@ def test_wgrad_workspace_is_reported_exactly_bounded_and_limits_the_choice(monke
         assert not ok and "workspace_limit" in reason
     monkeypatch.setattr(winograd, "WORKSPACE_BOUND", 1)   # one image a chunk: less workspace
     assert winograd.wgrad_sizes(p, 2)[1] == 1
-    assert algos.REGISTRY[WGRAD[2]].workspace_bytes(p, "backward_filter") < need
+    assert algos.REGISTRY[WGRAD[2, 3]].workspace_bytes(p, "backward_filter") < need
     monkeypatch.undo()
     assert algos.explain_auto(p, "backward_filter", algos.ConvOptions(workspace_limit=0))[0] not in WGRAD.values()
-    needs = {algos.REGISTRY[name].workspace_bytes(p, "backward_filter"): name for name in WGRAD.values()}
+    needs = {algos.REGISTRY[name].workspace_bytes(p, "backward_filter"): name for name in WGRAD_3X3.values()}
     assert algos.explain_auto(p, "backward_filter", algos.ConvOptions(workspace_limit=min(needs)))[0] == \
         needs[min(needs)]
 
 
 def test_wgrad_splits_fill_the_gpu_within_the_depth_bounds():
     small = _problem((32, 128, 28, 28), (128, 128, 3, 3))      # r50_3_3x3
-    for m in WGRAD:
+    for m in WGRAD_3X3:
         tiles, chunk, splits, st = winograd.wgrad_sizes(small, m)
         assert splits > 1 and winograd.WGRAD_MIN_SPLIT_DEPTH <= st <= winograd.WGRAD_MAX_SPLIT_DEPTH
         assert st % 4 == 0 and (splits - 1) * st < chunk * tiles <= splits * st
@@ -479,41 +507,86 @@ WGRAD_GPU_CASES = [
 ]
 
 
-@pytest.mark.parametrize("m", sorted(winograd.POINTS))
+@pytest.mark.gpu   # the `gpu` fixture alone does not mark it: gpu_suite.sh selects -m gpu
+@pytest.mark.parametrize("m,r", VARIANTS)
 @pytest.mark.parametrize("case", WGRAD_GPU_CASES)
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
-def test_gpu_wgrad_matches_reference(gpu, rng, m, case, dtype):
+def test_gpu_wgrad_matches_reference(gpu, rng, m, r, case, dtype):
     N, C, H, W, K, padding, layout = case
-    p = _problem((N, C, H, W) if layout == "NCHW" else (N, H, W, C), (K, C, 3, 3), dtype,
+    padding += r - 3     # the same output sizes for r x r filters
+    p = _problem((N, C, H, W) if layout == "NCHW" else (N, H, W, C), (K, C, r, r), dtype,
                  padding=padding, layout=layout)
     x, dy = random_array(rng, p.x_shape, dtype), random_array(rng, p.y_shape, dtype)
     opts = dict(padding=padding, layout=layout)
-    dw = conv2d_backward_filter(gpu.asarray(x), gpu.asarray(dy), (K, C, 3, 3), algo=WGRAD[m], **opts)
+    dw = conv2d_backward_filter(gpu.asarray(x), gpu.asarray(dy), (K, C, r, r), algo=WGRAD[m, r], **opts)
     assert dw.dtype == dtype
     assert_close(dw, _wgrad_reference(x.astype(F64), dy.astype(F64), padding, layout), dtype,
-                 algorithm=WGRAD[m], what="backward_filter")
+                 algorithm=WGRAD[m, r], what="backward_filter")
 
 
-@pytest.mark.parametrize("m", sorted(winograd.POINTS))
+@pytest.mark.gpu   # the `gpu` fixture alone does not mark it: gpu_suite.sh selects -m gpu
+@pytest.mark.parametrize("m,r", VARIANTS)
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
-def test_gpu_wgrad_wide_channels_in_chunks_and_splits(gpu, rng, monkeypatch, m, layout):
+def test_gpu_wgrad_wide_channels_in_chunks_and_splits(gpu, rng, monkeypatch, m, r, layout):
     # 128 x 96 channels (several GEMM tiles), a workspace bound of two images so
     # the batch of 5 runs in three chunks (beta = 1 after the first), and
     # splits with a ragged last run.
     N, C, H, K = 5, 128, 10, 96
-    per_image = (m + 2) ** 2 * (C + K) * ceil_div(H, m) ** 2 * 4
+    pad = (r - 1) // 2
+    per_image = (m + r - 1) ** 2 * (C + K) * ceil_div(H, m) ** 2 * 4
     monkeypatch.setattr(winograd, "WORKSPACE_BOUND", 2 * per_image)
     monkeypatch.setattr(winograd, "WGRAD_MIN_SPLIT_DEPTH", 7)
     monkeypatch.setattr(winograd, "WGRAD_MAX_SPLIT_DEPTH", 9)
-    p = _problem((N, C, H, H) if layout == "NCHW" else (N, H, H, C), (K, C, 3, 3), np.float32, layout=layout)
-    plan = algos.REGISTRY[WGRAD[m]].plan(p)
+    p = _problem((N, C, H, H) if layout == "NCHW" else (N, H, H, C), (K, C, r, r), np.float32, layout=layout,
+                 padding=pad)
+    plan = algos.REGISTRY[WGRAD[m, r]].plan(p)
     assert plan["splits"] > 1 and len(plan["chunks"]) == 3
     x = rng.standard_normal(p.x_shape).astype(np.float32)
     dy = rng.standard_normal(p.y_shape).astype(np.float32)
-    dw = conv2d_backward_filter(gpu.asarray(x), gpu.asarray(dy), (K, C, 3, 3), padding=1, layout=layout,
-                                algo=WGRAD[m])
-    want = _wgrad_reference(x.astype(F64), dy.astype(F64), 1, layout)
-    assert_close(dw, want, np.float32, algorithm=WGRAD[m], what="backward_filter")
-    again = conv2d_backward_filter(gpu.asarray(x), gpu.asarray(dy), (K, C, 3, 3), padding=1, layout=layout,
-                                   algo=WGRAD[m])
+    dw = conv2d_backward_filter(gpu.asarray(x), gpu.asarray(dy), (K, C, r, r), padding=pad, layout=layout,
+                                algo=WGRAD[m, r])
+    want = _wgrad_reference(x.astype(F64), dy.astype(F64), pad, layout)
+    assert_close(dw, want, np.float32, algorithm=WGRAD[m, r], what="backward_filter")
+    again = conv2d_backward_filter(gpu.asarray(x), gpu.asarray(dy), (K, C, r, r), padding=pad, layout=layout,
+                                   algo=WGRAD[m, r])
     assert bool((again == dw).all())    # deterministic: splits add in order
+
+
+# --- 5x5: the auto rule and the workspace ---------------------------------------------
+
+def test_auto_takes_winograd_for_wide_large_5x5_float32_only(rule_only):
+    def auto(x_shape, w_shape, dtype=np.float32, direction="forward", **opts):
+        opts.setdefault("padding", 2)
+        return algos.explain_auto(_problem(x_shape, w_shape, dtype, **opts), direction)[0]
+
+    alex = (32, 64, 27, 27), (192, 64, 5, 5)      # alex_conv2_5x5: 14.3 GFLOP
+    assert auto(*alex) == NAMES[2, 5]
+    assert auto(*alex, direction="backward_data") == NAMES[2, 5]
+    assert auto(*alex, direction="backward_filter") == WGRAD[2, 5]
+    for direction in algos.DIRECTIONS:
+        assert auto((1, 64, 27, 27), (192, 64, 5, 5), direction=direction) not in (NAMES[2, 5], WGRAD[2, 5])
+        assert auto((32, 32, 27, 27), (192, 32, 5, 5), direction=direction) not in (NAMES[2, 5], WGRAD[2, 5])
+        assert auto(*alex, np.float16, direction=direction) not in (NAMES[2, 5], WGRAD[2, 5])
+        assert auto(*alex, stride=2, direction=direction) not in (NAMES[2, 5], WGRAD[2, 5])
+    name, reason = dnnprims.conv2d_choose(*alex, padding=2, precision="strict")
+    assert name == NAMES[2, 5] and "Winograd" in reason
+
+
+def test_5x5_workspace_is_reported_exactly_and_limits_the_choice(rule_only):
+    p = _problem((32, 64, 27, 27), (192, 64, 5, 5), padding=2)
+    tiles = 14 * 14
+    f = algos.REGISTRY[NAMES[2, 5]]
+    # U, V, M in one allocation (U and V rounded up to 64 elements), the whole batch in one chunk.
+    for direction, cin, kout in (("forward", 64, 192), ("backward_data", 192, 64)):
+        want = 4 * (ceil_div(36 * 192 * 64, 64) * 64 + ceil_div(36 * cin * 32 * tiles, 64) * 64
+                    + 36 * kout * 32 * tiles)
+        assert f.workspace_bytes(p, direction) == want
+        limit = algos.ConvOptions(workspace_limit=want - 1)
+        assert algos.explain_auto(p, direction, limit)[0] != NAMES[2, 5]
+    wg = algos.REGISTRY[WGRAD[2, 5]]
+    _, chunk, splits, st = winograd.wgrad_sizes(p, 2)
+    assert chunk == 32 and splits * st >= 32 * tiles and st <= winograd.WGRAD_MAX_SPLIT_DEPTH
+    need = wg.workspace_bytes(p, "backward_filter")
+    assert need == 4 * (36 * splits * 192 * 64 + ceil_div(36 * splits * 64 * st, 64) * 64 + 36 * splits * 192 * st)
+    limit = algos.ConvOptions(workspace_limit=need - 1)
+    assert algos.explain_auto(p, "backward_filter", limit)[0] != WGRAD[2, 5]

@@ -234,6 +234,31 @@ def winograd_wins(problem, direction):
             and min(p.C, p.K) >= AUTO_WINOGRAD_MIN_CHANNELS and p.flops >= AUTO_WINOGRAD_MIN_FLOPS)
 
 
+def winograd_5x5_wins(problem, direction):
+    """The stand-in rule's case for Winograd on 5x5 filters (see
+    :func:`auto_preferences`): F(2x2, 5x5) forward / backward data and
+    F(5x5, 2x2) backward filter, on the same conditions as the 3x3 case
+    (stride 1, ungrouped, float32, C, K >= AUTO_WINOGRAD_MIN_CHANNELS,
+    >= AUTO_WINOGRAD_MIN_FLOPS).  Measured on the H100 (notes/wino5.md),
+    alex_conv2_5x5 at batch 32: the fastest of ours in all three directions
+    (forward 0.298 ms, backward data 0.258, backward filter 0.324 against
+    "dft" 0.52-0.57, implicit GEMM 0.68-0.74, gemm 0.47-0.65; cuDNN 0.095-0.123);
+    at batch 1 (0.45 GFLOP, outside the rule) gemm / implicit GEMM win."""
+    p = problem
+    return (p.dtype == "float32" and p.groups == 1 and (p.R, p.S) == (5, 5) and p.stride == (1, 1)
+            and p.dilation == (1, 1) and min(p.C, p.K) >= AUTO_WINOGRAD_MIN_CHANNELS
+            and p.flops >= AUTO_WINOGRAD_MIN_FLOPS)
+
+
+def _winograd_5x5_preferences(problem, direction):
+    if not winograd_5x5_wins(problem, direction):
+        return []
+    name = "winograd_wgrad_f5x5_2x2" if direction == "backward_filter" else "winograd_f2x2_5x5"
+    return [(name, f"5x5 stride 1, float32, C and K >= {AUTO_WINOGRAD_MIN_CHANNELS}, "
+                   f">= {AUTO_WINOGRAD_MIN_FLOPS:.0e} FLOPs: Winograd "
+                   + ("F(5x5, 2x2)" if direction == "backward_filter" else "F(2x2, 5x5)"))]
+
+
 def winograd_wgrad_wins(problem, direction):
     """The stand-in rule's Winograd backward-filter case (see :func:`auto_preferences`):
     the same problems as :func:`winograd_wins`, for backward filter.  Measured on
@@ -272,11 +297,13 @@ def auto_preferences(problem, direction):
     6. "gemm" (im2col + cuBLAS) for ungrouped problems whose workspace fits
        AUTO_GEMM_WORKSPACE_LIMIT.
     7. "direct": the fallback that supports every problem.
-    Before all of them, "dft" then "fft" for large stride-1 ungrouped float32
-    problems with filters of at least AUTO_FFT_MIN_FILTER taps a side
-    (:func:`_fft_preferences`)."""
+    Before all of them, "winograd_f2x2_5x5" (forward, backward data) or
+    "winograd_wgrad_f5x5_2x2" (backward filter) for 5x5 problems of the
+    Winograd conditions (:func:`winograd_5x5_wins`), then "dft" then "fft" for
+    large stride-1 ungrouped float32 problems with filters of at least
+    AUTO_FFT_MIN_FILTER taps a side (:func:`_fft_preferences`)."""
     from .implicit_gemm_backward import subpixel_pays
-    prefs = _fft_preferences(problem, direction)
+    prefs = _winograd_5x5_preferences(problem, direction) + _fft_preferences(problem, direction)
     if problem.groups == problem.C:
         prefs.append(("depthwise", "depthwise (groups == C): memory-bound, dedicated kernels"))
     half = problem.dtype in ("float16", "bfloat16")

@@ -1,6 +1,9 @@
-"""The "winograd" algorithms: Winograd minimal filtering F(m x m, 3 x 3) for 3x3
+"""The "winograd" algorithms: Winograd minimal filtering F(m x m, r x r) for r x r
 filters, stride 1, dilation 1, any padding, groups 1; forward and backward data,
-and F(3 x 3, m x m) for backward filter (kernels/conv_winograd.cu).
+and F(r x r, m x m) for backward filter (kernels/conv_winograd.cu).  Registered
+(m, r) pairs: VARIANTS -- F(2x2, 3x3), F(4x4, 3x3), F(2x2, 5x5); one code path,
+the kernels templated on (M, R).  Below, r = 3 for brevity: replace 3 by r,
+alpha = m + 2 by alpha = m + r - 1, 9 by r^2 and padding 2 - p by r - 1 - p.
 
 Structure (three stages; Lavin and Gray, "Fast Algorithms for Convolutional
 Neural Networks", 2016):
@@ -62,11 +65,17 @@ from . import ConvAlgorithm, register
 # -- 0 and +-1 (exact, entries 0/+-1), then +-2 for F(4, 3) (powers of two,
 # still exact in binary floating point).  The ill-conditioning that +-2 brings
 # is what makes F(4x4, 3x3) lose precision (measured: notes/conv_wino.md).
+# Keyed by alpha = m + r - 1, the tile size (the number of points): F(2, 5)
+# takes the same six points as F(4, 3).
 POINTS = {
-    2: (0, 1, -1, None),
-    4: (0, 1, -1, 2, -2, None),
+    4: (0, 1, -1, None),
+    6: (0, 1, -1, 2, -2, None),
 }
 FILTER_SIZE = 3
+# The (m, r) pairs registered, each in both roles: forward / backward data
+# F(m x m, r x r) ("winograd_f{m}x{m}_{r}x{r}") and backward filter F(r x r, m x m)
+# ("winograd_wgrad_f{r}x{r}_{m}x{m}").  One code path, kernels templated on (M, R).
+VARIANTS = ((2, 3), (4, 3), (2, 5))
 
 SUPPORTED_DTYPES = ("float32", "float64", "float16", "bfloat16")
 # V and M of one batch chunk stay under this many bytes (at least one image).
@@ -119,8 +128,8 @@ def toom_cook(m, r=FILTER_SIZE, points=None):
     d_i that makes it a primitive integer vector, and row i of G by 1 / d_i
     (the product is unchanged): the input transform, applied to every tile,
     needs only small integers; the fractions sit in the filter transform."""
-    points = POINTS[m] if points is None else tuple(points)
     alpha = m + r - 1
+    points = POINTS[alpha] if points is None else tuple(points)
     if len(points) != alpha or len(set(points)) != alpha:
         raise ValueError(f"F({m}, {r}) needs {alpha} distinct points, got {points}")
     at = _transpose(_evaluation(points, m))
@@ -135,9 +144,9 @@ def toom_cook(m, r=FILTER_SIZE, points=None):
     return at, g, bt
 
 
-def wgrad_toom_cook(m):
-    """(A^T, G, B^T) of F(3, m), the backward-filter transforms (exact Fractions):
-    the weight gradient of a 3-tap filter is the correlation of x with dy,
+def wgrad_toom_cook(m, r=FILTER_SIZE):
+    """(A^T, G, B^T) of F(r, m), the backward-filter transforms (exact Fractions):
+    the weight gradient of an r-tap filter (r = 3 below) is the correlation of x with dy,
 
         dw[j] = sum_i x[i + j] dy[i],
 
@@ -145,9 +154,9 @@ def wgrad_toom_cook(m):
     the role of the filter, an alpha = m + 2 long x tile as data -- and, being
     linear, the sum over tiles moves inside the inverse transform:
     dw = A^T [sum_t (G dy_t) * (B^T x_t)].  Same points as the forward F(m, 3)
-    (POINTS[m]: the same alpha), so B^T is the forward input transform exactly
-    (it depends on the points only); G (alpha x m) and A^T (3 x alpha) differ."""
-    return toom_cook(FILTER_SIZE, r=m, points=POINTS[m])
+    (POINTS[alpha]: the same alpha), so B^T is the forward input transform exactly
+    (it depends on the points only); G (alpha x m) and A^T (r x alpha) differ."""
+    return toom_cook(r, r=m, points=POINTS[m + r - 1])
 
 
 def correlate_1d(d, g):
@@ -157,18 +166,18 @@ def correlate_1d(d, g):
 
 
 def apply_1d(m, d, g):
-    """A^T [(G g) * (B^T d)] in exact arithmetic."""
-    at, gm, bt = toom_cook(m)
+    """A^T [(G g) * (B^T d)] in exact arithmetic (F(m, len(g)))."""
+    at, gm, bt = toom_cook(m, r=len(g))
     u = [sum(row[j] * g[j] for j in range(len(g))) for row in gm]
     v = [sum(row[j] * d[j] for j in range(len(d))) for row in bt]
     return [sum(row[a] * u[a] * v[a] for a in range(len(u))) for row in at]
 
 
-def matrices(m, dtype=np.float64, wgrad=False):
-    """(A^T, G, B^T) of F(m, 3) -- or, with ``wgrad``, of the backward-filter
-    F(3, m) (:func:`wgrad_toom_cook`) -- as arrays (each entry rounded once from
+def matrices(m, dtype=np.float64, wgrad=False, r=FILTER_SIZE):
+    """(A^T, G, B^T) of F(m, r) -- or, with ``wgrad``, of the backward-filter
+    F(r, m) (:func:`wgrad_toom_cook`) -- as arrays (each entry rounded once from
     the exact value)."""
-    exact = wgrad_toom_cook(m) if wgrad else toom_cook(m)
+    exact = wgrad_toom_cook(m, r) if wgrad else toom_cook(m, r)
     return tuple(np.array([[float(v) for v in row] for row in mat], dtype=dtype) for mat in exact)
 
 
@@ -182,31 +191,31 @@ def _c_value(v):
 def matrices_header():
     """The text of kernels/conv_winograd_matrices.cuh, generated from toom_cook()."""
     lines = [
-        "// Winograd F(m x m, 3 x 3) transform matrices, GENERATED by",
+        "// Winograd F(m x m, r x r) transform matrices, GENERATED by",
         "// `python -m dnnprims.algos.winograd` from the Toom-Cook points in",
         "// dnnprims/algos/winograd.py (POINTS; derivation in toom_cook()). Do not edit:",
         "// tests/test_conv_winograd.py checks this file against the generator.",
         "//",
-        "// winograd_matrices<M>::at(i, j) = A^T[i][j] (M x ALPHA), g(i, j) = G[i][j]",
-        "// (ALPHA x 3), bt(i, j) = B^T[i][j] (ALPHA x ALPHA), exact rationals evaluated",
+        "// winograd_matrices<M, R>::at(i, j) = A^T[i][j] (M x ALPHA), g(i, j) = G[i][j]",
+        "// (ALPHA x R), bt(i, j) = B^T[i][j] (ALPHA x ALPHA), exact rationals evaluated",
         "// in double at compile time; with the transform loops fully unrolled the",
         "// lookups fold into immediate operands and the zero terms disappear.",
         "#pragma once",
         "",
-        "template <int M> struct winograd_matrices;",
+        "template <int M, int R> struct winograd_matrices;",
     ]
-    for m in sorted(POINTS):
-        points = ", ".join("inf" if p is None else str(p) for p in POINTS[m])
-        lines += ["", f"// F({m}x{m}, 3x3), points {points}"]
-        lines += _matrices_struct(f"winograd_matrices<{m}>", m + 2, toom_cook(m))
-    lines += ["", "// Backward filter F(3x3, MxM) (wgrad_toom_cook): at(i, j) = A^T[i][j] (3 x ALPHA),",
+    for m, r in VARIANTS:
+        points = ", ".join("inf" if p is None else str(p) for p in POINTS[m + r - 1])
+        lines += ["", f"// F({m}x{m}, {r}x{r}), points {points}"]
+        lines += _matrices_struct(f"winograd_matrices<{m}, {r}>", m + r - 1, toom_cook(m, r))
+    lines += ["", "// Backward filter F(RxR, MxM) (wgrad_toom_cook): at(i, j) = A^T[i][j] (R x ALPHA),",
               "// g(i, j) = G[i][j] (ALPHA x M, applied to an M x M tile of dy), bt(i, j) = B^T[i][j]",
               "// (ALPHA x ALPHA, applied to an ALPHA x ALPHA tile of x).",
-              "template <int M> struct winograd_wgrad_matrices;"]
-    for m in sorted(POINTS):
-        points = ", ".join("inf" if p is None else str(p) for p in POINTS[m])
-        lines += ["", f"// F(3x3, {m}x{m}), points {points}"]
-        lines += _matrices_struct(f"winograd_wgrad_matrices<{m}>", m + 2, wgrad_toom_cook(m))
+              "template <int M, int R> struct winograd_wgrad_matrices;"]
+    for m, r in VARIANTS:
+        points = ", ".join("inf" if p is None else str(p) for p in POINTS[m + r - 1])
+        lines += ["", f"// F({r}x{r}, {m}x{m}), points {points}"]
+        lines += _matrices_struct(f"winograd_wgrad_matrices<{m}, {r}>", m + r - 1, wgrad_toom_cook(m, r))
     return "\n".join(lines) + "\n"
 
 
@@ -227,23 +236,25 @@ def emulate(x, w, m, padding=(1, 1), acc_dtype=np.float32, direction="forward"):
     """The three stages of the GPU path on NumPy, NCHW, arithmetic in ``acc_dtype``
     (matrices rounded to it once): forward y = conv(x, w), or, for
     ``direction="backward_data"``, dx from x := dy (same rotation and padding
-    2 - p as the kernels).  Returns an ``acc_dtype`` array."""
-    at, g, bt = (a.astype(acc_dtype) for a in matrices(m))
-    alpha = m + 2
+    r - 1 - p as the kernels).  The filter size r is w's (square).  Returns an
+    ``acc_dtype`` array."""
+    r = np.shape(w)[2]
+    at, g, bt = (a.astype(acc_dtype) for a in matrices(m, r=r))
+    alpha = m + r - 1
     x = np.asarray(x).astype(acc_dtype)
     w = np.asarray(w).astype(acc_dtype)
     ph, pw = padding
     if direction == "backward_data":
         w = w[:, :, ::-1, ::-1].transpose(1, 0, 2, 3)    # rotated, C and K swapped
-        ph, pw = 2 - ph, 2 - pw
+        ph, pw = r - 1 - ph, r - 1 - pw
     N, C, H, W = x.shape
     K = w.shape[0]
-    P, Q = H + 2 * ph - 2, W + 2 * pw - 2
+    P, Q = H + 2 * ph - r + 1, W + 2 * pw - r + 1
     th, tw = ceil_div(P, m), ceil_div(Q, m)
     # Input padded (or cropped, for negative padding) so that every tile is in range.
-    canvas = np.zeros((N, C, th * m + 2, tw * m + 2), acc_dtype)
-    h0, h1 = max(0, -ph), min(H, th * m + 2 - ph)
-    w0, w1 = max(0, -pw), min(W, tw * m + 2 - pw)
+    canvas = np.zeros((N, C, th * m + r - 1, tw * m + r - 1), acc_dtype)
+    h0, h1 = max(0, -ph), min(H, th * m + r - 1 - ph)
+    w0, w1 = max(0, -pw), min(W, tw * m + r - 1 - pw)
     canvas[:, :, h0 + ph:h1 + ph, w0 + pw:w1 + pw] = x[:, :, h0:h1, w0:w1]
     s = canvas.strides
     tiles = np.lib.stride_tricks.as_strided(
@@ -257,17 +268,19 @@ def emulate(x, w, m, padding=(1, 1), acc_dtype=np.float32, direction="forward"):
 
 def emulate_wgrad(x, dy, m, padding=(1, 1), acc_dtype=np.float32):
     """The backward-filter stages of the GPU path on NumPy, NCHW, arithmetic in
-    ``acc_dtype``: dw (K, C, 3, 3) of a 3x3 stride-1 convolution from x and dy."""
-    at, g, bt = (a.astype(acc_dtype) for a in matrices(m, wgrad=True))
-    alpha = m + 2
+    ``acc_dtype``: dw (K, C, r, r) of an r x r stride-1 convolution from x and dy
+    (r = H + 2 pad - P + 1)."""
+    ph, pw = padding
+    r = np.shape(x)[2] + 2 * ph - np.shape(dy)[2] + 1
+    at, g, bt = (a.astype(acc_dtype) for a in matrices(m, wgrad=True, r=r))
+    alpha = m + r - 1
     x = np.asarray(x).astype(acc_dtype)
     dy = np.asarray(dy).astype(acc_dtype)
-    ph, pw = padding
     N, C, H, W = x.shape
     K, P, Q = dy.shape[1:]
     th, tw = ceil_div(P, m), ceil_div(Q, m)
-    # th * m + 2 >= P + 2 = H + 2 ph: the padded image fits the canvas.
-    canvas = np.zeros((N, C, th * m + 2, tw * m + 2), acc_dtype)
+    # th * m + r - 1 >= P + r - 1 = H + 2 ph: the padded image fits the canvas.
+    canvas = np.zeros((N, C, th * m + r - 1, tw * m + r - 1), acc_dtype)
     canvas[:, :, ph:ph + H, pw:pw + W] = x
     s = canvas.strides
     x_tiles = np.lib.stride_tricks.as_strided(
@@ -297,39 +310,40 @@ if __name__ == "__main__":
 
 # --- the GPU algorithm ---------------------------------------------------------------
 
-def _expression(kernel, dtype, m, nhwc=None):
+def _expression(kernel, dtype, m, r, nhwc=None):
     t = _dtypes.cuda_type(np.dtype(dtype))
     if nhwc is None:
-        return f"{kernel}<{t}, {m}>"
-    return f"{kernel}<{t}, {m}, {'true' if nhwc else 'false'}>"
+        return f"{kernel}<{t}, {m}, {r}>"
+    return f"{kernel}<{t}, {m}, {r}, {'true' if nhwc else 'false'}>"
 
 
 FAMILY = KernelFamily("conv_winograd.cu", [
     expr
-    for dtype in SUPPORTED_DTYPES for m in sorted(POINTS)
-    for expr in ([_expression("winograd_filter_transform", dtype, m),
-                  _expression("winograd_wgrad_output_transform", dtype, m)]
-                 + [_expression(k, dtype, m, nhwc) for k in ("winograd_input_transform",
-                                                             "winograd_output_transform",
-                                                             "winograd_wgrad_input_transform",
-                                                             "winograd_wgrad_grad_transform")
+    for dtype in SUPPORTED_DTYPES for m, r in VARIANTS
+    for expr in ([_expression("winograd_filter_transform", dtype, m, r),
+                  _expression("winograd_wgrad_output_transform", dtype, m, r)]
+                 + [_expression(k, dtype, m, r, nhwc) for k in ("winograd_input_transform",
+                                                                "winograd_output_transform",
+                                                                "winograd_wgrad_input_transform",
+                                                                "winograd_wgrad_grad_transform")
                     for nhwc in (False, True)])
 ])
 
 
 def geometry(p, direction):
     """(Cin, Hin, Win, Kout, Pout, Qout, pad_h, pad_w) of the Winograd convolution
-    that computes ``direction`` (backward data: over dy, channels swapped)."""
+    that computes ``direction`` (backward data: over dy, channels swapped,
+    padding R - 1 - p)."""
     if direction == "forward":
         return p.C, p.H, p.W, p.K, p.P, p.Q, p.padding[0], p.padding[1]
-    return p.K, p.P, p.Q, p.C, p.H, p.W, 2 - p.padding[0], 2 - p.padding[1]
+    return p.K, p.P, p.Q, p.C, p.H, p.W, p.R - 1 - p.padding[0], p.S - 1 - p.padding[1]
 
 
 @functools.lru_cache(maxsize=4096)
 def _sizes_at(p, direction, m, bound):
     """(tiles per image, images per chunk, bytes of U, bytes of V + M per image)."""
     Cin, _, _, Kout, Pout, Qout, _, _ = geometry(p, direction)
-    alpha2 = (m + 2) ** 2
+    alpha2 = (m + p.R - 1) ** 2
     acc = np.dtype(_dtypes.accumulate_dtype(np.dtype(p.dtype))).itemsize
     tiles = ceil_div(Pout, m) * ceil_div(Qout, m)
     per_image = alpha2 * (Cin + Kout) * tiles * acc
@@ -373,16 +387,18 @@ def workspace_views(workspace, alpha2, Kout, Cin, tiles, nhwc):
 
 
 class WinogradConvolution(ConvAlgorithm):
+    """Forward and backward data by Winograd F(m x m, r x r)."""
     directions = ("forward", "backward_data")
-    # Measured float32 error (dnnprims/testing/tolerances.py): F(2x2) 5.1e-7,
-    # F(4x4) 3.4e-6 normwise at C = 512, both within the float32 direct bound
-    # (2e-5), so precision="strict" admits both.
+    # Measured float32 error (dnnprims/testing/tolerances.py): F(2x2, 3x3) 5.1e-7,
+    # F(4x4, 3x3) 3.4e-6 normwise at C = 512, F(2x2, 5x5) <= 3.6e-6 at 256
+    # channels, all within the float32 direct bound (2e-5), so precision="strict"
+    # admits them.
     strict = True
 
-    def __init__(self, m):
-        self.m = m
-        self.alpha = m + 2
-        self.name = f"winograd_f{m}x{m}_3x3"
+    def __init__(self, m, r=FILTER_SIZE):
+        self.m, self.r = m, r
+        self.alpha = m + r - 1
+        self.name = f"winograd_f{m}x{m}_{r}x{r}"
         self._plans = {}
 
     def supports(self, problem, direction):
@@ -390,8 +406,9 @@ class WinogradConvolution(ConvAlgorithm):
         if not ok:
             return ok, reason
         p = problem
-        if (p.R, p.S) != (3, 3):
-            return False, f"it is F({self.m}x{self.m}, 3x3): 3x3 filters only, not {p.R}x{p.S}"
+        if (p.R, p.S) != (self.r, self.r):
+            return False, (f"it is F({self.m}x{self.m}, {self.r}x{self.r}): {self.r}x{self.r} filters "
+                           f"only, not {p.R}x{p.S}")
         if p.stride != (1, 1) or p.dilation != (1, 1):
             return False, "it needs stride 1 and dilation 1"
         if p.groups != 1:
@@ -419,7 +436,7 @@ class WinogradConvolution(ConvAlgorithm):
         plan = self._plans.get(key)
         if plan is not None:
             return plan
-        m, alpha2 = self.m, self.alpha ** 2
+        m, r, alpha2 = self.m, self.r, self.alpha ** 2
         Cin, Hin, Win, Kout, Pout, Qout, ph, pw = geometry(p, direction)
         nhwc = p.layout == "NHWC"
         tiles_h, tiles_w = ceil_div(Pout, m), ceil_div(Qout, m)
@@ -438,11 +455,11 @@ class WinogradConvolution(ConvAlgorithm):
         plan = dict(
             acc=_dtypes.accumulate_dtype(np.dtype(p.dtype)), Cin=Cin, Kout=Kout, alpha2=alpha2,
             nhwc=nhwc, chunks=chunks, max_tiles=chunk * tiles,
-            filter=(_expression("winograd_filter_transform", p.dtype, m),
+            filter=(_expression("winograd_filter_transform", p.dtype, m, r),
                     (ceil_div(Kout * Cin, _THREADS),),
                     (i32(Kout), i32(Cin), i32(direction == "backward_data"))),
-            input=_expression("winograd_input_transform", p.dtype, m, nhwc),
-            output=_expression("winograd_output_transform", p.dtype, m, nhwc))
+            input=_expression("winograd_input_transform", p.dtype, m, r, nhwc),
+            output=_expression("winograd_output_transform", p.dtype, m, r, nhwc))
         if len(self._plans) >= _PLAN_CACHE_SIZE:
             self._plans.clear()
         self._plans[key] = plan
@@ -471,6 +488,7 @@ class WinogradConvolution(ConvAlgorithm):
 
 WINOGRAD_F2 = register(WinogradConvolution(2))
 WINOGRAD_F4 = register(WinogradConvolution(4))
+WINOGRAD_F2_5X5 = register(WinogradConvolution(2, 5))
 
 
 # --- backward filter: F(3x3, m x m) ---------------------------------------------------
@@ -492,7 +510,7 @@ _WGRAD_DEPTH_MULTIPLE = 4     # split_tiles: NCHW rows start 16-byte aligned
 @functools.lru_cache(maxsize=4096)
 def _wgrad_sizes(p, m, bound, target_blocks, min_depth, max_depth):
     """(tiles per image, images per chunk, splits, split tiles of a full chunk)."""
-    alpha2 = (m + 2) ** 2
+    alpha2 = (m + p.R - 1) ** 2
     acc = np.dtype(_dtypes.accumulate_dtype(np.dtype(p.dtype))).itemsize
     tiles = ceil_div(p.P, m) * ceil_div(p.Q, m)
     chunk = max(1, min(p.N, bound // max(1, alpha2 * (p.C + p.K) * tiles * acc)))
@@ -536,17 +554,17 @@ def wgrad_workspace_views(workspace, alpha2, K, C, splits, full_split_tiles, spl
 
 
 class WinogradBackwardFilter(ConvAlgorithm):
-    """Backward filter by Winograd F(3x3, m x m): dw = A^T [sum over tiles of
+    """Backward filter by Winograd F(r x r, m x m): dw = A^T [sum over tiles of
     (G dy G^T) .* (B^T x B)] A (:func:`wgrad_toom_cook`), the sum as
     alpha^2 * splits batched cuBLAS GEMMs over the tiles of each batch chunk."""
     directions = ("backward_filter",)
     strict = True   # set per instance below from the measured error
 
-    def __init__(self, m, strict):
-        self.m = m
-        self.alpha = m + 2
+    def __init__(self, m, strict, r=FILTER_SIZE):
+        self.m, self.r = m, r
+        self.alpha = m + r - 1
         self.strict = strict
-        self.name = f"winograd_wgrad_f3x3_{m}x{m}"
+        self.name = f"winograd_wgrad_f{r}x{r}_{m}x{m}"
         self._plans = {}
 
     def supports(self, problem, direction):
@@ -554,8 +572,9 @@ class WinogradBackwardFilter(ConvAlgorithm):
         if not ok:
             return ok, reason
         p = problem
-        if (p.R, p.S) != (3, 3):
-            return False, f"it is F(3x3, {self.m}x{self.m}): 3x3 filters only, not {p.R}x{p.S}"
+        if (p.R, p.S) != (self.r, self.r):
+            return False, (f"it is F({self.r}x{self.r}, {self.m}x{self.m}): {self.r}x{self.r} filters "
+                           f"only, not {p.R}x{p.S}")
         if p.stride != (1, 1) or p.dilation != (1, 1):
             return False, "it needs stride 1 and dilation 1"
         if p.groups != 1:
@@ -579,7 +598,7 @@ class WinogradBackwardFilter(ConvAlgorithm):
     def plan(self, p):
         """Per batch chunk: (n0, split_tiles, beta, input-transform grid and
         scalars, grad-transform grid and scalars); cached per (device, problem)."""
-        m, alpha2 = self.m, self.alpha ** 2
+        m, r, alpha2 = self.m, self.r, self.alpha ** 2
         tiles, chunk, splits, full_split_tiles = wgrad_sizes(p, m)
         tiles_h, tiles_w = ceil_div(p.P, m), ceil_div(p.Q, m)
         i32 = np.int32
@@ -599,9 +618,9 @@ class WinogradBackwardFilter(ConvAlgorithm):
         return dict(acc=_dtypes.accumulate_dtype(np.dtype(p.dtype)), alpha2=alpha2, splits=splits,
                     full_split_tiles=full_split_tiles, nhwc=nhwc, chunks=chunks,
                     elements=self._elements(p),
-                    input=_expression("winograd_wgrad_input_transform", p.dtype, m, nhwc),
-                    grad=_expression("winograd_wgrad_grad_transform", p.dtype, m, nhwc),
-                    output=(_expression("winograd_wgrad_output_transform", p.dtype, m),
+                    input=_expression("winograd_wgrad_input_transform", p.dtype, m, r, nhwc),
+                    grad=_expression("winograd_wgrad_grad_transform", p.dtype, m, r, nhwc),
+                    output=(_expression("winograd_wgrad_output_transform", p.dtype, m, r),
                             (ceil_div(p.K * p.C, _THREADS),), (i32(p.K), i32(p.C), i32(splits))))
 
     def _cached_plan(self, p):
@@ -642,3 +661,6 @@ WINOGRAD_WGRAD_F2 = register(WinogradBackwardFilter(2, strict=True))
 WINOGRAD_WGRAD_F4 = register(WinogradBackwardFilter(4, strict=True))
 
 
+# F(5x5, 2x2): the 5x5 gradient from 6 x 6 x tiles and 2 x 2 dy tiles (same points
+# as F(3x3, 4x4)); measured float32 error in dnnprims/testing/tolerances.py.
+WINOGRAD_WGRAD_F2_5X5 = register(WinogradBackwardFilter(2, strict=True, r=5))

@@ -43,6 +43,19 @@ TOLERANCES = {
     # strict.
     ("float32", "winograd_wgrad_f3x3_2x2"): 4e-6,
     ("float32", "winograd_wgrad_f3x3_4x4"): 1.5e-5,
+    # Winograd for 5x5 filters in float32: F(2x2, 5x5) forward / backward data
+    # and the backward-filter F(5x5, 2x2), both on the points 0, +-1, +-2, inf of
+    # F(4x4, 3x3) (the same 6 x 6 input transform, so a similar error).  Emulated
+    # on NumPy (notes/wino5_accuracy.py: float32 transforms and GEMMs vs the
+    # float64 reference, N(0, 1) data): forward 2.0e-6 (C = 64, K = 192, 27 x 27,
+    # alex_conv2_5x5's channels), 3.7e-6 (256 ch), 3.7e-6 (512 ch); backward data
+    # 3.2e-6 .. 3.8e-6 (helper conv_large measured 2e-6 .. 3.6e-6 independently);
+    # backward filter 4.3e-6 (1568-tile sums) and 4.6e-6 (6272 tiles in one
+    # unsplit sum; the GPU sums at most WGRAD_MAX_SPLIT_DEPTH = 1024 tiles in a
+    # run).  Rows as for F(4x4, 3x3) / F(3x3, 4x4) (2.5-4x margin for the GPU's
+    # summation order); both within the float32 direct bound (2e-5): strict.
+    ("float32", "winograd_f2x2_5x5"): 1e-5,
+    ("float32", "winograd_wgrad_f5x5_2x2"): 1.5e-5,
     # FFT convolution (dnnprims/algos/fft.py): rounding in the transforms grows
     # like eps * log2(T T') of the FFT size and is spread evenly over the
     # outputs, so it is bounded normwise.  Measured on the H100 (cuFFT, fp32)
