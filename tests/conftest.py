@@ -67,3 +67,11 @@ def rule_only():
     previous = table.use(None)
     yield
     table.use(previous)
+
+
+def pytest_collection_modifyitems(items):
+    """A test that asks for the ``gpu`` fixture is a GPU test: mark it ``gpu`` so that
+    ``pytest -m gpu`` (scripts/gpu_suite.sh) selects it, as it does the CuPy runs of ``xp``."""
+    for item in items:
+        if "gpu" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.gpu)
