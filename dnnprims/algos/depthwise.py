@@ -38,12 +38,65 @@ FAMILY = KernelFamily("conv_depthwise.cu", [
     *(f"dw_{kernel}_nhwc<{t}, {i}, {v}>" for kernel in ("forward", "backward_data")
       for t in _dtypes.CUDA_TYPES for i in ("int", "long long") for v in (1, V)),
     *(f"dw_backward_filter_nhwc<{t}, {i}>" for t in _dtypes.CUDA_TYPES for i in ("int", "long long")),
+    *(f"dw_{kernel}<{t}, {ks}, {rows}, {minb}>" for kernel in ("same_nchw", "same_filter_nchw")
+      for t in _dtypes.CUDA_TYPES for ks in (3, 5) for rows in (2, 4, 8) for minb in (1, 3)
+      if (rows != 8 or t == "float") and (minb == 1 or (t == "float" and ks == 3 and rows != 8))),
 ])
+
+# "Same" NCHW path (dw_same_nchw / dw_same_filter_nchw): stride 1, dilation 1,
+# KS x KS filter with KS in SAME_SIZES and padding KS // 2.  SAME_ROWS: output
+# rows per lane by default; smaller when that leaves too few warps for the GPU.
+SAME_SIZES = (3, 5)
+SAME_ROWS = 4
+_SAME_THREADS = 256
+_SAME_TARGET_WARPS = 132 * 32   # a full H100 (64 warps per SM), half of it resident at 32 warps/SM
+_SAME_FILTER_TARGET_BLOCKS = 132 * 16
 
 
 def is_depthwise(p):
     """groups == C: one input channel per group, K = C * multiplier filters."""
     return p.groups == p.C and p.C >= 1
+
+
+def is_same_nchw(p):
+    """NCHW, stride 1, dilation 1, an odd KS x KS filter of SAME_SIZES with
+    padding KS // 2: every plane keeps its size (the dw_same_* kernels)."""
+    return (p.layout == "NCHW" and p.stride == (1, 1) and p.dilation == (1, 1) and p.R == p.S
+            and p.R in SAME_SIZES and p.padding == (p.R // 2, p.S // 2))
+
+
+def same_geometry(p, rows):
+    """(G, Gs, segs, spw, bands) of the dw_same_* kernels: G column groups of 4
+    per row, in segs segments of at most Gs <= 32 groups (lanes), spw = 32 // Gs
+    slots per warp, bands of `rows` rows per plane."""
+    groups = ceil_div(p.W, 4)
+    segs = ceil_div(groups, 32)
+    gs = ceil_div(groups, segs)
+    return groups, gs, segs, 32 // gs, ceil_div(p.H, rows)
+
+
+def same_rows(p, direction):
+    """Rows per lane: SAME_ROWS, halved while the launch would have fewer warps
+    than _SAME_TARGET_WARPS (batch 1); 8 only exists for float32."""
+    rows = SAME_ROWS if (SAME_ROWS != 8 or p.dtype == "float32") else 4
+    while rows > 2:
+        groups, gs, segs, spw, bands = same_geometry(p, rows)
+        planes = p.N * (p.C if direction == "backward_data" else p.K)
+        if ceil_div(planes * segs * bands, spw) >= _SAME_TARGET_WARPS:
+            break
+        rows //= 2
+    return rows
+
+
+SAME_MIN_BLOCKS = 1
+
+
+def same_min_blocks(p, rows):
+    """The kernels' MINB (register cap for MINB resident blocks per SM):
+    SAME_MIN_BLOCKS where that specialisation exists (float32, 3x3, 2 or 4 rows)."""
+    if p.dtype == "float32" and p.R == 3 and rows in (2, 4):
+        return SAME_MIN_BLOCKS
+    return 1
 
 
 def _pow2_at_least(n):
@@ -170,6 +223,10 @@ class DepthwiseConvolution(ConvAlgorithm):
     def _chunks(self, p):
         """Blocks per output channel in backward filter pass 1 (= partials per filter tap)."""
         acc = _acc_size(p.dtype)
+        if is_same_nchw(p):
+            groups, gs, segs, spw, bands = same_geometry(p, same_rows(p, "backward_filter"))
+            warp_rounds = ceil_div(p.N * segs * bands, spw * (_SAME_THREADS // 32))
+            return max(1, min(warp_rounds, ceil_div(_SAME_FILTER_TARGET_BLOCKS, p.K), _MAX_GRID_Y))
         if p.layout == "NCHW":
             tqt, tp = _nchw_tile(p, "backward_filter", acc)[:2]
             items = p.N * ceil_div(p.P, tp) * ceil_div(p.Q, tqt * V)
@@ -184,8 +241,11 @@ class DepthwiseConvolution(ConvAlgorithm):
         import cupy
 
         itemsize = np.dtype(p.dtype).itemsize
-        vec_ok = (p.layout == "NHWC" and p.K == p.C and p.C % V == 0
-                  and _aligned(arrays, V, itemsize))
+        if is_same_nchw(p):
+            vec_ok = p.W % 4 == 0 and _aligned(arrays, 4, itemsize)
+        else:
+            vec_ok = (p.layout == "NHWC" and p.K == p.C and p.C % V == 0
+                      and _aligned(arrays, V, itemsize))
         key = (cupy.cuda.runtime.getDevice(), p, direction, vec_ok)
         plan = self._plans.get(key)
         if plan is None:
@@ -206,6 +266,8 @@ class DepthwiseConvolution(ConvAlgorithm):
                     i32(p.stride[0]), i32(p.stride[1]), i32(p.padding[0]), i32(p.padding[1]),
                     i32(p.dilation[0]), i32(p.dilation[1]), i32(mult))
         filter_total = p.K * p.R * p.S
+        if is_same_nchw(p):
+            return self._same_plan(p, direction, vec_ok, t)
         if p.layout == "NCHW":
             tqt, tp, in_rows, in_cols, pitch, shared, group_taps = _nchw_tile(p, direction, acc)
             out_rows, out_cols = (p.H, p.W) if direction == "backward_data" else (p.P, p.Q)
@@ -244,6 +306,32 @@ class DepthwiseConvolution(ConvAlgorithm):
         return [(f"dw_{direction}_nhwc<{t}, {index_t}, {vec}>", grid, (kb, pb), shared,
                  (*geometry, itype(positions), itype(per_block)))], 0
 
+    def _same_plan(self, p, direction, vec_ok, t):
+        i32 = np.int32
+        rows = same_rows(p, direction)
+        minb = same_min_blocks(p, rows)
+        groups, gs, segs, spw, bands = same_geometry(p, rows)
+        mult = p.K // p.C
+        tail = (i32(groups), i32(gs), i32(segs), i32(bands))
+        if direction == "backward_filter":
+            chunks = self._chunks(p)
+            slots = p.N * segs * bands
+            filter_total = p.K * p.R * p.S
+            launches = [(f"dw_same_filter_nchw<{t}, {p.R}, {rows}, {minb}>", (p.K, chunks), (_SAME_THREADS,), 0,
+                         (i32(p.C), i32(p.K), i32(p.H), i32(p.W), i32(mult), *tail, np.int64(slots),
+                          i32(vec_ok)))]
+            return launches + [self._reduce(t, filter_total, chunks)], filter_total * chunks
+        if direction == "forward":   # out plane (n, k) <- in plane (n, k // mult), filter k
+            cin, cout, terms, div, flip = p.C, p.K, 1, mult, 0
+        else:                        # dx plane (n, c) <- dy planes (n, c * mult + j), filters rotated
+            cin, cout, terms, div, flip = p.K, p.C, mult, 1, 1
+        slots = p.N * cout * segs * bands
+        warps = _SAME_THREADS // 32
+        grid = (min(ceil_div(slots, spw * warps), _MAX_GRID),)
+        return [(f"dw_same_nchw<{t}, {p.R}, {rows}, {minb}>", grid, (_SAME_THREADS,), 0,
+                 (i32(cin), i32(cout), i32(p.H), i32(p.W), i32(terms), i32(div), i32(flip), *tail,
+                  np.int64(slots), i32(vec_ok)))], 0
+
     @staticmethod
     def _reduce(t, filter_total, chunks):
         grid = (min(ceil_div(filter_total, _THREADS), 65535 * 8),)
@@ -263,7 +351,11 @@ class DepthwiseConvolution(ConvAlgorithm):
                                               act_mode, act_alpha, out, *scalars), shared_mem=shared)
         elif direction == "backward_data":
             expr, grid, block, shared, scalars = launches[0]
-            FAMILY.launch(expr, grid, block, (a, b, out, *scalars), shared_mem=shared)
+            if is_same_nchw(p):
+                FAMILY.launch(expr, grid, block, (a, b, b, np.int32(0), np.int32(-1), alpha_type(0.0), out,
+                                                  *scalars), shared_mem=shared)
+            else:
+                FAMILY.launch(expr, grid, block, (a, b, out, *scalars), shared_mem=shared)
         else:
             partials = cupy.empty(workspace, dtype=np.float64 if p.dtype == "float64" else np.float32)
             (expr, grid, block, shared, scalars), reduce = launches
