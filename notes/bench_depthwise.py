@@ -28,6 +28,13 @@ torch.backends.cudnn.benchmark = True
 torch.backends.cudnn.allow_tf32 = False
 
 
+# label -> (rows per lane, MINB, threads per block, grid cap); "old" = the
+# shared-memory tile kernels; "auto" = the library's choice (same_variant).
+VARIANTS = {"old": None, "auto": "auto", "r8t64": (8, 1, 64, 0), "r8c528": (8, 1, 256, 528),
+            "r8t64c": (8, 1, 64, 132 * 20), "r4t64": (4, 1, 64, 0), "r2m3t128": (2, 3, 128, 0)}
+PROBLEMS = (("mbv2_dw_112", 32, 96, 112), ("mbv2_dw_28", 32, 192, 28))
+
+
 def rand(shape):
     a = cupy.random.random(shape, dtype=cupy.float32)
     a -= 0.5
@@ -48,11 +55,10 @@ def copy_gbs():
 
 def main(outdir):
     dw = REGISTRY["depthwise"]
-    same_rows, is_same = dwa.same_rows, dwa.is_same_nchw
+    saved = {k: getattr(dwa, k) for k in ("same_variant", "is_same_nchw", "SAME_THREADS", "SAME_GRID_CAP")}
     bw = copy_gbs()
     rows_out = []
-    for name, N, C, H in (("mbv2_dw_112", 32, 96, 112), ("mbv2_dw_28", 32, 192, 28),
-                          ("mbv2_dw_112", 1, 96, 112), ("mbv2_dw_28", 1, 192, 28)):
+    for name, N, C, H in PROBLEMS:
         p = _describe((N, C, H, H), (C, 1, 3, 3), 1, 1, 1, C, "NCHW", np.float32)
         x, w, dy = rand(p.x_shape), rand(p.w_shape), rand(p.y_shape)
         opts = dict(stride=1, padding=1, groups=C)
@@ -73,32 +79,35 @@ def main(outdir):
             want = cupy.from_dlpack(theirs(*ta[0]))
             row = {"name": name, "N": N, "direction": direction, "floor_bytes": floor,
                    "cudnn_ms": t(theirs, ta)}
-            variants = [("old", None)] + [(f"rows{r}", r) for r in (2, 4, 8)]
-            for label, r in variants:
+            for label, v in VARIANTS.items():
                 dw._plans.clear()
-                dwa.is_same_nchw = is_same if r else (lambda q: False)
-                if r:
-                    dwa.same_rows = lambda q, d, r=r: r
+                if v is None:
+                    dwa.is_same_nchw = lambda q: False
+                elif v != "auto":
+                    dwa.same_variant = lambda q, d, v=v: v[:2]
+                    dwa.SAME_THREADS, dwa.SAME_GRID_CAP = v[2], v[3]
                 try:
                     kernel = lambda u, v: dw.run(p, direction, u, v, out[direction])  # noqa: E731
                     kernel(a, b)
                     got = out[direction]
                     row[f"{label}_err"] = float(cupy.linalg.norm(got - want) / cupy.linalg.norm(want))
                     row[f"{label}_ms"] = t(kernel, inputs)
+                    row[f"{label}_public_ms"] = t(public, inputs)
                 except Exception as e:  # report, go on
-                    row[f"{label}_ms"] = float("nan")
+                    row[f"{label}_ms"] = row[f"{label}_public_ms"] = float("nan")
                     row[f"{label}_error"] = f"{type(e).__name__}: {e}"[:200]
                 finally:
-                    dwa.is_same_nchw, dwa.same_rows = is_same, same_rows
+                    for k, val in saved.items():
+                        setattr(dwa, k, val)
                     dw._plans.clear()
             got = public(a, b)
             row["public_err"] = float(cupy.linalg.norm(got - want) / cupy.linalg.norm(want))
             row["public_ms"] = t(public, inputs)
-            row["default_rows"] = dwa.same_rows(p, direction)
+            row["auto_variant"] = dwa.same_variant(p, direction)
             rows_out.append(row)
             print(json.dumps(row), flush=True)
             del inputs, ta
-        del x, w, dy, out
+        del x, w, dy
         cupy.get_default_memory_pool().free_all_blocks()
     result = {"copy_GBps": bw, "rows": rows_out}
     if outdir:
@@ -106,16 +115,21 @@ def main(outdir):
         with open(os.path.join(outdir, "bench_depthwise.json"), "w") as f:
             json.dump(result, f, indent=1)
     print(f"\ncopy bandwidth {bw:.0f} GB/s; ratio = cuDNN / ours; 'of copy' = floor bytes / time / copy")
-    head = (f"{'problem':12} {'N':>2} {'direction':15} {'cuDNN':>7} {'old':>7} {'r2':>7} {'r4':>7} {'r8':>7} "
-            f"{'public':>7} {'x cuDNN':>7} {'kernel x':>8} {'of copy':>7} {'floor us':>8} {'err':>8}")
-    print(head)
+    print("kernel alone (DEPTHWISE.run) ms, then the public call ms; x = cuDNN / ours")
+    print(f"{'problem':12} {'N':>2} {'direction':15} {'cuDNN':>7} " + " ".join(f"{k:>9}" for k in VARIANTS))
     for r in rows_out:
-        best = min(r[k] for k in ("rows2_ms", "rows4_ms", "rows8_ms") if np.isfinite(r[k]))
+        for what in ("", "_public"):
+            print(f"{r['name']:12} {r['N']:>2} {r['direction'] + what:15} {r['cudnn_ms']:7.4f} "
+                  + " ".join(f"{r[k + what + '_ms']:9.4f}" for k in VARIANTS))
+        print(f"{'':12} {'':>2} {'x cuDNN public':15} {'':7} "
+              + " ".join(f"{r['cudnn_ms'] / r[k + '_public_ms']:9.2f}" for k in VARIANTS))
         floor_us = r["floor_bytes"] / (bw * 1e9) * 1e6
-        print(f"{r['name']:12} {r['N']:>2} {r['direction']:15} {r['cudnn_ms']:7.4f} {r['old_ms']:7.4f} "
-              f"{r['rows2_ms']:7.4f} {r['rows4_ms']:7.4f} {r['rows8_ms']:7.4f} {r['public_ms']:7.4f} "
-              f"{r['cudnn_ms'] / r['public_ms']:7.2f} {r['cudnn_ms'] / best:8.2f} "
-              f"{floor_us * 1e-3 / best:7.2f} {floor_us:8.1f} {r['public_err']:8.1e}")
+        print(f"{'':12} {'':>2} {'of copy kernel':15} {floor_us:7.1f} "
+              + " ".join(f"{floor_us * 1e-3 / r[k + '_ms']:9.2f}" for k in VARIANTS))
+    for r in rows_out:
+        for k in VARIANTS:
+            if f"{k}_error" in r:
+                print("ERROR", r["name"], r["N"], r["direction"], k, r[f"{k}_error"])
 
 
 if __name__ == "__main__":

@@ -1253,8 +1253,20 @@ def test_depthwise_same_path_selection():
     same = _depthwise_problem(32, 96, 112, 112, 1, 3, 3, 1, 1, 1)
     assert depthwise_algo.is_same_nchw(same)
     assert depthwise_algo.same_geometry(same, 4) == (28, 28, 1, 1, 28)
-    assert depthwise_algo.same_rows(same, "forward") == depthwise_algo.SAME_ROWS
-    assert depthwise_algo.same_rows(_depthwise_problem(1, 8, 28, 28, 1, 3, 3, 1, 1, 1), "forward") == 2
+    assert depthwise_algo.same_variant(same, "forward") == (8, 1)
+    assert depthwise_algo.same_variant(same, "backward_filter") == (4, 1)
+    assert depthwise_algo.same_variant(_depthwise_problem(32, 192, 28, 28, 1, 3, 3, 1, 1, 1), "forward") == (2, 3)
+    assert depthwise_algo.same_variant(_depthwise_problem(1, 8, 28, 28, 1, 5, 5, 1, 2, 1), "forward") == (2, 1)
+    # every choice is a declared specialisation
+    for geometry in ((32, 96, 112, 112), (1, 96, 112, 112), (32, 192, 28, 28), (1, 1, 1, 1), (4, 8, 300, 300)):
+        for ks in (3, 5):
+            for dtype in _dtypes.SUPPORTED:
+                p = _depthwise_problem(*geometry, 1, ks, ks, 1, ks // 2, 1, dtype=dtype)
+                for direction in algos.DIRECTIONS:
+                    rows, minb = depthwise_algo.same_variant(p, direction)
+                    kernel = "same_filter_nchw" if direction == "backward_filter" else "same_nchw"
+                    expr = f"dw_{kernel}<{_dtypes.cuda_type(p.dtype)}, {ks}, {rows}, {minb}>"
+                    assert expr in depthwise_algo.FAMILY.name_expressions
     chunks = depthwise_algo.DEPTHWISE._chunks(same)
     assert depthwise_algo.DEPTHWISE.workspace_bytes(same, "backward_filter") == 96 * 9 * chunks * 4
     for other in (_depthwise_problem(2, 4, 13, 13, 1, 3, 3, 2, 1, 1),       # stride 2
@@ -1267,21 +1279,24 @@ def test_depthwise_same_path_selection():
 
 @pytest.mark.parametrize("geometry", SAME_GEOMETRIES + [(2, 8, 28, 28, 1, 3), (1, 3, 21, 260, 1, 3)])
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
-def test_depthwise_same_path_on_the_gpu(gpu, rng, geometry, dtype):
+def test_depthwise_same_path_on_the_gpu(gpu, rng, monkeypatch, geometry, dtype):
     """dw_same_* against the float64 reference in every direction and dtype, at
-    each rows-per-lane variant the dtype has."""
+    each (rows, MINB) specialisation the dtype and size have, with 64-thread
+    blocks in a capped grid and 256-thread blocks in a full one."""
     N, C, H, W, mult, ks = geometry
     x, w, b, opts = _random_problem(rng, (N, C, H, W, C * mult, ks, ks, 1, ks // 2, 1, C), "NCHW", dtype)
     assert depthwise_algo.is_same_nchw(_problem_of(x, w, opts))
-    saved = depthwise_algo.SAME_ROWS
-    try:
-        for rows in (2, 4, 8) if np.dtype(dtype) == np.float32 else (2, 4):
-            depthwise_algo.SAME_ROWS = rows
+    t = _dtypes.cuda_type(np.dtype(dtype).name)
+    for rows, minb in depthwise_algo.SAME_VARIANTS:
+        if f"dw_same_nchw<{t}, {ks}, {rows}, {minb}>" not in depthwise_algo.FAMILY.name_expressions:
+            continue
+        for threads, cap in ((64, 3), (256, 0)):   # cap 3 blocks: every warp loops over bands
+            monkeypatch.setattr(depthwise_algo, "same_variant", lambda p, d: (rows, minb))
+            monkeypatch.setattr(depthwise_algo, "SAME_THREADS", threads)
+            monkeypatch.setattr(depthwise_algo, "SAME_GRID_CAP", cap)
             depthwise_algo.DEPTHWISE._plans.clear()
             _check_all_directions(gpu, rng, x, w, b, opts, "depthwise")
-    finally:
-        depthwise_algo.SAME_ROWS = saved
-        depthwise_algo.DEPTHWISE._plans.clear()
+    depthwise_algo.DEPTHWISE._plans.clear()
 
 
 def test_depthwise_same_path_misaligned_and_deterministic_on_the_gpu(gpu, rng):

@@ -30,6 +30,11 @@ _TARGET_BLOCKS = 132 * 8   # enough resident blocks for an H100 (132 SMs)
 _PLAN_CACHE_SIZE = 4096
 _NHWC_TARGET_BLOCKS = 132 * 16  # NHWC forward / backward data: position runs per channel chunk
 
+# (rows per lane, MINB) specialisations of the dw_same_* kernels: 2 and 4 rows
+# for every dtype and size; 8 rows and the 80-register cap (MINB 3) for float32
+# 3x3 only (the measured choices, notes/depthwise.md).
+SAME_VARIANTS = ((2, 1), (4, 1), (8, 1), (2, 3), (4, 3))
+
 FAMILY = KernelFamily("conv_depthwise.cu", [
     *(f"dw_forward_nchw<{t}>" for t in _dtypes.CUDA_TYPES),
     *(f"dw_backward_data_nchw<{t}, {s}>" for t in _dtypes.CUDA_TYPES for s in ("false", "true")),
@@ -39,17 +44,17 @@ FAMILY = KernelFamily("conv_depthwise.cu", [
       for t in _dtypes.CUDA_TYPES for i in ("int", "long long") for v in (1, V)),
     *(f"dw_backward_filter_nhwc<{t}, {i}>" for t in _dtypes.CUDA_TYPES for i in ("int", "long long")),
     *(f"dw_{kernel}<{t}, {ks}, {rows}, {minb}>" for kernel in ("same_nchw", "same_filter_nchw")
-      for t in _dtypes.CUDA_TYPES for ks in (3, 5) for rows in (2, 4, 8) for minb in (1, 3)
-      if (rows != 8 or t == "float") and (minb == 1 or (t == "float" and ks == 3 and rows != 8))),
+      for t in _dtypes.CUDA_TYPES for ks in (3, 5) for rows, minb in SAME_VARIANTS
+      if (rows, minb) in ((2, 1), (4, 1)) or (t == "float" and ks == 3)),
 ])
 
 # "Same" NCHW path (dw_same_nchw / dw_same_filter_nchw): stride 1, dilation 1,
-# KS x KS filter with KS in SAME_SIZES and padding KS // 2.  SAME_ROWS: output
-# rows per lane by default; smaller when that leaves too few warps for the GPU.
+# KS x KS filter with KS in SAME_SIZES and padding KS // 2.
 SAME_SIZES = (3, 5)
-SAME_ROWS = 4
-_SAME_THREADS = 256
-_SAME_TARGET_WARPS = 132 * 32   # a full H100 (64 warps per SM), half of it resident at 32 warps/SM
+SAME_THREADS = 256
+SAME_GRID_CAP = 0               # at most this many blocks for dw_same_nchw (0: one band per warp); warps loop
+_SAME_TARGET_WARPS = 132 * 32   # fewer warps than this: fewer rows per lane (batch 1)
+_SAME_LARGE_WARPS = 132 * 64    # float32 3x3 launches at least this large take 8 rows per lane
 _SAME_FILTER_TARGET_BLOCKS = 132 * 16
 
 
@@ -75,28 +80,25 @@ def same_geometry(p, rows):
     return groups, gs, segs, 32 // gs, ceil_div(p.H, rows)
 
 
-def same_rows(p, direction):
-    """Rows per lane: SAME_ROWS, halved while the launch would have fewer warps
-    than _SAME_TARGET_WARPS (batch 1); 8 only exists for float32."""
-    rows = SAME_ROWS if (SAME_ROWS != 8 or p.dtype == "float32") else 4
-    while rows > 2:
-        groups, gs, segs, spw, bands = same_geometry(p, rows)
-        planes = p.N * (p.C if direction == "backward_data" else p.K)
-        if ceil_div(planes * segs * bands, spw) >= _SAME_TARGET_WARPS:
-            break
+def _same_warps(p, direction, rows):
+    groups, gs, segs, spw, bands = same_geometry(p, rows)
+    planes = p.N * (p.C if direction == "backward_data" else p.K)
+    return ceil_div(planes * segs * bands, spw)
+
+
+def same_variant(p, direction):
+    """(rows per lane, MINB) of the dw_same_* launch, as measured on the H100
+    (notes/depthwise.md, mbv2_dw_112 / mbv2_dw_28): float32 3x3 forward and
+    backward data take 8 rows (ROWS + 2 row loads in flight per lane) on large
+    launches, else 2 rows under an 80-register cap (MINB 3: 24 warps per SM);
+    backward filter and the other dtypes 4 rows, halved while the launch has
+    fewer than _SAME_TARGET_WARPS warps."""
+    if direction != "backward_filter" and p.dtype == "float32" and p.R == 3:
+        return (8, 1) if _same_warps(p, direction, 8) >= _SAME_LARGE_WARPS else (2, 3)
+    rows = 4
+    while rows > 2 and _same_warps(p, direction, rows) < _SAME_TARGET_WARPS:
         rows //= 2
-    return rows
-
-
-SAME_MIN_BLOCKS = 1
-
-
-def same_min_blocks(p, rows):
-    """The kernels' MINB (register cap for MINB resident blocks per SM):
-    SAME_MIN_BLOCKS where that specialisation exists (float32, 3x3, 2 or 4 rows)."""
-    if p.dtype == "float32" and p.R == 3 and rows in (2, 4):
-        return SAME_MIN_BLOCKS
-    return 1
+    return rows, 1
 
 
 def _pow2_at_least(n):
@@ -224,8 +226,8 @@ class DepthwiseConvolution(ConvAlgorithm):
         """Blocks per output channel in backward filter pass 1 (= partials per filter tap)."""
         acc = _acc_size(p.dtype)
         if is_same_nchw(p):
-            groups, gs, segs, spw, bands = same_geometry(p, same_rows(p, "backward_filter"))
-            warp_rounds = ceil_div(p.N * segs * bands, spw * (_SAME_THREADS // 32))
+            groups, gs, segs, spw, bands = same_geometry(p, same_variant(p, "backward_filter")[0])
+            warp_rounds = ceil_div(p.N * segs * bands, spw * (SAME_THREADS // 32))
             return max(1, min(warp_rounds, ceil_div(_SAME_FILTER_TARGET_BLOCKS, p.K), _MAX_GRID_Y))
         if p.layout == "NCHW":
             tqt, tp = _nchw_tile(p, "backward_filter", acc)[:2]
@@ -308,8 +310,7 @@ class DepthwiseConvolution(ConvAlgorithm):
 
     def _same_plan(self, p, direction, vec_ok, t):
         i32 = np.int32
-        rows = same_rows(p, direction)
-        minb = same_min_blocks(p, rows)
+        rows, minb = same_variant(p, direction)
         groups, gs, segs, spw, bands = same_geometry(p, rows)
         mult = p.K // p.C
         tail = (i32(groups), i32(gs), i32(segs), i32(bands))
@@ -317,7 +318,7 @@ class DepthwiseConvolution(ConvAlgorithm):
             chunks = self._chunks(p)
             slots = p.N * segs * bands
             filter_total = p.K * p.R * p.S
-            launches = [(f"dw_same_filter_nchw<{t}, {p.R}, {rows}, {minb}>", (p.K, chunks), (_SAME_THREADS,), 0,
+            launches = [(f"dw_same_filter_nchw<{t}, {p.R}, {rows}, {minb}>", (p.K, chunks), (SAME_THREADS,), 0,
                          (i32(p.C), i32(p.K), i32(p.H), i32(p.W), i32(mult), *tail, np.int64(slots),
                           i32(vec_ok)))]
             return launches + [self._reduce(t, filter_total, chunks)], filter_total * chunks
@@ -326,9 +327,9 @@ class DepthwiseConvolution(ConvAlgorithm):
         else:                        # dx plane (n, c) <- dy planes (n, c * mult + j), filters rotated
             cin, cout, terms, div, flip = p.K, p.C, mult, 1, 1
         slots = p.N * cout * segs * bands
-        warps = _SAME_THREADS // 32
-        grid = (min(ceil_div(slots, spw * warps), _MAX_GRID),)
-        return [(f"dw_same_nchw<{t}, {p.R}, {rows}, {minb}>", grid, (_SAME_THREADS,), 0,
+        warps = SAME_THREADS // 32
+        grid = (min(ceil_div(slots, spw * warps), SAME_GRID_CAP or _MAX_GRID, _MAX_GRID),)
+        return [(f"dw_same_nchw<{t}, {p.R}, {rows}, {minb}>", grid, (SAME_THREADS,), 0,
                  (i32(cin), i32(cout), i32(p.H), i32(p.W), i32(terms), i32(div), i32(flip), *tail,
                   np.int64(slots), i32(vec_ok)))], 0
 
