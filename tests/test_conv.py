@@ -1088,6 +1088,7 @@ def test_depthwise_refuses_other_problems():
                        algo="depthwise")
 
 
+@pytest.mark.gpu  # the `gpu` fixture alone does not mark: scripts/gpu_suite.sh runs -m gpu
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
 @pytest.mark.parametrize("dtype", [np.float32, np.float16])
 @pytest.mark.parametrize("mult,stride,dilation", [(1, 1, 1), (2, 2, 1), (1, 2, 2), (3, 1, 1)])
@@ -1097,6 +1098,7 @@ def test_depthwise_large_planes_on_the_gpu(gpu, rng, layout, dtype, mult, stride
     _check_all_directions(gpu, rng, x, w, b, opts, "depthwise")
 
 
+@pytest.mark.gpu  # the `gpu` fixture alone does not mark: scripts/gpu_suite.sh runs -m gpu
 def test_depthwise_tap_groups_and_determinism_on_the_gpu(gpu, rng, monkeypatch):
     """With little shared memory the filter gradient runs in groups of taps; the
     result still matches, and two runs give the same bits."""
@@ -1277,12 +1279,13 @@ def test_depthwise_same_path_selection():
         assert not depthwise_algo.is_same_nchw(other)
 
 
+@pytest.mark.gpu  # the `gpu` fixture alone does not mark: scripts/gpu_suite.sh runs -m gpu
 @pytest.mark.parametrize("geometry", SAME_GEOMETRIES + [(2, 8, 28, 28, 1, 3), (1, 3, 21, 260, 1, 3)])
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 def test_depthwise_same_path_on_the_gpu(gpu, rng, monkeypatch, geometry, dtype):
     """dw_same_* against the float64 reference in every direction and dtype, at
     each (rows, MINB) specialisation the dtype and size have, with 64-thread
-    blocks in a capped grid and 256-thread blocks in a full one."""
+    blocks in a capped grid and 256-thread blocks in the default and a full one."""
     N, C, H, W, mult, ks = geometry
     x, w, b, opts = _random_problem(rng, (N, C, H, W, C * mult, ks, ks, 1, ks // 2, 1, C), "NCHW", dtype)
     assert depthwise_algo.is_same_nchw(_problem_of(x, w, opts))
@@ -1290,7 +1293,8 @@ def test_depthwise_same_path_on_the_gpu(gpu, rng, monkeypatch, geometry, dtype):
     for rows, minb in depthwise_algo.SAME_VARIANTS:
         if f"dw_same_nchw<{t}, {ks}, {rows}, {minb}>" not in depthwise_algo.FAMILY.name_expressions:
             continue
-        for threads, cap in ((64, 3), (256, 0)):   # cap 3 blocks: every warp loops over bands
+        # cap 3 blocks: every warp loops over bands; None: one resident wave for 8 rows
+        for threads, cap in ((64, 3), (256, None), (256, 0)):
             monkeypatch.setattr(depthwise_algo, "same_variant", lambda p, d: (rows, minb))
             monkeypatch.setattr(depthwise_algo, "SAME_THREADS", threads)
             monkeypatch.setattr(depthwise_algo, "SAME_GRID_CAP", cap)
@@ -1299,6 +1303,7 @@ def test_depthwise_same_path_on_the_gpu(gpu, rng, monkeypatch, geometry, dtype):
     depthwise_algo.DEPTHWISE._plans.clear()
 
 
+@pytest.mark.gpu  # the `gpu` fixture alone does not mark: scripts/gpu_suite.sh runs -m gpu
 def test_depthwise_same_path_misaligned_and_deterministic_on_the_gpu(gpu, rng):
     """W % 4 == 0 but the arrays start 4 bytes off a 16-byte boundary: the
     scalar loads run and agree with the vector path to the bit; backward

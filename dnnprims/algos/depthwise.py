@@ -3,9 +3,12 @@
 Depthwise convolution (groups == C, K = C * multiplier, any multiplier),
 forward (with bias and every activation fused in the epilogue), backward data
 and backward filter; NCHW and NHWC; every stride, padding, dilation and dtype
-(float32 accumulation for the half types).  Memory-bound: the kernels stage
-the input tile and its halo in shared memory (NCHW) or read channel vectors
-(NHWC), so each tensor crosses DRAM about once.  Backward filter reduces
+(float32 accumulation for the half types).  Memory-bound: so each tensor
+crosses DRAM about once, the NCHW stride-1 3x3 / 5x5 "same" layers (MobileNet)
+run dw_same_* (each lane a register window of 4 columns x a band of rows, 16-byte
+row loads, halo columns by warp shuffles, the filter in registers; backward data
+is the same kernel with the filter rotated); other NCHW problems stage the input
+tile and its halo in shared memory; NHWC reads channel vectors.  Backward filter reduces
 deterministically in two passes (per-block partials in a workspace, then a
 fixed-order sum): no atomics.
 
@@ -52,7 +55,11 @@ FAMILY = KernelFamily("conv_depthwise.cu", [
 # KS x KS filter with KS in SAME_SIZES and padding KS // 2.
 SAME_SIZES = (3, 5)
 SAME_THREADS = 256
-SAME_GRID_CAP = 0               # at most this many blocks for dw_same_nchw (0: one band per warp); warps loop
+# At most this many blocks for dw_same_nchw (their warps loop over bands); 0:
+# one band per warp; None: one resident wave for 8 rows per lane (measured on
+# the H100: mbv2_dw_112 forward 0.182 -> 0.155 ms, the warps fall out of phase
+# so loads of some overlap the math and stores of others), uncapped otherwise.
+SAME_GRID_CAP = None
 _SAME_TARGET_WARPS = 132 * 32   # fewer warps than this: fewer rows per lane (batch 1)
 _SAME_LARGE_WARPS = 132 * 64    # float32 3x3 launches at least this large take 8 rows per lane
 _SAME_FILTER_TARGET_BLOCKS = 132 * 16
@@ -99,6 +106,17 @@ def same_variant(p, direction):
     while rows > 2 and _same_warps(p, direction, rows) < _SAME_TARGET_WARPS:
         rows //= 2
     return rows, 1
+
+
+def _one_wave_blocks(expression, threads):
+    """Blocks of `threads` threads of one kernel resident on the current device
+    at once, from its register count (64K registers per SM, allocated per warp
+    in multiples of 8 per thread; at most 2048 threads and 32 blocks per SM)."""
+    import cupy
+
+    regs = ceil_div(min(max(getattr(FAMILY.function(expression), "num_regs", 0) or 255, 1), 255), 8) * 8
+    per_sm = max(1, min(65536 // (regs * threads), 2048 // threads, 32))
+    return cupy.cuda.Device().attributes["MultiProcessorCount"] * per_sm
 
 
 def _pow2_at_least(n):
@@ -328,8 +346,12 @@ class DepthwiseConvolution(ConvAlgorithm):
             cin, cout, terms, div, flip = p.K, p.C, mult, 1, 1
         slots = p.N * cout * segs * bands
         warps = SAME_THREADS // 32
-        grid = (min(ceil_div(slots, spw * warps), SAME_GRID_CAP or _MAX_GRID, _MAX_GRID),)
-        return [(f"dw_same_nchw<{t}, {p.R}, {rows}, {minb}>", grid, (SAME_THREADS,), 0,
+        expr = f"dw_same_nchw<{t}, {p.R}, {rows}, {minb}>"
+        cap = SAME_GRID_CAP
+        if cap is None:
+            cap = _one_wave_blocks(expr, SAME_THREADS) if rows == 8 else 0
+        grid = (min(ceil_div(slots, spw * warps), cap or _MAX_GRID, _MAX_GRID),)
+        return [(expr, grid, (SAME_THREADS,), 0,
                  (i32(cin), i32(cout), i32(p.H), i32(p.W), i32(terms), i32(div), i32(flip), *tail,
                   np.int64(slots), i32(vec_ok)))], 0
 
