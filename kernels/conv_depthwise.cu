@@ -5,6 +5,9 @@
 // These layers do ~2 R*S flops per element moved, so they are memory-bound: the
 // kernels aim to read each input once from DRAM and write each output once.
 //
+// NCHW, stride 1, dilation 1, 3x3 / 5x5 with padding KS / 2 (the MobileNet
+// layers): the dw_same_* kernels at the end of this file (registers and warp
+// shuffles, no shared memory).  Every other NCHW problem:
 // NCHW (one block per tile of one (image, channel) plane; flat block index =
 // plane * tiles + tile, grid-stride over it):
 //   The block is TQT x TP threads (TQT a power of two along the row, TP rows);
@@ -479,5 +482,246 @@ dw_backward_filter_nhwc(const T* __restrict__ x, const T* __restrict__ dy, acc_t
             if (kk < K) partials[((long long)kk * RS + t0 + tl) * chunks + chunk] = v;
         }
         __syncthreads();
+    }
+}
+
+// ----------------------------------------------------------------------------- NCHW, "same" KS x KS, stride 1
+// The common depthwise layer (MobileNet / EfficientNet): stride 1, dilation 1,
+// odd KS x KS filter, padding KS / 2, so every plane keeps its size and an
+// output column group [4g, 4g + 4) reads input columns [4g - HC, 4g + 4 + HC)
+// (HC = KS / 2).  No shared memory and no __syncthreads in the main loop:
+//   - a warp holds spw = 32 / Gs slots of Gs lanes; lane lg of a slot owns the
+//     column group g = seg * Gs + lg (Gs <= 32 groups per row segment; one
+//     segment when the row has <= 128 columns) of a band of ROWS rows of one
+//     plane; idle lanes (g >= G, lanes past spw * Gs, slots past the end) run
+//     the same code with their loads masked, so every shuffle has all 32 lanes;
+//   - each lane loads its own 4 columns of the band's ROWS + 2 HC input rows
+//     at once (one 16-byte load per row for float when W % 4 == 0 and the
+//     pointers are aligned: ROWS + 2 HC independent loads in flight), then
+//     takes the HC halo columns on each side from its neighbour lanes with
+//     warp shuffles; only lanes at a segment's edge load halo columns;
+//   - the filter is in registers, the outputs of the band are computed from
+//     the register window (the sliding window along W and down the rows).
+// Halo rows of a band are re-read by the band above / below (L1 / L2 hits:
+// consecutive slots are consecutive bands of one plane), so DRAM sees each
+// input about once.
+// dw_same_nchw serves forward (filter as is; `terms` = 1 input plane, channel
+// k / mult) and backward data (filter rotated 180 degrees: `flip`, which with
+// padding KS / 2 and stride 1 is exactly the transposed convolution; `terms`
+// = mult dy planes c * mult + j summed).  Slot = (plane * segs + seg) * bands
+// + band, plane = n * Cout + co.
+// Launch (dnnprims/algos/depthwise.py, measured on the H100): float32 3x3 on
+// large launches takes ROWS = 8 (10 row loads in flight per lane, ~180-210
+// registers: one 256-thread block per SM) in a grid of one resident wave whose
+// warps loop over bands, so they fall out of phase and one warp's loads overlap
+// another's math and stores (0.66 of copy bandwidth on mbv2_dw_112, against
+// 0.56 with one band per warp); small launches take ROWS = 2 with MINB = 3
+// (80 registers, 24 warps per SM).
+// dw_same_filter_nchw (backward filter pass 1): grid (K, chunks); a block's
+// warps walk the (image, segment, band) slots of channel k in a fixed order,
+// each lane adding sum over its band of dy * x per tap in registers; then a
+// warp sum per tap (shuffle butterfly) and the warps summed in order into
+// partials[k, tap, chunk] (pass 2: dw_backward_filter_reduce).  No atomics.
+
+#define DW_FULL_MASK 0xffffffffu
+#define DW_MAX_WARPS 8
+
+// One lane's view of rows [row0, row0 + IN) of a plane (Hs x Ws): win[i][HC + j]
+// = column 4g + j, win[i][j] / win[i][HC + 4 + j] = the halo columns
+// 4g - HC + j / 4g + 4 + j; zeros outside the plane and for inactive lanes.
+// Must be called by all 32 lanes of the warp.
+template <typename T, int IN, int HC>
+__device__ __forceinline__ void dw_load_window(const T* __restrict__ plane, int row0, int Hs, int Ws, int g,
+                                               int lg, int Gs, int G, bool active, bool vec,
+                                               acc_t<T> (&win)[IN][4 + 2 * HC]) {
+    typedef acc_t<T> A;
+    const int col = 4 * g;
+    // Own columns first: all IN loads are independent and unconditional (the
+    // address is clamped into the plane; the value is masked afterwards), so
+    // they are all in flight together.
+    const int col_c = min(col, 4 * (G - 1));
+    if (vec) {  // Ws % 4 == 0: a whole group is inside the row
+#pragma unroll
+        for (int i = 0; i < IN; ++i) {
+            const int h = row0 + i;
+            const int hc = min(max(h, 0), Hs - 1);
+            load_vec<T, 4>(plane + (long long)hc * Ws + col_c, win[i] + HC);
+            if (!(active && (unsigned)h < (unsigned)Hs)) {
+#pragma unroll
+                for (int j = 0; j < 4; ++j) win[i][HC + j] = A(0);
+            }
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < IN; ++i) {
+            const int h = row0 + i;
+            const int hc = min(max(h, 0), Hs - 1);
+            const bool row_in = active && (unsigned)h < (unsigned)Hs;
+            const T* src = plane + (long long)hc * Ws;
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const A v = load(src[min(col_c + j, Ws - 1)]);
+                win[i][HC + j] = (row_in && col + j < Ws) ? v : A(0);
+            }
+        }
+    }
+    if constexpr (HC > 0) {
+#pragma unroll
+        for (int i = 0; i < IN; ++i) {
+#pragma unroll
+            for (int j = 0; j < HC; ++j) {
+                const A left = __shfl_up_sync(DW_FULL_MASK, win[i][4 + j], 1);     // lane - 1: its column 4 - HC + j
+                const A right = __shfl_down_sync(DW_FULL_MASK, win[i][HC + j], 1); // lane + 1: its column j
+                win[i][j] = left;
+                win[i][HC + 4 + j] = right;
+            }
+        }
+        const bool left_edge = lg == 0, right_edge = lg == Gs - 1 || g >= G - 1;
+        if (left_edge || right_edge) {  // segment edges: from memory (zeros at the row's ends)
+#pragma unroll
+            for (int i = 0; i < IN; ++i) {
+                const int h = row0 + i;
+                const bool row_in = active && (unsigned)h < (unsigned)Hs;
+                const T* src = plane + (long long)(row_in ? h : 0) * Ws;
+#pragma unroll
+                for (int j = 0; j < HC; ++j) {
+                    if (left_edge) {
+                        const int c = col - HC + j;
+                        win[i][j] = (row_in && c >= 0) ? load(src[c]) : A(0);
+                    }
+                    if (right_edge) {
+                        const int c = col + 4 + j;
+                        win[i][HC + 4 + j] = (row_in && c < Ws) ? load(src[c]) : A(0);
+                    }
+                }
+            }
+        }
+    }
+}
+
+// MINB: minimum resident blocks per SM asked of the compiler (register cap
+// 65536 / (256 MINB)); 1 leaves it free.
+template <typename T, int KS, int ROWS, int MINB>
+__global__ void __launch_bounds__(256, MINB)
+dw_same_nchw(const T* __restrict__ in, const T* __restrict__ w, const T* __restrict__ bias,
+             int has_bias, int act_mode, acc_t<T> act_alpha, T* __restrict__ out,
+             int Cin, int Cout, int Hs, int Ws, int terms, int div, int flip,
+             int G, int Gs, int segs, int bands, long long slots, int vec) {
+    typedef acc_t<T> A;
+    constexpr int HC = KS / 2, IN = ROWS + 2 * HC, RS = KS * KS;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    const int spw = 32 / Gs, sl = lane / Gs, lg = lane - sl * Gs;
+    const long long step = (long long)gridDim.x * warps * spw;
+    for (long long base = ((long long)blockIdx.x * warps + warp) * spw; base < slots; base += step) {
+        const long long slot = base + sl;
+        const long long s_c = slot < slots ? slot : slots - 1;
+        const int band = (int)(s_c % bands);
+        const long long plane_seg = s_c / bands;
+        const int seg = (int)(plane_seg % segs);
+        const long long plane = plane_seg / segs;       // n * Cout + co
+        const int co = (int)(plane % Cout);
+        const long long n = plane / Cout;
+        const int g = seg * Gs + lg;
+        const bool active = sl < spw && slot < slots && g < G;
+        const int row0 = band * ROWS;
+        A acc[ROWS][4];
+        const A b0 = has_bias ? load(bias[co]) : A(0);
+#pragma unroll
+        for (int i = 0; i < ROWS; ++i)
+#pragma unroll
+            for (int j = 0; j < 4; ++j) acc[i][j] = b0;
+        for (int t = 0; t < terms; ++t) {
+            const int f = co * terms + t;
+            A wt[RS];
+#pragma unroll
+            for (int i = 0; i < RS; ++i) wt[i] = load(w[(long long)f * RS + (flip ? RS - 1 - i : i)]);
+            A win[IN][4 + 2 * HC];
+            dw_load_window<T, IN, HC>(in + (n * Cin + f / div) * (long long)Hs * Ws, row0 - HC, Hs, Ws,
+                                      g, lg, Gs, G, active, vec != 0, win);
+#pragma unroll
+            for (int i = 0; i < ROWS; ++i)
+#pragma unroll
+                for (int r = 0; r < KS; ++r)
+#pragma unroll
+                    for (int s = 0; s < KS; ++s)
+#pragma unroll
+                        for (int j = 0; j < 4; ++j) acc[i][j] += win[i + r][j + s] * wt[r * KS + s];
+        }
+        if (active) {
+            T* dst = out + plane * (long long)Hs * Ws;
+            const int col = 4 * g;
+#pragma unroll
+            for (int i = 0; i < ROWS; ++i) {
+                const int h = row0 + i;
+                if (h < Hs) {
+                    activate_tile<4>(act_mode, acc[i], act_alpha);
+                    if (vec) {
+                        store_vec<T, 4>(dst + (long long)h * Ws + col, acc[i]);
+                    } else {
+#pragma unroll
+                        for (int j = 0; j < 4; ++j)
+                            if (col + j < Ws) dst[(long long)h * Ws + col + j] = store<T>(acc[i][j]);
+                    }
+                }
+            }
+        }
+    }
+}
+
+// Backward filter pass 1 for the "same" problems; grid (K, chunks), at most
+// DW_MAX_WARPS warps.  Slot = (n * segs + seg) * bands + band within channel k.
+template <typename T, int KS, int ROWS, int MINB>
+__global__ void __launch_bounds__(256, MINB)
+dw_same_filter_nchw(const T* __restrict__ x, const T* __restrict__ dy, acc_t<T>* __restrict__ partials,
+                    int C, int K, int Hs, int Ws, int mult, int G, int Gs, int segs, int bands,
+                    long long slots, int vec) {
+    typedef acc_t<T> A;
+    constexpr int HC = KS / 2, IN = ROWS + 2 * HC, RS = KS * KS;
+    __shared__ A sums[DW_MAX_WARPS][RS];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    const int spw = 32 / Gs, sl = lane / Gs, lg = lane - sl * Gs;
+    const int k = blockIdx.x, c = k / mult, chunk = blockIdx.y, chunks = gridDim.y;
+    A acc[RS];
+#pragma unroll
+    for (int i = 0; i < RS; ++i) acc[i] = A(0);
+    const long long step = (long long)chunks * warps * spw;
+    for (long long base = ((long long)chunk * warps + warp) * spw; base < slots; base += step) {
+        const long long slot = base + sl;
+        const long long s_c = slot < slots ? slot : slots - 1;
+        const int band = (int)(s_c % bands);
+        const long long n_seg = s_c / bands;
+        const int seg = (int)(n_seg % segs);
+        const long long n = n_seg / segs;
+        const int g = seg * Gs + lg;
+        const bool active = sl < spw && slot < slots && g < G;
+        const int row0 = band * ROWS;
+        A win[IN][4 + 2 * HC];
+        A d[ROWS][4];
+        dw_load_window<T, ROWS, 0>(dy + (n * K + k) * (long long)Hs * Ws, row0, Hs, Ws, g, lg, Gs, G,
+                                   active, vec != 0, d);
+        dw_load_window<T, IN, HC>(x + (n * C + c) * (long long)Hs * Ws, row0 - HC, Hs, Ws, g, lg, Gs, G,
+                                  active, vec != 0, win);
+#pragma unroll
+        for (int r = 0; r < KS; ++r)
+#pragma unroll
+            for (int s = 0; s < KS; ++s) {
+                A t = A(0);
+#pragma unroll
+                for (int i = 0; i < ROWS; ++i)
+#pragma unroll
+                    for (int j = 0; j < 4; ++j) t += d[i][j] * win[i + r][j + s];
+                acc[r * KS + s] += t;
+            }
+    }
+#pragma unroll
+    for (int i = 0; i < RS; ++i) {
+        const A v = warp_sum(acc[i]);
+        if (lane == 0) sums[warp][i] = v;
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < RS; i += blockDim.x) {
+        A v = A(0);
+        for (int j = 0; j < warps; ++j) v += sums[j][i];
+        partials[((long long)k * RS + i) * chunks + chunk] = v;
     }
 }

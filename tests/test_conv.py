@@ -330,7 +330,8 @@ FUSED_PATHS = [pytest.param(algo, dtype, case, id=f"{algo}-{np.dtype(dtype).name
                for algo, case, case_id in (("implicit_gemm", CASES[0].values[0], "7x7"),
                                            ("implicit_gemm", (2, 3, 8, 8, 8, 3, 3, 1, 1, 1, 1), "8x8"),
                                            ("depthwise", CASES[3].values[0], "13x13"),
-                                           ("depthwise", (2, 8, 9, 20, 16, 3, 3, 1, 1, 1, 8), "x2"))
+                                           ("depthwise", (2, 8, 9, 20, 16, 3, 3, 1, 1, 1, 8), "x2"),
+                                           ("depthwise", (2, 4, 9, 11, 4, 3, 3, 2, 1, 1, 4), "stride2"))
                for dtype in _dtypes.SUPPORTED if not (algo == "implicit_gemm" and np.dtype(dtype) == F64)]
 
 
@@ -1089,6 +1090,7 @@ def test_depthwise_refuses_other_problems():
                        algo="depthwise")
 
 
+@pytest.mark.gpu  # the `gpu` fixture alone does not mark: scripts/gpu_suite.sh runs -m gpu
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
 @pytest.mark.parametrize("dtype", [np.float32, np.float16])
 @pytest.mark.parametrize("mult,stride,dilation", [(1, 1, 1), (2, 2, 1), (1, 2, 2), (3, 1, 1)])
@@ -1098,14 +1100,17 @@ def test_depthwise_large_planes_on_the_gpu(gpu, rng, layout, dtype, mult, stride
     _check_all_directions(gpu, rng, x, w, b, opts, "depthwise")
 
 
+@pytest.mark.gpu  # the `gpu` fixture alone does not mark: scripts/gpu_suite.sh runs -m gpu
 def test_depthwise_tap_groups_and_determinism_on_the_gpu(gpu, rng, monkeypatch):
     """With little shared memory the filter gradient runs in groups of taps; the
     result still matches, and two runs give the same bits."""
     monkeypatch.setattr(depthwise_algo, "SHARED_LIMIT", 6 * 1024)
     monkeypatch.setattr(depthwise_algo.DEPTHWISE, "_plans", {})
     for layout in ("NCHW", "NHWC"):
-        x, w, b, opts = _random_problem(rng, (2, 3, 21, 19, 6, 5, 5, 1, 2, 1, 3), layout, np.float32)
+        # padding 1, not 2: the shared-memory tile kernels, not the "same" path
+        x, w, b, opts = _random_problem(rng, (2, 3, 21, 19, 6, 5, 5, 1, 1, 1, 3), layout, np.float32)
         problem = _problem_of(x, w, opts)
+        assert not depthwise_algo.is_same_nchw(problem)
         acc = 4
         group_taps = (depthwise_algo._nchw_tile(problem, "backward_filter", acc)[-1] if layout == "NCHW"
                       else depthwise_algo._nhwc_block(problem, "backward_filter", 1, acc)[-1])
@@ -1116,6 +1121,217 @@ def test_depthwise_tap_groups_and_determinism_on_the_gpu(gpu, rng, monkeypatch):
         first = conv2d_backward_filter(X, dy, w.shape, algo="depthwise", deterministic=True, **opts)
         second = conv2d_backward_filter(X, dy, w.shape, algo="depthwise", deterministic=True, **opts)
         assert bool((first == second).all())
+
+
+# --- the depthwise "same" NCHW path (stride 1, KS x KS, padding KS // 2) ----------
+
+def _emulate_dw_same(p, direction, a, b, rows, vec):
+    """A literal NumPy transliteration of dw_same_nchw / dw_same_filter_nchw
+    (lanes, clamped loads, shuffles, segment edges, masks), warp by warp: it
+    checks the kernels' index arithmetic on the CPU (`vec` changes only how the
+    own columns are loaded, not which).  Returns y, dx or dw."""
+    G, Gs, segs, spw, bands = depthwise_algo.same_geometry(p, rows)
+    KS, HC = p.R, p.R // 2
+    IN = rows + 2 * HC
+    Hs, Ws, mult = p.H, p.W, p.K // p.C
+
+    def window(plane, row0, g, lg, active, n_rows, hc):
+        """win[lane] for one warp: plane/row0/g/lg/active are per-lane lists."""
+        win = np.zeros((32, n_rows, 4 + 2 * hc))
+        for lane in range(32):
+            col = 4 * g[lane]
+            col_c = min(col, 4 * (G - 1))
+            for i in range(n_rows):
+                h = row0[lane] + i
+                hcl = min(max(h, 0), Hs - 1)
+                row_in = active[lane] and 0 <= h < Hs
+                for j in range(4):
+                    v = plane[lane][hcl, min(col_c + j, Ws - 1)]  # the vector load reads the same columns
+                    win[lane, i, hc + j] = v if (row_in and col + j < Ws) else 0.0
+        if hc:
+            own = win.copy()
+            for lane in range(32):
+                up, down = (lane - 1 if lane >= 1 else lane), (lane + 1 if lane <= 30 else lane)
+                for j in range(hc):
+                    win[lane, :, j] = own[up, :, 4 + j]
+                    win[lane, :, hc + 4 + j] = own[down, :, hc + j]
+            for lane in range(32):
+                left, right = lg[lane] == 0, lg[lane] == Gs - 1 or g[lane] >= G - 1
+                for i in range(n_rows):
+                    h = row0[lane] + i
+                    row_in = active[lane] and 0 <= h < Hs
+                    for j in range(hc):
+                        c = 4 * g[lane] - hc + j
+                        if left:
+                            win[lane, i, j] = plane[lane][h, c] if (row_in and c >= 0) else 0.0
+                        c = 4 * g[lane] + 4 + j
+                        if right:
+                            win[lane, i, hc + 4 + j] = plane[lane][h, c] if (row_in and c < Ws) else 0.0
+        return win
+
+    def lanes(base, slots):
+        out = []
+        for lane in range(32):
+            sl = lane // Gs
+            lg = lane - sl * Gs
+            slot = base + sl
+            s_c = min(slot, slots - 1)
+            band, rest = s_c % bands, s_c // bands
+            seg, outer = rest % segs, rest // segs
+            g = seg * Gs + lg
+            out.append((lg, g, outer, band * rows, sl < spw and slot < slots and g < G))
+        return out
+
+    if direction == "backward_filter":
+        x, dy = a, b
+        dw = np.zeros((p.K, 1, KS, KS))
+        slots = p.N * segs * bands
+        for k in range(p.K):
+            for base in range(0, slots, spw):
+                info = lanes(base, slots)
+                lg, g, n, row0, active = (list(v) for v in zip(*info))
+                d = window([dy[ni, k] for ni in n], row0, g, lg, active, rows, 0)
+                win = window([x[ni, k // mult] for ni in n], [r - HC for r in row0], g, lg, active, IN, HC)
+                for r in range(KS):
+                    for s in range(KS):
+                        dw[k, 0, r, s] += (d * win[:, r:r + rows, s:s + 4]).sum()
+        return dw
+    if direction == "forward":
+        cin, cout, terms, div, flip, src = p.C, p.K, 1, mult, False, a
+    else:
+        cin, cout, terms, div, flip, src = p.K, p.C, mult, 1, True, a
+    out = np.full((p.N, cout, Hs, Ws), np.nan)
+    slots = p.N * cout * segs * bands
+    for base in range(0, slots, spw):
+        info = lanes(base, slots)
+        lg, g, plane, row0, active = (list(v) for v in zip(*info))
+        acc = np.zeros((32, rows, 4))
+        for t in range(terms):
+            f = [pl % cout * terms + t for pl in plane]
+            wt = [b[fi, 0][::-1, ::-1] if flip else b[fi, 0] for fi in f]
+            win = window([src[pl // cout, fi // div] for pl, fi in zip(plane, f)], [r - HC for r in row0],
+                          g, lg, active, IN, HC)
+            for lane in range(32):
+                for r in range(KS):
+                    for s in range(KS):
+                        acc[lane] += win[lane, r:r + rows, s:s + 4] * wt[lane][r, s]
+        for lane in range(32):
+            if active[lane]:
+                for i in range(rows):
+                    h = row0[lane] + i
+                    for j in range(4):
+                        if h < Hs and 4 * g[lane] + j < Ws:
+                            out[plane[lane] // cout, plane[lane] % cout, h, 4 * g[lane] + j] = acc[lane, i, j]
+    return out
+
+
+# (N, C, H, W, multiplier, KS): one segment with several slots per warp (W 5..28),
+# segment edges (W 150: 38 groups in 2 segments of 19), W % 4 != 0, planes
+# shorter than a band, sizes 1, 3, 7, 13.
+SAME_GEOMETRIES = [(1, 1, 1, 1, 1, 3), (2, 3, 7, 13, 1, 3), (1, 2, 13, 28, 2, 3), (1, 2, 3, 150, 1, 5),
+                   (2, 2, 9, 8, 3, 5), (1, 1, 13, 7, 1, 5)]
+
+
+@pytest.mark.parametrize("geometry", SAME_GEOMETRIES)
+@pytest.mark.parametrize("rows", [2, 4, 8])
+def test_depthwise_same_kernel_emulation_matches_reference(rng, geometry, rows):
+    N, C, H, W, mult, ks = geometry
+    p = _depthwise_problem(N, C, H, W, mult, ks, ks, 1, ks // 2, 1)
+    assert depthwise_algo.is_same_nchw(p)
+    x = random_array(rng, p.x_shape, F64)
+    w = random_array(rng, p.w_shape, F64)
+    dy = random_array(rng, p.y_shape, F64)
+    opts = _options(1, ks // 2, 1, C)
+    vec = W % 4 == 0
+    np.testing.assert_allclose(_emulate_dw_same(p, "forward", x, w, rows, vec), conv2d_forward(x, w, **opts),
+                               rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(_emulate_dw_same(p, "backward_data", dy, w, rows, vec),
+                               conv2d_backward_data(dy, w, x.shape, **opts), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(_emulate_dw_same(p, "backward_filter", x, dy, rows, vec),
+                               conv2d_backward_filter(x, dy, w.shape, **opts), rtol=1e-12, atol=1e-12)
+
+
+def test_depthwise_same_path_selection():
+    """Which problems take the dw_same_* kernels, the rows per lane, and the
+    backward-filter workspace (one partial per (k, tap, chunk))."""
+    same = _depthwise_problem(32, 96, 112, 112, 1, 3, 3, 1, 1, 1)
+    assert depthwise_algo.is_same_nchw(same)
+    assert depthwise_algo.same_geometry(same, 4) == (28, 28, 1, 1, 28)
+    assert depthwise_algo.same_variant(same, "forward") == (8, 1)
+    assert depthwise_algo.same_variant(same, "backward_filter") == (4, 1)
+    assert depthwise_algo.same_variant(_depthwise_problem(32, 192, 28, 28, 1, 3, 3, 1, 1, 1), "forward") == (2, 3)
+    assert depthwise_algo.same_variant(_depthwise_problem(1, 8, 28, 28, 1, 5, 5, 1, 2, 1), "forward") == (2, 1)
+    # every choice is a declared specialisation
+    for geometry in ((32, 96, 112, 112), (1, 96, 112, 112), (32, 192, 28, 28), (1, 1, 1, 1), (4, 8, 300, 300)):
+        for ks in (3, 5):
+            for dtype in _dtypes.SUPPORTED:
+                p = _depthwise_problem(*geometry, 1, ks, ks, 1, ks // 2, 1, dtype=dtype)
+                for direction in algos.DIRECTIONS:
+                    rows, minb = depthwise_algo.same_variant(p, direction)
+                    kernel = "same_filter_nchw" if direction == "backward_filter" else "same_nchw"
+                    expr = f"dw_{kernel}<{_dtypes.cuda_type(p.dtype)}, {ks}, {rows}, {minb}>"
+                    assert expr in depthwise_algo.FAMILY.name_expressions
+    chunks = depthwise_algo.DEPTHWISE._chunks(same)
+    assert depthwise_algo.DEPTHWISE.workspace_bytes(same, "backward_filter") == 96 * 9 * chunks * 4
+    for other in (_depthwise_problem(2, 4, 13, 13, 1, 3, 3, 2, 1, 1),       # stride 2
+                  _depthwise_problem(2, 4, 13, 13, 1, 3, 3, 1, 2, 2),       # dilation 2
+                  _depthwise_problem(2, 4, 13, 13, 1, 3, 3, 1, 0, 1),       # no padding
+                  _depthwise_problem(2, 4, 13, 13, 1, 7, 7, 1, 3, 1),       # 7x7
+                  _depthwise_problem(2, 4, 13, 13, 1, 3, 3, 1, 1, 1, layout="NHWC")):
+        assert not depthwise_algo.is_same_nchw(other)
+
+
+@pytest.mark.gpu  # the `gpu` fixture alone does not mark: scripts/gpu_suite.sh runs -m gpu
+@pytest.mark.parametrize("geometry", SAME_GEOMETRIES + [(2, 8, 28, 28, 1, 3), (1, 3, 21, 260, 1, 3)])
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_depthwise_same_path_on_the_gpu(gpu, rng, monkeypatch, geometry, dtype):
+    """dw_same_* against the float64 reference in every direction and dtype, at
+    each (rows, MINB) specialisation the dtype and size have, with 64-thread
+    blocks in a capped grid and 256-thread blocks in the default and a full one."""
+    N, C, H, W, mult, ks = geometry
+    x, w, b, opts = _random_problem(rng, (N, C, H, W, C * mult, ks, ks, 1, ks // 2, 1, C), "NCHW", dtype)
+    assert depthwise_algo.is_same_nchw(_problem_of(x, w, opts))
+    t = _dtypes.cuda_type(np.dtype(dtype).name)
+    for rows, minb in depthwise_algo.SAME_VARIANTS:
+        if f"dw_same_nchw<{t}, {ks}, {rows}, {minb}>" not in depthwise_algo.FAMILY.name_expressions:
+            continue
+        # cap 3 blocks: every warp loops over bands; None: one resident wave for 8 rows
+        for threads, cap in ((64, 3), (256, None), (256, 0)):
+            monkeypatch.setattr(depthwise_algo, "same_variant", lambda p, d: (rows, minb))
+            monkeypatch.setattr(depthwise_algo, "SAME_THREADS", threads)
+            monkeypatch.setattr(depthwise_algo, "SAME_GRID_CAP", cap)
+            depthwise_algo.DEPTHWISE._plans.clear()
+            _check_all_directions(gpu, rng, x, w, b, opts, "depthwise")
+    depthwise_algo.DEPTHWISE._plans.clear()
+
+
+@pytest.mark.gpu  # the `gpu` fixture alone does not mark: scripts/gpu_suite.sh runs -m gpu
+def test_depthwise_same_path_misaligned_and_deterministic_on_the_gpu(gpu, rng):
+    """W % 4 == 0 but the arrays start 4 bytes off a 16-byte boundary: the
+    scalar loads run and agree with the vector path to the bit; backward
+    filter gives the same bits twice."""
+    x, w, b, opts = _random_problem(rng, (2, 4, 13, 28, 4, 3, 3, 1, 1, 1, 4), "NCHW", np.float32)
+    dy = random_array(rng, x.shape, np.float32)
+
+    def offset(a):
+        buf = gpu.empty(a.size + 1, a.dtype)
+        view = buf[1:].reshape(a.shape)
+        view[...] = gpu.asarray(a)
+        return view
+
+    X, Wt, DY = gpu.asarray(x), gpu.asarray(w), gpu.asarray(dy)
+    Xo, DYo = offset(x), offset(dy)
+    assert Xo.data.ptr % 16 != 0
+    for aligned, shifted in ((conv2d_forward(X, Wt, algo="depthwise", **opts),
+                              conv2d_forward(Xo, Wt, algo="depthwise", **opts)),
+                             (conv2d_backward_data(DY, Wt, x.shape, algo="depthwise", **opts),
+                              conv2d_backward_data(DYo, Wt, x.shape, algo="depthwise", **opts)),
+                             (conv2d_backward_filter(X, DY, w.shape, algo="depthwise", **opts),
+                              conv2d_backward_filter(Xo, DYo, w.shape, algo="depthwise", **opts))):
+        assert bool((aligned == shifted).all())
+    first = conv2d_backward_filter(X, DY, w.shape, algo="depthwise", deterministic=True, **opts)
+    second = conv2d_backward_filter(X, DY, w.shape, algo="depthwise", deterministic=True, **opts)
+    assert bool((first == second).all())
 
 
 # --- implicit-GEMM backward passes: split-K backward filter, sub-pixel backward data --

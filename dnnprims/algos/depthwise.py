@@ -3,9 +3,12 @@
 Depthwise convolution (groups == C, K = C * multiplier, any multiplier),
 forward (with bias and every activation fused in the epilogue), backward data
 and backward filter; NCHW and NHWC; every stride, padding, dilation and dtype
-(float32 accumulation for the half types).  Memory-bound: the kernels stage
-the input tile and its halo in shared memory (NCHW) or read channel vectors
-(NHWC), so each tensor crosses DRAM about once.  Backward filter reduces
+(float32 accumulation for the half types).  Memory-bound: so each tensor
+crosses DRAM about once, the NCHW stride-1 3x3 / 5x5 "same" layers (MobileNet)
+run dw_same_* (each lane a register window of 4 columns x a band of rows, 16-byte
+row loads, halo columns by warp shuffles, the filter in registers; backward data
+is the same kernel with the filter rotated); other NCHW problems stage the input
+tile and its halo in shared memory; NHWC reads channel vectors.  Backward filter reduces
 deterministically in two passes (per-block partials in a workspace, then a
 fixed-order sum): no atomics.
 
@@ -30,6 +33,11 @@ _TARGET_BLOCKS = 132 * 8   # enough resident blocks for an H100 (132 SMs)
 _PLAN_CACHE_SIZE = 4096
 _NHWC_TARGET_BLOCKS = 132 * 16  # NHWC forward / backward data: position runs per channel chunk
 
+# (rows per lane, MINB) specialisations of the dw_same_* kernels: 2 and 4 rows
+# for every dtype and size; 8 rows and the 80-register cap (MINB 3) for float32
+# 3x3 only (the measured choices, notes/depthwise.md).
+SAME_VARIANTS = ((2, 1), (4, 1), (8, 1), (2, 3), (4, 3))
+
 FAMILY = KernelFamily("conv_depthwise.cu", [
     *(f"dw_forward_nchw<{t}>" for t in _dtypes.CUDA_TYPES),
     *(f"dw_backward_data_nchw<{t}, {s}>" for t in _dtypes.CUDA_TYPES for s in ("false", "true")),
@@ -38,12 +46,77 @@ FAMILY = KernelFamily("conv_depthwise.cu", [
     *(f"dw_{kernel}_nhwc<{t}, {i}, {v}>" for kernel in ("forward", "backward_data")
       for t in _dtypes.CUDA_TYPES for i in ("int", "long long") for v in (1, V)),
     *(f"dw_backward_filter_nhwc<{t}, {i}>" for t in _dtypes.CUDA_TYPES for i in ("int", "long long")),
+    *(f"dw_{kernel}<{t}, {ks}, {rows}, {minb}>" for kernel in ("same_nchw", "same_filter_nchw")
+      for t in _dtypes.CUDA_TYPES for ks in (3, 5) for rows, minb in SAME_VARIANTS
+      if (rows, minb) in ((2, 1), (4, 1)) or (t == "float" and ks == 3)),
 ])
+
+# "Same" NCHW path (dw_same_nchw / dw_same_filter_nchw): stride 1, dilation 1,
+# KS x KS filter with KS in SAME_SIZES and padding KS // 2.
+SAME_SIZES = (3, 5)
+SAME_THREADS = 256
+# At most this many blocks for dw_same_nchw (their warps loop over bands); 0:
+# one band per warp; None: one resident wave for 8 rows per lane (measured on
+# the H100: mbv2_dw_112 forward 0.182 -> 0.155 ms, the warps fall out of phase
+# so loads of some overlap the math and stores of others), uncapped otherwise.
+SAME_GRID_CAP = None
+_SAME_TARGET_WARPS = 132 * 32   # fewer warps than this: fewer rows per lane (batch 1)
+_SAME_LARGE_WARPS = 132 * 64    # float32 3x3 launches at least this large take 8 rows per lane
+_SAME_FILTER_TARGET_BLOCKS = 132 * 16
 
 
 def is_depthwise(p):
     """groups == C: one input channel per group, K = C * multiplier filters."""
     return p.groups == p.C and p.C >= 1
+
+
+def is_same_nchw(p):
+    """NCHW, stride 1, dilation 1, an odd KS x KS filter of SAME_SIZES with
+    padding KS // 2: every plane keeps its size (the dw_same_* kernels)."""
+    return (p.layout == "NCHW" and p.stride == (1, 1) and p.dilation == (1, 1) and p.R == p.S
+            and p.R in SAME_SIZES and p.padding == (p.R // 2, p.S // 2))
+
+
+def same_geometry(p, rows):
+    """(G, Gs, segs, spw, bands) of the dw_same_* kernels: G column groups of 4
+    per row, in segs segments of at most Gs <= 32 groups (lanes), spw = 32 // Gs
+    slots per warp, bands of `rows` rows per plane."""
+    groups = ceil_div(p.W, 4)
+    segs = ceil_div(groups, 32)
+    gs = ceil_div(groups, segs)
+    return groups, gs, segs, 32 // gs, ceil_div(p.H, rows)
+
+
+def _same_warps(p, direction, rows):
+    groups, gs, segs, spw, bands = same_geometry(p, rows)
+    planes = p.N * (p.C if direction == "backward_data" else p.K)
+    return ceil_div(planes * segs * bands, spw)
+
+
+def same_variant(p, direction):
+    """(rows per lane, MINB) of the dw_same_* launch, as measured on the H100
+    (notes/depthwise.md, mbv2_dw_112 / mbv2_dw_28): float32 3x3 forward and
+    backward data take 8 rows (ROWS + 2 row loads in flight per lane) on large
+    launches, else 2 rows under an 80-register cap (MINB 3: 24 warps per SM);
+    backward filter and the other dtypes 4 rows, halved while the launch has
+    fewer than _SAME_TARGET_WARPS warps."""
+    if direction != "backward_filter" and p.dtype == "float32" and p.R == 3:
+        return (8, 1) if _same_warps(p, direction, 8) >= _SAME_LARGE_WARPS else (2, 3)
+    rows = 4
+    while rows > 2 and _same_warps(p, direction, rows) < _SAME_TARGET_WARPS:
+        rows //= 2
+    return rows, 1
+
+
+def _one_wave_blocks(expression, threads):
+    """Blocks of `threads` threads of one kernel resident on the current device
+    at once, from its register count (64K registers per SM, allocated per warp
+    in multiples of 8 per thread; at most 2048 threads and 32 blocks per SM)."""
+    import cupy
+
+    regs = ceil_div(min(max(getattr(FAMILY.function(expression), "num_regs", 0) or 255, 1), 255), 8) * 8
+    per_sm = max(1, min(65536 // (regs * threads), 2048 // threads, 32))
+    return cupy.cuda.Device().attributes["MultiProcessorCount"] * per_sm
 
 
 def _pow2_at_least(n):
@@ -170,6 +243,10 @@ class DepthwiseConvolution(ConvAlgorithm):
     def _chunks(self, p):
         """Blocks per output channel in backward filter pass 1 (= partials per filter tap)."""
         acc = _acc_size(p.dtype)
+        if is_same_nchw(p):
+            groups, gs, segs, spw, bands = same_geometry(p, same_variant(p, "backward_filter")[0])
+            warp_rounds = ceil_div(p.N * segs * bands, spw * (SAME_THREADS // 32))
+            return max(1, min(warp_rounds, ceil_div(_SAME_FILTER_TARGET_BLOCKS, p.K), _MAX_GRID_Y))
         if p.layout == "NCHW":
             tqt, tp = _nchw_tile(p, "backward_filter", acc)[:2]
             items = p.N * ceil_div(p.P, tp) * ceil_div(p.Q, tqt * V)
@@ -184,8 +261,11 @@ class DepthwiseConvolution(ConvAlgorithm):
         import cupy
 
         itemsize = np.dtype(p.dtype).itemsize
-        vec_ok = (p.layout == "NHWC" and p.K == p.C and p.C % V == 0
-                  and _aligned(arrays, V, itemsize))
+        if is_same_nchw(p):
+            vec_ok = p.W % 4 == 0 and _aligned(arrays, 4, itemsize)
+        else:
+            vec_ok = (p.layout == "NHWC" and p.K == p.C and p.C % V == 0
+                      and _aligned(arrays, V, itemsize))
         key = (cupy.cuda.runtime.getDevice(), p, direction, vec_ok)
         plan = self._plans.get(key)
         if plan is None:
@@ -206,6 +286,8 @@ class DepthwiseConvolution(ConvAlgorithm):
                     i32(p.stride[0]), i32(p.stride[1]), i32(p.padding[0]), i32(p.padding[1]),
                     i32(p.dilation[0]), i32(p.dilation[1]), i32(mult))
         filter_total = p.K * p.R * p.S
+        if is_same_nchw(p):
+            return self._same_plan(p, direction, vec_ok, t)
         if p.layout == "NCHW":
             tqt, tp, in_rows, in_cols, pitch, shared, group_taps = _nchw_tile(p, direction, acc)
             out_rows, out_cols = (p.H, p.W) if direction == "backward_data" else (p.P, p.Q)
@@ -244,6 +326,35 @@ class DepthwiseConvolution(ConvAlgorithm):
         return [(f"dw_{direction}_nhwc<{t}, {index_t}, {vec}>", grid, (kb, pb), shared,
                  (*geometry, itype(positions), itype(per_block)))], 0
 
+    def _same_plan(self, p, direction, vec_ok, t):
+        i32 = np.int32
+        rows, minb = same_variant(p, direction)
+        groups, gs, segs, spw, bands = same_geometry(p, rows)
+        mult = p.K // p.C
+        tail = (i32(groups), i32(gs), i32(segs), i32(bands))
+        if direction == "backward_filter":
+            chunks = self._chunks(p)
+            slots = p.N * segs * bands
+            filter_total = p.K * p.R * p.S
+            launches = [(f"dw_same_filter_nchw<{t}, {p.R}, {rows}, {minb}>", (p.K, chunks), (SAME_THREADS,), 0,
+                         (i32(p.C), i32(p.K), i32(p.H), i32(p.W), i32(mult), *tail, np.int64(slots),
+                          i32(vec_ok)))]
+            return launches + [self._reduce(t, filter_total, chunks)], filter_total * chunks
+        if direction == "forward":   # out plane (n, k) <- in plane (n, k // mult), filter k
+            cin, cout, terms, div, flip = p.C, p.K, 1, mult, 0
+        else:                        # dx plane (n, c) <- dy planes (n, c * mult + j), filters rotated
+            cin, cout, terms, div, flip = p.K, p.C, mult, 1, 1
+        slots = p.N * cout * segs * bands
+        warps = SAME_THREADS // 32
+        expr = f"dw_same_nchw<{t}, {p.R}, {rows}, {minb}>"
+        cap = SAME_GRID_CAP
+        if cap is None:
+            cap = _one_wave_blocks(expr, SAME_THREADS) if rows == 8 else 0
+        grid = (min(ceil_div(slots, spw * warps), cap or _MAX_GRID, _MAX_GRID),)
+        return [(expr, grid, (SAME_THREADS,), 0,
+                 (i32(cin), i32(cout), i32(p.H), i32(p.W), i32(terms), i32(div), i32(flip), *tail,
+                  np.int64(slots), i32(vec_ok)))], 0
+
     @staticmethod
     def _reduce(t, filter_total, chunks):
         grid = (min(ceil_div(filter_total, _THREADS), 65535 * 8),)
@@ -263,7 +374,11 @@ class DepthwiseConvolution(ConvAlgorithm):
                                               act_mode, act_alpha, out, *scalars), shared_mem=shared)
         elif direction == "backward_data":
             expr, grid, block, shared, scalars = launches[0]
-            FAMILY.launch(expr, grid, block, (a, b, out, *scalars), shared_mem=shared)
+            if is_same_nchw(p):
+                FAMILY.launch(expr, grid, block, (a, b, b, np.int32(0), np.int32(-1), alpha_type(0.0), out,
+                                                  *scalars), shared_mem=shared)
+            else:
+                FAMILY.launch(expr, grid, block, (a, b, out, *scalars), shared_mem=shared)
         else:
             partials = cupy.empty(workspace, dtype=np.float64 if p.dtype == "float64" else np.float32)
             (expr, grid, block, shared, scalars), reduce = launches
