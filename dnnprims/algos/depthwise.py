@@ -19,7 +19,7 @@ cached: a cached call is a dict lookup and one or two launches.
 import numpy as np
 
 from .. import _dtypes
-from .._kernels import KernelFamily, ceil_div, index_type
+from .._kernels import ARRAY0, ARRAY1, ARRAY2, ARRAY3, KernelFamily, ceil_div, index_type
 from ..activations import ACTIVATION_MODES
 from . import ConvAlgorithm, register
 from .implicit_gemm import activation_arguments
@@ -257,15 +257,22 @@ class DepthwiseConvolution(ConvAlgorithm):
             channel_blocks = ceil_div(p.K, kb)
         return max(1, min(items, ceil_div(_TARGET_BLOCKS, channel_blocks), _MAX_GRID_Y))
 
-    def _plan(self, p, direction, arrays):
-        import cupy
-
+    @staticmethod
+    def _vector_ok(p, arrays):
+        """Whether the 16-byte paths may run: a property of the problem and of
+        the arrays' alignment (a view may start anywhere), so checked per call."""
         itemsize = np.dtype(p.dtype).itemsize
         if is_same_nchw(p):
-            vec_ok = p.W % 4 == 0 and _aligned(arrays, 4, itemsize)
-        else:
-            vec_ok = (p.layout == "NHWC" and p.K == p.C and p.C % V == 0
-                      and _aligned(arrays, V, itemsize))
+            return p.W % 4 == 0 and _aligned(arrays, 4, itemsize)
+        return (p.layout == "NHWC" and p.K == p.C and p.C % V == 0
+                and _aligned(arrays, V, itemsize))
+
+    def _plan(self, p, direction, arrays):
+        return self._plan_for(p, direction, self._vector_ok(p, arrays))
+
+    def _plan_for(self, p, direction, vec_ok):
+        import cupy
+
         key = (cupy.cuda.runtime.getDevice(), p, direction, vec_ok)
         plan = self._plans.get(key)
         if plan is None:
@@ -361,31 +368,54 @@ class DepthwiseConvolution(ConvAlgorithm):
         return (f"dw_backward_filter_reduce<{t}>", grid, (_THREADS,), 0,
                 (np.int64(filter_total), np.int32(chunks)))
 
-    def run(self, problem, direction, a, b, out, bias=None, activation=None):
+    def _prepare_launches(self, p, direction, vec_ok, has_bias, activation):
+        """The plan's launches as prepared launches, and the partials' length.
+
+        The call's arrays: ARRAY0 = a, ARRAY1 = b, ARRAY2 = out, ARRAY3 = bias
+        (forward; b stands in for an absent bias, which the kernel does not
+        read) or the backward filter's per-chunk partials."""
+        launches, workspace = self._plan_for(p, direction, vec_ok)
+        alpha_type = np.float64 if p.dtype == "float64" else np.float32
+        expr, grid, block, shared, scalars = launches[0]
+        if direction == "forward":
+            act_mode, act_alpha = activation_arguments(activation, alpha_type)
+            args = (ARRAY0, ARRAY1, ARRAY3 if has_bias else ARRAY1, np.int32(has_bias),
+                    act_mode, act_alpha, ARRAY2, *scalars)
+        elif direction == "backward_data":
+            if is_same_nchw(p):   # the shared kernel with the filter rotated, no epilogue
+                args = (ARRAY0, ARRAY1, ARRAY1, np.int32(0), np.int32(-1), alpha_type(0.0), ARRAY2, *scalars)
+            else:
+                args = (ARRAY0, ARRAY1, ARRAY2, *scalars)
+        else:
+            args = (ARRAY0, ARRAY1, ARRAY3, *scalars)
+        prepared = [FAMILY.prepare(expr, grid, block, args, shared)]
+        if direction == "backward_filter":
+            expr, grid, block, shared, scalars = launches[1]
+            prepared.append(FAMILY.prepare(expr, grid, block, (ARRAY3, ARRAY2, *scalars), shared))
+        return prepared, workspace
+
+    def prepare(self, problem, direction, has_bias=False, activation=None):
         import cupy
 
         p = problem
-        launches, workspace = self._plan(p, direction, (a, b, out))
-        alpha_type = np.float64 if p.dtype == "float64" else np.float32
-        if direction == "forward":
-            expr, grid, block, shared, scalars = launches[0]
-            act_mode, act_alpha = activation_arguments(activation, alpha_type)
-            FAMILY.launch(expr, grid, block, (a, b, b if bias is None else bias, np.int32(bias is not None),
-                                              act_mode, act_alpha, out, *scalars), shared_mem=shared)
-        elif direction == "backward_data":
-            expr, grid, block, shared, scalars = launches[0]
-            if is_same_nchw(p):
-                FAMILY.launch(expr, grid, block, (a, b, b, np.int32(0), np.int32(-1), alpha_type(0.0), out,
-                                                  *scalars), shared_mem=shared)
-            else:
-                FAMILY.launch(expr, grid, block, (a, b, out, *scalars), shared_mem=shared)
-        else:
-            partials = cupy.empty(workspace, dtype=np.float64 if p.dtype == "float64" else np.float32)
-            (expr, grid, block, shared, scalars), reduce = launches
-            FAMILY.launch(expr, grid, block, (a, b, partials, *scalars), shared_mem=shared)
-            expr, grid, block, shared, scalars = reduce
-            FAMILY.launch(expr, grid, block, (partials, out, *scalars), shared_mem=shared)
-        return out
+        by_alignment = {}
+        partial_dtype = np.float64 if p.dtype == "float64" else np.float32
+
+        def run(a, b, out, bias=None):
+            vec_ok = self._vector_ok(p, (a, b, out))
+            entry = by_alignment.get(vec_ok)
+            if entry is None:
+                entry = by_alignment[vec_ok] = self._prepare_launches(p, direction, vec_ok, has_bias, activation)
+            launches, workspace = entry
+            if direction == "backward_filter":
+                bias = cupy.empty(workspace, dtype=partial_dtype)
+            for launch in launches:
+                launch(a, b, out, bias)
+            return out
+        return run
+
+    def run(self, problem, direction, a, b, out, bias=None, activation=None):
+        return self.prepared(problem, direction, bias is not None, activation)(a, b, out, bias)
 
 
 DEPTHWISE = register(DepthwiseConvolution())
