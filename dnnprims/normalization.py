@@ -9,7 +9,7 @@ dtype, or float32 when x is float16/bfloat16 (the cuDNN rule); the saved
 """
 import numpy as np
 
-from . import _dtypes, _validate
+from . import _dtypes, _kernels, _validate
 from ._kernels import KernelFamily, ceil_div, index_type
 from .reference import normalization as reference
 
@@ -55,7 +55,14 @@ _BLOCK = 256  # BN_THREADS in kernels/batchnorm.cu
 
 
 # Validated GPU calls: (parameter dtype, channels, outer, inner) per kind of call.
+# _MEMO.fast: the fast path's table (CallMemo.fast): the key of a call whose arrays
+# are C-contiguous CuPy arrays (x, dy 16-byte aligned) -> _Fast (the prepared
+# launches of its _Plan); made by the validated path, so a call that differs in
+# anything validated (an option's value or exact type, a vector's shape, dtype
+# or device, a view) misses and is validated as before.
 _MEMO = _validate.CallMemo()
+_NDARRAY = _validate.NDARRAY
+_current_device = _validate.current_device
 
 
 def _shape(x, layout):
@@ -78,43 +85,97 @@ def _check_vectors(channels, **vectors):
             _validate.check_shape(name, v, (channels,), "one value per channel")
 
 
+def _vector_key(v):
+    """A parameter vector's part of a fast key: None, (shape, dtype, device) of a
+    C-contiguous CuPy array, else False (no entry has it: the validated path)."""
+    if v is None:
+        return None
+    if type(v) is _NDARRAY and v._c_contiguous:
+        return (v.shape, v.dtype, v.data.device_id)
+    return False
+
+
+def _forward_key(x, gamma, beta, running_mean, running_var, training, momentum, eps, layout):
+    """The fast table's key of a forward call, or None when x is not a
+    C-contiguous 16-byte-aligned CuPy array.  Options with their exact types
+    (``1`` is not ``1.0`` nor ``True``), the switches, the current device and
+    stream (the fused kernels' workspace is per stream)."""
+    if type(x) is not _NDARRAY or not x._c_contiguous:
+        return None
+    data = x.data
+    if data.ptr & 15:
+        return None
+    return (x.shape, x.dtype, data.device_id, _vector_key(gamma), _vector_key(beta),
+            _vector_key(running_mean), _vector_key(running_var), type(training), training,
+            type(momentum), momentum, type(eps), eps, layout, FUSED, FUSED_PREFETCH,
+            FUSED_FORWARD_MIN_BYTES, FLAT_INFERENCE, _current_device(), _current_stream().ptr)
+
+
+def _backward_key(dy, x, gamma, mean, invstd, eps, layout):
+    """The fast table's key of a backward call, or None (see _forward_key)."""
+    if type(x) is not _NDARRAY or type(dy) is not _NDARRAY or not (x._c_contiguous and dy._c_contiguous):
+        return None
+    x_data, dy_data = x.data, dy.data
+    if (x_data.ptr | dy_data.ptr) & 15:
+        return None
+    return ("backward", dy.shape, dy.dtype, dy_data.device_id, x.shape, x.dtype, x_data.device_id,
+            _vector_key(gamma), _vector_key(mean), _vector_key(invstd), type(eps), eps, layout, FUSED,
+            _current_device(), _current_stream().ptr)
+
+
 def batchnorm(x, gamma, beta, running_mean=None, running_var=None, *, training=True, momentum=0.1,
               eps=1e-5, layout="NCHW", return_stats=False):
     """Batch normalization.  ``training=True`` normalizes with batch statistics and,
     when given, updates ``running_mean``/``running_var`` in place; ``training=False``
     uses them (then required).  ``return_stats=True`` returns ``(y, mean, invstd)``."""
+    try:
+        fast_key = _forward_key(x, gamma, beta, running_mean, running_var, training, momentum, eps,
+                                layout)
+        fast = _MEMO.fast.get(fast_key) if fast_key is not None else None
+    except TypeError:  # an unhashable option: validation says what is wrong with it
+        fast_key = fast = None
+    if fast is not None:
+        y = _NDARRAY(x.shape, x.dtype)
+        if not y.data.ptr & 15:
+            plan = fast.plan
+            if return_stats:
+                mean, invstd = _NDARRAY(fast.stats_shape, fast.acc), _NDARRAY(fast.stats_shape, fast.acc)
+                plan.run(x, y, mean, invstd, running_mean, running_var, gamma, beta)
+                return y, mean, invstd
+            plan.run(x, y, *plan.stats, running_mean, running_var, gamma, beta)
+            return y
     key = _MEMO.key("batchnorm", (x, gamma, beta, running_mean, running_var),
                     (training, momentum, eps, layout))
     checked = _MEMO.get(key)
-    if checked is not None:  # this kind of call was validated before: straight to the kernels
-        y, mean, invstd = _batchnorm_gpu(_validate._cupy, x, gamma, beta, running_mean, running_var,
-                                         bool(training), momentum, eps, *checked)
-        return (y, mean, invstd) if return_stats else y
-    xp = _validate.array_module(x=x, gamma=gamma, beta=beta, running_mean=running_mean,
-                                running_var=running_var)
-    channels, outer, inner = _shape(x, layout)
-    if not isinstance(training, (bool, np.bool_)):
-        raise TypeError(f"training must be a bool, got {training!r}")
-    momentum = _validate.real_number("momentum", momentum, 0.0, 1.0)
-    eps = _validate.real_number("eps", eps, 0.0)
-    pdtype = _validate.parameter_dtype(x.dtype, gamma=gamma, beta=beta, running_mean=running_mean,
-                                       running_var=running_var)
-    _check_vectors(channels, gamma=gamma, beta=beta, running_mean=running_mean,
-                   running_var=running_var)
-    _validate.check_pair("running_mean", running_mean, "running_var", running_var)
-    n = outer * inner
-    if not training and running_mean is None:
-        raise ValueError("running_mean and running_var are required when training=False")
-    if training and n == 1:
-        raise ValueError(f"x must have more than 1 value per channel when training, got shape "
-                         f"{tuple(x.shape)}")
-    if xp is np:
-        y, mean, invstd = reference.batchnorm(x, gamma, beta, running_mean, running_var,
-                                              bool(training), momentum, eps, layout)
-    else:
+    if checked is None:
+        xp = _validate.array_module(x=x, gamma=gamma, beta=beta, running_mean=running_mean,
+                                    running_var=running_var)
+        channels, outer, inner = _shape(x, layout)
+        if not isinstance(training, (bool, np.bool_)):
+            raise TypeError(f"training must be a bool, got {training!r}")
+        _validate.real_number("momentum", momentum, 0.0, 1.0)
+        _validate.real_number("eps", eps, 0.0)
+        pdtype = _validate.parameter_dtype(x.dtype, gamma=gamma, beta=beta, running_mean=running_mean,
+                                           running_var=running_var)
+        _check_vectors(channels, gamma=gamma, beta=beta, running_mean=running_mean,
+                       running_var=running_var)
+        _validate.check_pair("running_mean", running_mean, "running_var", running_var)
+        n = outer * inner
+        if not training and running_mean is None:
+            raise ValueError("running_mean and running_var are required when training=False")
+        if training and n == 1:
+            raise ValueError(f"x must have more than 1 value per channel when training, got shape "
+                             f"{tuple(x.shape)}")
+        if xp is np:
+            y, mean, invstd = reference.batchnorm(x, gamma, beta, running_mean, running_var,
+                                                  bool(training), float(momentum), float(eps), layout)
+            return (y, mean, invstd) if return_stats else y
         checked = _MEMO.put(key, (pdtype, channels, outer, inner))
-        y, mean, invstd = _batchnorm_gpu(xp, x, gamma, beta, running_mean, running_var,
-                                         bool(training), momentum, eps, *checked)
+    y, mean, invstd, plan = _batchnorm_gpu(_validate._cupy, x, gamma, beta, running_mean, running_var,
+                                           bool(training), momentum, eps, return_stats, *checked)
+    if fast_key is not None and plan is not None and plan.aligned and all(
+            _vector_key(v) is not False for v in (gamma, beta, running_mean, running_var)):
+        _MEMO.put_fast(fast_key, _Fast(plan, checked[1], _dtypes.accumulate_dtype(x.dtype)))
     return (y, mean, invstd) if return_stats else y
 
 
@@ -123,30 +184,45 @@ def batchnorm_backward(dy, x, gamma, *, eps=1e-5, mean=None, invstd=None, layout
     saved statistics (``batchnorm(..., return_stats=True)``); None recomputes them
     from ``x``.  ``dy=None`` is a zero gradient.  dgamma/dbeta have gamma's dtype
     (x's when gamma is None)."""
+    try:
+        fast_key = _backward_key(dy, x, gamma, mean, invstd, eps, layout)
+        fast = _MEMO.fast.get(fast_key) if fast_key is not None else None
+    except TypeError:
+        fast_key = fast = None
+    if fast is not None:
+        dx = _NDARRAY(x.shape, x.dtype)
+        if not dx.data.ptr & 15:
+            dgamma, dbeta = _NDARRAY(fast.stats_shape, fast.acc), _NDARRAY(fast.stats_shape, fast.acc)
+            fast.plan.run(x, dy, mean, invstd, gamma, dx, dgamma, dbeta)
+            return dx, dgamma, dbeta
     key = _MEMO.key("batchnorm_backward", (dy, x, gamma, mean, invstd), (eps, layout))
     checked = _MEMO.get(key) if dy is not None else None
-    if checked is not None:
-        return _batchnorm_backward_gpu(_validate._cupy, dy, x, gamma, mean, invstd, eps, *checked)
-    xp = _validate.array_module(dy=dy, x=x, gamma=gamma, mean=mean, invstd=invstd)
-    channels, outer, inner = _shape(x, layout)
-    eps = _validate.real_number("eps", eps, 0.0)
-    _validate.check_same_dtype(x=x, dy=dy)
-    if dy is not None:
-        _validate.check_shape("dy", dy, x.shape, "x's shape")
-    pdtype = _validate.parameter_dtype(x.dtype, gamma=gamma)
-    _check_vectors(channels, gamma=gamma, mean=mean, invstd=invstd)
-    _validate.check_pair("mean", mean, "invstd", invstd)
-    acc = _dtypes.accumulate_dtype(x.dtype)
-    for name, v in (("mean", mean), ("invstd", invstd)):
-        if v is not None and v.dtype != acc:
-            raise TypeError(f"{name} must have dtype {acc} (the accumulation dtype of x's "
-                            f"{x.dtype}), got {v.dtype}")
-    if dy is None:
-        return (xp.zeros(x.shape, x.dtype), xp.zeros(channels, pdtype), xp.zeros(channels, pdtype))
-    if xp is np:
-        return reference.batchnorm_backward(dy, x, gamma, mean, invstd, eps, layout, pdtype)
-    checked = _MEMO.put(key, (pdtype, channels, outer, inner))
-    return _batchnorm_backward_gpu(xp, dy, x, gamma, mean, invstd, eps, *checked)
+    if checked is None:
+        xp = _validate.array_module(dy=dy, x=x, gamma=gamma, mean=mean, invstd=invstd)
+        channels, outer, inner = _shape(x, layout)
+        _validate.real_number("eps", eps, 0.0)
+        _validate.check_same_dtype(x=x, dy=dy)
+        if dy is not None:
+            _validate.check_shape("dy", dy, x.shape, "x's shape")
+        pdtype = _validate.parameter_dtype(x.dtype, gamma=gamma)
+        _check_vectors(channels, gamma=gamma, mean=mean, invstd=invstd)
+        _validate.check_pair("mean", mean, "invstd", invstd)
+        acc = _dtypes.accumulate_dtype(x.dtype)
+        for name, v in (("mean", mean), ("invstd", invstd)):
+            if v is not None and v.dtype != acc:
+                raise TypeError(f"{name} must have dtype {acc} (the accumulation dtype of x's "
+                                f"{x.dtype}), got {v.dtype}")
+        if dy is None:
+            return (xp.zeros(x.shape, x.dtype), xp.zeros(channels, pdtype), xp.zeros(channels, pdtype))
+        if xp is np:
+            return reference.batchnorm_backward(dy, x, gamma, mean, invstd, float(eps), layout, pdtype)
+        checked = _MEMO.put(key, (pdtype, channels, outer, inner))
+    dx, dgamma, dbeta, plan = _batchnorm_backward_gpu(_validate._cupy, dy, x, gamma, mean, invstd, eps,
+                                                      *checked)
+    if fast_key is not None and plan is not None and plan.aligned and all(
+            _vector_key(v) is not False for v in (gamma, mean, invstd)):
+        _MEMO.put_fast(fast_key, _Fast(plan, checked[1], checked[0]))
+    return dx, dgamma, dbeta
 
 
 # ---------------------------------------------------------------------- GPU path
@@ -229,15 +305,18 @@ class _Workspace:
         self._parts = {}
         self._views = {}
 
-    def partials(self, cp, acc, count):
+    def partials(self, cp, acc, count, slot=0):
         """Two scratch vectors of ``count`` values, reused by every call on this
-        stream (the kernel that reads them runs before the next call's writes)."""
-        key = (acc, count)
+        stream (the kernel that reads them runs before the next call's writes);
+        ``slot`` 1 is a second pair, for the backward's gradient partials while
+        slot 0 holds the statistics partials.  A prepared launch that holds a
+        pair keeps it alive when the buffer grows."""
+        key = (acc, count, slot)
         views = self._views.get(key)
         if views is None:
-            buf = self._parts.get(acc)
+            buf = self._parts.get((acc, slot))
             if buf is None or buf.size < 2 * count:
-                buf = self._parts[acc] = cp.empty(2 * count, acc)
+                buf = self._parts[(acc, slot)] = cp.empty(2 * count, acc)
                 self._views = {}
             views = self._views[key] = (buf[:count], buf[count:2 * count])
         return views
@@ -350,13 +429,6 @@ def _stream_workspace(cp):
     return work
 
 
-def _partial_statistics(cp, x, launch, acc):
-    part_mean, part_m2 = _stream_workspace(cp).partials(cp, acc, launch.grid[0])
-    FAMILY.launch(launch.spec("batchnorm_partial_statistics"),
-                  launch.grid, (_BLOCK,), (x, part_mean, part_m2, *launch.shape))
-    return part_mean, part_m2
-
-
 # Inference with an inner size that is not a multiple of the vector width (a
 # 7x7 plane) runs batchnorm_infer_flat: x as one flat array of 16-byte vectors,
 # instead of the per-channel chunk kernel's 4-byte accesses.  False forces the
@@ -384,37 +456,91 @@ def _flat_launch(x, y, channels, inner, pt):
     return plan
 
 
-def _batchnorm_gpu(cp, x, gamma, beta, running_mean, running_var, training, momentum, eps, pdtype,
-                   channels, outer, inner):
+_CONSTANTS = {}  # (device, value, channels, dtype) -> a vector the kernels only read
+
+
+def _constant(cp, value, channels, dtype):
+    """gamma = 1 / beta = 0 when not given: one vector per kind, never written."""
+    key = (cp.cuda.runtime.getDevice(), value, channels, dtype)
+    v = _CONSTANTS.get(key)
+    if v is None:
+        v = _CONSTANTS[key] = cp.full(channels, value, dtype)
+    return v
+
+
+def _current_stream():
+    return _validate._cupy.cuda.get_current_stream()
+
+
+class _Plan:
+    """The prepared launches of one kind of NCHW (inner > 1) GPU call, built once
+    per (device, stream, shapes, dtypes, options, alignment, switches): ``run``
+    takes the call's eight arrays -- forward ``(x, y, mean, invstd, running_mean,
+    running_var, gamma, beta)``, backward ``(x, dy, mean, invstd, gamma, dx,
+    dgamma, dbeta)``; an absent vector (None) has a constant or a scratch vector
+    fixed in the launch instead.  ``stats``: the forward's scratch mean/invstd
+    for a call that does not return them (the plan is per stream: stream order
+    keeps two calls' uses apart)."""
+    __slots__ = ("launches", "aligned", "stats", "run")
+
+    def __init__(self, launches, aligned, stats=None):
+        self.launches, self.aligned, self.stats = tuple(launches), aligned, stats
+        if len(self.launches) == 1:
+            self.run = self.launches[0]
+        else:
+            self.run = self._run_all
+
+    def _run_all(self, *arrays):
+        for launch in self.launches:
+            launch(*arrays)
+
+
+class _Fast:
+    """A fast-table entry: the plan and the small outputs' shape and dtype
+    (mean/invstd, or dgamma/dbeta)."""
+    __slots__ = ("plan", "stats_shape", "acc")
+
+    def __init__(self, plan, channels, dtype):
+        self.plan, self.stats_shape, self.acc = plan, (channels,), np.dtype(dtype)
+
+
+_PLANS = {}  # see _Plan; emptied when full
+
+
+def _cached_plan(key, build):
+    plan = _PLANS.get(key)
+    if plan is None:
+        if len(_PLANS) >= 4096:
+            _PLANS.clear()
+        plan = _PLANS[key] = build()
+    return plan
+
+
+def _forward_plan(cp, x, y, pdtype, channels, outer, inner, training, update, momentum, eps, no_gamma,
+                  no_beta):
+    aligned = not (x.data.ptr | y.data.ptr) & 15
+    key = (cp.cuda.runtime.getDevice(), cp.cuda.get_current_stream().ptr, x.shape, x.dtype,
+           np.dtype(pdtype), channels, inner, aligned, training, update, float(momentum), float(eps),
+           no_gamma, no_beta, FUSED, FUSED_PREFETCH, FUSED_FORWARD_MIN_BYTES, FLAT_INFERENCE)
+    return _cached_plan(key, lambda: _build_forward_plan(
+        cp, x, y, pdtype, channels, outer, inner, training, update, float(momentum), float(eps),
+        no_gamma, no_beta, aligned))
+
+
+def _build_forward_plan(cp, x, y, pdtype, channels, outer, inner, training, update, momentum, eps,
+                        no_gamma, no_beta, aligned):
+    A = _kernels
     acc = _dtypes.accumulate_dtype(x.dtype)
     real = _scalar(acc)
-    y = cp.empty(x.shape, x.dtype)
-    if x.size == 0:
-        nan = cp.full(channels, np.nan, dtype=acc)
-        return y, nan, nan.copy()
-    x = _validate.contiguous(cp, x)
-    mean = cp.empty(channels, acc)
-    invstd = cp.empty(channels, acc)
-    gamma = cp.ones(channels, pdtype) if gamma is None else _validate.contiguous(cp, gamma)
-    beta = cp.zeros(channels, pdtype) if beta is None else _validate.contiguous(cp, beta)
     pt = _dtypes.cuda_type(pdtype)
     n = outer * inner
+    X, Y, MEAN, INVSTD = A.ARRAY0, A.ARRAY1, A.ARRAY2, A.ARRAY3
+    gamma = _constant(cp, 1, channels, pdtype) if no_gamma else A.ARRAY6
+    beta = _constant(cp, 0, channels, pdtype) if no_beta else A.ARRAY7
+    rm, rv = (A.ARRAY4, A.ARRAY5) if update or not training else (gamma, gamma)  # unread placeholders
+    stats = (cp.empty(channels, acc), cp.empty(channels, acc))
+    launches = []
     if training:
-        update = running_mean is not None
-        rm = _validate.contiguous(cp, running_mean) if update else gamma  # placeholder, unread
-        rv = _validate.contiguous(cp, running_var) if update else gamma
-    else:
-        rm = _validate.contiguous(cp, running_mean)
-        rv = _validate.contiguous(cp, running_var)
-    if inner == 1:  # channel-last: rows kernels
-        rows = _Rows(cp, x, channels, outer, (x, y))
-        if training:
-            _rows_statistics(cp, x, rows, acc, pt, mean, invstd, rm, rv, update, eps, momentum,
-                             n / (n - 1))
-        spec = rows.spec("normalize", pt, flag=_BOOL[training])
-        FAMILY.launch(spec, rows.grid(cp, spec, 4)[0], (_BLOCK,),
-                      (x, y, mean, invstd, rm, rv, gamma, beta, *rows.shape, real(eps)))
-    elif training:
         launch = _launch_of(x, channels, outer, inner, (x, y))
         spec = launch.spec("batchnorm_train_fused", pt, _BOOL[FUSED_PREFETCH])
         use = FUSED and (launch.splits == 1 or x.nbytes >= FUSED_FORWARD_MIN_BYTES)
@@ -422,77 +548,149 @@ def _batchnorm_gpu(cp, x, gamma, beta, running_mean, running_var, training, mome
         if fused is not None:
             grid, per_round, work = fused
             part_mean, part_m2 = work.partials(cp, acc, launch.grid[0])
-            FAMILY.launch(spec, grid, (_BLOCK,),
-                          (x, y, part_mean, part_m2, mean, invstd, rm, rv, gamma, beta,
-                           *launch.shape, np.int32(per_round), work.arrive, work.failed, real(eps),
-                           real(momentum), real(n / (n - 1)), np.int32(update)))
+            launches.append(FAMILY.prepare(
+                spec, grid, (_BLOCK,),
+                (X, Y, part_mean, part_m2, MEAN, INVSTD, rm, rv, gamma, beta, *launch.shape,
+                 np.int32(per_round), work.arrive, work.failed, real(eps), real(momentum),
+                 real(n / (n - 1)), np.int32(update))))
         else:
-            part_mean, part_m2 = _partial_statistics(cp, x, launch, acc)
-            FAMILY.launch(launch.spec("batchnorm_normalize", pt, "true"), launch.grid, (_BLOCK,),
-                          (x, y, part_mean, part_m2, mean, invstd, rm, rv, gamma, beta,
-                           *launch.shape, real(eps), real(momentum), real(n / (n - 1)),
-                           np.int32(update), np.int32(1)))
+            part_mean, part_m2 = _stream_workspace(cp).partials(cp, acc, launch.grid[0])
+            launches.append(FAMILY.prepare(launch.spec("batchnorm_partial_statistics"), launch.grid,
+                                           (_BLOCK,), (X, part_mean, part_m2, *launch.shape)))
+            launches.append(FAMILY.prepare(
+                launch.spec("batchnorm_normalize", pt, "true"), launch.grid, (_BLOCK,),
+                (X, Y, part_mean, part_m2, MEAN, INVSTD, rm, rv, gamma, beta, *launch.shape, real(eps),
+                 real(momentum), real(n / (n - 1)), np.int32(update), np.int32(1))))
     elif FLAT_INFERENCE and inner % _VECTOR[_dtypes.cuda_type(x.dtype)]:
         spec, grid, shape = _flat_launch(x, y, channels, inner, pt)
-        FAMILY.launch(spec, grid, (_BLOCK,), (x, y, mean, invstd, rm, rv, gamma, beta, *shape, real(eps)))
+        launches.append(FAMILY.prepare(spec, grid, (_BLOCK,),
+                                       (X, Y, MEAN, INVSTD, rm, rv, gamma, beta, *shape, real(eps))))
     else:
         launch = _launch_of(x, channels, outer, inner, (x, y))
-        FAMILY.launch(launch.spec("batchnorm_normalize", pt, "false"), launch.grid, (_BLOCK,),
-                      (x, y, mean, invstd, mean, invstd, rm, rv, gamma, beta, *launch.shape,
-                       real(eps), real(0), real(1), np.int32(0), np.int32(0)))
-    if training and update:  # the kernels updated contiguous copies: write them back
+        launches.append(FAMILY.prepare(
+            launch.spec("batchnorm_normalize", pt, "false"), launch.grid, (_BLOCK,),
+            (X, Y, MEAN, INVSTD, MEAN, INVSTD, rm, rv, gamma, beta, *launch.shape, real(eps), real(0),
+             real(1), np.int32(0), np.int32(0))))
+    return _Plan(launches, aligned, stats)
+
+
+def _batchnorm_gpu(cp, x, gamma, beta, running_mean, running_var, training, momentum, eps, return_stats,
+                   pdtype, channels, outer, inner):
+    """(y, mean, invstd, the _Plan run or None) of a validated call."""
+    acc = _dtypes.accumulate_dtype(x.dtype)
+    y = cp.empty(x.shape, x.dtype)
+    if x.size == 0:
+        nan = cp.full(channels, np.nan, dtype=acc)
+        return y, nan, nan.copy(), None
+    x = _validate.contiguous(cp, x)
+    gamma = None if gamma is None else _validate.contiguous(cp, gamma)
+    beta = None if beta is None else _validate.contiguous(cp, beta)
+    update = training and running_mean is not None
+    rm = None if running_mean is None else _validate.contiguous(cp, running_mean)
+    rv = None if running_var is None else _validate.contiguous(cp, running_var)
+    plan = None
+    if inner == 1:  # channel-last: rows kernels
+        mean, invstd = cp.empty(channels, acc), cp.empty(channels, acc)
+        real = _scalar(acc)
+        pt = _dtypes.cuda_type(pdtype)
+        n = outer * inner
+        g = _constant(cp, 1, channels, pdtype) if gamma is None else gamma
+        b = _constant(cp, 0, channels, pdtype) if beta is None else beta
+        rows = _Rows(cp, x, channels, outer, (x, y))
+        if training:
+            _rows_statistics(cp, x, rows, acc, pt, mean, invstd, rm if update else g, rv if update else g,
+                             update, eps, momentum, n / (n - 1))
+        spec = rows.spec("normalize", pt, flag=_BOOL[training])
+        FAMILY.launch(spec, rows.grid(cp, spec, 4)[0], (_BLOCK,),
+                      (x, y, mean, invstd, rm if rm is not None else g, rv if rv is not None else g, g, b,
+                       *rows.shape, real(eps)))
+    else:
+        plan = _forward_plan(cp, x, y, pdtype, channels, outer, inner, training, update, momentum, eps,
+                             gamma is None, beta is None)
+        if return_stats:
+            mean, invstd = cp.empty(channels, acc), cp.empty(channels, acc)
+        else:
+            mean, invstd = plan.stats
+        plan.run(x, y, mean, invstd, rm, rv, gamma, beta)
+    if update:  # the kernels updated contiguous copies: write them back
         if rm is not running_mean:
             running_mean[...] = rm
         if rv is not running_var:
             running_var[...] = rv
-    return y, mean, invstd
+    return y, mean, invstd, plan
 
 
-def _batchnorm_backward_gpu(cp, dy, x, gamma, mean, invstd, eps, pdtype, channels, outer, inner):
+def _backward_plan(cp, x, dy, dx, pdtype, channels, outer, inner, recompute, eps, no_gamma):
+    aligned = not (x.data.ptr | dy.data.ptr | dx.data.ptr) & 15
+    key = ("backward", cp.cuda.runtime.getDevice(), cp.cuda.get_current_stream().ptr, x.shape, x.dtype,
+           np.dtype(pdtype), channels, inner, aligned, recompute, float(eps), no_gamma, FUSED)
+    return _cached_plan(key, lambda: _build_backward_plan(
+        cp, x, dy, dx, pdtype, channels, outer, inner, recompute, float(eps), no_gamma, aligned))
+
+
+def _build_backward_plan(cp, x, dy, dx, pdtype, channels, outer, inner, recompute, eps, no_gamma, aligned):
+    A = _kernels
     acc = _dtypes.accumulate_dtype(x.dtype)
-    dx = cp.empty(x.shape, x.dtype)
-    if x.size == 0:
-        return dx, cp.zeros(channels, pdtype), cp.zeros(channels, pdtype)
-    dgamma = cp.empty(channels, pdtype)  # written by the kernels
-    dbeta = cp.empty(channels, pdtype)
-    x = _validate.contiguous(cp, x)
-    dy = _validate.contiguous(cp, dy)
-    if inner == 1:
-        return _rows_backward(cp, dy, x, gamma, mean, invstd, eps, pdtype, channels, outer, acc, dx,
-                              dgamma, dbeta)
+    X, DY, DX, DGAMMA, DBETA = A.ARRAY0, A.ARRAY1, A.ARRAY5, A.ARRAY6, A.ARRAY7
+    gamma = _constant(cp, 1, channels, pdtype) if no_gamma else A.ARRAY4
+    pt = _dtypes.cuda_type(pdtype)
     launch = _launch_of(x, channels, outer, inner, (x, dy, dx))
-    recompute = mean is None
-    if recompute:
-        mean = cp.empty(channels, acc)
-        invstd = cp.empty(channels, acc)
-        part_mean, part_m2 = _partial_statistics(cp, x, launch, acc)
-    else:
-        mean = _validate.contiguous(cp, mean)
-        invstd = _validate.contiguous(cp, invstd)
-        part_mean = part_m2 = mean  # unread
-    gamma = cp.ones(channels, pdtype) if gamma is None else _validate.contiguous(cp, gamma)
+    work = _stream_workspace(cp)
+    launches = []
     if not recompute and FUSED:
-        spec = launch.spec("batchnorm_backward_fused", _dtypes.cuda_type(pdtype))
+        spec = launch.spec("batchnorm_backward_fused", pt)
         fused = _fused_grid(cp, launch, spec, channels)
         if fused is not None:
             grid, per_round, work = fused
             part_dy, part_dy_xhat = work.partials(cp, acc, launch.grid[0])
-            FAMILY.launch(spec, grid, (_BLOCK,),
-                          (x, dy, mean, invstd, gamma, part_dy, part_dy_xhat, dx, dgamma, dbeta,
-                           *launch.shape, np.int32(per_round), work.arrive, work.failed))
-            return dx, dgamma, dbeta
-    part_dy = cp.empty(launch.grid[0], acc)
-    part_dy_xhat = cp.empty(launch.grid[0], acc)
+            launches.append(FAMILY.prepare(
+                spec, grid, (_BLOCK,),
+                (X, DY, A.ARRAY2, A.ARRAY3, gamma, part_dy, part_dy_xhat, DX, DGAMMA, DBETA,
+                 *launch.shape, np.int32(per_round), work.arrive, work.failed)))
+            return _Plan(launches, aligned)
+    if recompute:  # statistics first, into the plan's own scratch (stream order)
+        mean, invstd = cp.empty(channels, acc), cp.empty(channels, acc)
+        part_mean, part_m2 = work.partials(cp, acc, launch.grid[0])
+        launches.append(FAMILY.prepare(launch.spec("batchnorm_partial_statistics"), launch.grid,
+                                       (_BLOCK,), (X, part_mean, part_m2, *launch.shape)))
+    else:
+        mean, invstd = A.ARRAY2, A.ARRAY3
+        part_mean = part_m2 = A.ARRAY2  # unread
+    part_dy, part_dy_xhat = work.partials(cp, acc, launch.grid[0], slot=1)
     # Alternate the grid's direction from launch to launch (L2 reuse, see the .cu header).
     reverse = 1 if recompute else 0
-    FAMILY.launch(launch.spec("batchnorm_backward_reduce", flag=_BOOL[recompute]),
-                  launch.grid, (_BLOCK,),
-                  (x, dy, mean, invstd, part_mean, part_m2, part_dy, part_dy_xhat, *launch.shape,
-                   _scalar(acc)(eps), np.int32(reverse)))
-    FAMILY.launch(launch.spec("batchnorm_backward_data", _dtypes.cuda_type(pdtype)), launch.grid,
-                  (_BLOCK,), (x, dy, mean, invstd, gamma, part_dy, part_dy_xhat, dx, dgamma, dbeta,
-                              *launch.shape, np.int32(1 - reverse)))
-    return dx, dgamma, dbeta
+    launches.append(FAMILY.prepare(
+        launch.spec("batchnorm_backward_reduce", flag=_BOOL[recompute]), launch.grid, (_BLOCK,),
+        (X, DY, mean, invstd, part_mean, part_m2, part_dy, part_dy_xhat, *launch.shape,
+         _scalar(acc)(eps), np.int32(reverse))))
+    launches.append(FAMILY.prepare(
+        launch.spec("batchnorm_backward_data", pt), launch.grid, (_BLOCK,),
+        (X, DY, mean, invstd, gamma, part_dy, part_dy_xhat, DX, DGAMMA, DBETA, *launch.shape,
+         np.int32(1 - reverse))))
+    return _Plan(launches, aligned)
+
+
+def _batchnorm_backward_gpu(cp, dy, x, gamma, mean, invstd, eps, pdtype, channels, outer, inner):
+    """(dx, dgamma, dbeta, the _Plan run or None) of a validated call."""
+    acc = _dtypes.accumulate_dtype(x.dtype)
+    dx = cp.empty(x.shape, x.dtype)
+    if x.size == 0:
+        return dx, cp.zeros(channels, pdtype), cp.zeros(channels, pdtype), None
+    dgamma = cp.empty(channels, pdtype)  # written by the kernels
+    dbeta = cp.empty(channels, pdtype)
+    x = _validate.contiguous(cp, x)
+    dy = _validate.contiguous(cp, dy)
+    if mean is not None:
+        mean = _validate.contiguous(cp, mean)
+        invstd = _validate.contiguous(cp, invstd)
+    gamma = None if gamma is None else _validate.contiguous(cp, gamma)
+    if inner == 1:
+        g = _constant(cp, 1, channels, pdtype) if gamma is None else gamma
+        return (*_rows_backward(cp, dy, x, g, mean, invstd, eps, pdtype, channels, outer, acc, dx,
+                                dgamma, dbeta), None)
+    plan = _backward_plan(cp, x, dy, dx, pdtype, channels, outer, inner, mean is None, eps, gamma is None)
+    plan.run(x, dy, mean, invstd, gamma, dx, dgamma, dbeta)
+    return dx, dgamma, dbeta, plan
 
 
 def _rows_backward(cp, dy, x, gamma, mean, invstd, eps, pdtype, channels, rows_count, acc, dx, dgamma,
@@ -504,10 +702,6 @@ def _rows_backward(cp, dy, x, gamma, mean, invstd, eps, pdtype, channels, rows_c
         mean = cp.empty(channels, acc)
         invstd = cp.empty(channels, acc)
         _rows_statistics(cp, x, rows, acc, pt, mean, invstd, mean, mean, False, eps, 0.0, 1.0)
-    else:
-        mean = _validate.contiguous(cp, mean)
-        invstd = _validate.contiguous(cp, invstd)
-    gamma = cp.ones(channels, pdtype) if gamma is None else _validate.contiguous(cp, gamma)
     spec = rows.spec("backward_reduce")
     grid, lanes = rows.grid(cp, spec, 8)
     size = channels * lanes

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import _dtypes, _validate
+from . import _dtypes, _kernels, _validate
 from ._kernels import KernelFamily, ceil_div, index_type
 from .reference import pooling as reference
 
@@ -124,7 +124,14 @@ def _check_problem(x, window, mode, stride, padding, count_include_pad, layout):
 
 # Validated GPU calls (see _validate.CallMemo): the problem and its launches,
 # so a repeated call is a key, a look-up, the output allocation and the launch.
+# _MEMO.fast: the fast path's table (CallMemo.fast), checked first: (x's shape,
+# dtype, device, [dy's, y's,] the current device, the options) of a call whose
+# options are plain ints / pairs of ints / None and whose arrays are
+# C-contiguous and 16-byte aligned -> (output shape, prepared launch).  Made by
+# the validated path, so anything that differs misses and is validated.
 _MEMO = _validate.CallMemo()
+_NDARRAY = _validate.NDARRAY
+_current_device = _validate.current_device
 
 
 def _options(window, mode, stride, padding, count_include_pad, layout):
@@ -137,10 +144,31 @@ def _options(window, mode, stride, padding, count_include_pad, layout):
     return options
 
 
+def _plain(v):
+    """An option the fast key may hold as itself: None, an int, a pair of ints
+    (exact types: ``True``, ``2.0`` or ``(2, True)`` would equal an int key)."""
+    t = type(v)
+    return t is int or v is None or (t is tuple and len(v) == 2 and type(v[0]) is int
+                                     and type(v[1]) is int)
+
+
+def _fast_key(x, window, mode, stride, padding, count_include_pad, layout, *others):
+    """The fast table's key, or None when the call cannot take the fast path
+    (``others``: dy's and y's parts of a backward key)."""
+    if (type(x) is not _NDARRAY or not x._c_contiguous or type(count_include_pad) is not bool
+            or not (_plain(window) and _plain(stride) and _plain(padding))):
+        return None
+    data = x.data
+    if data.ptr & 15:
+        return None
+    return (x.shape, x.dtype, data.device_id, *others, _current_device(), window, mode, stride, padding,
+            count_include_pad, layout)
+
+
 class _Call:
     """One validated kind of GPU call: the problem, the output shape, whether
     there is any work, and per (direction, 16-byte alignment of the arrays) its
-    launches with the kernels already looked up."""
+    launch (a callable of the arrays: x, y forward; x, dy, dx backward)."""
     __slots__ = ("problem", "y_shape", "empty", "launches")
 
     def __init__(self, problem):
@@ -149,19 +177,37 @@ class _Call:
         self.empty = 0 in problem.x_shape or 0 in self.y_shape
         self.launches = {}
 
+    def launch(self, direction, aligned):
+        key = (direction, aligned)
+        launch = self.launches.get(key)
+        if launch is None:
+            plan = _make_plan(self.problem, direction, aligned)
+            launch = self.launches[key] = _resolve(plan, direction)
+        return launch
+
     def run(self, direction, arrays):
+        """Run on these arrays; the launch when it may enter the fast table
+        (one prepared launch, arrays aligned), else None."""
         ptr = 0
         for a in arrays:
             ptr |= a.data.ptr
-        key = (direction, not ptr & 15)
-        launch = self.launches.get(key)
-        if launch is None:
-            launch = self.launches[key] = _resolve(_make_plan(self.problem, direction, key[1]))
-        launch(arrays)
+        launch = self.launch(direction, not ptr & 15)
+        launch(*arrays)
+        return launch if not ptr & 15 and isinstance(launch, _kernels.PreparedLaunch) else None
 
 
 def pool(x, window, *, mode="max", stride=None, padding=0, count_include_pad=True, layout="NCHW"):
     """Max or average pooling of a 4-D tensor; ``stride=None`` means the window."""
+    try:
+        fast_key = _fast_key(x, window, mode, stride, padding, count_include_pad, layout)
+        fast = _MEMO.fast.get(fast_key) if fast_key is not None else None
+    except TypeError:  # an unhashable option: validation says what is wrong with it
+        fast_key = fast = None
+    if fast is not None:
+        y = _NDARRAY(fast[0], x.dtype)
+        if not y.data.ptr & 15:
+            fast[1](x, y)
+            return y
     key = _MEMO.key("pool", (x,), _options(window, mode, stride, padding, count_include_pad, layout))
     call = _MEMO.get(key)
     if call is None:
@@ -172,12 +218,23 @@ def pool(x, window, *, mode="max", stride=None, padding=0, count_include_pad=Tru
                                   problem.count_include_pad, layout)
         call = _MEMO.put(key, _Call(problem))
     cupy = _validate._cupy
-    if not x.flags.c_contiguous:
+    if not x._c_contiguous:
         x = _validate.contiguous(cupy, x)
     y = cupy.empty(call.y_shape, dtype=x.dtype)
     if not call.empty:
-        call.run("forward", (x, y))
+        launch = call.run("forward", (x, y))
+        if launch is not None and fast_key is not None:
+            _MEMO.put_fast(fast_key, (call.y_shape, launch))
     return y
+
+
+def _array_key(a):
+    """dy's / y's part of a backward fast key (y needs no particular layout)."""
+    if a is None:
+        return None
+    if type(a) is _NDARRAY:
+        return (a.shape, a.dtype, a.data.device_id)
+    return False
 
 
 def pool_backward(dy, x, y, window, *, mode="max", stride=None, padding=0, count_include_pad=True,
@@ -187,6 +244,19 @@ def pool_backward(dy, x, y, window, *, mode="max", stride=None, padding=0, count
     ``y`` (the forward output) may be None; it is checked but not needed: max
     pooling recomputes each window's argmax from ``x``.  ``dy=None`` means a
     zero gradient."""
+    fast_key = None
+    if type(dy) is _NDARRAY and dy._c_contiguous and not dy.data.ptr & 15:
+        try:
+            fast_key = _fast_key(x, window, mode, stride, padding, count_include_pad, layout,
+                                 _array_key(dy), _array_key(y))
+            launch = _MEMO.fast.get(fast_key) if fast_key is not None else None
+        except TypeError:
+            fast_key = launch = None
+        if launch is not None:
+            dx = _NDARRAY(x.shape, x.dtype)
+            if not dx.data.ptr & 15:
+                launch(x, dy, dx)
+                return dx
     key = _MEMO.key("pool_backward", (dy, x, y),
                     _options(window, mode, stride, padding, count_include_pad, layout))
     call = _MEMO.get(key) if dy is not None else None
@@ -204,37 +274,37 @@ def pool_backward(dy, x, y, window, *, mode="max", stride=None, padding=0, count
                                            mode, problem.count_include_pad, layout)
         call = _MEMO.put(key, _Call(problem))
     cupy = _validate._cupy
-    if not x.flags.c_contiguous:
+    if not x._c_contiguous:
         x = _validate.contiguous(cupy, x)
-    if not dy.flags.c_contiguous:
+    if not dy._c_contiguous:
         dy = _validate.contiguous(cupy, dy)
     dx = cupy.empty(x.shape, dtype=x.dtype)
     if not call.empty:
-        call.run("backward", (x, dy, dx))
+        launch = call.run("backward", (x, dy, dx))
+        if launch is not None and fast_key is not None:
+            _MEMO.put_fast(fast_key, launch)
     return dx
 
 
-def _resolve(plan):
-    """A function of the arrays that runs a plan (``_make_plan``), its kernels
-    looked up once (on the current device: the memo key holds the device)."""
+def _resolve(plan, direction):
+    """A callable of the arrays that runs a plan (``_make_plan``): prepared
+    launches, on the current device (the memo key holds the device)."""
+    A = _kernels
     kind = plan[0]
+    block = (_BLOCK,)
     if kind == "launch":
         _, expr, grid, args, shared = plan
-        kernel = FAMILY.function(expr)
-        block = (_BLOCK,)
-        if shared:
-            return lambda arrays: kernel(grid, block, (*arrays, *args), shared_mem=shared)
-        return lambda arrays: kernel(grid, block, (*arrays, *args))
+        arrays = (A.ARRAY0, A.ARRAY1) if direction == "forward" else (A.ARRAY0, A.ARRAY1, A.ARRAY2)
+        return FAMILY.prepare(expr, grid, block, (*arrays, *args), shared_mem=shared)
     # "two": max backward with overlapping windows: argmax bytes, then the gather
     _, (fexpr, fgrid, fargs), (bexpr, bgrid, bargs), arg_size = plan
-    forward, backward = FAMILY.function(fexpr), FAMILY.function(bexpr)
-    block = (_BLOCK,)
+    forward = FAMILY.prepare(fexpr, fgrid, block, (A.ARRAY0, _NULL, A.ARRAY3, *fargs[1:]))
+    backward = FAMILY.prepare(bexpr, bgrid, block, (A.ARRAY0, A.ARRAY1, A.ARRAY2, A.ARRAY3, *bargs[1:]))
 
-    def two(arrays):
-        x, dy, dx = arrays
+    def two(x, dy, dx):
         arg = _validate._cupy.empty(arg_size, dtype=np.uint8)
-        forward(fgrid, block, (x, _NULL, arg, *fargs[1:]))
-        backward(bgrid, block, (x, dy, dx, arg, *bargs[1:]))
+        forward(x, None, None, arg)
+        backward(x, dy, dx, arg)
     return two
 
 

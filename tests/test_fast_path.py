@@ -319,3 +319,191 @@ def test_conv_backward_filter_fast_path_every_wgrad_mode(gpu, rng, algo, dtype, 
     with pytest.raises(TypeError, match="w_shape"):
         conv.conv2d_backward_filter(X, dY, (8, 8, 3, True), padding=1, algo=algo,
                                     deterministic=deterministic)
+
+
+# ---- batch norm and pooling (helper host2) -------------------------------------------
+
+def _bn_reference(x, g, b, rm, rv, **options):
+    """The float64 reference; float64 running statistics are updated in place (like the GPU's)."""
+    from dnnprims import normalization
+    return normalization.batchnorm(*(None if a is None else np.asarray(a, F64) for a in (x, g, b, rm, rv)),
+                                   **options)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(4, 6, 7, 7), (3, 5, 4, 8), (2, 3, 64, 65)])
+def test_batchnorm_fast_path_updates_running_statistics_in_place_and_checks(gpu, rng, shape):
+    """7x7 (fused training, flat inference), inner a multiple of the vector (chunk
+    kernels), a channel over two chunks (two-pass training)."""
+    from dnnprims import normalization
+    c = shape[1]
+    x = random_array(rng, shape, np.float32)
+    g, b = random_array(rng, (c,), np.float32), random_array(rng, (c,), np.float32)
+    rm0, rv0 = random_array(rng, (c,), np.float32), random_array(rng, (c,), np.float32, 0.5, 2)
+    X, G, B = gpu.asarray(x), gpu.asarray(g), gpu.asarray(b)
+    RM, RV = gpu.asarray(rm0), gpu.asarray(rv0)
+    rm64, rv64 = rm0.astype(F64), rv0.astype(F64)
+    want = None
+    for call in range(3):  # validated, then twice through the fast table
+        fast = len(normalization._MEMO.fast)
+        y, mean, invstd = normalization.batchnorm(X, G, B, RM, RV, training=True, momentum=0.25,
+                                                  return_stats=True)
+        want = normalization.batchnorm(x.astype(F64), g.astype(F64), b.astype(F64), rm64, rv64,
+                                       training=True, momentum=0.25, return_stats=True)
+        if call:
+            assert len(normalization._MEMO.fast) == fast
+        for got, ref, what in zip((y, mean, invstd), want, ("y", "mean", "invstd")):
+            assert_close(got, ref, np.float32, what=what)
+        assert_close(RM, rm64, np.float32, what="running_mean")    # updated in place, every call
+        assert_close(RV, rv64, np.float32, what="running_var")
+    # Returned statistics are fresh arrays each call; without return_stats y alone.
+    y2, mean2, _ = normalization.batchnorm(X, G, B, training=True, return_stats=True)
+    y3, mean3, _ = normalization.batchnorm(X, G, B, training=True, return_stats=True)
+    assert mean2.data.ptr != mean3.data.ptr and gpu.array_equal(mean2, mean3)
+    y4 = normalization.batchnorm(X, G, B, training=True)
+    assert gpu.array_equal(y4, y2) and gpu.array_equal(mean2, mean3)
+    assert_close(mean2, want[1], np.float32)
+    # Options of another exact type are not the cached entry: validated (and refused).
+    fast = len(normalization._MEMO.fast)
+    with pytest.raises(TypeError, match="momentum"):
+        normalization.batchnorm(X, G, B, RM, RV, training=True, momentum=True)
+    with pytest.raises(TypeError, match="training"):
+        normalization.batchnorm(X, G, B, RM, RV, training=1, momentum=0.25)
+    with pytest.raises(ValueError, match="eps"):
+        normalization.batchnorm(X, G, B, RM, RV, momentum=0.25, eps=-1)
+    assert len(normalization._MEMO.fast) == fast
+    ref = _bn_reference(x, g, b, None, None, training=True, eps=1.0)
+    for eps in (1, 1.0, 1, 1.0):  # int and float: two entries, both validated once
+        assert_close(normalization.batchnorm(X, G, B, training=True, eps=eps), ref, np.float32)
+    assert len(normalization._MEMO.fast) == fast + 2
+    # Views take the checked path (copies; running statistics written back).
+    rm_view, rv_view = gpu.asarray(np.repeat(rm0, 2))[::2], gpu.asarray(np.repeat(rv0, 2))[::2]
+    rm_ref, rv_ref = rm0.astype(F64), rv0.astype(F64)
+    for X_view in (_unaligned_copy(gpu, x), _strided_copy(gpu, x), X):
+        got = normalization.batchnorm(X_view, G, B, rm_view, rv_view, training=True)
+        expect = _bn_reference(x, g, b, rm_ref, rv_ref, training=True)
+        assert_close(got, expect, np.float32)
+        assert_close(rm_view, rm_ref, np.float32, what="running_mean view")
+        assert_close(rv_view, rv_ref, np.float32, what="running_var view")
+    G_view = gpu.asarray(np.repeat(g, 2))[::2]
+    assert_close(normalization.batchnorm(X, G_view, B, training=True),
+                 _bn_reference(x, g, b, None, None, training=True), np.float32)
+    # Inference: the running statistics are read, not written; gamma / beta None.
+    infer = _bn_reference(x, None, None, rm0, rv0, training=False, return_stats=True)
+    for _ in range(3):
+        rm_in, rv_in = gpu.asarray(rm0), gpu.asarray(rv0)
+        got = normalization.batchnorm(X, None, None, rm_in, rv_in, training=False, return_stats=True)
+        for a, r in zip(got, infer):
+            assert_close(a, r, np.float32)
+        assert gpu.array_equal(rm_in, gpu.asarray(rm0)) and gpu.array_equal(rv_in, gpu.asarray(rv0))
+    with pytest.raises(ValueError, match="required"):
+        normalization.batchnorm(X, None, None, training=False)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(4, 6, 7, 7), (2, 3, 64, 65)])
+def test_batchnorm_backward_fast_path_checks(gpu, rng, shape):
+    from dnnprims import normalization
+    c = shape[1]
+    x, dy = random_array(rng, shape, np.float32), random_array(rng, shape, np.float32)
+    g = random_array(rng, (c,), np.float32)
+    X, dY, G = gpu.asarray(x), gpu.asarray(dy), gpu.asarray(g)
+    _, mean, invstd = normalization.batchnorm(X, G, None, training=True, return_stats=True)
+    want = normalization.batchnorm_backward(dy.astype(F64), x.astype(F64), g.astype(F64))
+    want_no_gamma = normalization.batchnorm_backward(dy.astype(F64), x.astype(F64), None)
+    for stats in (dict(mean=mean, invstd=invstd), {}):
+        for call in range(3):
+            fast = len(normalization._MEMO.fast)
+            got = normalization.batchnorm_backward(dY, X, G, **stats)
+            if call:
+                assert len(normalization._MEMO.fast) == fast
+            for a, r, what in zip(got, want, ("dx", "dgamma", "dbeta")):
+                assert_close(a, r, np.float32, what=what)
+            for a, r in zip(normalization.batchnorm_backward(dY, X, None, **stats), want_no_gamma):
+                assert_close(a, r, np.float32)
+    fast = len(normalization._MEMO.fast)
+    with pytest.raises(TypeError, match="eps"):
+        normalization.batchnorm_backward(dY, X, G, mean=mean, invstd=invstd, eps=True)
+    with pytest.raises(TypeError, match="dtype"):
+        normalization.batchnorm_backward(dY.astype(np.float64), X, G, mean=mean, invstd=invstd)
+    with pytest.raises(ValueError, match="invstd"):
+        normalization.batchnorm_backward(dY, X, G, mean=mean, invstd=invstd[:-1])
+    assert len(normalization._MEMO.fast) == fast
+    for dY_view in (_unaligned_copy(gpu, dy), _strided_copy(gpu, dy)):
+        for a, r in zip(normalization.batchnorm_backward(dY_view, X, G, mean=mean, invstd=invstd), want):
+            assert_close(a, r, np.float32)
+    for a, r in zip(normalization.batchnorm_backward(dY, _unaligned_copy(gpu, x), G, mean=mean,
+                                                     invstd=invstd), want):
+        assert_close(a, r, np.float32)
+
+
+@pytest.mark.gpu
+def test_batchnorm_fast_path_per_stream(gpu, rng):
+    """The fused kernels' barrier workspace is per stream: so are plans and fast entries."""
+    from dnnprims import normalization
+    x = random_array(rng, (8, 16, 7, 7), np.float32)
+    X = gpu.asarray(x)
+    gpu.cuda.Device().synchronize()  # the streams below do not wait for the null stream
+    want = _bn_reference(x, None, None, None, None, training=True)
+    streams = [gpu.cuda.Stream(non_blocking=True) for _ in range(2)]
+    results = []
+    for _ in range(2):
+        for s in streams:
+            with s:
+                results.append(normalization.batchnorm(X, None, None, training=True))
+    for s in streams:
+        s.synchronize()
+    for y in results:
+        assert_close(y, want, np.float32)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape,window,stride,padding,mode", [
+    ((2, 4, 14, 16), 3, 2, 1, "max"),       # k3s2 vector kernels
+    ((2, 4, 7, 7), 7, None, 0, "avg"),      # global average
+    ((2, 4, 9, 11), (3, 2), (2, 1), (1, 0), "max"),  # overlapping: two launches backward
+])
+def test_pool_fast_path_checks_option_types_and_views(gpu, rng, shape, window, stride, padding, mode):
+    from dnnprims import pooling
+    x = random_array(rng, shape, np.float32)
+    X = gpu.asarray(x)
+    opts = dict(stride=stride, padding=padding, mode=mode)
+    want = pooling.pool(x.astype(F64), window, **opts)
+    dy = random_array(rng, want.shape, np.float32)
+    dY = gpu.asarray(dy)
+    want_dx = pooling.pool_backward(dy.astype(F64), x.astype(F64), None, window, **opts)
+    for call in range(3):
+        fast = len(pooling._MEMO.fast)
+        y = pooling.pool(X, window, **opts)
+        dx = pooling.pool_backward(dY, X, y, window, **opts)
+        dx_no_y = pooling.pool_backward(dY, X, None, window, **opts)
+        if call:
+            assert len(pooling._MEMO.fast) == fast
+        assert_close(y, want, np.float32)
+        assert_close(dx, want_dx, np.float32)
+        assert_close(dx_no_y, want_dx, np.float32)
+    pair = lambda v: v if type(v) is tuple else (v, v)  # noqa: E731
+    fast = len(pooling._MEMO.fast)
+    with pytest.raises(TypeError, match="padding"):
+        pooling.pool(X, window, stride=stride, padding=tuple(float(p) for p in pair(padding)), mode=mode)
+    with pytest.raises(TypeError, match="window"):
+        pooling.pool(X, (pair(window)[0], True), stride=stride, padding=padding, mode=mode)
+    with pytest.raises(TypeError, match="count_include_pad"):
+        pooling.pool(X, window, count_include_pad=1, **opts)
+    with pytest.raises(ValueError, match="mode"):
+        pooling.pool(X, window, stride=stride, padding=padding, mode="MAX")
+    with pytest.raises(TypeError, match="dtype"):
+        pooling.pool_backward(dY.astype(np.float64), X, None, window, **opts)
+    with pytest.raises(ValueError, match="y"):
+        pooling.pool_backward(dY, X, X, window, **opts)
+    assert len(pooling._MEMO.fast) == fast
+    # Equal options of other (valid) types, and views, give the same result.
+    assert_close(pooling.pool(X, pair(window), stride=stride if stride is None else pair(stride),
+                              padding=pair(padding), mode=mode), want, np.float32)
+    assert_close(pooling.pool(X, np.int64(pair(window)[0]) if type(window) is int else window, **opts),
+                 want, np.float32)
+    for X_view in (_unaligned_copy(gpu, x), _strided_copy(gpu, x)):
+        assert_close(pooling.pool(X_view, window, **opts), want, np.float32)
+        assert_close(pooling.pool_backward(dY, X_view, None, window, **opts), want_dx, np.float32)
+    for dY_view in (_unaligned_copy(gpu, dy), _strided_copy(gpu, dy)):
+        assert_close(pooling.pool_backward(dY_view, X, None, window, **opts), want_dx, np.float32)

@@ -245,6 +245,15 @@ def test_several_chunks_per_channel(xp, rng, dtype, x_shape, offset):
             assert_close(a, b, dtype, what=what)
 
 
+def _fresh_plans(monkeypatch):
+    """Forget the memoised GPU calls and their prepared plans (grids sized by a patched
+    _RESIDENT).  The switches FUSED, FUSED_PREFETCH, FUSED_FORWARD_MIN_BYTES and
+    FLAT_INFERENCE need not: they are part of the plan and fast-table keys."""
+    from dnnprims import _validate, normalization
+    monkeypatch.setattr(normalization, "_MEMO", _validate.CallMemo())
+    monkeypatch.setattr(normalization, "_PLANS", {})
+
+
 @pytest.mark.parametrize("prefetch", [False, True])
 @pytest.mark.parametrize("resident", [None, "small"])
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
@@ -260,6 +269,7 @@ def test_single_read_path_matches_two_pass_path(xp, rng, monkeypatch, prefetch, 
     monkeypatch.setattr(normalization, "FUSED_PREFETCH", prefetch)
     monkeypatch.setattr(normalization, "FUSED_FORWARD_MIN_BYTES", 0)
     if xp is not np and resident == "small":
+        _fresh_plans(monkeypatch)  # the prepared plans hold grids sized by _RESIDENT
         monkeypatch.setattr(normalization, "_RESIDENT", {})
         splits = -(-int(np.prod(x_shape)) // x_shape[1 if layout == "NCHW" else -1] // 4096)
         monkeypatch.setattr(normalization, "_resident_blocks", lambda cp, kernel: 2 * splits)
@@ -498,3 +508,26 @@ def test_repeated_gpu_calls_reuse_the_validated_plan_and_still_check(gpu, rng):
         assert_close(got, ref, np.float32)
     with pytest.raises(ValueError, match="dy"):
         dnnprims.batchnorm_backward(dy[:, :, :-1], X, G, mean=first[1], invstd=first[2])
+    # The fast table (a cached call straight to its prepared launches) still checks:
+    # options of another type, vectors of another shape / dtype, NumPy vectors.
+    fast = len(normalization._MEMO.fast)
+    assert fast >= 2
+    dnnprims.batchnorm(X, G, B, rm, rv, training=True)
+    assert len(normalization._MEMO.fast) == fast
+    with pytest.raises(TypeError, match="momentum"):
+        dnnprims.batchnorm(X, G, B, rm, rv, momentum=True)
+    with pytest.raises(TypeError, match="eps"):
+        dnnprims.batchnorm(X, G, B, rm, rv, eps=[1e-5])
+    with pytest.raises(TypeError, match="training"):
+        dnnprims.batchnorm(X, G, B, rm, rv, training=np.float64(1))
+    with pytest.raises(TypeError, match="dtype"):
+        dnnprims.batchnorm(X, G.astype(np.float64), B, rm, rv)
+    with pytest.raises(TypeError, match="cannot mix"):
+        dnnprims.batchnorm(X, g, B, rm, rv)
+    with pytest.raises(ValueError, match="layout"):
+        dnnprims.batchnorm(X, G, B, rm, rv, layout="NCWH")
+    with pytest.raises(TypeError, match="mean must have dtype"):
+        dnnprims.batchnorm_backward(dy, X, G, mean=first[1].astype(np.float64), invstd=first[2])
+    with pytest.raises(TypeError, match="eps"):
+        dnnprims.batchnorm_backward(dy, X, G, mean=first[1], invstd=first[2], eps=True)
+    assert len(normalization._MEMO.fast) == fast

@@ -33,6 +33,10 @@ def _cases(cp, torch):
     gamma, beta = cp.ones(256, f32), cp.zeros(256, f32)
     rm, rv = cp.zeros(256, f32), cp.ones(256, f32)
     rows = cp.random.random((256, 1000), dtype=f32)
+    bn_dy = cp.random.random(bn_x.shape, dtype=f32)
+    _, bn_mean, bn_invstd = dp.batchnorm(bn_x, gamma, beta, training=True, return_stats=True)
+    late = cp.random.random((32, 2048, 7, 7), dtype=f32)        # global_avg_r50
+    pool_dy = cp.random.random((1, 64, 28, 28), dtype=f32)
     act = cp.random.random((64, 1024), dtype=f32)
     cases = {
         "conv2d_forward 3x3 b1": (lambda: dp.conv2d_forward(x, w, padding=1), None),
@@ -41,7 +45,12 @@ def _cases(cp, torch):
         "conv2d_backward_filter 3x3 b1": (lambda: dp.conv2d_backward_filter(x, x, w.shape, padding=1), None),
         "batchnorm train": (lambda: dp.batchnorm(bn_x, gamma, beta, rm, rv, training=True), None),
         "batchnorm infer": (lambda: dp.batchnorm(bn_x, gamma, beta, rm, rv, training=False), None),
+        "batchnorm backward": (lambda: dp.batchnorm_backward(bn_dy, bn_x, gamma, mean=bn_mean,
+                                                             invstd=bn_invstd), None),
         "pool max 3x3 s2": (lambda: dp.pool(x, 3, stride=2, padding=1), None),
+        "pool max 3x3 s2 backward": (lambda: dp.pool_backward(pool_dy, x, None, 3, stride=2, padding=1),
+                                     None),
+        "pool global avg 32x2048x7x7": (lambda: dp.pool(late, 7, mode="avg"), None),
         "softmax 256x1000": (lambda: dp.softmax(rows), None),
         "softmax backward 256x1000": (lambda: dp.softmax_backward(rows, rows), None),
         "activation relu": (lambda: dp.activation(act, "relu"), None),
@@ -53,6 +62,12 @@ def _cases(cp, torch):
         tx, tw, tw1, tbn = t(x), t(w), t(w1), t(bn_x)
         tg, tb, trm, trv = t(gamma), t(beta), t(rm), t(rv)
         trows, tact = t(rows), t(act)
+        tbn_dy, tlate, tpool_dy = t(bn_dy), t(late), t(pool_dy)
+        tbn_g = tbn.detach().clone().requires_grad_()
+        tg_g, tb_g = tg.detach().clone().requires_grad_(), tb.detach().clone().requires_grad_()
+        tbn_y = F.batch_norm(tbn_g, None, None, tg_g, tb_g, training=True)
+        tx_g = tx.detach().clone().requires_grad_()
+        tpool_y = F.max_pool2d(tx_g, 3, 2, 1)
         theirs = {
             "conv2d_forward 3x3 b1": lambda: F.conv2d(tx, tw, padding=1),
             "conv2d_forward 1x1 b1": lambda: F.conv2d(tx, tw1),
@@ -60,7 +75,11 @@ def _cases(cp, torch):
             "conv2d_backward_filter 3x3 b1": lambda: torch.nn.grad.conv2d_weight(tx, tw.shape, tx, padding=1),
             "batchnorm train": lambda: F.batch_norm(tbn, trm, trv, tg, tb, training=True),
             "batchnorm infer": lambda: F.batch_norm(tbn, trm, trv, tg, tb, training=False),
+            "batchnorm backward": lambda: torch.autograd.grad(tbn_y, (tbn_g, tg_g, tb_g), tbn_dy,
+                                                              retain_graph=True),
             "pool max 3x3 s2": lambda: F.max_pool2d(tx, 3, 2, 1),
+            "pool max 3x3 s2 backward": lambda: torch.autograd.grad(tpool_y, tx_g, tpool_dy, retain_graph=True),
+            "pool global avg 32x2048x7x7": lambda: F.avg_pool2d(tlate, 7),
             "softmax 256x1000": lambda: torch.softmax(trows, 1),
             "softmax backward 256x1000": lambda: torch._softmax_backward_data(trows, trows, 1, trows.dtype),
             "activation relu": lambda: torch.relu(tact),
