@@ -1,5 +1,5 @@
 """Winograd F(2x2, 3x3), F(4x4, 3x3) and F(2x2, 5x5) (and the backward-filter
-F(3x3, 2x2), F(3x3, 4x4), F(5x5, 2x2)): the transforms against their
+F(3x3, 2x2), F(3x3, 4x4), F(5x5, 2x2), F(5x5, 4x4)): the transforms against their
 definition, the three stages on NumPy against the reference, the accuracy
 bounds of the tolerance table, and the GPU kernels (the registry-wide checks
 of tests/test_conv.py run them too, on the small CASES)."""
@@ -262,7 +262,10 @@ def test_workspace_views_fit_and_do_not_overlap(nhwc, alpha2, Kout, Cin, tiles):
 # --- backward filter: F(3x3, 2x2), F(3x3, 4x4), F(5x5, 2x2) -----------------------------
 
 # (m, r) -> name: backward filter F(r x r, m x m).
-WGRAD = {(2, 3): "winograd_wgrad_f3x3_2x2", (4, 3): "winograd_wgrad_f3x3_4x4", (2, 5): "winograd_wgrad_f5x5_2x2"}
+WGRAD = {(2, 3): "winograd_wgrad_f3x3_2x2", (4, 3): "winograd_wgrad_f3x3_4x4", (2, 5): "winograd_wgrad_f5x5_2x2",
+         (4, 5): "winograd_wgrad_f5x5_4x4"}
+# Backward filter has one pair more than forward: F(5x5, 4x4).
+WGRAD_VARIANTS = winograd.WGRAD_VARIANTS
 WGRAD_3X3 = {m: name for (m, r), name in WGRAD.items() if r == 3}
 
 
@@ -271,7 +274,7 @@ def _weight_gradient_1d(x, dy):
     return [sum(x[i + j] * dy[i] for i in range(len(dy))) for j in range(len(x) - len(dy) + 1)]
 
 
-@pytest.mark.parametrize("m,r", VARIANTS)
+@pytest.mark.parametrize("m,r", WGRAD_VARIANTS)
 def test_wgrad_transforms_compute_the_weight_gradient_exactly(m, r):
     at, g, bt = winograd.wgrad_toom_cook(m, r)
     alpha = m + r - 1
@@ -308,7 +311,7 @@ def _wgrad_reference(x, dy, padding, layout="NCHW"):
 
 
 @settings(max_examples=40, deadline=None)
-@given(mr=st.sampled_from(VARIANTS), n=st.integers(1, 2), c=st.integers(1, 4),
+@given(mr=st.sampled_from(WGRAD_VARIANTS), n=st.integers(1, 2), c=st.integers(1, 4),
        k=st.integers(1, 4), h=st.sampled_from((1, 3, 7, 13)), w_=st.sampled_from((1, 3, 7, 13)),
        padding=st.integers(0, 5), seed=st.integers(0, 2**32 - 1))
 def test_wgrad_stages_on_numpy_match_the_reference(mr, n, c, k, h, w_, padding, seed):
@@ -322,7 +325,7 @@ def test_wgrad_stages_on_numpy_match_the_reference(mr, n, c, k, h, w_, padding, 
     np.testing.assert_allclose(got, _wgrad_reference(x, dy, padding), rtol=1e-11, atol=1e-11)
 
 
-@pytest.mark.parametrize("m,r", VARIANTS)
+@pytest.mark.parametrize("m,r", WGRAD_VARIANTS)
 def test_wgrad_float32_error_is_within_the_tolerance_row(m, r):
     # float32 transforms and GEMM against the float64 reference, N(0, 1) data
     # (the long sums are measured on the GPU too: notes/wino_wgrad.md, notes/wino5.md).
@@ -391,7 +394,7 @@ def _run_wgrad_kernels_on_numpy(algorithm, p, x, dy):
     return np.einsum("ia,abkc,jb->kcij", at, total, at)
 
 
-@pytest.mark.parametrize("m,r", VARIANTS)
+@pytest.mark.parametrize("m,r", WGRAD_VARIANTS)
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
 @pytest.mark.parametrize("bound,target,min_depth,max_depth", [
     (None, None, None, None),           # the shipped constants: one chunk, one split
@@ -418,7 +421,7 @@ def test_wgrad_kernel_index_math_on_numpy(monkeypatch, m, r, layout, bound, targ
     np.testing.assert_allclose(got, _wgrad_reference(x, dy, padding, layout), rtol=1e-11, atol=1e-11)
 
 
-@pytest.mark.parametrize("m,r", VARIANTS)
+@pytest.mark.parametrize("m,r", WGRAD_VARIANTS)
 def test_wgrad_refuses_what_it_cannot_compute(m, r):
     algorithm = algos.REGISTRY[WGRAD[m, r]]
     for opts, w_shape, match in _bad_inputs(r):
@@ -508,7 +511,7 @@ WGRAD_GPU_CASES = [
 
 
 @pytest.mark.gpu   # the `gpu` fixture alone does not mark it: gpu_suite.sh selects -m gpu
-@pytest.mark.parametrize("m,r", VARIANTS)
+@pytest.mark.parametrize("m,r", WGRAD_VARIANTS)
 @pytest.mark.parametrize("case", WGRAD_GPU_CASES)
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 def test_gpu_wgrad_matches_reference(gpu, rng, m, r, case, dtype):
@@ -525,7 +528,7 @@ def test_gpu_wgrad_matches_reference(gpu, rng, m, r, case, dtype):
 
 
 @pytest.mark.gpu   # the `gpu` fixture alone does not mark it: gpu_suite.sh selects -m gpu
-@pytest.mark.parametrize("m,r", VARIANTS)
+@pytest.mark.parametrize("m,r", WGRAD_VARIANTS)
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
 def test_gpu_wgrad_wide_channels_in_chunks_and_splits(gpu, rng, monkeypatch, m, r, layout):
     # 128 x 96 channels (several GEMM tiles), a workspace bound of two images so
