@@ -390,8 +390,34 @@ def _run_wgrad_kernels_on_numpy(algorithm, p, x, dy):
             for a in range(alpha2):
                 flat[a * plane + i] = out[:, a]
         winograd.gemm(np, dt, xt, mw, trans_a=nhwc, trans_b=not nhwc, beta=beta)
-    total = mw.reshape(alpha2, splits, p.K, p.C).sum(axis=1).reshape(alpha, alpha, p.K, p.C)
-    return np.einsum("ia,abkc,jb->kcij", at, total, at)
+    return _wgrad_output_kernel_on_numpy(mw.reshape(-1), p.K, p.C, splits, alpha, algorithm.r, at)
+
+
+def _wgrad_output_kernel_on_numpy(mw, K, C, splits, alpha, r, at):
+    """winograd_wgrad_output_transform's blocks on NumPy (vectorised over the 32
+    lanes): pairs i0 .. i0 + 31 a block, warp w summing the splits of points
+    w, w + 8, .., warp r taking output row r, the block's filters written as one run."""
+    plane, rr = K * C, r * r
+    dw = np.full(plane * rr, np.nan)
+    lanes = np.arange(32)
+    for i0 in range(0, plane, 32):
+        i = i0 + lanes
+        ok = i < plane
+        mts = np.full((alpha * alpha, 32), np.nan)
+        for warp in range(8):
+            for a in range(warp, alpha * alpha, 8):
+                total = np.zeros(ok.sum())
+                for j in range(splits):
+                    total += mw[a * splits * plane + j * plane + i[ok]]
+                mts[a, ok] = total
+        outs = np.full(32 * rr, np.nan)
+        for row in range(r):
+            am = [sum(at[row, j] * mts[j * alpha + s] for j in range(alpha)) for s in range(alpha)]
+            for s in range(r):
+                outs[lanes[ok] * rr + row * r + s] = sum(am[j] * at[s, j] for j in range(alpha))[ok]
+        pairs = min(32, plane - i0)
+        dw[i0 * rr:(i0 + pairs) * rr] = outs[:pairs * rr]
+    return dw.reshape(K, C, r, r)
 
 
 @pytest.mark.parametrize("m,r", WGRAD_VARIANTS)
@@ -403,7 +429,7 @@ def _run_wgrad_kernels_on_numpy(algorithm, p, x, dy):
 ])
 def test_wgrad_kernel_index_math_on_numpy(monkeypatch, m, r, layout, bound, target, min_depth, max_depth):
     rng = np.random.default_rng(m)
-    N, C, H, W, K, padding = 3, 5, 9, 7, 4, (r - 1) // 2
+    N, C, H, W, K, padding = 3, 9, 9, 7, 5, (r - 1) // 2   # K * C = 45: two output blocks, one ragged
     p = _problem((N, C, H, W) if layout == "NCHW" else (N, H, W, C), (K, C, r, r), F64,
                  padding=padding, layout=layout)
     if bound is not None:

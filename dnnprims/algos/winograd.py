@@ -519,6 +519,7 @@ WGRAD_TARGET_BLOCKS = 2 * 132
 WGRAD_MIN_SPLIT_DEPTH = 512
 WGRAD_MAX_SPLIT_DEPTH = 1024
 _WGRAD_DEPTH_MULTIPLE = 4     # split_tiles: NCHW rows start 16-byte aligned
+_WGRAD_OUTPUT_PAIRS = 32      # (k, c) pairs a block of the output kernel
 
 
 @functools.lru_cache(maxsize=4096)
@@ -635,7 +636,7 @@ class WinogradBackwardFilter(ConvAlgorithm):
                     input=_expression("winograd_wgrad_input_transform", p.dtype, m, r, nhwc),
                     grad=_expression("winograd_wgrad_grad_transform", p.dtype, m, r, nhwc),
                     output=(_expression("winograd_wgrad_output_transform", p.dtype, m, r),
-                            (ceil_div(p.K * p.C, _THREADS),), (i32(p.K), i32(p.C), i32(splits))))
+                            (ceil_div(p.K * p.C, _WGRAD_OUTPUT_PAIRS),), (i32(p.K), i32(p.C), i32(splits))))
 
     def _cached_plan(self, p):
         import cupy
