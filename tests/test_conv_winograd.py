@@ -591,12 +591,13 @@ def test_auto_takes_winograd_for_wide_large_5x5_float32_only(rule_only):
     alex = (32, 64, 27, 27), (192, 64, 5, 5)      # alex_conv2_5x5: 14.3 GFLOP
     assert auto(*alex) == NAMES[2, 5]
     assert auto(*alex, direction="backward_data") == NAMES[2, 5]
-    assert auto(*alex, direction="backward_filter") == WGRAD[2, 5]
+    assert auto(*alex, direction="backward_filter") == WGRAD[4, 5]     # measured faster than F(5x5, 2x2)
+    winograd_5x5 = (NAMES[2, 5], WGRAD[2, 5], WGRAD[4, 5])
     for direction in algos.DIRECTIONS:
-        assert auto((1, 64, 27, 27), (192, 64, 5, 5), direction=direction) not in (NAMES[2, 5], WGRAD[2, 5])
-        assert auto((32, 32, 27, 27), (192, 32, 5, 5), direction=direction) not in (NAMES[2, 5], WGRAD[2, 5])
-        assert auto(*alex, np.float16, direction=direction) not in (NAMES[2, 5], WGRAD[2, 5])
-        assert auto(*alex, stride=2, direction=direction) not in (NAMES[2, 5], WGRAD[2, 5])
+        assert auto((1, 64, 27, 27), (192, 64, 5, 5), direction=direction) not in winograd_5x5
+        assert auto((32, 32, 27, 27), (192, 32, 5, 5), direction=direction) not in winograd_5x5
+        assert auto(*alex, np.float16, direction=direction) not in winograd_5x5
+        assert auto(*alex, stride=2, direction=direction) not in winograd_5x5
     name, reason = dnnprims.conv2d_choose(*alex, padding=2, precision="strict")
     assert name == NAMES[2, 5] and "Winograd" in reason
 
@@ -619,3 +620,11 @@ def test_5x5_workspace_is_reported_exactly_and_limits_the_choice(rule_only):
     assert need == 4 * (36 * splits * 192 * 64 + ceil_div(36 * splits * 64 * st, 64) * 64 + 36 * splits * 192 * st)
     limit = algos.ConvOptions(workspace_limit=need - 1)
     assert algos.explain_auto(p, "backward_filter", limit)[0] != WGRAD[2, 5]
+    # F(5x5, 4x4): 8 x 8 x tiles, 7 x 7 of them an image; 2.2x less transformed data.
+    w4 = algos.REGISTRY[WGRAD[4, 5]]
+    _, chunk, splits, st = winograd.wgrad_sizes(p, 4)
+    assert chunk == 32 and splits * st >= 32 * 49 and st <= winograd.WGRAD_MAX_SPLIT_DEPTH
+    need4 = w4.workspace_bytes(p, "backward_filter")
+    assert need4 == 4 * (64 * splits * 192 * 64 + ceil_div(64 * splits * 64 * st, 64) * 64 + 64 * splits * 192 * st)
+    assert need4 < need
+    assert algos.explain_auto(p, "backward_filter", algos.ConvOptions(workspace_limit=need4 - 1))[0] != WGRAD[4, 5]
