@@ -199,54 +199,75 @@ __global__ void __launch_bounds__(256) dft_rows_inverse(const T* __restrict__ y,
     }
 }
 
-// dft_filter_spectrum (work in progress, dft.FUSED): the filter spectrum
+// dft_filter_spectrum (work in progress, dft.FUSED_FILTER, off): the filter spectrum
 // G[(u, v), j, k] = sum_r dr[u, r] sum_s ds[v, s] g[r, s] of the (dilated; for
 // flip rotated, channel-swapped) filter, in one pass instead of a
 // complex-conversion kernel and two cuBLAS GEMMs with inner dimension E
-// (memory-bound GEMMs that cuBLAS ran at a fraction of the bandwidth).
+// (on the H100, big_7x7_s1: 0.015 + 0.034 + 0.054 ms for 58 MB of output,
+// notes/large2.md).
 // g[r, s] = f[k, j, r', s'] as in fft_filter_complex (conv_fft.cu): r' = (flip ?
 // E0 - 1 - r : r) / d0 when that divides, else 0.  dr (T0 x E0) and ds
 // (h x E1) are complex (re, im) pairs, 1 / (T0 T1) folded into dr.
-// Thread: one (j, k) (k fastest: coalesced writes) for one row u (grid.y).  It
-// first folds the rows, b[s] = sum_r dr[u, r] g[r, s] (E1 <= 32 complex values
-// in registers, the loop unrolled with guards), then writes the h frequencies
-// G[u, v] = sum_s ds[v, s] b[s].  ds and dr's row u sit in shared memory
-// (broadcast reads).
+// Block: 128 consecutive pairs jk = j * Ko + k (k fastest: coalesced writes of G)
+// for one row u (grid.y).  The block first stages its pairs' E0 x E1 taps in
+// shared memory, tap fastest (consecutive threads read consecutive taps of a
+// filter: coalesced; the flip / dilation index arithmetic done once a tap), pitch
+// (E0 E1) | 1 (odd: the per-thread reads below hit distinct banks).  (The first
+// version read the taps straight from f, one pair a thread: 32 sectors a warp
+// load, with divisions in the inner loop; it was slower than the cuBLAS path.)
+// Then thread t folds the rows, b[s] = sum_r dr[u, r] g[r, s] (E1 <= 32 complex
+// values in registers, the loop unrolled with guards), and writes the h
+// frequencies G[u, v] = sum_s ds[v, s] b[s] as 2-vector stores.  ds and dr's row
+// u sit in shared memory (broadcast reads).
+// Shared memory: (128 ((E0 E1) | 1) + 2 h E1 + 2 E0) values of T.
 template <typename T, typename index_t>
-__global__ void __launch_bounds__(256) dft_filter_spectrum(const T* __restrict__ f, const T* __restrict__ ds,
+__global__ void __launch_bounds__(128) dft_filter_spectrum(const T* __restrict__ f, const T* __restrict__ ds,
                                                            const T* __restrict__ dr, T* __restrict__ G,
                                                            int h, int E0, int E1, int J, int Ko, int d0, int d1,
                                                            int flip, long long sk, long long sj, long long sr,
                                                            long long ss) {
+    typedef typename dft_vec2<T>::type V;
     extern __shared__ __align__(16) unsigned char dft_smem[];
-    T* dss = reinterpret_cast<T*>(dft_smem);           // h x E1 complex
+    const int taps = E0 * E1, pitch = taps | 1;
+    T* gs = reinterpret_cast<T*>(dft_smem);            // 128 x pitch
+    T* dss = gs + 128 * pitch;                          // h x E1 complex
     T* drs = dss + 2 * h * E1;                          // E0 complex (row u)
     const int u = blockIdx.y;
-    for (int i = threadIdx.x; i < 2 * h * E1; i += 256) dss[i] = ds[i];
-    for (int i = threadIdx.x; i < 2 * E0; i += 256) drs[i] = dr[(index_t)u * 2 * E0 + i];
+    const index_t jk0 = (index_t)blockIdx.x * 128;
+    const index_t pairs = (index_t)J * Ko;
+    for (int i = threadIdx.x; i < 2 * h * E1; i += 128) dss[i] = ds[i];
+    for (int i = threadIdx.x; i < 2 * E0; i += 128) drs[i] = dr[(index_t)u * 2 * E0 + i];
+    for (int i = threadIdx.x; i < 128 * taps; i += 128) {
+        const int pair = i / taps, tap = i - pair * taps;
+        const int r = tap / E1, s = tap - r * E1;
+        const index_t jk = jk0 + pair;
+        T value = T(0);
+        if (jk < pairs) {
+            const int k = (int)(jk % Ko), j = (int)(jk / Ko);
+            const int rr = flip ? E0 - 1 - r : r, sv = flip ? E1 - 1 - s : s;
+            if (rr % d0 == 0 && sv % d1 == 0) value = f[k * sk + j * sj + (rr / d0) * sr + (sv / d1) * ss];
+        }
+        gs[pair * pitch + tap] = value;
+    }
     __syncthreads();
-    const index_t jk = (index_t)blockIdx.x * 256 + threadIdx.x;
-    if (jk >= (index_t)J * Ko) return;
-    const int k = (int)(jk % Ko), j = (int)(jk / Ko);
+    const index_t jk = jk0 + threadIdx.x;
+    if (jk >= pairs) return;
+    const T* g = gs + threadIdx.x * pitch;
     T bre[32], bim[32];
 #pragma unroll
     for (int s = 0; s < 32; ++s) { bre[s] = T(0); bim[s] = T(0); }
     for (int r = 0; r < E0; ++r) {
-        const int rr = flip ? E0 - 1 - r : r;
-        if (rr % d0 != 0) continue;
         const T cr = drs[2 * r], ci = drs[2 * r + 1];
 #pragma unroll
         for (int s = 0; s < 32; ++s) {
             if (s < E1) {
-                const int sv = flip ? E1 - 1 - s : s;
-                if (sv % d1 == 0) {
-                    const T g = f[k * sk + j * sj + (rr / d0) * sr + (sv / d1) * ss];
-                    bre[s] += cr * g;
-                    bim[s] += ci * g;
-                }
+                const T gv = g[r * E1 + s];
+                bre[s] += cr * gv;
+                bim[s] += ci * gv;
             }
         }
     }
+    V* out = reinterpret_cast<V*>(G) + (index_t)u * h * pairs + jk;
     for (int v = 0; v < h; ++v) {
         T gre = T(0), gim = T(0);
 #pragma unroll
@@ -257,8 +278,9 @@ __global__ void __launch_bounds__(256) dft_filter_spectrum(const T* __restrict__
                 gim += dre * bim[s] + dim * bre[s];
             }
         }
-        const index_t o = (((index_t)u * h + v) * J + j) * Ko + k;
-        G[2 * o] = gre;
-        G[2 * o + 1] = gim;
+        V val;
+        val.x = gre;
+        val.y = gim;
+        out[(index_t)v * pairs] = val;
     }
 }

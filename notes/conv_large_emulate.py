@@ -104,24 +104,34 @@ print("inv n1 > 64, ragged B", np.abs(rows_inverse(Yp,DWi,B,n0,n1,h)-ref).max())
 
 rng=np.random.default_rng(2)
 def emu(f, ds, dr, h,E0,E1,J,Ko,d0,d1,flip,T0):
+    # helper large2: the staged version (128 pairs a block, taps in shared memory, pitch taps | 1)
     sk,sj,sr,ss=[s//f.itemsize for s in f.strides]
     if flip: sk,sj=sj,sk
     ff=f.reshape(-1) if f.flags.c_contiguous else None
-    G=np.zeros((T0*h,J,Ko),complex)
+    taps=E0*E1; pitch=taps|1; pairs=J*Ko
+    G=np.full(T0*h*pairs,np.nan,complex)
     for u in range(T0):
-      for jk in range(J*Ko):
-        k,j=jk%Ko,jk//Ko
-        b=np.zeros(32,complex)
-        for r in range(E0):
-          rr=E0-1-r if flip else r
-          if rr%d0: continue
-          for s in range(min(E1,32)):
-            sv=E1-1-s if flip else s
-            if sv%d1==0: b[s]+=dr[u,r]*ff[k*sk+j*sj+(rr//d0)*sr+(sv//d1)*ss]
-        for v in range(h):
-          G[u*h+v,j,k]=sum(ds[v,s]*b[s] for s in range(E1))
-    return G
-for (K,C,R,S,d,flip,T) in [(3,2,3,4,(1,1),0,(6,7)),(3,2,3,3,(2,1),1,(8,6)),(2,4,2,3,(1,2),1,(5,9))]:
+      for bx in range(-(-pairs//128)):
+        jk0=bx*128
+        gs=np.full(128*pitch,np.nan)
+        for i in range(128*taps):
+          pair=i//taps; tap=i-pair*taps; r=tap//E1; s=tap-r*E1; jk=jk0+pair; value=0.0
+          if jk<pairs:
+            k,j=jk%Ko,jk//Ko
+            rr=E0-1-r if flip else r; sv=E1-1-s if flip else s
+            if rr%d0==0 and sv%d1==0: value=ff[k*sk+j*sj+(rr//d0)*sr+(sv//d1)*ss]
+          gs[pair*pitch+tap]=value
+        for t in range(128):
+          jk=jk0+t
+          if jk>=pairs: continue
+          b=np.zeros(32,complex)
+          for r in range(E0):
+            for s in range(min(E1,32)):
+              b[s]+=dr[u,r]*gs[t*pitch+r*E1+s]
+          for v in range(h):
+            G[u*h*pairs+jk+v*pairs]=sum(ds[v,s]*b[s] for s in range(E1))
+    return G.reshape(T0*h,J,Ko)
+for (K,C,R,S,d,flip,T) in [(3,2,3,4,(1,1),0,(6,7)),(3,2,3,3,(2,1),1,(8,6)),(2,4,2,3,(1,2),1,(5,9)),(13,11,2,2,(1,1),0,(4,5))]:
     f=rng.standard_normal((K,C,R,S))
     E=(d[0]*(R-1)+1,d[1]*(S-1)+1)
     J,Ko=(K,C) if flip else (C,K)
