@@ -68,10 +68,24 @@ __device__ __forceinline__ void dft_load4<double>(const double* p, double (&r)[4
     r[0] = v.x; r[1] = v.y; r[2] = w.x; r[3] = w.y;
 }
 
+// (re, im) as one 8- or 16-byte vector (complex values of the workspaces are
+// aligned to their size: fresh allocations, whole-element offsets).
+template <typename T>
+struct dft_vec2;
+template <>
+struct dft_vec2<float> {
+    typedef float2 type;
+};
+template <>
+struct dft_vec2<double> {
+    typedef double2 type;
+};
+
 template <typename T, typename index_t>
 __global__ void __launch_bounds__(256) dft_rows_forward(const T* __restrict__ a, const T* __restrict__ dw,
                                                         T* __restrict__ out, int NB, int J, int Hi, int Wi,
                                                         int h, int dpitch, int xpitch) {
+    typedef typename dft_vec2<T>::type V;
     extern __shared__ __align__(16) unsigned char dft_smem[];
     T* dws = reinterpret_cast<T*>(dft_smem);           // Wi x dpitch
     T* xs = dws + Wi * dpitch;                          // 64 x xpitch
@@ -103,13 +117,18 @@ __global__ void __launch_bounds__(256) dft_rows_forward(const T* __restrict__ a,
         for (int u = 0; u < 4; ++u) {
             const int v = v0 + u;
             const index_t base = (((index_t)r * h + v) * NB + nb) * J;
+            V* o = reinterpret_cast<V*>(out) + base + c0 + lane;   // one 2-vector store a value
             if (v < h && c0 + lane < J) {
-                out[2 * (base + c0 + lane)] = re0[u];
-                out[2 * (base + c0 + lane) + 1] = im0[u];
+                V val;
+                val.x = re0[u];
+                val.y = im0[u];
+                o[0] = val;
             }
             if (v < h && c0 + 32 + lane < J) {
-                out[2 * (base + c0 + 32 + lane)] = re1[u];
-                out[2 * (base + c0 + 32 + lane) + 1] = im1[u];
+                V val;
+                val.x = re1[u];
+                val.y = im1[u];
+                o[32] = val;
             }
         }
     }
@@ -120,96 +139,135 @@ __global__ void __launch_bounds__(256) dft_rows_forward(const T* __restrict__ a,
 // row p, read from the (n0, h, B) complex output of the H-axis inverse GEMM and
 // written straight into the (B, n0, n1) real output.
 // Block: one row p (grid.y) for 32 consecutive b (grid.x); warp w owns b = b0 + w,
-// + 8, + 16, + 24 and lane l the columns q = l, l + 32, ... (consecutive lanes
-// write consecutive q: coalesced rows of out).  Shared memory: y for the block
-// (h x 32 complex, loaded along b, coalesced) and dwi (2h x n1).
+// + 8, + 16, + 24 and lane l the columns q = q0 + l and q0 + 32 + l (q0 = 0, 64,
+// ..; consecutive lanes write consecutive q: coalesced rows of out), so a thread
+// keeps 4 x 2 sums.  Shared memory: y for the block (h x 32 complex, loaded
+// along b, coalesced) and dwi re-laid as h x n1 pairs (dwi[2v, q], dwi[2v + 1, q]):
+// per frequency v a thread makes two 2-vector loads of dwi (q, q + 32) and four
+// broadcast 2-vector loads of y for 16 FMAs.  (The first version, one q a
+// thread and scalar loads, made 10 shared loads for 8 FMAs: the kernel was
+// bound by the shared-memory pipe.)
 template <typename T, typename index_t>
 __global__ void __launch_bounds__(256) dft_rows_inverse(const T* __restrict__ y, const T* __restrict__ dwi,
                                                         T* __restrict__ out, int B, int n0, int n1, int h) {
+    typedef typename dft_vec2<T>::type V;
     extern __shared__ __align__(16) unsigned char dft_smem[];
-    T* ys = reinterpret_cast<T*>(dft_smem);            // h x 32 complex: (v, bb) -> 2 * (v * 32 + bb)
-    T* ds = ys + 2 * 32 * h;                            // 2h x n1
+    V* ys = reinterpret_cast<V*>(dft_smem);            // h x 32: (v, bb) -> v * 32 + bb
+    V* ds = ys + 32 * h;                                // h x n1: (v, q) -> v * n1 + q
+    const V* yv = reinterpret_cast<const V*>(y);
     const int b0 = blockIdx.x * 32, p = blockIdx.y;
     const int tid = threadIdx.x;
     for (int i = tid; i < 32 * h; i += 256) {
         const int v = i >> 5, bb = i & 31, b = b0 + bb;
-        const index_t src = 2 * (((index_t)p * h + v) * B + b);
-        ys[2 * i] = b < B ? y[src] : T(0);
-        ys[2 * i + 1] = b < B ? y[src + 1] : T(0);
+        V val;
+        val.x = T(0);
+        val.y = T(0);
+        if (b < B) val = yv[((index_t)p * h + v) * B + b];
+        ys[i] = val;
     }
-    for (int i = tid; i < 2 * h * n1; i += 256) ds[i] = dwi[i];
+    for (int i = tid; i < h * n1; i += 256) {
+        const int v = i / n1, q = i - v * n1;
+        V val;
+        val.x = dwi[(2 * v) * n1 + q];
+        val.y = dwi[(2 * v + 1) * n1 + q];
+        ds[i] = val;
+    }
     __syncthreads();
     const int lane = tid & 31, warp = tid >> 5;
-    for (int q0 = 0; q0 < n1; q0 += 32) {
-        const int q = q0 + lane;
-        const int qc = q < n1 ? q : n1 - 1;
-        T acc[4] = {0, 0, 0, 0};
+    for (int q0 = 0; q0 < n1; q0 += 64) {
+        const int qa = q0 + lane, qb = q0 + 32 + lane;
+        const int ca = qa < n1 ? qa : n1 - 1, cb = qb < n1 ? qb : n1 - 1;
+        T acc_a[4] = {0, 0, 0, 0}, acc_b[4] = {0, 0, 0, 0};
         for (int v = 0; v < h; ++v) {
-            const T cr = ds[(2 * v) * n1 + qc], ci = ds[(2 * v + 1) * n1 + qc];
+            const V da = ds[v * n1 + ca], db = ds[v * n1 + cb];
 #pragma unroll
             for (int u = 0; u < 4; ++u) {
-                const int bb = warp + 8 * u;
-                acc[u] += ys[2 * (v * 32 + bb)] * cr + ys[2 * (v * 32 + bb) + 1] * ci;
+                const V yy = ys[v * 32 + warp + 8 * u];
+                acc_a[u] += yy.x * da.x + yy.y * da.y;
+                acc_b[u] += yy.x * db.x + yy.y * db.y;
             }
         }
-        if (q < n1) {
 #pragma unroll
-            for (int u = 0; u < 4; ++u) {
-                const int b = b0 + warp + 8 * u;
-                if (b < B) out[((index_t)b * n0 + p) * n1 + q] = acc[u];
+        for (int u = 0; u < 4; ++u) {
+            const int b = b0 + warp + 8 * u;
+            if (b < B) {
+                T* row = out + ((index_t)b * n0 + p) * n1;
+                if (qa < n1) row[qa] = acc_a[u];
+                if (qb < n1) row[qb] = acc_b[u];
             }
         }
     }
 }
 
-// dft_filter_spectrum (work in progress, dft.FUSED): the filter spectrum
+// dft_filter_spectrum (work in progress, dft.FUSED_FILTER, off): the filter spectrum
 // G[(u, v), j, k] = sum_r dr[u, r] sum_s ds[v, s] g[r, s] of the (dilated; for
 // flip rotated, channel-swapped) filter, in one pass instead of a
 // complex-conversion kernel and two cuBLAS GEMMs with inner dimension E
-// (memory-bound GEMMs that cuBLAS ran at a fraction of the bandwidth).
+// (on the H100, big_7x7_s1: 0.015 + 0.034 + 0.054 ms for 58 MB of output,
+// notes/large2.md).
 // g[r, s] = f[k, j, r', s'] as in fft_filter_complex (conv_fft.cu): r' = (flip ?
 // E0 - 1 - r : r) / d0 when that divides, else 0.  dr (T0 x E0) and ds
 // (h x E1) are complex (re, im) pairs, 1 / (T0 T1) folded into dr.
-// Thread: one (j, k) (k fastest: coalesced writes) for one row u (grid.y).  It
-// first folds the rows, b[s] = sum_r dr[u, r] g[r, s] (E1 <= 32 complex values
-// in registers, the loop unrolled with guards), then writes the h frequencies
-// G[u, v] = sum_s ds[v, s] b[s].  ds and dr's row u sit in shared memory
-// (broadcast reads).
+// Block: 128 consecutive pairs jk = j * Ko + k (k fastest: coalesced writes of G)
+// for one row u (grid.y).  The block first stages its pairs' E0 x E1 taps in
+// shared memory, tap fastest (consecutive threads read consecutive taps of a
+// filter: coalesced; the flip / dilation index arithmetic done once a tap), pitch
+// (E0 E1) | 1 (odd: the per-thread reads below hit distinct banks).  (The first
+// version read the taps straight from f, one pair a thread: 32 sectors a warp
+// load, with divisions in the inner loop; it was slower than the cuBLAS path.)
+// Then thread t folds the rows, b[s] = sum_r dr[u, r] g[r, s] (E1 <= 32 complex
+// values in registers, the loop unrolled with guards), and writes the h
+// frequencies G[u, v] = sum_s ds[v, s] b[s] as 2-vector stores.  ds and dr's row
+// u sit in shared memory (broadcast reads).
+// Shared memory: (128 ((E0 E1) | 1) + 2 h E1 + 2 E0) values of T.
 template <typename T, typename index_t>
-__global__ void __launch_bounds__(256) dft_filter_spectrum(const T* __restrict__ f, const T* __restrict__ ds,
+__global__ void __launch_bounds__(128) dft_filter_spectrum(const T* __restrict__ f, const T* __restrict__ ds,
                                                            const T* __restrict__ dr, T* __restrict__ G,
                                                            int h, int E0, int E1, int J, int Ko, int d0, int d1,
                                                            int flip, long long sk, long long sj, long long sr,
                                                            long long ss) {
+    typedef typename dft_vec2<T>::type V;
     extern __shared__ __align__(16) unsigned char dft_smem[];
-    T* dss = reinterpret_cast<T*>(dft_smem);           // h x E1 complex
+    const int taps = E0 * E1, pitch = taps | 1;
+    T* gs = reinterpret_cast<T*>(dft_smem);            // 128 x pitch
+    T* dss = gs + 128 * pitch;                          // h x E1 complex
     T* drs = dss + 2 * h * E1;                          // E0 complex (row u)
     const int u = blockIdx.y;
-    for (int i = threadIdx.x; i < 2 * h * E1; i += 256) dss[i] = ds[i];
-    for (int i = threadIdx.x; i < 2 * E0; i += 256) drs[i] = dr[(index_t)u * 2 * E0 + i];
+    const index_t jk0 = (index_t)blockIdx.x * 128;
+    const index_t pairs = (index_t)J * Ko;
+    for (int i = threadIdx.x; i < 2 * h * E1; i += 128) dss[i] = ds[i];
+    for (int i = threadIdx.x; i < 2 * E0; i += 128) drs[i] = dr[(index_t)u * 2 * E0 + i];
+    for (int i = threadIdx.x; i < 128 * taps; i += 128) {
+        const int pair = i / taps, tap = i - pair * taps;
+        const int r = tap / E1, s = tap - r * E1;
+        const index_t jk = jk0 + pair;
+        T value = T(0);
+        if (jk < pairs) {
+            const int k = (int)(jk % Ko), j = (int)(jk / Ko);
+            const int rr = flip ? E0 - 1 - r : r, sv = flip ? E1 - 1 - s : s;
+            if (rr % d0 == 0 && sv % d1 == 0) value = f[k * sk + j * sj + (rr / d0) * sr + (sv / d1) * ss];
+        }
+        gs[pair * pitch + tap] = value;
+    }
     __syncthreads();
-    const index_t jk = (index_t)blockIdx.x * 256 + threadIdx.x;
-    if (jk >= (index_t)J * Ko) return;
-    const int k = (int)(jk % Ko), j = (int)(jk / Ko);
+    const index_t jk = jk0 + threadIdx.x;
+    if (jk >= pairs) return;
+    const T* g = gs + threadIdx.x * pitch;
     T bre[32], bim[32];
 #pragma unroll
     for (int s = 0; s < 32; ++s) { bre[s] = T(0); bim[s] = T(0); }
     for (int r = 0; r < E0; ++r) {
-        const int rr = flip ? E0 - 1 - r : r;
-        if (rr % d0 != 0) continue;
         const T cr = drs[2 * r], ci = drs[2 * r + 1];
 #pragma unroll
         for (int s = 0; s < 32; ++s) {
             if (s < E1) {
-                const int sv = flip ? E1 - 1 - s : s;
-                if (sv % d1 == 0) {
-                    const T g = f[k * sk + j * sj + (rr / d0) * sr + (sv / d1) * ss];
-                    bre[s] += cr * g;
-                    bim[s] += ci * g;
-                }
+                const T gv = g[r * E1 + s];
+                bre[s] += cr * gv;
+                bim[s] += ci * gv;
             }
         }
     }
+    V* out = reinterpret_cast<V*>(G) + (index_t)u * h * pairs + jk;
     for (int v = 0; v < h; ++v) {
         T gre = T(0), gim = T(0);
 #pragma unroll
@@ -220,8 +278,9 @@ __global__ void __launch_bounds__(256) dft_filter_spectrum(const T* __restrict__
                 gim += dre * bim[s] + dim * bre[s];
             }
         }
-        const index_t o = (((index_t)u * h + v) * J + j) * Ko + k;
-        G[2 * o] = gre;
-        G[2 * o + 1] = gim;
+        V val;
+        val.x = gre;
+        val.y = gim;
+        out[(index_t)v * pairs] = val;
     }
 }

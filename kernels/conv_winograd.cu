@@ -342,7 +342,14 @@ winograd_wgrad_grad_transform(const T* __restrict__ dy, acc_t<T>* __restrict__ v
 }
 
 // Mw -> dw (K, C, R, R): the splits summed in order (the same bits every run),
-// then A^T Mw A.  One thread per (k, c), c fastest: the Mw reads are coalesced.
+// then A^T Mw A.  Block: 32 consecutive (k, c) pairs i = i0 + lane (i = k * C + c).
+// Phase 1: warp w sums the splits of the points a = w, w + 8, .. (the 32 lanes
+// read 32 consecutive floats of a plane: coalesced) into shared memory; 8 warps
+// a pair and K * C / 32 blocks keep the loads in flight (one thread a pair, the
+// first version, left 48 blocks on alex_conv2_5x5, each thread ALPHA^2 * splits
+// dependent loads deep).  Phase 2: warp r (< R) takes output row r of its lane's
+// pair, (A^T Mw)[r, :] then the R taps, into shared memory.  Phase 3: the block's
+// 32 R x R filters are one contiguous run of dw, written coalesced.
 template <typename T, int M, int R>
 __global__ void __launch_bounds__(256)
 winograd_wgrad_output_transform(const acc_t<T>* __restrict__ mw, T* __restrict__ dw,
@@ -350,43 +357,46 @@ winograd_wgrad_output_transform(const acc_t<T>* __restrict__ mw, T* __restrict__
     typedef acc_t<T> A;
     typedef winograd_wgrad_matrices<M, R> F;
     constexpr int ALPHA = F::ALPHA;
+    __shared__ A mts[ALPHA * ALPHA][32];
+    __shared__ A outs[32 * R * R];
     const int plane = K * C;
-    const int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= plane) return;
-    A mt[ALPHA][ALPHA];
-#pragma unroll
-    for (int r = 0; r < ALPHA; ++r) {
-#pragma unroll
-        for (int s = 0; s < ALPHA; ++s) {
-            const A* in = mw + (r * ALPHA + s) * splits * plane + i;
+    const int i0 = blockIdx.x * 32;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int i = i0 + lane;
+    if (i < plane) {
+        for (int a = warp; a < ALPHA * ALPHA; a += 8) {
+            const A* in = mw + a * splits * plane + i;
             A sum = A(0);
             for (int j = 0; j < splits; ++j) sum += in[j * plane];
-            mt[r][s] = sum;
+            mts[a][lane] = sum;
         }
     }
-    A am[R][ALPHA];   // A^T Mw
+    __syncthreads();
 #pragma unroll
     for (int r = 0; r < R; ++r) {
+        if ((r & 7) == warp && i < plane) {
+            A am[ALPHA];   // row r of A^T Mw
 #pragma unroll
-        for (int s = 0; s < ALPHA; ++s) {
-            A sum = A(0);
+            for (int s = 0; s < ALPHA; ++s) {
+                A sum = A(0);
 #pragma unroll
-            for (int j = 0; j < ALPHA; ++j) {
-                if (F::at(r, j) != 0.0) sum += A(F::at(r, j)) * mt[j][s];
+                for (int j = 0; j < ALPHA; ++j) {
+                    if (F::at(r, j) != 0.0) sum += A(F::at(r, j)) * mts[j * ALPHA + s][lane];
+                }
+                am[s] = sum;
             }
-            am[r][s] = sum;
+#pragma unroll
+            for (int s = 0; s < R; ++s) {
+                A sum = A(0);
+#pragma unroll
+                for (int j = 0; j < ALPHA; ++j) {
+                    if (F::at(s, j) != 0.0) sum += am[j] * A(F::at(s, j));
+                }
+                outs[lane * (R * R) + r * R + s] = sum;
+            }
         }
     }
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-#pragma unroll
-        for (int s = 0; s < R; ++s) {
-            A sum = A(0);
-#pragma unroll
-            for (int j = 0; j < ALPHA; ++j) {
-                if (F::at(s, j) != 0.0) sum += am[r][j] * A(F::at(s, j));
-            }
-            dw[i * (R * R) + r * R + s] = store<T>(sum);
-        }
-    }
+    __syncthreads();
+    const int pairs = plane - i0 < 32 ? plane - i0 : 32;
+    for (int j = threadIdx.x; j < pairs * (R * R); j += 256) dw[i0 * (R * R) + j] = store<T>(outs[j]);
 }

@@ -35,28 +35,37 @@ def rows_forward(a, dw, NB,J,Hi,Wi,h):
               v0+=32
     return out.view(np.complex128).reshape(Hi*h, NB*J)
 def rows_inverse(y, dwi, B,n0,n1,h):
-    y=y.reshape(-1).view(np.float64)
+    # helper large2: the 2-vector version (two q a thread, (re, im) pairs in shared memory)
+    yv=y.reshape(-1)                       # complex: one V a value
+    dwi=dwi.reshape(-1)
     out=np.full(B*n0*n1,np.nan)
     for bx in range(-(-B//32)):
       for p in range(n0):
         b0=bx*32
-        ys=np.zeros(64*h); ds=dwi.reshape(-1).copy()
+        ys=np.zeros(32*h,complex); ds=np.zeros(h*n1,complex)
         for i in range(32*h):
-            v,bb=i>>5,i&31; b=b0+bb; src=2*((p*h+v)*B+b)
-            ys[2*i]=y[src] if b<B else 0; ys[2*i+1]=y[src+1] if b<B else 0
+            v,bb=i>>5,i&31; b=b0+bb
+            ys[i]=yv[(p*h+v)*B+b] if b<B else 0
+        for i in range(h*n1):
+            v=i//n1; q=i-v*n1
+            ds[i]=dwi[(2*v)*n1+q]+1j*dwi[(2*v+1)*n1+q]
         for tid in range(256):
           lane,warp=tid&31,tid>>5
-          for q0 in range(0,n1,32):
-            q=q0+lane; qc=q if q<n1 else n1-1
-            acc=np.zeros(4)
+          for q0 in range(0,n1,64):
+            qa,qb=q0+lane,q0+32+lane
+            ca=qa if qa<n1 else n1-1; cb=qb if qb<n1 else n1-1
+            acca=np.zeros(4); accb=np.zeros(4)
             for v in range(h):
-              cr=ds[2*v*n1+qc]; ci=ds[(2*v+1)*n1+qc]
+              da,db=ds[v*n1+ca],ds[v*n1+cb]
               for u in range(4):
-                bb=warp+8*u; acc[u]+=ys[2*(v*32+bb)]*cr+ys[2*(v*32+bb)+1]*ci
-            if q<n1:
-              for u in range(4):
-                b=b0+warp+8*u
-                if b<B: out[(b*n0+p)*n1+q]=acc[u]
+                yy=ys[v*32+warp+8*u]
+                acca[u]+=yy.real*da.real+yy.imag*da.imag
+                accb[u]+=yy.real*db.real+yy.imag*db.imag
+            for u in range(4):
+              b=b0+warp+8*u
+              if b<B:
+                if qa<n1: out[(b*n0+p)*n1+qa]=acca[u]
+                if qb<n1: out[(b*n0+p)*n1+qb]=accb[u]
     return out.reshape(B,n0,n1)
 NB,J,Hi,Wi,T1,pad=2,70,3,5,7,2
 h=T1//2+1
@@ -85,27 +94,44 @@ DWi=D._inverse_w(n1,T1,1.0)
 Ypt=np.ascontiguousarray(Yp.reshape(n0*h,B).T)
 ref=(Ypt.view(np.float64).reshape(B*n0,2*h)@DWi).reshape(B,n0,n1)
 print("inv big n1", np.abs(rows_inverse(Yp,DWi,B,n0,n1,h)-ref).max())
+B,n0,n1,T1=33,2,70,9
+h=T1//2+1
+Yp=rng.standard_normal((n0,h*B))+1j*rng.standard_normal((n0,h*B))
+DWi=D._inverse_w(n1,T1,1.0)
+Ypt=np.ascontiguousarray(Yp.reshape(n0*h,B).T)
+ref=(Ypt.view(np.float64).reshape(B*n0,2*h)@DWi).reshape(B,n0,n1)
+print("inv n1 > 64, ragged B", np.abs(rows_inverse(Yp,DWi,B,n0,n1,h)-ref).max())
 
 rng=np.random.default_rng(2)
 def emu(f, ds, dr, h,E0,E1,J,Ko,d0,d1,flip,T0):
+    # helper large2: the staged version (128 pairs a block, taps in shared memory, pitch taps | 1)
     sk,sj,sr,ss=[s//f.itemsize for s in f.strides]
     if flip: sk,sj=sj,sk
     ff=f.reshape(-1) if f.flags.c_contiguous else None
-    G=np.zeros((T0*h,J,Ko),complex)
+    taps=E0*E1; pitch=taps|1; pairs=J*Ko
+    G=np.full(T0*h*pairs,np.nan,complex)
     for u in range(T0):
-      for jk in range(J*Ko):
-        k,j=jk%Ko,jk//Ko
-        b=np.zeros(32,complex)
-        for r in range(E0):
-          rr=E0-1-r if flip else r
-          if rr%d0: continue
-          for s in range(min(E1,32)):
-            sv=E1-1-s if flip else s
-            if sv%d1==0: b[s]+=dr[u,r]*ff[k*sk+j*sj+(rr//d0)*sr+(sv//d1)*ss]
-        for v in range(h):
-          G[u*h+v,j,k]=sum(ds[v,s]*b[s] for s in range(E1))
-    return G
-for (K,C,R,S,d,flip,T) in [(3,2,3,4,(1,1),0,(6,7)),(3,2,3,3,(2,1),1,(8,6)),(2,4,2,3,(1,2),1,(5,9))]:
+      for bx in range(-(-pairs//128)):
+        jk0=bx*128
+        gs=np.full(128*pitch,np.nan)
+        for i in range(128*taps):
+          pair=i//taps; tap=i-pair*taps; r=tap//E1; s=tap-r*E1; jk=jk0+pair; value=0.0
+          if jk<pairs:
+            k,j=jk%Ko,jk//Ko
+            rr=E0-1-r if flip else r; sv=E1-1-s if flip else s
+            if rr%d0==0 and sv%d1==0: value=ff[k*sk+j*sj+(rr//d0)*sr+(sv//d1)*ss]
+          gs[pair*pitch+tap]=value
+        for t in range(128):
+          jk=jk0+t
+          if jk>=pairs: continue
+          b=np.zeros(32,complex)
+          for r in range(E0):
+            for s in range(min(E1,32)):
+              b[s]+=dr[u,r]*gs[t*pitch+r*E1+s]
+          for v in range(h):
+            G[u*h*pairs+jk+v*pairs]=sum(ds[v,s]*b[s] for s in range(E1))
+    return G.reshape(T0*h,J,Ko)
+for (K,C,R,S,d,flip,T) in [(3,2,3,4,(1,1),0,(6,7)),(3,2,3,3,(2,1),1,(8,6)),(2,4,2,3,(1,2),1,(5,9)),(13,11,2,2,(1,1),0,(4,5))]:
     f=rng.standard_normal((K,C,R,S))
     E=(d[0]*(R-1)+1,d[1]*(S-1)+1)
     J,Ko=(K,C) if flip else (C,K)

@@ -1,5 +1,5 @@
 """Winograd F(2x2, 3x3), F(4x4, 3x3) and F(2x2, 5x5) (and the backward-filter
-F(3x3, 2x2), F(3x3, 4x4), F(5x5, 2x2)): the transforms against their
+F(3x3, 2x2), F(3x3, 4x4), F(5x5, 2x2), F(5x5, 4x4)): the transforms against their
 definition, the three stages on NumPy against the reference, the accuracy
 bounds of the tolerance table, and the GPU kernels (the registry-wide checks
 of tests/test_conv.py run them too, on the small CASES)."""
@@ -262,7 +262,10 @@ def test_workspace_views_fit_and_do_not_overlap(nhwc, alpha2, Kout, Cin, tiles):
 # --- backward filter: F(3x3, 2x2), F(3x3, 4x4), F(5x5, 2x2) -----------------------------
 
 # (m, r) -> name: backward filter F(r x r, m x m).
-WGRAD = {(2, 3): "winograd_wgrad_f3x3_2x2", (4, 3): "winograd_wgrad_f3x3_4x4", (2, 5): "winograd_wgrad_f5x5_2x2"}
+WGRAD = {(2, 3): "winograd_wgrad_f3x3_2x2", (4, 3): "winograd_wgrad_f3x3_4x4", (2, 5): "winograd_wgrad_f5x5_2x2",
+         (4, 5): "winograd_wgrad_f5x5_4x4"}
+# Backward filter has one pair more than forward: F(5x5, 4x4).
+WGRAD_VARIANTS = winograd.WGRAD_VARIANTS
 WGRAD_3X3 = {m: name for (m, r), name in WGRAD.items() if r == 3}
 
 
@@ -271,7 +274,7 @@ def _weight_gradient_1d(x, dy):
     return [sum(x[i + j] * dy[i] for i in range(len(dy))) for j in range(len(x) - len(dy) + 1)]
 
 
-@pytest.mark.parametrize("m,r", VARIANTS)
+@pytest.mark.parametrize("m,r", WGRAD_VARIANTS)
 def test_wgrad_transforms_compute_the_weight_gradient_exactly(m, r):
     at, g, bt = winograd.wgrad_toom_cook(m, r)
     alpha = m + r - 1
@@ -308,7 +311,7 @@ def _wgrad_reference(x, dy, padding, layout="NCHW"):
 
 
 @settings(max_examples=40, deadline=None)
-@given(mr=st.sampled_from(VARIANTS), n=st.integers(1, 2), c=st.integers(1, 4),
+@given(mr=st.sampled_from(WGRAD_VARIANTS), n=st.integers(1, 2), c=st.integers(1, 4),
        k=st.integers(1, 4), h=st.sampled_from((1, 3, 7, 13)), w_=st.sampled_from((1, 3, 7, 13)),
        padding=st.integers(0, 5), seed=st.integers(0, 2**32 - 1))
 def test_wgrad_stages_on_numpy_match_the_reference(mr, n, c, k, h, w_, padding, seed):
@@ -322,7 +325,7 @@ def test_wgrad_stages_on_numpy_match_the_reference(mr, n, c, k, h, w_, padding, 
     np.testing.assert_allclose(got, _wgrad_reference(x, dy, padding), rtol=1e-11, atol=1e-11)
 
 
-@pytest.mark.parametrize("m,r", VARIANTS)
+@pytest.mark.parametrize("m,r", WGRAD_VARIANTS)
 def test_wgrad_float32_error_is_within_the_tolerance_row(m, r):
     # float32 transforms and GEMM against the float64 reference, N(0, 1) data
     # (the long sums are measured on the GPU too: notes/wino_wgrad.md, notes/wino5.md).
@@ -387,11 +390,37 @@ def _run_wgrad_kernels_on_numpy(algorithm, p, x, dy):
             for a in range(alpha2):
                 flat[a * plane + i] = out[:, a]
         winograd.gemm(np, dt, xt, mw, trans_a=nhwc, trans_b=not nhwc, beta=beta)
-    total = mw.reshape(alpha2, splits, p.K, p.C).sum(axis=1).reshape(alpha, alpha, p.K, p.C)
-    return np.einsum("ia,abkc,jb->kcij", at, total, at)
+    return _wgrad_output_kernel_on_numpy(mw.reshape(-1), p.K, p.C, splits, alpha, algorithm.r, at)
 
 
-@pytest.mark.parametrize("m,r", VARIANTS)
+def _wgrad_output_kernel_on_numpy(mw, K, C, splits, alpha, r, at):
+    """winograd_wgrad_output_transform's blocks on NumPy (vectorised over the 32
+    lanes): pairs i0 .. i0 + 31 a block, warp w summing the splits of points
+    w, w + 8, .., warp r taking output row r, the block's filters written as one run."""
+    plane, rr = K * C, r * r
+    dw = np.full(plane * rr, np.nan)
+    lanes = np.arange(32)
+    for i0 in range(0, plane, 32):
+        i = i0 + lanes
+        ok = i < plane
+        mts = np.full((alpha * alpha, 32), np.nan)
+        for warp in range(8):
+            for a in range(warp, alpha * alpha, 8):
+                total = np.zeros(ok.sum())
+                for j in range(splits):
+                    total += mw[a * splits * plane + j * plane + i[ok]]
+                mts[a, ok] = total
+        outs = np.full(32 * rr, np.nan)
+        for row in range(r):
+            am = [sum(at[row, j] * mts[j * alpha + s] for j in range(alpha)) for s in range(alpha)]
+            for s in range(r):
+                outs[lanes[ok] * rr + row * r + s] = sum(am[j] * at[s, j] for j in range(alpha))[ok]
+        pairs = min(32, plane - i0)
+        dw[i0 * rr:(i0 + pairs) * rr] = outs[:pairs * rr]
+    return dw.reshape(K, C, r, r)
+
+
+@pytest.mark.parametrize("m,r", WGRAD_VARIANTS)
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
 @pytest.mark.parametrize("bound,target,min_depth,max_depth", [
     (None, None, None, None),           # the shipped constants: one chunk, one split
@@ -400,7 +429,7 @@ def _run_wgrad_kernels_on_numpy(algorithm, p, x, dy):
 ])
 def test_wgrad_kernel_index_math_on_numpy(monkeypatch, m, r, layout, bound, target, min_depth, max_depth):
     rng = np.random.default_rng(m)
-    N, C, H, W, K, padding = 3, 5, 9, 7, 4, (r - 1) // 2
+    N, C, H, W, K, padding = 3, 9, 9, 7, 5, (r - 1) // 2   # K * C = 45: two output blocks, one ragged
     p = _problem((N, C, H, W) if layout == "NCHW" else (N, H, W, C), (K, C, r, r), F64,
                  padding=padding, layout=layout)
     if bound is not None:
@@ -418,7 +447,7 @@ def test_wgrad_kernel_index_math_on_numpy(monkeypatch, m, r, layout, bound, targ
     np.testing.assert_allclose(got, _wgrad_reference(x, dy, padding, layout), rtol=1e-11, atol=1e-11)
 
 
-@pytest.mark.parametrize("m,r", VARIANTS)
+@pytest.mark.parametrize("m,r", WGRAD_VARIANTS)
 def test_wgrad_refuses_what_it_cannot_compute(m, r):
     algorithm = algos.REGISTRY[WGRAD[m, r]]
     for opts, w_shape, match in _bad_inputs(r):
@@ -508,7 +537,7 @@ WGRAD_GPU_CASES = [
 
 
 @pytest.mark.gpu   # the `gpu` fixture alone does not mark it: gpu_suite.sh selects -m gpu
-@pytest.mark.parametrize("m,r", VARIANTS)
+@pytest.mark.parametrize("m,r", WGRAD_VARIANTS)
 @pytest.mark.parametrize("case", WGRAD_GPU_CASES)
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 def test_gpu_wgrad_matches_reference(gpu, rng, m, r, case, dtype):
@@ -525,7 +554,7 @@ def test_gpu_wgrad_matches_reference(gpu, rng, m, r, case, dtype):
 
 
 @pytest.mark.gpu   # the `gpu` fixture alone does not mark it: gpu_suite.sh selects -m gpu
-@pytest.mark.parametrize("m,r", VARIANTS)
+@pytest.mark.parametrize("m,r", WGRAD_VARIANTS)
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
 def test_gpu_wgrad_wide_channels_in_chunks_and_splits(gpu, rng, monkeypatch, m, r, layout):
     # 128 x 96 channels (several GEMM tiles), a workspace bound of two images so
@@ -562,12 +591,13 @@ def test_auto_takes_winograd_for_wide_large_5x5_float32_only(rule_only):
     alex = (32, 64, 27, 27), (192, 64, 5, 5)      # alex_conv2_5x5: 14.3 GFLOP
     assert auto(*alex) == NAMES[2, 5]
     assert auto(*alex, direction="backward_data") == NAMES[2, 5]
-    assert auto(*alex, direction="backward_filter") == WGRAD[2, 5]
+    assert auto(*alex, direction="backward_filter") == WGRAD[4, 5]     # measured faster than F(5x5, 2x2)
+    winograd_5x5 = (NAMES[2, 5], WGRAD[2, 5], WGRAD[4, 5])
     for direction in algos.DIRECTIONS:
-        assert auto((1, 64, 27, 27), (192, 64, 5, 5), direction=direction) not in (NAMES[2, 5], WGRAD[2, 5])
-        assert auto((32, 32, 27, 27), (192, 32, 5, 5), direction=direction) not in (NAMES[2, 5], WGRAD[2, 5])
-        assert auto(*alex, np.float16, direction=direction) not in (NAMES[2, 5], WGRAD[2, 5])
-        assert auto(*alex, stride=2, direction=direction) not in (NAMES[2, 5], WGRAD[2, 5])
+        assert auto((1, 64, 27, 27), (192, 64, 5, 5), direction=direction) not in winograd_5x5
+        assert auto((32, 32, 27, 27), (192, 32, 5, 5), direction=direction) not in winograd_5x5
+        assert auto(*alex, np.float16, direction=direction) not in winograd_5x5
+        assert auto(*alex, stride=2, direction=direction) not in winograd_5x5
     name, reason = dnnprims.conv2d_choose(*alex, padding=2, precision="strict")
     assert name == NAMES[2, 5] and "Winograd" in reason
 
@@ -590,3 +620,11 @@ def test_5x5_workspace_is_reported_exactly_and_limits_the_choice(rule_only):
     assert need == 4 * (36 * splits * 192 * 64 + ceil_div(36 * splits * 64 * st, 64) * 64 + 36 * splits * 192 * st)
     limit = algos.ConvOptions(workspace_limit=need - 1)
     assert algos.explain_auto(p, "backward_filter", limit)[0] != WGRAD[2, 5]
+    # F(5x5, 4x4): 8 x 8 x tiles, 7 x 7 of them an image; 2.2x less transformed data.
+    w4 = algos.REGISTRY[WGRAD[4, 5]]
+    _, chunk, splits, st = winograd.wgrad_sizes(p, 4)
+    assert chunk == 32 and splits * st >= 32 * 49 and st <= winograd.WGRAD_MAX_SPLIT_DEPTH
+    need4 = w4.workspace_bytes(p, "backward_filter")
+    assert need4 == 4 * (64 * splits * 192 * 64 + ceil_div(64 * splits * 64 * st, 64) * 64 + 64 * splits * 192 * st)
+    assert need4 < need
+    assert algos.explain_auto(p, "backward_filter", algos.ConvOptions(workspace_limit=need4 - 1))[0] != WGRAD[4, 5]

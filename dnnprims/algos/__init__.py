@@ -243,7 +243,10 @@ def winograd_5x5_wins(problem, direction):
     alex_conv2_5x5 at batch 32: the fastest of ours in all three directions
     (forward 0.298 ms, backward data 0.258, backward filter 0.324 against
     "dft" 0.52-0.57, implicit GEMM 0.68-0.74, gemm 0.47-0.65; cuDNN 0.095-0.123);
-    at batch 1 (0.45 GFLOP, outside the rule) gemm / implicit GEMM win."""
+    at batch 1 (0.45 GFLOP, outside the rule) gemm / implicit GEMM win.
+    Backward filter takes F(5x5, 4x4) first (helper large2, notes/large2.md:
+    0.149 ms against F(5x5, 2x2) 0.274 and "dft" 0.199, cuDNN 0.096), then
+    F(5x5, 2x2)."""
     p = problem
     return (p.dtype == "float32" and p.groups == 1 and (p.R, p.S) == (5, 5) and p.stride == (1, 1)
             and p.dilation == (1, 1) and min(p.C, p.K) >= AUTO_WINOGRAD_MIN_CHANNELS
@@ -253,10 +256,12 @@ def winograd_5x5_wins(problem, direction):
 def _winograd_5x5_preferences(problem, direction):
     if not winograd_5x5_wins(problem, direction):
         return []
-    name = "winograd_wgrad_f5x5_2x2" if direction == "backward_filter" else "winograd_f2x2_5x5"
-    return [(name, f"5x5 stride 1, float32, C and K >= {AUTO_WINOGRAD_MIN_CHANNELS}, "
-                   f">= {AUTO_WINOGRAD_MIN_FLOPS:.0e} FLOPs: Winograd "
-                   + ("F(5x5, 2x2)" if direction == "backward_filter" else "F(2x2, 5x5)"))]
+    reason = (f"5x5 stride 1, float32, C and K >= {AUTO_WINOGRAD_MIN_CHANNELS}, "
+              f">= {AUTO_WINOGRAD_MIN_FLOPS:.0e} FLOPs: Winograd ")
+    if direction == "backward_filter":
+        return [("winograd_wgrad_f5x5_4x4", reason + "F(5x5, 4x4)"),
+                ("winograd_wgrad_f5x5_2x2", reason + "F(5x5, 2x2)")]
+    return [("winograd_f2x2_5x5", reason + "F(2x2, 5x5)")]
 
 
 def winograd_wgrad_wins(problem, direction):
@@ -298,7 +303,7 @@ def auto_preferences(problem, direction):
        AUTO_GEMM_WORKSPACE_LIMIT.
     7. "direct": the fallback that supports every problem.
     Before all of them, "winograd_f2x2_5x5" (forward, backward data) or
-    "winograd_wgrad_f5x5_2x2" (backward filter) for 5x5 problems of the
+    "winograd_wgrad_f5x5_4x4" then "winograd_wgrad_f5x5_2x2" (backward filter) for 5x5 problems of the
     Winograd conditions (:func:`winograd_5x5_wins`), then "dft" then "fft" for
     large stride-1 ungrouped float32 problems with filters of at least
     AUTO_FFT_MIN_FILTER taps a side (:func:`_fft_preferences`)."""

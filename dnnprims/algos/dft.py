@@ -80,6 +80,12 @@ FAMILY = KernelFamily("conv_dft.cu", [f"{k}<{t}, {i}>"
 # (it uses the forward W-axis kernel for both spectra) is tested, not timed.
 # Where a shape does not fit the kernels' shared memory (48 KB) or grid, the
 # cuBLAS path runs whatever the flags say.
+# Helper large2 (notes/large2.md): dft_rows_inverse reworked (2-vector shared loads,
+# two columns a thread; GPU test passed, big_7x7_s1 forward unchanged at 0.324 ms),
+# and the H100 stage profile shows the filter spectrum's three launches at ~0.10 ms
+# of forward's ~0.32; dft_filter_spectrum was rewritten for that (taps staged in
+# shared memory, coalesced) and checked by the NumPy port only: NOT yet run on a
+# GPU, so FUSED_FILTER stays False until tests/test_conv_dft.py's fused test passes.
 # FUSED_ROWS: dft_rows_forward + dft_rows_inverse; FUSED_FILTER: dft_filter_spectrum.
 FUSED_ROWS = True
 FUSED_FILTER = False
@@ -271,12 +277,12 @@ def _filter_spectrum(xp, st, g, f, dilation, flip):
     E0, E1 = g.extent
     J, Ko = g.channels_in, g.channels_out
     h = g.half
-    smem = 2 * (h * E1 + E0) * np.dtype(st.dtype).itemsize
+    smem = (128 * ((E0 * E1) | 1) + 2 * (h * E1 + E0)) * np.dtype(st.dtype).itemsize
     if FUSED_FILTER and xp is not np and E1 <= 32 and smem <= _SMEM_LIMIT and g.T[0] <= 65535:
         fs = _fft._elements(f)
         sk, sj = (fs[1], fs[0]) if flip else (fs[0], fs[1])
         G = xp.empty((g.frequencies, J, Ko), dtype=st.cdtype)
-        FAMILY.launch(st.filter_spectrum, (ceil_div(J * Ko, 256), g.T[0]), (256,),
+        FAMILY.launch(st.filter_spectrum, (ceil_div(J * Ko, 128), g.T[0]), (128,),
                       (f, st.Ds, st.Dr, G, np.int32(h), np.int32(E0), np.int32(E1), np.int32(J), np.int32(Ko),
                        np.int32(dilation[0]), np.int32(dilation[1]), np.int32(flip),
                        np.int64(sk), np.int64(sj), np.int64(fs[2]), np.int64(fs[3])), shared_mem=smem)

@@ -1,8 +1,9 @@
 """The "winograd" algorithms: Winograd minimal filtering F(m x m, r x r) for r x r
 filters, stride 1, dilation 1, any padding, groups 1; forward and backward data,
 and F(r x r, m x m) for backward filter (kernels/conv_winograd.cu).  Registered
-(m, r) pairs: VARIANTS -- F(2x2, 3x3), F(4x4, 3x3), F(2x2, 5x5); one code path,
-the kernels templated on (M, R).  Below, r = 3 for brevity: replace 3 by r,
+(m, r) pairs: VARIANTS -- F(2x2, 3x3), F(4x4, 3x3), F(2x2, 5x5) -- and, for
+backward filter only, WGRAD_VARIANTS adds F(5x5, 4x4); one code path, the
+kernels templated on (M, R).  Below, r = 3 for brevity: replace 3 by r,
 alpha = m + 2 by alpha = m + r - 1, 9 by r^2 and padding 2 - p by r - 1 - p.
 
 Structure (three stages; Lavin and Gray, "Fast Algorithms for Convolutional
@@ -67,15 +68,24 @@ from . import ConvAlgorithm, register
 # is what makes F(4x4, 3x3) lose precision (measured: notes/conv_wino.md).
 # Keyed by alpha = m + r - 1, the tile size (the number of points): F(2, 5)
 # takes the same six points as F(4, 3).
+# alpha = 8 (backward filter F(5x5, 4x4) only) adds +-1/2: the next smallest
+# magnitudes after +-2, exact in binary (their powers are too); measured float32
+# error of the weight gradient on alex_conv2_5x5 in dnnprims/testing/tolerances.py.
 POINTS = {
     4: (0, 1, -1, None),
     6: (0, 1, -1, 2, -2, None),
+    8: (0, 1, -1, 2, -2, Fraction(1, 2), Fraction(-1, 2), None),
 }
 FILTER_SIZE = 3
 # The (m, r) pairs registered, each in both roles: forward / backward data
 # F(m x m, r x r) ("winograd_f{m}x{m}_{r}x{r}") and backward filter F(r x r, m x m)
 # ("winograd_wgrad_f{r}x{r}_{m}x{m}").  One code path, kernels templated on (M, R).
 VARIANTS = ((2, 3), (4, 3), (2, 5))
+# The (m, r) pairs of backward filter F(r x r, m x m): VARIANTS, and F(5x5, 4x4)
+# (alpha = 8), registered in that role only -- its dy tiles are 4x4, so the
+# transformed dy is 4x, not 9x, the size of dy and the GEMMs do 2.2x fewer
+# multiplies than F(5x5, 2x2) ("winograd_wgrad_f5x5_4x4"; same kernels, M = 4).
+WGRAD_VARIANTS = VARIANTS + ((4, 5),)
 
 SUPPORTED_DTYPES = ("float32", "float64", "float16", "bfloat16")
 # V and M of one batch chunk stay under this many bytes (at least one image).
@@ -212,7 +222,7 @@ def matrices_header():
               "// g(i, j) = G[i][j] (ALPHA x M, applied to an M x M tile of dy), bt(i, j) = B^T[i][j]",
               "// (ALPHA x ALPHA, applied to an ALPHA x ALPHA tile of x).",
               "template <int M, int R> struct winograd_wgrad_matrices;"]
-    for m, r in VARIANTS:
+    for m, r in WGRAD_VARIANTS:
         points = ", ".join("inf" if p is None else str(p) for p in POINTS[m + r - 1])
         lines += ["", f"// F({r}x{r}, {m}x{m}), points {points}"]
         lines += _matrices_struct(f"winograd_wgrad_matrices<{m}, {r}>", m + r - 1, wgrad_toom_cook(m, r))
@@ -320,11 +330,15 @@ def _expression(kernel, dtype, m, r, nhwc=None):
 FAMILY = KernelFamily("conv_winograd.cu", [
     expr
     for dtype in SUPPORTED_DTYPES for m, r in VARIANTS
-    for expr in ([_expression("winograd_filter_transform", dtype, m, r),
-                  _expression("winograd_wgrad_output_transform", dtype, m, r)]
+    for expr in ([_expression("winograd_filter_transform", dtype, m, r)]
                  + [_expression(k, dtype, m, r, nhwc) for k in ("winograd_input_transform",
-                                                                "winograd_output_transform",
-                                                                "winograd_wgrad_input_transform",
+                                                                "winograd_output_transform")
+                    for nhwc in (False, True)])
+] + [
+    expr
+    for dtype in SUPPORTED_DTYPES for m, r in WGRAD_VARIANTS
+    for expr in ([_expression("winograd_wgrad_output_transform", dtype, m, r)]
+                 + [_expression(k, dtype, m, r, nhwc) for k in ("winograd_wgrad_input_transform",
                                                                 "winograd_wgrad_grad_transform")
                     for nhwc in (False, True)])
 ])
@@ -505,6 +519,7 @@ WGRAD_TARGET_BLOCKS = 2 * 132
 WGRAD_MIN_SPLIT_DEPTH = 512
 WGRAD_MAX_SPLIT_DEPTH = 1024
 _WGRAD_DEPTH_MULTIPLE = 4     # split_tiles: NCHW rows start 16-byte aligned
+_WGRAD_OUTPUT_PAIRS = 32      # (k, c) pairs a block of the output kernel
 
 
 @functools.lru_cache(maxsize=4096)
@@ -621,7 +636,7 @@ class WinogradBackwardFilter(ConvAlgorithm):
                     input=_expression("winograd_wgrad_input_transform", p.dtype, m, r, nhwc),
                     grad=_expression("winograd_wgrad_grad_transform", p.dtype, m, r, nhwc),
                     output=(_expression("winograd_wgrad_output_transform", p.dtype, m, r),
-                            (ceil_div(p.K * p.C, _THREADS),), (i32(p.K), i32(p.C), i32(splits))))
+                            (ceil_div(p.K * p.C, _WGRAD_OUTPUT_PAIRS),), (i32(p.K), i32(p.C), i32(splits))))
 
     def _cached_plan(self, p):
         import cupy
@@ -664,3 +679,5 @@ WINOGRAD_WGRAD_F4 = register(WinogradBackwardFilter(4, strict=True))
 # F(5x5, 2x2): the 5x5 gradient from 6 x 6 x tiles and 2 x 2 dy tiles (same points
 # as F(3x3, 4x4)); measured float32 error in dnnprims/testing/tolerances.py.
 WINOGRAD_WGRAD_F2_5X5 = register(WinogradBackwardFilter(2, strict=True, r=5))
+# F(5x5, 4x4): 8 x 8 x tiles, 4 x 4 dy tiles, points +-1/2 added (POINTS[8]).
+WINOGRAD_WGRAD_F4_5X5 = register(WinogradBackwardFilter(4, strict=True, r=5))
