@@ -385,10 +385,12 @@ def test_holdout_reports_the_base_grid_and_each_block_apart():
     points = tune.grid_points(grid, ["forward"], ["float32"])
     entries = [_entry(p, {"direct": 1.0, "gemm": 2.0}, holdout=i % 5 == 0) for i, (_, p) in enumerate(points)]
     h = tune.evaluate_holdout(entries, grid)
-    assert set(h["by_block"]) == {"base", "batch1"}
+    assert set(h["by_block"]) == {"base", "batch1", "large_filters"}
     assert sum(b["points"] for b in h["by_block"].values()) == h["points"]
     assert h["by_block"]["batch1"]["points"] == sum(
-        1 for e in entries if e["holdout"] and e["problem"]["C"] in (64, 256, 1024))
+        1 for e in entries if e["holdout"] and e["problem"]["N"] == 1 and e["problem"]["C"] in (64, 256, 1024))
+    assert h["by_block"]["large_filters"]["points"] == sum(
+        1 for e in entries if e["holdout"] and e["problem"]["N"] > 1 and e["problem"]["C"] in (64, 256))
     assert tune.block_of(_entry(_problem(N=2), {"direct": 1.0}), grid) is None   # off the grid
 
 
@@ -412,7 +414,9 @@ def test_the_default_grid_has_batch_1_points_between_the_base_channels():
     assert len(set(keys)) == len(keys)
     one = [p for _, p in points if p.N == 1]
     assert {p.C for p in one} == {32, 64, 128, 256, 512, 1024}
-    assert {p.C for _, p in points if p.N > 1} == {32, 128, 512}
+    assert {p.C for _, p in points if p.N > 1 and p.R <= 3} == {32, 128, 512}
+    # 5x5 / 7x7 at batch 8 and 32 also between them (the large_filters block)
+    assert {p.C for _, p in points if p.N > 1 and p.R >= 5} == {32, 64, 128, 256, 512}
     # every filter and image size of the base block, and depthwise, at batch 1 with C=64
     assert {(p.R, p.stride[0]) for p in one if p.C == 64 and p.groups == 1} == \
         {(r, s) for r, _, s in tune.GRIDS["default"]["filters"]}
