@@ -94,7 +94,7 @@ GRIDS = {
                            # 5x5 / 7x7 between the base channel counts: FFT, DFT and Winograd
                            # cross over there (C = K = 64 was read off C = K = 32 and picked
                            # fft at 0.55 ms where dft runs in 0.36)
-                           {"name": "large_filters", "filters": [[5, 5, 1], [7, 7, 1]],
+                           {"name": "large_filters", "filters": [[5, 5, 1], [7, 7, 1]], "depthwise": [],
                             "batches": [8, 32], "channels": [64, 256]}]},
     "quick": {"filters": [[1, 1, 1], [3, 3, 1]], "depthwise": [[3, 3, 1]],
               "batches": [1, 32], "images": [7, 28], "channels": [32, 256], "max_gflop": 5.0},
