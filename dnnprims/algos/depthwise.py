@@ -400,9 +400,17 @@ class DepthwiseConvolution(ConvAlgorithm):
         p = problem
         by_alignment = {}
         partial_dtype = np.float64 if p.dtype == "float64" else np.float32
+        # _vector_ok with its per-problem part worked out once: the 16-byte paths
+        # need every pointer aligned to `unit` bytes (a power of two)
+        itemsize = np.dtype(p.dtype).itemsize
+        if is_same_nchw(p):
+            possible, unit = p.W % 4 == 0, 4 * itemsize
+        else:
+            possible, unit = p.layout == "NHWC" and p.K == p.C and p.C % V == 0, V * itemsize
+        misaligned = unit - 1
 
         def run(a, b, out, bias=None):
-            vec_ok = self._vector_ok(p, (a, b, out))
+            vec_ok = possible and not ((a.data.ptr | b.data.ptr | out.data.ptr) & misaligned)
             entry = by_alignment.get(vec_ok)
             if entry is None:
                 entry = by_alignment[vec_ok] = self._prepare_launches(p, direction, vec_ok, has_bias, activation)
