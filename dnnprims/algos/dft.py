@@ -91,7 +91,7 @@ FUSED_ROWS = True
 FUSED_FILTER = False
 _SMEM_LIMIT = 48 * 1024
 
-SUPPORTED_DTYPES = ("float32", "float64")
+SUPPORTED_DTYPES = _fft.SUPPORTED_DTYPES   # the same spectra, the same dtypes
 SETUP_CACHE_SIZE = 32
 _setups = {}   # key -> _Setup, least recently used first
 
@@ -346,15 +346,7 @@ class DFTConvolution(ConvAlgorithm):
         ok, reason = super().supports(problem, direction)
         if not ok:
             return ok, reason
-        p = problem
-        if p.dtype not in SUPPORTED_DTYPES:
-            return False, (f"it transforms in complex64/complex128: float32 and float64 only, "
-                           f"not {p.dtype}")
-        if p.groups != 1:
-            return False, f"it computes ungrouped convolutions only, not groups={p.groups}"
-        if p.stride != (1, 1):
-            return False, f"it computes stride 1 only, not stride={p.stride}"
-        return True, ""
+        return _fft.spectral_support(problem, "complex64/complex128")
 
     def geometry(self, problem, direction):
         key = (problem, direction)

@@ -106,6 +106,19 @@ def _dim_plan(n_out, extent, pad, tile):
     return tile, step, -(-n_out // step)
 
 
+def spectral_support(p, transform):
+    """(ok, reason) for what a frequency-domain convolution (``fft``, ``dft``)
+    needs: float32/float64 (``transform`` names what it transforms in),
+    no groups, stride 1."""
+    if p.dtype not in SUPPORTED_DTYPES:
+        return False, f"it transforms in {transform}: float32 and float64 only, not {p.dtype}"
+    if p.groups != 1:
+        return False, f"it computes ungrouped convolutions only, not groups={p.groups}"
+    if p.stride != (1, 1):
+        return False, f"it computes stride 1 only, not stride={p.stride}"
+    return True, ""
+
+
 class Geometry:
     """The tiling of one direction of one problem.
 
@@ -650,15 +663,7 @@ class FFTConvolution(ConvAlgorithm):
         ok, reason = super().supports(problem, direction)
         if not ok:
             return ok, reason
-        p = problem
-        if p.dtype not in SUPPORTED_DTYPES:
-            return False, (f"it transforms in complex64/complex128 (cuFFT): float32 and float64 only, "
-                           f"not {p.dtype}")
-        if p.groups != 1:
-            return False, f"it computes ungrouped convolutions only, not groups={p.groups}"
-        if p.stride != (1, 1):
-            return False, f"it computes stride 1 only, not stride={p.stride}"
-        return True, ""
+        return spectral_support(problem, "complex64/complex128 (cuFFT)")
 
     def geometry(self, problem, direction):
         key = (problem, direction, TILE_SIZES)

@@ -400,6 +400,23 @@ def workspace_views(workspace, alpha2, Kout, Cin, tiles, nhwc):
     return u, v.reshape(alpha2, Cin, tiles), m.reshape(alpha2, Kout, tiles)
 
 
+def _shape_support(p, r, label):
+    """(ok, reason) for what every Winograd algorithm here needs of a problem:
+    r x r filters, stride and dilation 1, no groups, a supported dtype and
+    tensors that 32-bit indices reach (``label`` names the transform)."""
+    if (p.R, p.S) != (r, r):
+        return False, f"it is {label}: {r}x{r} filters only, not {p.R}x{p.S}"
+    if p.stride != (1, 1) or p.dilation != (1, 1):
+        return False, "it needs stride 1 and dilation 1"
+    if p.groups != 1:
+        return False, "it handles ungrouped convolutions only (groups == 1)"
+    if p.dtype not in SUPPORTED_DTYPES:
+        return False, f"it supports {', '.join(SUPPORTED_DTYPES)}, not {p.dtype}"
+    if max(p.N * p.C * p.H * p.W, p.N * p.K * p.P * p.Q) > INT32_LIMIT:
+        return False, "it indexes with 32-bit ints; a tensor here has 2^31 elements or more"
+    return True, ""
+
+
 class WinogradConvolution(ConvAlgorithm):
     """Forward and backward data by Winograd F(m x m, r x r)."""
     directions = ("forward", "backward_data")
@@ -420,17 +437,9 @@ class WinogradConvolution(ConvAlgorithm):
         if not ok:
             return ok, reason
         p = problem
-        if (p.R, p.S) != (self.r, self.r):
-            return False, (f"it is F({self.m}x{self.m}, {self.r}x{self.r}): {self.r}x{self.r} filters "
-                           f"only, not {p.R}x{p.S}")
-        if p.stride != (1, 1) or p.dilation != (1, 1):
-            return False, "it needs stride 1 and dilation 1"
-        if p.groups != 1:
-            return False, "it handles ungrouped convolutions only (groups == 1)"
-        if p.dtype not in SUPPORTED_DTYPES:
-            return False, f"it supports {', '.join(SUPPORTED_DTYPES)}, not {p.dtype}"
-        if max(p.N * p.C * p.H * p.W, p.N * p.K * p.P * p.Q) > INT32_LIMIT:
-            return False, "it indexes with 32-bit ints; a tensor here has 2^31 elements or more"
+        ok, reason = _shape_support(p, self.r, f"F({self.m}x{self.m}, {self.r}x{self.r})")
+        if not ok:
+            return ok, reason
         tiles, chunk, u_bytes, per_image = _sizes(p, direction, self.m)
         acc = np.dtype(_dtypes.accumulate_dtype(np.dtype(p.dtype))).itemsize
         if max(chunk * per_image, u_bytes) // acc > INT32_LIMIT:
@@ -587,17 +596,9 @@ class WinogradBackwardFilter(ConvAlgorithm):
         if not ok:
             return ok, reason
         p = problem
-        if (p.R, p.S) != (self.r, self.r):
-            return False, (f"it is F({self.r}x{self.r}, {self.m}x{self.m}): {self.r}x{self.r} filters "
-                           f"only, not {p.R}x{p.S}")
-        if p.stride != (1, 1) or p.dilation != (1, 1):
-            return False, "it needs stride 1 and dilation 1"
-        if p.groups != 1:
-            return False, "it handles ungrouped convolutions only (groups == 1)"
-        if p.dtype not in SUPPORTED_DTYPES:
-            return False, f"it supports {', '.join(SUPPORTED_DTYPES)}, not {p.dtype}"
-        if max(p.N * p.C * p.H * p.W, p.N * p.K * p.P * p.Q) > INT32_LIMIT:
-            return False, "it indexes with 32-bit ints; a tensor here has 2^31 elements or more"
+        ok, reason = _shape_support(p, self.r, f"F({self.r}x{self.r}, {self.m}x{self.m})")
+        if not ok:
+            return ok, reason
         if self._elements(p) > INT32_LIMIT:
             return False, "its workspace has 2^31 elements or more"
         return True, ""
