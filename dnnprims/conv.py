@@ -15,7 +15,7 @@ import numpy as np
 
 from . import _validate
 from ._dtypes import FLOAT64
-from .algos import DIRECTIONS, PRECISIONS, ConvOptions, ConvProblem, choose, explain_auto
+from .algos import CHOICE_HOLDERS, DIRECTIONS, PRECISIONS, ConvOptions, ConvProblem, choose, explain_auto
 from .algos.direct import backward_bias as _backward_bias_kernel
 from .reference import conv as _reference
 
@@ -135,6 +135,7 @@ def _check_output_gradient(dy, problem, source):
 
 # Validated GPU calls: (problem, algorithm, ...) per kind of call (see _validate.CallMemo).
 _MEMO = _validate.CallMemo()
+CHOICE_HOLDERS.append(_MEMO.clear)   # a new table re-decides cached calls
 
 # The fast path (see _validate.CallMemo): _FAST maps a cheap key of a call
 # whose arrays are all C-contiguous CuPy arrays -- each array's shape, dtype

@@ -555,3 +555,17 @@ def test_measure_point_stops_on_a_broken_context(monkeypatch):
     problem = tune.problem_of("forward", "float32", 1, 3, 5, 4, 3, 3, 1, 1)
     with pytest.raises(tune.BrokenContext, match="implicit_gemm broke the CUDA context"):
         tune.measure_point(problem, "forward", ["direct", "implicit_gemm"], 7)
+
+
+def test_a_new_table_clears_the_calls_that_remember_an_auto_choice():
+    # conv's call memo and fast table hold the algorithm "auto" chose for a kind of call;
+    # switching tables must make those calls decide again.
+    from dnnprims import conv
+    conv._MEMO.put(("a kind of call",), "plan with an old choice")
+    conv._MEMO.put_fast(("a fast key",), "closure with an old choice")
+    previous = table.use(None)
+    try:
+        assert conv._MEMO.get(("a kind of call",)) is None
+        assert ("a fast key",) not in conv._MEMO.fast
+    finally:
+        table.use(previous)

@@ -352,9 +352,16 @@ _auto_choices = {}
 _AUTO_CHOICES_SIZE = 4096
 
 
+# Clear functions of other caches that hold an "auto" choice (conv.py's call memo
+# and fast table), so that a new table takes effect on calls already made.
+CHOICE_HOLDERS = []
+
+
 def forget_choices():
     """Drop the memoised "auto" choices (after the table or the registry changed)."""
     _auto_choices.clear()
+    for clear in CHOICE_HOLDERS:
+        clear()
 
 
 def explain_auto(problem, direction, options=DEFAULT_OPTIONS):
