@@ -119,6 +119,17 @@ def wgrad_table(p):
     return padded
 
 
+def _tile_support(problem):
+    """(ok, reason) for what both backward implicit GEMMs need: a dtype whose
+    tiles accumulate in float32, and tensors that 32-bit indices reach."""
+    if problem.dtype not in SUPPORTED_DTYPES:
+        return False, (f"it accumulates float32 tiles: float32, float16 and bfloat16 only, "
+                       f"not {problem.dtype}")
+    if not _fits_int32(problem):
+        return False, "it indexes with 32-bit ints; a tensor here has 2^31 elements or more"
+    return True, ""
+
+
 class ImplicitGemmBackwardFilter(ConvAlgorithm):
     directions = ("backward_filter",)
 
@@ -133,11 +144,9 @@ class ImplicitGemmBackwardFilter(ConvAlgorithm):
         ok, reason = super().supports(problem, direction)
         if not ok:
             return ok, reason
-        if problem.dtype not in SUPPORTED_DTYPES:
-            return False, (f"it accumulates float32 tiles: float32, float16 and bfloat16 only, "
-                           f"not {problem.dtype}")
-        if not _fits_int32(problem):
-            return False, "it indexes with 32-bit ints; a tensor here has 2^31 elements or more"
+        ok, reason = _tile_support(problem)
+        if not ok:
+            return ok, reason
         if problem.groups > MAX_GRID_Z:
             return False, f"its grid holds at most {MAX_GRID_Z} groups"
         return True, ""
@@ -296,11 +305,9 @@ class SubpixelBackwardData(ConvAlgorithm):
         ok, reason = super().supports(problem, direction)
         if not ok:
             return ok, reason
-        if problem.dtype not in SUPPORTED_DTYPES:
-            return False, (f"it accumulates float32 tiles: float32, float16 and bfloat16 only, "
-                           f"not {problem.dtype}")
-        if not _fits_int32(problem):
-            return False, "it indexes with 32-bit ints; a tensor here has 2^31 elements or more"
+        ok, reason = _tile_support(problem)
+        if not ok:
+            return ok, reason
         if problem.groups * problem.stride[0] * problem.stride[1] > MAX_GRID_Z:
             return False, f"groups * stride_h * stride_w exceeds the grid limit {MAX_GRID_Z}"
         return True, ""
