@@ -7,9 +7,9 @@ CuPy arrays run ``kernels/softmax.cu``, which views the array as
 (outer, n, inner) around the reduced axis: contiguous rows (inner == 1) are
 held in registers by a warp or a block per row (one read, one write, 16-byte
 accesses when aligned), other axes (such as the channel axis of NCHW) are held
-by tiles of the whole axis by 8-32 consecutive inner positions, in registers
-(16-bit forward, axis <= 1024) or shared memory; rows or axes too long for these fall back to
-two reads.
+by tiles of the whole axis by 8-256 consecutive inner positions, in registers
+(16-byte packs of inner positions when inner allows, axis <= 512; 16-bit forward, axis
+<= 1024) or shared memory; rows or axes too long for these fall back to two reads.
 """
 import math
 
@@ -27,6 +27,8 @@ _COLUMN_BLOCK = 256          # threads per block in the column kernels
 _CHANNEL_THREADS = 256       # CHANNEL_THREADS in softmax.cu: tile width x rows of threads
 _TILE_BYTES = 46 * 1024      # dynamic shared memory per channel tile (48 KB less the scratch)
 _CHANNEL_VALUES = 32         # CHANNEL_VALUES in softmax.cu: axis values a thread holds in registers
+_CHANNEL_PACKS = 8           # CHANNEL_PACKS in softmax.cu: 16-byte packs of the axis a thread holds
+_MAX_PACK_ROWS = 64          # rows of threads in *_channels_packs (>= 4 packs = 64 bytes a row access)
 _MAX_BLOCKS = 1 << 20        # grids are capped; kernels loop with a grid stride
 # index_t must also hold an index plus one grid stride (the last loop step).
 _STRIDE_SLACK = _MAX_BLOCKS * _ROW_BLOCK
@@ -42,6 +44,9 @@ _REGISTER_CHANNEL_TYPES = ("half_t", "bfloat16_t")
 # 16-bit channel softmax with inner even and aligned pointers: the tile kernels
 # with two inner positions (one 4-byte access) per thread, by direction.
 CHANNEL_PAIRS = {"forward": True, "backward": True}
+# Strided axis in registers as 16-byte packs of inner positions (*_channels_packs),
+# by direction: the dtypes (CUDA names) that take it when the shape allows.
+CHANNEL_PACKS = {"forward": tuple(_ITEMSIZE), "backward": tuple(_ITEMSIZE)}
 
 FAMILY = _kernels.KernelFamily("softmax.cu", [
     *(f"softmax_{direction}_{mapping}<{t}, {i}, {log}>"
@@ -53,6 +58,11 @@ FAMILY = _kernels.KernelFamily("softmax.cu", [
     *(f"softmax_{direction}_channels_pairs<{t}, {i}, {log}>"
       for direction in ("forward", "backward")
       for t in _REGISTER_CHANNEL_TYPES
+      for i in _INDEX_TYPES
+      for log in ("false", "true")),
+    *(f"softmax_{direction}_channels_packs<{t}, {i}, {log}>"
+      for direction in ("forward", "backward")
+      for t in _dtypes.CUDA_TYPES
       for i in _INDEX_TYPES
       for log in ("false", "true")),
     *(f"softmax_forward_channels_registers<{t}, {i}, {log}>"
@@ -150,6 +160,23 @@ def _plan(direction, log, shape, axis, dtype, aligned):
                     (threads, rows_per_block), (itype(outer), itype(n)), 0)
         return (f"softmax_{direction}_rows_block<{template}>", (min(outer, _MAX_BLOCKS),),
                 (_ROW_BLOCK,), (itype(outer), itype(n)), 0)
+    vec = 16 // itemsize
+    if ctype in CHANNEL_PACKS[direction] and aligned and inner % vec == 0:
+        # CY rows of threads (the fewest >= 8 that hold n in CHANNEL_PACKS packs
+        # each), TW = 256 / CY threads of VEC positions along inner, narrowed
+        # (CY grows) while half the tile would still cover inner.
+        rows_of_threads = 8
+        while rows_of_threads * _CHANNEL_PACKS < n and rows_of_threads < _MAX_PACK_ROWS:
+            rows_of_threads *= 2
+        if rows_of_threads * _CHANNEL_PACKS >= n:
+            width = _CHANNEL_THREADS // rows_of_threads
+            while width > 1 and (width // 2) * vec >= inner:
+                width //= 2
+            tiles_per_outer = _kernels.ceil_div(inner, width * vec)
+            grid = min(outer * tiles_per_outer, _MAX_BLOCKS)
+            return (f"softmax_{direction}_channels_packs<{template}>", (grid,),
+                    (width, _CHANNEL_THREADS // width),
+                    (itype(outer), itype(n), itype(inner), itype(tiles_per_outer)), 0)
     if CHANNEL_PAIRS[direction] and ctype in _REGISTER_CHANNEL_TYPES and inner % 2 == 0 and aligned:
         # 16-bit tile with pairs of inner positions: TW threads cover 2 TW positions.
         tiles_in = 1 if direction == "forward" else 2

@@ -1,7 +1,7 @@
 // Softmax and log-softmax over one axis, forward and backward.
 //
 // Python views the tensor as (outer, n, inner) with the reduced axis of length
-// n in the middle, and picks one of five mappings:
+// n in the middle, and picks one of six mappings:
 //
 //   *_rows_registers  inner == 1 and the row fits in registers (n up to
 //                  256 threads x ROW_PACKS packs x VEC values): blockDim
@@ -14,6 +14,11 @@
 //                  shared memory across the warps of one row when G > 32).
 //   *_rows_block   inner == 1 and longer rows: one block per row, online
 //                  (max, sum) in one read, a second read writes y.
+//   *_channels_packs  inner > 1, inner % VEC == 0 (VEC values = 16 bytes),
+//                  pointers aligned, n <= 8 x 64: the axis in registers as
+//                  16-byte packs of VEC inner positions (see the kernels at the
+//                  end of this file).  The three kernels below are the
+//                  fallbacks for other shapes.
 //   *_channels_registers  forward, 16-bit types, inner >= 8 and n <= 32 x CY
 //                  (CY <= 32): the same tiles as *_channels below, each thread
 //                  holding its 32 values in registers (no shared memory but the
@@ -106,6 +111,20 @@ template <typename A> __device__ __forceinline__ void block_online_merge(A& m, A
     warp_online_merge(m, s);  // every warp merges the same values: all agree
 }
 
+// exp for the register and pack kernels (and every backward).  float/double use the accurate library exp;
+// the 16-bit types use ex2.approx (relative error ~2^-22, far below their
+// storage rounding), which halves the instructions per element -- at 2 bytes
+// a value these kernels otherwise run out of issue slots before bandwidth.
+template <typename T> __device__ __forceinline__ acc_t<T> exp_for(acc_t<T> v) {
+    if constexpr (sizeof(T) == 2) {
+        float r;
+        asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(v * 1.4426950408889634f));
+        return r;
+    } else {
+        return exp_acc(v);
+    }
+}
+
 template <typename A, bool LOG> __device__ __forceinline__ A softmax_value(A v, A m, A s) {
     if (LOG) return v - m - log_acc(s);
     return exp_acc(v - m) / s;
@@ -116,8 +135,9 @@ template <typename A, bool LOG> __device__ __forceinline__ A backward_term(A dy,
     return LOG ? dy : dy * y;
 }
 
-template <typename A, bool LOG> __device__ __forceinline__ A backward_value(A dy, A y, A sum) {
-    if (LOG) return dy - exp_acc(y) * sum;
+template <typename T, bool LOG>
+__device__ __forceinline__ acc_t<T> backward_value(acc_t<T> dy, acc_t<T> y, acc_t<T> sum) {
+    if (LOG) return dy - exp_for<T>(y) * sum;
     return y * (dy - sum);
 }
 
@@ -169,7 +189,7 @@ __global__ void softmax_backward_rows_block(const T* dy, const T* y, T* dx, inde
             sum += backward_term<A, LOG>(load(dy[off + k]), load(y[off + k]));
         sum = block_sum(sum, scratch);
         for (index_t k = threadIdx.x; k < n; k += step)
-            dx[off + k] = store<T>(backward_value<A, LOG>(load(dy[off + k]), load(y[off + k]), sum));
+            dx[off + k] = store<T>(backward_value<T, LOG>(load(dy[off + k]), load(y[off + k]), sum));
     }
 }
 
@@ -190,26 +210,12 @@ __global__ void softmax_backward_columns(const T* dy, const T* y, T* dx, index_t
         }
         for (index_t k = 0; k < n; ++k) {
             const index_t at = base + k * inner;
-            dx[at] = store<T>(backward_value<A, LOG>(load(dy[at]), load(y[at]), sum));
+            dx[at] = store<T>(backward_value<T, LOG>(load(dy[at]), load(y[at]), sum));
         }
     }
 }
 
 // ---- rows held in registers ---------------------------------------------------
-
-// exp for the register kernels.  float/double use the accurate library exp;
-// the 16-bit types use ex2.approx (relative error ~2^-22, far below their
-// storage rounding), which halves the instructions per element -- at 2 bytes
-// a value these kernels otherwise run out of issue slots before bandwidth.
-template <typename T> __device__ __forceinline__ acc_t<T> exp_for(acc_t<T> v) {
-    if constexpr (sizeof(T) == 2) {
-        float r;
-        asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(v * 1.4426950408889634f));
-        return r;
-    } else {
-        return exp_acc(v);
-    }
-}
 
 // Max / sum over the threads of one row: the warp, or (G > 32, one row per
 // block) the whole block.  Called by every thread of the row.
@@ -317,7 +323,7 @@ __global__ void __launch_bounds__(256) softmax_backward_rows_registers(const T* 
                 Pack<T, VEC> p;
 #pragma unroll
                 for (int e = 0; e < VEC; ++e)
-                    p.v[e] = store<T>(backward_value<A, LOG>(load(g[k].v[e]), load(w[k].v[e]), sum));
+                    p.v[e] = store<T>(backward_value<T, LOG>(load(g[k].v[e]), load(w[k].v[e]), sum));
                 store_pack<T, VEC>(dx + off + j * VEC, p);
             }
         }
@@ -408,7 +414,7 @@ __global__ void softmax_backward_channels(const T* __restrict__ dy, const T* __r
         if (valid) {
             for (index_t c = ty; c < n; c += cy)
                 dx[base + c * inner] = store<T>(
-                    backward_value<A, LOG>(load(tile_dy[c * tw + tx]), load(tile_y[c * tw + tx]), sum));
+                    backward_value<T, LOG>(load(tile_dy[c * tw + tx]), load(tile_y[c * tw + tx]), sum));
         }
     }
 }
@@ -519,8 +525,8 @@ __global__ void softmax_backward_channels_pairs(const T* __restrict__ dy, const 
             for (index_t c = ty; c < n; c += cy) {
                 const Pair g = tile_dy[c * tw + tx], w = tile_y[c * tw + tx];
                 Pair r;
-                r.v[0] = store<T>(backward_value<A, LOG>(load(g.v[0]), load(w.v[0]), sum0));
-                r.v[1] = store<T>(backward_value<A, LOG>(load(g.v[1]), load(w.v[1]), sum1));
+                r.v[0] = store<T>(backward_value<T, LOG>(load(g.v[0]), load(w.v[0]), sum0));
+                r.v[1] = store<T>(backward_value<T, LOG>(load(g.v[1]), load(w.v[1]), sum1));
                 store_pack<T, 2>(dx + base + c * inner, r);
             }
         }
@@ -580,6 +586,172 @@ __global__ void __launch_bounds__(256) softmax_forward_channels_registers(const 
         for (int k = 0; k < CHANNEL_VALUES; ++k) {
             const index_t c = (index_t)ty + (index_t)k * cy;
             if (valid && c < n) y[base + c * inner] = store<T>(LOG ? v[k] - m - log_s : v[k] * inv_s);
+        }
+    }
+}
+
+// ---- strided axis in registers, 16-byte packs of inner positions ------------------
+
+// *_channels_packs: blockDim (TW, CY), TW * CY = 256, TW <= 32 (a power of two).
+// A block owns TW x VEC consecutive inner positions of one outer index (VEC =
+// the values of a 16-byte pack: 4 float, 8 half/bfloat16, 2 double) and the
+// whole axis; thread (tx, ty) holds the packs of positions tx * VEC .. + VEC
+// for axis rows ty, ty + CY, ... (CHANNEL_PACKS of them; Python: n <=
+// CHANNEL_PACKS * CY, inner % VEC == 0, pointers 16-byte aligned).  Each warp
+// access moves 32/TW rows of TW x 16 contiguous bytes, every load is issued
+// before any math, and the packs stay raw (32 registers a thread in every
+// dtype, as in *_rows_registers) and are converted where used.  float and
+// double forward keep exp(x - max) in place of x (one exp a value); the
+// 16-bit types recompute it with ex2.approx (a 16-bit pack would round it).
+#define CHANNEL_PACKS 8
+#define CHANNEL_WARPS (CHANNEL_THREADS / 32)
+
+// Reduce VEC values per thread over the CY threads of its tile column (same
+// tx): a butterfly over the lanes of a warp with the same tx (every lane gets
+// the same bits), then the warps' results through shared memory, combined in
+// warp order.  `scratch` holds CHANNEL_WARPS x 32 x VEC values.
+template <typename A, int VEC, bool MAX> __device__ __forceinline__ void column_reduce_packs(A (&v)[VEC], A* scratch) {
+    const int tw = blockDim.x, tx = threadIdx.x;
+    const int flat = threadIdx.y * tw + tx;
+    const int lane = flat & 31, warp = flat >> 5;
+    for (int off = 16; off >= tw; off >>= 1) {  // lanes off apart share tx when off >= TW
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) {
+            const A o = __shfl_xor_sync(0xffffffffu, v[e], off);
+            v[e] = MAX ? fmax(v[e], o) : v[e] + o;
+        }
+    }
+    __syncthreads();  // scratch may still be read by the previous call
+    if (lane < tw) {
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) scratch[(warp * 32 + tx) * VEC + e] = v[e];
+    }
+    __syncthreads();
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) v[e] = scratch[tx * VEC + e];
+    for (int w = 1; w < CHANNEL_WARPS; ++w) {
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) {
+            const A o = scratch[(w * 32 + tx) * VEC + e];
+            v[e] = MAX ? fmax(v[e], o) : v[e] + o;
+        }
+    }
+}
+
+template <typename T, typename index_t, bool LOG>
+__global__ void __launch_bounds__(CHANNEL_THREADS) softmax_forward_channels_packs(const T* __restrict__ x,
+                                                                                 T* __restrict__ y, index_t outer,
+                                                                                 index_t n, index_t inner,
+                                                                                 index_t tiles_per_outer) {
+    typedef acc_t<T> A;
+    constexpr int VEC = pack_width<T>::value;
+    constexpr bool KEEP_EXP = sizeof(T) == sizeof(A);  // float, double: the pack holds A values
+    __shared__ A scratch[CHANNEL_WARPS * 32 * VEC];
+    const int tx = threadIdx.x, ty = threadIdx.y, tw = blockDim.x, cy = blockDim.y;
+    const index_t tiles = outer * tiles_per_outer;
+    for (index_t t = blockIdx.x; t < tiles; t += (index_t)gridDim.x) {
+        const index_t o = t / tiles_per_outer;
+        const index_t p = ((t - o * tiles_per_outer) * tw + tx) * VEC;
+        const bool valid = p < inner;  // inner % VEC == 0: the whole pack is inside
+        const index_t base = o * n * inner + p;
+        Pack<T, VEC> v[CHANNEL_PACKS];
+#pragma unroll
+        for (int k = 0; k < CHANNEL_PACKS; ++k) {
+            const index_t c = (index_t)ty + (index_t)k * cy;
+            if (valid && c < n) v[k] = load_pack<T, VEC>(x + base + c * inner);
+        }
+        A m[VEC], s[VEC];
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) m[e] = negative_infinity<A>();
+#pragma unroll
+        for (int k = 0; k < CHANNEL_PACKS; ++k) {
+            if (valid && (index_t)ty + (index_t)k * cy < n) {
+#pragma unroll
+                for (int e = 0; e < VEC; ++e) m[e] = fmax(m[e], load(v[k].v[e]));  // a NaN poisons the sum below
+            }
+        }
+        column_reduce_packs<A, VEC, true>(m, scratch);
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) s[e] = A(0);
+#pragma unroll
+        for (int k = 0; k < CHANNEL_PACKS; ++k) {
+            if (valid && (index_t)ty + (index_t)k * cy < n) {
+#pragma unroll
+                for (int e = 0; e < VEC; ++e) {
+                    const A d = exp_for<T>(load(v[k].v[e]) - m[e]);
+                    s[e] += d;
+                    if constexpr (KEEP_EXP && !LOG) v[k].v[e] = d;
+                }
+            }
+        }
+        column_reduce_packs<A, VEC, false>(s, scratch);
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) s[e] = LOG ? log_acc(s[e]) : A(1) / s[e];  // log s, or 1 / s
+#pragma unroll
+        for (int k = 0; k < CHANNEL_PACKS; ++k) {
+            const index_t c = (index_t)ty + (index_t)k * cy;
+            if (valid && c < n) {
+                Pack<T, VEC> out;
+#pragma unroll
+                for (int e = 0; e < VEC; ++e) {
+                    A r;
+                    if constexpr (LOG) r = load(v[k].v[e]) - m[e] - s[e];
+                    else if constexpr (KEEP_EXP) r = load(v[k].v[e]) * s[e];
+                    else r = exp_for<T>(load(v[k].v[e]) - m[e]) * s[e];
+                    out.v[e] = store<T>(r);
+                }
+                store_pack<T, VEC>(y + base + c * inner, out);
+            }
+        }
+    }
+}
+
+template <typename T, typename index_t, bool LOG>
+__global__ void __launch_bounds__(CHANNEL_THREADS) softmax_backward_channels_packs(const T* __restrict__ dy,
+                                                                                  const T* __restrict__ y,
+                                                                                  T* __restrict__ dx, index_t outer,
+                                                                                  index_t n, index_t inner,
+                                                                                  index_t tiles_per_outer) {
+    typedef acc_t<T> A;
+    constexpr int VEC = pack_width<T>::value;
+    __shared__ A scratch[CHANNEL_WARPS * 32 * VEC];
+    const int tx = threadIdx.x, ty = threadIdx.y, tw = blockDim.x, cy = blockDim.y;
+    const index_t tiles = outer * tiles_per_outer;
+    for (index_t t = blockIdx.x; t < tiles; t += (index_t)gridDim.x) {
+        const index_t o = t / tiles_per_outer;
+        const index_t p = ((t - o * tiles_per_outer) * tw + tx) * VEC;
+        const bool valid = p < inner;
+        const index_t base = o * n * inner + p;
+        Pack<T, VEC> g[CHANNEL_PACKS], w[CHANNEL_PACKS];
+#pragma unroll
+        for (int k = 0; k < CHANNEL_PACKS; ++k) {
+            const index_t c = (index_t)ty + (index_t)k * cy;
+            if (valid && c < n) {
+                g[k] = load_pack<T, VEC>(dy + base + c * inner);
+                w[k] = load_pack<T, VEC>(y + base + c * inner);
+            }
+        }
+        A sum[VEC];
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) sum[e] = A(0);
+#pragma unroll
+        for (int k = 0; k < CHANNEL_PACKS; ++k) {
+            if (valid && (index_t)ty + (index_t)k * cy < n) {
+#pragma unroll
+                for (int e = 0; e < VEC; ++e) sum[e] += backward_term<A, LOG>(load(g[k].v[e]), load(w[k].v[e]));
+            }
+        }
+        column_reduce_packs<A, VEC, false>(sum, scratch);
+#pragma unroll
+        for (int k = 0; k < CHANNEL_PACKS; ++k) {
+            const index_t c = (index_t)ty + (index_t)k * cy;
+            if (valid && c < n) {
+                Pack<T, VEC> out;
+#pragma unroll
+                for (int e = 0; e < VEC; ++e)
+                    out.v[e] = store<T>(backward_value<T, LOG>(load(g[k].v[e]), load(w[k].v[e]), sum[e]));
+                store_pack<T, VEC>(dx + base + c * inner, out);
+            }
         }
     }
 }

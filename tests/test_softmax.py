@@ -99,6 +99,9 @@ CASES = [
     ((2, 40, 48), 1), ((3, 17, 7), 1), ((2, 5, 2), 1), ((2, 1600, 20), 1),
     # channel axis held in registers (16-bit forward) by 8, 16 and 32 rows of threads
     ((2, 256, 40), 1), ((2, 300, 16), 1), ((2, 1000, 9), 1),
+    # 16-byte packs of the axis: the longest axis (64 rows of threads), one past
+    # it, partial last tiles, narrow tiles, a 4-D middle axis
+    ((3, 512, 24), 1), ((2, 513, 8), 1), ((2, 33, 136), 1), ((5, 3, 1, 8), 1), ((2, 64, 3, 8), 1),
 ]
 
 
@@ -124,19 +127,23 @@ def test_forward_and_backward_against_reference(xp, rng, dtype, shape, axis):
 
 
 PAIR_CASES = [((2, 7, 3, 6), 1), ((2, 13, 2), 1), ((3, 1, 4), 1), ((1, 3, 130), 1), ((2, 256, 64), 1),
-              ((2, 600, 16), 1), ((2, 3000, 4), 1), ((4, 7, 14), 1), ((3, 5, 7, 2), 2)]
+              ((2, 600, 16), 1), ((2, 3000, 4), 1), ((4, 7, 14), 1), ((3, 5, 7, 2), 2),
+              ((3, 100, 48), 1), ((1, 17, 520), 1)]
 
 
-@pytest.mark.parametrize("pairs", [True, False])
+@pytest.mark.parametrize("path", ["packs", "pairs", "tile"])
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 @pytest.mark.parametrize("shape,axis", PAIR_CASES, ids=[f"{s}-axis{a}" for s, a in PAIR_CASES])
-def test_channel_pairs_paths(xp, rng, monkeypatch, pairs, dtype, shape, axis):
-    """16-bit channel tiles with two inner positions per thread (inner even:
-    one and several tiles, a partial last tile, narrow tiles for a long axis, an
-    axis too long for any tile), against the one-position kernels (pairs off)
-    and the float64 reference, forward and backward."""
+def test_channel_pairs_paths(xp, rng, monkeypatch, path, dtype, shape, axis):
+    """Each strided-axis path where the shape allows it: 16-byte packs of inner
+    positions, 16-bit tiles with two inner positions per thread (inner even: one
+    and several tiles, a partial last tile, narrow tiles for a long axis, an axis
+    too long for any tile), and the one-position kernels, against the float64
+    reference, forward and backward."""
     from dnnprims import softmaxes
+    pairs, packs = path == "pairs", softmaxes.CHANNEL_PACKS["forward"] if path == "packs" else ()
     monkeypatch.setattr(softmaxes, "CHANNEL_PAIRS", {"forward": pairs, "backward": pairs})
+    monkeypatch.setattr(softmaxes, "CHANNEL_PACKS", {"forward": packs, "backward": packs})
     monkeypatch.setattr(softmaxes, "_PLANS", {})
     x = random_array(rng, shape, dtype, low=-4, high=4)
     dy = random_array(rng, shape, dtype)
