@@ -38,14 +38,17 @@ _UNROLL = 4          # UNROLL in activation.cu: packs per thread per grid-stride
 _MAX_BLOCKS = 65536  # grid cap; kernels loop with a grid stride
 _STRIDE_SLACK = 4 * _BLOCK * _UNROLL * _MAX_BLOCKS  # index + one stride, in elements (VEC <= 8)
 _PLANE_CHUNK = 8192  # elements per block in the NCHW bias backward (a multiple of every VEC)
-_ROW_CHUNK = 64      # rows per block in the NHWC bias backward
+_ROW_CHUNK = 8       # least rows per block in the NHWC bias backward (blockDim.y)
+_NHWC_BLOCKS = 2048  # blocks the NHWC bias backward aims at (a few waves of 132 SMs x 8)
+NHWC_PACKED = True   # NHWC bias backward with 16-byte packs of channels when C % VEC == 0
 LAYOUTS = ("NCHW", "NHWC")
 
 _MODE_VALUES = sorted(set(_KERNEL_MODE.values()))
 FAMILY = _kernels.KernelFamily("activation.cu", [
     *(f"{kernel}<{t}, {i}, {m}>"
       for kernel in ("activation_forward", "activation_backward", "bias_activation_forward",
-                     "bias_activation_backward_planes", "bias_activation_backward_rows")
+                     "bias_activation_backward_planes", "bias_activation_backward_rows",
+                     "bias_activation_backward_rows_packed")
       for t in _dtypes.CUDA_TYPES
       for i in ("int", "long long")
       for m in _MODE_VALUES),
@@ -304,15 +307,21 @@ def bias_activation_backward(dy, x, bias, mode, *, alpha=None, approximate="none
         FAMILY.launch(f"bias_activation_backward_planes{template}", (min(planes * chunks, _MAX_BLOCKS),),
                       (_BLOCK,), (dy, x, bias, dx, partial, itype(planes), itype(channels), itype(inner),
                                   itype(chunks), itype(_PLANE_CHUNK), np.int32(vector), a))
-    else:  # channels last (or no spatial axes): 32 channels x rows per block
-        rows_per_chunk = max(_ROW_CHUNK, _kernels.ceil_div(_kernels.ceil_div(outer, 65535), 8) * 8)
+    else:  # channels last (or no spatial axes): 32 channels (or packs of them) x rows per block
+        vec = 16 // x.dtype.itemsize
+        if NHWC_PACKED and channels % vec == 0 and all(v.data.ptr % 16 == 0 for v in (dy, x, dx)):
+            kernel, lanes = "bias_activation_backward_rows_packed", _kernels.ceil_div(channels // vec, 32)
+        else:
+            kernel, lanes = "bias_activation_backward_rows", _kernels.ceil_div(channels, 32)
+        # Chunks of rows so that lanes x groups is about _NHWC_BLOCKS blocks (grid.y <= 65535).
+        groups = min(max(_NHWC_BLOCKS // lanes, 1), 65535, _kernels.ceil_div(outer, _ROW_CHUNK))
+        rows_per_chunk = _kernels.ceil_div(_kernels.ceil_div(outer, groups), _ROW_CHUNK) * _ROW_CHUNK
         groups = _kernels.ceil_div(outer, rows_per_chunk)
         partial = xp.empty((groups, channels), acc)
-        FAMILY.launch(f"bias_activation_backward_rows{template}", (_kernels.ceil_div(channels, 32), groups),
-                      (32, 8), (dy, x, bias, dx, partial, itype(outer), itype(channels),
-                                itype(rows_per_chunk), a))
+        FAMILY.launch(f"{kernel}{template}", (lanes, groups), (32, 8),
+                      (dy, x, bias, dx, partial, itype(outer), itype(channels), itype(rows_per_chunk), a))
     index_t = template.split(", ")[1]
     FAMILY.launch(f"bias_grad_reduce<{_dtypes.cuda_type(x.dtype)}, {index_t}>",
-                  (min(_kernels.ceil_div(channels, _BLOCK), _MAX_BLOCKS),), (_BLOCK,),
+                  (min(_kernels.ceil_div(channels, 32), _MAX_BLOCKS),), (32, 32),
                   (partial, dbias, itype(groups), itype(channels)))
     return dx, dbias

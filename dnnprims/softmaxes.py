@@ -27,8 +27,7 @@ _COLUMN_BLOCK = 256          # threads per block in the column kernels
 _CHANNEL_THREADS = 256       # CHANNEL_THREADS in softmax.cu: tile width x rows of threads
 _TILE_BYTES = 46 * 1024      # dynamic shared memory per channel tile (48 KB less the scratch)
 _CHANNEL_VALUES = 32         # CHANNEL_VALUES in softmax.cu: axis values a thread holds in registers
-_CHANNEL_PACKS = 8           # CHANNEL_PACKS in softmax.cu: 16-byte packs of the axis a thread holds
-_MAX_PACK_ROWS = 64          # rows of threads in *_channels_packs (>= 4 packs = 64 bytes a row access)
+_MIN_PACK_WIDTH = 4          # threads along inner in *_channels_packs: >= 64 bytes a row access
 _MAX_BLOCKS = 1 << 20        # grids are capped; kernels loop with a grid stride
 # index_t must also hold an index plus one grid stride (the last loop step).
 _STRIDE_SLACK = _MAX_BLOCKS * _ROW_BLOCK
@@ -47,6 +46,8 @@ CHANNEL_PAIRS = {"forward": True, "backward": True}
 # Strided axis in registers as 16-byte packs of inner positions (*_channels_packs),
 # by direction: the dtypes (CUDA names) that take it when the shape allows.
 CHANNEL_PACKS = {"forward": tuple(_ITEMSIZE), "backward": tuple(_ITEMSIZE)}
+# (K packs a thread holds, threads a block) of *_channels_packs, by direction.
+CHANNEL_PACK_SHAPE = {"forward": (8, 256), "backward": (8, 256)}
 
 FAMILY = _kernels.KernelFamily("softmax.cu", [
     *(f"softmax_{direction}_{mapping}<{t}, {i}, {log}>"
@@ -60,11 +61,12 @@ FAMILY = _kernels.KernelFamily("softmax.cu", [
       for t in _REGISTER_CHANNEL_TYPES
       for i in _INDEX_TYPES
       for log in ("false", "true")),
-    *(f"softmax_{direction}_channels_packs<{t}, {i}, {log}>"
+    *(f"softmax_{direction}_channels_packs<{t}, {i}, {log}, {k}>"
       for direction in ("forward", "backward")
       for t in _dtypes.CUDA_TYPES
       for i in _INDEX_TYPES
-      for log in ("false", "true")),
+      for log in ("false", "true")
+      for k in (4, 8)),
     *(f"softmax_forward_channels_registers<{t}, {i}, {log}>"
       for t in _REGISTER_CHANNEL_TYPES
       for i in _INDEX_TYPES
@@ -162,20 +164,21 @@ def _plan(direction, log, shape, axis, dtype, aligned):
                 (_ROW_BLOCK,), (itype(outer), itype(n)), 0)
     vec = 16 // itemsize
     if ctype in CHANNEL_PACKS[direction] and aligned and inner % vec == 0:
-        # CY rows of threads (the fewest >= 8 that hold n in CHANNEL_PACKS packs
-        # each), TW = 256 / CY threads of VEC positions along inner, narrowed
-        # (CY grows) while half the tile would still cover inner.
+        # CY rows of threads (the fewest >= 8 that hold n in K packs each, with
+        # TW = threads / CY >= _MIN_PACK_WIDTH threads of VEC positions along
+        # inner), TW then narrowed (CY grows) while half the tile covers inner.
+        packs, threads = CHANNEL_PACK_SHAPE[direction]
         rows_of_threads = 8
-        while rows_of_threads * _CHANNEL_PACKS < n and rows_of_threads < _MAX_PACK_ROWS:
+        while rows_of_threads * packs < n and rows_of_threads * _MIN_PACK_WIDTH < threads:
             rows_of_threads *= 2
-        if rows_of_threads * _CHANNEL_PACKS >= n:
-            width = _CHANNEL_THREADS // rows_of_threads
+        if rows_of_threads * packs >= n:
+            width = min(threads // rows_of_threads, 32 * 256 // threads)
             while width > 1 and (width // 2) * vec >= inner:
                 width //= 2
             tiles_per_outer = _kernels.ceil_div(inner, width * vec)
             grid = min(outer * tiles_per_outer, _MAX_BLOCKS)
-            return (f"softmax_{direction}_channels_packs<{template}>", (grid,),
-                    (width, _CHANNEL_THREADS // width),
+            return (f"softmax_{direction}_channels_packs<{template}, {packs}>", (grid,),
+                    (width, threads // width),
                     (itype(outer), itype(n), itype(inner), itype(tiles_per_outer)), 0)
     if CHANNEL_PAIRS[direction] and ctype in _REGISTER_CHANNEL_TYPES and inner % 2 == 0 and aligned:
         # 16-bit tile with pairs of inner positions: TW threads cover 2 TW positions.

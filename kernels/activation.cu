@@ -16,7 +16,9 @@
 // per-block partial sum of dx per channel into a workspace, reduced over the
 // blocks in a fixed order by bias_grad_reduce (deterministic, no atomics):
 //   *_planes  (NCHW) one block per chunk of one (n, c) plane;
-//   *_rows    (NHWC) blockDim (32, 8): 32 consecutive channels by 8 rows.
+//   *_rows    (NHWC) blockDim (32, 8): 32 consecutive channels by 8 rows;
+//   *_rows_packed  the same with 32 packs of VEC channels (C % VEC == 0).
+// Python sizes the NHWC row chunks so that the grid is ~2048 blocks whatever N*H*W.
 //
 // The math (modes, derivatives, PyTorch's conventions at the kinks) lives in
 // activation_math.cuh, shared with the fused convolution epilogues.
@@ -24,6 +26,11 @@
 #include "packs.cuh"
 
 #define UNROLL 4
+
+// The 16-bit types take exp through ex2.approx (activation_math.cuh: FAST):
+// its ~2^-22 relative error is far below their rounding, and it saves the
+// instructions that kept fp16/bf16 gelu backward just off the copy bandwidth.
+template <typename T> constexpr bool FAST_MATH = sizeof(T) == 2;
 
 template <typename T, typename index_t, int MODE>
 __global__ void activation_forward(const T* __restrict__ x, T* __restrict__ y, index_t n, index_t packs,
@@ -41,14 +48,14 @@ __global__ void activation_forward(const T* __restrict__ x, T* __restrict__ y, i
             if (base + u * step < packs) {
                 Pack<T, VEC> out;
 #pragma unroll
-                for (int e = 0; e < VEC; ++e) out.v[e] = store<T>(activate<MODE>(load(in[u].v[e]), alpha));
+                for (int e = 0; e < VEC; ++e) out.v[e] = store<T>(activate<MODE, acc_t<T>, FAST_MATH<T>>(load(in[u].v[e]), alpha));
                 store_pack<T, VEC>(y + (base + u * step) * VEC, out);
             }
         }
     }
     const index_t flat_stride = (index_t)gridDim.x * step;
     for (index_t i = packs * VEC + (index_t)blockIdx.x * step + (index_t)threadIdx.x; i < n; i += flat_stride)
-        y[i] = store<T>(activate<MODE>(load(x[i]), alpha));
+        y[i] = store<T>(activate<MODE, acc_t<T>, FAST_MATH<T>>(load(x[i]), alpha));
 }
 
 template <typename T, typename index_t, int MODE>
@@ -72,14 +79,14 @@ __global__ void activation_backward(const T* __restrict__ dy, const T* __restric
                 Pack<T, VEC> out;
 #pragma unroll
                 for (int e = 0; e < VEC; ++e)
-                    out.v[e] = store<T>(load(g[u].v[e]) * derivative<MODE>(load(in[u].v[e]), alpha));
+                    out.v[e] = store<T>(load(g[u].v[e]) * derivative<MODE, acc_t<T>, FAST_MATH<T>>(load(in[u].v[e]), alpha));
                 store_pack<T, VEC>(dx + (base + u * step) * VEC, out);
             }
         }
     }
     const index_t flat_stride = (index_t)gridDim.x * step;
     for (index_t i = packs * VEC + (index_t)blockIdx.x * step + (index_t)threadIdx.x; i < n; i += flat_stride)
-        dx[i] = store<T>(load(dy[i]) * derivative<MODE>(load(x[i]), alpha));
+        dx[i] = store<T>(load(dy[i]) * derivative<MODE, acc_t<T>, FAST_MATH<T>>(load(x[i]), alpha));
 }
 
 // ---- bias + activation ---------------------------------------------------------
@@ -105,14 +112,14 @@ __global__ void bias_activation_forward(const T* __restrict__ x, const T* __rest
                 Pack<T, VEC> out;
 #pragma unroll
                 for (int e = 0; e < VEC; ++e)
-                    out.v[e] = store<T>(activate<MODE>(load(in[u].v[e]) + load(bias[c0 + e * lane_step]), alpha));
+                    out.v[e] = store<T>(activate<MODE, acc_t<T>, FAST_MATH<T>>(load(in[u].v[e]) + load(bias[c0 + e * lane_step]), alpha));
                 store_pack<T, VEC>(y + at, out);
             }
         }
     }
     const index_t flat_stride = (index_t)gridDim.x * step;
     for (index_t i = packs * VEC + (index_t)blockIdx.x * step + (index_t)threadIdx.x; i < n; i += flat_stride)
-        y[i] = store<T>(activate<MODE>(load(x[i]) + load(bias[(i / inner) % channels]), alpha));
+        y[i] = store<T>(activate<MODE, acc_t<T>, FAST_MATH<T>>(load(x[i]) + load(bias[(i / inner) % channels]), alpha));
 }
 
 // NCHW backward: block b owns chunk j of plane p = (n, c), elements
@@ -149,7 +156,7 @@ __global__ void bias_activation_backward_planes(const T* __restrict__ dy, const 
                 Pack<T, VEC> out;
 #pragma unroll
                 for (int e = 0; e < VEC; ++e) {
-                    const A d = load(g0.v[e]) * derivative<MODE>(load(x0.v[e]) + bc, alpha);
+                    const A d = load(g0.v[e]) * derivative<MODE, acc_t<T>, FAST_MATH<T>>(load(x0.v[e]) + bc, alpha);
                     out.v[e] = store<T>(d);
                     acc += d;
                 }
@@ -157,7 +164,7 @@ __global__ void bias_activation_backward_planes(const T* __restrict__ dy, const 
                 if (q2 < plen) {
 #pragma unroll
                     for (int e = 0; e < VEC; ++e) {
-                        const A d = load(g1.v[e]) * derivative<MODE>(load(x1.v[e]) + bc, alpha);
+                        const A d = load(g1.v[e]) * derivative<MODE, acc_t<T>, FAST_MATH<T>>(load(x1.v[e]) + bc, alpha);
                         out.v[e] = store<T>(d);
                         acc += d;
                     }
@@ -166,7 +173,7 @@ __global__ void bias_activation_backward_planes(const T* __restrict__ dy, const 
             }
         } else {
             for (index_t q = threadIdx.x; q < len; q += (index_t)blockDim.x) {
-                const A d = load(dy[start + q]) * derivative<MODE>(load(x[start + q]) + bc, alpha);
+                const A d = load(dy[start + q]) * derivative<MODE, acc_t<T>, FAST_MATH<T>>(load(x[start + q]) + bc, alpha);
                 dx[start + q] = store<T>(d);
                 acc += d;
             }
@@ -194,7 +201,7 @@ __global__ void bias_activation_backward_rows(const T* __restrict__ dy, const T*
 #pragma unroll 4
         for (index_t r = first + threadIdx.y; r < last; r += blockDim.y) {
             const index_t at = r * channels + c;
-            const A d = load(dy[at]) * derivative<MODE>(load(x[at]) + bc, alpha);
+            const A d = load(dy[at]) * derivative<MODE, acc_t<T>, FAST_MATH<T>>(load(x[at]) + bc, alpha);
             dx[at] = store<T>(d);
             acc += d;
         }
@@ -207,15 +214,77 @@ __global__ void bias_activation_backward_rows(const T* __restrict__ dy, const T*
     }
 }
 
-// dbias[c] = sum over groups g of partial[g * channels + c], in order g = 0, 1, ...
+// NHWC backward with 16-byte packs (C % VEC == 0, aligned): thread tx of block bx owns
+// the VEC channels of pack 32 bx + tx, so a warp reads 32 x 16 contiguous bytes of a row
+// (the scalar kernel above moves 4 or 2 bytes a thread).
+template <typename T, typename index_t, int MODE>
+__global__ void bias_activation_backward_rows_packed(const T* __restrict__ dy, const T* __restrict__ x,
+                                                     const T* __restrict__ bias, T* __restrict__ dx,
+                                                     acc_t<T>* __restrict__ partial, index_t rows,
+                                                     index_t channels, index_t rows_per_chunk, acc_t<T> alpha) {
+    typedef acc_t<T> A;
+    constexpr int VEC = pack_width<T>::value;
+    __shared__ A scratch[8][32 * VEC];
+    const index_t c0 = ((index_t)blockIdx.x * 32 + threadIdx.x) * VEC;
+    const index_t first = (index_t)blockIdx.y * rows_per_chunk;
+    const index_t last = min(first + rows_per_chunk, rows);
+    A acc[VEC];
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) acc[e] = A(0);
+    if (c0 < channels) {
+        A bc[VEC];
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) bc[e] = load(bias[c0 + e]);
+#pragma unroll 4
+        for (index_t r = first + threadIdx.y; r < last; r += blockDim.y) {
+            const index_t at = r * channels + c0;
+            const Pack<T, VEC> g = load_pack<T, VEC>(dy + at), in = load_pack<T, VEC>(x + at);
+            Pack<T, VEC> out;
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) {
+                const A d = load(g.v[e]) * derivative<MODE, A, FAST_MATH<T>>(load(in.v[e]) + bc[e], alpha);
+                out.v[e] = store<T>(d);
+                acc[e] += d;
+            }
+            store_pack<T, VEC>(dx + at, out);
+        }
+    }
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) scratch[threadIdx.y][threadIdx.x * VEC + e] = acc[e];
+    __syncthreads();
+    if (threadIdx.y == 0 && c0 < channels) {
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) {
+            A s = acc[e];
+            for (int k = 1; k < 8; ++k) s += scratch[k][threadIdx.x * VEC + e];
+            partial[(index_t)blockIdx.y * channels + c0 + e] = s;
+        }
+    }
+}
+
+// dbias[c] = sum over groups g of partial[g * channels + c]: blockDim (32, 32),
+// thread (tx, ty) sums groups ty, ty + 32, ... of channel 32 bx + tx (a warp reads
+// 32 consecutive channels), then ty == 0 adds the 32 slices in order: the same
+// bits on every run.  (One thread a channel walking every group ran ~100 us on
+// the 3136 groups of NHWC 64x56x56: a serial chain of L2 loads.)
 template <typename T, typename index_t>
 __global__ void bias_grad_reduce(const acc_t<T>* __restrict__ partial, T* __restrict__ dbias, index_t groups,
                                  index_t channels) {
     typedef acc_t<T> A;
-    for (index_t c = (index_t)blockIdx.x * blockDim.x + threadIdx.x; c < channels;
-         c += (index_t)gridDim.x * blockDim.x) {
+    __shared__ A slices[32][33];
+    for (index_t c0 = (index_t)blockIdx.x * 32; c0 < channels; c0 += (index_t)gridDim.x * 32) {
+        const index_t c = c0 + threadIdx.x;
         A s = A(0);
-        for (index_t g = 0; g < groups; ++g) s += partial[g * channels + c];
-        dbias[c] = store<T>(s);
+        if (c < channels) {
+#pragma unroll 4
+            for (index_t g = threadIdx.y; g < groups; g += 32) s += partial[g * channels + c];
+        }
+        __syncthreads();  // the previous channel block's slices are read
+        slices[threadIdx.y][threadIdx.x] = s;
+        __syncthreads();
+        if (threadIdx.y == 0 && c < channels) {
+            for (int k = 1; k < 32; ++k) s += slices[k][threadIdx.x];
+            dbias[c] = store<T>(s);
+        }
     }
 }

@@ -592,28 +592,28 @@ __global__ void __launch_bounds__(256) softmax_forward_channels_registers(const 
 
 // ---- strided axis in registers, 16-byte packs of inner positions ------------------
 
-// *_channels_packs: blockDim (TW, CY), TW * CY = 256, TW <= 32 (a power of two).
+// *_channels_packs: blockDim (TW, CY), TW * CY = 256 or 512, TW <= 32 (a power of
+// two; <= 16 for 512 threads).
 // A block owns TW x VEC consecutive inner positions of one outer index (VEC =
 // the values of a 16-byte pack: 4 float, 8 half/bfloat16, 2 double) and the
 // whole axis; thread (tx, ty) holds the packs of positions tx * VEC .. + VEC
-// for axis rows ty, ty + CY, ... (CHANNEL_PACKS of them; Python: n <=
-// CHANNEL_PACKS * CY, inner % VEC == 0, pointers 16-byte aligned).  Each warp
+// for axis rows ty, ty + CY, ... (K of them, 4 or 8; Python: n <= K * CY,
+// inner % VEC == 0, pointers 16-byte aligned).  Each warp
 // access moves 32/TW rows of TW x 16 contiguous bytes, every load is issued
 // before any math, and the packs stay raw (32 registers a thread in every
 // dtype, as in *_rows_registers) and are converted where used.  float and
 // double forward keep exp(x - max) in place of x (one exp a value); the
 // 16-bit types recompute it with ex2.approx (a 16-bit pack would round it).
-#define CHANNEL_PACKS 8
-#define CHANNEL_WARPS (CHANNEL_THREADS / 32)
+#define CHANNEL_PACK_THREADS 512  // the most threads of a *_channels_packs block
 
 // Reduce VEC values per thread over the CY threads of its tile column (same
 // tx): a butterfly over the lanes of a warp with the same tx (every lane gets
 // the same bits), then the warps' results through shared memory, combined in
-// warp order.  `scratch` holds CHANNEL_WARPS x 32 x VEC values.
+// warp order.  `scratch` holds warps x TW x VEC <= 256 x VEC values.
 template <typename A, int VEC, bool MAX> __device__ __forceinline__ void column_reduce_packs(A (&v)[VEC], A* scratch) {
     const int tw = blockDim.x, tx = threadIdx.x;
     const int flat = threadIdx.y * tw + tx;
-    const int lane = flat & 31, warp = flat >> 5;
+    const int lane = flat & 31, warp = flat >> 5, warps = (tw * blockDim.y) >> 5;
     for (int off = 16; off >= tw; off >>= 1) {  // lanes off apart share tx when off >= TW
 #pragma unroll
         for (int e = 0; e < VEC; ++e) {
@@ -624,29 +624,29 @@ template <typename A, int VEC, bool MAX> __device__ __forceinline__ void column_
     __syncthreads();  // scratch may still be read by the previous call
     if (lane < tw) {
 #pragma unroll
-        for (int e = 0; e < VEC; ++e) scratch[(warp * 32 + tx) * VEC + e] = v[e];
+        for (int e = 0; e < VEC; ++e) scratch[(warp * tw + tx) * VEC + e] = v[e];
     }
     __syncthreads();
 #pragma unroll
     for (int e = 0; e < VEC; ++e) v[e] = scratch[tx * VEC + e];
-    for (int w = 1; w < CHANNEL_WARPS; ++w) {
+    for (int w = 1; w < warps; ++w) {
 #pragma unroll
         for (int e = 0; e < VEC; ++e) {
-            const A o = scratch[(w * 32 + tx) * VEC + e];
+            const A o = scratch[(w * tw + tx) * VEC + e];
             v[e] = MAX ? fmax(v[e], o) : v[e] + o;
         }
     }
 }
 
-template <typename T, typename index_t, bool LOG>
-__global__ void __launch_bounds__(CHANNEL_THREADS) softmax_forward_channels_packs(const T* __restrict__ x,
+template <typename T, typename index_t, bool LOG, int K>
+__global__ void __launch_bounds__(CHANNEL_PACK_THREADS) softmax_forward_channels_packs(const T* __restrict__ x,
                                                                                  T* __restrict__ y, index_t outer,
                                                                                  index_t n, index_t inner,
                                                                                  index_t tiles_per_outer) {
     typedef acc_t<T> A;
     constexpr int VEC = pack_width<T>::value;
     constexpr bool KEEP_EXP = sizeof(T) == sizeof(A);  // float, double: the pack holds A values
-    __shared__ A scratch[CHANNEL_WARPS * 32 * VEC];
+    __shared__ A scratch[256 * VEC];
     const int tx = threadIdx.x, ty = threadIdx.y, tw = blockDim.x, cy = blockDim.y;
     const index_t tiles = outer * tiles_per_outer;
     for (index_t t = blockIdx.x; t < tiles; t += (index_t)gridDim.x) {
@@ -654,9 +654,9 @@ __global__ void __launch_bounds__(CHANNEL_THREADS) softmax_forward_channels_pack
         const index_t p = ((t - o * tiles_per_outer) * tw + tx) * VEC;
         const bool valid = p < inner;  // inner % VEC == 0: the whole pack is inside
         const index_t base = o * n * inner + p;
-        Pack<T, VEC> v[CHANNEL_PACKS];
+        Pack<T, VEC> v[K];
 #pragma unroll
-        for (int k = 0; k < CHANNEL_PACKS; ++k) {
+        for (int k = 0; k < K; ++k) {
             const index_t c = (index_t)ty + (index_t)k * cy;
             if (valid && c < n) v[k] = load_pack<T, VEC>(x + base + c * inner);
         }
@@ -664,7 +664,7 @@ __global__ void __launch_bounds__(CHANNEL_THREADS) softmax_forward_channels_pack
 #pragma unroll
         for (int e = 0; e < VEC; ++e) m[e] = negative_infinity<A>();
 #pragma unroll
-        for (int k = 0; k < CHANNEL_PACKS; ++k) {
+        for (int k = 0; k < K; ++k) {
             if (valid && (index_t)ty + (index_t)k * cy < n) {
 #pragma unroll
                 for (int e = 0; e < VEC; ++e) m[e] = fmax(m[e], load(v[k].v[e]));  // a NaN poisons the sum below
@@ -674,7 +674,7 @@ __global__ void __launch_bounds__(CHANNEL_THREADS) softmax_forward_channels_pack
 #pragma unroll
         for (int e = 0; e < VEC; ++e) s[e] = A(0);
 #pragma unroll
-        for (int k = 0; k < CHANNEL_PACKS; ++k) {
+        for (int k = 0; k < K; ++k) {
             if (valid && (index_t)ty + (index_t)k * cy < n) {
 #pragma unroll
                 for (int e = 0; e < VEC; ++e) {
@@ -688,7 +688,7 @@ __global__ void __launch_bounds__(CHANNEL_THREADS) softmax_forward_channels_pack
 #pragma unroll
         for (int e = 0; e < VEC; ++e) s[e] = LOG ? log_acc(s[e]) : A(1) / s[e];  // log s, or 1 / s
 #pragma unroll
-        for (int k = 0; k < CHANNEL_PACKS; ++k) {
+        for (int k = 0; k < K; ++k) {
             const index_t c = (index_t)ty + (index_t)k * cy;
             if (valid && c < n) {
                 Pack<T, VEC> out;
@@ -706,15 +706,15 @@ __global__ void __launch_bounds__(CHANNEL_THREADS) softmax_forward_channels_pack
     }
 }
 
-template <typename T, typename index_t, bool LOG>
-__global__ void __launch_bounds__(CHANNEL_THREADS) softmax_backward_channels_packs(const T* __restrict__ dy,
+template <typename T, typename index_t, bool LOG, int K>
+__global__ void __launch_bounds__(CHANNEL_PACK_THREADS) softmax_backward_channels_packs(const T* __restrict__ dy,
                                                                                   const T* __restrict__ y,
                                                                                   T* __restrict__ dx, index_t outer,
                                                                                   index_t n, index_t inner,
                                                                                   index_t tiles_per_outer) {
     typedef acc_t<T> A;
     constexpr int VEC = pack_width<T>::value;
-    __shared__ A scratch[CHANNEL_WARPS * 32 * VEC];
+    __shared__ A scratch[256 * VEC];
     const int tx = threadIdx.x, ty = threadIdx.y, tw = blockDim.x, cy = blockDim.y;
     const index_t tiles = outer * tiles_per_outer;
     for (index_t t = blockIdx.x; t < tiles; t += (index_t)gridDim.x) {
@@ -722,9 +722,9 @@ __global__ void __launch_bounds__(CHANNEL_THREADS) softmax_backward_channels_pac
         const index_t p = ((t - o * tiles_per_outer) * tw + tx) * VEC;
         const bool valid = p < inner;
         const index_t base = o * n * inner + p;
-        Pack<T, VEC> g[CHANNEL_PACKS], w[CHANNEL_PACKS];
+        Pack<T, VEC> g[K], w[K];
 #pragma unroll
-        for (int k = 0; k < CHANNEL_PACKS; ++k) {
+        for (int k = 0; k < K; ++k) {
             const index_t c = (index_t)ty + (index_t)k * cy;
             if (valid && c < n) {
                 g[k] = load_pack<T, VEC>(dy + base + c * inner);
@@ -735,7 +735,7 @@ __global__ void __launch_bounds__(CHANNEL_THREADS) softmax_backward_channels_pac
 #pragma unroll
         for (int e = 0; e < VEC; ++e) sum[e] = A(0);
 #pragma unroll
-        for (int k = 0; k < CHANNEL_PACKS; ++k) {
+        for (int k = 0; k < K; ++k) {
             if (valid && (index_t)ty + (index_t)k * cy < n) {
 #pragma unroll
                 for (int e = 0; e < VEC; ++e) sum[e] += backward_term<A, LOG>(load(g[k].v[e]), load(w[k].v[e]));
@@ -743,7 +743,7 @@ __global__ void __launch_bounds__(CHANNEL_THREADS) softmax_backward_channels_pac
         }
         column_reduce_packs<A, VEC, false>(sum, scratch);
 #pragma unroll
-        for (int k = 0; k < CHANNEL_PACKS; ++k) {
+        for (int k = 0; k < K; ++k) {
             const index_t c = (index_t)ty + (index_t)k * cy;
             if (valid && c < n) {
                 Pack<T, VEC> out;

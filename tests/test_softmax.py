@@ -126,6 +126,16 @@ def test_forward_and_backward_against_reference(xp, rng, dtype, shape, axis):
                  what="log_softmax_backward")
 
 
+@pytest.fixture
+def fresh_fast_table():
+    """An empty table of prepared launches before and after the test, so a call
+    takes the path the test selects and no later test inherits it."""
+    from dnnprims import softmaxes
+    softmaxes._FAST.clear()
+    yield
+    softmaxes._FAST.clear()
+
+
 PAIR_CASES = [((2, 7, 3, 6), 1), ((2, 13, 2), 1), ((3, 1, 4), 1), ((1, 3, 130), 1), ((2, 256, 64), 1),
               ((2, 600, 16), 1), ((2, 3000, 4), 1), ((4, 7, 14), 1), ((3, 5, 7, 2), 2),
               ((3, 100, 48), 1), ((1, 17, 520), 1)]
@@ -134,7 +144,7 @@ PAIR_CASES = [((2, 7, 3, 6), 1), ((2, 13, 2), 1), ((3, 1, 4), 1), ((1, 3, 130), 
 @pytest.mark.parametrize("path", ["packs", "pairs", "tile"])
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 @pytest.mark.parametrize("shape,axis", PAIR_CASES, ids=[f"{s}-axis{a}" for s, a in PAIR_CASES])
-def test_channel_pairs_paths(xp, rng, monkeypatch, path, dtype, shape, axis):
+def test_channel_pairs_paths(xp, rng, monkeypatch, fresh_fast_table, path, dtype, shape, axis):
     """Each strided-axis path where the shape allows it: 16-byte packs of inner
     positions, 16-bit tiles with two inner positions per thread (inner even: one
     and several tiles, a partial last tile, narrow tiles for a long axis, an axis
@@ -144,6 +154,34 @@ def test_channel_pairs_paths(xp, rng, monkeypatch, path, dtype, shape, axis):
     pairs, packs = path == "pairs", softmaxes.CHANNEL_PACKS["forward"] if path == "packs" else ()
     monkeypatch.setattr(softmaxes, "CHANNEL_PAIRS", {"forward": pairs, "backward": pairs})
     monkeypatch.setattr(softmaxes, "CHANNEL_PACKS", {"forward": packs, "backward": packs})
+    monkeypatch.setattr(softmaxes, "_PLANS", {})
+    x = random_array(rng, shape, dtype, low=-4, high=4)
+    dy = random_array(rng, shape, dtype)
+    x64, dy64 = x.astype(np.float64), dy.astype(np.float64)
+    assert_close(softmax(xp.asarray(x), axis=axis), ref.softmax(x64, axis), dtype, what="softmax")
+    assert_close(log_softmax(xp.asarray(x), axis=axis), ref.log_softmax(x64, axis), dtype, what="log_softmax")
+    y_stored = ref.softmax(x, axis)
+    assert_close(softmax_backward(xp.asarray(dy), xp.asarray(y_stored), axis=axis),
+                 ref.softmax_backward(dy64, y_stored.astype(np.float64), axis), dtype, what="softmax_backward")
+    logy_stored = ref.log_softmax(x, axis)
+    assert_close(log_softmax_backward(xp.asarray(dy), xp.asarray(logy_stored), axis=axis),
+                 ref.log_softmax_backward(dy64, logy_stored.astype(np.float64), axis), dtype,
+                 what="log_softmax_backward")
+
+
+PACK_CASES = [((3, 512, 24), 1), ((2, 513, 8), 1), ((2, 300, 16), 1), ((3, 5, 8), 1), ((2, 256, 64), 1),
+              ((2, 33, 136), 1), ((2, 3, 64, 4, 2), 2)]
+
+
+@pytest.mark.parametrize("pack_shape", [(8, 256), (8, 512), (4, 256), (4, 512)])
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("shape,axis", PACK_CASES, ids=[f"{s}-axis{a}" for s, a in PACK_CASES])
+def test_channel_packs_shapes(xp, rng, monkeypatch, fresh_fast_table, pack_shape, dtype, shape, axis):
+    """*_channels_packs with 4 or 8 packs a thread and 256 or 512 threads a block
+    (axis up to the capacity and one past it, narrow and partial tiles), forward
+    and backward against the float64 reference."""
+    from dnnprims import softmaxes
+    monkeypatch.setattr(softmaxes, "CHANNEL_PACK_SHAPE", {"forward": pack_shape, "backward": pack_shape})
     monkeypatch.setattr(softmaxes, "_PLANS", {})
     x = random_array(rng, shape, dtype, low=-4, high=4)
     dy = random_array(rng, shape, dtype)
