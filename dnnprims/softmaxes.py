@@ -43,11 +43,10 @@ _REGISTER_CHANNEL_TYPES = ("half_t", "bfloat16_t")
 # 16-bit channel softmax with inner even and aligned pointers: the tile kernels
 # with two inner positions (one 4-byte access) per thread, by direction.
 CHANNEL_PAIRS = {"forward": True, "backward": True}
-# Strided axis in registers as 16-byte packs of inner positions (*_channels_packs),
-# by direction: the dtypes (CUDA names) that take it when the shape allows.
-CHANNEL_PACKS = {"forward": tuple(_ITEMSIZE), "backward": tuple(_ITEMSIZE)}
-# (K packs a thread holds, threads a block) of *_channels_packs, by direction.
-CHANNEL_PACK_SHAPE = {"forward": (8, 256), "backward": (8, 256)}
+# Strided axis in registers as 16-byte packs of inner positions (*_channels_packs):
+# direction -> CUDA type -> (K packs a thread holds, threads a block); a type not
+# listed keeps the other strided-axis kernels.
+CHANNEL_PACKS = {direction: {t: (8, 256) for t in _ITEMSIZE} for direction in ("forward", "backward")}
 
 FAMILY = _kernels.KernelFamily("softmax.cu", [
     *(f"softmax_{direction}_{mapping}<{t}, {i}, {log}>"
@@ -167,7 +166,7 @@ def _plan(direction, log, shape, axis, dtype, aligned):
         # CY rows of threads (the fewest >= 8 that hold n in K packs each, with
         # TW = threads / CY >= _MIN_PACK_WIDTH threads of VEC positions along
         # inner), TW then narrowed (CY grows) while half the tile covers inner.
-        packs, threads = CHANNEL_PACK_SHAPE[direction]
+        packs, threads = CHANNEL_PACKS[direction][ctype]
         rows_of_threads = 8
         while rows_of_threads * packs < n and rows_of_threads * _MIN_PACK_WIDTH < threads:
             rows_of_threads *= 2

@@ -327,7 +327,9 @@ def test_bias_activation_backward_by_finite_differences(rng, mode, options, layo
 # several chunks, no spatial axes; NHWC: packs of consecutive channels, odd C.
 BIAS_CASES = [((2, 8, 4, 4), "NCHW"), ((2, 5, 3, 7), "NCHW"), ((1, 3, 100, 90), "NCHW"), ((3, 16), "NCHW"),
               ((1, 13, 1, 1), "NCHW"), ((2, 3, 5, 8), "NHWC"), ((2, 4, 3, 13), "NHWC"), ((70, 24), "NHWC"),
-              ((3, 2, 136), "NHWC")]
+              ((3, 2, 136), "NHWC"),
+              # NHWC over many row chunks (a partial last one) with packs of channels
+              ((2, 40, 30, 64), "NHWC"), ((3, 37, 5, 16), "NHWC")]
 BIAS_MODES = [("relu", {}), ("gelu", {}), ("gelu", {"approximate": "tanh"}), ("elu", {"alpha": 0.5}),
               ("silu", {}), ("clipped_relu", {})]
 
@@ -355,6 +357,25 @@ def test_bias_activation_against_reference(xp, rng, dtype, shape, layout):
         # dbias sums terms of both signs: bound its error by the sum of their magnitudes.
         assert_close(dbias, dbias_ref, dtype, what=f"{mode} dbias",
                      magnitude=np.abs(dx_ref).sum(axis=_other_axes(len(shape), layout)))
+
+
+@pytest.mark.parametrize("packed", [True, False])
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_bias_activation_nhwc_backward_paths(xp, rng, monkeypatch, packed, dtype):
+    """NHWC backward with and without 16-byte packs of channels, over many row
+    chunks, against the float64 reference (dx and dbias)."""
+    from dnnprims import activations
+    monkeypatch.setattr(activations, "NHWC_PACKED", packed)
+    shape = (4, 33, 29, 32)
+    x = random_array(rng, shape, dtype, low=-4, high=4)
+    bias = random_array(rng, (32,), dtype)
+    dy = random_array(rng, shape, dtype)
+    x64, b64, dy64 = (a.astype(np.float64) for a in (x, bias, dy))
+    for mode in ("relu", "gelu"):
+        dx, dbias = bias_activation_backward(xp.asarray(dy), xp.asarray(x), xp.asarray(bias), mode, layout="NHWC")
+        dx_ref, dbias_ref = ref.bias_activation_backward(dy64, x64, b64, mode, None, "none", "NHWC")
+        assert_close(dx, dx_ref, dtype, what=f"{mode} dx")
+        assert_close(dbias, dbias_ref, dtype, what=f"{mode} dbias", magnitude=np.abs(dx_ref).sum(axis=(0, 1, 2)))
 
 
 @SETTINGS

@@ -151,7 +151,8 @@ def test_channel_pairs_paths(xp, rng, monkeypatch, fresh_fast_table, path, dtype
     too long for any tile), and the one-position kernels, against the float64
     reference, forward and backward."""
     from dnnprims import softmaxes
-    pairs, packs = path == "pairs", softmaxes.CHANNEL_PACKS["forward"] if path == "packs" else ()
+    pairs = path == "pairs"
+    packs = {t: (8, 256) for t in ("float", "double", "half_t", "bfloat16_t")} if path == "packs" else {}
     monkeypatch.setattr(softmaxes, "CHANNEL_PAIRS", {"forward": pairs, "backward": pairs})
     monkeypatch.setattr(softmaxes, "CHANNEL_PACKS", {"forward": packs, "backward": packs})
     monkeypatch.setattr(softmaxes, "_PLANS", {})
@@ -181,7 +182,8 @@ def test_channel_packs_shapes(xp, rng, monkeypatch, fresh_fast_table, pack_shape
     (axis up to the capacity and one past it, narrow and partial tiles), forward
     and backward against the float64 reference."""
     from dnnprims import softmaxes
-    monkeypatch.setattr(softmaxes, "CHANNEL_PACK_SHAPE", {"forward": pack_shape, "backward": pack_shape})
+    packs = {t: pack_shape for t in ("float", "double", "half_t", "bfloat16_t")}
+    monkeypatch.setattr(softmaxes, "CHANNEL_PACKS", {"forward": packs, "backward": packs})
     monkeypatch.setattr(softmaxes, "_PLANS", {})
     x = random_array(rng, shape, dtype, low=-4, high=4)
     dy = random_array(rng, shape, dtype)
