@@ -44,38 +44,35 @@ _REGISTER_CHANNEL_TYPES = ("half_t", "bfloat16_t")
 # with two inner positions (one 4-byte access) per thread, by direction.
 CHANNEL_PAIRS = {"forward": True, "backward": True}
 # Strided axis in registers as 16-byte packs of inner positions (*_channels_packs):
-# direction -> CUDA type -> (K packs a thread holds, threads a block); a type not
-# listed keeps the other strided-axis kernels.
-CHANNEL_PACKS = {direction: {t: (8, 256) for t in _ITEMSIZE} for direction in ("forward", "backward")}
+# (direction, log) -> CUDA type -> (K packs a thread holds, threads a block); a type
+# not listed keeps the other strided-axis kernels.  The fastest of (8|4, 256|512)
+# on the H100, 64x256x56x56 (notes/softmax3.md); double is not measured: (8, 256).
+_PACKS_PER_THREAD = (4, 8)   # the K the family declares
+CHANNEL_PACKS = {
+    ("forward", False): {"float": (8, 256), "double": (8, 256), "half_t": (8, 256), "bfloat16_t": (8, 256)},
+    ("forward", True): {"float": (8, 256), "double": (8, 256), "half_t": (4, 256), "bfloat16_t": (4, 256)},
+    ("backward", False): {"float": (8, 512), "double": (8, 256), "half_t": (8, 256), "bfloat16_t": (8, 256)},
+    ("backward", True): {"float": (8, 512), "double": (8, 256), "half_t": (8, 256), "bfloat16_t": (8, 256)},
+}
+
+_DIRECTIONS = ("forward", "backward")
+
+
+def _names(kernels, types, extras=lambda t: ("",)):
+    """`kernel<type, index, log{extra}>` for every kernel, type, index type, log flag, extra."""
+    return [f"{kernel}<{t}, {i}, {log}{extra}>" for kernel in kernels for t in types for i in _INDEX_TYPES
+            for log in ("false", "true") for extra in extras(t)]
+
 
 FAMILY = _kernels.KernelFamily("softmax.cu", [
-    *(f"softmax_{direction}_{mapping}<{t}, {i}, {log}>"
-      for direction in ("forward", "backward")
-      for mapping in ("rows_block", "channels", "columns")
-      for t in _dtypes.CUDA_TYPES
-      for i in _INDEX_TYPES
-      for log in ("false", "true")),
-    *(f"softmax_{direction}_channels_pairs<{t}, {i}, {log}>"
-      for direction in ("forward", "backward")
-      for t in _REGISTER_CHANNEL_TYPES
-      for i in _INDEX_TYPES
-      for log in ("false", "true")),
-    *(f"softmax_{direction}_channels_packs<{t}, {i}, {log}, {k}>"
-      for direction in ("forward", "backward")
-      for t in _dtypes.CUDA_TYPES
-      for i in _INDEX_TYPES
-      for log in ("false", "true")
-      for k in (4, 8)),
-    *(f"softmax_forward_channels_registers<{t}, {i}, {log}>"
-      for t in _REGISTER_CHANNEL_TYPES
-      for i in _INDEX_TYPES
-      for log in ("false", "true")),
-    *(f"softmax_{direction}_rows_registers<{t}, {i}, {log}, {vec}>"
-      for direction in ("forward", "backward")
-      for t in _dtypes.CUDA_TYPES
-      for i in _INDEX_TYPES
-      for log in ("false", "true")
-      for vec in sorted({1, 16 // _ITEMSIZE[t]})),
+    *_names([f"softmax_{d}_{m}" for d in _DIRECTIONS for m in ("rows_block", "channels", "columns")],
+            _dtypes.CUDA_TYPES),
+    *_names([f"softmax_{d}_channels_pairs" for d in _DIRECTIONS], _REGISTER_CHANNEL_TYPES),
+    *_names([f"softmax_{d}_channels_packs" for d in _DIRECTIONS], _dtypes.CUDA_TYPES,
+            lambda t: tuple(f", {k}" for k in _PACKS_PER_THREAD)),
+    *_names(["softmax_forward_channels_registers"], _REGISTER_CHANNEL_TYPES),
+    *_names([f"softmax_{d}_rows_registers" for d in _DIRECTIONS], _dtypes.CUDA_TYPES,
+            lambda t: tuple(f", {vec}" for vec in sorted({1, 16 // _ITEMSIZE[t]}))),
 ])
 
 
@@ -162,11 +159,12 @@ def _plan(direction, log, shape, axis, dtype, aligned):
         return (f"softmax_{direction}_rows_block<{template}>", (min(outer, _MAX_BLOCKS),),
                 (_ROW_BLOCK,), (itype(outer), itype(n)), 0)
     vec = 16 // itemsize
-    if ctype in CHANNEL_PACKS[direction] and aligned and inner % vec == 0:
+    packs_table = CHANNEL_PACKS[(direction, log)]
+    if ctype in packs_table and aligned and inner % vec == 0:
         # CY rows of threads (the fewest >= 8 that hold n in K packs each, with
         # TW = threads / CY >= _MIN_PACK_WIDTH threads of VEC positions along
         # inner), TW then narrowed (CY grows) while half the tile covers inner.
-        packs, threads = CHANNEL_PACKS[direction][ctype]
+        packs, threads = packs_table[ctype]
         rows_of_threads = 8
         while rows_of_threads * packs < n and rows_of_threads * _MIN_PACK_WIDTH < threads:
             rows_of_threads *= 2

@@ -27,11 +27,6 @@
 
 #define UNROLL 4
 
-// The 16-bit types take exp through ex2.approx (activation_math.cuh: FAST):
-// its ~2^-22 relative error is far below their rounding, and it saves the
-// instructions that kept fp16/bf16 gelu backward just off the copy bandwidth.
-template <typename T> constexpr bool FAST_MATH = sizeof(T) == 2;
-
 template <typename T, typename index_t, int MODE>
 __global__ void activation_forward(const T* __restrict__ x, T* __restrict__ y, index_t n, index_t packs,
                                    acc_t<T> alpha) {
@@ -48,14 +43,14 @@ __global__ void activation_forward(const T* __restrict__ x, T* __restrict__ y, i
             if (base + u * step < packs) {
                 Pack<T, VEC> out;
 #pragma unroll
-                for (int e = 0; e < VEC; ++e) out.v[e] = store<T>(activate<MODE, acc_t<T>, FAST_MATH<T>>(load(in[u].v[e]), alpha));
+                for (int e = 0; e < VEC; ++e) out.v[e] = store<T>(activate<MODE>(load(in[u].v[e]), alpha));
                 store_pack<T, VEC>(y + (base + u * step) * VEC, out);
             }
         }
     }
     const index_t flat_stride = (index_t)gridDim.x * step;
     for (index_t i = packs * VEC + (index_t)blockIdx.x * step + (index_t)threadIdx.x; i < n; i += flat_stride)
-        y[i] = store<T>(activate<MODE, acc_t<T>, FAST_MATH<T>>(load(x[i]), alpha));
+        y[i] = store<T>(activate<MODE>(load(x[i]), alpha));
 }
 
 template <typename T, typename index_t, int MODE>
@@ -79,14 +74,14 @@ __global__ void activation_backward(const T* __restrict__ dy, const T* __restric
                 Pack<T, VEC> out;
 #pragma unroll
                 for (int e = 0; e < VEC; ++e)
-                    out.v[e] = store<T>(load(g[u].v[e]) * derivative<MODE, acc_t<T>, FAST_MATH<T>>(load(in[u].v[e]), alpha));
+                    out.v[e] = store<T>(load(g[u].v[e]) * derivative<MODE>(load(in[u].v[e]), alpha));
                 store_pack<T, VEC>(dx + (base + u * step) * VEC, out);
             }
         }
     }
     const index_t flat_stride = (index_t)gridDim.x * step;
     for (index_t i = packs * VEC + (index_t)blockIdx.x * step + (index_t)threadIdx.x; i < n; i += flat_stride)
-        dx[i] = store<T>(load(dy[i]) * derivative<MODE, acc_t<T>, FAST_MATH<T>>(load(x[i]), alpha));
+        dx[i] = store<T>(load(dy[i]) * derivative<MODE>(load(x[i]), alpha));
 }
 
 // ---- bias + activation ---------------------------------------------------------
@@ -112,14 +107,14 @@ __global__ void bias_activation_forward(const T* __restrict__ x, const T* __rest
                 Pack<T, VEC> out;
 #pragma unroll
                 for (int e = 0; e < VEC; ++e)
-                    out.v[e] = store<T>(activate<MODE, acc_t<T>, FAST_MATH<T>>(load(in[u].v[e]) + load(bias[c0 + e * lane_step]), alpha));
+                    out.v[e] = store<T>(activate<MODE>(load(in[u].v[e]) + load(bias[c0 + e * lane_step]), alpha));
                 store_pack<T, VEC>(y + at, out);
             }
         }
     }
     const index_t flat_stride = (index_t)gridDim.x * step;
     for (index_t i = packs * VEC + (index_t)blockIdx.x * step + (index_t)threadIdx.x; i < n; i += flat_stride)
-        y[i] = store<T>(activate<MODE, acc_t<T>, FAST_MATH<T>>(load(x[i]) + load(bias[(i / inner) % channels]), alpha));
+        y[i] = store<T>(activate<MODE>(load(x[i]) + load(bias[(i / inner) % channels]), alpha));
 }
 
 // NCHW backward: block b owns chunk j of plane p = (n, c), elements
@@ -156,7 +151,7 @@ __global__ void bias_activation_backward_planes(const T* __restrict__ dy, const 
                 Pack<T, VEC> out;
 #pragma unroll
                 for (int e = 0; e < VEC; ++e) {
-                    const A d = load(g0.v[e]) * derivative<MODE, acc_t<T>, FAST_MATH<T>>(load(x0.v[e]) + bc, alpha);
+                    const A d = load(g0.v[e]) * derivative<MODE>(load(x0.v[e]) + bc, alpha);
                     out.v[e] = store<T>(d);
                     acc += d;
                 }
@@ -164,7 +159,7 @@ __global__ void bias_activation_backward_planes(const T* __restrict__ dy, const 
                 if (q2 < plen) {
 #pragma unroll
                     for (int e = 0; e < VEC; ++e) {
-                        const A d = load(g1.v[e]) * derivative<MODE, acc_t<T>, FAST_MATH<T>>(load(x1.v[e]) + bc, alpha);
+                        const A d = load(g1.v[e]) * derivative<MODE>(load(x1.v[e]) + bc, alpha);
                         out.v[e] = store<T>(d);
                         acc += d;
                     }
@@ -173,7 +168,7 @@ __global__ void bias_activation_backward_planes(const T* __restrict__ dy, const 
             }
         } else {
             for (index_t q = threadIdx.x; q < len; q += (index_t)blockDim.x) {
-                const A d = load(dy[start + q]) * derivative<MODE, acc_t<T>, FAST_MATH<T>>(load(x[start + q]) + bc, alpha);
+                const A d = load(dy[start + q]) * derivative<MODE>(load(x[start + q]) + bc, alpha);
                 dx[start + q] = store<T>(d);
                 acc += d;
             }
@@ -201,7 +196,7 @@ __global__ void bias_activation_backward_rows(const T* __restrict__ dy, const T*
 #pragma unroll 4
         for (index_t r = first + threadIdx.y; r < last; r += blockDim.y) {
             const index_t at = r * channels + c;
-            const A d = load(dy[at]) * derivative<MODE, acc_t<T>, FAST_MATH<T>>(load(x[at]) + bc, alpha);
+            const A d = load(dy[at]) * derivative<MODE>(load(x[at]) + bc, alpha);
             dx[at] = store<T>(d);
             acc += d;
         }
@@ -242,7 +237,7 @@ __global__ void bias_activation_backward_rows_packed(const T* __restrict__ dy, c
             Pack<T, VEC> out;
 #pragma unroll
             for (int e = 0; e < VEC; ++e) {
-                const A d = load(g.v[e]) * derivative<MODE, A, FAST_MATH<T>>(load(in.v[e]) + bc[e], alpha);
+                const A d = load(g.v[e]) * derivative<MODE>(load(in.v[e]) + bc[e], alpha);
                 out.v[e] = store<T>(d);
                 acc[e] += d;
             }

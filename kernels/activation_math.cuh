@@ -39,23 +39,9 @@ __device__ __forceinline__ double tanh_acc(double v) { return tanh(v); }
 __device__ __forceinline__ float erf_acc(float v) { return erff(v); }
 __device__ __forceinline__ double erf_acc(double v) { return erf(v); }
 
-// FAST (float only): exp through ex2.approx.f32 (relative error ~2^-22, plus
-// |v| 2^-24 from the scaling by log2 e; subnormal results kept), for storage
-// types whose rounding is far coarser (activation.cu: the 16-bit types).
-template <bool FAST> __device__ __forceinline__ float exp_fast(float v) {
-    if constexpr (FAST) {
-        float r;
-        asm("ex2.approx.f32 %0, %1;" : "=f"(r) : "f"(v * 1.4426950408889634f));
-        return r;
-    } else {
-        return expf(v);
-    }
-}
-template <bool FAST> __device__ __forceinline__ double exp_fast(double v) { return exp(v); }
-
 // exp(-|v|) never overflows, so neither branch does.
-template <typename A, bool FAST = false> __device__ __forceinline__ A sigmoid_acc(A v) {
-    const A e = exp_fast<FAST>(-fabs(v));
+template <typename A> __device__ __forceinline__ A sigmoid_acc(A v) {
+    const A e = exp_acc(-fabs(v));
     return v >= A(0) ? A(1) / (A(1) + e) : e / (A(1) + e);
 }
 
@@ -63,36 +49,36 @@ template <typename A> __device__ __forceinline__ A gelu_tanh_inner(A v) {
     return tanh_acc(A(0.7978845608028654) * (v + A(0.044715) * v * v * v));  // sqrt(2/pi)
 }
 
-template <int MODE, typename A, bool FAST = false> __device__ __forceinline__ A activate(A v, A alpha) {
+template <int MODE, typename A> __device__ __forceinline__ A activate(A v, A alpha) {
     if constexpr (MODE == RELU) return v < A(0) ? A(0) : v;
-    if constexpr (MODE == SIGMOID) return sigmoid_acc<A, FAST>(v);
+    if constexpr (MODE == SIGMOID) return sigmoid_acc(v);
     if constexpr (MODE == TANH) return tanh_acc(v);
     if constexpr (MODE == ELU) return v > A(0) ? v : alpha * expm1_acc(v);
     if constexpr (MODE == GELU) return A(0.5) * v * (A(1) + erf_acc(v * A(0.7071067811865476)));  // sqrt(1/2)
     if constexpr (MODE == GELU_TANH) return A(0.5) * v * (A(1) + gelu_tanh_inner(v));
-    if constexpr (MODE == SILU) return v * sigmoid_acc<A, FAST>(v);
+    if constexpr (MODE == SILU) return v * sigmoid_acc(v);
     if constexpr (MODE == LEAKY_RELU) return v < A(0) ? alpha * v : v;
     // CLIPPED_RELU
     return v < A(0) ? A(0) : (v > alpha ? alpha : v);
 }
 
-template <int MODE, typename A, bool FAST = false> __device__ __forceinline__ A derivative(A v, A alpha) {
+template <int MODE, typename A> __device__ __forceinline__ A derivative(A v, A alpha) {
     // "x <= 0", as PyTorch's threshold_backward tests: a NaN x passes dy.
     if constexpr (MODE == RELU) return v <= A(0) ? A(0) : A(1);
     // s (1 - s) and 1 - t^2 cancel badly where s or |t| is near 1; these exp(-|x|)
     // forms are accurate everywhere and never overflow.
     if constexpr (MODE == SIGMOID) {
-        const A e = exp_fast<FAST>(-fabs(v));
+        const A e = exp_acc(-fabs(v));
         return e / ((A(1) + e) * (A(1) + e));
     }
     if constexpr (MODE == TANH) {
-        const A e = exp_fast<FAST>(A(-2) * fabs(v));
+        const A e = exp_acc(A(-2) * fabs(v));
         return A(4) * e / ((A(1) + e) * (A(1) + e));
     }
-    if constexpr (MODE == ELU) return v > A(0) ? A(1) : alpha * exp_fast<FAST>(v);
+    if constexpr (MODE == ELU) return v > A(0) ? A(1) : alpha * exp_acc(v);
     if constexpr (MODE == GELU) {
         const A cdf = A(0.5) * (A(1) + erf_acc(v * A(0.7071067811865476)));
-        return cdf + v * A(0.3989422804014327) * exp_fast<FAST>(A(-0.5) * v * v);  // 1/sqrt(2 pi)
+        return cdf + v * A(0.3989422804014327) * exp_acc(A(-0.5) * v * v);  // 1/sqrt(2 pi)
     }
     if constexpr (MODE == GELU_TANH) {
         const A t = gelu_tanh_inner(v);
@@ -100,7 +86,7 @@ template <int MODE, typename A, bool FAST = false> __device__ __forceinline__ A 
                A(0.5) * v * (A(1) - t * t) * A(0.7978845608028654) * (A(1) + A(3 * 0.044715) * v * v);
     }
     if constexpr (MODE == SILU) {
-        const A s = sigmoid_acc<A, FAST>(v);
+        const A s = sigmoid_acc(v);
         return s * (A(1) + v * (A(1) - s));
     }
     if constexpr (MODE == LEAKY_RELU) return v > A(0) ? A(1) : alpha;

@@ -157,15 +157,19 @@ __global__ void softmax_forward_rows_block(const T* x, T* y, index_t rows, index
     }
 }
 
+// First element of column col = (o, i) of the (outer, n, inner) view.
+template <typename index_t> __device__ __forceinline__ index_t column_start(index_t col, index_t n, index_t inner) {
+    const index_t o = col / inner;
+    return o * n * inner + (col - o * inner);
+}
+
 template <typename T, typename index_t, bool LOG>
 __global__ void softmax_forward_columns(const T* x, T* y, index_t outer, index_t n, index_t inner) {
     typedef acc_t<T> A;
-    const index_t columns = outer * inner;
     const index_t stride = (index_t)gridDim.x * (index_t)blockDim.x;
-    for (index_t col = (index_t)blockIdx.x * (index_t)blockDim.x + (index_t)threadIdx.x; col < columns;
+    for (index_t col = (index_t)blockIdx.x * (index_t)blockDim.x + (index_t)threadIdx.x; col < outer * inner;
          col += stride) {
-        const index_t o = col / inner;
-        const index_t base = o * n * inner + (col - o * inner);
+        const index_t base = column_start(col, n, inner);
         A m = negative_infinity<A>(), s = A(0);
         for (index_t k = 0; k < n; ++k) online_add(m, s, load(x[base + k * inner]));
         for (index_t k = 0; k < n; ++k) {
@@ -197,12 +201,10 @@ template <typename T, typename index_t, bool LOG>
 __global__ void softmax_backward_columns(const T* dy, const T* y, T* dx, index_t outer, index_t n,
                                          index_t inner) {
     typedef acc_t<T> A;
-    const index_t columns = outer * inner;
     const index_t stride = (index_t)gridDim.x * (index_t)blockDim.x;
-    for (index_t col = (index_t)blockIdx.x * (index_t)blockDim.x + (index_t)threadIdx.x; col < columns;
+    for (index_t col = (index_t)blockIdx.x * (index_t)blockDim.x + (index_t)threadIdx.x; col < outer * inner;
          col += stride) {
-        const index_t o = col / inner;
-        const index_t base = o * n * inner + (col - o * inner);
+        const index_t base = column_start(col, n, inner);
         A sum = A(0);
         for (index_t k = 0; k < n; ++k) {
             const index_t at = base + k * inner;
@@ -330,6 +332,21 @@ __global__ void __launch_bounds__(256) softmax_backward_rows_registers(const T* 
     }
 }
 
+// The column a thread of a tile kernel owns in tile t: its first element
+// (outer o, inner position p) and whether p lies inside inner; the tile's
+// blockDim.x threads cover `positions` consecutive inner positions each.
+template <typename index_t> struct TileColumn {
+    index_t base;
+    bool valid;
+};
+template <typename index_t>
+__device__ __forceinline__ TileColumn<index_t> tile_column(index_t t, index_t tiles_per_outer, index_t n,
+                                                           index_t inner, int positions) {
+    const index_t o = t / tiles_per_outer;
+    const index_t p = ((t - o * tiles_per_outer) * (index_t)blockDim.x + (index_t)threadIdx.x) * positions;
+    return {o * n * inner + p, p < inner};
+}
+
 // ---- strided axis through a shared-memory tile ---------------------------------
 
 #define CHANNEL_THREADS 256  // TW * CY
@@ -356,10 +373,9 @@ __global__ void softmax_forward_channels(const T* __restrict__ x, T* __restrict_
     const int tx = threadIdx.x, ty = threadIdx.y, tw = blockDim.x, cy = blockDim.y;
     const index_t tiles = outer * tiles_per_outer;
     for (index_t t = blockIdx.x; t < tiles; t += (index_t)gridDim.x) {
-        const index_t o = t / tiles_per_outer;
-        const index_t p = (t - o * tiles_per_outer) * tw + tx;
-        const bool valid = p < inner;
-        const index_t base = o * n * inner + p;
+        const TileColumn<index_t> col = tile_column(t, tiles_per_outer, n, inner, 1);
+        const index_t base = col.base;
+        const bool valid = col.valid;
         A m = negative_infinity<A>();
         if (valid) {
 #pragma unroll 8
@@ -396,10 +412,9 @@ __global__ void softmax_backward_channels(const T* __restrict__ dy, const T* __r
     T* tile_y = tile_dy + n * tw;
     const index_t tiles = outer * tiles_per_outer;
     for (index_t t = blockIdx.x; t < tiles; t += (index_t)gridDim.x) {
-        const index_t o = t / tiles_per_outer;
-        const index_t p = (t - o * tiles_per_outer) * tw + tx;
-        const bool valid = p < inner;
-        const index_t base = o * n * inner + p;
+        const TileColumn<index_t> col = tile_column(t, tiles_per_outer, n, inner, 1);
+        const index_t base = col.base;
+        const bool valid = col.valid;
         A sum = A(0);
         if (valid) {
 #pragma unroll 8
@@ -454,10 +469,9 @@ __global__ void softmax_forward_channels_pairs(const T* __restrict__ x, T* __res
     const int tx = threadIdx.x, ty = threadIdx.y, tw = blockDim.x, cy = blockDim.y;
     const index_t tiles = outer * tiles_per_outer;
     for (index_t t = blockIdx.x; t < tiles; t += (index_t)gridDim.x) {
-        const index_t o = t / tiles_per_outer;
-        const index_t p = ((t - o * tiles_per_outer) * tw + tx) * 2;
-        const bool valid = p < inner;  // inner is even: p + 1 < inner too
-        const index_t base = o * n * inner + p;
+        const TileColumn<index_t> col = tile_column(t, tiles_per_outer, n, inner, 2);
+        const index_t base = col.base;
+        const bool valid = col.valid;
         A m0 = negative_infinity<A>(), m1 = negative_infinity<A>();
         if (valid) {
 #pragma unroll 8
@@ -505,10 +519,9 @@ __global__ void softmax_backward_channels_pairs(const T* __restrict__ dy, const 
     Pair* tile_y = tile_dy + n * tw;
     const index_t tiles = outer * tiles_per_outer;
     for (index_t t = blockIdx.x; t < tiles; t += (index_t)gridDim.x) {
-        const index_t o = t / tiles_per_outer;
-        const index_t p = ((t - o * tiles_per_outer) * tw + tx) * 2;
-        const bool valid = p < inner;
-        const index_t base = o * n * inner + p;
+        const TileColumn<index_t> col = tile_column(t, tiles_per_outer, n, inner, 2);
+        const index_t base = col.base;
+        const bool valid = col.valid;
         A sum0 = A(0), sum1 = A(0);
         if (valid) {
 #pragma unroll 8
@@ -551,13 +564,12 @@ __global__ void __launch_bounds__(256) softmax_forward_channels_registers(const 
                                                                          index_t tiles_per_outer) {
     typedef acc_t<T> A;
     __shared__ A scratch[CHANNEL_THREADS];
-    const int tx = threadIdx.x, ty = threadIdx.y, tw = blockDim.x, cy = blockDim.y;
+    const int ty = threadIdx.y, cy = blockDim.y;
     const index_t tiles = outer * tiles_per_outer;
     for (index_t t = blockIdx.x; t < tiles; t += (index_t)gridDim.x) {
-        const index_t o = t / tiles_per_outer;
-        const index_t p = (t - o * tiles_per_outer) * tw + tx;
-        const bool valid = p < inner;
-        const index_t base = o * n * inner + p;
+        const TileColumn<index_t> col = tile_column(t, tiles_per_outer, n, inner, 1);
+        const index_t base = col.base;
+        const bool valid = col.valid;
         A v[CHANNEL_VALUES];
         A m = negative_infinity<A>();
 #pragma unroll
@@ -647,13 +659,12 @@ __global__ void __launch_bounds__(CHANNEL_PACK_THREADS) softmax_forward_channels
     constexpr int VEC = pack_width<T>::value;
     constexpr bool KEEP_EXP = sizeof(T) == sizeof(A);  // float, double: the pack holds A values
     __shared__ A scratch[256 * VEC];
-    const int tx = threadIdx.x, ty = threadIdx.y, tw = blockDim.x, cy = blockDim.y;
+    const int ty = threadIdx.y, cy = blockDim.y;
     const index_t tiles = outer * tiles_per_outer;
     for (index_t t = blockIdx.x; t < tiles; t += (index_t)gridDim.x) {
-        const index_t o = t / tiles_per_outer;
-        const index_t p = ((t - o * tiles_per_outer) * tw + tx) * VEC;
-        const bool valid = p < inner;  // inner % VEC == 0: the whole pack is inside
-        const index_t base = o * n * inner + p;
+        const TileColumn<index_t> col = tile_column(t, tiles_per_outer, n, inner, VEC);
+        const index_t base = col.base;
+        const bool valid = col.valid;
         Pack<T, VEC> v[K];
 #pragma unroll
         for (int k = 0; k < K; ++k) {
@@ -715,13 +726,12 @@ __global__ void __launch_bounds__(CHANNEL_PACK_THREADS) softmax_backward_channel
     typedef acc_t<T> A;
     constexpr int VEC = pack_width<T>::value;
     __shared__ A scratch[256 * VEC];
-    const int tx = threadIdx.x, ty = threadIdx.y, tw = blockDim.x, cy = blockDim.y;
+    const int ty = threadIdx.y, cy = blockDim.y;
     const index_t tiles = outer * tiles_per_outer;
     for (index_t t = blockIdx.x; t < tiles; t += (index_t)gridDim.x) {
-        const index_t o = t / tiles_per_outer;
-        const index_t p = ((t - o * tiles_per_outer) * tw + tx) * VEC;
-        const bool valid = p < inner;
-        const index_t base = o * n * inner + p;
+        const TileColumn<index_t> col = tile_column(t, tiles_per_outer, n, inner, VEC);
+        const index_t base = col.base;
+        const bool valid = col.valid;
         Pack<T, VEC> g[K], w[K];
 #pragma unroll
         for (int k = 0; k < K; ++k) {

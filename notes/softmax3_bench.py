@@ -17,12 +17,14 @@ out = pathlib.Path(sys.argv[1])
 choice_path = out / "choice.json"
 if choice_path.exists():
     choice = json.loads(choice_path.read_text())
-    for direction, table in choice.items():
+    for key, table in choice.items():  # "forward False" -> {ctype: [K, threads] or None}
+        direction, log = key.split()
+        packs = softmaxes.CHANNEL_PACKS[(direction, log == "True")]
         for ctype, shape in table.items():
             if shape is None:
-                softmaxes.CHANNEL_PACKS[direction].pop(ctype, None)
+                packs.pop(ctype, None)
             else:
-                softmaxes.CHANNEL_PACKS[direction][ctype] = tuple(shape)
+                packs[ctype] = tuple(shape)
 print("CHANNEL_PACKS", softmaxes.CHANNEL_PACKS, flush=True)
 problems = json.loads(bench.PROBLEMS.read_text())
 for spec in problems["activation"]:

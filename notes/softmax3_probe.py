@@ -5,8 +5,10 @@ python notes/softmax3_probe.py OUT_DIR
 1. channel_64x256x56x56 softmax / log_softmax, forward and backward, fp32 / fp16 / bf16:
    the main paths (shared-memory tile, 16-bit pairs and registers: CHANNEL_PACKS off)
    against *_channels_packs with (K packs, threads) = (8, 256), (8, 512), (4, 256),
-   (4, 512); PyTorch beside them.  Writes OUT/choice.json: per direction and dtype the
-   fastest (summed over softmax + log_softmax), None = the main paths.
+   (4, 512); PyTorch beside them.  Writes OUT/choice.json: per (direction, log) and dtype
+   the fastest, None = the main paths (the first run, 2026-11-23, chose per direction over
+   softmax + log_softmax together; softmaxes.CHANNEL_PACKS now holds the per-(direction,
+   log) fastest of that run's table).
 2. bias_act 64x56x56x256 NHWC backward (relu, gelu; fp32, fp16): packed kernel vs the
    scalar one (both with the new row chunks and reduce).
 """
@@ -42,7 +44,8 @@ def data(shape, dtype, low, high):
 CTYPE = {"float32": "float", "float16": "half_t", "bfloat16": "bfloat16_t"}
 VARIANTS = [None, (8, 256), (8, 512), (4, 256), (4, 512)]
 shape, axis = (64, 256, 56, 56), 1
-results, choice = [], {"forward": {}, "backward": {}}
+results, choice = [], {}
+saved = dict(softmaxes.CHANNEL_PACKS)
 for dtype in ("float32", "float16", "bfloat16"):
     tx, x = data(shape, dtype, -4, 4)
     tdy, dy = data(shape, dtype, -1, 1)
@@ -57,15 +60,14 @@ for dtype in ("float32", "float16", "bfloat16"):
         torch_b = ms(lambda: tb(tdy, ty, axis, ty.dtype))
         ref_f = np.asarray(fwd(x, axis=axis)[:2].get(), np.float32)
         for v in VARIANTS:
-            softmaxes.CHANNEL_PACKS = {d: ({CTYPE[dtype]: v} if v else {}) for d in ("forward", "backward")}
+            softmaxes.CHANNEL_PACKS = {key: ({CTYPE[dtype]: v} if v else {}) for key in saved}
             softmaxes._PLANS.clear()
             softmaxes._FAST.clear()
             f_ms, b_ms = ms(lambda: fwd(x, axis=axis)), ms(lambda: bwd(dy, y, axis=axis))
             diff = float(np.abs(np.asarray(fwd(x, axis=axis)[:2].get(), np.float32) - ref_f).max())
             name = "main" if v is None else f"packs{v[0]}x{v[1]}"
             for direction, t, tt, floor in (("forward", f_ms, torch_f, 2 * nbytes), ("backward", b_ms, torch_b, 3 * nbytes)):
-                per.setdefault((direction, name), 0.0)
-                per[(direction, name)] += t
+                per[(direction, log, name)] = t
                 row = {"op": f"{'log_softmax' if log else 'softmax'} {direction}", "dtype": dtype, "path": name,
                        "ms": t, "torch_ms": tt, "ratio": tt / t, "of_copy": floor / (t * 1e-3) / 1e9 / COPY,
                        "max_diff_vs_first": diff}
@@ -74,11 +76,12 @@ for dtype in ("float32", "float16", "bfloat16"):
                       f"{row['of_copy']:.2f} of copy  diff {diff:.1e}", flush=True)
         del y, ty
     for direction in ("forward", "backward"):
-        best = min(VARIANTS, key=lambda v: per[(direction, "main" if v is None else f"packs{v[0]}x{v[1]}")])
-        choice[direction][CTYPE[dtype]] = best
+        for log in (False, True):
+            best = min(VARIANTS, key=lambda v: per[(direction, log, "main" if v is None else f"packs{v[0]}x{v[1]}")])
+            choice.setdefault(f"{direction} {log}", {})[CTYPE[dtype]] = best
     del x, dy, tx, tdy
     cp.get_default_memory_pool().free_all_blocks()
-softmaxes.CHANNEL_PACKS = {d: {t: (8, 256) for t in softmaxes._ITEMSIZE} for d in ("forward", "backward")}
+softmaxes.CHANNEL_PACKS = saved
 (out / "choice.json").write_text(json.dumps(choice))
 print("choice", choice, flush=True)
 

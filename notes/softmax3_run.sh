@@ -2,14 +2,18 @@
 # The softmax3 GPU run: warm compile (one process per kernel name, in parallel; CuPy's
 # disk cache serves the later processes), the softmax/activation GPU tests, the A/B
 # probe (notes/softmax3_probe.py), the benchmark rows with PyTorch
-# (notes/softmax3_bench.py), a short table last.  Stage limits: WARM_S TEST_S PROBE_S BENCH_S.
+# (notes/softmax3_bench.py), a short table last.  Stage limits: WARM_S TEST_S PROBE_S BENCH_S;
+# STAGES (default "warm tests probe bench") picks stages, e.g. STAGES="warm tests".
 set -u
 cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD CUPY_TF32=0 PYTHONUNBUFFERED=1
 OUT=${OUT:-out}; mkdir -p "$OUT"
 PY=${PYTHON:-python3}
+STAGES=${STAGES:-warm tests probe bench}
+has() { case " $STAGES " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 nvidia-smi -L
-timeout "${WARM_S:-45}" "$PY" - > "$OUT/warm.log" 2>&1 <<'PYEOF'
+rc=0
+has warm && timeout "${WARM_S:-45}" "$PY" - > "$OUT/warm.log" 2>&1 <<'PYEOF'
 import subprocess, sys, time
 from dnnprims import activations, softmaxes
 t = time.time()
@@ -25,15 +29,19 @@ for e, p in jobs:
     print(f"{p.wait()} {e}", flush=True)
 print(f"warm: {len(jobs)} kernel groups in {time.time() - t:.1f} s", flush=True)
 PYEOF
-echo "warm exit $?: $(tail -1 "$OUT/warm.log")"
-timeout "${TEST_S:-45}" "$PY" -m pytest -q -m gpu tests/test_softmax.py tests/test_activation.py \
+rc=$?
+has warm && echo "warm exit $rc: $(tail -1 "$OUT/warm.log")"
+has tests && timeout "${TEST_S:-45}" "$PY" -m pytest -q -m gpu tests/test_softmax.py tests/test_activation.py \
     -k "softmax or activation" --tb=short -p no:cacheprovider > "$OUT/tests.log" 2>&1
-echo "tests exit $?"; grep -E "^FAILED|Error:" "$OUT/tests.log" | head -12; tail -1 "$OUT/tests.log"
-timeout "${PROBE_S:-30}" "$PY" notes/softmax3_probe.py "$OUT" > "$OUT/probe.log" 2>&1
-echo "probe exit $?"
-timeout "${BENCH_S:-55}" "$PY" notes/softmax3_bench.py "$OUT" > "$OUT/bench.log" 2>&1
-echo "bench exit $?"
-"$PY" - "$OUT" <<'PYEOF'
+rc=$?
+has tests && { echo "tests exit $rc"; grep -E "^FAILED|Error:" "$OUT/tests.log" | head -12; tail -1 "$OUT/tests.log"; }
+has probe && timeout "${PROBE_S:-30}" "$PY" notes/softmax3_probe.py "$OUT" > "$OUT/probe.log" 2>&1
+rc=$?
+has probe && echo "probe exit $rc"
+has bench && timeout "${BENCH_S:-55}" "$PY" notes/softmax3_bench.py "$OUT" > "$OUT/bench.log" 2>&1
+rc=$?
+has bench && echo "bench exit $rc"
+has probe && "$PY" - "$OUT" <<'PYEOF'
 import json, pathlib, re, sys
 out = pathlib.Path(sys.argv[1])
 if (out / "probe.json").exists():

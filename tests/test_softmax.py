@@ -105,9 +105,8 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
-@pytest.mark.parametrize("shape,axis", CASES, ids=[f"{s}-axis{a}" for s, a in CASES])
-def test_forward_and_backward_against_reference(xp, rng, dtype, shape, axis):
+def check_four_ops(xp, rng, dtype, shape, axis):
+    """softmax, log_softmax and both backwards on random data against the float64 reference."""
     x = random_array(rng, shape, dtype, low=-4, high=4)
     dy = random_array(rng, shape, dtype)
     x64, dy64 = x.astype(np.float64), dy.astype(np.float64)
@@ -126,6 +125,12 @@ def test_forward_and_backward_against_reference(xp, rng, dtype, shape, axis):
                  what="log_softmax_backward")
 
 
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("shape,axis", CASES, ids=[f"{s}-axis{a}" for s, a in CASES])
+def test_forward_and_backward_against_reference(xp, rng, dtype, shape, axis):
+    check_four_ops(xp, rng, dtype, shape, axis)
+
+
 @pytest.fixture
 def fresh_fast_table():
     """An empty table of prepared launches before and after the test, so a call
@@ -134,6 +139,15 @@ def fresh_fast_table():
     softmaxes._FAST.clear()
     yield
     softmaxes._FAST.clear()
+
+
+def use_packs(monkeypatch, shape):
+    """Every (direction, log) and dtype takes *_channels_packs with this (K, threads),
+    or (shape None) none does."""
+    from dnnprims import softmaxes
+    table = {t: shape for t in ("float", "double", "half_t", "bfloat16_t")} if shape else {}
+    monkeypatch.setattr(softmaxes, "CHANNEL_PACKS", {key: table for key in softmaxes.CHANNEL_PACKS})
+    monkeypatch.setattr(softmaxes, "_PLANS", {})
 
 
 PAIR_CASES = [((2, 7, 3, 6), 1), ((2, 13, 2), 1), ((3, 1, 4), 1), ((1, 3, 130), 1), ((2, 256, 64), 1),
@@ -152,22 +166,9 @@ def test_channel_pairs_paths(xp, rng, monkeypatch, fresh_fast_table, path, dtype
     reference, forward and backward."""
     from dnnprims import softmaxes
     pairs = path == "pairs"
-    packs = {t: (8, 256) for t in ("float", "double", "half_t", "bfloat16_t")} if path == "packs" else {}
     monkeypatch.setattr(softmaxes, "CHANNEL_PAIRS", {"forward": pairs, "backward": pairs})
-    monkeypatch.setattr(softmaxes, "CHANNEL_PACKS", {"forward": packs, "backward": packs})
-    monkeypatch.setattr(softmaxes, "_PLANS", {})
-    x = random_array(rng, shape, dtype, low=-4, high=4)
-    dy = random_array(rng, shape, dtype)
-    x64, dy64 = x.astype(np.float64), dy.astype(np.float64)
-    assert_close(softmax(xp.asarray(x), axis=axis), ref.softmax(x64, axis), dtype, what="softmax")
-    assert_close(log_softmax(xp.asarray(x), axis=axis), ref.log_softmax(x64, axis), dtype, what="log_softmax")
-    y_stored = ref.softmax(x, axis)
-    assert_close(softmax_backward(xp.asarray(dy), xp.asarray(y_stored), axis=axis),
-                 ref.softmax_backward(dy64, y_stored.astype(np.float64), axis), dtype, what="softmax_backward")
-    logy_stored = ref.log_softmax(x, axis)
-    assert_close(log_softmax_backward(xp.asarray(dy), xp.asarray(logy_stored), axis=axis),
-                 ref.log_softmax_backward(dy64, logy_stored.astype(np.float64), axis), dtype,
-                 what="log_softmax_backward")
+    use_packs(monkeypatch, (8, 256) if path == "packs" else None)
+    check_four_ops(xp, rng, dtype, shape, axis)
 
 
 PACK_CASES = [((3, 512, 24), 1), ((2, 513, 8), 1), ((2, 300, 16), 1), ((3, 5, 8), 1), ((2, 256, 64), 1),
@@ -181,22 +182,8 @@ def test_channel_packs_shapes(xp, rng, monkeypatch, fresh_fast_table, pack_shape
     """*_channels_packs with 4 or 8 packs a thread and 256 or 512 threads a block
     (axis up to the capacity and one past it, narrow and partial tiles), forward
     and backward against the float64 reference."""
-    from dnnprims import softmaxes
-    packs = {t: pack_shape for t in ("float", "double", "half_t", "bfloat16_t")}
-    monkeypatch.setattr(softmaxes, "CHANNEL_PACKS", {"forward": packs, "backward": packs})
-    monkeypatch.setattr(softmaxes, "_PLANS", {})
-    x = random_array(rng, shape, dtype, low=-4, high=4)
-    dy = random_array(rng, shape, dtype)
-    x64, dy64 = x.astype(np.float64), dy.astype(np.float64)
-    assert_close(softmax(xp.asarray(x), axis=axis), ref.softmax(x64, axis), dtype, what="softmax")
-    assert_close(log_softmax(xp.asarray(x), axis=axis), ref.log_softmax(x64, axis), dtype, what="log_softmax")
-    y_stored = ref.softmax(x, axis)
-    assert_close(softmax_backward(xp.asarray(dy), xp.asarray(y_stored), axis=axis),
-                 ref.softmax_backward(dy64, y_stored.astype(np.float64), axis), dtype, what="softmax_backward")
-    logy_stored = ref.log_softmax(x, axis)
-    assert_close(log_softmax_backward(xp.asarray(dy), xp.asarray(logy_stored), axis=axis),
-                 ref.log_softmax_backward(dy64, logy_stored.astype(np.float64), axis), dtype,
-                 what="log_softmax_backward")
+    use_packs(monkeypatch, pack_shape)
+    check_four_ops(xp, rng, dtype, shape, axis)
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
