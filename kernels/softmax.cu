@@ -15,7 +15,8 @@
 //   *_rows_block   inner == 1 and longer rows: one block per row, online
 //                  (max, sum) in one read, a second read writes y.
 //   *_channels_packs  inner > 1, inner % VEC == 0 (VEC values = 16 bytes),
-//                  pointers aligned, n <= 8 x 64: the axis in registers as
+//                  pointers aligned, n <= K packs x CY rows of threads (512 for
+//                  (8, 256), 1024 for (8, 512)): the axis in registers as
 //                  16-byte packs of VEC inner positions (see the kernels at the
 //                  end of this file).  The three kernels below are the
 //                  fallbacks for other shapes.
