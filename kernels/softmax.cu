@@ -18,7 +18,7 @@
 //                  pointers aligned, n <= K packs x CY rows of threads (512 for
 //                  (8, 256), 1024 for (8, 512)): the axis in registers as
 //                  16-byte packs of VEC inner positions (see the kernels at the
-//                  end of this file).  The three kernels below are the
+//                  end of this file).  The kernels below are the
 //                  fallbacks for other shapes.
 //   *_channels_registers  forward, 16-bit types, inner >= 8 and n <= 32 x CY
 //                  (CY <= 32): the same tiles as *_channels below, each thread
