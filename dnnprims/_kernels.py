@@ -23,6 +23,7 @@ Without a GPU, :func:`compile_with_nvrtc` compiles a family to PTX through
 NVRTC alone; CI uses it to prove that every specialisation builds cleanly.
 """
 import array
+import os
 import pathlib
 import sys
 import threading
@@ -143,9 +144,10 @@ class PreparedLaunch:
     raises the real error)."""
 
     __slots__ = ("_kernel", "_function", "_ptr", "_dims", "_shared", "_template", "_slots",
-                 "_values", "_params", "_params_ptr", "_keep", "_lock", "expression")
+                 "_values", "_params", "_params_ptr", "_extra", "_extra_ptr", "_keep", "_lock",
+                 "expression")
 
-    def __init__(self, kernel, grid, block, args, shared_mem=0, expression=None):
+    def __init__(self, kernel, grid, block, args, shared_mem=0, expression=None, packed=False):
         import cupy
 
         self.expression = expression
@@ -159,18 +161,29 @@ class PreparedLaunch:
         self._shared = int(shared_mem)
         self._template = tuple(args)
         count = max(len(self._template), 1)
+        # Where each argument's bytes go: its own 8-byte slot (kernelParams), or
+        # packed (``packed=True``: the kernel's C parameter layout, each argument
+        # at its natural alignment -- pointers 8, a scalar its size -- passed
+        # through cuLaunchKernel's ``extra`` buffer).  Pointers are 8-aligned
+        # either way, so a call writes them as items of the 'Q' array.
+        offsets, end = [], 0
+        for a in self._template:
+            size = a.dtype.itemsize if isinstance(a, np.generic) else 8
+            offset = -(-end // size) * size if packed else 8 * len(offsets)
+            offsets.append(offset)
+            end = offset + size
         # array.array: the cheapest item assignment; its buffer never moves (no resizing).
-        self._values = array.array("Q", bytes(8 * count))
+        self._values = array.array("Q", bytes(8 * max(count, -(-end // 8))))
         raw = memoryview(self._values).cast("B")
         slots, keep = [], []
-        for i, a in enumerate(self._template):
+        for i, (a, offset) in enumerate(zip(self._template, offsets)):
             if isinstance(a, _ArrayArgument):
-                slots.append((i, a.index))
+                slots.append((offset // 8, a.index))
             elif isinstance(a, cupy.ndarray):
-                self._values[i] = a.data.ptr
+                self._values[offset // 8] = a.data.ptr
                 keep.append(a)
             elif isinstance(a, np.generic) and a.dtype.kind in _SCALAR_KINDS and a.dtype.itemsize <= 8:
-                raw[8 * i:8 * i + a.dtype.itemsize] = a.astype(a.dtype.newbyteorder("<")).tobytes()
+                raw[offset:offset + a.dtype.itemsize] = a.astype(a.dtype.newbyteorder("<")).tobytes()
             else:
                 raise TypeError(f"argument {i} of {expression or 'a prepared launch'} must be a CuPy "
                                 f"array, an ARRAY marker or a NumPy scalar of the kernel's C type, "
@@ -179,8 +192,15 @@ class PreparedLaunch:
         self._slots = tuple(slots)
         self._keep = tuple(keep)
         base = self._values.buffer_info()[0]
-        self._params = array.array("Q", [base + 8 * i for i in range(count)])
-        self._params_ptr = self._params.buffer_info()[0]
+        if packed:
+            # CU_LAUNCH_PARAM_BUFFER_POINTER (1), the buffer, CU_LAUNCH_PARAM_BUFFER_SIZE (2),
+            # a pointer to its size_t size, CU_LAUNCH_PARAM_END (0).
+            self._params = array.array("Q", [end])
+            self._extra = array.array("Q", [1, base, 2, self._params.buffer_info()[0], 0])
+            self._params_ptr, self._extra_ptr = 0, self._extra.buffer_info()[0]
+        else:
+            self._params = array.array("Q", [base + offset for offset in offsets] or [base])
+            self._params_ptr, self._extra, self._extra_ptr = self._params.buffer_info()[0], None, 0
         self._lock = threading.Lock()
 
     def __call__(self, *arrays):
@@ -194,7 +214,7 @@ class PreparedLaunch:
             gx, gy, gz, bx, by, bz = self._dims
             try:
                 _launch_kernel(self._ptr, gx, gy, gz, bx, by, bz, self._shared,
-                               _current_stream().ptr, self._params_ptr, 0)
+                               _current_stream().ptr, self._params_ptr, self._extra_ptr)
             except _DriverError:
                 self._launch_with_cupy(arrays)
         finally:
@@ -297,6 +317,16 @@ def _reference_counts(out):
     return _getrefcount(out), _getrefcount(data), _getrefcount(data.mem), _getweakrefcount(out)
 
 
+def set_output_reuse(enabled):
+    """Turn the fast paths' output reuse (:class:`OutputSlot`) on or off; off
+    also drops every kept array.  Returns the previous setting."""
+    global _RECYCLING
+    previous = _RECYCLING
+    _RECYCLING = bool(enabled) and _GIL
+    release_outputs()
+    return previous
+
+
 def release_outputs():
     """Drop every output array the fast paths keep for reuse (their memory goes
     back to CuPy's pool: call before ``free_all_blocks`` to return it all)."""
@@ -311,8 +341,10 @@ RECYCLE_BUDGET_BYTES = 256 << 20
 _recycle_left = RECYCLE_BUDGET_BYTES
 _recycle_lock = threading.Lock()
 _SLOTS = weakref.WeakSet()
-# Reference counts mean "nobody else holds it" only with the GIL.
-_RECYCLING = getattr(sys, "_is_gil_enabled", lambda: True)()
+# Reference counts mean "nobody else holds it" only with the GIL;
+# DNNPRIMS_OUTPUT_REUSE=0 in the environment (or set_output_reuse(False)) turns reuse off.
+_GIL = getattr(sys, "_is_gil_enabled", lambda: True)()
+_RECYCLING = _GIL and os.environ.get("DNNPRIMS_OUTPUT_REUSE", "1") != "0"
 _getrefcount = sys.getrefcount
 _getweakrefcount = weakref.getweakrefcount
 RECYCLABLE = ()   # memory types whose arrays may be kept: CuPy's pool (set in _bind_driver)

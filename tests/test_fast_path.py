@@ -97,6 +97,29 @@ def test_prepared_launch_packs_fixed_scalars_and_the_call_arrays(captured):
     assert kernel.kernel.calls == []
 
 
+def test_prepared_launch_packed_follows_the_c_parameter_layout(captured):
+    """packed=True: one buffer in the kernel's C layout (natural alignment),
+    passed through cuLaunchKernel's extra (BUFFER_POINTER, BUFFER_SIZE, END)."""
+    a, b = _fake_array((3,)), _fake_array((5,))
+    launch = _kernels.PreparedLaunch(
+        _FakeKernel(), (4,), (32,),
+        (_kernels.ARRAY0, np.int32(-3), np.int64(1 << 40), np.bool_(True), np.float32(0.5),
+         _kernels.ARRAY1, np.float64(2.0), np.int32(9)), packed=True)
+    launch(a, b)
+    (call,) = captured
+    assert call["params"] == 0 and call["extra"] != 0
+    extra = (ctypes.c_uint64 * 5).from_address(call["extra"])
+    assert (extra[0], extra[2], extra[4]) == (1, 2, 0)
+    size = ctypes.c_uint64.from_address(extra[3]).value
+    assert size == 52                     # 8 + 4 (+4) + 8 + 1 (+3) + 4 + 8 + 8 + 4
+    buf = ctypes.string_at(extra[1], size)
+    u64 = lambda v: int(v).to_bytes(8, "little")
+    assert buf[0:8] == u64(a.data.ptr) and buf[8:12] == np.int32(-3).tobytes()
+    assert buf[16:24] == np.int64(1 << 40).tobytes() and buf[24:25] == b"\x01"
+    assert buf[28:32] == np.float32(0.5).tobytes() and buf[32:40] == u64(b.data.ptr)
+    assert buf[40:48] == np.float64(2.0).tobytes() and buf[48:52] == np.int32(9).tobytes()
+
+
 def test_prepared_launch_refuses_python_scalars_and_unknown_arguments():
     for bad in (3, 2.5, "x", None, np.complex128(1)):
         with pytest.raises(TypeError, match="argument 1 of conv_x<float>"):
