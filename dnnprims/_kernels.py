@@ -19,6 +19,9 @@ the data pointers of the arrays it is given (:data:`ARRAY0` ... in the
 argument list mark where) and calls ``cuLaunchKernel`` -- about a microsecond
 of Python for any number of arguments.
 
+A fast path also takes its output from an :class:`OutputSlot`, which hands
+the previous output back when the caller has dropped it (no allocation).
+
 Without a GPU, :func:`compile_with_nvrtc` compiles a family to PTX through
 NVRTC alone; CI uses it to prove that every specialisation builds cleanly.
 """
