@@ -19,12 +19,18 @@ the data pointers of the arrays it is given (:data:`ARRAY0` ... in the
 argument list mark where) and calls ``cuLaunchKernel`` -- about a microsecond
 of Python for any number of arguments.
 
+A fast path also takes its output from an :class:`OutputSlot`, which hands
+the previous output back when the caller has dropped it (no allocation).
+
 Without a GPU, :func:`compile_with_nvrtc` compiles a family to PTX through
 NVRTC alone; CI uses it to prove that every specialisation builds cleanly.
 """
 import array
+import os
 import pathlib
+import sys
 import threading
+import weakref
 
 import numpy as np
 
@@ -141,9 +147,10 @@ class PreparedLaunch:
     raises the real error)."""
 
     __slots__ = ("_kernel", "_function", "_ptr", "_dims", "_shared", "_template", "_slots",
-                 "_values", "_params", "_params_ptr", "_keep", "_lock", "expression")
+                 "_values", "_params", "_params_ptr", "_extra", "_extra_ptr", "_keep", "_lock",
+                 "expression")
 
-    def __init__(self, kernel, grid, block, args, shared_mem=0, expression=None):
+    def __init__(self, kernel, grid, block, args, shared_mem=0, expression=None, packed=False):
         import cupy
 
         self.expression = expression
@@ -157,18 +164,29 @@ class PreparedLaunch:
         self._shared = int(shared_mem)
         self._template = tuple(args)
         count = max(len(self._template), 1)
+        # Where each argument's bytes go: its own 8-byte slot (kernelParams), or
+        # packed (``packed=True``: the kernel's C parameter layout, each argument
+        # at its natural alignment -- pointers 8, a scalar its size -- passed
+        # through cuLaunchKernel's ``extra`` buffer).  Pointers are 8-aligned
+        # either way, so a call writes them as items of the 'Q' array.
+        offsets, end = [], 0
+        for a in self._template:
+            size = a.dtype.itemsize if isinstance(a, np.generic) else 8
+            offset = -(-end // size) * size if packed else 8 * len(offsets)
+            offsets.append(offset)
+            end = offset + size
         # array.array: the cheapest item assignment; its buffer never moves (no resizing).
-        self._values = array.array("Q", bytes(8 * count))
+        self._values = array.array("Q", bytes(8 * max(count, -(-end // 8))))
         raw = memoryview(self._values).cast("B")
         slots, keep = [], []
-        for i, a in enumerate(self._template):
+        for i, (a, offset) in enumerate(zip(self._template, offsets)):
             if isinstance(a, _ArrayArgument):
-                slots.append((i, a.index))
+                slots.append((offset // 8, a.index))
             elif isinstance(a, cupy.ndarray):
-                self._values[i] = a.data.ptr
+                self._values[offset // 8] = a.data.ptr
                 keep.append(a)
             elif isinstance(a, np.generic) and a.dtype.kind in _SCALAR_KINDS and a.dtype.itemsize <= 8:
-                raw[8 * i:8 * i + a.dtype.itemsize] = a.astype(a.dtype.newbyteorder("<")).tobytes()
+                raw[offset:offset + a.dtype.itemsize] = a.astype(a.dtype.newbyteorder("<")).tobytes()
             else:
                 raise TypeError(f"argument {i} of {expression or 'a prepared launch'} must be a CuPy "
                                 f"array, an ARRAY marker or a NumPy scalar of the kernel's C type, "
@@ -177,8 +195,15 @@ class PreparedLaunch:
         self._slots = tuple(slots)
         self._keep = tuple(keep)
         base = self._values.buffer_info()[0]
-        self._params = array.array("Q", [base + 8 * i for i in range(count)])
-        self._params_ptr = self._params.buffer_info()[0]
+        if packed:
+            # CU_LAUNCH_PARAM_BUFFER_POINTER (1), the buffer, CU_LAUNCH_PARAM_BUFFER_SIZE (2),
+            # a pointer to its size_t size, CU_LAUNCH_PARAM_END (0).
+            self._params = array.array("Q", [end])
+            self._extra = array.array("Q", [1, base, 2, self._params.buffer_info()[0], 0])
+            self._params_ptr, self._extra_ptr = 0, self._extra.buffer_info()[0]
+        else:
+            self._params = array.array("Q", [base + offset for offset in offsets] or [base])
+            self._params_ptr, self._extra, self._extra_ptr = self._params.buffer_info()[0], None, 0
         self._lock = threading.Lock()
 
     def __call__(self, *arrays):
@@ -192,7 +217,7 @@ class PreparedLaunch:
             gx, gy, gz, bx, by, bz = self._dims
             try:
                 _launch_kernel(self._ptr, gx, gy, gz, bx, by, bz, self._shared,
-                               _current_stream().ptr, self._params_ptr, 0)
+                               _current_stream().ptr, self._params_ptr, self._extra_ptr)
             except _DriverError:
                 self._launch_with_cupy(arrays)
         finally:
@@ -203,14 +228,143 @@ class PreparedLaunch:
         self._function(self._dims[:3], self._dims[3:], args, shared_mem=self._shared)
 
 
+class OutputSlot:
+    """The output array of one kind of fast-path call, handed out again once
+    nobody else holds it.
+
+    Allocating an output costs more host time than the launch that fills it
+    (CuPy's memory pool and ``ndarray``: 2.5-4.5 us on the H100's host, both
+    the allocation and the free when the caller drops it).  A cached call
+    whose previous output was dropped -- the common case of an inference loop
+    or a benchmark -- can take that array back instead: this is what the pool
+    would do with the freed block (same size, same stream, stream order keeps
+    the new kernel after every earlier use), without the round trip.
+
+    ``slot()`` returns a C-contiguous array of the slot's shape and dtype on
+    the current device and stream.  The slot keeps one array; it hands it out
+    again only when every reference to it, its ``MemoryPointer`` and its
+    memory is the slot's own (so no view, no ``.data``, no DLPack or
+    ``__cuda_array_interface__`` consumer that holds the array, no weak
+    reference), its memory came from CuPy's pool (:data:`RECYCLABLE`), the
+    current stream is the one it was allocated on, and its shape was not
+    reset in place; otherwise it allocates a fresh array (and keeps that one).
+    Arrays over :data:`RECYCLE_MAX_BYTES` are never kept, and all slots
+    together keep at most :data:`RECYCLE_BUDGET_BYTES`;
+    :func:`release_outputs` drops every kept array.  CPython only: with the
+    GIL disabled nothing is kept."""
+
+    __slots__ = ("shape", "dtype", "nbytes", "_free", "_counts", "_reserved", "__weakref__")
+
+    def __init__(self, shape, dtype):
+        self.shape = tuple(int(v) for v in shape)
+        self.dtype = np.dtype(dtype)
+        self.nbytes = int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+        self._free = []          # (kept array, its stream); list.pop claims it atomically
+        self._counts = None      # reference counts of an array only the slot holds
+        self._reserved = False   # counted against RECYCLE_BUDGET_BYTES
+
+    def __call__(self):
+        free = self._free
+        if free:
+            try:
+                out, stream = free.pop()
+            except IndexError:   # another thread took it
+                pass
+            else:
+                if (_reference_counts(out) == self._counts and stream == _current_stream().ptr
+                        and out.shape == self.shape):
+                    free.append((out, stream))
+                    return out
+                del out              # still held elsewhere (or moved): allocate anew
+        out = _NDARRAY(self.shape, self.dtype)
+        if (self._reserved or self._reserve()) and type(out.data.mem) in RECYCLABLE:
+            counts = _reference_counts(out)
+            if self._counts is None:
+                self._counts = counts
+            if not free and counts == self._counts:
+                free.append((out, _current_stream().ptr))
+        return out
+
+    def _reserve(self):
+        global _recycle_left
+        if not (_RECYCLING and 0 < self.nbytes <= RECYCLE_MAX_BYTES and self.nbytes <= _recycle_left):
+            return False
+        with _recycle_lock:
+            if self._reserved or self.nbytes > _recycle_left:
+                return self._reserved
+            _recycle_left -= self.nbytes
+            self._reserved = True
+            _SLOTS.add(self)
+        return True
+
+    def release(self):
+        """Drop the kept array and give its bytes back to the budget."""
+        global _recycle_left
+        self._free.clear()
+        with _recycle_lock:
+            if self._reserved:
+                self._reserved = False
+                _recycle_left += self.nbytes
+
+    def __del__(self):
+        try:
+            self.release()
+        except Exception:  # interpreter shutdown
+            pass
+
+
+def _reference_counts(out):
+    """(array, its MemoryPointer, its memory) reference counts and the array's
+    weak references, as seen from a caller that holds ``out`` in one local."""
+    data = out.data
+    return _getrefcount(out), _getrefcount(data), _getrefcount(data.mem), _getweakrefcount(out)
+
+
+def set_output_reuse(enabled):
+    """Turn the fast paths' output reuse (:class:`OutputSlot`) on or off; off
+    also drops every kept array.  Returns the previous setting."""
+    global _RECYCLING
+    previous = _RECYCLING
+    _RECYCLING = bool(enabled) and _GIL
+    release_outputs()
+    return previous
+
+
+def release_outputs():
+    """Drop every output array the fast paths keep for reuse (their memory goes
+    back to CuPy's pool: call before ``free_all_blocks`` to return it all)."""
+    for slot in list(_SLOTS):
+        slot.release()
+
+
+# An output of at most this many bytes may be kept for reuse; all kept outputs
+# together at most RECYCLE_BUDGET_BYTES (memory the pool cannot hand to other sizes).
+RECYCLE_MAX_BYTES = 32 << 20
+RECYCLE_BUDGET_BYTES = 256 << 20
+_recycle_left = RECYCLE_BUDGET_BYTES
+_recycle_lock = threading.Lock()
+_SLOTS = weakref.WeakSet()
+# Reference counts mean "nobody else holds it" only with the GIL;
+# DNNPRIMS_OUTPUT_REUSE=0 in the environment (or set_output_reuse(False)) turns reuse off.
+_GIL = getattr(sys, "_is_gil_enabled", lambda: True)()
+_RECYCLING = _GIL and os.environ.get("DNNPRIMS_OUTPUT_REUSE", "1") != "0"
+_getrefcount = sys.getrefcount
+_getweakrefcount = weakref.getweakrefcount
+RECYCLABLE = ()   # memory types whose arrays may be kept: CuPy's pool (set in _bind_driver)
+_NDARRAY = None
+
+
 def _bind_driver():
     """The driver entry points a prepared launch calls (CuPy's thin wrappers)."""
-    global _launch_kernel, _current_stream, _DriverError
+    global _launch_kernel, _current_stream, _DriverError, RECYCLABLE, _NDARRAY
     try:
-        from cupy.cuda import driver, get_current_stream
+        import cupy
+        from cupy.cuda import driver, get_current_stream, memory
     except ImportError:  # CPU-only install: nothing launches
         return
     _launch_kernel, _current_stream, _DriverError = driver.launchKernel, get_current_stream, driver.CUDADriverError
+    RECYCLABLE = (memory.PooledMemory,)
+    _NDARRAY = cupy.ndarray
 
 
 _launch_kernel = _current_stream = None

@@ -144,7 +144,7 @@ def _prepare(direction, mode, approximate, alpha, n, dtype):
 # Validated GPU calls: the resolved alpha per kind of call (see _validate.CallMemo);
 # _FAST: the fast path's table, (shapes, dtypes, devices, current device, mode,
 # alpha and its type, approximate) of C-contiguous 16-byte-aligned arrays ->
-# prepared launch.
+# (prepared launch, output slot).
 _MEMO = _validate.CallMemo()
 _FAST = _MEMO.fast
 _NDARRAY = _validate.NDARRAY
@@ -156,14 +156,14 @@ def activation(x, mode, *, alpha=None, approximate="none"):
     if type(x) is _NDARRAY and x._c_contiguous:
         data = x.data
         try:
-            launch = _FAST.get((x.shape, x.dtype, data.device_id, _current_device(), mode, alpha,
-                                type(alpha), approximate))
+            fast = _FAST.get((x.shape, x.dtype, data.device_id, _current_device(), mode, alpha,
+                              type(alpha), approximate))
         except TypeError:  # an unhashable option: the slow path says what is wrong
-            launch = None
-        if launch is not None and not data.ptr & 15:
-            y = _NDARRAY(x.shape, x.dtype)
+            fast = None
+        if fast is not None and not data.ptr & 15:
+            y = fast[1]()
             if not y.data.ptr & 15:
-                launch(x, y)
+                fast[0](x, y)
                 return y
     key = _MEMO.key("forward", (x,), (mode, alpha, approximate))
     checked = _MEMO.get(key)
@@ -178,9 +178,10 @@ def activation(x, mode, *, alpha=None, approximate="none"):
     if x._c_contiguous:
         fast_key = (x.shape, x.dtype, x.data.device_id, _current_device(), mode, alpha, type(alpha),
                     approximate)
-        launch = _FAST.get(fast_key) or _MEMO.put_fast(
-            fast_key, _prepare("forward", mode, approximate, resolved, x.size, x.dtype))
-        y = xp.empty(x.shape, x.dtype)
+        launch, output = _FAST.get(fast_key) or _MEMO.put_fast(
+            fast_key, (_prepare("forward", mode, approximate, resolved, x.size, x.dtype),
+                       _kernels.OutputSlot(x.shape, x.dtype)))
+        y = output()
         if not (x.data.ptr | y.data.ptr) & 15:
             launch(x, y)
             return y
@@ -195,14 +196,14 @@ def activation_backward(dy, x, mode, *, alpha=None, approximate="none"):
     if type(dy) is _NDARRAY and type(x) is _NDARRAY and dy._c_contiguous and x._c_contiguous:
         dy_data, x_data = dy.data, x.data
         try:
-            launch = _FAST.get((dy.shape, dy.dtype, dy_data.device_id, x.shape, x.dtype, x_data.device_id,
-                                _current_device(), mode, alpha, type(alpha), approximate))
+            fast = _FAST.get((dy.shape, dy.dtype, dy_data.device_id, x.shape, x.dtype, x_data.device_id,
+                              _current_device(), mode, alpha, type(alpha), approximate))
         except TypeError:
-            launch = None
-        if launch is not None and not (dy_data.ptr | x_data.ptr) & 15:
-            dx = _NDARRAY(x.shape, x.dtype)
+            fast = None
+        if fast is not None and not (dy_data.ptr | x_data.ptr) & 15:
+            dx = fast[1]()
             if not dx.data.ptr & 15:
-                launch(dy, x, dx)
+                fast[0](dy, x, dx)
                 return dx
     key = _MEMO.key("backward", (dy, x), (mode, alpha, approximate))
     checked = _MEMO.get(key) if dy is not None else None
@@ -221,9 +222,10 @@ def activation_backward(dy, x, mode, *, alpha=None, approximate="none"):
     if dy._c_contiguous and x._c_contiguous:
         fast_key = (dy.shape, dy.dtype, dy.data.device_id, x.shape, x.dtype, x.data.device_id,
                     _current_device(), mode, alpha, type(alpha), approximate)
-        launch = _FAST.get(fast_key) or _MEMO.put_fast(
-            fast_key, _prepare("backward", mode, approximate, resolved, x.size, x.dtype))
-        dx = xp.empty(x.shape, x.dtype)
+        launch, output = _FAST.get(fast_key) or _MEMO.put_fast(
+            fast_key, (_prepare("backward", mode, approximate, resolved, x.size, x.dtype),
+                       _kernels.OutputSlot(x.shape, x.dtype)))
+        dx = output()
         if not (dy.data.ptr | x.data.ptr | dx.data.ptr) & 15:
             launch(dy, x, dx)
             return dx

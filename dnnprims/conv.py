@@ -13,7 +13,7 @@ refused, on both paths, so both raise the same errors.
 """
 import numpy as np
 
-from . import _validate
+from . import _kernels, _validate
 from ._dtypes import FLOAT64
 from .algos import CHOICE_HOLDERS, DIRECTIONS, PRECISIONS, ConvOptions, ConvProblem, choose, explain_auto
 from .algos.direct import backward_bias as _backward_bias_kernel
@@ -178,18 +178,18 @@ def _forward_runner(problem, algorithm, act, fused, has_bias, dtype):
     from .activations import activation as apply
     shape = problem.y_shape
     launch = algorithm.prepare(problem, "forward", has_bias, act if fused else None)
-    ndarray = _NDARRAY
+    output = _kernels.OutputSlot(shape, dtype)
 
     if act is None or fused:
         def run(x, w, bias):
-            y = ndarray(shape, dtype)
+            y = output()
             out = launch(x, w, y, bias)
             return y if out is None else out
     else:
         mode, alpha = act
 
         def run(x, w, bias):
-            y = ndarray(shape, dtype)
+            y = output()
             out = launch(x, w, y, bias)
             return apply(y if out is None else out, mode, alpha=alpha)
     return run
@@ -314,10 +314,10 @@ def _backward_runner(problem, algorithm, direction, dtype):
     """The fast path's closure for one validated backward-data or backward-filter call."""
     shape = problem.x_shape if direction == "backward_data" else problem.w_shape
     launch = algorithm.prepare(problem, direction)
-    ndarray = _NDARRAY
+    output = _kernels.OutputSlot(shape, dtype)
 
     def run(a, b):
-        out = ndarray(shape, dtype)
+        out = output()
         result = launch(a, b, out, None)
         return out if result is None else result
     return run

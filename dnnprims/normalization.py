@@ -135,11 +135,11 @@ def batchnorm(x, gamma, beta, running_mean=None, running_var=None, *, training=T
     except TypeError:  # an unhashable option: validation says what is wrong with it
         fast_key = fast = None
     if fast is not None:
-        y = _NDARRAY(x.shape, x.dtype)
+        y = fast.output()
         if not y.data.ptr & 15:
             plan = fast.plan
             if return_stats:
-                mean, invstd = _NDARRAY(fast.stats_shape, fast.acc), _NDARRAY(fast.stats_shape, fast.acc)
+                mean, invstd = fast.first(), fast.second()
                 plan.run(x, y, mean, invstd, running_mean, running_var, gamma, beta)
                 return y, mean, invstd
             plan.run(x, y, *plan.stats, running_mean, running_var, gamma, beta)
@@ -175,7 +175,7 @@ def batchnorm(x, gamma, beta, running_mean=None, running_var=None, *, training=T
                                            bool(training), momentum, eps, return_stats, *checked)
     if fast_key is not None and plan is not None and plan.aligned and all(
             _vector_key(v) is not False for v in (gamma, beta, running_mean, running_var)):
-        _MEMO.put_fast(fast_key, _Fast(plan, checked[1], _dtypes.accumulate_dtype(x.dtype)))
+        _MEMO.put_fast(fast_key, _Fast(plan, checked[1], _dtypes.accumulate_dtype(x.dtype), x))
     return (y, mean, invstd) if return_stats else y
 
 
@@ -190,9 +190,9 @@ def batchnorm_backward(dy, x, gamma, *, eps=1e-5, mean=None, invstd=None, layout
     except TypeError:
         fast_key = fast = None
     if fast is not None:
-        dx = _NDARRAY(x.shape, x.dtype)
+        dx = fast.output()
         if not dx.data.ptr & 15:
-            dgamma, dbeta = _NDARRAY(fast.stats_shape, fast.acc), _NDARRAY(fast.stats_shape, fast.acc)
+            dgamma, dbeta = fast.first(), fast.second()
             fast.plan.run(x, dy, mean, invstd, gamma, dx, dgamma, dbeta)
             return dx, dgamma, dbeta
     key = _MEMO.key("batchnorm_backward", (dy, x, gamma, mean, invstd), (eps, layout))
@@ -221,7 +221,7 @@ def batchnorm_backward(dy, x, gamma, *, eps=1e-5, mean=None, invstd=None, layout
                                                       *checked)
     if fast_key is not None and plan is not None and plan.aligned and all(
             _vector_key(v) is not False for v in (gamma, mean, invstd)):
-        _MEMO.put_fast(fast_key, _Fast(plan, checked[1], checked[0]))
+        _MEMO.put_fast(fast_key, _Fast(plan, checked[1], checked[0], x))
     return dx, dgamma, dbeta
 
 
@@ -496,12 +496,16 @@ class _Plan:
 
 
 class _Fast:
-    """A fast-table entry: the plan and the small outputs' shape and dtype
-    (mean/invstd, or dgamma/dbeta)."""
-    __slots__ = ("plan", "stats_shape", "acc")
+    """A fast-table entry: the plan, the small outputs' shape and dtype
+    (mean/invstd, or dgamma/dbeta) and the slot of the output shaped like x
+    (y, or dx), and of the two small ones."""
+    __slots__ = ("plan", "stats_shape", "acc", "output", "first", "second")
 
-    def __init__(self, plan, channels, dtype):
+    def __init__(self, plan, channels, dtype, x):
         self.plan, self.stats_shape, self.acc = plan, (channels,), np.dtype(dtype)
+        self.output = _kernels.OutputSlot(x.shape, x.dtype)
+        self.first = _kernels.OutputSlot(self.stats_shape, self.acc)
+        self.second = _kernels.OutputSlot(self.stats_shape, self.acc)
 
 
 _PLANS = {}  # see _Plan; emptied when full

@@ -127,7 +127,8 @@ def _check_problem(x, window, mode, stride, padding, count_include_pad, layout):
 # _MEMO.fast: the fast path's table (CallMemo.fast), checked first: (x's shape,
 # dtype, device, [dy's, y's,] the current device, the options) of a call whose
 # options are plain ints / pairs of ints / None and whose arrays are
-# C-contiguous and 16-byte aligned -> (output shape, prepared launch).  Made by
+# C-contiguous and 16-byte aligned -> (output slot, prepared launch) forward,
+# (prepared launch, output slot) backward.  Made by
 # the validated path, so anything that differs misses and is validated.
 _MEMO = _validate.CallMemo()
 _NDARRAY = _validate.NDARRAY
@@ -204,7 +205,7 @@ def pool(x, window, *, mode="max", stride=None, padding=0, count_include_pad=Tru
     except TypeError:  # an unhashable option: validation says what is wrong with it
         fast_key = fast = None
     if fast is not None:
-        y = _NDARRAY(fast[0], x.dtype)
+        y = fast[0]()
         if not y.data.ptr & 15:
             fast[1](x, y)
             return y
@@ -224,7 +225,7 @@ def pool(x, window, *, mode="max", stride=None, padding=0, count_include_pad=Tru
     if not call.empty:
         launch = call.run("forward", (x, y))
         if launch is not None and fast_key is not None:
-            _MEMO.put_fast(fast_key, (call.y_shape, launch))
+            _MEMO.put_fast(fast_key, (_kernels.OutputSlot(call.y_shape, x.dtype), launch))
     return y
 
 
@@ -249,13 +250,13 @@ def pool_backward(dy, x, y, window, *, mode="max", stride=None, padding=0, count
         try:
             fast_key = _fast_key(x, window, mode, stride, padding, count_include_pad, layout,
                                  _array_key(dy), _array_key(y))
-            launch = _MEMO.fast.get(fast_key) if fast_key is not None else None
+            fast = _MEMO.fast.get(fast_key) if fast_key is not None else None
         except TypeError:
-            fast_key = launch = None
-        if launch is not None:
-            dx = _NDARRAY(x.shape, x.dtype)
+            fast_key = fast = None
+        if fast is not None:
+            dx = fast[1]()
             if not dx.data.ptr & 15:
-                launch(x, dy, dx)
+                fast[0](x, dy, dx)
                 return dx
     key = _MEMO.key("pool_backward", (dy, x, y),
                     _options(window, mode, stride, padding, count_include_pad, layout))
@@ -282,7 +283,7 @@ def pool_backward(dy, x, y, window, *, mode="max", stride=None, padding=0, count
     if not call.empty:
         launch = call.run("backward", (x, dy, dx))
         if launch is not None and fast_key is not None:
-            _MEMO.put_fast(fast_key, launch)
+            _MEMO.put_fast(fast_key, (launch, _kernels.OutputSlot(x.shape, x.dtype)))
     return dx
 
 

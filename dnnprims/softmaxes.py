@@ -225,7 +225,7 @@ def _plan(direction, log, shape, axis, dtype, aligned):
 
 # Validated GPU calls: the normalised axis per kind of call (see _validate.CallMemo);
 # _FAST: the fast path's table, (shapes, dtypes, devices, current device, axis,
-# log) of C-contiguous 16-byte-aligned arrays -> prepared launch.
+# log) of C-contiguous 16-byte-aligned arrays -> (prepared launch, output slot).
 _MEMO = _validate.CallMemo()
 _FAST = _MEMO.fast
 _NDARRAY = _validate.NDARRAY
@@ -235,11 +235,11 @@ _current_device = _validate.current_device
 def _forward(x, axis, log):
     if type(x) is _NDARRAY and type(axis) is int and x._c_contiguous:
         data = x.data
-        launch = _FAST.get((x.shape, x.dtype, data.device_id, _current_device(), axis, log))
-        if launch is not None and not data.ptr & 15:
-            y = _NDARRAY(x.shape, x.dtype)
+        fast = _FAST.get((x.shape, x.dtype, data.device_id, _current_device(), axis, log))
+        if fast is not None and not data.ptr & 15:
+            y = fast[1]()
             if not y.data.ptr & 15:
-                launch(x, y)
+                fast[0](x, y)
                 return y
     key = _MEMO.key("forward", (x,), (axis, log))
     checked = _MEMO.get(key)
@@ -254,9 +254,10 @@ def _forward(x, axis, log):
     xp, normalized = _validate._cupy, checked
     if type(axis) is int and x._c_contiguous:
         fast_key = (x.shape, x.dtype, x.data.device_id, _current_device(), axis, log)
-        launch = _FAST.get(fast_key) or _MEMO.put_fast(fast_key, _prepare("forward", log, x.shape,
-                                                                          normalized, x.dtype))
-        y = xp.empty(x.shape, x.dtype)
+        launch, output = _FAST.get(fast_key) or _MEMO.put_fast(
+            fast_key, (_prepare("forward", log, x.shape, normalized, x.dtype),
+                       _kernels.OutputSlot(x.shape, x.dtype)))
+        y = output()
         if not (x.data.ptr | y.data.ptr) & 15:
             launch(x, y)
             return y
@@ -270,12 +271,12 @@ def _backward(dy, y, axis, log):
     if (type(dy) is _NDARRAY and type(y) is _NDARRAY and type(axis) is int
             and dy._c_contiguous and y._c_contiguous):
         dy_data, y_data = dy.data, y.data
-        launch = _FAST.get((dy.shape, dy.dtype, dy_data.device_id, y.shape, y.dtype, y_data.device_id,
-                            _current_device(), axis, log))
-        if launch is not None and not (dy_data.ptr | y_data.ptr) & 15:
-            dx = _NDARRAY(y.shape, y.dtype)
+        fast = _FAST.get((dy.shape, dy.dtype, dy_data.device_id, y.shape, y.dtype, y_data.device_id,
+                          _current_device(), axis, log))
+        if fast is not None and not (dy_data.ptr | y_data.ptr) & 15:
+            dx = fast[1]()
             if not dx.data.ptr & 15:
-                launch(dy, y, dx)
+                fast[0](dy, y, dx)
                 return dx
     key = _MEMO.key("backward", (dy, y), (axis, log))
     checked = _MEMO.get(key) if dy is not None else None
@@ -295,9 +296,10 @@ def _backward(dy, y, axis, log):
     if type(axis) is int and dy._c_contiguous and y._c_contiguous:
         fast_key = (dy.shape, dy.dtype, dy.data.device_id, y.shape, y.dtype, y.data.device_id,
                     _current_device(), axis, log)
-        launch = _FAST.get(fast_key) or _MEMO.put_fast(fast_key, _prepare("backward", log, y.shape,
-                                                                          normalized, y.dtype))
-        dx = xp.empty(y.shape, y.dtype)
+        launch, output = _FAST.get(fast_key) or _MEMO.put_fast(
+            fast_key, (_prepare("backward", log, y.shape, normalized, y.dtype),
+                       _kernels.OutputSlot(y.shape, y.dtype)))
+        dx = output()
         if not (dy.data.ptr | y.data.ptr | dx.data.ptr) & 15:
             launch(dy, y, dx)
             return dx

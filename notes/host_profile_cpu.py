@@ -21,8 +21,8 @@ from cupy.cuda.memory import MemoryPointer, UnownedMemory
 
 _keep = []
 _arena = np.zeros(64 << 20, np.uint8)
-_arena_mem = UnownedMemory(_arena.ctypes.data, _arena.nbytes, _arena, device_id=0)
-cupy.cuda.set_allocator(lambda n: MemoryPointer(_arena_mem, 0))
+# One memory object per allocation, as CuPy's pool gives (OutputSlot counts its references).
+cupy.cuda.set_allocator(lambda n: MemoryPointer(UnownedMemory(_arena.ctypes.data, n, _arena, device_id=0), 0))
 cupy.cuda.runtime.getDevice = lambda: 0
 cupy.cuda.get_current_stream = lambda device_id=-1: types.SimpleNamespace(ptr=0)
 cupy.cuda.runtime.memsetAsync = lambda *a: None
@@ -84,6 +84,9 @@ class _FakeRawKernel:
 
 _fake_kernel = _FakeRawKernel()
 _kernels.KernelFamily.function = lambda self, expression: _fake_kernel
+_kernels.RECYCLABLE = (UnownedMemory,)   # the fake pool's memory may be kept for reuse
+if "--no-recycle" in sys.argv:
+    _kernels.RECYCLE_BUDGET_BYTES = _kernels._recycle_left = 0
 if hasattr(_kernels, "_launch_kernel"):
     _kernels._launch_kernel = lambda *args: None
 _kernels._current_stream = cupy.cuda.get_current_stream
@@ -115,6 +118,7 @@ def cases():
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--profile", default=None)
+    parser.add_argument("--no-recycle", action="store_true", help="never reuse outputs (OutputSlot)")
     args = parser.parse_args()
     table = cases()
     if args.profile:

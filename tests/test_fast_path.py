@@ -97,6 +97,29 @@ def test_prepared_launch_packs_fixed_scalars_and_the_call_arrays(captured):
     assert kernel.kernel.calls == []
 
 
+def test_prepared_launch_packed_follows_the_c_parameter_layout(captured):
+    """packed=True: one buffer in the kernel's C layout (natural alignment),
+    passed through cuLaunchKernel's extra (BUFFER_POINTER, BUFFER_SIZE, END)."""
+    a, b = _fake_array((3,)), _fake_array((5,))
+    launch = _kernels.PreparedLaunch(
+        _FakeKernel(), (4,), (32,),
+        (_kernels.ARRAY0, np.int32(-3), np.int64(1 << 40), np.bool_(True), np.float32(0.5),
+         _kernels.ARRAY1, np.float64(2.0), np.int32(9)), packed=True)
+    launch(a, b)
+    (call,) = captured
+    assert call["params"] == 0 and call["extra"] != 0
+    extra = (ctypes.c_uint64 * 5).from_address(call["extra"])
+    assert (extra[0], extra[2], extra[4]) == (1, 2, 0)
+    size = ctypes.c_uint64.from_address(extra[3]).value
+    assert size == 52                     # 8 + 4 (+4) + 8 + 1 (+3) + 4 + 8 + 8 + 4
+    buf = ctypes.string_at(extra[1], size)
+    u64 = lambda v: int(v).to_bytes(8, "little")
+    assert buf[0:8] == u64(a.data.ptr) and buf[8:12] == np.int32(-3).tobytes()
+    assert buf[16:24] == np.int64(1 << 40).tobytes() and buf[24:25] == b"\x01"
+    assert buf[28:32] == np.float32(0.5).tobytes() and buf[32:40] == u64(b.data.ptr)
+    assert buf[40:48] == np.float64(2.0).tobytes() and buf[48:52] == np.int32(9).tobytes()
+
+
 def test_prepared_launch_refuses_python_scalars_and_unknown_arguments():
     for bad in (3, 2.5, "x", None, np.complex128(1)):
         with pytest.raises(TypeError, match="argument 1 of conv_x<float>"):
@@ -137,6 +160,111 @@ def test_exact_tells_apart_values_python_treats_as_equal():
     assert _validate.exact((1, 1)) == _validate.exact((1, 1))
     with pytest.raises(TypeError):
         _validate.exact([1, 1])
+
+
+# ---- output slots (CPU: CuPy arrays over host memory) --------------------------------
+
+@pytest.fixture
+def fake_pool(monkeypatch):
+    """CuPy allocations over host memory (one memory object each, as CuPy's pool
+    gives), counted as recyclable; a stream whose pointer the test sets."""
+    cupy = pytest.importorskip("cupy")
+    import contextlib
+    from cupy.cuda.memory import MemoryPointer, UnownedMemory
+    buffers = []
+
+    def allocate(nbytes):
+        host = np.zeros(max(nbytes, 1) + 16, np.uint8)
+        buffers.append(host)
+        return MemoryPointer(UnownedMemory(host.ctypes.data, host.nbytes, host, device_id=0), 0)
+
+    stream = _Stream()
+    stream.ptr = 77
+    monkeypatch.setattr(_kernels, "RECYCLABLE", (UnownedMemory,))
+    monkeypatch.setattr(_kernels, "_current_stream", lambda: stream)
+    monkeypatch.setattr(_kernels, "_recycle_left", _kernels.RECYCLE_BUDGET_BYTES)
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(cupy.cuda.using_allocator(allocate))
+        yield stream, buffers
+
+
+def test_output_slot_hands_back_a_dropped_output(fake_pool):
+    slot = _kernels.OutputSlot((3, 5), np.float32)
+    first = slot()
+    assert first.shape == (3, 5) and first.dtype == np.float32 and first.flags.c_contiguous
+    ptr, ident = first.data.ptr, id(first)
+    del first
+    again = slot()
+    assert again.data.ptr == ptr and id(again) == ident
+    assert len(fake_pool[1]) == 1        # one allocation for both calls
+
+
+def test_output_slot_allocates_anew_while_anything_holds_the_output(fake_pool):
+    import weakref
+    slot = _kernels.OutputSlot((4, 6), np.float32)
+    holders = [
+        lambda a: a,                      # the array itself
+        lambda a: a[1:],                  # a view
+        lambda a: a.reshape(24),          # a view of another shape
+        lambda a: a.data,                 # its MemoryPointer
+        lambda a: a.data.mem,             # its memory
+        lambda a: a.data + 4,             # a pointer into it
+        lambda a: weakref.ref(a),         # a weak reference (would see the array come back)
+    ]
+    for hold in holders:
+        out = slot()
+        held = hold(out)
+        ptr = out.data.ptr
+        del out
+        other = slot()
+        assert other.data.ptr != ptr, hold
+        del held, other
+    out = slot()                          # nobody holds the last one: it comes back
+    ptr = out.data.ptr
+    del out
+    assert slot().data.ptr == ptr
+
+
+def test_output_slot_keeps_to_its_stream_and_shape(fake_pool):
+    stream, _ = fake_pool
+    slot = _kernels.OutputSlot((8,), np.float64)
+    out = slot()
+    ptr = out.data.ptr
+    del out
+    stream.ptr = 78                       # another stream: a fresh array, kept from now on
+    out = slot()
+    assert out.data.ptr != ptr
+    ptr = out.data.ptr
+    out.shape = (2, 4)                    # reshaped in place, then dropped: never handed back
+    del out
+    out = slot()
+    assert out.shape == (8,) and out.data.ptr != ptr
+    ptr = out.data.ptr
+    del out
+    assert slot().data.ptr == ptr
+
+
+def test_output_slot_budget_and_release(fake_pool, monkeypatch):
+    _, buffers = fake_pool
+    big = _kernels.OutputSlot((_kernels.RECYCLE_MAX_BYTES // 4 + 1,), np.float32)
+    assert not big._reserve()
+    monkeypatch.setattr(_kernels, "_recycle_left", 1000)
+    small, other = _kernels.OutputSlot((200,), np.float32), _kernels.OutputSlot((200,), np.float32)
+    out = small()
+    del out
+    assert small._reserved and _kernels._recycle_left == 200
+    out = other()                         # over the budget: allocated, never kept
+    del out
+    assert not other._reserved and not other._free
+    small.release()
+    assert _kernels._recycle_left == 1000 and not small._free
+    out = small()
+    del out
+    _kernels.release_outputs()
+    assert _kernels._recycle_left == 1000 and not small._free
+    count = len(buffers)
+    small()
+    assert len(buffers) == count + 1
 
 
 # ---- the fast paths on the GPU -------------------------------------------------------
@@ -507,3 +635,55 @@ def test_pool_fast_path_checks_option_types_and_views(gpu, rng, shape, window, s
         assert_close(pooling.pool_backward(dY, X_view, None, window, **opts), want_dx, np.float32)
     for dY_view in (_unaligned_copy(gpu, dy), _strided_copy(gpu, dy)):
         assert_close(pooling.pool_backward(dY_view, X, None, window, **opts), want_dx, np.float32)
+
+
+# ---- output slots on the GPU (helper launch) -------------------------------------------
+
+@pytest.mark.gpu
+def test_fast_paths_reuse_a_dropped_output_and_never_one_still_held(gpu, rng):
+    """Every fast path takes its output from an OutputSlot: a call whose last
+    output was dropped gets that array back (same pointer) with the right
+    values; an output still held is never written by a later call."""
+    import dnnprims as dp
+    _kernels.release_outputs()            # earlier tests may have used up the budget
+    f32 = np.float32
+    x = random_array(rng, (2, 8, 12, 12), f32)
+    w = random_array(rng, (8, 8, 3, 3), f32)
+    dy = random_array(rng, (2, 8, 12, 12), f32)
+    g, b = random_array(rng, (8,), f32), random_array(rng, (8,), f32)
+    rows = random_array(rng, (16, 40), f32)
+    pooled = dp.pool(x.astype(F64), 2, mode="max")
+    cases = {
+        "softmax": (lambda a: dp.softmax(a), rows),
+        "log_softmax backward": (lambda a: dp.log_softmax_backward(a, gpu.asarray(rows)), rows),
+        "relu": (lambda a: dp.activation(a, "relu"), x),
+        "silu backward": (lambda a: dp.activation_backward(a, gpu.asarray(x), "silu"), dy),
+        "pool": (lambda a: dp.pool(a, 2, mode="max"), x),
+        "pool backward": (lambda a: dp.pool_backward(a, gpu.asarray(x), None, 2, mode="avg"),
+                          random_array(rng, pooled.shape, f32)),
+        "batchnorm": (lambda a: dp.batchnorm(a, gpu.asarray(g), gpu.asarray(b), training=True), x),
+        "batchnorm backward dgamma": (
+            lambda a: dp.batchnorm_backward(a, gpu.asarray(x), gpu.asarray(g))[1], dy),
+        "conv forward": (lambda a: dp.conv2d_forward(a, gpu.asarray(w), padding=1, algo="implicit_gemm"), x),
+        "conv backward data": (lambda a: dp.conv2d_backward_data(a, gpu.asarray(w), x.shape, padding=1,
+                                                                 algo="implicit_gemm"), dy),
+        "conv backward filter atomic": (
+            lambda a: dp.conv2d_backward_filter(gpu.asarray(x), a, w.shape, padding=1,
+                                                algo="implicit_gemm_wgrad_atomic"), dy),
+    }
+    for name, (call, data) in cases.items():
+        first, second = data, data[::-1].copy() * f32(0.5) + f32(0.25)
+        A, B = gpu.asarray(first), gpu.asarray(second)
+        want_a, want_b = call(A).get(), call(B).get()    # validated, then the fast table
+        kept = call(A)
+        got = call(B)
+        assert got.data.ptr != kept.data.ptr, name
+        ptr = got.data.ptr
+        del got
+        again = call(B)
+        assert again.data.ptr == ptr, name               # the dropped output came back
+        other = call(A)                                   # again is held: a new array
+        assert other.data.ptr not in (ptr, kept.data.ptr), name
+        gpu.cuda.get_current_stream().synchronize()
+        for got, want in ((kept, want_a), (again, want_b), (other, want_a)):   # atomics: not bitwise
+            np.testing.assert_allclose(got.get(), want, rtol=1e-5, atol=1e-5, err_msg=name)

@@ -19,7 +19,7 @@ grid, scalars) are cached per (device, problem, direction).
 import numpy as np
 
 from .. import _dtypes
-from .._kernels import ARRAY0, ARRAY1, ARRAY2, ARRAY3, KernelFamily, ceil_div
+from .._kernels import ARRAY0, ARRAY1, ARRAY2, ARRAY3, KernelFamily, OutputSlot, ceil_div
 from .._validate import INT32_LIMIT
 from . import ConvAlgorithm, register
 from .implicit_gemm import TAP_TABLE_MULTIPLE, TILES, _OUTSIDE, tap_table
@@ -204,8 +204,8 @@ class ImplicitGemmBackwardFilter(ConvAlgorithm):
                                *scalars))
         if mode == _MODE_DIRECT:
             return gemm
+        memset, stream = cupy.cuda.runtime.memsetAsync, cupy.cuda.get_current_stream
         if not separate:  # atomics straight into float32 dw, zeroed first
-            memset, stream = cupy.cuda.runtime.memsetAsync, cupy.cuda.get_current_stream
             nbytes = 4 * total
 
             def run_atomic(a, b, out, bias=None):
@@ -214,13 +214,15 @@ class ImplicitGemmBackwardFilter(ConvAlgorithm):
             return run_atomic
         add = FAMILY.prepare(_sum_expression(p.dtype), (ceil_div(total, 256),), (256,),
                              (ARRAY0, ARRAY1, np.int32(total), np.int32(splits if mode == _MODE_SPLITS else 1)))
-        ndarray, f32 = cupy.ndarray, np.dtype(np.float32)
         size = splits * total if mode == _MODE_SPLITS else total
+        # The float partials: a scratch array nobody else holds after the call, so
+        # the slot hands the same one back each call (stream order keeps calls apart).
+        scratch = OutputSlot((size,), np.float32)
 
         def run_with_partials(a, b, out, bias=None):
-            partial = ndarray((size,), f32)
+            partial = scratch()
             if mode == _MODE_ATOMIC:
-                partial.fill(0)
+                memset(partial.data.ptr, 0, 4 * size, stream().ptr)
             gemm(a, b, out, partial)
             add(partial, out)
         return run_with_partials

@@ -136,13 +136,19 @@ def main(argv=None):
         print(f"== cProfile of {name}, {args.calls} calls")
         pstats.Stats(prof).sort_stats("tottime").print_stats(18)
         return 0
-    print(f"{'operation':34s} {'ours us/call':>12s} {'torch us/call':>13s}")
+    from dnnprims import _kernels, activations
+    # "no reuse": the same calls with every output allocated (OutputSlot off).
+    print(f"{'operation':34s} {'ours us/call':>12s} {'torch us/call':>13s} {'ours, no reuse':>14s}")
     for name, (ours, theirs) in cases.items():
         mine = per_call_us(ours, cp, args.calls)
         other = per_call_us(theirs, cp, args.calls) if theirs is not None else float("nan")
-        print(f"{name:34s} {mine:12.1f} {other:13.1f}")
+        reuse = _kernels.set_output_reuse(False)
+        try:
+            fresh = per_call_us(ours, cp, args.calls)
+        finally:
+            _kernels.set_output_reuse(reuse)
+        print(f"{name:34s} {mine:12.1f} {other:13.1f} {fresh:14.1f}")
     # What the pieces cost, for reading the profile.
-    from dnnprims import _kernels, activations
     a = cp.empty(16, cp.float32)
     f32 = np.dtype(np.float32)
     act = cp.empty((64, 1024), f32)
@@ -150,6 +156,22 @@ def main(argv=None):
     expr, grid, scalars = activations._cached_plan("forward", "relu", "none", None, act.size, f32, True)
     prepared = activations.FAMILY.prepare(expr, grid, (activations._BLOCK,),
                                           (_kernels.ARRAY0, _kernels.ARRAY1, *scalars))
+    # The same launch with its arguments packed in the C layout, through cuLaunchKernel's
+    # ``extra``: checked against kernelParams (a driver error would fall back to CuPy).
+    packed = _kernels.PreparedLaunch(activations.FAMILY.function(expr), grid, (activations._BLOCK,),
+                                     (_kernels.ARRAY0, _kernels.ARRAY1, *scalars), packed=True)
+    check = cp.empty_like(act)
+    prepared(act, out)
+    packed(act, check)                  # writes the pointers (CuPy's launch on a driver error)
+    try:                                # the driver's answer to the packed buffer itself
+        _kernels._launch_kernel(packed._ptr, *packed._dims, 0, cp.cuda.get_current_stream().ptr,
+                                packed._params_ptr, packed._extra_ptr)
+        packed_ok = "driver accepted"
+    except Exception as e:  # reported, then timed anyway (it falls back to CuPy's launch)
+        packed_ok = f"driver error {e}"
+    cp.cuda.get_current_stream().synchronize()
+    print(f"packed (extra) launch: {packed_ok}; same result: {bool((check == out).all())}")
+    slot = _kernels.OutputSlot((32, 256, 7, 7), f32)
     pieces = {
         "cupy.empty(shape, cp.float32)": lambda: cp.empty((32, 256, 7, 7), cp.float32),
         "cupy.ndarray(shape, dtype)": lambda: cp.ndarray((32, 256, 7, 7), f32),
@@ -159,6 +181,8 @@ def main(argv=None):
         "FAMILY.launch (relu, 5 args)": lambda: activations.FAMILY.launch(
             expr, grid, (activations._BLOCK,), (act, out, *scalars)),
         "PreparedLaunch (relu, 5 args)": lambda: prepared(act, out),
+        "PreparedLaunch packed (extra)": lambda: packed(act, out),
+        "OutputSlot, output dropped": slot,
     }
     for name, fn in pieces.items():
         print(f"{'  ' + name:34s} {per_call_us(fn, cp, args.calls):12.1f}")
