@@ -190,6 +190,9 @@ GPU_CASES = [
     pytest.param((1, 3, 7, 7, 2, 2, "NCHW"), id="pad2"),
     pytest.param((2, 4, 6, 5, 3, 3, "NHWC"), id="pad3-crops-in-backward"),
     pytest.param((1, 1, 1, 1, 1, 1, "NCHW"), id="one-pixel"),
+    # Q a multiple of 4 (and of 2): the output transform's vector rows (float32
+    # NCHW), with a partial last tile row (P = 6) in both directions.
+    pytest.param((2, 3, 6, 8, 5, 1, "NCHW"), id="vector-rows"),
 ]
 
 
@@ -237,6 +240,55 @@ def test_gpu_wide_channels_in_batch_chunks(gpu, rng, monkeypatch, m, r, layout):
     dx = conv2d_backward_data(gpu.asarray(dy), gpu.asarray(w), x.shape, algo=name, **opts)
     assert_close(dx, conv2d_backward_data(dy.astype(F64), w.astype(F64), x.shape, **opts), np.float32,
                  algorithm=name, what="backward_data")
+
+
+@pytest.mark.gpu   # the `gpu` fixture alone does not mark it: gpu_suite.sh selects -m gpu
+@pytest.mark.parametrize("m,r", VARIANTS)
+@pytest.mark.parametrize("filter_in_input", [True, False])
+@pytest.mark.parametrize("vector_rows", [True, False])
+def test_gpu_launch_options_match_reference(gpu, rng, monkeypatch, m, r, filter_in_input, vector_rows):
+    # The filter transform inside the first input-transform launch or alone, the
+    # vector row stores on or off, over three batch chunks (the filter blocks ride
+    # on the first only): every combination gives the reference, both directions.
+    N, C, H, W, K = 5, 12, 6, 12, 10
+    tiles = ceil_div(H, m) * ceil_div(W, m)
+    monkeypatch.setattr(winograd, "WORKSPACE_BOUND", 2 * (m + r - 1) ** 2 * (C + K) * tiles * 4)
+    monkeypatch.setattr(winograd, "FILTER_IN_INPUT_LAUNCH", filter_in_input)
+    monkeypatch.setattr(winograd, "VECTOR_ROWS", vector_rows)
+    name = NAMES[m, r]
+    x, w = rng.standard_normal((N, C, H, W)).astype(np.float32), rng.standard_normal((K, C, r, r)).astype(np.float32)
+    b = rng.standard_normal(K).astype(np.float32)
+    opts = dict(padding=(r - 1) // 2)
+    plan = algos.REGISTRY[name]._plan(_problem(x.shape, w.shape, **opts), "forward")
+    assert len(plan["chunks"]) == 3 and plan["vec_rows"] == vector_rows
+    assert (plan["filter"] is None) == filter_in_input
+    y = conv2d_forward(gpu.asarray(x), gpu.asarray(w), gpu.asarray(b), algo=name, **opts)
+    assert_close(y, conv2d_forward(x.astype(F64), w.astype(F64), b.astype(F64), **opts), np.float32,
+                 algorithm=name, what="forward")
+    dy = rng.standard_normal(y.shape).astype(np.float32)
+    dx = conv2d_backward_data(gpu.asarray(dy), gpu.asarray(w), x.shape, algo=name, **opts)
+    assert_close(dx, conv2d_backward_data(dy.astype(F64), w.astype(F64), x.shape, **opts), np.float32,
+                 algorithm=name, what="backward_data")
+
+
+@pytest.mark.gpu   # the `gpu` fixture alone does not mark it: gpu_suite.sh selects -m gpu
+@pytest.mark.parametrize("m,r", VARIANTS)
+@pytest.mark.parametrize("offset", [0, 1, 2])
+def test_gpu_output_rows_into_unaligned_memory(gpu, rng, m, r, offset):
+    # run() into an output that starts 4 or 8 bytes past an aligned address:
+    # the vector rows must fall back to one store per value.
+    N, C, H, W, K = 2, 4, 8, 8, 3
+    name = NAMES[m, r]
+    x, w = rng.standard_normal((N, C, H, W)).astype(np.float32), rng.standard_normal((K, C, r, r)).astype(np.float32)
+    opts = dict(padding=(r - 1) // 2)
+    p = _problem(x.shape, w.shape, **opts)
+    buffer = gpu.full(N * K * H * W + offset, np.nan, dtype=np.float32)
+    out = buffer[offset:].reshape(N, K, H, W)
+    algos.REGISTRY[name].run(p, "forward", gpu.asarray(x), gpu.asarray(w), out)
+    if offset:
+        assert bool(gpu.isnan(buffer[:offset]).all())
+    assert_close(out, conv2d_forward(x.astype(F64), w.astype(F64), **opts), np.float32,
+                 algorithm=name, what="forward")
 
 
 @pytest.mark.parametrize("nhwc", [False, True])

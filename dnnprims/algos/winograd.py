@@ -90,6 +90,14 @@ WGRAD_VARIANTS = VARIANTS + ((4, 5),)
 SUPPORTED_DTYPES = ("float32", "float64", "float16", "bfloat16")
 # V and M of one batch chunk stay under this many bytes (at least one image).
 WORKSPACE_BOUND = 512 * 2**20
+# Forward / backward data: run the filter transform in the first input-transform
+# launch (blocks past the input's own) instead of a launch of its own; the
+# small filter grid then fills the input grid's tail (notes/winobd.md).
+FILTER_IN_INPUT_LAUNCH = True
+# Forward / backward data, NCHW float32: the output transform writes each row of
+# an m x m tile (m = 2 or 4) as one 8- / 16-byte store where Q % m == 0 and y is
+# aligned (else one store per value, as for every other dtype and NHWC).
+VECTOR_ROWS = True
 _THREADS = 256
 _PLAN_CACHE_SIZE = 4096
 MATRICES_HEADER = "conv_winograd_matrices.cuh"
@@ -330,10 +338,9 @@ def _expression(kernel, dtype, m, r, nhwc=None):
 FAMILY = KernelFamily("conv_winograd.cu", [
     expr
     for dtype in SUPPORTED_DTYPES for m, r in VARIANTS
-    for expr in ([_expression("winograd_filter_transform", dtype, m, r)]
-                 + [_expression(k, dtype, m, r, nhwc) for k in ("winograd_input_transform",
-                                                                "winograd_output_transform")
-                    for nhwc in (False, True)])
+    for expr in [_expression(k, dtype, m, r, nhwc) for k in ("winograd_input_transform",
+                                                             "winograd_output_transform")
+                 for nhwc in (False, True)]
 ] + [
     expr
     for dtype in SUPPORTED_DTYPES for m, r in WGRAD_VARIANTS
@@ -455,7 +462,8 @@ class WinogradConvolution(ConvAlgorithm):
     def _plan(self, p, direction):
         import cupy
 
-        key = (cupy.cuda.runtime.getDevice(), p, direction, WORKSPACE_BOUND)
+        key = (cupy.cuda.runtime.getDevice(), p, direction, WORKSPACE_BOUND, FILTER_IN_INPUT_LAUNCH,
+               VECTOR_ROWS)
         plan = self._plans.get(key)
         if plan is not None:
             return plan
@@ -465,23 +473,32 @@ class WinogradConvolution(ConvAlgorithm):
         tiles_h, tiles_w = ceil_div(Pout, m), ceil_div(Qout, m)
         tiles, chunk, _, _ = _sizes(p, direction, m)
         i32 = np.int32
+        filter_blocks = ceil_div(Kout * Cin, _THREADS)
+        # The filter transform's scalars, after the input transform's own.
+        filter_args = (i32(Kout), i32(direction == "backward_data"))
         chunks = []
         for n0 in range(0, p.N, chunk):
             t = (min(p.N, n0 + chunk) - n0) * tiles
+            input_blocks = ceil_div(Cin * t, _THREADS)
+            with_filter = n0 == 0 and FILTER_IN_INPUT_LAUNCH
             chunks.append((
                 i32(n0), t,
-                (ceil_div(Cin * t, _THREADS),),
+                (input_blocks + (filter_blocks if with_filter else 0),),
                 (i32(Cin), i32(Hin), i32(Win), i32(ph), i32(pw), i32(tiles_h), i32(tiles_w),
-                 i32(t), i32(n0)),
+                 i32(t), i32(n0), i32(input_blocks)),
                 (ceil_div(Kout * t, _THREADS),),
                 (i32(Kout), i32(Pout), i32(Qout), i32(tiles_h), i32(tiles_w), i32(t), i32(n0))))
+        input_expr = _expression("winograd_input_transform", p.dtype, m, r, nhwc)
         plan = dict(
             acc=_dtypes.accumulate_dtype(np.dtype(p.dtype)), Cin=Cin, Kout=Kout, alpha2=alpha2,
-            nhwc=nhwc, chunks=chunks, max_tiles=chunk * tiles,
-            filter=(_expression("winograd_filter_transform", p.dtype, m, r),
-                    (ceil_div(Kout * Cin, _THREADS),),
-                    (i32(Kout), i32(Cin), i32(direction == "backward_data"))),
-            input=_expression("winograd_input_transform", p.dtype, m, r, nhwc),
+            nhwc=nhwc, chunks=chunks, max_tiles=chunk * tiles, filter_args=filter_args,
+            # The filter transform alone (FILTER_IN_INPUT_LAUNCH off): the input
+            # kernel with no input blocks; its arguments before x's are unused.
+            filter=None if FILTER_IN_INPUT_LAUNCH else (
+                input_expr, (filter_blocks,),
+                (i32(Cin), i32(1), i32(1), i32(0), i32(0), i32(1), i32(1), i32(0), i32(0), i32(0))),
+            vec_rows=VECTOR_ROWS and not nhwc and Qout % m == 0,
+            input=input_expr,
             output=_expression("winograd_output_transform", p.dtype, m, r, nhwc))
         if len(self._plans) >= _PLAN_CACHE_SIZE:
             self._plans.clear()
@@ -496,16 +513,21 @@ class WinogradConvolution(ConvAlgorithm):
         workspace = cupy.empty(sum(_workspace_parts(alpha2, Kout, Cin, plan["max_tiles"])),
                                dtype=plan["acc"])
         u, _, _ = workspace_views(workspace, alpha2, Kout, Cin, plan["max_tiles"], nhwc)
-        expr, grid, args = plan["filter"]
-        FAMILY.launch(expr, grid, (_THREADS,), (b, u, *args))
+        filter_args = (b, u, *plan["filter_args"])
+        if plan["filter"] is not None:
+            expr, grid, args = plan["filter"]
+            FAMILY.launch(expr, grid, (_THREADS,), (a, u, *args, *filter_args))
         has_bias = np.int32(bias is not None)
         bias = b if bias is None else bias
+        # 16 bytes covers the float4 rows of F(4x4) and the float2 rows of F(2x2).
+        vec_rows = np.int32(plan["vec_rows"] and out.data.ptr % 16 == 0)
         for n0, t, in_grid, in_args, out_grid, out_args in plan["chunks"]:
             # A short last chunk uses less of the workspace.
             _, v, mm = workspace_views(workspace, alpha2, Kout, Cin, t, nhwc)
-            FAMILY.launch(plan["input"], in_grid, (_THREADS,), (a, v, *in_args))
+            FAMILY.launch(plan["input"], in_grid, (_THREADS,), (a, v, *in_args, *filter_args))
             _batched_gemm(nhwc, u, v, mm)
-            FAMILY.launch(plan["output"], out_grid, (_THREADS,), (mm, bias, has_bias, out, *out_args))
+            FAMILY.launch(plan["output"], out_grid, (_THREADS,),
+                          (mm, bias, has_bias, out, *out_args, vec_rows))
         return out
 
 
