@@ -140,8 +140,8 @@ def main(argv=None):
             set_options(*OPTIONS["new"])
             if small:
                 row["host_us_F4"] = host_us(cp, lambda: _conv_call(direction, problem, a, b, NAMES[4]))
-                row["host_us_cudnn"] = host_us(cp, lambda: _torch_conv_call(torch, direction, problem,
-                                                                            *t_inputs[0]))
+                ta, tb = t_inputs[0]
+                row["host_us_cudnn"] = host_us(cp, lambda: _torch_conv_call(torch, direction, problem, ta, tb))
             if spec["name"] in args.stages.split(","):
                 for m in (4, 2):
                     try:
