@@ -4,7 +4,9 @@
 // generates conv_winograd_matrices.cuh from the Toom-Cook points).
 //
 // Workspace layouts (acc_t<T>: float, or double for double storage), per batch
-// chunk of `tiles` output tiles t = ((n - n0) * tiles_h + th) * tiles_w + tw:
+// chunk of `tiles` output tiles t = ((n - n0) * tiles_h + th) * tiles_w + tw;
+// the kernels take the one workspace allocation and the element offsets of V
+// and M in it (U starts it), so a prepared launch fixes everything but pointers:
 //   U[a][k][c]                  filter transform,  a = alpha index (i * ALPHA + j)
 //   V[a][c][t] (NCHW)           input transform
 //   V[a][t][c] (NHWC)
@@ -132,18 +134,19 @@ __device__ __forceinline__ void filter_transform_pair(const T* __restrict__ w, a
 // the launch gives them ceil(Kout * C / 256) blocks, or none).
 template <typename T, int M, int R, bool NHWC>
 __global__ void __launch_bounds__(256)
-winograd_input_transform(const T* __restrict__ x, acc_t<T>* __restrict__ v,
+winograd_input_transform(const T* __restrict__ x, acc_t<T>* __restrict__ workspace, long long v_offset,
                          int C, int H, int W, int pad_h, int pad_w,
                          int tiles_h, int tiles_w, int tiles, int n0, int input_blocks,
-                         const T* __restrict__ w, acc_t<T>* __restrict__ u, int Kout, int rotate) {
+                         const T* __restrict__ w, int Kout, int rotate) {
     typedef acc_t<T> A;
     typedef winograd_matrices<M, R> F;
     constexpr int ALPHA = F::ALPHA;
     if ((int)blockIdx.x >= input_blocks) {
         const int i = ((int)blockIdx.x - input_blocks) * blockDim.x + threadIdx.x;
-        if (i < Kout * C) filter_transform_pair<T, M, R>(w, u, Kout, C, rotate, i);
+        if (i < Kout * C) filter_transform_pair<T, M, R>(w, workspace, Kout, C, rotate, i);   // U: offset 0
         return;
     }
+    A* __restrict__ v = workspace + v_offset;
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= C * tiles) return;
     const int c = NHWC ? i % C : i / tiles;
@@ -193,12 +196,14 @@ __device__ __forceinline__ void store_row(T* __restrict__ dst, const acc_t<T> (&
 // when `vec_rows` (Q a multiple of M, y 16-byte aligned: Python checks).
 template <typename T, int M, int R, bool NHWC>
 __global__ void __launch_bounds__(256)
-winograd_output_transform(const acc_t<T>* __restrict__ mw, const T* __restrict__ bias, int has_bias,
+winograd_output_transform(const acc_t<T>* __restrict__ workspace, long long m_offset,
+                          const T* __restrict__ bias, int has_bias,
                           T* __restrict__ y, int K, int P, int Q,
                           int tiles_h, int tiles_w, int tiles, int n0, int vec_rows) {
     typedef acc_t<T> A;
     typedef winograd_matrices<M, R> F;
     constexpr int ALPHA = F::ALPHA;
+    const A* __restrict__ mw = workspace + m_offset;
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= K * tiles) return;
     const int k = NHWC ? i % K : i / tiles;

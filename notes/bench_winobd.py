@@ -20,6 +20,7 @@ import time
 
 import numpy as np
 
+from dnnprims._cublas import gemm
 from dnnprims.algos import REGISTRY, winograd
 from dnnprims.bench.__main__ import (PROBLEMS, Backend, _conv_call, _conv_operands, _conv_problem,
                                      _torch_conv_call)
@@ -68,28 +69,33 @@ def stages(cp, problem, direction, a, b, m, repeat):
     plan = alg._plan(problem, direction)
     Cin, Kout, a2 = plan["Cin"], plan["Kout"], plan["alpha2"]
     T = plan["max_tiles"]
-    ws = cp.empty(sum(winograd._workspace_parts(a2, Kout, Cin, T)), cp.float32)
+    ws = cp.empty(plan["elements"], cp.float32)
     u, v, mm = winograd.workspace_views(ws, a2, Kout, Cin, T, False)
-    _, t, in_grid, in_args, out_grid, out_args = plan["chunks"][0]
+    _, t, in_grid, in_args, out_grid, out_args, _ = plan["chunks"][0]
     input_blocks = int(in_args[-1])
     filter_blocks = in_grid[0] - input_blocks
-    fargs = (b, u, *plan["filter_args"])
+    fargs = (b, *plan["filter_args"])
+    vo, mo = plan["v_offset"], plan["m_offset"]
     expr = plan["input"]
     launch = winograd.FAMILY.launch
     out = cp.empty(problem.x_shape if direction == "backward_data" else problem.y_shape, cp.float32)
     zero_args = (i32(Cin), i32(1), i32(1), i32(0), i32(0), i32(1), i32(1), i32(0), i32(0), i32(0))
     res = {}
-    res["filter"] = gpu_ms(cp, lambda: launch(expr, (filter_blocks,), (256,), (a, u, *zero_args, *fargs)), repeat)
-    res["input"] = gpu_ms(cp, lambda: launch(expr, (input_blocks,), (256,), (a, v, *in_args, *fargs)), repeat)
-    res["input+filter"] = gpu_ms(cp, lambda: launch(expr, in_grid, (256,), (a, v, *in_args, *fargs)), repeat)
-    res["gemm"] = gpu_ms(cp, lambda: winograd._batched_gemm(False, u, v, mm), repeat)
+    res["filter"] = gpu_ms(cp, lambda: launch(expr, (filter_blocks,), (256,), (a, ws, vo, *zero_args, *fargs)),
+                           repeat)
+    res["input"] = gpu_ms(cp, lambda: launch(expr, (input_blocks,), (256,), (a, ws, vo, *in_args, *fargs)), repeat)
+    res["input+filter"] = gpu_ms(cp, lambda: launch(expr, in_grid, (256,), (a, ws, vo, *in_args, *fargs)), repeat)
+    res["gemm"] = gpu_ms(cp, lambda: gemm(cp, u, v, mm), repeat)
     vt = v.reshape(a2, T, Cin)    # the same bytes as the transposed layout (timing only)
     mt = mm.reshape(a2, T, Kout)
-    res["gemm_T"] = gpu_ms(cp, lambda: winograd._batched_gemm(True, u, vt, mt), repeat)
+    res["gemm_T"] = gpu_ms(cp, lambda: gemm(cp, vt, u, mt, trans_b=True), repeat)
     for vec in (0, 1):
         res[f"output_vec{vec}"] = gpu_ms(cp, lambda: launch(
-            plan["output"], out_grid, (256,), (mm, b, i32(0), out, *out_args, i32(vec and plan["vec_rows"]))),
+            plan["output"], out_grid, (256,), (ws, mo, b, i32(0), out, *out_args, i32(vec and plan["vec_rows"]))),
             repeat)
+    # The whole call through the algorithm's prepared path (no conv.py front).
+    runner = alg.prepare(problem, direction)
+    res["prepared"] = gpu_ms(cp, lambda: runner(a, b, out), repeat)
     return res
 
 
@@ -173,14 +179,15 @@ def main(argv=None):
         print(f"{r['name']:10s} {r['direction'][:8]:8s} {f('cudnn')} {f('F4_old')} {f('F4_new')} {f('F2_old')} "
               f"{f('F2_new')} {best or '-':>6s} {ms['cudnn'] / ours[best] if best else 0:6.2f} "
               f"{r['err'].get('F4_new', float('nan')):8.1e}")
-    print("\nstages (GPU ms, each alone): filter | input | input+filter | gemm | gemm_T | output vec0 | vec1")
+    print("\nstages (GPU ms, each alone, back to back): filter | input | input+filter | gemm | gemm_T | "
+          "output vec0 | vec1 | prepared call")
     for r in rows:
         for m in (4, 2):
             s = r.get(f"stages_F{m}")
             if s:
                 print(f"{r['name']:10s} {r['direction'][:8]:8s} F{m} " + " ".join(
                     f"{s[k]:.4f}" for k in ("filter", "input", "input+filter", "gemm", "gemm_T",
-                                            "output_vec0", "output_vec1")))
+                                            "output_vec0", "output_vec1", "prepared")))
     for r in rows:
         extra = {k: round(v, 4) for k, v in r["ms"].items() if "bound" in k}
         if "host_us_F4" in r or extra:

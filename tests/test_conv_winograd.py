@@ -291,6 +291,53 @@ def test_gpu_output_rows_into_unaligned_memory(gpu, rng, m, r, offset):
                  algorithm=name, what="forward")
 
 
+def _cublas_strided_batched(buffer, head, a_offset, mid, b_offset, tail, c_offset, last):
+    """What cublas<t>gemmStridedBatched(handle, transa, transb, m, n, k, alpha,
+    A, lda, strideA, B, ldb, strideB, beta, C, ldc, strideC, batch) does with the
+    arguments of winograd._gemm_arguments on a flat host buffer (column-major:
+    element (i, j) of an operand at i + j * ld; byte offsets from the buffer
+    start; cuBLAS's A is the row-major product's right operand)."""
+    import ctypes
+    op_a, op_b, m, n, k, alpha_ptr = head
+    lda, stride_a = mid
+    ldb, stride_b, beta_ptr = tail
+    ldc, stride_c, batch = last
+    scalar = ctypes.c_double if buffer.itemsize == 8 else ctypes.c_float
+    alpha, beta = scalar.from_address(alpha_ptr).value, scalar.from_address(beta_ptr).value
+    assert (alpha, beta) == (1.0, 0.0)
+
+    def operand(offset, ld, stride, rows, cols, b):
+        # rows x cols column-major at ld, batch entry b
+        start = offset // buffer.itemsize + b * stride
+        idx = start + np.arange(rows)[:, None] + np.arange(cols)[None, :] * ld
+        return buffer[idx]
+
+    for b in range(batch):
+        a = operand(a_offset, lda, stride_a, *((k, m) if op_a else (m, k)), b)
+        bb = operand(b_offset, ldb, stride_b, *((n, k) if op_b else (k, n)), b)
+        c = (a.T if op_a else a) @ (bb.T if op_b else bb)
+        start = c_offset // buffer.itemsize + b * stride_c
+        buffer[start + np.arange(m)[:, None] + np.arange(n)[None, :] * ldc] = c
+
+
+@pytest.mark.parametrize("nhwc", [False, True])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("alpha2,Kout,Cin,full,tiles", [(16, 3, 5, 7, 7), (36, 7, 5, 9, 4), (4, 2, 3, 1, 1)])
+def test_gemm_arguments_compute_the_row_major_products(nhwc, dtype, alpha2, Kout, Cin, full, tiles, rng):
+    # The raw cuBLAS arguments of a (possibly short) batch chunk, run by a NumPy
+    # model of cuBLAS on a workspace laid out as the kernels lay it out, give
+    # M[a] = U[a] V[a] (NCHW) or V[a] U[a]^T (NHWC).
+    workspace = np.full(sum(winograd._workspace_parts(alpha2, Kout, Cin, full)), np.nan, dtype)
+    u, v, m = winograd.workspace_views(workspace, alpha2, Kout, Cin, tiles, nhwc, full_tiles=full)
+    u[...] = rng.standard_normal(u.shape)
+    v[...] = rng.standard_normal(v.shape)
+    v_offset, m_offset = winograd._workspace_offsets(alpha2, Kout, Cin, full)
+    args = winograd._gemm_arguments(nhwc, alpha2, Kout, Cin, tiles, workspace.itemsize, v_offset, m_offset)
+    _cublas_strided_batched(workspace, *args)
+    expected = v @ u.transpose(0, 2, 1) if nhwc else u @ v
+    np.testing.assert_allclose(m, expected, rtol=1e-5 if dtype == np.float32 else 1e-12)
+
+
 @pytest.mark.parametrize("nhwc", [False, True])
 @pytest.mark.parametrize("alpha2,Kout,Cin,tiles", [(16, 3, 5, 7), (36, 7, 5, 1), (36, 64, 64, 9)])
 def test_workspace_views_fit_and_do_not_overlap(nhwc, alpha2, Kout, Cin, tiles):
@@ -299,7 +346,11 @@ def test_workspace_views_fit_and_do_not_overlap(nhwc, alpha2, Kout, Cin, tiles):
     total = sum(winograd._workspace_parts(alpha2, Kout, Cin, tiles))
     for t in (tiles, max(1, tiles // 2)):
         workspace = np.zeros(total)
-        u, v, m = winograd.workspace_views(workspace, alpha2, Kout, Cin, t, nhwc)
+        u, v, m = winograd.workspace_views(workspace, alpha2, Kout, Cin, t, nhwc, full_tiles=tiles)
+        # The offsets the kernels and the GEMM use: the same for a short chunk.
+        v_offset, m_offset = winograd._workspace_offsets(alpha2, Kout, Cin, tiles)
+        assert v.ctypes.data - workspace.ctypes.data == v_offset * workspace.itemsize
+        assert m.ctypes.data - workspace.ctypes.data == m_offset * workspace.itemsize
         assert u.shape == (alpha2, Kout, Cin)
         assert v.shape == ((alpha2, t, Cin) if nhwc else (alpha2, Cin, t))
         assert m.shape == ((alpha2, t, Kout) if nhwc else (alpha2, Kout, t))
