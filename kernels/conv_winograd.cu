@@ -255,6 +255,8 @@ winograd_output_transform(const acc_t<T>* __restrict__ workspace, long long m_of
 //   Xt[a][s][c][tl] (NCHW) / Xt[a][s][tl][c] (NHWC)  input transform
 //   Dt[a][s][k][tl] (NCHW) / Dt[a][s][tl][k] (NHWC)  output-gradient transform
 //   Mw[a][s][k][c]                                    GEMM results (over batch chunks: beta = 1)
+// The transform kernels take the workspace and the element offset of their part
+// (Xt, Dt), the output kernel the workspace itself (Mw starts it).
 // Either way the thread with flat index i writes element i of every a-plane:
 // one thread per (channel, slot), tl fastest for NCHW, the channel fastest for
 // NHWC, so the stores are coalesced and the loads run along W or C.
@@ -262,10 +264,11 @@ winograd_output_transform(const acc_t<T>* __restrict__ workspace, long long m_of
 // x -> Xt: B^T d B of the ALPHA x ALPHA tile at (th * M - pad_h, tw * M - pad_w).
 template <typename T, int M, int R, bool NHWC>
 __global__ void __launch_bounds__(256)
-winograd_wgrad_input_transform(const T* __restrict__ x, acc_t<T>* __restrict__ v,
+winograd_wgrad_input_transform(const T* __restrict__ x, acc_t<T>* __restrict__ workspace, long long offset,
                                int C, int H, int W, int pad_h, int pad_w, int tiles_h, int tiles_w,
                                int tiles, int n0, int splits, int split_tiles) {
     typedef acc_t<T> A;
+    A* __restrict__ v = workspace + offset;
     typedef winograd_wgrad_matrices<M, R> F;
     constexpr int ALPHA = F::ALPHA;
     const int plane = C * splits * split_tiles;
@@ -294,10 +297,11 @@ winograd_wgrad_input_transform(const T* __restrict__ x, acc_t<T>* __restrict__ v
 // dy -> Dt: G e G^T of the M x M tile e at (th * M, tw * M), zero outside P x Q.
 template <typename T, int M, int R, bool NHWC>
 __global__ void __launch_bounds__(256)
-winograd_wgrad_grad_transform(const T* __restrict__ dy, acc_t<T>* __restrict__ v,
+winograd_wgrad_grad_transform(const T* __restrict__ dy, acc_t<T>* __restrict__ workspace, long long offset,
                               int K, int P, int Q, int tiles_h, int tiles_w,
                               int tiles, int n0, int splits, int split_tiles) {
     typedef acc_t<T> A;
+    A* __restrict__ v = workspace + offset;
     typedef winograd_wgrad_matrices<M, R> F;
     constexpr int ALPHA = F::ALPHA;
     const int plane = K * splits * split_tiles;

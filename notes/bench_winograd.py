@@ -13,7 +13,7 @@ import sys
 
 import numpy as np
 
-from dnnprims.algos import REGISTRY, choose, winograd
+from dnnprims.algos import REGISTRY, choose
 from dnnprims.bench import timing
 from dnnprims.bench.__main__ import (PROBLEMS, Backend, _conv_call, _conv_operands, _conv_problem,
                                      _torch_conv_call)

@@ -291,24 +291,26 @@ def test_gpu_output_rows_into_unaligned_memory(gpu, rng, m, r, offset):
                  algorithm=name, what="forward")
 
 
-def _cublas_strided_batched(buffer, head, a_offset, mid, b_offset, tail, c_offset, last):
+def _cublas_strided_batched(buffer, head, a_offset, mid, b_offset, tail, c_offset, last, itemsize=None):
     """What cublas<t>gemmStridedBatched(handle, transa, transb, m, n, k, alpha,
     A, lda, strideA, B, ldb, strideB, beta, C, ldc, strideC, batch) does with the
     arguments of winograd._gemm_arguments on a flat host buffer (column-major:
     element (i, j) of an operand at i + j * ld; byte offsets from the buffer
-    start; cuBLAS's A is the row-major product's right operand)."""
+    start, in elements of ``itemsize`` bytes, the arguments' element size: the
+    buffer's by default; cuBLAS's A is the row-major product's right operand)."""
     import ctypes
+    itemsize = itemsize or buffer.itemsize
     op_a, op_b, m, n, k, alpha_ptr = head
     lda, stride_a = mid
     ldb, stride_b, beta_ptr = tail
     ldc, stride_c, batch = last
-    scalar = ctypes.c_double if buffer.itemsize == 8 else ctypes.c_float
+    scalar = ctypes.c_double if itemsize == 8 else ctypes.c_float
     alpha, beta = scalar.from_address(alpha_ptr).value, scalar.from_address(beta_ptr).value
-    assert (alpha, beta) == (1.0, 0.0)
+    assert alpha == 1.0 and beta in (0.0, 1.0)
 
     def operand(offset, ld, stride, rows, cols, b):
         # rows x cols column-major at ld, batch entry b
-        start = offset // buffer.itemsize + b * stride
+        start = offset // itemsize + b * stride
         idx = start + np.arange(rows)[:, None] + np.arange(cols)[None, :] * ld
         return buffer[idx]
 
@@ -316,8 +318,9 @@ def _cublas_strided_batched(buffer, head, a_offset, mid, b_offset, tail, c_offse
         a = operand(a_offset, lda, stride_a, *((k, m) if op_a else (m, k)), b)
         bb = operand(b_offset, ldb, stride_b, *((n, k) if op_b else (k, n)), b)
         c = (a.T if op_a else a) @ (bb.T if op_b else bb)
-        start = c_offset // buffer.itemsize + b * stride_c
-        buffer[start + np.arange(m)[:, None] + np.arange(n)[None, :] * ldc] = c
+        start = c_offset // itemsize + b * stride_c
+        idx = start + np.arange(m)[:, None] + np.arange(n)[None, :] * ldc
+        buffer[idx] = c + (beta * buffer[idx] if beta else 0)
 
 
 @pytest.mark.parametrize("nhwc", [False, True])
@@ -336,6 +339,27 @@ def test_gemm_arguments_compute_the_row_major_products(nhwc, dtype, alpha2, Kout
     _cublas_strided_batched(workspace, *args)
     expected = v @ u.transpose(0, 2, 1) if nhwc else u @ v
     np.testing.assert_allclose(m, expected, rtol=1e-5 if dtype == np.float32 else 1e-12)
+
+
+@pytest.mark.parametrize("nhwc", [False, True])
+@pytest.mark.parametrize("beta", [0.0, 1.0])
+@pytest.mark.parametrize("alpha2,K,C,splits,full,st", [(16, 3, 5, 2, 8, 8), (36, 7, 5, 3, 12, 4), (4, 2, 1, 1, 4, 4)])
+def test_wgrad_gemm_arguments_compute_the_row_major_products(nhwc, beta, alpha2, K, C, splits, full, st, rng):
+    # Backward filter: Mw[b] = Dt[b] Xt[b]^T (+ Mw[b] after the first batch chunk)
+    # from the raw cuBLAS arguments, on a workspace laid out as
+    # wgrad_workspace_views lays it out (a short chunk: st < full split tiles).
+    workspace = np.full(sum(winograd._wgrad_parts(alpha2, K, C, splits, full)), np.nan, np.float64)
+    mw, xt, dt = winograd.wgrad_workspace_views(workspace, alpha2, K, C, splits, full, st, nhwc)
+    for view in (mw, xt, dt):
+        view[...] = rng.standard_normal(view.shape)
+    before = mw.copy()
+    xt_offset, dt_offset = winograd._wgrad_offsets(alpha2, K, C, splits, full)
+    assert xt.ctypes.data - workspace.ctypes.data == xt_offset * 8
+    assert dt.ctypes.data - workspace.ctypes.data == dt_offset * 8
+    args = winograd._wgrad_gemm_arguments(nhwc, alpha2 * splits, K, C, st, 8, xt_offset, dt_offset, beta)
+    _cublas_strided_batched(workspace, *args)
+    product = dt.transpose(0, 2, 1) @ xt if nhwc else dt @ xt.transpose(0, 2, 1)
+    np.testing.assert_allclose(mw, product + beta * before, rtol=1e-12)
 
 
 @pytest.mark.parametrize("nhwc", [False, True])
@@ -463,7 +487,7 @@ def _run_wgrad_kernels_on_numpy(algorithm, p, x, dy):
                 vals[ok, r, s] = src[idx[ok]]
         return np.einsum("ai,tij,bj->tab", mat, vals, mat).reshape(plane, -1)
 
-    for _, split_tiles, beta, _, x_args, _, dy_args in plan["chunks"]:
+    for (_, split_tiles, beta, _, x_args, _, dy_args), gemm_args in zip(plan["chunks"], plan["gemms"]):
         mw, xt, dt = winograd.wgrad_workspace_views(workspace, alpha2, p.K, p.C, splits,
                                                     plan["full_split_tiles"], split_tiles, nhwc)
         for args, view, src, is_x in ((x_args, xt, xf, True), (dy_args, dt, dyf, False)):
@@ -492,7 +516,8 @@ def _run_wgrad_kernels_on_numpy(algorithm, p, x, dy):
             flat = view.reshape(-1)
             for a in range(alpha2):
                 flat[a * plane + i] = out[:, a]
-        winograd.gemm(np, dt, xt, mw, trans_a=nhwc, trans_b=not nhwc, beta=beta)
+        # The run's raw cuBLAS arguments (offsets in the plan's accumulation type).
+        _cublas_strided_batched(workspace, *gemm_args, itemsize=np.dtype(plan["acc"]).itemsize)
     return _wgrad_output_kernel_on_numpy(mw.reshape(-1), p.K, p.C, splits, alpha, algorithm.r, at)
 
 

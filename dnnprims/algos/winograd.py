@@ -55,7 +55,6 @@ import numpy as np
 
 from .. import _dtypes
 from .. import _cublas
-from .._cublas import gemm
 from .._kernels import KERNEL_DIR, KernelFamily, ceil_div
 from .._validate import INT32_LIMIT
 from . import ConvAlgorithm, register
@@ -506,8 +505,7 @@ class WinogradConvolution(ConvAlgorithm):
                 (i32(Cin), i32(1), i32(1), i32(0), i32(0), i32(1), i32(1), i32(0), i32(0), i32(0))),
             vec_rows=VECTOR_ROWS and not nhwc and Qout % m == 0,
             input=input_expr,
-            output=_expression("winograd_output_transform", p.dtype, m, r, nhwc),
-            gemm=_GEMM_RUN[acc])
+            output=_expression("winograd_output_transform", p.dtype, m, r, nhwc))
         if len(self._plans) >= _PLAN_CACHE_SIZE:
             self._plans.clear()
         self._plans[key] = plan
@@ -546,7 +544,7 @@ class WinogradConvolution(ConvAlgorithm):
                                (ARRAY0, ARRAY4, plan["v_offset"], *in_args, *filter_args)),
                           gemm_args, outputs))
         first, steps = tuple(first), tuple(steps)
-        elements, acc, run_gemm = plan["elements"], plan["acc"], plan["gemm"]
+        elements, acc, run_gemm = plan["elements"], plan["acc"], _GEMM_RUN[plan["acc"]]
         empty, handle = cupy.empty, device.get_cublas_handle
 
         def run(a, b, out, bias=None):
@@ -733,9 +731,14 @@ class WinogradBackwardFilter(ConvAlgorithm):
                 (i32(p.K), i32(p.P), i32(p.Q), i32(tiles_h), i32(tiles_w), i32(t), i32(n0),
                  i32(splits), i32(st))))
         nhwc = p.layout == "NHWC"
-        return dict(acc=_dtypes.accumulate_dtype(np.dtype(p.dtype)), alpha2=alpha2, splits=splits,
+        acc = np.dtype(_dtypes.accumulate_dtype(np.dtype(p.dtype)))
+        xt_offset, dt_offset = _wgrad_offsets(alpha2, p.K, p.C, splits, full_split_tiles)
+        gemms = [_wgrad_gemm_arguments(nhwc, alpha2 * splits, p.K, p.C, st, acc.itemsize, xt_offset,
+                                       dt_offset, beta) for _, st, beta, _, _, _, _ in chunks]
+        return dict(acc=acc, alpha2=alpha2, splits=splits,
                     full_split_tiles=full_split_tiles, nhwc=nhwc, chunks=chunks,
-                    elements=self._elements(p),
+                    elements=self._elements(p), gemms=gemms,
+                    xt_offset=np.int64(xt_offset), dt_offset=np.int64(dt_offset),
                     input=_expression("winograd_wgrad_input_transform", p.dtype, m, r, nhwc),
                     grad=_expression("winograd_wgrad_grad_transform", p.dtype, m, r, nhwc),
                     output=(_expression("winograd_wgrad_output_transform", p.dtype, m, r),
@@ -744,32 +747,87 @@ class WinogradBackwardFilter(ConvAlgorithm):
     def _cached_plan(self, p):
         import cupy
 
-        key = (cupy.cuda.runtime.getDevice(), p, WORKSPACE_BOUND, WGRAD_TARGET_BLOCKS,
-               WGRAD_MIN_SPLIT_DEPTH, WGRAD_MAX_SPLIT_DEPTH)
+        options = _wgrad_options()
+        key = (cupy.cuda.runtime.getDevice(), p, options)
         plan = self._plans.get(key)
         if plan is None:
             if len(self._plans) >= _PLAN_CACHE_SIZE:
                 self._plans.clear()
             plan = self._plans[key] = self.plan(p)
+            plan["options"] = options
         return plan
 
-    def run(self, problem, direction, a, b, out, bias=None, activation=None):
+    def prepare(self, problem, direction, has_bias=False, activation=None):
+        """Prepared launches and a raw cuBLAS call per batch chunk over one
+        workspace allocation (as WinogradConvolution.prepare). Arrays of a launch:
+        ARRAY0 = x, ARRAY1 = dy, ARRAY2 = dw, ARRAY4 = the workspace."""
         import cupy
+        from cupy.cuda import device
+        from .._kernels import ARRAY0, ARRAY1, ARRAY2, ARRAY4
 
-        p = problem
-        plan = self._cached_plan(p)
-        alpha2, splits, nhwc = plan["alpha2"], plan["splits"], plan["nhwc"]
-        workspace = cupy.empty(plan["elements"], dtype=plan["acc"])
-        for _, st, beta, x_grid, x_args, dy_grid, dy_args in plan["chunks"]:
-            mw, xt, dt = wgrad_workspace_views(workspace, alpha2, p.K, p.C, splits,
-                                               plan["full_split_tiles"], st, nhwc)
-            FAMILY.launch(plan["input"], x_grid, (_THREADS,), (a, xt, *x_args))
-            FAMILY.launch(plan["grad"], dy_grid, (_THREADS,), (b, dt, *dy_args))
-            # Mw[b] = Dt[b] Xt[b]^T: NHWC stores both transposed (tiles x channels).
-            gemm(cupy, dt, xt, mw, trans_a=nhwc, trans_b=not nhwc, beta=beta)
+        plan = self._cached_plan(problem)
+        options = plan["options"]
+        block = (_THREADS,)
+        prep = FAMILY.prepare
+        steps = tuple(
+            (prep(plan["input"], x_grid, block, (ARRAY0, ARRAY4, plan["xt_offset"], *x_args)),
+             prep(plan["grad"], dy_grid, block, (ARRAY1, ARRAY4, plan["dt_offset"], *dy_args)),
+             gemm_args)
+            for (_, _, _, x_grid, x_args, dy_grid, dy_args), gemm_args in zip(plan["chunks"], plan["gemms"]))
         expr, grid, args = plan["output"]
-        FAMILY.launch(expr, grid, (_THREADS,), (mw, out, *args))
-        return out
+        output = prep(expr, grid, block, (ARRAY4, ARRAY2, *args))
+        elements, acc, run_gemm = plan["elements"], plan["acc"], _GEMM_RUN[plan["acc"]]
+        empty, handle = cupy.empty, device.get_cublas_handle
+
+        def run(a, b, out, bias=None):
+            if options != _wgrad_options():
+                # The module's options changed since this was prepared (tests do that).
+                return self.run(problem, direction, a, b, out)
+            workspace = empty(elements, dtype=acc)
+            arrays = (a, b, out, None, workspace)
+            base = workspace.data.ptr
+            cublas = handle()
+            for launch_x, launch_dy, (head, a_offset, mid, b_offset, tail, c_offset, last) in steps:
+                launch_x(*arrays)
+                launch_dy(*arrays)
+                run_gemm(cublas, *head, base + a_offset, *mid, base + b_offset, *tail, base + c_offset, *last)
+            output(*arrays)
+            return out
+        return run
+
+    def run(self, problem, direction, a, b, out, bias=None, activation=None):
+        plan = self._cached_plan(problem)
+        runner = plan.get("runner")
+        if runner is None:
+            runner = plan["runner"] = self.prepare(problem, direction)
+        return runner(a, b, out)
+
+
+def _wgrad_options():
+    return (WORKSPACE_BOUND, WGRAD_TARGET_BLOCKS, WGRAD_MIN_SPLIT_DEPTH, WGRAD_MAX_SPLIT_DEPTH)
+
+
+def _wgrad_offsets(alpha2, K, C, splits, full_split_tiles):
+    """Element offsets of Xt and Dt in the backward-filter workspace (Mw starts it)."""
+    mw_size, xt_size, _ = _wgrad_parts(alpha2, K, C, splits, full_split_tiles)
+    return mw_size, mw_size + xt_size
+
+
+def _wgrad_gemm_arguments(nhwc, batch, K, C, split_tiles, itemsize, xt_offset, dt_offset, beta):
+    """cuBLAS strided-batched arguments of Mw[b] = Dt[b] Xt[b]^T (+ beta Mw[b]):
+    NCHW Dt (K, st), Xt (C, st); NHWC Dt (st, K), Xt (st, C) (Mw[b] = Dt[b]^T Xt[b]);
+    Mw (K, C) at the workspace start.  Split as :func:`_gemm_arguments`: (head,
+    cuBLAS A = Xt offset, mid, cuBLAS B = Dt offset, tail, Mw offset, last), byte offsets."""
+    dtype = _dtypes_acc(itemsize)
+    one, beta_ptr = (_cublas._scalar(dtype, v).ctypes.data for v in (1.0, beta))
+    st = split_tiles
+    xt_bytes, dt_bytes = int(xt_offset) * itemsize, int(dt_offset) * itemsize
+    # Row-major C (K x C) = op(Dt) op(Xt): cuBLAS C^T (C x K) = op'(Xt) op'(Dt), m = C, n = K, k = st.
+    if nhwc:
+        return ((_cublas._OP_N, _cublas._OP_T, C, K, st, one), xt_bytes, (C, st * C),
+                dt_bytes, (K, st * K, beta_ptr), 0, (C, K * C, batch))
+    return ((_cublas._OP_T, _cublas._OP_N, C, K, st, one), xt_bytes, (st, C * st),
+            dt_bytes, (st, K * st, beta_ptr), 0, (C, K * C, batch))
 
 
 # Measured float32 error against float64 (dnnprims/testing/tolerances.py; H100,
