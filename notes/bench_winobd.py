@@ -26,6 +26,7 @@ from dnnprims.bench.__main__ import (PROBLEMS, Backend, _conv_call, _conv_operan
                                      _torch_conv_call)
 
 NAMES = {4: "winograd_f4x4_3x3", 2: "winograd_f2x2_3x3"}
+WGRAD_NAMES = {4: "winograd_wgrad_f3x3_4x4", 2: "winograd_wgrad_f3x3_2x2"}
 OPTIONS = {"old": (False, False), "new": (True, True)}   # (FILTER_IN_INPUT_LAUNCH, VECTOR_ROWS)
 
 
@@ -99,6 +100,9 @@ def stages(cp, problem, direction, a, b, m, repeat):
     return res
 
 
+SHORT = {"forward": "fwd", "backward_data": "bwd_data", "backward_filter": "bwd_filt"}
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser()
     parser.add_argument("--only", default=None)
@@ -106,6 +110,9 @@ def main(argv=None):
     parser.add_argument("--stage-repeat", type=int, default=20)
     parser.add_argument("--stages", default="r50_2_3x3,r50_3_3x3,r50_4_3x3,r50_5_3x3")
     parser.add_argument("--json", default=None)
+    parser.add_argument("--options", default="old,new", help="launch options to time on the r50 layers")
+    parser.add_argument("--directions", default="forward,backward_data")
+    parser.add_argument("--bounds", action="store_true", help="r50_3: smaller batch chunks too")
     args = parser.parse_args(argv)
     be = Backend()
     cp, torch = be.xp, be.torch
@@ -121,7 +128,8 @@ def main(argv=None):
         w = cp.random.standard_normal(problem.w_shape, dtype=cp.float32)
         dy = cp.random.standard_normal(problem.y_shape, dtype=cp.float32)
         small = spec["name"].startswith("r50")
-        for direction in ("forward", "backward_data"):
+        for direction in args.directions.split(","):
+            names = WGRAD_NAMES if direction == "backward_filter" else NAMES
             a, b = _conv_operands(direction, x, w, dy)
             sets = max(1, min(4, -(-3 * 50 * 2**20 // (2 * (a.nbytes + b.nbytes)))))
             inputs = [(a, b)] + [(a.copy(), b.copy()) for _ in range(sets - 1)]
@@ -132,8 +140,9 @@ def main(argv=None):
             ref = _torch_conv_call(torch, direction, problem, be.to_torch(a).double(), be.to_torch(b).double())
             norm = torch.linalg.norm(ref)
             for m in (4, 2):
-                name = NAMES[m]
-                for opt in (("old", "new") if small else ("new",)):
+                name = names[m]
+                opts = args.options.split(",") if small and direction != "backward_filter" else ["new"]
+                for opt in opts:
                     set_options(*OPTIONS[opt])
                     key = f"F{m}_{opt}"
                     try:
@@ -145,16 +154,17 @@ def main(argv=None):
                         row.setdefault("failed", {})[key] = f"{type(e).__name__}: {e}"[:300]
             set_options(*OPTIONS["new"])
             if small:
-                row["host_us_F4"] = host_us(cp, lambda: _conv_call(direction, problem, a, b, NAMES[4]))
+                row["host_us_F4"] = host_us(cp, lambda: _conv_call(direction, problem, a, b, names[4]))
                 ta, tb = t_inputs[0]
                 row["host_us_cudnn"] = host_us(cp, lambda: _torch_conv_call(torch, direction, problem, ta, tb))
-            if spec["name"] in args.stages.split(","):
+            if spec["name"] in args.stages.split(",") and direction != "backward_filter":
                 for m in (4, 2):
                     try:
                         row[f"stages_F{m}"] = stages(cp, problem, direction, a, b, m, args.stage_repeat)
                     except Exception as e:
                         row.setdefault("failed", {})[f"stages_F{m}"] = f"{type(e).__name__}: {e}"[:300]
-            if spec["name"] == "r50_3_3x3":   # smaller batch chunks: V and M nearer L2's size
+            if spec["name"] == "r50_3_3x3" and args.bounds and direction != "backward_filter":
+                # smaller batch chunks: V and M nearer L2's size
                 for bound in (16, 32):
                     winograd.WORKSPACE_BOUND = bound * 2**20
                     row["ms"][f"F4_new_bound{bound}MiB"] = be.measure(
@@ -176,7 +186,7 @@ def main(argv=None):
         ours = {k: v for k, v in ms.items() if k != "cudnn" and "bound" not in k and k.endswith("new")}
         best = min(ours, key=ours.get) if ours else None
         f = lambda k: f"{ms[k]:7.3f}" if k in ms else f"{'-':>7s}"  # noqa: E731
-        print(f"{r['name']:10s} {r['direction'][:8]:8s} {f('cudnn')} {f('F4_old')} {f('F4_new')} {f('F2_old')} "
+        print(f"{r['name']:10s} {SHORT[r['direction']]:8s} {f('cudnn')} {f('F4_old')} {f('F4_new')} {f('F2_old')} "
               f"{f('F2_new')} {best or '-':>6s} {ms['cudnn'] / ours[best] if best else 0:6.2f} "
               f"{r['err'].get('F4_new', float('nan')):8.1e}")
     print("\nstages (GPU ms, each alone, back to back): filter | input | input+filter | gemm | gemm_T | "
@@ -185,13 +195,13 @@ def main(argv=None):
         for m in (4, 2):
             s = r.get(f"stages_F{m}")
             if s:
-                print(f"{r['name']:10s} {r['direction'][:8]:8s} F{m} " + " ".join(
+                print(f"{r['name']:10s} {SHORT[r['direction']]:8s} F{m} " + " ".join(
                     f"{s[k]:.4f}" for k in ("filter", "input", "input+filter", "gemm", "gemm_T",
                                             "output_vec0", "output_vec1", "prepared")))
     for r in rows:
         extra = {k: round(v, 4) for k, v in r["ms"].items() if "bound" in k}
         if "host_us_F4" in r or extra:
-            print(f"{r['name']:10s} {r['direction'][:8]:8s} host us/call F4 {r.get('host_us_F4', 0):.1f} "
+            print(f"{r['name']:10s} {SHORT[r['direction']]:8s} host us/call F4 {r.get('host_us_F4', 0):.1f} "
                   f"cuDNN {r.get('host_us_cudnn', 0):.1f} {extra}")
         if r.get("failed"):
             print(f"{r['name']} {r['direction']} FAILED: {r['failed']}")
