@@ -230,9 +230,14 @@ def test_gpu_wide_channels_in_batch_chunks(gpu, rng, monkeypatch, m, r, layout):
     per_image = (m + r - 1) ** 2 * (C + K) * tiles * 4
     monkeypatch.setattr(winograd, "WORKSPACE_BOUND", 2 * per_image)
     shape = (N, C, H, H) if layout == "NCHW" else (N, H, H, C)
-    x, w = rng.standard_normal(shape).astype(np.float32), rng.standard_normal((K, C, r, r)).astype(np.float32)
-    b = rng.standard_normal(K).astype(np.float32)
-    opts = dict(padding=(r - 1) // 2, layout=layout)
+    _check_float32_both_directions(gpu, rng, name, shape, (K, C, r, r), dict(padding=(r - 1) // 2, layout=layout))
+
+
+def _check_float32_both_directions(gpu, rng, name, x_shape, w_shape, opts):
+    """Forward (with a bias) and backward data by ``name`` on the GPU against
+    the float64 reference, N(0, 1) float32 data."""
+    x, w = rng.standard_normal(x_shape).astype(np.float32), rng.standard_normal(w_shape).astype(np.float32)
+    b = rng.standard_normal(w_shape[0]).astype(np.float32)
     y = conv2d_forward(gpu.asarray(x), gpu.asarray(w), gpu.asarray(b), algo=name, **opts)
     assert_close(y, conv2d_forward(x.astype(F64), w.astype(F64), b.astype(F64), **opts), np.float32,
                  algorithm=name, what="forward")
@@ -256,19 +261,11 @@ def test_gpu_launch_options_match_reference(gpu, rng, monkeypatch, m, r, filter_
     monkeypatch.setattr(winograd, "FILTER_IN_INPUT_LAUNCH", filter_in_input)
     monkeypatch.setattr(winograd, "VECTOR_ROWS", vector_rows)
     name = NAMES[m, r]
-    x, w = rng.standard_normal((N, C, H, W)).astype(np.float32), rng.standard_normal((K, C, r, r)).astype(np.float32)
-    b = rng.standard_normal(K).astype(np.float32)
     opts = dict(padding=(r - 1) // 2)
-    plan = algos.REGISTRY[name]._plan(_problem(x.shape, w.shape, **opts), "forward")
+    plan = algos.REGISTRY[name]._plan(_problem((N, C, H, W), (K, C, r, r), **opts), "forward")
     assert len(plan["chunks"]) == 3 and plan["vec_rows"] == vector_rows
     assert (plan["filter"] is None) == filter_in_input
-    y = conv2d_forward(gpu.asarray(x), gpu.asarray(w), gpu.asarray(b), algo=name, **opts)
-    assert_close(y, conv2d_forward(x.astype(F64), w.astype(F64), b.astype(F64), **opts), np.float32,
-                 algorithm=name, what="forward")
-    dy = rng.standard_normal(y.shape).astype(np.float32)
-    dx = conv2d_backward_data(gpu.asarray(dy), gpu.asarray(w), x.shape, algo=name, **opts)
-    assert_close(dx, conv2d_backward_data(dy.astype(F64), w.astype(F64), x.shape, **opts), np.float32,
-                 algorithm=name, what="backward_data")
+    _check_float32_both_directions(gpu, rng, name, (N, C, H, W), (K, C, r, r), opts)
 
 
 @pytest.mark.gpu   # the `gpu` fixture alone does not mark it: gpu_suite.sh selects -m gpu
