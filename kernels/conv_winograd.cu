@@ -4,7 +4,9 @@
 // generates conv_winograd_matrices.cuh from the Toom-Cook points).
 //
 // Workspace layouts (acc_t<T>: float, or double for double storage), per batch
-// chunk of `tiles` output tiles t = ((n - n0) * tiles_h + th) * tiles_w + tw:
+// chunk of `tiles` output tiles t = ((n - n0) * tiles_h + th) * tiles_w + tw;
+// the kernels take the one workspace allocation and the element offsets of V
+// and M in it (U starts it), so a prepared launch fixes everything but pointers:
 //   U[a][k][c]                  filter transform,  a = alpha index (i * ALPHA + j)
 //   V[a][c][t] (NCHW)           input transform
 //   V[a][t][c] (NHWC)
@@ -16,86 +18,101 @@
 // along t are coalesced; the image loads overlap by 2 columns and hit L1) and
 // consecutive channels for NHWC (coalesced along c on both sides).  Nothing is
 // shared between threads, so there is no shared memory and no barrier.
+// The filter transform (one thread per (kout, cin) pair) runs in the input
+// transform's launch, in the blocks past the input's own (`input_blocks`):
+// the two are independent, so the small filter grid fills the input grid's
+// tail instead of taking a launch (and a drain) of its own.
 //
 // The transform loops are fully unrolled over compile-time matrices, so the
-// zero entries cost nothing and the +-1 entries are plain adds.  Indices are
+// zero entries cost nothing and the +-1 entries are plain adds.  Every stage's
+// 2-D transform Y = L X L^T is the one helper `transform_2d` below.  Indices are
 // int: Python refuses tensors and workspaces of 2^31 elements or more.
 #include "common.cuh"
 #include "conv_winograd_matrices.cuh"
 
-// x (N, C, H, W) or (N, H, W, C) -> V.  Tiles start at (th * M - pad_h,
-// tw * M - pad_w); a negative pad (backward data with padding > 2) crops.
-template <typename T, int M, int R, bool NHWC>
-__global__ void __launch_bounds__(256)
-winograd_input_transform(const T* __restrict__ x, acc_t<T>* __restrict__ v,
-                         int C, int H, int W, int pad_h, int pad_w,
-                         int tiles_h, int tiles_w, int tiles, int n0) {
-    typedef acc_t<T> A;
-    typedef winograd_matrices<M, R> F;
-    constexpr int ALPHA = F::ALPHA;
-    const int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= C * tiles) return;
-    const int c = NHWC ? i % C : i / tiles;
-    const int t = NHWC ? i / C : i % tiles;
-    const int tw = t % tiles_w;
-    const int th = (t / tiles_w) % tiles_h;
-    const int n = n0 + t / (tiles_w * tiles_h);
-    const int h0 = th * M - pad_h, w0 = tw * M - pad_w;
+// The matrices of winograd_matrices / winograd_wgrad_matrices as the L of
+// transform_2d: L(i, j) is a compile-time constant once the loops unroll.
+template <typename F> struct winograd_bt {
+    static __device__ __forceinline__ double l(int i, int j) { return F::bt(i, j); }
+};
+template <typename F> struct winograd_g {
+    static __device__ __forceinline__ double l(int i, int j) { return F::g(i, j); }
+};
+template <typename F> struct winograd_at {
+    static __device__ __forceinline__ double l(int i, int j) { return F::at(i, j); }
+};
 
-    A d[ALPHA][ALPHA];
+// y = L x L^T for the OUT x IN matrix L: first L x (OUT x IN), then each of its
+// rows times L^T.  The sums run in the order of j (the same bits as the
+// kernels' former hand-written loops); zero entries are skipped at compile time.
+template <typename L, int OUT, int IN, typename A>
+__device__ __forceinline__ void transform_2d(const A (&x)[IN][IN], A (&y)[OUT][OUT]) {
+    A lx[OUT][IN];
 #pragma unroll
-    for (int r = 0; r < ALPHA; ++r) {
+    for (int r = 0; r < OUT; ++r) {
 #pragma unroll
-        for (int s = 0; s < ALPHA; ++s) {
-            const int h = h0 + r, w = w0 + s;
-            A value = A(0);
-            if ((unsigned)h < (unsigned)H && (unsigned)w < (unsigned)W)
-                value = load(x[NHWC ? ((n * H + h) * W + w) * C + c : ((n * C + c) * H + h) * W + w]);
-            d[r][s] = value;
-        }
-    }
-    A bd[ALPHA][ALPHA];   // B^T d
-#pragma unroll
-    for (int r = 0; r < ALPHA; ++r) {
-#pragma unroll
-        for (int s = 0; s < ALPHA; ++s) {
+        for (int s = 0; s < IN; ++s) {
             A sum = A(0);
 #pragma unroll
-            for (int k = 0; k < ALPHA; ++k) {
-                if (F::bt(r, k) != 0.0) sum += A(F::bt(r, k)) * d[k][s];
+            for (int j = 0; j < IN; ++j) {
+                if (L::l(r, j) != 0.0) sum += A(L::l(r, j)) * x[j][s];
             }
-            bd[r][s] = sum;
+            lx[r][s] = sum;
         }
     }
-    const int plane = C * tiles;
-    A* out = v + (NHWC ? t * C + c : c * tiles + t);
 #pragma unroll
-    for (int r = 0; r < ALPHA; ++r) {
+    for (int r = 0; r < OUT; ++r) {
 #pragma unroll
-        for (int s = 0; s < ALPHA; ++s) {
+        for (int s = 0; s < OUT; ++s) {
             A sum = A(0);
 #pragma unroll
-            for (int k = 0; k < ALPHA; ++k) {
-                if (F::bt(s, k) != 0.0) sum += bd[r][k] * A(F::bt(s, k));
+            for (int j = 0; j < IN; ++j) {
+                if (L::l(s, j) != 0.0) sum += lx[r][j] * A(L::l(s, j));
             }
-            out[(r * ALPHA + s) * plane] = sum;
+            y[r][s] = sum;
         }
     }
 }
 
-// w (K, C, R, R) -> U[a][kout][cin] = (G g G^T)[a] for the Winograd convolution
-// with Kout output and Cin input channels.  rotate = 0: g = w[kout][cin]
-// (forward).  rotate = 1: g = w[cin][kout] rotated by 180 degrees (backward
-// data: w's K is the convolution's Cin, w's C its Kout).
+// The SIZE x SIZE patch of image n, channel c at (h0, w0), zero outside H x W
+// (and everywhere when !live).
+template <typename T, int SIZE, bool NHWC>
+__device__ __forceinline__ void load_patch(const T* __restrict__ x, acc_t<T> (&d)[SIZE][SIZE], bool live,
+                                           int n, int c, int C, int H, int W, int h0, int w0) {
+    typedef acc_t<T> A;
+#pragma unroll
+    for (int r = 0; r < SIZE; ++r) {
+#pragma unroll
+        for (int s = 0; s < SIZE; ++s) {
+            const int h = h0 + r, w = w0 + s;
+            A value = A(0);
+            if (live && (unsigned)h < (unsigned)H && (unsigned)w < (unsigned)W)
+                value = load(x[NHWC ? ((n * H + h) * W + w) * C + c : ((n * C + c) * H + h) * W + w]);
+            d[r][s] = value;
+        }
+    }
+}
+
+// Element i of every a-plane: dst[a * plane + i] = y[a].
+template <int SIZE, typename A>
+__device__ __forceinline__ void store_planes(A* __restrict__ dst, const A (&y)[SIZE][SIZE], int plane) {
+#pragma unroll
+    for (int r = 0; r < SIZE; ++r) {
+#pragma unroll
+        for (int s = 0; s < SIZE; ++s) dst[(r * SIZE + s) * plane] = y[r][s];
+    }
+}
+
+// w (K, C, R, R) -> U[a][kout][cin] = (G g G^T)[a] for pair i = kout * Cin + cin
+// of the Winograd convolution with Kout output and Cin input channels.
+// rotate = 0: g = w[kout][cin] (forward).  rotate = 1: g = w[cin][kout] rotated
+// by 180 degrees (backward data: w's K is the convolution's Cin, w's C its Kout).
 template <typename T, int M, int R>
-__global__ void __launch_bounds__(256)
-winograd_filter_transform(const T* __restrict__ w, acc_t<T>* __restrict__ u,
-                          int Kout, int Cin, int rotate) {
+__device__ __forceinline__ void filter_transform_pair(const T* __restrict__ w, acc_t<T>* __restrict__ u,
+                                                      int Kout, int Cin, int rotate, int i) {
     typedef acc_t<T> A;
     typedef winograd_matrices<M, R> F;
     constexpr int ALPHA = F::ALPHA;
-    const int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= Kout * Cin) return;
     const int cin = i % Cin, kout = i / Cin;
     A g[R][R];
 #pragma unroll
@@ -106,44 +123,87 @@ winograd_filter_transform(const T* __restrict__ w, acc_t<T>* __restrict__ u,
                              : load(w[((kout * Cin + cin) * R + r) * R + s]);
         }
     }
-    A gg[ALPHA][R];   // G g
-#pragma unroll
-    for (int r = 0; r < ALPHA; ++r) {
-#pragma unroll
-        for (int s = 0; s < R; ++s) {
-            A sum = A(0);
-#pragma unroll
-            for (int k = 0; k < R; ++k) {
-                if (F::g(r, k) != 0.0) sum += A(F::g(r, k)) * g[k][s];
-            }
-            gg[r][s] = sum;
+    A ggg[ALPHA][ALPHA];
+    transform_2d<winograd_g<F>, ALPHA, R>(g, ggg);
+    store_planes(u + i, ggg, Kout * Cin);
+}
+
+// x (N, C, H, W) or (N, H, W, C) -> V.  Tiles start at (th * M - pad_h,
+// tw * M - pad_w); a negative pad (backward data with padding > 2) crops.
+// Blocks past `input_blocks` run the filter transform w -> U (Kout x C pairs;
+// the launch gives them ceil(Kout * C / 256) blocks, or none).
+template <typename T, int M, int R, bool NHWC>
+__global__ void __launch_bounds__(256)
+winograd_input_transform(const T* __restrict__ x, acc_t<T>* __restrict__ workspace, long long v_offset,
+                         int C, int H, int W, int pad_h, int pad_w,
+                         int tiles_h, int tiles_w, int tiles, int n0, int input_blocks,
+                         const T* __restrict__ w, int Kout, int rotate) {
+    typedef acc_t<T> A;
+    typedef winograd_matrices<M, R> F;
+    constexpr int ALPHA = F::ALPHA;
+    if ((int)blockIdx.x >= input_blocks) {
+        const int i = ((int)blockIdx.x - input_blocks) * blockDim.x + threadIdx.x;
+        if (i < Kout * C) filter_transform_pair<T, M, R>(w, workspace, Kout, C, rotate, i);   // U: offset 0
+        return;
+    }
+    A* __restrict__ v = workspace + v_offset;
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= C * tiles) return;
+    const int c = NHWC ? i % C : i / tiles;
+    const int t = NHWC ? i / C : i % tiles;
+    const int tw = t % tiles_w;
+    const int th = (t / tiles_w) % tiles_h;
+    const int n = n0 + t / (tiles_w * tiles_h);
+
+    A d[ALPHA][ALPHA];
+    load_patch<T, ALPHA, NHWC>(x, d, true, n, c, C, H, W, th * M - pad_h, tw * M - pad_w);
+    A bdb[ALPHA][ALPHA];
+    transform_2d<winograd_bt<F>, ALPHA, ALPHA>(d, bdb);
+    store_planes(v + (NHWC ? t * C + c : c * tiles + t), bdb, C * tiles);
+}
+
+// One output row of M values at dst (NCHW: contiguous along q): VEC = M floats
+// in one 8- or 16-byte store when the row lies inside Q and dst is aligned
+// (float storage, M = 2 or 4), else one store per value inside Q.
+template <typename T> struct winograd_is_float { static constexpr bool value = false; };
+template <> struct winograd_is_float<float> { static constexpr bool value = true; };
+
+// One output row of M values at dst (NCHW: contiguous along q), the first
+// `count` of them inside Q: float storage with M = 2 or 4 writes a full row as
+// one 8- or 16-byte store when `vec` (Python checks Q % M == 0 and y's
+// alignment), anything else one store per value.
+template <typename T, int M>
+__device__ __forceinline__ void store_row(T* __restrict__ dst, const acc_t<T> (&vals)[M], int count, bool vec) {
+    if constexpr (winograd_is_float<T>::value && M == 4) {
+        if (vec && count >= M) {
+            *reinterpret_cast<float4*>(dst) = make_float4(vals[0], vals[1], vals[2], vals[3]);
+            return;
+        }
+    } else if constexpr (winograd_is_float<T>::value && M == 2) {
+        if (vec && count >= M) {
+            *reinterpret_cast<float2*>(dst) = make_float2(vals[0], vals[1]);
+            return;
         }
     }
-    const int plane = Kout * Cin;
 #pragma unroll
-    for (int r = 0; r < ALPHA; ++r) {
-#pragma unroll
-        for (int s = 0; s < ALPHA; ++s) {
-            A sum = A(0);
-#pragma unroll
-            for (int k = 0; k < R; ++k) {
-                if (F::g(s, k) != 0.0) sum += gg[r][k] * A(F::g(s, k));
-            }
-            u[(r * ALPHA + s) * plane + i] = sum;
-        }
+    for (int s = 0; s < M; ++s) {
+        if (s < count) dst[s] = store<T>(vals[s]);
     }
 }
 
 // Mw -> y (N, K, P, Q) or (N, P, Q, K): Y = A^T Mw A (+ bias), the part of the
-// M x M tile inside P x Q.
+// M x M tile inside P x Q.  NCHW float rows go out as one vector store each
+// when `vec_rows` (Q a multiple of M, y 16-byte aligned: Python checks).
 template <typename T, int M, int R, bool NHWC>
 __global__ void __launch_bounds__(256)
-winograd_output_transform(const acc_t<T>* __restrict__ mw, const T* __restrict__ bias, int has_bias,
+winograd_output_transform(const acc_t<T>* __restrict__ workspace, long long m_offset,
+                          const T* __restrict__ bias, int has_bias,
                           T* __restrict__ y, int K, int P, int Q,
-                          int tiles_h, int tiles_w, int tiles, int n0) {
+                          int tiles_h, int tiles_w, int tiles, int n0, int vec_rows) {
     typedef acc_t<T> A;
     typedef winograd_matrices<M, R> F;
     constexpr int ALPHA = F::ALPHA;
+    const A* __restrict__ mw = workspace + m_offset;
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= K * tiles) return;
     const int k = NHWC ? i % K : i / tiles;
@@ -160,33 +220,23 @@ winograd_output_transform(const acc_t<T>* __restrict__ mw, const T* __restrict__
 #pragma unroll
         for (int s = 0; s < ALPHA; ++s) mt[r][s] = in[(r * ALPHA + s) * plane];
     }
-    A am[M][ALPHA];   // A^T Mw
-#pragma unroll
-    for (int r = 0; r < M; ++r) {
-#pragma unroll
-        for (int s = 0; s < ALPHA; ++s) {
-            A sum = A(0);
-#pragma unroll
-            for (int j = 0; j < ALPHA; ++j) {
-                if (F::at(r, j) != 0.0) sum += A(F::at(r, j)) * mt[j][s];
-            }
-            am[r][s] = sum;
-        }
-    }
+    A out[M][M];
+    transform_2d<winograd_at<F>, M, ALPHA>(mt, out);
     const A b = has_bias ? load(bias[k]) : A(0);
     const int p0 = th * M, q0 = tw * M;
 #pragma unroll
     for (int r = 0; r < M; ++r) {
+        const int p = p0 + r;
+        if (p >= P) break;
 #pragma unroll
-        for (int s = 0; s < M; ++s) {
-            A sum = A(0);
+        for (int s = 0; s < M; ++s) out[r][s] += b;
+        if (NHWC) {
 #pragma unroll
-            for (int j = 0; j < ALPHA; ++j) {
-                if (F::at(s, j) != 0.0) sum += am[r][j] * A(F::at(s, j));
+            for (int s = 0; s < M; ++s) {
+                if (q0 + s < Q) y[((n * P + p) * Q + q0 + s) * K + k] = store<T>(out[r][s]);
             }
-            const int p = p0 + r, q = q0 + s;
-            if (p < P && q < Q)
-                y[NHWC ? ((n * P + p) * Q + q) * K + k : ((n * K + k) * P + p) * Q + q] = store<T>(sum + b);
+        } else {
+            store_row<T, M>(y + ((n * K + k) * P + p) * Q + q0, out[r], Q - q0, vec_rows != 0);
         }
     }
 }
@@ -205,6 +255,8 @@ winograd_output_transform(const acc_t<T>* __restrict__ mw, const T* __restrict__
 //   Xt[a][s][c][tl] (NCHW) / Xt[a][s][tl][c] (NHWC)  input transform
 //   Dt[a][s][k][tl] (NCHW) / Dt[a][s][tl][k] (NHWC)  output-gradient transform
 //   Mw[a][s][k][c]                                    GEMM results (over batch chunks: beta = 1)
+// The transform kernels take the workspace and the element offset of their part
+// (Xt, Dt), the output kernel the workspace itself (Mw starts it).
 // Either way the thread with flat index i writes element i of every a-plane:
 // one thread per (channel, slot), tl fastest for NCHW, the channel fastest for
 // NHWC, so the stores are coalesced and the loads run along W or C.
@@ -212,10 +264,11 @@ winograd_output_transform(const acc_t<T>* __restrict__ mw, const T* __restrict__
 // x -> Xt: B^T d B of the ALPHA x ALPHA tile at (th * M - pad_h, tw * M - pad_w).
 template <typename T, int M, int R, bool NHWC>
 __global__ void __launch_bounds__(256)
-winograd_wgrad_input_transform(const T* __restrict__ x, acc_t<T>* __restrict__ v,
+winograd_wgrad_input_transform(const T* __restrict__ x, acc_t<T>* __restrict__ workspace, long long offset,
                                int C, int H, int W, int pad_h, int pad_w, int tiles_h, int tiles_w,
                                int tiles, int n0, int splits, int split_tiles) {
     typedef acc_t<T> A;
+    A* __restrict__ v = workspace + offset;
     typedef winograd_wgrad_matrices<M, R> F;
     constexpr int ALPHA = F::ALPHA;
     const int plane = C * splits * split_tiles;
@@ -234,54 +287,21 @@ winograd_wgrad_input_transform(const T* __restrict__ x, acc_t<T>* __restrict__ v
     const int tw = t % tiles_w;
     const int th = (t / tiles_w) % tiles_h;
     const int n = n0 + t / (tiles_w * tiles_h);
-    const int h0 = th * M - pad_h, w0 = tw * M - pad_w;
-
     A d[ALPHA][ALPHA];
-#pragma unroll
-    for (int r = 0; r < ALPHA; ++r) {
-#pragma unroll
-        for (int s = 0; s < ALPHA; ++s) {
-            const int h = h0 + r, w = w0 + s;
-            A value = A(0);
-            if (live && (unsigned)h < (unsigned)H && (unsigned)w < (unsigned)W)
-                value = load(x[NHWC ? ((n * H + h) * W + w) * C + c : ((n * C + c) * H + h) * W + w]);
-            d[r][s] = value;
-        }
-    }
-    A bd[ALPHA][ALPHA];   // B^T d
-#pragma unroll
-    for (int r = 0; r < ALPHA; ++r) {
-#pragma unroll
-        for (int s = 0; s < ALPHA; ++s) {
-            A sum = A(0);
-#pragma unroll
-            for (int k = 0; k < ALPHA; ++k) {
-                if (F::bt(r, k) != 0.0) sum += A(F::bt(r, k)) * d[k][s];
-            }
-            bd[r][s] = sum;
-        }
-    }
-#pragma unroll
-    for (int r = 0; r < ALPHA; ++r) {
-#pragma unroll
-        for (int s = 0; s < ALPHA; ++s) {
-            A sum = A(0);
-#pragma unroll
-            for (int k = 0; k < ALPHA; ++k) {
-                if (F::bt(s, k) != 0.0) sum += bd[r][k] * A(F::bt(s, k));
-            }
-            v[(r * ALPHA + s) * plane + i] = sum;
-        }
-    }
+    load_patch<T, ALPHA, NHWC>(x, d, live, n, c, C, H, W, th * M - pad_h, tw * M - pad_w);
+    A bdb[ALPHA][ALPHA];
+    transform_2d<winograd_bt<F>, ALPHA, ALPHA>(d, bdb);
+    store_planes(v + i, bdb, plane);
 }
 
 // dy -> Dt: G e G^T of the M x M tile e at (th * M, tw * M), zero outside P x Q.
 template <typename T, int M, int R, bool NHWC>
 __global__ void __launch_bounds__(256)
-winograd_wgrad_grad_transform(const T* __restrict__ dy, acc_t<T>* __restrict__ v,
+winograd_wgrad_grad_transform(const T* __restrict__ dy, acc_t<T>* __restrict__ workspace, long long offset,
                               int K, int P, int Q, int tiles_h, int tiles_w,
                               int tiles, int n0, int splits, int split_tiles) {
     typedef acc_t<T> A;
+    A* __restrict__ v = workspace + offset;
     typedef winograd_wgrad_matrices<M, R> F;
     constexpr int ALPHA = F::ALPHA;
     const int plane = K * splits * split_tiles;
@@ -300,45 +320,11 @@ winograd_wgrad_grad_transform(const T* __restrict__ dy, acc_t<T>* __restrict__ v
     const int tw = t % tiles_w;
     const int th = (t / tiles_w) % tiles_h;
     const int n = n0 + t / (tiles_w * tiles_h);
-    const int p0 = th * M, q0 = tw * M;
-
     A e[M][M];
-#pragma unroll
-    for (int r = 0; r < M; ++r) {
-#pragma unroll
-        for (int s = 0; s < M; ++s) {
-            const int p = p0 + r, q = q0 + s;
-            A value = A(0);
-            if (live && p < P && q < Q)
-                value = load(dy[NHWC ? ((n * P + p) * Q + q) * K + k : ((n * K + k) * P + p) * Q + q]);
-            e[r][s] = value;
-        }
-    }
-    A ge[ALPHA][M];   // G e
-#pragma unroll
-    for (int r = 0; r < ALPHA; ++r) {
-#pragma unroll
-        for (int s = 0; s < M; ++s) {
-            A sum = A(0);
-#pragma unroll
-            for (int j = 0; j < M; ++j) {
-                if (F::g(r, j) != 0.0) sum += A(F::g(r, j)) * e[j][s];
-            }
-            ge[r][s] = sum;
-        }
-    }
-#pragma unroll
-    for (int r = 0; r < ALPHA; ++r) {
-#pragma unroll
-        for (int s = 0; s < ALPHA; ++s) {
-            A sum = A(0);
-#pragma unroll
-            for (int j = 0; j < M; ++j) {
-                if (F::g(s, j) != 0.0) sum += ge[r][j] * A(F::g(s, j));
-            }
-            v[(r * ALPHA + s) * plane + i] = sum;
-        }
-    }
+    load_patch<T, M, NHWC>(dy, e, live, n, k, K, P, Q, th * M, tw * M);
+    A geg[ALPHA][ALPHA];
+    transform_2d<winograd_g<F>, ALPHA, M>(e, geg);
+    store_planes(v + i, geg, plane);
 }
 
 // Mw -> dw (K, C, R, R): the splits summed in order (the same bits every run),

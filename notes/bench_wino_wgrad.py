@@ -15,6 +15,7 @@ import sys
 
 import numpy as np
 
+from dnnprims._cublas import gemm
 from dnnprims.algos import REGISTRY, choose, winograd
 from dnnprims.bench import timing
 from dnnprims.bench.__main__ import PROBLEMS, Backend, _conv_call, _conv_problem, _torch_conv_call
@@ -41,11 +42,11 @@ def stage_breakdown(cp, problem, x, dy, m):
                                                         plan["splits"], plan["full_split_tiles"], st,
                                                         plan["nhwc"])
             ev[0].record()
-            winograd.FAMILY.launch(plan["input"], x_grid, (256,), (x, xt, *x_args))
+            winograd.FAMILY.launch(plan["input"], x_grid, (256,), (x, workspace, plan["xt_offset"], *x_args))
             ev[1].record()
-            winograd.FAMILY.launch(plan["grad"], dy_grid, (256,), (dy, dt, *dy_args))
+            winograd.FAMILY.launch(plan["grad"], dy_grid, (256,), (dy, workspace, plan["dt_offset"], *dy_args))
             ev[2].record()
-            winograd.gemm(cp, dt, xt, mw, trans_a=plan["nhwc"], trans_b=not plan["nhwc"], beta=beta)
+            gemm(cp, dt, xt, mw, trans_a=plan["nhwc"], trans_b=not plan["nhwc"], beta=beta)
             ev[3].record()
             ev[3].synchronize()
             for i in range(3):

@@ -13,7 +13,7 @@ import sys
 
 import numpy as np
 
-from dnnprims.algos import REGISTRY, choose, winograd
+from dnnprims.algos import REGISTRY, choose
 from dnnprims.bench import timing
 from dnnprims.bench.__main__ import (PROBLEMS, Backend, _conv_call, _conv_operands, _conv_problem,
                                      _torch_conv_call)
@@ -23,38 +23,17 @@ SHORT = {"winograd_f4x4_3x3": "F4", "winograd_f2x2_3x3": "F2", "implicit_gemm": 
 
 
 def stage_breakdown(cp, problem, direction, a, b, m):
-    """Milliseconds of filter transform, input transforms, GEMMs, output
-    transforms of one call (CUDA events between stages, median of 10)."""
-    alg = REGISTRY[f"winograd_f{m}x{m}_3x3"]
-    plan = alg._plan(problem, direction)
-    out = cp.empty(problem.x_shape if direction == "backward_data" else problem.y_shape, cp.float32)
-    Cin, Kout, a2, nhwc = plan["Cin"], plan["Kout"], plan["alpha2"], plan["nhwc"]
-    workspace = cp.empty(sum(winograd._workspace_parts(a2, Kout, Cin, plan["max_tiles"])), cp.float32)
-    u, _, _ = winograd.workspace_views(workspace, a2, Kout, Cin, plan["max_tiles"], nhwc)
-    samples = []
-    for _ in range(12):
-        ev = [cp.cuda.Event() for _ in range(5)]
-        totals = [0.0] * 4
-        ev[0].record()
-        expr, grid, args = plan["filter"]
-        winograd.FAMILY.launch(expr, grid, (256,), (b, u, *args))
-        ev[1].record()
-        ev[1].synchronize()
-        totals[0] = cp.cuda.get_elapsed_time(ev[0], ev[1])
-        for n0, t, in_grid, in_args, out_grid, out_args in plan["chunks"]:
-            _, v, mm = winograd.workspace_views(workspace, a2, Kout, Cin, t, nhwc)
-            ev[1].record()
-            winograd.FAMILY.launch(plan["input"], in_grid, (256,), (a, v, *in_args))
-            ev[2].record()
-            winograd._batched_gemm(nhwc, u, v, mm)
-            ev[3].record()
-            winograd.FAMILY.launch(plan["output"], out_grid, (256,), (mm, b, np.int32(0), out, *out_args))
-            ev[4].record()
-            ev[4].synchronize()
-            for i in range(3):
-                totals[i + 1] += cp.cuda.get_elapsed_time(ev[i + 1], ev[i + 2])
-        samples.append(totals)
-    return [float(np.median([s[i] for s in samples[2:]])) for i in range(4)], len(plan["chunks"])
+    """Milliseconds of filter transform, input transform, GEMMs, output transform
+    of the first batch chunk, each timed alone (notes/bench_winobd.py's stages:
+    the kernels take the workspace and offsets since helper winobd)."""
+    import importlib.util
+    import pathlib
+    spec = importlib.util.spec_from_file_location("bench_winobd", pathlib.Path(__file__).with_name("bench_winobd.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    s = module.stages(cp, problem, direction, a, b, m, 10)
+    plan = REGISTRY[f"winograd_f{m}x{m}_3x3"]._plan(problem, direction)
+    return [s["filter"], s["input"], s["gemm"], s["output_vec1"]], len(plan["chunks"])
 
 
 def main(argv=None):

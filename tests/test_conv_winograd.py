@@ -190,6 +190,9 @@ GPU_CASES = [
     pytest.param((1, 3, 7, 7, 2, 2, "NCHW"), id="pad2"),
     pytest.param((2, 4, 6, 5, 3, 3, "NHWC"), id="pad3-crops-in-backward"),
     pytest.param((1, 1, 1, 1, 1, 1, "NCHW"), id="one-pixel"),
+    # Q a multiple of 4 (and of 2): the output transform's vector rows (float32
+    # NCHW), with a partial last tile row (P = 6) in both directions.
+    pytest.param((2, 3, 6, 8, 5, 1, "NCHW"), id="vector-rows"),
 ]
 
 
@@ -227,9 +230,14 @@ def test_gpu_wide_channels_in_batch_chunks(gpu, rng, monkeypatch, m, r, layout):
     per_image = (m + r - 1) ** 2 * (C + K) * tiles * 4
     monkeypatch.setattr(winograd, "WORKSPACE_BOUND", 2 * per_image)
     shape = (N, C, H, H) if layout == "NCHW" else (N, H, H, C)
-    x, w = rng.standard_normal(shape).astype(np.float32), rng.standard_normal((K, C, r, r)).astype(np.float32)
-    b = rng.standard_normal(K).astype(np.float32)
-    opts = dict(padding=(r - 1) // 2, layout=layout)
+    _check_float32_both_directions(gpu, rng, name, shape, (K, C, r, r), dict(padding=(r - 1) // 2, layout=layout))
+
+
+def _check_float32_both_directions(gpu, rng, name, x_shape, w_shape, opts):
+    """Forward (with a bias) and backward data by ``name`` on the GPU against
+    the float64 reference, N(0, 1) float32 data."""
+    x, w = rng.standard_normal(x_shape).astype(np.float32), rng.standard_normal(w_shape).astype(np.float32)
+    b = rng.standard_normal(w_shape[0]).astype(np.float32)
     y = conv2d_forward(gpu.asarray(x), gpu.asarray(w), gpu.asarray(b), algo=name, **opts)
     assert_close(y, conv2d_forward(x.astype(F64), w.astype(F64), b.astype(F64), **opts), np.float32,
                  algorithm=name, what="forward")
@@ -237,6 +245,118 @@ def test_gpu_wide_channels_in_batch_chunks(gpu, rng, monkeypatch, m, r, layout):
     dx = conv2d_backward_data(gpu.asarray(dy), gpu.asarray(w), x.shape, algo=name, **opts)
     assert_close(dx, conv2d_backward_data(dy.astype(F64), w.astype(F64), x.shape, **opts), np.float32,
                  algorithm=name, what="backward_data")
+
+
+@pytest.mark.gpu   # the `gpu` fixture alone does not mark it: gpu_suite.sh selects -m gpu
+@pytest.mark.parametrize("m,r", VARIANTS)
+@pytest.mark.parametrize("filter_in_input", [True, False])
+@pytest.mark.parametrize("vector_rows", [True, False])
+def test_gpu_launch_options_match_reference(gpu, rng, monkeypatch, m, r, filter_in_input, vector_rows):
+    # The filter transform inside the first input-transform launch or alone, the
+    # vector row stores on or off, over three batch chunks (the filter blocks ride
+    # on the first only): every combination gives the reference, both directions.
+    N, C, H, W, K = 5, 12, 6, 12, 10
+    tiles = ceil_div(H, m) * ceil_div(W, m)
+    monkeypatch.setattr(winograd, "WORKSPACE_BOUND", 2 * (m + r - 1) ** 2 * (C + K) * tiles * 4)
+    monkeypatch.setattr(winograd, "FILTER_IN_INPUT_LAUNCH", filter_in_input)
+    monkeypatch.setattr(winograd, "VECTOR_ROWS", vector_rows)
+    name = NAMES[m, r]
+    opts = dict(padding=(r - 1) // 2)
+    plan = algos.REGISTRY[name]._plan(_problem((N, C, H, W), (K, C, r, r), **opts), "forward")
+    assert len(plan["chunks"]) == 3 and plan["vec_rows"] == vector_rows
+    assert (plan["filter"] is None) == filter_in_input
+    _check_float32_both_directions(gpu, rng, name, (N, C, H, W), (K, C, r, r), opts)
+
+
+@pytest.mark.gpu   # the `gpu` fixture alone does not mark it: gpu_suite.sh selects -m gpu
+@pytest.mark.parametrize("m,r", VARIANTS)
+@pytest.mark.parametrize("offset", [0, 1, 2])
+def test_gpu_output_rows_into_unaligned_memory(gpu, rng, m, r, offset):
+    # run() into an output that starts 4 or 8 bytes past an aligned address:
+    # the vector rows must fall back to one store per value.
+    N, C, H, W, K = 2, 4, 8, 8, 3
+    name = NAMES[m, r]
+    x, w = rng.standard_normal((N, C, H, W)).astype(np.float32), rng.standard_normal((K, C, r, r)).astype(np.float32)
+    opts = dict(padding=(r - 1) // 2)
+    p = _problem(x.shape, w.shape, **opts)
+    buffer = gpu.full(N * K * H * W + offset, np.nan, dtype=np.float32)
+    out = buffer[offset:].reshape(N, K, H, W)
+    algos.REGISTRY[name].run(p, "forward", gpu.asarray(x), gpu.asarray(w), out)
+    if offset:
+        assert bool(gpu.isnan(buffer[:offset]).all())
+    assert_close(out, conv2d_forward(x.astype(F64), w.astype(F64), **opts), np.float32,
+                 algorithm=name, what="forward")
+
+
+def _cublas_strided_batched(buffer, head, a_offset, mid, b_offset, tail, c_offset, last, itemsize=None):
+    """What cublas<t>gemmStridedBatched(handle, transa, transb, m, n, k, alpha,
+    A, lda, strideA, B, ldb, strideB, beta, C, ldc, strideC, batch) does with the
+    arguments of winograd._gemm_arguments on a flat host buffer (column-major:
+    element (i, j) of an operand at i + j * ld; byte offsets from the buffer
+    start, in elements of ``itemsize`` bytes, the arguments' element size: the
+    buffer's by default; cuBLAS's A is the row-major product's right operand)."""
+    import ctypes
+    itemsize = itemsize or buffer.itemsize
+    op_a, op_b, m, n, k, alpha_ptr = head
+    lda, stride_a = mid
+    ldb, stride_b, beta_ptr = tail
+    ldc, stride_c, batch = last
+    scalar = ctypes.c_double if itemsize == 8 else ctypes.c_float
+    alpha, beta = scalar.from_address(alpha_ptr).value, scalar.from_address(beta_ptr).value
+    assert alpha == 1.0 and beta in (0.0, 1.0)
+
+    def operand(offset, ld, stride, rows, cols, b):
+        # rows x cols column-major at ld, batch entry b
+        start = offset // itemsize + b * stride
+        idx = start + np.arange(rows)[:, None] + np.arange(cols)[None, :] * ld
+        return buffer[idx]
+
+    for b in range(batch):
+        a = operand(a_offset, lda, stride_a, *((k, m) if op_a else (m, k)), b)
+        bb = operand(b_offset, ldb, stride_b, *((n, k) if op_b else (k, n)), b)
+        c = (a.T if op_a else a) @ (bb.T if op_b else bb)
+        start = c_offset // itemsize + b * stride_c
+        idx = start + np.arange(m)[:, None] + np.arange(n)[None, :] * ldc
+        buffer[idx] = c + (beta * buffer[idx] if beta else 0)
+
+
+@pytest.mark.parametrize("nhwc", [False, True])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("alpha2,Kout,Cin,full,tiles", [(16, 3, 5, 7, 7), (36, 7, 5, 9, 4), (4, 2, 3, 1, 1)])
+def test_gemm_arguments_compute_the_row_major_products(nhwc, dtype, alpha2, Kout, Cin, full, tiles, rng):
+    # The raw cuBLAS arguments of a (possibly short) batch chunk, run by a NumPy
+    # model of cuBLAS on a workspace laid out as the kernels lay it out, give
+    # M[a] = U[a] V[a] (NCHW) or V[a] U[a]^T (NHWC).
+    workspace = np.full(sum(winograd._workspace_parts(alpha2, Kout, Cin, full)), np.nan, dtype)
+    u, v, m = winograd.workspace_views(workspace, alpha2, Kout, Cin, tiles, nhwc, full_tiles=full)
+    u[...] = rng.standard_normal(u.shape)
+    v[...] = rng.standard_normal(v.shape)
+    v_offset, m_offset = winograd._workspace_offsets(alpha2, Kout, Cin, full)
+    args = winograd._gemm_arguments(nhwc, alpha2, Kout, Cin, tiles, workspace.itemsize, v_offset, m_offset)
+    _cublas_strided_batched(workspace, *args)
+    expected = v @ u.transpose(0, 2, 1) if nhwc else u @ v
+    np.testing.assert_allclose(m, expected, rtol=1e-5 if dtype == np.float32 else 1e-12)
+
+
+@pytest.mark.parametrize("nhwc", [False, True])
+@pytest.mark.parametrize("beta", [0.0, 1.0])
+@pytest.mark.parametrize("alpha2,K,C,splits,full,st", [(16, 3, 5, 2, 8, 8), (36, 7, 5, 3, 12, 4), (4, 2, 1, 1, 4, 4)])
+def test_wgrad_gemm_arguments_compute_the_row_major_products(nhwc, beta, alpha2, K, C, splits, full, st, rng):
+    # Backward filter: Mw[b] = Dt[b] Xt[b]^T (+ Mw[b] after the first batch chunk)
+    # from the raw cuBLAS arguments, on a workspace laid out as
+    # wgrad_workspace_views lays it out (a short chunk: st < full split tiles).
+    workspace = np.full(sum(winograd._wgrad_parts(alpha2, K, C, splits, full)), np.nan, np.float64)
+    mw, xt, dt = winograd.wgrad_workspace_views(workspace, alpha2, K, C, splits, full, st, nhwc)
+    for view in (mw, xt, dt):
+        view[...] = rng.standard_normal(view.shape)
+    before = mw.copy()
+    xt_offset, dt_offset = winograd._wgrad_offsets(alpha2, K, C, splits, full)
+    assert xt.ctypes.data - workspace.ctypes.data == xt_offset * 8
+    assert dt.ctypes.data - workspace.ctypes.data == dt_offset * 8
+    args = winograd._wgrad_gemm_arguments(nhwc, alpha2 * splits, K, C, st, 8, xt_offset, dt_offset, beta)
+    _cublas_strided_batched(workspace, *args)
+    product = dt.transpose(0, 2, 1) @ xt if nhwc else dt @ xt.transpose(0, 2, 1)
+    np.testing.assert_allclose(mw, product + beta * before, rtol=1e-12)
 
 
 @pytest.mark.parametrize("nhwc", [False, True])
@@ -247,7 +367,11 @@ def test_workspace_views_fit_and_do_not_overlap(nhwc, alpha2, Kout, Cin, tiles):
     total = sum(winograd._workspace_parts(alpha2, Kout, Cin, tiles))
     for t in (tiles, max(1, tiles // 2)):
         workspace = np.zeros(total)
-        u, v, m = winograd.workspace_views(workspace, alpha2, Kout, Cin, t, nhwc)
+        u, v, m = winograd.workspace_views(workspace, alpha2, Kout, Cin, t, nhwc, full_tiles=tiles)
+        # The offsets the kernels and the GEMM use: the same for a short chunk.
+        v_offset, m_offset = winograd._workspace_offsets(alpha2, Kout, Cin, tiles)
+        assert v.ctypes.data - workspace.ctypes.data == v_offset * workspace.itemsize
+        assert m.ctypes.data - workspace.ctypes.data == m_offset * workspace.itemsize
         assert u.shape == (alpha2, Kout, Cin)
         assert v.shape == ((alpha2, t, Cin) if nhwc else (alpha2, Cin, t))
         assert m.shape == ((alpha2, t, Kout) if nhwc else (alpha2, Kout, t))
@@ -360,7 +484,7 @@ def _run_wgrad_kernels_on_numpy(algorithm, p, x, dy):
                 vals[ok, r, s] = src[idx[ok]]
         return np.einsum("ai,tij,bj->tab", mat, vals, mat).reshape(plane, -1)
 
-    for _, split_tiles, beta, _, x_args, _, dy_args in plan["chunks"]:
+    for (_, split_tiles, beta, _, x_args, _, dy_args), gemm_args in zip(plan["chunks"], plan["gemms"]):
         mw, xt, dt = winograd.wgrad_workspace_views(workspace, alpha2, p.K, p.C, splits,
                                                     plan["full_split_tiles"], split_tiles, nhwc)
         for args, view, src, is_x in ((x_args, xt, xf, True), (dy_args, dt, dyf, False)):
@@ -389,7 +513,8 @@ def _run_wgrad_kernels_on_numpy(algorithm, p, x, dy):
             flat = view.reshape(-1)
             for a in range(alpha2):
                 flat[a * plane + i] = out[:, a]
-        winograd.gemm(np, dt, xt, mw, trans_a=nhwc, trans_b=not nhwc, beta=beta)
+        # The run's raw cuBLAS arguments (offsets in the plan's accumulation type).
+        _cublas_strided_batched(workspace, *gemm_args, itemsize=np.dtype(plan["acc"]).itemsize)
     return _wgrad_output_kernel_on_numpy(mw.reshape(-1), p.K, p.C, splits, alpha, algorithm.r, at)
 
 

@@ -54,7 +54,7 @@ from fractions import Fraction
 import numpy as np
 
 from .. import _dtypes
-from .._cublas import gemm
+from .. import _cublas
 from .._kernels import KERNEL_DIR, KernelFamily, ceil_div
 from .._validate import INT32_LIMIT
 from . import ConvAlgorithm, register
@@ -90,6 +90,14 @@ WGRAD_VARIANTS = VARIANTS + ((4, 5),)
 SUPPORTED_DTYPES = ("float32", "float64", "float16", "bfloat16")
 # V and M of one batch chunk stay under this many bytes (at least one image).
 WORKSPACE_BOUND = 512 * 2**20
+# Forward / backward data: run the filter transform in the first input-transform
+# launch (blocks past the input's own) instead of a launch of its own; the
+# small filter grid then fills the input grid's tail (notes/winobd.md).
+FILTER_IN_INPUT_LAUNCH = True
+# Forward / backward data, NCHW float32: the output transform writes each row of
+# an m x m tile (m = 2 or 4) as one 8- / 16-byte store where Q % m == 0 and y is
+# aligned (else one store per value, as for every other dtype and NHWC).
+VECTOR_ROWS = True
 _THREADS = 256
 _PLAN_CACHE_SIZE = 4096
 MATRICES_HEADER = "conv_winograd_matrices.cuh"
@@ -330,10 +338,9 @@ def _expression(kernel, dtype, m, r, nhwc=None):
 FAMILY = KernelFamily("conv_winograd.cu", [
     expr
     for dtype in SUPPORTED_DTYPES for m, r in VARIANTS
-    for expr in ([_expression("winograd_filter_transform", dtype, m, r)]
-                 + [_expression(k, dtype, m, r, nhwc) for k in ("winograd_input_transform",
-                                                                "winograd_output_transform")
-                    for nhwc in (False, True)])
+    for expr in [_expression(k, dtype, m, r, nhwc) for k in ("winograd_input_transform",
+                                                             "winograd_output_transform")
+                 for nhwc in (False, True)]
 ] + [
     expr
     for dtype in SUPPORTED_DTYPES for m, r in WGRAD_VARIANTS
@@ -377,24 +384,21 @@ def _workspace_parts(alpha2, Kout, Cin, tiles):
             alpha2 * Kout * tiles)
 
 
-def _batched_gemm(nhwc, u, v, mm):
-    """mm[a] = u[a] @ v[a] (NCHW) or v[a] @ u[a]^T (NHWC): cuBLAS strided-batched
-    GEMMs in u's dtype (no TF32), called directly (dnnprims._cublas): cupy.matmul
-    costs tens of microseconds of host time per call, which small layers feel."""
-    import cupy
-    if nhwc:
-        gemm(cupy, v, u, mm, trans_b=True)
-    else:
-        gemm(cupy, u, v, mm)
+def _workspace_offsets(alpha2, Kout, Cin, full_tiles):
+    """Element offsets of V and M in the workspace of a full batch chunk of
+    ``full_tiles`` tiles (U starts it); a short last chunk uses the same offsets."""
+    u_size, v_size, _ = _workspace_parts(alpha2, Kout, Cin, full_tiles)
+    return u_size, u_size + v_size
 
 
-def workspace_views(workspace, alpha2, Kout, Cin, tiles, nhwc):
-    """U, V and M of ``tiles`` tiles, as views of the one workspace allocation
-    (laid out by :func:`_workspace_parts`)."""
-    u_size, v_size, _ = _workspace_parts(alpha2, Kout, Cin, tiles)
+def workspace_views(workspace, alpha2, Kout, Cin, tiles, nhwc, full_tiles=None):
+    """U, V and M of a batch chunk of ``tiles`` tiles as views of the one workspace
+    allocation, at the offsets the kernels use (:func:`_workspace_offsets` of the
+    full chunk, ``full_tiles``; default ``tiles``)."""
+    v_offset, m_offset = _workspace_offsets(alpha2, Kout, Cin, tiles if full_tiles is None else full_tiles)
     u = workspace[:alpha2 * Kout * Cin].reshape(alpha2, Kout, Cin)
-    v = workspace[u_size:u_size + alpha2 * Cin * tiles]
-    m = workspace[u_size + v_size:u_size + v_size + alpha2 * Kout * tiles]
+    v = workspace[v_offset:v_offset + alpha2 * Cin * tiles]
+    m = workspace[m_offset:m_offset + alpha2 * Kout * tiles]
     if nhwc:
         return u, v.reshape(alpha2, tiles, Cin), m.reshape(alpha2, tiles, Kout)
     return u, v.reshape(alpha2, Cin, tiles), m.reshape(alpha2, Kout, tiles)
@@ -453,9 +457,14 @@ class WinogradConvolution(ConvAlgorithm):
         return sum(_workspace_parts(self.alpha ** 2, Kout, Cin, chunk * tiles)) * acc
 
     def _plan(self, p, direction):
+        """Everything a call needs but its arrays, cached per (device, problem,
+        direction, WORKSPACE_BOUND and the two launch options): per batch
+        chunk the input-transform launch scalars, the GEMM's cuBLAS arguments
+        and the output-transform scalars."""
         import cupy
 
-        key = (cupy.cuda.runtime.getDevice(), p, direction, WORKSPACE_BOUND)
+        key = (cupy.cuda.runtime.getDevice(), p, direction, WORKSPACE_BOUND, FILTER_IN_INPUT_LAUNCH,
+               VECTOR_ROWS)
         plan = self._plans.get(key)
         if plan is not None:
             return plan
@@ -464,49 +473,140 @@ class WinogradConvolution(ConvAlgorithm):
         nhwc = p.layout == "NHWC"
         tiles_h, tiles_w = ceil_div(Pout, m), ceil_div(Qout, m)
         tiles, chunk, _, _ = _sizes(p, direction, m)
+        acc = np.dtype(_dtypes.accumulate_dtype(np.dtype(p.dtype)))
+        v_offset, m_offset = (np.int64(o) for o in _workspace_offsets(alpha2, Kout, Cin, chunk * tiles))
         i32 = np.int32
+        filter_blocks = ceil_div(Kout * Cin, _THREADS)
+        # The filter transform's scalars, after the input transform's own.
+        filter_args = (i32(Kout), i32(direction == "backward_data"))
         chunks = []
         for n0 in range(0, p.N, chunk):
             t = (min(p.N, n0 + chunk) - n0) * tiles
+            input_blocks = ceil_div(Cin * t, _THREADS)
+            with_filter = n0 == 0 and FILTER_IN_INPUT_LAUNCH
             chunks.append((
                 i32(n0), t,
-                (ceil_div(Cin * t, _THREADS),),
+                (input_blocks + (filter_blocks if with_filter else 0),),
                 (i32(Cin), i32(Hin), i32(Win), i32(ph), i32(pw), i32(tiles_h), i32(tiles_w),
-                 i32(t), i32(n0)),
+                 i32(t), i32(n0), i32(input_blocks)),
                 (ceil_div(Kout * t, _THREADS),),
-                (i32(Kout), i32(Pout), i32(Qout), i32(tiles_h), i32(tiles_w), i32(t), i32(n0))))
+                (i32(Kout), i32(Pout), i32(Qout), i32(tiles_h), i32(tiles_w), i32(t), i32(n0)),
+                _gemm_arguments(nhwc, alpha2, Kout, Cin, t, acc.itemsize, v_offset, m_offset)))
+        input_expr = _expression("winograd_input_transform", p.dtype, m, r, nhwc)
         plan = dict(
-            acc=_dtypes.accumulate_dtype(np.dtype(p.dtype)), Cin=Cin, Kout=Kout, alpha2=alpha2,
-            nhwc=nhwc, chunks=chunks, max_tiles=chunk * tiles,
-            filter=(_expression("winograd_filter_transform", p.dtype, m, r),
-                    (ceil_div(Kout * Cin, _THREADS),),
-                    (i32(Kout), i32(Cin), i32(direction == "backward_data"))),
-            input=_expression("winograd_input_transform", p.dtype, m, r, nhwc),
+            acc=acc, Cin=Cin, Kout=Kout, alpha2=alpha2, nhwc=nhwc, chunks=chunks, max_tiles=chunk * tiles,
+            elements=sum(_workspace_parts(alpha2, Kout, Cin, chunk * tiles)), v_offset=v_offset,
+            m_offset=m_offset,
+            filter_args=filter_args, options=(WORKSPACE_BOUND, FILTER_IN_INPUT_LAUNCH, VECTOR_ROWS),
+            # The filter transform alone (FILTER_IN_INPUT_LAUNCH off): the input
+            # kernel with no input blocks; its arguments before x's are unused.
+            filter=None if FILTER_IN_INPUT_LAUNCH else (
+                input_expr, (filter_blocks,),
+                (i32(Cin), i32(1), i32(1), i32(0), i32(0), i32(1), i32(1), i32(0), i32(0), i32(0))),
+            vec_rows=VECTOR_ROWS and not nhwc and Qout % m == 0,
+            input=input_expr,
             output=_expression("winograd_output_transform", p.dtype, m, r, nhwc))
         if len(self._plans) >= _PLAN_CACHE_SIZE:
             self._plans.clear()
         self._plans[key] = plan
         return plan
 
-    def run(self, problem, direction, a, b, out, bias=None, activation=None):
+    def prepare(self, problem, direction, has_bias=False, activation=None):
+        """The call as prepared launches and one raw cuBLAS call per batch chunk:
+        per call only the workspace allocation and the pointers are new (the
+        public path measured ~175 us of host time per call with per-call views,
+        over the GPU time of the ResNet-50 layers; notes/winobd.md).
+        Arrays of a launch: ARRAY0 = a, ARRAY1 = b, ARRAY2 = out, ARRAY3 = bias
+        (b stands in for an absent bias: the kernel does not read it),
+        ARRAY4 = the workspace."""
         import cupy
+        from cupy.cuda import device
+        from .._kernels import ARRAY0, ARRAY1, ARRAY2, ARRAY3, ARRAY4
 
         plan = self._plan(problem, direction)
-        Cin, Kout, alpha2, nhwc = plan["Cin"], plan["Kout"], plan["alpha2"], plan["nhwc"]
-        workspace = cupy.empty(sum(_workspace_parts(alpha2, Kout, Cin, plan["max_tiles"])),
-                               dtype=plan["acc"])
-        u, _, _ = workspace_views(workspace, alpha2, Kout, Cin, plan["max_tiles"], nhwc)
-        expr, grid, args = plan["filter"]
-        FAMILY.launch(expr, grid, (_THREADS,), (b, u, *args))
-        has_bias = np.int32(bias is not None)
-        bias = b if bias is None else bias
-        for n0, t, in_grid, in_args, out_grid, out_args in plan["chunks"]:
-            # A short last chunk uses less of the workspace.
-            _, v, mm = workspace_views(workspace, alpha2, Kout, Cin, t, nhwc)
-            FAMILY.launch(plan["input"], in_grid, (_THREADS,), (a, v, *in_args))
-            _batched_gemm(nhwc, u, v, mm)
-            FAMILY.launch(plan["output"], out_grid, (_THREADS,), (mm, bias, has_bias, out, *out_args))
-        return out
+        options = plan["options"]
+        bias_array = ARRAY3 if has_bias else ARRAY1
+        i32 = np.int32
+        filter_args = (ARRAY1, *plan["filter_args"])
+        prep = FAMILY.prepare
+        block = (_THREADS,)
+        first = []
+        if plan["filter"] is not None:
+            expr, grid, args = plan["filter"]
+            first.append(prep(expr, grid, block, (ARRAY0, ARRAY4, plan["v_offset"], *args, *filter_args)))
+        steps = []
+        for _, _, in_grid, in_args, out_grid, out_args, gemm_args in plan["chunks"]:
+            outputs = tuple(
+                prep(plan["output"], out_grid, block,
+                     (ARRAY4, plan["m_offset"], bias_array, i32(has_bias), ARRAY2, *out_args, i32(vec)))
+                for vec in (False, plan["vec_rows"]))
+            steps.append((prep(plan["input"], in_grid, block,
+                               (ARRAY0, ARRAY4, plan["v_offset"], *in_args, *filter_args)),
+                          gemm_args, outputs))
+        first, steps = tuple(first), tuple(steps)
+        elements, acc, run_gemm = plan["elements"], plan["acc"], _GEMM_RUN[plan["acc"]]
+        empty, handle = cupy.empty, device.get_cublas_handle
+
+        def run(a, b, out, bias=None):
+            if options != (WORKSPACE_BOUND, FILTER_IN_INPUT_LAUNCH, VECTOR_ROWS):
+                # The module's options changed since this was prepared (tests do that).
+                return self.run(problem, direction, a, b, out, bias=bias, activation=activation)
+            workspace = empty(elements, dtype=acc)
+            arrays = (a, b, out, bias, workspace)
+            base = workspace.data.ptr
+            # Vector rows need 16-byte aligned rows (float4 for F(4x4), float2 for F(2x2)).
+            vec = out.data.ptr % 16 == 0
+            for launch in first:
+                launch(*arrays)
+            cublas = handle()
+            for launch_input, (head, b_offset, mid, a_offset, tail, c_offset, last), outputs in steps:
+                launch_input(*arrays)
+                run_gemm(cublas, *head, base + b_offset, *mid, base + a_offset, *tail, base + c_offset,
+                         *last)
+                outputs[vec](*arrays)
+            return out
+        return run
+
+    def run(self, problem, direction, a, b, out, bias=None, activation=None):
+        plan = self._plan(problem, direction)
+        runner = plan.get(("runner", bias is not None))
+        if runner is None:
+            runner = plan[("runner", bias is not None)] = self.prepare(problem, direction, bias is not None)
+        return runner(a, b, out, bias)
+
+
+def _gemm_arguments(nhwc, alpha2, Kout, Cin, tiles, itemsize, v_offset, m_offset):
+    """cuBLAS strided-batched GEMM arguments of M[a] = U[a] V[a] (NCHW: U (Kout, Cin),
+    V (Cin, tiles), M (Kout, tiles)) or M[a] = V[a] U[a]^T (NHWC: V (tiles, Cin),
+    M (tiles, Kout)), row-major, split around the three operand pointers (byte
+    offsets from the workspace start): (head, b offset, mid, a offset, tail, c offset,
+    last).  cuBLAS is column-major: the row-major C = A B is C^T = B^T A^T, so B's
+    storage is its first operand, "A" in cuBLAS's terms (dnnprims._cublas.gemm does
+    the same for arrays)."""
+    one, zero = (_cublas._scalar(_dtypes_acc(itemsize), v).ctypes.data for v in (1.0, 0.0))
+    u_bytes, v_bytes, m_bytes = 0, int(v_offset) * itemsize, int(m_offset) * itemsize
+    if nhwc:
+        # C (tiles x Kout) = V (tiles x Cin) @ U^T: cuBLAS C^T (Kout x tiles) = op_T(U) V^T.
+        return ((_cublas._OP_T, _cublas._OP_N, Kout, tiles, Cin, one), u_bytes, (Cin, Kout * Cin),
+                v_bytes, (Cin, tiles * Cin, zero), m_bytes, (Kout, tiles * Kout, alpha2))
+    return ((_cublas._OP_N, _cublas._OP_N, tiles, Kout, Cin, one), v_bytes, (tiles, Cin * tiles),
+            u_bytes, (Cin, Kout * Cin, zero), m_bytes, (tiles, Kout * tiles, alpha2))
+
+
+def _dtypes_acc(itemsize):
+    return np.dtype(np.float64 if itemsize == 8 else np.float32)
+
+
+class _GemmRun(dict):
+    """acc dtype -> the cuBLAS strided-batched GEMM entry point (looked up once)."""
+
+    def __missing__(self, dtype):
+        from cupy_backends.cuda.libs import cublas
+        run = self[dtype] = getattr(cublas, _cublas._RUN[np.dtype(dtype)])
+        return run
+
+
+_GEMM_RUN = _GemmRun()
 
 
 WINOGRAD_F2 = register(WinogradConvolution(2))
@@ -631,9 +731,14 @@ class WinogradBackwardFilter(ConvAlgorithm):
                 (i32(p.K), i32(p.P), i32(p.Q), i32(tiles_h), i32(tiles_w), i32(t), i32(n0),
                  i32(splits), i32(st))))
         nhwc = p.layout == "NHWC"
-        return dict(acc=_dtypes.accumulate_dtype(np.dtype(p.dtype)), alpha2=alpha2, splits=splits,
+        acc = np.dtype(_dtypes.accumulate_dtype(np.dtype(p.dtype)))
+        xt_offset, dt_offset = _wgrad_offsets(alpha2, p.K, p.C, splits, full_split_tiles)
+        gemms = [_wgrad_gemm_arguments(nhwc, alpha2 * splits, p.K, p.C, st, acc.itemsize, xt_offset,
+                                       dt_offset, beta) for _, st, beta, _, _, _, _ in chunks]
+        return dict(acc=acc, alpha2=alpha2, splits=splits,
                     full_split_tiles=full_split_tiles, nhwc=nhwc, chunks=chunks,
-                    elements=self._elements(p),
+                    elements=self._elements(p), gemms=gemms,
+                    xt_offset=np.int64(xt_offset), dt_offset=np.int64(dt_offset),
                     input=_expression("winograd_wgrad_input_transform", p.dtype, m, r, nhwc),
                     grad=_expression("winograd_wgrad_grad_transform", p.dtype, m, r, nhwc),
                     output=(_expression("winograd_wgrad_output_transform", p.dtype, m, r),
@@ -642,32 +747,87 @@ class WinogradBackwardFilter(ConvAlgorithm):
     def _cached_plan(self, p):
         import cupy
 
-        key = (cupy.cuda.runtime.getDevice(), p, WORKSPACE_BOUND, WGRAD_TARGET_BLOCKS,
-               WGRAD_MIN_SPLIT_DEPTH, WGRAD_MAX_SPLIT_DEPTH)
+        options = _wgrad_options()
+        key = (cupy.cuda.runtime.getDevice(), p, options)
         plan = self._plans.get(key)
         if plan is None:
             if len(self._plans) >= _PLAN_CACHE_SIZE:
                 self._plans.clear()
             plan = self._plans[key] = self.plan(p)
+            plan["options"] = options
         return plan
 
-    def run(self, problem, direction, a, b, out, bias=None, activation=None):
+    def prepare(self, problem, direction, has_bias=False, activation=None):
+        """Prepared launches and a raw cuBLAS call per batch chunk over one
+        workspace allocation (as WinogradConvolution.prepare). Arrays of a launch:
+        ARRAY0 = x, ARRAY1 = dy, ARRAY2 = dw, ARRAY4 = the workspace."""
         import cupy
+        from cupy.cuda import device
+        from .._kernels import ARRAY0, ARRAY1, ARRAY2, ARRAY4
 
-        p = problem
-        plan = self._cached_plan(p)
-        alpha2, splits, nhwc = plan["alpha2"], plan["splits"], plan["nhwc"]
-        workspace = cupy.empty(plan["elements"], dtype=plan["acc"])
-        for _, st, beta, x_grid, x_args, dy_grid, dy_args in plan["chunks"]:
-            mw, xt, dt = wgrad_workspace_views(workspace, alpha2, p.K, p.C, splits,
-                                               plan["full_split_tiles"], st, nhwc)
-            FAMILY.launch(plan["input"], x_grid, (_THREADS,), (a, xt, *x_args))
-            FAMILY.launch(plan["grad"], dy_grid, (_THREADS,), (b, dt, *dy_args))
-            # Mw[b] = Dt[b] Xt[b]^T: NHWC stores both transposed (tiles x channels).
-            gemm(cupy, dt, xt, mw, trans_a=nhwc, trans_b=not nhwc, beta=beta)
+        plan = self._cached_plan(problem)
+        options = plan["options"]
+        block = (_THREADS,)
+        prep = FAMILY.prepare
+        steps = tuple(
+            (prep(plan["input"], x_grid, block, (ARRAY0, ARRAY4, plan["xt_offset"], *x_args)),
+             prep(plan["grad"], dy_grid, block, (ARRAY1, ARRAY4, plan["dt_offset"], *dy_args)),
+             gemm_args)
+            for (_, _, _, x_grid, x_args, dy_grid, dy_args), gemm_args in zip(plan["chunks"], plan["gemms"]))
         expr, grid, args = plan["output"]
-        FAMILY.launch(expr, grid, (_THREADS,), (mw, out, *args))
-        return out
+        output = prep(expr, grid, block, (ARRAY4, ARRAY2, *args))
+        elements, acc, run_gemm = plan["elements"], plan["acc"], _GEMM_RUN[plan["acc"]]
+        empty, handle = cupy.empty, device.get_cublas_handle
+
+        def run(a, b, out, bias=None):
+            if options != _wgrad_options():
+                # The module's options changed since this was prepared (tests do that).
+                return self.run(problem, direction, a, b, out)
+            workspace = empty(elements, dtype=acc)
+            arrays = (a, b, out, None, workspace)
+            base = workspace.data.ptr
+            cublas = handle()
+            for launch_x, launch_dy, (head, a_offset, mid, b_offset, tail, c_offset, last) in steps:
+                launch_x(*arrays)
+                launch_dy(*arrays)
+                run_gemm(cublas, *head, base + a_offset, *mid, base + b_offset, *tail, base + c_offset, *last)
+            output(*arrays)
+            return out
+        return run
+
+    def run(self, problem, direction, a, b, out, bias=None, activation=None):
+        plan = self._cached_plan(problem)
+        runner = plan.get("runner")
+        if runner is None:
+            runner = plan["runner"] = self.prepare(problem, direction)
+        return runner(a, b, out)
+
+
+def _wgrad_options():
+    return (WORKSPACE_BOUND, WGRAD_TARGET_BLOCKS, WGRAD_MIN_SPLIT_DEPTH, WGRAD_MAX_SPLIT_DEPTH)
+
+
+def _wgrad_offsets(alpha2, K, C, splits, full_split_tiles):
+    """Element offsets of Xt and Dt in the backward-filter workspace (Mw starts it)."""
+    mw_size, xt_size, _ = _wgrad_parts(alpha2, K, C, splits, full_split_tiles)
+    return mw_size, mw_size + xt_size
+
+
+def _wgrad_gemm_arguments(nhwc, batch, K, C, split_tiles, itemsize, xt_offset, dt_offset, beta):
+    """cuBLAS strided-batched arguments of Mw[b] = Dt[b] Xt[b]^T (+ beta Mw[b]):
+    NCHW Dt (K, st), Xt (C, st); NHWC Dt (st, K), Xt (st, C) (Mw[b] = Dt[b]^T Xt[b]);
+    Mw (K, C) at the workspace start.  Split as :func:`_gemm_arguments`: (head,
+    cuBLAS A = Xt offset, mid, cuBLAS B = Dt offset, tail, Mw offset, last), byte offsets."""
+    dtype = _dtypes_acc(itemsize)
+    one, beta_ptr = (_cublas._scalar(dtype, v).ctypes.data for v in (1.0, beta))
+    st = split_tiles
+    xt_bytes, dt_bytes = int(xt_offset) * itemsize, int(dt_offset) * itemsize
+    # Row-major C (K x C) = op(Dt) op(Xt): cuBLAS C^T (C x K) = op'(Xt) op'(Dt), m = C, n = K, k = st.
+    if nhwc:
+        return ((_cublas._OP_N, _cublas._OP_T, C, K, st, one), xt_bytes, (C, st * C),
+                dt_bytes, (K, st * K, beta_ptr), 0, (C, K * C, batch))
+    return ((_cublas._OP_T, _cublas._OP_N, C, K, st, one), xt_bytes, (st, C * st),
+            dt_bytes, (st, K * st, beta_ptr), 0, (C, K * C, batch))
 
 
 # Measured float32 error against float64 (dnnprims/testing/tolerances.py; H100,
