@@ -691,28 +691,30 @@ __global__ void __launch_bounds__(256, MINB)
 dw_small_nchw(const T* __restrict__ in, const T* __restrict__ w, const T* __restrict__ bias,
               int has_bias, int act_mode, acc_t<T> act_alpha, T* __restrict__ out,
               int Cin, int Cout, int Hs, int Ws, int div, int flip, int G, int bands,
-              long long slots) {
+              int slots) {
     typedef acc_t<T> A;
     constexpr int HC = KS / 2, IN = ROWS + 2 * HC, RS = KS * KS;
     static_assert(ROWS >= HC && HC <= 4, "halo rows come from one neighbour slot");
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
     const int spw = 32 / G, sl = lane / G, g = lane - sl * G;
     const int col = 4 * g, col_c = min(col, 4 * (G - 1));
-    const long long step = (long long)gridDim.x * warps * spw;
-    for (long long base = ((long long)blockIdx.x * warps + warp) * spw; base < slots; base += step) {
-        const long long slot = base + sl;
-        const long long s_c = slot < slots ? slot : slots - 1;
-        const int band = (int)(s_c % bands);
-        const long long plane = s_c / bands;         // n * Cout + co
-        const int co = (int)(plane % Cout);
-        const long long n = plane / Cout;
+    // slots <= 2^30 (checked in Python): base + step stays below 2^31, so 32-bit
+    // slot arithmetic (no 64-bit divisions).
+    const int step = gridDim.x * warps * spw;
+    for (int base = (blockIdx.x * warps + warp) * spw; base < slots; base += step) {
+        const int slot = base + sl;
+        const int s_c = slot < slots ? slot : slots - 1;
+        const int band = s_c % bands;
+        const int plane = s_c / bands;               // n * Cout + co
+        const int co = plane % Cout;
+        const int n = plane / Cout;
         const bool active = sl < spw && slot < slots;
         const int row0 = band * ROWS - HC;           // first window row
         // Halo rows from memory only at the warp's first / last slot (and
         // only inside the plane); else from the neighbour slot.
         const bool top_mem = sl == 0 && band > 0;
         const bool bottom_mem = sl == spw - 1 && band < bands - 1;
-        const T* src = in + (n * Cin + co / div) * (long long)Hs * Ws;
+        const T* src = in + ((long long)n * Cin + co / div) * Hs * Ws;
         A wt[RS];
 #pragma unroll
         for (int i = 0; i < RS; ++i) wt[i] = load(w[(long long)co * RS + (flip ? RS - 1 - i : i)]);
@@ -748,7 +750,7 @@ dw_small_nchw(const T* __restrict__ in, const T* __restrict__ w, const T* __rest
                 if (bottom_nb) raw[HC + ROWS + r][j] = down;
             }
         const A b0 = has_bias ? load(bias[co]) : A(0);
-        T* dst = out + plane * (long long)Hs * Ws;
+        T* dst = out + (long long)plane * Hs * Ws;
         A acc[ROWS][4];
 #pragma unroll
         for (int r = 0; r < IN; ++r) {

@@ -1106,6 +1106,7 @@ def test_depthwise_tap_groups_and_determinism_on_the_gpu(gpu, rng, monkeypatch):
     result still matches, and two runs give the same bits."""
     monkeypatch.setattr(depthwise_algo, "SHARED_LIMIT", 6 * 1024)
     monkeypatch.setattr(depthwise_algo.DEPTHWISE, "_plans", {})
+    _reset_depthwise_caches()
     for layout in ("NCHW", "NHWC"):
         # padding 1, not 2: the shared-memory tile kernels, not the "same" path
         x, w, b, opts = _random_problem(rng, (2, 3, 21, 19, 6, 5, 5, 1, 1, 1, 3), layout, np.float32)
@@ -1124,6 +1125,20 @@ def test_depthwise_tap_groups_and_determinism_on_the_gpu(gpu, rng, monkeypatch):
 
 
 # --- the depthwise "same" NCHW path (stride 1, KS x KS, padding KS // 2) ----------
+
+def _reset_depthwise_caches():
+    """Forget every launch worked out for depthwise calls (plans, prepared
+    launches, the public functions' fast path), so that a monkeypatched launch
+    choice takes effect on the next call."""
+    depthwise_algo.DEPTHWISE._plans.clear()
+    depthwise_algo.DEPTHWISE.__dict__.get("_prepared_cache", {}).clear()
+    dnnprims.conv._MEMO.clear()
+
+
+def _depthwise_launched():
+    """The kernel names of every depthwise plan made since the last reset."""
+    return {launch[0] for launches, _ in depthwise_algo.DEPTHWISE._plans.values() for launch in launches}
+
 
 def _emulate_dw_same(p, direction, a, b, rows, vec):
     """A literal NumPy transliteration of dw_same_nchw / dw_same_filter_nchw
@@ -1301,9 +1316,10 @@ def test_depthwise_same_path_on_the_gpu(gpu, rng, monkeypatch, geometry, dtype):
             monkeypatch.setattr(depthwise_algo, "SAME_THREADS", threads)
             monkeypatch.setattr(depthwise_algo, "SAME_GRID_CAP", cap)
             monkeypatch.setattr(depthwise_algo, "SMALL_PATH", False)   # dw_small_nchw has its own test
-            depthwise_algo.DEPTHWISE._plans.clear()
+            _reset_depthwise_caches()
             _check_all_directions(gpu, rng, x, w, b, opts, "depthwise")
-    depthwise_algo.DEPTHWISE._plans.clear()
+            assert f"dw_same_nchw<{t}, {ks}, {rows}, {minb}>" in _depthwise_launched()
+    _reset_depthwise_caches()
 
 
 @pytest.mark.gpu  # the `gpu` fixture alone does not mark: scripts/gpu_suite.sh runs -m gpu
@@ -1493,9 +1509,10 @@ def test_depthwise_small_path_on_the_gpu(gpu, rng, monkeypatch, geometry, dtype)
             monkeypatch.setattr(depthwise_algo, "SMALL_THREADS", threads)
             monkeypatch.setattr(depthwise_algo, "_SMALL_MIN_BLOCKS", 0)
             monkeypatch.setattr(depthwise_algo, "SMALL_GRID_CAP", cap)
-            depthwise_algo.DEPTHWISE._plans.clear()
+            _reset_depthwise_caches()
             _check_all_directions(gpu, rng, x, w, b, opts, "depthwise")
-    depthwise_algo.DEPTHWISE._plans.clear()
+            assert f"dw_small_nchw<{t}, 3, {rows}, {minb}, {vec}>" in _depthwise_launched()
+    _reset_depthwise_caches()
 
 
 @pytest.mark.gpu  # the `gpu` fixture alone does not mark: scripts/gpu_suite.sh runs -m gpu
@@ -1514,7 +1531,7 @@ def test_depthwise_small_path_agrees_with_the_same_kernel_on_the_gpu(gpu, rng, m
     assert Xo.data.ptr % 16 != 0
     for small in (True, False):
         monkeypatch.setattr(depthwise_algo, "SMALL_PATH", small)
-        depthwise_algo.DEPTHWISE._plans.clear()
+        _reset_depthwise_caches()
         got = [conv2d_backward_data(DY, Wt, x.shape, algo="depthwise", **opts)]
         for inp in (X, Xo):
             got += [conv2d_forward(inp, Wt, B, algo="depthwise", activation=mode,
@@ -1522,7 +1539,7 @@ def test_depthwise_small_path_agrees_with_the_same_kernel_on_the_gpu(gpu, rng, m
                     for mode in (None, *ACTIVATION_MODES)]
         if small:
             first = got
-    depthwise_algo.DEPTHWISE._plans.clear()
+    _reset_depthwise_caches()
     for a, c in zip(first, got):
         assert bool((a == c).all())
 

@@ -47,6 +47,7 @@ SMALL_PATH = True          # False: those problems take dw_same_nchw (tests)
 SMALL_THREADS = 256        # threads per block, halved (to 64) while the grid has < _SMALL_MIN_BLOCKS
 SMALL_GRID_CAP = 0         # at most this many blocks (their warps loop over slots); 0: no cap
 _SMALL_MIN_BLOCKS = 132 * 2
+_SMALL_MAX_SLOTS = 2**30   # int slot arithmetic: base + grid step < 2 * slots + 256 < 2^31
 
 FAMILY = KernelFamily("conv_depthwise.cu", [
     *(f"dw_forward_nchw<{t}>" for t in _dtypes.CUDA_TYPES),
@@ -110,7 +111,8 @@ def is_small_nchw(p, direction):
     column groups (one segment, >= 2 slots per warp), one input plane per
     output plane (forward, or backward data with multiplier 1)."""
     return (SMALL_PATH and is_same_nchw(p) and p.R == 3 and ceil_div(p.W, 4) <= 16
-            and (direction == "forward" or (direction == "backward_data" and p.K == p.C)))
+            and (direction == "forward" or (direction == "backward_data" and p.K == p.C))
+            and p.N * p.K * p.H < _SMALL_MAX_SLOTS)
 
 
 def small_variant(p, direction, vec):
@@ -409,7 +411,7 @@ class DepthwiseConvolution(ConvAlgorithm):
         expr = f"dw_small_nchw<{t}, 3, {rows}, {minb}, {'true' if vec_ok else 'false'}>"
         return [(expr, grid, (threads,), 0,
                  (i32(cin), i32(cout), i32(p.H), i32(p.W), i32(div), i32(flip), i32(groups), i32(bands),
-                  np.int64(slots)))], 0
+                  i32(slots)))], 0
 
     @staticmethod
     def _reduce(t, filter_total, chunks):
