@@ -7,7 +7,8 @@
 //
 // NCHW, stride 1, dilation 1, 3x3 / 5x5 with padding KS / 2 (the MobileNet
 // layers): the dw_same_* kernels at the end of this file (registers and warp
-// shuffles, no shared memory).  Every other NCHW problem:
+// shuffles, no shared memory), dw_small_nchw for 3x3 planes of <= 64 columns in
+// forward / multiplier-1 backward data.  Every other NCHW problem:
 // NCHW (one block per tile of one (image, channel) plane; flat block index =
 // plane * tiles + tile, grid-stride over it):
 //   The block is TQT x TP threads (TQT a power of two along the row, TP rows);

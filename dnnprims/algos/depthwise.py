@@ -7,7 +7,9 @@ and backward filter; NCHW and NHWC; every stride, padding, dilation and dtype
 crosses DRAM about once, the NCHW stride-1 3x3 / 5x5 "same" layers (MobileNet)
 run dw_same_* (each lane a register window of 4 columns x a band of rows, 16-byte
 row loads, halo columns by warp shuffles, the filter in registers; backward data
-is the same kernel with the filter rotated); other NCHW problems stage the input
+is the same kernel with the filter rotated), and 3x3 planes of at most 64 columns
+dw_small_nchw (several bands of a plane per warp: halo rows by shuffles between
+them too, so each input is loaded once); other NCHW problems stage the input
 tile and its halo in shared memory; NHWC reads channel vectors.  Backward filter reduces
 deterministically in two passes (per-block partials in a workspace, then a
 fixed-order sum): no atomics.
