@@ -7,7 +7,8 @@
 //
 // NCHW, stride 1, dilation 1, 3x3 / 5x5 with padding KS / 2 (the MobileNet
 // layers): the dw_same_* kernels at the end of this file (registers and warp
-// shuffles, no shared memory).  Every other NCHW problem:
+// shuffles, no shared memory), dw_small_nchw for 3x3 planes of <= 64 columns in
+// forward / multiplier-1 backward data.  Every other NCHW problem:
 // NCHW (one block per tile of one (image, channel) plane; flat block index =
 // plane * tiles + tile, grid-stride over it):
 //   The block is TQT x TP threads (TQT a power of two along the row, TP rows);
@@ -656,6 +657,137 @@ dw_same_nchw(const T* __restrict__ in, const T* __restrict__ w, const T* __restr
                 if (h < Hs) {
                     activate_tile<4>(act_mode, acc[i], act_alpha);
                     if (vec) {
+                        store_vec<T, 4>(dst + (long long)h * Ws + col, acc[i]);
+                    } else {
+#pragma unroll
+                        for (int j = 0; j < 4; ++j)
+                            if (col + j < Ws) dst[(long long)h * Ws + col + j] = store<T>(acc[i][j]);
+                    }
+                }
+            }
+        }
+    }
+}
+
+// Small planes (one row segment, W <= 4 * 16, so a warp holds spw >= 2 slots):
+// dw_small_nchw, forward and backward data with one input plane per output
+// plane (terms == 1: forward, or backward data with multiplier 1).  Same lane
+// mapping as dw_same_nchw (Gs = G lanes per slot, slot = plane * bands + band),
+// but a warp's consecutive slots are consecutive bands of a plane, so a band's
+// HC halo rows above / below are the last / first own rows of the slot before /
+// after it in the same warp: they come by __shfl_up/down_sync by Gs lanes, not
+// from memory (only a warp's first / last slot loads them).  A lane loads ROWS
+// own rows (16-byte loads, all in flight at once) plus those halo rows, so
+// every input byte is loaded about once (mbv2_dw_28 with ROWS = 7: one 28 x 28
+// plane per warp, 28 lanes x 7 rows, no halo row from memory at all).  The
+// outputs are computed input row by input row (each input row adds to the KS
+// output rows it touches; an output row is stored as soon as it is complete),
+// so a lane holds its raw input rows, KS rows of accumulators and one row's
+// halo columns.  Column halos: by shuffles from the neighbour lanes; the row's
+// ends are zero padding (one segment).  VEC (W % 4 == 0, aligned pointers):
+// 16-byte loads and stores, else masked scalar ones (a template parameter: the
+// scalar path's addresses would otherwise raise the register count of both).
+template <typename T, int KS, int ROWS, int MINB, bool VEC>
+__global__ void __launch_bounds__(256, MINB)
+dw_small_nchw(const T* __restrict__ in, const T* __restrict__ w, const T* __restrict__ bias,
+              int has_bias, int act_mode, acc_t<T> act_alpha, T* __restrict__ out,
+              int Cin, int Cout, int Hs, int Ws, int div, int flip, int G, int bands,
+              int slots) {
+    typedef acc_t<T> A;
+    constexpr int HC = KS / 2, IN = ROWS + 2 * HC, RS = KS * KS;
+    static_assert(ROWS >= HC && HC <= 4, "halo rows come from one neighbour slot");
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    const int spw = 32 / G, sl = lane / G, g = lane - sl * G;
+    const int col = 4 * g, col_c = min(col, 4 * (G - 1));
+    // slots <= 2^30 (checked in Python): base + step stays below 2^31, so 32-bit
+    // slot arithmetic (no 64-bit divisions).
+    const int step = gridDim.x * warps * spw;
+    for (int base = (blockIdx.x * warps + warp) * spw; base < slots; base += step) {
+        const int slot = base + sl;
+        const int s_c = slot < slots ? slot : slots - 1;
+        const int band = s_c % bands;
+        const int plane = s_c / bands;               // n * Cout + co
+        const int co = plane % Cout;
+        const int n = plane / Cout;
+        const bool active = sl < spw && slot < slots;
+        const int row0 = band * ROWS - HC;           // first window row
+        // Halo rows from memory only at the warp's first / last slot (and
+        // only inside the plane); else from the neighbour slot.
+        const bool top_mem = sl == 0 && band > 0;
+        const bool bottom_mem = sl == spw - 1 && band < bands - 1;
+        const T* src = in + ((long long)n * Cin + co / div) * Hs * Ws;
+        A wt[RS];
+#pragma unroll
+        for (int i = 0; i < RS; ++i) wt[i] = load(w[(long long)co * RS + (flip ? RS - 1 - i : i)]);
+        A raw[IN][4];
+#pragma unroll
+        for (int r = 0; r < IN; ++r) {
+            const int h = row0 + r;
+            const bool want = active && (unsigned)h < (unsigned)Hs &&
+                              (r < HC ? top_mem : r >= HC + ROWS ? bottom_mem : true);
+            const T* row = src + (long long)min(max(h, 0), Hs - 1) * Ws;
+            if constexpr (VEC) {
+                if (want) {
+                    load_vec<T, 4>(row + col_c, raw[r]);
+                } else {
+#pragma unroll
+                    for (int j = 0; j < 4; ++j) raw[r][j] = A(0);
+                }
+            } else {
+#pragma unroll
+                for (int j = 0; j < 4; ++j)
+                    raw[r][j] = (want && col + j < Ws) ? load(row[min(col_c + j, Ws - 1)]) : A(0);
+            }
+        }
+        // Halo rows from the slots before / after (all 32 lanes shuffle).
+        const bool top_nb = sl > 0 && band > 0, bottom_nb = sl < spw - 1 && band < bands - 1;
+#pragma unroll
+        for (int r = 0; r < HC; ++r)
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const A up = __shfl_up_sync(DW_FULL_MASK, raw[r + ROWS][j], G);
+                const A down = __shfl_down_sync(DW_FULL_MASK, raw[HC + r][j], G);
+                if (top_nb) raw[r][j] = up;
+                if (bottom_nb) raw[HC + ROWS + r][j] = down;
+            }
+        const A b0 = has_bias ? load(bias[co]) : A(0);
+        T* dst = out + (long long)plane * Hs * Ws;
+        A acc[ROWS][4];
+#pragma unroll
+        for (int r = 0; r < IN; ++r) {
+            // Row r with its halo columns: win[HC + j] = raw[r][j].
+            A win[4 + 2 * HC];
+#pragma unroll
+            for (int j = 0; j < HC; ++j) {
+                const A left = __shfl_up_sync(DW_FULL_MASK, raw[r][4 - HC + j], 1);
+                const A right = __shfl_down_sync(DW_FULL_MASK, raw[r][j], 1);
+                win[j] = g > 0 ? left : A(0);
+                win[HC + 4 + j] = g < G - 1 ? right : A(0);
+            }
+#pragma unroll
+            for (int j = 0; j < 4; ++j) win[HC + j] = raw[r][j];
+            // Input row r adds to output rows i = r - a, filter row a.
+#pragma unroll
+            for (int a = 0; a < KS; ++a) {
+                const int i = r - a;
+                if (i >= 0 && i < ROWS) {
+                    if (a == 0) {
+#pragma unroll
+                        for (int j = 0; j < 4; ++j) acc[i][j] = b0;
+                    }
+#pragma unroll
+                    for (int s = 0; s < KS; ++s)
+#pragma unroll
+                        for (int j = 0; j < 4; ++j) acc[i][j] += win[j + s] * wt[a * KS + s];
+                }
+            }
+            // Output row r - (KS - 1) is complete.
+            const int i = r - (KS - 1);
+            if (i >= 0) {
+                const int h = band * ROWS + i;
+                if (active && h < Hs) {
+                    activate_tile<4>(act_mode, acc[i], act_alpha);
+                    if constexpr (VEC) {
                         store_vec<T, 4>(dst + (long long)h * Ws + col, acc[i]);
                     } else {
 #pragma unroll

@@ -1106,6 +1106,7 @@ def test_depthwise_tap_groups_and_determinism_on_the_gpu(gpu, rng, monkeypatch):
     result still matches, and two runs give the same bits."""
     monkeypatch.setattr(depthwise_algo, "SHARED_LIMIT", 6 * 1024)
     monkeypatch.setattr(depthwise_algo.DEPTHWISE, "_plans", {})
+    _reset_depthwise_caches()
     for layout in ("NCHW", "NHWC"):
         # padding 1, not 2: the shared-memory tile kernels, not the "same" path
         x, w, b, opts = _random_problem(rng, (2, 3, 21, 19, 6, 5, 5, 1, 1, 1, 3), layout, np.float32)
@@ -1124,6 +1125,20 @@ def test_depthwise_tap_groups_and_determinism_on_the_gpu(gpu, rng, monkeypatch):
 
 
 # --- the depthwise "same" NCHW path (stride 1, KS x KS, padding KS // 2) ----------
+
+def _reset_depthwise_caches():
+    """Forget every launch worked out for depthwise calls (plans, prepared
+    launches, the public functions' fast path), so that a monkeypatched launch
+    choice takes effect on the next call."""
+    depthwise_algo.DEPTHWISE._plans.clear()
+    depthwise_algo.DEPTHWISE.__dict__.get("_prepared_cache", {}).clear()
+    dnnprims.conv._MEMO.clear()
+
+
+def _depthwise_launched():
+    """The kernel names of every depthwise plan made since the last reset."""
+    return {launch[0] for launches, _ in depthwise_algo.DEPTHWISE._plans.values() for launch in launches}
+
 
 def _emulate_dw_same(p, direction, a, b, rows, vec):
     """A literal NumPy transliteration of dw_same_nchw / dw_same_filter_nchw
@@ -1300,9 +1315,11 @@ def test_depthwise_same_path_on_the_gpu(gpu, rng, monkeypatch, geometry, dtype):
             monkeypatch.setattr(depthwise_algo, "same_variant", lambda p, d: (rows, minb))
             monkeypatch.setattr(depthwise_algo, "SAME_THREADS", threads)
             monkeypatch.setattr(depthwise_algo, "SAME_GRID_CAP", cap)
-            depthwise_algo.DEPTHWISE._plans.clear()
+            monkeypatch.setattr(depthwise_algo, "SMALL_PATH", False)   # dw_small_nchw has its own test
+            _reset_depthwise_caches()
             _check_all_directions(gpu, rng, x, w, b, opts, "depthwise")
-    depthwise_algo.DEPTHWISE._plans.clear()
+            assert f"dw_same_nchw<{t}, {ks}, {rows}, {minb}>" in _depthwise_launched()
+    _reset_depthwise_caches()
 
 
 @pytest.mark.gpu  # the `gpu` fixture alone does not mark: scripts/gpu_suite.sh runs -m gpu
@@ -1332,6 +1349,199 @@ def test_depthwise_same_path_misaligned_and_deterministic_on_the_gpu(gpu, rng):
     first = conv2d_backward_filter(X, DY, w.shape, algo="depthwise", deterministic=True, **opts)
     second = conv2d_backward_filter(X, DY, w.shape, algo="depthwise", deterministic=True, **opts)
     assert bool((first == second).all())
+
+
+# --- dw_small_nchw: 3x3 "same" planes of one row segment (W <= 64) ---------------
+
+def _emulate_dw_small(p, direction, a, b, rows, vec):
+    """A literal NumPy transliteration of dw_small_nchw, warp by warp: slots,
+    clamped and predicated loads, halo rows by shuffles of G lanes from the
+    neighbour slots (memory only at a warp's first / last slot), halo columns
+    by shuffles of one lane, the row-by-row accumulation.  Returns y or dx."""
+    G = -(-p.W // 4)
+    KS, HC = 3, 1
+    IN = rows + 2 * HC
+    Hs, Ws, mult = p.H, p.W, p.K // p.C
+    spw = 32 // G
+    bands = -(-Hs // rows)
+    if direction == "forward":
+        cin, cout, div, flip, src = p.C, p.K, mult, False, a
+    else:
+        assert mult == 1
+        cin, cout, div, flip, src = p.K, p.C, 1, True, a
+
+    def shfl_up(v, d):      # lane L <- lane L - d (own value if L - d < 0)
+        return np.stack([v[L - d] if L >= d else v[L] for L in range(32)])
+
+    def shfl_down(v, d):    # lane L <- lane L + d (own value if L + d > 31)
+        return np.stack([v[L + d] if L + d <= 31 else v[L] for L in range(32)])
+
+    out = np.full((p.N, cout, Hs, Ws), np.nan)
+    slots = p.N * cout * bands
+    for base in range(0, slots, spw):
+        raw = np.zeros((32, IN, 4))
+        lanes = []
+        for L in range(32):
+            sl, g = L // G, L % G
+            col, col_c = 4 * g, min(4 * g, 4 * (G - 1))
+            slot = base + sl
+            s_c = min(slot, slots - 1)
+            band, plane = s_c % bands, s_c // bands
+            co, n = plane % cout, plane // cout
+            active = sl < spw and slot < slots
+            row0 = band * rows - HC
+            top_mem = sl == 0 and band > 0
+            bottom_mem = sl == spw - 1 and band < bands - 1
+            lanes.append((sl, g, col, band, plane, co, n, active, row0))
+            img = src[n, co // div]
+            for r in range(IN):
+                h = row0 + r
+                want = active and 0 <= h < Hs and (top_mem if r < HC else bottom_mem if r >= HC + rows else True)
+                hc = min(max(h, 0), Hs - 1)
+                for j in range(4):
+                    # the vector load reads columns col_c..col_c + 3 (in the row when vec)
+                    v = img[hc, col_c + j] if vec else img[hc, min(col_c + j, Ws - 1)]
+                    raw[L, r, j] = v if (want and (vec or col + j < Ws)) else 0.0
+        for r in range(HC):
+            up, down = shfl_up(raw[:, r + rows], G), shfl_down(raw[:, HC + r], G)
+            for L, (sl, g, col, band, plane, co, n, active, row0) in enumerate(lanes):
+                if sl > 0 and band > 0:
+                    raw[L, r] = up[L]
+                if sl < spw - 1 and band < bands - 1:
+                    raw[L, HC + rows + r] = down[L]
+        acc = np.zeros((32, rows, 4))
+        for r in range(IN):
+            left, right = shfl_up(raw[:, r, 4 - HC], 1), shfl_down(raw[:, r, 0], 1)
+            for L, (sl, g, col, band, plane, co, n, active, row0) in enumerate(lanes):
+                wt = b[co, 0][::-1, ::-1] if flip else b[co, 0]
+                win = np.concatenate([[left[L] if g > 0 else 0.0], raw[L, r], [right[L] if g < G - 1 else 0.0]])
+                for a_ in range(KS):
+                    i = r - a_
+                    if 0 <= i < rows:
+                        for s in range(KS):
+                            acc[L, i] += win[s:s + 4] * wt[a_, s]
+                i = r - (KS - 1)
+                h = band * rows + i
+                if i >= 0 and active and h < Hs:
+                    for j in range(4):
+                        if col + j < Ws:
+                            out[n, co, h, col + j] = acc[L, i, j]
+    return out
+
+
+# (N, C, H, W, multiplier): 28 x 28 (a warp = one plane at 7 rows), W % 4 != 0
+# (scalar loads), a partial last band, sizes 1, 3, 7, 13, W 64 (16 lanes per slot).
+SMALL_GEOMETRIES = [(1, 1, 1, 1, 1), (2, 3, 7, 13, 1), (1, 2, 28, 28, 1), (2, 2, 13, 9, 2), (1, 2, 3, 64, 1),
+                    (2, 3, 10, 20, 3)]
+
+
+@pytest.mark.parametrize("geometry", SMALL_GEOMETRIES)
+@pytest.mark.parametrize("rows", [4, 7, 8])
+def test_depthwise_small_kernel_emulation_matches_reference(rng, geometry, rows):
+    N, C, H, W, mult = geometry
+    p = _depthwise_problem(N, C, H, W, mult, 3, 3, 1, 1, 1)
+    assert depthwise_algo.is_small_nchw(p, "forward")
+    assert depthwise_algo.is_small_nchw(p, "backward_data") == (mult == 1)
+    x = random_array(rng, p.x_shape, F64)
+    w = random_array(rng, p.w_shape, F64)
+    dy = random_array(rng, p.y_shape, F64)
+    opts = _options(1, 1, 1, C)
+    for vec in {False, W % 4 == 0}:
+        np.testing.assert_allclose(_emulate_dw_small(p, "forward", x, w, rows, vec), conv2d_forward(x, w, **opts),
+                                   rtol=1e-12, atol=1e-12)
+        if mult == 1:
+            np.testing.assert_allclose(_emulate_dw_small(p, "backward_data", dy, w, rows, vec),
+                                       conv2d_backward_data(dy, w, x.shape, **opts), rtol=1e-12, atol=1e-12)
+
+
+def test_depthwise_small_path_selection():
+    """Which problems take dw_small_nchw, with which rows, threads and grid;
+    every choice is a declared specialisation."""
+    small = _depthwise_problem(32, 192, 28, 28, 1, 3, 3, 1, 1, 1)
+    assert depthwise_algo.is_small_nchw(small, "forward") and depthwise_algo.is_small_nchw(small, "backward_data")
+    assert not depthwise_algo.is_small_nchw(small, "backward_filter")
+    assert depthwise_algo.small_variant(small, "forward", True) == (7, 3)
+    assert depthwise_algo.small_variant(small, "forward", False) == (7, 1)
+    (expr, grid, block, shared, scalars), = depthwise_algo.DEPTHWISE._make_plan(small, "forward", True)[0]
+    assert expr == "dw_small_nchw<float, 3, 7, 3, true>" and block == (256,) and shared == 0
+    assert grid == (32 * 192 // 8,) and int(scalars[-1]) == 32 * 192 * 4   # a warp per plane, 4 slots of 7 rows
+    one = _depthwise_problem(1, 192, 28, 28, 1, 3, 3, 1, 1, 1)
+    (expr, grid, block, shared, scalars), = depthwise_algo.DEPTHWISE._make_plan(one, "forward", True)[0]
+    assert block == (64,) and grid == (96,)     # batch 1: smaller blocks, more SMs
+    assert not depthwise_algo.is_small_nchw(_depthwise_problem(32, 96, 112, 112, 1, 3, 3, 1, 1, 1), "forward")
+    assert not depthwise_algo.is_small_nchw(_depthwise_problem(2, 4, 28, 65, 1, 3, 3, 1, 1, 1), "forward")
+    assert not depthwise_algo.is_small_nchw(_depthwise_problem(2, 4, 28, 28, 1, 5, 5, 1, 2, 1), "forward")
+    assert not depthwise_algo.is_small_nchw(_depthwise_problem(2, 4, 28, 28, 2, 3, 3, 1, 1, 1), "backward_data")
+    assert not depthwise_algo.is_small_nchw(_depthwise_problem(2, 4, 28, 28, 1, 3, 3, 2, 1, 1), "forward")
+    for H, W in ((1, 1), (3, 7), (13, 13), (14, 14), (28, 28), (56, 56), (32, 64), (7, 61)):
+        for dtype in _dtypes.SUPPORTED:
+            for N in (1, 32):
+                p = _depthwise_problem(N, 16, H, W, 1, 3, 3, 1, 1, 1, dtype=dtype)
+                for direction in ("forward", "backward_data"):
+                    assert depthwise_algo.is_small_nchw(p, direction)
+                    for vec in (False, True):
+                        rows, minb = depthwise_algo.small_variant(p, direction, vec)
+                        assert rows * -(-H // rows) - H < 4
+                        expr = depthwise_algo.DEPTHWISE._make_plan(p, direction, vec)[0][0][0]
+                        assert expr in depthwise_algo.FAMILY.name_expressions
+                        assert expr.endswith(f"{rows}, {minb}, {'true' if vec else 'false'}>")
+
+
+@pytest.mark.gpu  # the `gpu` fixture alone does not mark: scripts/gpu_suite.sh runs -m gpu
+@pytest.mark.parametrize("geometry", SMALL_GEOMETRIES + [(2, 8, 28, 28, 1), (3, 5, 14, 14, 1), (2, 4, 56, 56, 1)])
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_depthwise_small_path_on_the_gpu(gpu, rng, monkeypatch, geometry, dtype):
+    """dw_small_nchw against the float64 reference (forward with bias, backward
+    data; backward filter runs dw_same_filter_nchw) in every dtype, at each
+    (rows, MINB) specialisation the dtype has, in 256- and 64-thread blocks and
+    a grid capped at 2 blocks (warps loop over slots)."""
+    N, C, H, W, mult = geometry
+    x, w, b, opts = _random_problem(rng, (N, C, H, W, C * mult, 3, 3, 1, 1, 1, C), "NCHW", dtype)
+    p = _problem_of(x, w, opts)
+    assert depthwise_algo.is_small_nchw(p, "forward")
+    t = _dtypes.cuda_type(np.dtype(dtype).name)
+    vec = "true" if W % 4 == 0 else "false"
+    for rows, minb in depthwise_algo.SMALL_VARIANTS:
+        if f"dw_small_nchw<{t}, 3, {rows}, {minb}, {vec}>" not in depthwise_algo.FAMILY.name_expressions:
+            continue
+        for threads, cap in ((256, 0), (64, 2)):
+            monkeypatch.setattr(depthwise_algo, "small_variant", lambda p, d, v: (rows, minb))
+            monkeypatch.setattr(depthwise_algo, "SMALL_THREADS", threads)
+            monkeypatch.setattr(depthwise_algo, "_SMALL_MIN_BLOCKS", 0)
+            monkeypatch.setattr(depthwise_algo, "SMALL_GRID_CAP", cap)
+            _reset_depthwise_caches()
+            _check_all_directions(gpu, rng, x, w, b, opts, "depthwise")
+            assert f"dw_small_nchw<{t}, 3, {rows}, {minb}, {vec}>" in _depthwise_launched()
+    _reset_depthwise_caches()
+
+
+@pytest.mark.gpu  # the `gpu` fixture alone does not mark: scripts/gpu_suite.sh runs -m gpu
+def test_depthwise_small_path_agrees_with_the_same_kernel_on_the_gpu(gpu, rng, monkeypatch):
+    """dw_small_nchw gives the same bits as dw_same_nchw (the same products
+    summed in the same order), with every activation fused, vector and scalar
+    (misaligned) loads."""
+    from dnnprims.activations import ACTIVATION_MODES
+
+    x, w, b, opts = _random_problem(rng, (3, 6, 28, 28, 6, 3, 3, 1, 1, 1, 6), "NCHW", np.float32)
+    dy = random_array(rng, x.shape, np.float32)
+    X, Wt, B, DY = (gpu.asarray(a) for a in (x, w, b, dy))
+    buf = gpu.empty(x.size + 1, x.dtype)
+    Xo = buf[1:].reshape(x.shape)
+    Xo[...] = X
+    assert Xo.data.ptr % 16 != 0
+    for small in (True, False):
+        monkeypatch.setattr(depthwise_algo, "SMALL_PATH", small)
+        _reset_depthwise_caches()
+        got = [conv2d_backward_data(DY, Wt, x.shape, algo="depthwise", **opts)]
+        for inp in (X, Xo):
+            got += [conv2d_forward(inp, Wt, B, algo="depthwise", activation=mode,
+                                   alpha={"elu": 0.7, "leaky_relu": 0.2, "clipped_relu": 0.5}.get(mode), **opts)
+                    for mode in (None, *ACTIVATION_MODES)]
+        if small:
+            first = got
+    _reset_depthwise_caches()
+    for a, c in zip(first, got):
+        assert bool((a == c).all())
 
 
 # --- implicit-GEMM backward passes: split-K backward filter, sub-pixel backward data --

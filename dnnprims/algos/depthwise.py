@@ -7,7 +7,9 @@ and backward filter; NCHW and NHWC; every stride, padding, dilation and dtype
 crosses DRAM about once, the NCHW stride-1 3x3 / 5x5 "same" layers (MobileNet)
 run dw_same_* (each lane a register window of 4 columns x a band of rows, 16-byte
 row loads, halo columns by warp shuffles, the filter in registers; backward data
-is the same kernel with the filter rotated); other NCHW problems stage the input
+is the same kernel with the filter rotated), and 3x3 planes of at most 64 columns
+dw_small_nchw (several bands of a plane per warp: halo rows by shuffles between
+them too, so each input is loaded once); other NCHW problems stage the input
 tile and its halo in shared memory; NHWC reads channel vectors.  Backward filter reduces
 deterministically in two passes (per-block partials in a workspace, then a
 fixed-order sum): no atomics.
@@ -37,6 +39,17 @@ _NHWC_TARGET_BLOCKS = 132 * 16  # NHWC forward / backward data: position runs pe
 # for every dtype and size; 8 rows and the 80-register cap (MINB 3) for float32
 # 3x3 only (the measured choices, notes/depthwise.md).
 SAME_VARIANTS = ((2, 1), (4, 1), (8, 1), (2, 3), (4, 3))
+# dw_small_nchw: 3x3 "same" planes of one row segment (W <= 64: >= 2 slots per
+# warp) in forward and multiplier-1 backward data; its (rows per lane, MINB)
+# specialisations, each with vector (VEC) and scalar loads for every dtype;
+# the MINB > 1 ones (register caps) for float with vector loads only.
+SMALL_VARIANTS = ((4, 1), (7, 1), (8, 1), (4, 4), (7, 2), (7, 3), (7, 4), (8, 3))
+_SMALL_ROWS = (4, 7, 8)
+SMALL_PATH = True          # False: those problems take dw_same_nchw (tests)
+SMALL_THREADS = 256        # threads per block, halved (to 64) while the grid has < _SMALL_MIN_BLOCKS
+SMALL_GRID_CAP = 0         # at most this many blocks (their warps loop over slots); 0: no cap
+_SMALL_MIN_BLOCKS = 132 * 2
+_SMALL_MAX_SLOTS = 2**30   # int slot arithmetic: base + grid step < 2 * slots + 256 < 2^31
 
 FAMILY = KernelFamily("conv_depthwise.cu", [
     *(f"dw_forward_nchw<{t}>" for t in _dtypes.CUDA_TYPES),
@@ -49,6 +62,8 @@ FAMILY = KernelFamily("conv_depthwise.cu", [
     *(f"dw_{kernel}<{t}, {ks}, {rows}, {minb}>" for kernel in ("same_nchw", "same_filter_nchw")
       for t in _dtypes.CUDA_TYPES for ks in (3, 5) for rows, minb in SAME_VARIANTS
       if (rows, minb) in ((2, 1), (4, 1)) or (t == "float" and ks == 3)),
+    *(f"dw_small_nchw<{t}, 3, {rows}, {minb}, {vec}>" for t in _dtypes.CUDA_TYPES
+      for rows, minb in SMALL_VARIANTS for vec in ("false", "true") if minb == 1 or (t == "float" and vec == "true")),
 ])
 
 # "Same" NCHW path (dw_same_nchw / dw_same_filter_nchw): stride 1, dilation 1,
@@ -91,6 +106,25 @@ def _same_warps(p, direction, rows):
     groups, gs, segs, spw, bands = same_geometry(p, rows)
     planes = p.N * (p.C if direction == "backward_data" else p.K)
     return ceil_div(planes * segs * bands, spw)
+
+
+def is_small_nchw(p, direction):
+    """Whether a "same" problem takes dw_small_nchw: 3x3, rows of at most 16
+    column groups (one segment, >= 2 slots per warp), one input plane per
+    output plane (forward, or backward data with multiplier 1)."""
+    return (SMALL_PATH and is_same_nchw(p) and p.R == 3 and ceil_div(p.W, 4) <= 16
+            and (direction == "forward" or (direction == "backward_data" and p.K == p.C))
+            and p.N * p.K * p.H < _SMALL_MAX_SLOTS)
+
+
+def small_variant(p, direction, vec):
+    """(rows per lane, MINB) of dw_small_nchw: the rows of _SMALL_ROWS that pad
+    the plane's height least (ties: more rows; 28 -> 7: a warp = one 28 x 28
+    plane), float32 with vector loads under an 80-register cap (MINB 3, no
+    spill with ptxas for sm_90) for 7 and 8 rows."""
+    rows = min(_SMALL_ROWS, key=lambda r: (ceil_div(p.H, r) * r, -r))
+    minb = 3 if p.dtype == "float32" and vec and rows in (7, 8) else 1
+    return rows, minb
 
 
 def same_variant(p, direction):
@@ -351,6 +385,8 @@ class DepthwiseConvolution(ConvAlgorithm):
             cin, cout, terms, div, flip = p.C, p.K, 1, mult, 0
         else:                        # dx plane (n, c) <- dy planes (n, c * mult + j), filters rotated
             cin, cout, terms, div, flip = p.K, p.C, mult, 1, 1
+        if is_small_nchw(p, direction):
+            return self._small_plan(p, direction, vec_ok, t, cin, cout, div, flip)
         slots = p.N * cout * segs * bands
         warps = SAME_THREADS // 32
         expr = f"dw_same_nchw<{t}, {p.R}, {rows}, {minb}>"
@@ -361,6 +397,23 @@ class DepthwiseConvolution(ConvAlgorithm):
         return [(expr, grid, (SAME_THREADS,), 0,
                  (i32(cin), i32(cout), i32(p.H), i32(p.W), i32(terms), i32(div), i32(flip), *tail,
                   np.int64(slots), i32(vec_ok)))], 0
+
+    @staticmethod
+    def _small_plan(p, direction, vec_ok, t, cin, cout, div, flip):
+        i32 = np.int32
+        rows, minb = small_variant(p, direction, vec_ok)
+        groups, bands = ceil_div(p.W, 4), ceil_div(p.H, rows)
+        spw = 32 // groups
+        slots = p.N * cout * bands
+        warps = ceil_div(slots, spw)
+        threads = SMALL_THREADS
+        while threads > 64 and ceil_div(warps * 32, threads) < _SMALL_MIN_BLOCKS:
+            threads //= 2
+        grid = (min(ceil_div(warps * 32, threads), SMALL_GRID_CAP or _MAX_GRID, _MAX_GRID),)
+        expr = f"dw_small_nchw<{t}, 3, {rows}, {minb}, {'true' if vec_ok else 'false'}>"
+        return [(expr, grid, (threads,), 0,
+                 (i32(cin), i32(cout), i32(p.H), i32(p.W), i32(div), i32(flip), i32(groups), i32(bands),
+                  i32(slots)))], 0
 
     @staticmethod
     def _reduce(t, filter_total, chunks):
