@@ -7,6 +7,8 @@ NumPy arrays run ``dnnprims.reference.normalization``; CuPy arrays run
 dtype, or float32 when x is float16/bfloat16 (the cuDNN rule); the saved
 ``mean``/``invstd`` are in the accumulation dtype (float32 for half x).
 """
+import math
+
 import numpy as np
 
 from . import _dtypes, _kernels, _validate
@@ -40,6 +42,8 @@ FAMILY = KernelFamily("batchnorm.cu", [
       for t, p in _TYPE_PAIRS for i in _INDEX_TYPES for v in (1, _VECTOR[t]) for f in _BOOL),
     *(f"batchnorm_backward_fused<{t}, {p}, {i}, {v}>"
       for t, p in _TYPE_PAIRS for i in _INDEX_TYPES for v in (1, _VECTOR[t])),
+    *(f"batchnorm_train_grouped<{t}, {p}, {i}, {_VECTOR[t]}, {g}>"
+      for t, p in _TYPE_PAIRS for i in _INDEX_TYPES for g in (2, 4, 8) if g <= _VECTOR[t]),
     # channel-last (inner == 1) paths
     *(f"batchnorm_rows_{k}<{t}, {i}, {v}>" for k in ("statistics", "backward_reduce")
       for t in _X_TYPES for i in _INDEX_TYPES for v in (1, _VECTOR[t])),
@@ -108,7 +112,8 @@ def _forward_key(x, gamma, beta, running_mean, running_var, training, momentum, 
     return (x.shape, x.dtype, data.device_id, _vector_key(gamma), _vector_key(beta),
             _vector_key(running_mean), _vector_key(running_var), type(training), training,
             type(momentum), momentum, type(eps), eps, layout, FUSED, FUSED_PREFETCH,
-            FUSED_FORWARD_MIN_BYTES, FLAT_INFERENCE, _current_device(), _current_stream().ptr)
+            FUSED_FORWARD_MIN_BYTES, FLAT_INFERENCE, GROUPED_TRAINING, _current_device(),
+            _current_stream().ptr)
 
 
 def _backward_key(dy, x, gamma, mean, invstd, eps, layout):
@@ -291,6 +296,28 @@ FUSED = True
 # 0.345 ms) and is always used when the saved statistics are given.
 FUSED_FORWARD_MIN_BYTES = 1 << 62
 FUSED_PREFETCH = True  # the variant that loads the next round's chunk during the barrier
+# Training forward of small channels whose inner size is not a multiple of the
+# vector width (a 7x7 plane): batchnorm_train_grouped, G = VEC / gcd(inner, VEC)
+# channels per block so that each sample's G channels are whole 16-byte vectors,
+# one launch that reads x once (instead of the fused kernel's 4-byte accesses).
+# Used when C % G == 0, x and y are 16-byte aligned and a block's G * N * inner
+# values fit its registers (_GROUP_VALUES).  False: the fused / two-pass paths.
+GROUPED_TRAINING = True
+# BN_THREADS * group_items<T>() * VEC in kernels/batchnorm.cu
+_GROUP_VALUES = {"half_t": 8192, "bfloat16_t": 8192, "float": 8192, "double": 4096}
+
+
+def _train_group(t, channels, outer, inner, aligned):
+    """G of batchnorm_train_grouped for this call, or 0 when it does not apply."""
+    vec = _VECTOR[t]
+    if not (GROUPED_TRAINING and aligned) or inner % vec == 0:
+        return 0
+    group = vec // math.gcd(inner, vec)
+    if channels % group or group * outer * inner > _GROUP_VALUES[t]:
+        return 0
+    return group
+
+
 _RESIDENT = {}  # (device, expression) -> blocks of that kernel resident at once
 _WORKSPACES = {}  # (device, stream) -> _Workspace
 
@@ -521,7 +548,8 @@ def _forward_plan(cp, x, y, pdtype, channels, outer, inner, training, update, mo
     aligned = not (x.data.ptr | y.data.ptr) & 15
     key = (cp.cuda.runtime.getDevice(), cp.cuda.get_current_stream().ptr, x.shape, x.dtype,
            np.dtype(pdtype), channels, inner, aligned, training, update, float(momentum), float(eps),
-           no_gamma, no_beta, FUSED, FUSED_PREFETCH, FUSED_FORWARD_MIN_BYTES, FLAT_INFERENCE)
+           no_gamma, no_beta, FUSED, FUSED_PREFETCH, FUSED_FORWARD_MIN_BYTES, FLAT_INFERENCE,
+           GROUPED_TRAINING)
     return _cached_plan(key, lambda: _build_forward_plan(
         cp, x, y, pdtype, channels, outer, inner, training, update, float(momentum), float(eps),
         no_gamma, no_beta, aligned))
@@ -540,7 +568,16 @@ def _build_forward_plan(cp, x, y, pdtype, channels, outer, inner, training, upda
     rm, rv = (A.ARRAY4, A.ARRAY5) if update or not training else (gamma, gamma)  # unread placeholders
     stats = (cp.empty(channels, acc), cp.empty(channels, acc))
     launches = []
-    if training:
+    t = _dtypes.cuda_type(x.dtype)
+    group = _train_group(t, channels, outer, inner, aligned) if training else 0
+    if group:
+        index_t = index_type(x.size + _BLOCK * _GROUP_VALUES[t])
+        it = np.int32 if index_t == "int" else np.int64
+        launches.append(FAMILY.prepare(
+            f"batchnorm_train_grouped<{t}, {pt}, {index_t}, {_VECTOR[t]}, {group}>", (channels // group,),
+            (_BLOCK,), (X, Y, MEAN, INVSTD, rm, rv, gamma, beta, it(outer), it(channels), it(inner),
+                        real(eps), real(momentum), real(n / (n - 1)), np.int32(update))))
+    elif training:
         launch = _launch_of(x, channels, outer, inner, (x, y))
         spec = launch.spec("batchnorm_train_fused", pt, _BOOL[FUSED_PREFETCH])
         use = FUSED and (launch.splits == 1 or x.nbytes >= FUSED_FORWARD_MIN_BYTES)
@@ -561,7 +598,7 @@ def _build_forward_plan(cp, x, y, pdtype, channels, outer, inner, training, upda
                 launch.spec("batchnorm_normalize", pt, "true"), launch.grid, (_BLOCK,),
                 (X, Y, part_mean, part_m2, MEAN, INVSTD, rm, rv, gamma, beta, *launch.shape, real(eps),
                  real(momentum), real(n / (n - 1)), np.int32(update), np.int32(1))))
-    elif FLAT_INFERENCE and inner % _VECTOR[_dtypes.cuda_type(x.dtype)]:
+    elif FLAT_INFERENCE and inner % _VECTOR[t]:
         spec, grid, shape = _flat_launch(x, y, channels, inner, pt)
         launches.append(FAMILY.prepare(spec, grid, (_BLOCK,),
                                        (X, Y, MEAN, INVSTD, rm, rv, gamma, beta, *shape, real(eps))))

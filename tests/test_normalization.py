@@ -365,6 +365,46 @@ def test_inference_flat_path(xp, rng, monkeypatch, flat, dtype, x_shape, offset)
     assert_close(invstd, invstd64, dtype, what="invstd")
 
 
+@pytest.mark.parametrize("grouped", [True, False])
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("x_shape,offset", [((32, 8, 7, 7), 0), ((40, 4, 7, 7), 0), ((32, 8, 7, 7), 1),
+                                            ((3, 8, 2, 3), 0), ((5, 16, 1, 5), 0), ((2, 4, 1, 2), 0),
+                                            ((4, 6, 3, 3), 0), ((7, 16, 13), 0), ((1, 8, 3), 0)])
+def test_grouped_training_path(xp, rng, monkeypatch, grouped, dtype, x_shape, offset):
+    """Training forward of small channels with an inner size not a multiple of the
+    vector width: batchnorm_train_grouped (G channels a block, 16-byte vectors
+    that cross channel boundaries; inner 2 < VEC puts several channels in one
+    vector) against the fused / two-pass kernels and the float64 reference, with
+    running statistics; C % G != 0 (6 channels), misaligned data and channels
+    too large for a block fall back to the other kernels."""
+    from dnnprims import normalization
+    monkeypatch.setattr(normalization, "GROUPED_TRAINING", grouped)
+    pdtype = np.float32 if dtype in (np.float16, _dtypes.BFLOAT16) else dtype
+    x_host = random_array(rng, x_shape, dtype, low=-1, high=3)
+    gamma, beta = _params(rng, x_shape, "NCHW", pdtype)
+    c = x_shape[1]
+    rm, rv = random_array(rng, (c,), pdtype), random_array(rng, (c,), pdtype, 0.5, 2)
+    buf = xp.empty(x_host.size + offset, dtype)
+    buf[offset:] = xp.asarray(x_host).ravel()
+    x = buf[offset:].reshape(x_shape)
+    f64 = lambda a: _host(a).astype(np.float64)  # noqa: E731
+    rm64, rv64 = f64(rm), f64(rv)
+    rm_x, rv_x = xp.asarray(rm), xp.asarray(rv)
+    for _ in range(2):  # the second call takes the fast path
+        y, mean, invstd = batchnorm(x, xp.asarray(gamma), xp.asarray(beta), rm_x, rv_x, momentum=0.3,
+                                    return_stats=True)
+        y64, mean64, invstd64 = batchnorm(f64(x_host), f64(gamma), f64(beta), rm64, rv64, momentum=0.3,
+                                          return_stats=True)
+        assert y.dtype == dtype and y.shape == x_shape
+        assert_close(y, y64, dtype, what="y")
+        assert_close(mean, mean64, dtype, what="mean")
+        assert_close(invstd, invstd64, dtype, what="invstd")
+        assert_close(rm_x, rm64, pdtype, what="running_mean")
+        assert_close(rv_x, rv64, pdtype, what="running_var")
+    y = batchnorm(x, None, None)  # no parameters, no running statistics
+    assert_close(y, batchnorm(f64(x_host), None, None), dtype, what="y")
+
+
 def test_non_contiguous_inputs(xp, rng):
     base = random_array(rng, (2, 5, 7, 3), np.float32)
     x = xp.asarray(base).transpose(0, 3, 1, 2)  # NCHW view of NHWC memory
