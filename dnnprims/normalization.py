@@ -53,6 +53,8 @@ FAMILY = KernelFamily("batchnorm.cu", [
       for t, p in _TYPE_PAIRS for i in _INDEX_TYPES for v in (1, _VECTOR[t]) for m in _BOOL),
     *(f"batchnorm_rows_backward_data<{t}, {p}, {i}, {v}>"
       for t, p in _TYPE_PAIRS for i in _INDEX_TYPES for v in (1, _VECTOR[t])),
+    *(f"batchnorm_rows_{k}_fused<{t}, {p}, {i}, {v}>" for k in ("train", "backward")
+      for t, p in _TYPE_PAIRS for i in _INDEX_TYPES for v in (1, _VECTOR[t])),
 ])
 
 _BLOCK = 256  # BN_THREADS in kernels/batchnorm.cu
@@ -448,6 +450,48 @@ def _rows_statistics(cp, x, rows, acc, pt, mean, invstd, rm, rv, update, eps, mo
                    rm, rv, real(eps), real(momentum), real(unbias), np.int32(update)))
 
 
+# Channel-last training forward and backward in one launch each
+# (batchnorm_rows_{train,backward}_fused: a persistent grid, two grid barriers,
+# the last rows each thread read kept in registers and shared memory for the
+# second pass).  False: statistics / sums, merge and map launches.
+ROWS_FUSED = True
+
+
+def _rows_fused_grid(cp, rows, spec, channels):
+    """(grid, lanes, workspace) of a rows fused kernel, or None when the
+    occupancy API cannot say that its whole grid is resident."""
+    device = cp.cuda.runtime.getDevice()
+    resident = _RESIDENT.get((device, spec))
+    if resident is None:
+        resident = _RESIDENT[(device, spec)] = _resident_blocks(cp, FAMILY.function(spec))
+    gx = min(resident // rows.groups, ceil_div(rows.rows, rows.block_lanes))
+    if gx < 1:
+        return None
+    work = _stream_workspace(cp)
+    if work.arrive.size < 4:
+        work.arrive = cp.zeros(max(4, 2 * channels), np.uint32)
+    return (gx, rows.groups), gx * rows.block_lanes, work
+
+
+def _rows_train_fused(cp, x, y, rows, acc, pt, mean, invstd, rm, rv, gamma, beta, update, eps, momentum,
+                      unbias):
+    """Launch batchnorm_rows_train_fused; False (nothing launched) when it cannot run."""
+    channels = int(mean.shape[0])
+    spec = rows.spec("train_fused", pt)
+    fused = _rows_fused_grid(cp, rows, spec, channels)
+    if fused is None:
+        return False
+    grid, lanes, work = fused
+    size = channels * lanes
+    parts = cp.empty(3 * size, acc)
+    real = _scalar(acc)
+    FAMILY.launch(spec, grid, (_BLOCK,),
+                  (x, y, parts[:size], parts[size:2 * size], parts[2 * size:], mean, invstd, rm, rv, gamma, beta,
+                   *rows.shape, real(eps), real(momentum), real(unbias), np.int32(update), work.arrive,
+                   work.failed))
+    return True
+
+
 def _stream_workspace(cp):
     key = (cp.cuda.runtime.getDevice(), cp.cuda.get_current_stream().ptr)
     work = _WORKSPACES.get(key)
@@ -634,13 +678,17 @@ def _batchnorm_gpu(cp, x, gamma, beta, running_mean, running_var, training, mome
         g = _constant(cp, 1, channels, pdtype) if gamma is None else gamma
         b = _constant(cp, 0, channels, pdtype) if beta is None else beta
         rows = _Rows(cp, x, channels, outer, (x, y))
-        if training:
-            _rows_statistics(cp, x, rows, acc, pt, mean, invstd, rm if update else g, rv if update else g,
-                             update, eps, momentum, n / (n - 1))
-        spec = rows.spec("normalize", pt, flag=_BOOL[training])
-        FAMILY.launch(spec, rows.grid(cp, spec, 4)[0], (_BLOCK,),
-                      (x, y, mean, invstd, rm if rm is not None else g, rv if rv is not None else g, g, b,
-                       *rows.shape, real(eps)))
+        fused = training and ROWS_FUSED and _rows_train_fused(
+            cp, x, y, rows, acc, pt, mean, invstd, rm if update else g, rv if update else g, g, b, update, eps,
+            momentum, n / (n - 1))
+        if not fused:
+            if training:
+                _rows_statistics(cp, x, rows, acc, pt, mean, invstd, rm if update else g, rv if update else g,
+                                 update, eps, momentum, n / (n - 1))
+            spec = rows.spec("normalize", pt, flag=_BOOL[training])
+            FAMILY.launch(spec, rows.grid(cp, spec, 4)[0], (_BLOCK,),
+                          (x, y, mean, invstd, rm if rm is not None else g, rv if rv is not None else g, g, b,
+                           *rows.shape, real(eps)))
     else:
         plan = _forward_plan(cp, x, y, pdtype, channels, outer, inner, training, update, momentum, eps,
                              gamma is None, beta is None)
@@ -739,6 +787,17 @@ def _rows_backward(cp, dy, x, gamma, mean, invstd, eps, pdtype, channels, rows_c
         mean = cp.empty(channels, acc)
         invstd = cp.empty(channels, acc)
         _rows_statistics(cp, x, rows, acc, pt, mean, invstd, mean, mean, False, eps, 0.0, 1.0)
+    if ROWS_FUSED:
+        spec = rows.spec("backward_fused", pt)
+        fused = _rows_fused_grid(cp, rows, spec, channels)
+        if fused is not None:
+            grid, lanes, work = fused
+            size = channels * lanes
+            parts = cp.empty(2 * size + 2 * channels, acc)
+            FAMILY.launch(spec, grid, (_BLOCK,),
+                          (x, dy, mean, invstd, gamma, parts[:size], parts[size:2 * size], parts[2 * size:], dx,
+                           dgamma, dbeta, *rows.shape, work.arrive, work.failed))
+            return dx, dgamma, dbeta
     spec = rows.spec("backward_reduce")
     grid, lanes = rows.grid(cp, spec, 8)
     size = channels * lanes

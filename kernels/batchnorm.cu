@@ -163,6 +163,24 @@ __device__ __forceinline__ void merge_statistics(Ptr part_mean, Ptr part_m2, int
     var = result[1];
 }
 
+// Channel c's mean and invstd from its chunk partials (merge_statistics);
+// the block of chunk 0 writes them and updates the running statistics
+// (write_statistics; update_running 0 leaves running_* unread).
+template <typename A, typename Ptr, typename P, typename index_t>
+__device__ __forceinline__ void channel_statistics(Ptr part_mean, Ptr part_m2, int c, int split, int splits,
+                                                   index_t n, A eps, A* __restrict__ mean_out,
+                                                   A* __restrict__ invstd_out, P* __restrict__ running_mean,
+                                                   P* __restrict__ running_var, A momentum, A unbias,
+                                                   int update_running, A& mean, A& invstd) {
+    A var;
+    merge_statistics(part_mean, part_m2, c, splits, n, mean, var);
+    invstd = A(1) / sqrt(var + eps);
+    if (split == 0 && threadIdx.x == 0) {
+        write_statistics(c, mean, var, invstd, mean_out, invstd_out, running_mean, running_var, momentum, unbias,
+                         update_running);
+    }
+}
+
 // Sums of two per-chunk partials of channel c, in a fixed order, to every
 // thread (Ptr as in merge_statistics).
 template <typename A, typename Ptr>
@@ -354,13 +372,8 @@ batchnorm_normalize(const T* __restrict__ x, T* __restrict__ y, const acc_t<T>* 
     const index_t n = outer * inner;
     A mean, invstd;
     if (TRAINING) {
-        A var;
-        merge_statistics(part_mean, part_m2, c, splits, n, mean, var);
-        invstd = A(1) / sqrt(var + eps);
-        if (split == 0 && threadIdx.x == 0) {
-            write_statistics(c, mean, var, invstd, mean_out, invstd_out, running_mean, running_var, momentum,
-                             unbias, update_running);
-        }
+        channel_statistics(part_mean, part_m2, c, split, splits, n, eps, mean_out, invstd_out, running_mean,
+                           running_var, momentum, unbias, update_running, mean, invstd);
     } else {
         mean = load(running_mean[c]);
         invstd = A(1) / sqrt(A(load(running_var[c])) + eps);
@@ -615,13 +628,8 @@ batchnorm_backward_reduce(const T* __restrict__ x, const T* __restrict__ dy,
     const index_t n = outer * inner;
     A m, s;
     if (MERGE) {
-        A var;
-        merge_statistics(part_mean, part_m2, c, splits, n, m, var);
-        s = A(1) / sqrt(var + eps);
-        if (split == 0 && threadIdx.x == 0) {
-            mean_io[c] = m;
-            invstd_io[c] = s;
-        }
+        channel_statistics(part_mean, part_m2, c, split, splits, n, eps, mean_io, invstd_io, mean_io, mean_io,
+                           A(0), A(1), 0, m, s);
     } else {
         m = mean_io[c];
         s = invstd_io[c];
@@ -721,6 +729,15 @@ __device__ __forceinline__ void channel_barrier(unsigned* __restrict__ arrive, i
     __syncthreads();
 }
 
+// A fused block's first channel and its chunk; false for blocks past the
+// per_round * splits that a round uses.
+__device__ __forceinline__ bool fused_block(int per_round, int splits, int& local_c, int& split) {
+    if ((int)blockIdx.x >= per_round * splits) return false;
+    local_c = (int)blockIdx.x / splits;
+    split = (int)blockIdx.x - local_c * splits;
+    return true;
+}
+
 #define BN_FUSED_PARAMS BN_SHAPE, int per_round, unsigned* __restrict__ arrive, int* __restrict__ failed
 
 // PREFETCH: the next round's chunk is loaded into a second register set right
@@ -737,9 +754,8 @@ batchnorm_train_fused(const T* __restrict__ x, T* __restrict__ y, acc_t<T>* __re
     typedef acc_t<T> A;
     constexpr int ITEMS = BN_PER_THREAD / VEC;
     __shared__ A scratch[32];
-    if ((int)blockIdx.x >= per_round * splits) return;
-    const int local_c = (int)blockIdx.x / splits;
-    const int split = (int)blockIdx.x - local_c * splits;
+    int local_c, split;
+    if (!fused_block(per_round, splits, local_c, split)) return;
     const index_t n = outer * inner;
     const index_t start = (index_t)split * BN_CHUNK;
     const A count = chunk_count<A>(split, n);
@@ -758,13 +774,10 @@ batchnorm_train_fused(const T* __restrict__ x, T* __restrict__ y, acc_t<T>* __re
             load_chunk<T, VEC, PREFETCH ? ITEMS : 1>(x, start, n, c + per_round, C, inner, next);
         }
         channel_barrier(arrive, c, (int)C, splits, failed);
-        A mean, var;
-        merge_statistics((const volatile A*)part_mean, (const volatile A*)part_m2, c, splits, n, mean, var);
-        const A invstd = A(1) / sqrt(var + eps);
-        if (split == 0 && threadIdx.x == 0) {
-            write_statistics(c, mean, var, invstd, mean_out, invstd_out, running_mean, running_var, momentum,
-                             unbias, update_running);
-        }
+        A mean, invstd;
+        channel_statistics((const volatile A*)part_mean, (const volatile A*)part_m2, c, split, splits, n, eps,
+                           mean_out, invstd_out, running_mean, running_var, momentum, unbias, update_running,
+                           mean, invstd);
         store_chunk_normalized(y, vals, start, n, c, C, inner, mean, invstd * A(load(gamma[c])),
                                A(load(beta[c])));
         if (PREFETCH) {
@@ -786,9 +799,8 @@ batchnorm_backward_fused(const T* __restrict__ x, const T* __restrict__ dy,
     typedef acc_t<T> A;
     constexpr int ITEMS = BN_PER_THREAD / VEC;
     __shared__ A scratch[32];
-    if ((int)blockIdx.x >= per_round * splits) return;
-    const int local_c = (int)blockIdx.x / splits;
-    const int split = (int)blockIdx.x - local_c * splits;
+    int local_c, split;
+    if (!fused_block(per_round, splits, local_c, split)) return;
     const index_t n = outer * inner;
     const index_t start = (index_t)split * BN_CHUNK;
     for (int c = local_c; c < (int)C; c += per_round) {
@@ -1127,6 +1139,409 @@ batchnorm_rows_backward_data(const T* __restrict__ x, const T* __restrict__ dy,
                     xs[u][v] = scale[v] * (ds[u][v] - mean_dy[v] - xhat * mean_dy_xhat[v]);
                 }
                 store_pack<T, VEC>(dx, (M - 1 - r) * C + (index_t)rl.cv * VEC, xs[u]);
+            }
+        }
+    }
+}
+
+// Channel-last training forward in ONE launch that keeps the last rows it
+// reads on chip (issue 5, v4).  A persistent grid (every block resident: the
+// host sizes it with the occupancy API, as for the fused chunk kernels) with
+// the RowLanes mapping, but lane g owns ONE contiguous range of rows
+// [g * R, min(M, (g + 1) * R)), R = ceil(M / L), read in batches of B rows
+// aligned to the range's end, ascending:
+//   - every batch: exact two-pass batch statistics, Chan-merged into the
+//     lane's (count, mean, M2) per channel (as rows_statistics);
+//   - the last batch stays in registers (`keep`), the ROWS_SMEM_ROWS rows
+//     before it in a static shared-memory cache (one 16-byte vector per row
+//     and thread).
+// Grid barrier 1 (channel_barrier over all blocks); block b merges channels
+// b, b + blocks, ... from the L lane partials (its 8 warps lane-strided, then
+// the 8 warp results in order: fixed order, bitwise reproducible) and writes
+// mean / invstd / running statistics; grid barrier 2; then every thread
+// normalizes its register rows, its cached rows, and the rest of its range
+// last to first (the rows it read last come first: L2 hits).  DRAM traffic:
+// x once, plus x less what is on chip and in L2, plus y -- below the three
+// passes of the rows kernels, and no merge launch.
+#define ROWS_SMEM_ROWS 8
+
+// Lane rl.lane's rows [r0, r1): ceil(M / L) contiguous rows a lane.
+template <typename index_t>
+__device__ __forceinline__ void lane_rows(const RowLanes& rl, index_t M, index_t& r0, index_t& r1) {
+    const index_t R = (M + rl.L - 1) / rl.L;
+    r0 = (index_t)rl.lane * R < M ? (index_t)rl.lane * R : M;
+    r1 = r0 + R < M ? r0 + R : M;
+}
+
+// Block and block count of the (x, y) grid, for the grid barriers and the merge.
+__device__ __forceinline__ void grid_block(int& block, int& blocks) {
+    blocks = (int)(gridDim.x * gridDim.y);
+    block = (int)(blockIdx.y * gridDim.x + blockIdx.x);
+}
+
+template <typename T, typename P, typename index_t, int VEC>
+__global__ void __launch_bounds__(BN_THREADS)
+batchnorm_rows_train_fused(const T* __restrict__ x, T* __restrict__ y, acc_t<T>* __restrict__ part_n,
+                           acc_t<T>* __restrict__ part_mean, acc_t<T>* __restrict__ part_m2,
+                           acc_t<T>* __restrict__ mean_out, acc_t<T>* __restrict__ invstd_out,
+                           P* __restrict__ running_mean, P* __restrict__ running_var,
+                           const P* __restrict__ gamma, const P* __restrict__ beta, index_t M, int C, int cols,
+                           acc_t<T> eps, acc_t<T> momentum, acc_t<T> unbias, int update_running,
+                           unsigned* __restrict__ arrive, int* __restrict__ failed) {
+    typedef acc_t<T> A;
+    constexpr int B = rows_batch<T, VEC>();
+    constexpr int SB = ROWS_SMEM_ROWS / B;  // cached batches
+    __shared__ Pack<T, VEC> cache[SB * B][BN_THREADS];
+    __shared__ A merged[3][BN_THREADS / 32];
+    const RowLanes rl(cols);
+    const int CV = C / VEC;
+    const bool active = rl.active(CV);
+    index_t r0, r1;
+    lane_rows(rl, M, r0, r1);
+    const index_t col = (index_t)rl.cv * VEC;
+    // Batch k (k = 0 the last) is rows [r1 - (k + 1) * B, r1 - k * B) within [r0, r1).
+    const index_t batches = (r1 - r0 + B - 1) / B;
+    A cnt[VEC], mu[VEC], m2[VEC];
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) cnt[v] = mu[v] = m2[v] = 0;
+    A keep[B][VEC];
+    for (index_t k = batches - 1; active && k >= 0; --k) {
+        const index_t first = r1 - (k + 1) * B;
+        A vals[B][VEC];
+#pragma unroll
+        for (int i = 0; i < B; ++i) {
+            const index_t r = first + i;
+            if (r >= r0) {
+                load_pack<T, VEC>(x, r * C + col, vals[i]);
+            } else {
+#pragma unroll
+                for (int v = 0; v < VEC; ++v) vals[i][v] = 0;
+            }
+        }
+        const int rows = (int)(first >= r0 ? (index_t)B : first + B - r0);
+        const A nb = A(rows);
+#pragma unroll
+        for (int v = 0; v < VEC; ++v) {
+            A s = 0;
+#pragma unroll
+            for (int i = 0; i < B; ++i) s += vals[i][v];
+            const A mb = s / nb;
+            A q = 0;
+#pragma unroll
+            for (int i = 0; i < B; ++i) {
+                const A d = vals[i][v] - mb;
+                if (first + i >= r0) q += d * d;
+            }
+            chan_merge(cnt[v], mu[v], m2[v], nb, mb, q);
+        }
+        if (k == 0) {
+#pragma unroll
+            for (int i = 0; i < B; ++i)
+#pragma unroll
+                for (int v = 0; v < VEC; ++v) keep[i][v] = vals[i][v];
+        } else if (k <= SB) {
+#pragma unroll
+            for (int i = 0; i < B; ++i) {
+                Pack<T, VEC> pk;
+#pragma unroll
+                for (int v = 0; v < VEC; ++v) pk.v[v] = store<T>(vals[i][v]);
+                cache[(k - 1) * B + i][threadIdx.x] = pk;
+            }
+        }
+    }
+    if (active) {
+#pragma unroll
+        for (int v = 0; v < VEC; ++v) {
+            const index_t o = (index_t)(rl.cv * VEC + v) * rl.L + rl.lane;
+            part_n[o] = cnt[v];
+            part_mean[o] = mu[v];
+            part_m2[o] = m2[v];
+        }
+        __threadfence();
+    }
+    int block, blocks;
+    grid_block(block, blocks);
+    channel_barrier(arrive, 0, 2, blocks, failed);
+    // Merge: block b takes channels b, b + blocks, ...
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const volatile A* pn = part_n;
+    const volatile A* pm = part_mean;
+    const volatile A* p2 = part_m2;
+    for (int c = block; c < C; c += blocks) {
+        A n_ = 0, u_ = 0, q_ = 0;
+        for (int b0 = threadIdx.x; b0 < rl.L; b0 += BN_THREADS * ROWS_MERGE_AHEAD) {
+            A an[ROWS_MERGE_AHEAD], am[ROWS_MERGE_AHEAD], a2[ROWS_MERGE_AHEAD];
+#pragma unroll
+            for (int u = 0; u < ROWS_MERGE_AHEAD; ++u) {
+                const int b = b0 + BN_THREADS * u;
+                const long long o = (long long)c * rl.L + b;
+                an[u] = b < rl.L ? A(pn[o]) : A(0);
+                am[u] = b < rl.L ? A(pm[o]) : A(0);
+                a2[u] = b < rl.L ? A(p2[o]) : A(0);
+            }
+#pragma unroll
+            for (int u = 0; u < ROWS_MERGE_AHEAD; ++u) chan_merge(n_, u_, q_, an[u], am[u], a2[u]);
+        }
+        warp_chan_merge(n_, u_, q_);
+        if (lane == 0) {
+            merged[0][warp] = n_;
+            merged[1][warp] = u_;
+            merged[2][warp] = q_;
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            A tn = 0, tu = 0, tq = 0;
+            for (int w = 0; w < BN_THREADS / 32; ++w) chan_merge(tn, tu, tq, merged[0][w], merged[1][w], merged[2][w]);
+            const A var = tq / tn;
+            write_statistics(c, tu, var, A(1) / sqrt(var + eps), mean_out, invstd_out, running_mean, running_var,
+                             momentum, unbias, update_running);
+            __threadfence();
+        }
+        __syncthreads();
+    }
+    channel_barrier(arrive, 1, 2, blocks, failed);
+    if (!active) return;
+    const volatile A* mo = mean_out;
+    const volatile A* io = invstd_out;
+    A mean[VEC], scale[VEC], shift[VEC];
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) {
+        const int c = rl.cv * VEC + v;
+        mean[v] = mo[c];
+        scale[v] = A(io[c]) * A(load(gamma[c]));
+        shift[v] = A(load(beta[c]));
+    }
+    // Registers, then the cache, then the rest last to first.
+#pragma unroll
+    for (int i = 0; i < B; ++i) {
+        const index_t r = r1 - B + i;
+        if (r >= r0) {
+#pragma unroll
+            for (int v = 0; v < VEC; ++v) keep[i][v] = (keep[i][v] - mean[v]) * scale[v] + shift[v];
+            store_pack<T, VEC>(y, r * C + col, keep[i]);
+        }
+    }
+#pragma unroll
+    for (int s = 0; s < SB * B; ++s) {
+        const index_t r = r1 - B - 1 - s;  // cache row (k - 1) * B + i holds r1 - (k + 1) * B + i
+        const int k = s / B + 1, i = B - 1 - s % B;
+        if (r >= r0) {
+            const Pack<T, VEC> pk = cache[(k - 1) * B + i][threadIdx.x];
+            A out[VEC];
+#pragma unroll
+            for (int v = 0; v < VEC; ++v) out[v] = (A(load(pk.v[v])) - mean[v]) * scale[v] + shift[v];
+            store_pack<T, VEC>(y, r * C + col, out);
+        }
+    }
+    constexpr int U = 4;
+    for (index_t top = r1 - B - SB * B - 1; top >= r0; top -= U) {
+        A vals[U][VEC];
+#pragma unroll
+        for (int u = 0; u < U; ++u)
+            if (top - u >= r0) load_pack<T, VEC>(x, (top - u) * C + col, vals[u]);
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            if (top - u >= r0) {
+#pragma unroll
+                for (int v = 0; v < VEC; ++v) vals[u][v] = (vals[u][v] - mean[v]) * scale[v] + shift[v];
+                store_pack<T, VEC>(y, (top - u) * C + col, vals[u]);
+            }
+        }
+    }
+}
+
+// Channel-last backward (saved statistics) in ONE launch, the same scheme as
+// batchnorm_rows_train_fused: lane ranges read in batches of B rows of x and
+// dy (half the forward's batch: two tensors), sums of dy and dy * (x - mean)
+// per channel; the last batch in registers, ROWS_SMEM_ROWS / 2 rows of each
+// tensor before it in shared memory; grid barrier; block b sums channels b, b
+// + blocks, ... in a fixed order (dbeta, dgamma, and sums[c] / sums[C + c] for
+// dx); grid barrier; dx from registers, cache, then the rest last to first.
+template <typename T, typename P, typename index_t, int VEC>
+__global__ void __launch_bounds__(BN_THREADS)
+batchnorm_rows_backward_fused(const T* __restrict__ x, const T* __restrict__ dy,
+                              const acc_t<T>* __restrict__ mean, const acc_t<T>* __restrict__ invstd,
+                              const P* __restrict__ gamma, acc_t<T>* __restrict__ part_g,
+                              acc_t<T>* __restrict__ part_gx, acc_t<T>* __restrict__ sums, T* __restrict__ dx,
+                              P* __restrict__ dgamma, P* __restrict__ dbeta, index_t M, int C, int cols,
+                              unsigned* __restrict__ arrive, int* __restrict__ failed) {
+    typedef acc_t<T> A;
+    constexpr int B = rows_batch<T, VEC>() / 2 > 0 ? rows_batch<T, VEC>() / 2 : 1;
+    constexpr int SB = ROWS_SMEM_ROWS / 2 / B;  // cached batches
+    __shared__ Pack<T, VEC> xcache[SB * B][BN_THREADS], dcache[SB * B][BN_THREADS];
+    __shared__ A merged[2][BN_THREADS / 32];
+    const RowLanes rl(cols);
+    const int CV = C / VEC;
+    const bool active = rl.active(CV);
+    index_t r0, r1;
+    lane_rows(rl, M, r0, r1);
+    const index_t col = (index_t)rl.cv * VEC;
+    const index_t batches = (r1 - r0 + B - 1) / B;
+    A m[VEC], g[VEC], gx[VEC];
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) {
+        m[v] = active ? mean[rl.cv * VEC + v] : A(0);
+        g[v] = gx[v] = 0;
+    }
+    A keep_x[B][VEC], keep_d[B][VEC];
+    for (index_t k = batches - 1; active && k >= 0; --k) {
+        const index_t first = r1 - (k + 1) * B;
+        A xs[B][VEC], ds[B][VEC];
+#pragma unroll
+        for (int i = 0; i < B; ++i) {
+            if (first + i >= r0) {
+                load_pack<T, VEC>(x, (first + i) * C + col, xs[i]);
+                load_pack<T, VEC>(dy, (first + i) * C + col, ds[i]);
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < B; ++i) {
+            if (first + i >= r0) {
+#pragma unroll
+                for (int v = 0; v < VEC; ++v) {
+                    g[v] += ds[i][v];
+                    gx[v] += ds[i][v] * (xs[i][v] - m[v]);
+                }
+            }
+        }
+        if (k == 0) {
+#pragma unroll
+            for (int i = 0; i < B; ++i)
+#pragma unroll
+                for (int v = 0; v < VEC; ++v) {
+                    keep_x[i][v] = xs[i][v];
+                    keep_d[i][v] = ds[i][v];
+                }
+        } else if (k <= SB) {
+#pragma unroll
+            for (int i = 0; i < B; ++i) {
+                if (first + i >= r0) {
+                    Pack<T, VEC> px, pd;
+#pragma unroll
+                    for (int v = 0; v < VEC; ++v) {
+                        px.v[v] = store<T>(xs[i][v]);
+                        pd.v[v] = store<T>(ds[i][v]);
+                    }
+                    xcache[(k - 1) * B + i][threadIdx.x] = px;
+                    dcache[(k - 1) * B + i][threadIdx.x] = pd;
+                }
+            }
+        }
+    }
+    if (active) {
+#pragma unroll
+        for (int v = 0; v < VEC; ++v) {
+            const index_t o = (index_t)(rl.cv * VEC + v) * rl.L + rl.lane;
+            part_g[o] = g[v];
+            part_gx[o] = gx[v];
+        }
+        __threadfence();
+    }
+    int block, blocks;
+    grid_block(block, blocks);
+    channel_barrier(arrive, 0, 2, blocks, failed);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const volatile A* pg = part_g;
+    const volatile A* pgx = part_gx;
+    for (int c = block; c < C; c += blocks) {
+        A sg = 0, sgx = 0;
+        for (int b0 = threadIdx.x; b0 < rl.L; b0 += BN_THREADS * ROWS_MERGE_AHEAD) {
+            A ag[ROWS_MERGE_AHEAD], agx[ROWS_MERGE_AHEAD];
+#pragma unroll
+            for (int u = 0; u < ROWS_MERGE_AHEAD; ++u) {
+                const int b = b0 + BN_THREADS * u;
+                const long long o = (long long)c * rl.L + b;
+                ag[u] = b < rl.L ? A(pg[o]) : A(0);
+                agx[u] = b < rl.L ? A(pgx[o]) : A(0);
+            }
+#pragma unroll
+            for (int u = 0; u < ROWS_MERGE_AHEAD; ++u) {
+                sg += ag[u];
+                sgx += agx[u];
+            }
+        }
+        sg = warp_down_sum(sg);
+        sgx = warp_down_sum(sgx);
+        if (lane == 0) {
+            merged[0][warp] = sg;
+            merged[1][warp] = sgx;
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            A tg = 0, tgx = 0;
+            for (int w = 0; w < BN_THREADS / 32; ++w) {
+                tg += merged[0][w];
+                tgx += merged[1][w];
+            }
+            tgx *= invstd[c];
+            sums[c] = tg;
+            sums[C + c] = tgx;
+            dbeta[c] = store<P>(tg);
+            dgamma[c] = store<P>(tgx);
+            __threadfence();
+        }
+        __syncthreads();
+    }
+    channel_barrier(arrive, 1, 2, blocks, failed);
+    if (!active) return;
+    const volatile A* vs = sums;
+    A s[VEC], scale[VEC], mean_dy[VEC], mean_dy_xhat[VEC];
+    const A n = A(M);
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) {
+        const int c = rl.cv * VEC + v;
+        s[v] = invstd[c];
+        scale[v] = A(load(gamma[c])) * s[v];
+        mean_dy[v] = A(vs[c]) / n;
+        mean_dy_xhat[v] = A(vs[C + c]) / n;
+    }
+#pragma unroll
+    for (int i = 0; i < B; ++i) {
+        const index_t r = r1 - B + i;
+        if (r >= r0) {
+            A out[VEC];
+#pragma unroll
+            for (int v = 0; v < VEC; ++v) {
+                const A xhat = (keep_x[i][v] - m[v]) * s[v];
+                out[v] = scale[v] * (keep_d[i][v] - mean_dy[v] - xhat * mean_dy_xhat[v]);
+            }
+            store_pack<T, VEC>(dx, r * C + col, out);
+        }
+    }
+#pragma unroll
+    for (int q = 0; q < SB * B; ++q) {
+        const index_t r = r1 - B - 1 - q;  // cache row (k - 1) * B + i holds r1 - (k + 1) * B + i
+        const int slot = (q / B) * B + B - 1 - q % B;
+        if (r >= r0) {
+            const Pack<T, VEC> px = xcache[slot][threadIdx.x], pd = dcache[slot][threadIdx.x];
+            A out[VEC];
+#pragma unroll
+            for (int v = 0; v < VEC; ++v) {
+                const A xhat = (A(load(px.v[v])) - m[v]) * s[v];
+                out[v] = scale[v] * (A(load(pd.v[v])) - mean_dy[v] - xhat * mean_dy_xhat[v]);
+            }
+            store_pack<T, VEC>(dx, r * C + col, out);
+        }
+    }
+    constexpr int U = 4;
+    for (index_t top = r1 - B - SB * B - 1; top >= r0; top -= U) {
+        A xs[U][VEC], ds[U][VEC];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            if (top - u >= r0) {
+                load_pack<T, VEC>(x, (top - u) * C + col, xs[u]);
+                load_pack<T, VEC>(dy, (top - u) * C + col, ds[u]);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            if (top - u >= r0) {
+#pragma unroll
+                for (int v = 0; v < VEC; ++v) {
+                    const A xhat = (xs[u][v] - m[v]) * s[v];
+                    xs[u][v] = scale[v] * (ds[u][v] - mean_dy[v] - xhat * mean_dy_xhat[v]);
+                }
+                store_pack<T, VEC>(dx, (top - u) * C + col, xs[u]);
             }
         }
     }
