@@ -1147,30 +1147,30 @@ batchnorm_rows_backward_data(const T* __restrict__ x, const T* __restrict__ dy,
 // Channel-last training forward in ONE launch that keeps the last rows it
 // reads on chip (issue 5, v4).  A persistent grid (every block resident: the
 // host sizes it with the occupancy API, as for the fused chunk kernels) with
-// the RowLanes mapping, but lane g owns ONE contiguous range of rows
-// [g * R, min(M, (g + 1) * R)), R = ceil(M / L), read in batches of B rows
-// aligned to the range's end, ascending:
+// the RowLanes mapping; lane g reads batches j = 0, 1, ... of B rows, rows
+// [(j * L + g) * B, + B) (as rows_statistics: at any time the lanes read one
+// contiguous stretch of rows):
 //   - every batch: exact two-pass batch statistics, Chan-merged into the
 //     lane's (count, mean, M2) per channel (as rows_statistics);
-//   - the last batch stays in registers (`keep`), the ROWS_SMEM_ROWS rows
-//     before it in a static shared-memory cache (one 16-byte vector per row
-//     and thread).
+//   - the lane's last batch stays in registers (`keep`), the ROWS_SMEM_ROWS
+//     rows of the batches before it in a static shared-memory cache (one
+//     16-byte vector per row and thread).
 // Grid barrier 1 (channel_barrier over all blocks); block b merges channels
 // b, b + blocks, ... from the L lane partials (its 8 warps lane-strided, then
 // the 8 warp results in order: fixed order, bitwise reproducible) and writes
 // mean / invstd / running statistics; grid barrier 2; then every thread
-// normalizes its register rows, its cached rows, and the rest of its range
-// last to first (the rows it read last come first: L2 hits).  DRAM traffic:
-// x once, plus x less what is on chip and in L2, plus y -- below the three
-// passes of the rows kernels, and no merge launch.
+// normalizes its register rows, its cached rows, and its other batches last
+// to first (what the grid read last comes first: L2 hits).  DRAM traffic: x
+// once, plus x less what is on chip and in L2, plus y; no merge launch.
+// (A first version gave each lane one contiguous range of rows: 0.246 ms on
+// bn_big_nhwc against 0.236 for the three launches -- scattered streams.)
 #define ROWS_SMEM_ROWS 8
 
-// Lane rl.lane's rows [r0, r1): ceil(M / L) contiguous rows a lane.
-template <typename index_t>
-__device__ __forceinline__ void lane_rows(const RowLanes& rl, index_t M, index_t& r0, index_t& r1) {
-    const index_t R = (M + rl.L - 1) / rl.L;
-    r0 = (index_t)rl.lane * R < M ? (index_t)rl.lane * R : M;
-    r1 = r0 + R < M ? r0 + R : M;
+// Number of batches of B rows lane rl.lane owns: j with (j * L + lane) * B < M.
+template <int B, typename index_t>
+__device__ __forceinline__ index_t lane_batches(const RowLanes& rl, index_t M) {
+    const index_t first = (index_t)rl.lane * B, step = (index_t)rl.L * B;
+    return first < M ? (M - first + step - 1) / step : 0;
 }
 
 // Block and block count of the (x, y) grid, for the grid barriers and the merge.
@@ -1196,29 +1196,25 @@ batchnorm_rows_train_fused(const T* __restrict__ x, T* __restrict__ y, acc_t<T>*
     const RowLanes rl(cols);
     const int CV = C / VEC;
     const bool active = rl.active(CV);
-    index_t r0, r1;
-    lane_rows(rl, M, r0, r1);
     const index_t col = (index_t)rl.cv * VEC;
-    // Batch k (k = 0 the last) is rows [r1 - (k + 1) * B, r1 - k * B) within [r0, r1).
-    const index_t batches = (r1 - r0 + B - 1) / B;
+    const index_t batches = active ? lane_batches<B>(rl, M) : 0;
     A cnt[VEC], mu[VEC], m2[VEC];
 #pragma unroll
     for (int v = 0; v < VEC; ++v) cnt[v] = mu[v] = m2[v] = 0;
     A keep[B][VEC];
-    for (index_t k = batches - 1; active && k >= 0; --k) {
-        const index_t first = r1 - (k + 1) * B;
+    for (index_t j = 0; j < batches; ++j) {
+        const index_t first = (j * rl.L + rl.lane) * B;
         A vals[B][VEC];
 #pragma unroll
         for (int i = 0; i < B; ++i) {
-            const index_t r = first + i;
-            if (r >= r0) {
-                load_pack<T, VEC>(x, r * C + col, vals[i]);
+            if (first + i < M) {
+                load_pack<T, VEC>(x, (first + i) * C + col, vals[i]);
             } else {
 #pragma unroll
                 for (int v = 0; v < VEC; ++v) vals[i][v] = 0;
             }
         }
-        const int rows = (int)(first >= r0 ? (index_t)B : first + B - r0);
+        const int rows = (int)(M - first < (index_t)B ? M - first : (index_t)B);
         const A nb = A(rows);
 #pragma unroll
         for (int v = 0; v < VEC; ++v) {
@@ -1230,22 +1226,23 @@ batchnorm_rows_train_fused(const T* __restrict__ x, T* __restrict__ y, acc_t<T>*
 #pragma unroll
             for (int i = 0; i < B; ++i) {
                 const A d = vals[i][v] - mb;
-                if (first + i >= r0) q += d * d;
+                if (i < rows) q += d * d;
             }
             chan_merge(cnt[v], mu[v], m2[v], nb, mb, q);
         }
-        if (k == 0) {
+        const index_t back = batches - 1 - j;  // 0: the last batch
+        if (back == 0) {
 #pragma unroll
             for (int i = 0; i < B; ++i)
 #pragma unroll
                 for (int v = 0; v < VEC; ++v) keep[i][v] = vals[i][v];
-        } else if (k <= SB) {
+        } else if (back <= SB) {
 #pragma unroll
             for (int i = 0; i < B; ++i) {
                 Pack<T, VEC> pk;
 #pragma unroll
                 for (int v = 0; v < VEC; ++v) pk.v[v] = store<T>(vals[i][v]);
-                cache[(k - 1) * B + i][threadIdx.x] = pk;
+                cache[(back - 1) * B + i][threadIdx.x] = pk;
             }
         }
     }
@@ -1311,52 +1308,59 @@ batchnorm_rows_train_fused(const T* __restrict__ x, T* __restrict__ y, acc_t<T>*
         scale[v] = A(io[c]) * A(load(gamma[c]));
         shift[v] = A(load(beta[c]));
     }
-    // Registers, then the cache, then the rest last to first.
+    if (batches == 0) return;
+    {  // the last batch, from registers
+        const index_t first = ((batches - 1) * rl.L + rl.lane) * B;
 #pragma unroll
-    for (int i = 0; i < B; ++i) {
-        const index_t r = r1 - B + i;
-        if (r >= r0) {
+        for (int i = 0; i < B; ++i) {
+            if (first + i < M) {
 #pragma unroll
-            for (int v = 0; v < VEC; ++v) keep[i][v] = (keep[i][v] - mean[v]) * scale[v] + shift[v];
-            store_pack<T, VEC>(y, r * C + col, keep[i]);
+                for (int v = 0; v < VEC; ++v) keep[i][v] = (keep[i][v] - mean[v]) * scale[v] + shift[v];
+                store_pack<T, VEC>(y, (first + i) * C + col, keep[i]);
+            }
         }
     }
 #pragma unroll
-    for (int s = 0; s < SB * B; ++s) {
-        const index_t r = r1 - B - 1 - s;  // cache row (k - 1) * B + i holds r1 - (k + 1) * B + i
-        const int k = s / B + 1, i = B - 1 - s % B;
-        if (r >= r0) {
-            const Pack<T, VEC> pk = cache[(k - 1) * B + i][threadIdx.x];
-            A out[VEC];
+    for (int back = 1; back <= SB; ++back) {  // the cached batches
+        const index_t j = batches - 1 - back;
+        if (j >= 0) {
+            const index_t first = (j * rl.L + rl.lane) * B;
 #pragma unroll
-            for (int v = 0; v < VEC; ++v) out[v] = (A(load(pk.v[v])) - mean[v]) * scale[v] + shift[v];
-            store_pack<T, VEC>(y, r * C + col, out);
+            for (int i = 0; i < B; ++i) {
+                if (first + i < M) {
+                    const Pack<T, VEC> pk = cache[(back - 1) * B + i][threadIdx.x];
+                    A out[VEC];
+#pragma unroll
+                    for (int v = 0; v < VEC; ++v) out[v] = (A(load(pk.v[v])) - mean[v]) * scale[v] + shift[v];
+                    store_pack<T, VEC>(y, (first + i) * C + col, out);
+                }
+            }
         }
     }
-    constexpr int U = 4;
-    for (index_t top = r1 - B - SB * B - 1; top >= r0; top -= U) {
-        A vals[U][VEC];
+    for (index_t j = batches - 2 - SB; j >= 0; --j) {  // the rest, last to first
+        const index_t first = (j * rl.L + rl.lane) * B;
+        A vals[B][VEC];
 #pragma unroll
-        for (int u = 0; u < U; ++u)
-            if (top - u >= r0) load_pack<T, VEC>(x, (top - u) * C + col, vals[u]);
+        for (int i = 0; i < B; ++i)
+            if (first + i < M) load_pack<T, VEC>(x, (first + i) * C + col, vals[i]);
 #pragma unroll
-        for (int u = 0; u < U; ++u) {
-            if (top - u >= r0) {
+        for (int i = 0; i < B; ++i) {
+            if (first + i < M) {
 #pragma unroll
-                for (int v = 0; v < VEC; ++v) vals[u][v] = (vals[u][v] - mean[v]) * scale[v] + shift[v];
-                store_pack<T, VEC>(y, (top - u) * C + col, vals[u]);
+                for (int v = 0; v < VEC; ++v) vals[i][v] = (vals[i][v] - mean[v]) * scale[v] + shift[v];
+                store_pack<T, VEC>(y, (first + i) * C + col, vals[i]);
             }
         }
     }
 }
 
 // Channel-last backward (saved statistics) in ONE launch, the same scheme as
-// batchnorm_rows_train_fused: lane ranges read in batches of B rows of x and
-// dy (half the forward's batch: two tensors), sums of dy and dy * (x - mean)
-// per channel; the last batch in registers, ROWS_SMEM_ROWS / 2 rows of each
-// tensor before it in shared memory; grid barrier; block b sums channels b, b
-// + blocks, ... in a fixed order (dbeta, dgamma, and sums[c] / sums[C + c] for
-// dx); grid barrier; dx from registers, cache, then the rest last to first.
+// batchnorm_rows_train_fused: batches of B rows of x and dy (half the
+// forward's batch: two tensors), sums of dy and dy * (x - mean) per channel;
+// the last batch in registers, ROWS_SMEM_ROWS / 2 rows of each tensor before
+// it in shared memory; grid barrier; block b sums channels b, b + blocks, ...
+// in a fixed order (dbeta, dgamma, and sums[c] / sums[C + c] for dx); grid
+// barrier; dx from registers, cache, then the other batches last to first.
 template <typename T, typename P, typename index_t, int VEC>
 __global__ void __launch_bounds__(BN_THREADS)
 batchnorm_rows_backward_fused(const T* __restrict__ x, const T* __restrict__ dy,
@@ -1373,10 +1377,8 @@ batchnorm_rows_backward_fused(const T* __restrict__ x, const T* __restrict__ dy,
     const RowLanes rl(cols);
     const int CV = C / VEC;
     const bool active = rl.active(CV);
-    index_t r0, r1;
-    lane_rows(rl, M, r0, r1);
     const index_t col = (index_t)rl.cv * VEC;
-    const index_t batches = (r1 - r0 + B - 1) / B;
+    const index_t batches = active ? lane_batches<B>(rl, M) : 0;
     A m[VEC], g[VEC], gx[VEC];
 #pragma unroll
     for (int v = 0; v < VEC; ++v) {
@@ -1384,27 +1386,29 @@ batchnorm_rows_backward_fused(const T* __restrict__ x, const T* __restrict__ dy,
         g[v] = gx[v] = 0;
     }
     A keep_x[B][VEC], keep_d[B][VEC];
-    for (index_t k = batches - 1; active && k >= 0; --k) {
-        const index_t first = r1 - (k + 1) * B;
+    for (index_t j = 0; j < batches; ++j) {
+        const index_t first = (j * rl.L + rl.lane) * B;
         A xs[B][VEC], ds[B][VEC];
 #pragma unroll
         for (int i = 0; i < B; ++i) {
-            if (first + i >= r0) {
+            if (first + i < M) {
                 load_pack<T, VEC>(x, (first + i) * C + col, xs[i]);
                 load_pack<T, VEC>(dy, (first + i) * C + col, ds[i]);
+            } else {
+#pragma unroll
+                for (int v = 0; v < VEC; ++v) xs[i][v] = ds[i][v] = 0;
             }
         }
 #pragma unroll
         for (int i = 0; i < B; ++i) {
-            if (first + i >= r0) {
 #pragma unroll
-                for (int v = 0; v < VEC; ++v) {
-                    g[v] += ds[i][v];
-                    gx[v] += ds[i][v] * (xs[i][v] - m[v]);
-                }
+            for (int v = 0; v < VEC; ++v) {  // zeros past M add nothing
+                g[v] += ds[i][v];
+                gx[v] += ds[i][v] * (xs[i][v] - m[v]);
             }
         }
-        if (k == 0) {
+        const index_t back = batches - 1 - j;
+        if (back == 0) {
 #pragma unroll
             for (int i = 0; i < B; ++i)
 #pragma unroll
@@ -1412,19 +1416,17 @@ batchnorm_rows_backward_fused(const T* __restrict__ x, const T* __restrict__ dy,
                     keep_x[i][v] = xs[i][v];
                     keep_d[i][v] = ds[i][v];
                 }
-        } else if (k <= SB) {
+        } else if (back <= SB) {
 #pragma unroll
             for (int i = 0; i < B; ++i) {
-                if (first + i >= r0) {
-                    Pack<T, VEC> px, pd;
+                Pack<T, VEC> px, pd;
 #pragma unroll
-                    for (int v = 0; v < VEC; ++v) {
-                        px.v[v] = store<T>(xs[i][v]);
-                        pd.v[v] = store<T>(ds[i][v]);
-                    }
-                    xcache[(k - 1) * B + i][threadIdx.x] = px;
-                    dcache[(k - 1) * B + i][threadIdx.x] = pd;
+                for (int v = 0; v < VEC; ++v) {
+                    px.v[v] = store<T>(xs[i][v]);
+                    pd.v[v] = store<T>(ds[i][v]);
                 }
+                xcache[(back - 1) * B + i][threadIdx.x] = px;
+                dcache[(back - 1) * B + i][threadIdx.x] = pd;
             }
         }
     }
@@ -1483,7 +1485,7 @@ batchnorm_rows_backward_fused(const T* __restrict__ x, const T* __restrict__ dy,
         __syncthreads();
     }
     channel_barrier(arrive, 1, 2, blocks, failed);
-    if (!active) return;
+    if (!active || batches == 0) return;
     const volatile A* vs = sums;
     A s[VEC], scale[VEC], mean_dy[VEC], mean_dy_xhat[VEC];
     const A n = A(M);
@@ -1495,53 +1497,61 @@ batchnorm_rows_backward_fused(const T* __restrict__ x, const T* __restrict__ dy,
         mean_dy[v] = A(vs[c]) / n;
         mean_dy_xhat[v] = A(vs[C + c]) / n;
     }
+    {  // the last batch, from registers
+        const index_t first = ((batches - 1) * rl.L + rl.lane) * B;
 #pragma unroll
-    for (int i = 0; i < B; ++i) {
-        const index_t r = r1 - B + i;
-        if (r >= r0) {
-            A out[VEC];
-#pragma unroll
-            for (int v = 0; v < VEC; ++v) {
-                const A xhat = (keep_x[i][v] - m[v]) * s[v];
-                out[v] = scale[v] * (keep_d[i][v] - mean_dy[v] - xhat * mean_dy_xhat[v]);
-            }
-            store_pack<T, VEC>(dx, r * C + col, out);
-        }
-    }
-#pragma unroll
-    for (int q = 0; q < SB * B; ++q) {
-        const index_t r = r1 - B - 1 - q;  // cache row (k - 1) * B + i holds r1 - (k + 1) * B + i
-        const int slot = (q / B) * B + B - 1 - q % B;
-        if (r >= r0) {
-            const Pack<T, VEC> px = xcache[slot][threadIdx.x], pd = dcache[slot][threadIdx.x];
-            A out[VEC];
-#pragma unroll
-            for (int v = 0; v < VEC; ++v) {
-                const A xhat = (A(load(px.v[v])) - m[v]) * s[v];
-                out[v] = scale[v] * (A(load(pd.v[v])) - mean_dy[v] - xhat * mean_dy_xhat[v]);
-            }
-            store_pack<T, VEC>(dx, r * C + col, out);
-        }
-    }
-    constexpr int U = 4;
-    for (index_t top = r1 - B - SB * B - 1; top >= r0; top -= U) {
-        A xs[U][VEC], ds[U][VEC];
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            if (top - u >= r0) {
-                load_pack<T, VEC>(x, (top - u) * C + col, xs[u]);
-                load_pack<T, VEC>(dy, (top - u) * C + col, ds[u]);
-            }
-        }
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            if (top - u >= r0) {
+        for (int i = 0; i < B; ++i) {
+            if (first + i < M) {
+                A out[VEC];
 #pragma unroll
                 for (int v = 0; v < VEC; ++v) {
-                    const A xhat = (xs[u][v] - m[v]) * s[v];
-                    xs[u][v] = scale[v] * (ds[u][v] - mean_dy[v] - xhat * mean_dy_xhat[v]);
+                    const A xhat = (keep_x[i][v] - m[v]) * s[v];
+                    out[v] = scale[v] * (keep_d[i][v] - mean_dy[v] - xhat * mean_dy_xhat[v]);
                 }
-                store_pack<T, VEC>(dx, (top - u) * C + col, xs[u]);
+                store_pack<T, VEC>(dx, (first + i) * C + col, out);
+            }
+        }
+    }
+#pragma unroll
+    for (int back = 1; back <= SB; ++back) {  // the cached batches
+        const index_t j = batches - 1 - back;
+        if (j >= 0) {
+            const index_t first = (j * rl.L + rl.lane) * B;
+#pragma unroll
+            for (int i = 0; i < B; ++i) {
+                if (first + i < M) {
+                    const Pack<T, VEC> px = xcache[(back - 1) * B + i][threadIdx.x];
+                    const Pack<T, VEC> pd = dcache[(back - 1) * B + i][threadIdx.x];
+                    A out[VEC];
+#pragma unroll
+                    for (int v = 0; v < VEC; ++v) {
+                        const A xhat = (A(load(px.v[v])) - m[v]) * s[v];
+                        out[v] = scale[v] * (A(load(pd.v[v])) - mean_dy[v] - xhat * mean_dy_xhat[v]);
+                    }
+                    store_pack<T, VEC>(dx, (first + i) * C + col, out);
+                }
+            }
+        }
+    }
+    for (index_t j = batches - 2 - SB; j >= 0; --j) {  // the rest, last to first
+        const index_t first = (j * rl.L + rl.lane) * B;
+        A xs[B][VEC], ds[B][VEC];
+#pragma unroll
+        for (int i = 0; i < B; ++i) {
+            if (first + i < M) {
+                load_pack<T, VEC>(x, (first + i) * C + col, xs[i]);
+                load_pack<T, VEC>(dy, (first + i) * C + col, ds[i]);
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < B; ++i) {
+            if (first + i < M) {
+#pragma unroll
+                for (int v = 0; v < VEC; ++v) {
+                    const A xhat = (xs[i][v] - m[v]) * s[v];
+                    xs[i][v] = scale[v] * (ds[i][v] - mean_dy[v] - xhat * mean_dy_xhat[v]);
+                }
+                store_pack<T, VEC>(dx, (first + i) * C + col, xs[i]);
             }
         }
     }

@@ -13,12 +13,12 @@ PY="${PYTHON:-python3}"
 K="${NORMS3_K:-norm}"
 nvidia-smi -L
 timeout "${WARM_S:-40}" "$PY" notes/norms3_warm.py 16 > "$OUT/warm.log" 2>&1; tail -n 1 "$OUT/warm.log"
-timeout "${TESTS_S:-75}" "$PY" -m pytest -q -m gpu tests/ --ignore=tests/test_notebooks.py -k "$K" --tb=short \
+timeout "${TESTS_S:-75}" "$PY" -m pytest -m gpu ${NORMS3_FILES:-tests/ --ignore=tests/test_notebooks.py} -k "$K" --tb=line -v \
     -p no:cacheprovider > "$OUT/tests.log" 2>&1
 echo "tests exit $? ($K)"
-grep -E "^FAILED|^ERROR" "$OUT/tests.log" | head -n 20
+grep -cE " PASSED" "$OUT/tests.log"; grep -E "FAILED|ERROR" "$OUT/tests.log" | head -n 20
 timeout "${PROBE_S:-30}" "$PY" notes/norms3_probe.py "$OUT/probe.json" > "$OUT/probe.log" 2>&1 || echo "probe exit $?"
-timeout "${BENCH_S:-40}" "$PY" -m dnnprims.bench memory --only bn_,gn_ --json "$OUT/bench.json" --quiet \
+[ "${BENCH_S:-40}" -gt 0 ] && timeout "${BENCH_S:-40}" "$PY" -m dnnprims.bench memory --only bn_,gn_ --json "$OUT/bench.json" --quiet \
     > "$OUT/bench.log" 2>&1 || echo "bench exit $?"
 echo "== tests: $(grep -E '[0-9]+ (passed|failed)' "$OUT/tests.log" | tail -n 1)"
 "$PY" notes/norms3_table.py "$OUT/bench.json" "$OUT/probe.json"

@@ -23,13 +23,15 @@ def main(bench_path, probe_path):
         print(f"(no bench table: {type(e).__name__}: {e})")
     try:
         probe = json.load(open(probe_path))
-        print(f"\n== A/B probe (copy {probe['copy_GBps']:.0f} GB/s): case | path ms (of copy) ... | max diff")
+        print(f"\n== A/B probe (copy {probe['copy_GBps']:.0f} GB/s): case | path ms (of copy) ... | torch ms (of copy) x torch/first path | max diff")
         for r in probe["rows"]:
             if "error" in r:
                 print(f"{r['case']} | ERROR {r['error']}")
                 continue
-            parts = [f"{k} {r[k]:.4f} ({r[k + '_of_copy']:.2f})" for k in r
-                     if k + "_of_copy" in r]
+            paths = [k for k in r if k + "_of_copy" in r and k != "torch"]
+            parts = [f"{k} {r[k]:.4f} ({r[k + '_of_copy']:.2f})" for k in paths]
+            if "torch" in r and paths:
+                parts.append(f"torch {r['torch']:.4f} ({r['torch_of_copy']:.2f}) x{r['torch'] / r[paths[0]]:.2f}")
             print(f"{r['case']} | " + " | ".join(parts) + f" | {r.get('max_diff', 0):.2g}")
     except Exception as e:  # noqa: BLE001
         print(f"(no probe table: {type(e).__name__}: {e})")
