@@ -53,7 +53,8 @@ _FUSED_ITEMS = 2  # NORM_FUSED_ITEMS in kernels/row_normalization.cu
 # from the row kernel's own read of x and dy (norm_rows_backward `plane_sums`)
 # instead of norm_param_grads_planes reading both again.  Needs S >= 32 vectors
 # (a warp's vectors span at most two planes) and warp slices of at most
-# _PLANE_SUMS_BYTES.  False: the separate planes kernel.
+# _PLANE_SUMS_BYTES.  False: the separate planes kernel.  H100, 64x256x56x56 /
+# 32 groups: 0.300 ms with BIG_CACHE, 0.312 without, 0.420 with neither.
 PLANE_SUMS = True
 _PLANE_SUMS_BYTES = 16 * 1024
 # Group norm backward rows whose x and dy exceed CACHE_BYTES but fit the

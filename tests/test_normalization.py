@@ -334,6 +334,24 @@ def test_channel_last_paths(xp, rng, dtype, x_shape, offset):
             assert_close(a, b, dtype, what=what)
 
 
+def _placed(xp, a, offset):
+    """A copy of host array a whose data starts `offset` elements into a buffer."""
+    buf = xp.empty(a.size + offset, a.dtype)
+    buf[offset:] = xp.asarray(a).ravel()
+    return buf[offset:].reshape(a.shape)
+
+
+def _small_channel_problem(xp, rng, dtype, x_shape, offset):
+    """(parameter dtype, x on the host, x placed at `offset`, gamma, beta, running
+    mean, running var) of an NCHW problem; the vectors on the host."""
+    pdtype = np.float32 if dtype in (np.float16, _dtypes.BFLOAT16) else dtype
+    x_host = random_array(rng, x_shape, dtype, low=-1, high=3)
+    gamma, beta = _params(rng, x_shape, "NCHW", pdtype)
+    c = x_shape[1]
+    rm, rv = random_array(rng, (c,), pdtype), random_array(rng, (c,), pdtype, 0.5, 2)
+    return pdtype, x_host, _placed(xp, x_host, offset), gamma, beta, rm, rv
+
+
 @pytest.mark.parametrize("flat", [True, False])
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 @pytest.mark.parametrize("x_shape,offset", [((2, 5, 7, 7), 0), ((2, 5, 7, 7), 1), ((3, 4, 3), 0),
@@ -346,14 +364,7 @@ def test_inference_flat_path(xp, rng, monkeypatch, flat, dtype, x_shape, offset)
     float64 reference; the returned mean/invstd are the running statistics."""
     from dnnprims import normalization
     monkeypatch.setattr(normalization, "FLAT_INFERENCE", flat)
-    pdtype = np.float32 if dtype in (np.float16, _dtypes.BFLOAT16) else dtype
-    x_host = random_array(rng, x_shape, dtype, low=-1, high=3)
-    gamma, beta = _params(rng, x_shape, "NCHW", pdtype)
-    c = x_shape[1]
-    rm, rv = random_array(rng, (c,), pdtype), random_array(rng, (c,), pdtype, 0.5, 2)
-    buf = xp.empty(x_host.size + offset, dtype)
-    buf[offset:] = xp.asarray(x_host).ravel()
-    x = buf[offset:].reshape(x_shape)
+    pdtype, x_host, x, gamma, beta, rm, rv = _small_channel_problem(xp, rng, dtype, x_shape, offset)
     y, mean, invstd = batchnorm(x, xp.asarray(gamma), xp.asarray(beta), xp.asarray(rm), xp.asarray(rv),
                                 training=False, return_stats=True)
     f64 = lambda a: _host(a).astype(np.float64)  # noqa: E731
@@ -389,9 +400,7 @@ def test_channel_last_fused_paths(xp, rng, monkeypatch, fused, resident, dtype, 
     pdtype = np.float32 if dtype in (np.float16, _dtypes.BFLOAT16) else dtype
     x_host = random_array(rng, x_shape, dtype, low=-1, high=3)
     gamma, beta = _params(rng, x_shape, layout, pdtype)
-    buf = xp.empty(x_host.size + offset, dtype)
-    buf[offset:] = xp.asarray(x_host).ravel()
-    x = buf[offset:].reshape(x_shape)
+    x = _placed(xp, x_host, offset)
     c = gamma.shape[0]
     f64 = lambda a: _host(a).astype(np.float64)  # noqa: E731
     rm, rv = xp.asarray(random_array(rng, (c,), pdtype)), xp.asarray(random_array(rng, (c,), pdtype, 0.5, 2))
@@ -409,9 +418,7 @@ def test_channel_last_fused_paths(xp, rng, monkeypatch, fused, resident, dtype, 
     y = batchnorm(x, None, None, layout=layout)
     assert_close(y, batchnorm(f64(x_host), None, None, layout=layout), dtype, what="y")
     dy_host = random_array(rng, x_shape, dtype)
-    dbuf = xp.empty(dy_host.size + offset, dtype)
-    dbuf[offset:] = xp.asarray(dy_host).ravel()
-    dy = dbuf[offset:].reshape(x_shape)
+    dy = _placed(xp, dy_host, offset)
     expect = batchnorm_backward(f64(dy_host), f64(x_host), f64(gamma), layout=layout)
     for stats in ({}, dict(mean=mean, invstd=invstd), dict(mean=mean, invstd=invstd)):
         got = batchnorm_backward(dy, x, xp.asarray(gamma), layout=layout, **stats)
@@ -433,14 +440,7 @@ def test_grouped_training_path(xp, rng, monkeypatch, grouped, dtype, x_shape, of
     too large for a block fall back to the other kernels."""
     from dnnprims import normalization
     monkeypatch.setattr(normalization, "GROUPED_TRAINING", grouped)
-    pdtype = np.float32 if dtype in (np.float16, _dtypes.BFLOAT16) else dtype
-    x_host = random_array(rng, x_shape, dtype, low=-1, high=3)
-    gamma, beta = _params(rng, x_shape, "NCHW", pdtype)
-    c = x_shape[1]
-    rm, rv = random_array(rng, (c,), pdtype), random_array(rng, (c,), pdtype, 0.5, 2)
-    buf = xp.empty(x_host.size + offset, dtype)
-    buf[offset:] = xp.asarray(x_host).ravel()
-    x = buf[offset:].reshape(x_shape)
+    pdtype, x_host, x, gamma, beta, rm, rv = _small_channel_problem(xp, rng, dtype, x_shape, offset)
     f64 = lambda a: _host(a).astype(np.float64)  # noqa: E731
     rm64, rv64 = f64(rm), f64(rv)
     rm_x, rv_x = xp.asarray(rm), xp.asarray(rv)
