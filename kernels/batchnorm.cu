@@ -32,7 +32,15 @@
 // in L2 (50 MB on the H100).
 //
 // Channel-last x (inner == 1: NHWC, 2-D) runs the rows kernels at the end of
-// this file instead (vectorised along C).
+// this file instead (vectorised along C).  Small channels whose inner size is
+// not a multiple of VEC (7x7 planes) keep 16-byte accesses through
+// batchnorm_train_grouped (training: G channels per block, one launch) and
+// batchnorm_infer_flat (inference: x as one flat array).
+//
+// The chunk kernels share their passes through the device helpers below
+// (load_chunk[_pair], chunk_mean_m2, chunk_grad_sums, store_chunk_normalized,
+// store_chunk_dx, merge_statistics / merge_sums, write_statistics): the
+// two-pass and the single-read (fused) kernels run the same code per chunk.
 #include "common.cuh"
 
 #define BN_THREADS 256
@@ -93,26 +101,58 @@ __device__ __forceinline__ void chan_merge(A& na, A& ma, A& m2a, A nb, A mb, A m
     na = n;
 }
 
+// Fixed-order Chan merge of the 32 lanes' (count, mean, M2): lane 0 gets the result.
+template <typename A>
+__device__ __forceinline__ void warp_chan_merge(A& cnt, A& mu, A& m2) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1) {
+        const A ob = __shfl_down_sync(0xffffffffu, cnt, offset);
+        const A om = __shfl_down_sync(0xffffffffu, mu, offset);
+        const A o2 = __shfl_down_sync(0xffffffffu, m2, offset);
+        if (lane + offset < 32) chan_merge(cnt, mu, m2, ob, om, o2);
+    }
+}
+
+// Fixed-order sum of the 32 lanes' values: lane 0 gets the result.
+template <typename A>
+__device__ __forceinline__ A warp_down_sum(A v) {
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_down_sync(0xffffffffu, v, offset);
+    return v;
+}
+
+// Writes channel c's mean / invstd and, when update_running is set, running =
+// (1 - momentum) * running + momentum * batch (variance made unbiased by
+// `unbias` = n / (n - 1)).  One thread per channel calls it.
+template <typename A, typename P>
+__device__ __forceinline__ void write_statistics(int c, A mean, A var, A invstd, A* __restrict__ mean_out,
+                                                 A* __restrict__ invstd_out, P* __restrict__ running_mean,
+                                                 P* __restrict__ running_var, A momentum, A unbias,
+                                                 int update_running) {
+    mean_out[c] = mean;
+    invstd_out[c] = invstd;
+    if (update_running) {
+        running_mean[c] = store<P>((A(1) - momentum) * A(load(running_mean[c])) + momentum * mean);
+        running_var[c] = store<P>((A(1) - momentum) * A(load(running_var[c])) + momentum * (var * unbias));
+    }
+}
+
 // Mean and biased variance of channel c from its `splits` chunk partials, in a
-// fixed order.  Called by every thread of the block; every thread gets the result.
-template <typename A, typename index_t>
-__device__ __forceinline__ void merge_statistics(const A* __restrict__ part_mean,
-                                                 const A* __restrict__ part_m2, int c, int splits,
-                                                 index_t n, A& mean, A& var) {
+// fixed order.  Called by every thread of the block; every thread gets the
+// result.  Ptr is `const A*`, or `const volatile A*` for partials written by
+// other blocks of the same launch (the fused kernels: never a stale L1 line).
+template <typename A, typename Ptr, typename index_t>
+__device__ __forceinline__ void merge_statistics(Ptr part_mean, Ptr part_m2, int c, int splits, index_t n,
+                                                 A& mean, A& var) {
     __shared__ A result[2];
     if (threadIdx.x < 32) {
         A cnt = 0, mu = 0, m2 = 0;
         for (int b = threadIdx.x; b < splits; b += 32) {
-            chan_merge(cnt, mu, m2, chunk_count<A>(b, n), part_mean[c * splits + b],
-                       part_m2[c * splits + b]);
+            chan_merge(cnt, mu, m2, chunk_count<A>(b, n), A(part_mean[c * splits + b]),
+                       A(part_m2[c * splits + b]));
         }
-#pragma unroll
-        for (int offset = 16; offset > 0; offset >>= 1) {
-            const A ob = __shfl_down_sync(0xffffffffu, cnt, offset);
-            const A om = __shfl_down_sync(0xffffffffu, mu, offset);
-            const A o2 = __shfl_down_sync(0xffffffffu, m2, offset);
-            if ((int)threadIdx.x + offset < 32) chan_merge(cnt, mu, m2, ob, om, o2);
-        }
+        warp_chan_merge(cnt, mu, m2);
         if (threadIdx.x == 0) {
             result[0] = mu;
             result[1] = m2 / cnt;
@@ -123,10 +163,28 @@ __device__ __forceinline__ void merge_statistics(const A* __restrict__ part_mean
     var = result[1];
 }
 
-// Sums of two per-chunk partials of channel c, in a fixed order, to every thread.
-template <typename A>
-__device__ __forceinline__ void merge_sums(const A* __restrict__ part_a, const A* __restrict__ part_b,
-                                           int c, int splits, A& a, A& b) {
+// Channel c's mean and invstd from its chunk partials (merge_statistics);
+// the block of chunk 0 writes them and updates the running statistics
+// (write_statistics; update_running 0 leaves running_* unread).
+template <typename A, typename Ptr, typename P, typename index_t>
+__device__ __forceinline__ void channel_statistics(Ptr part_mean, Ptr part_m2, int c, int split, int splits,
+                                                   index_t n, A eps, A* __restrict__ mean_out,
+                                                   A* __restrict__ invstd_out, P* __restrict__ running_mean,
+                                                   P* __restrict__ running_var, A momentum, A unbias,
+                                                   int update_running, A& mean, A& invstd) {
+    A var;
+    merge_statistics(part_mean, part_m2, c, splits, n, mean, var);
+    invstd = A(1) / sqrt(var + eps);
+    if (split == 0 && threadIdx.x == 0) {
+        write_statistics(c, mean, var, invstd, mean_out, invstd_out, running_mean, running_var, momentum, unbias,
+                         update_running);
+    }
+}
+
+// Sums of two per-chunk partials of channel c, in a fixed order, to every
+// thread (Ptr as in merge_statistics).
+template <typename A, typename Ptr>
+__device__ __forceinline__ void merge_sums(Ptr part_a, Ptr part_b, int c, int splits, A& a, A& b) {
     __shared__ A result[2];
     if (threadIdx.x < 32) {
         A sa = 0, sb = 0;
@@ -134,11 +192,8 @@ __device__ __forceinline__ void merge_sums(const A* __restrict__ part_a, const A
             sa += part_a[c * splits + k];
             sb += part_b[c * splits + k];
         }
-#pragma unroll
-        for (int offset = 16; offset > 0; offset >>= 1) {
-            sa += __shfl_down_sync(0xffffffffu, sa, offset);
-            sb += __shfl_down_sync(0xffffffffu, sb, offset);
-        }
+        sa = warp_down_sum(sa);
+        sb = warp_down_sum(sb);
         if (threadIdx.x == 0) {
             result[0] = sa;
             result[1] = sb;
@@ -147,6 +202,129 @@ __device__ __forceinline__ void merge_sums(const A* __restrict__ part_a, const A
     __syncthreads();
     a = result[0];
     b = result[1];
+}
+
+// ---- One chunk in registers (every chunk kernel): thread t holds values
+// j = start + (k * BN_THREADS + t) * VEC + v, k < ITEMS, of channel c.
+
+// Load chunk values of channel c into registers, zeros past n.
+template <typename T, int VEC, int ITEMS, typename index_t>
+__device__ __forceinline__ void load_chunk(const T* __restrict__ x, index_t start, index_t n, int c,
+                                           index_t C, index_t inner, acc_t<T> (&vals)[ITEMS][VEC]) {
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k) {
+        const index_t j = start + (index_t)(k * BN_THREADS + threadIdx.x) * VEC;
+        if (j < n) {
+            load_pack<T, VEC>(x, channel_offset(j, (index_t)c, C, inner), vals[k]);
+        } else {
+#pragma unroll
+            for (int v = 0; v < VEC; ++v) vals[k][v] = 0;
+        }
+    }
+}
+
+// load_chunk of x and dy at once (all loads before any use).
+template <typename T, int VEC, int ITEMS, typename index_t>
+__device__ __forceinline__ void load_chunk_pair(const T* __restrict__ x, const T* __restrict__ dy,
+                                                index_t start, index_t n, int c, index_t C, index_t inner,
+                                                acc_t<T> (&xs)[ITEMS][VEC], acc_t<T> (&ds)[ITEMS][VEC]) {
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k) {
+        const index_t j = start + (index_t)(k * BN_THREADS + threadIdx.x) * VEC;
+        if (j < n) {
+            const index_t off = channel_offset(j, (index_t)c, C, inner);
+            load_pack<T, VEC>(x, off, xs[k]);
+            load_pack<T, VEC>(dy, off, ds[k]);
+        } else {
+#pragma unroll
+            for (int v = 0; v < VEC; ++v) xs[k][v] = ds[k][v] = 0;
+        }
+    }
+}
+
+// The chunk's mean (of `count` values) and sum of squared deviations from it,
+// two-pass exact, to every thread.
+template <int VEC, int ITEMS, typename A, typename index_t>
+__device__ __forceinline__ void chunk_mean_m2(const A (&vals)[ITEMS][VEC], index_t start, index_t n, A count,
+                                              A* scratch, A& mean, A& m2) {
+    A sum = 0;
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k)
+#pragma unroll
+        for (int v = 0; v < VEC; ++v) sum += vals[k][v];
+    mean = block_sum(sum, scratch) / count;
+    A q = 0;
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k) {
+        const index_t j = start + (index_t)(k * BN_THREADS + threadIdx.x) * VEC;
+        if (j < n) {
+#pragma unroll
+            for (int v = 0; v < VEC; ++v) {
+                const A d = vals[k][v] - mean;
+                q += d * d;
+            }
+        }
+    }
+    m2 = block_sum(q, scratch);
+}
+
+// The chunk's sum(dy) and sum(dy * (x - m)), to every thread.
+template <int VEC, int ITEMS, typename A, typename index_t>
+__device__ __forceinline__ void chunk_grad_sums(const A (&xs)[ITEMS][VEC], const A (&ds)[ITEMS][VEC],
+                                                index_t start, index_t n, A m, A* scratch, A& g, A& gx) {
+    A sg = 0, sgx = 0;
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k) {
+        const index_t j = start + (index_t)(k * BN_THREADS + threadIdx.x) * VEC;
+        if (j < n) {
+#pragma unroll
+            for (int v = 0; v < VEC; ++v) {
+                sg += ds[k][v];
+                sgx += ds[k][v] * (xs[k][v] - m);
+            }
+        }
+    }
+    g = block_sum(sg, scratch);
+    gx = block_sum(sgx, scratch);
+}
+
+// y = (x - mean) * scale + shift for the chunk in registers.
+template <typename T, int VEC, int ITEMS, typename A, typename index_t>
+__device__ __forceinline__ void store_chunk_normalized(T* __restrict__ y, const A (&vals)[ITEMS][VEC],
+                                                       index_t start, index_t n, int c, index_t C,
+                                                       index_t inner, A mean, A scale, A shift) {
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k) {
+        const index_t j = start + (index_t)(k * BN_THREADS + threadIdx.x) * VEC;
+        if (j < n) {
+            A out[VEC];
+#pragma unroll
+            for (int v = 0; v < VEC; ++v) out[v] = (vals[k][v] - mean) * scale + shift;
+            store_pack<T, VEC>(y, channel_offset(j, (index_t)c, C, inner), out);
+        }
+    }
+}
+
+// dx = scale * (dy - mean_dy - xhat * mean_dy_xhat), xhat = (x - m) * s, scale
+// = gamma * s, for the chunk in registers.
+template <typename T, int VEC, int ITEMS, typename A, typename index_t>
+__device__ __forceinline__ void store_chunk_dx(T* __restrict__ dx, const A (&xs)[ITEMS][VEC],
+                                               const A (&ds)[ITEMS][VEC], index_t start, index_t n, int c,
+                                               index_t C, index_t inner, A m, A s, A scale, A mean_dy,
+                                               A mean_dy_xhat) {
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k) {
+        const index_t j = start + (index_t)(k * BN_THREADS + threadIdx.x) * VEC;
+        if (j < n) {
+            A out[VEC];
+#pragma unroll
+            for (int v = 0; v < VEC; ++v) {
+                const A xhat = (xs[k][v] - m) * s;
+                out[v] = scale * (ds[k][v] - mean_dy - xhat * mean_dy_xhat);
+            }
+            store_pack<T, VEC>(dx, channel_offset(j, (index_t)c, C, inner), out);
+        }
+    }
 }
 
 #define BN_SHAPE index_t outer, index_t C, index_t inner, int splits
@@ -165,36 +343,9 @@ batchnorm_partial_statistics(const T* __restrict__ x, acc_t<T>* __restrict__ par
     const index_t n = outer * inner;
     const index_t start = (index_t)split * BN_CHUNK;
     A vals[ITEMS][VEC];
-    A sum = 0;
-#pragma unroll
-    for (int k = 0; k < ITEMS; ++k) {
-        const index_t j = start + (index_t)(k * BN_THREADS + threadIdx.x) * VEC;
-        if (j < n) {
-            load_pack<T, VEC>(x, channel_offset(j, (index_t)c, C, inner), vals[k]);
-        } else {
-#pragma unroll
-            for (int v = 0; v < VEC; ++v) vals[k][v] = 0;
-        }
-    }
-#pragma unroll
-    for (int k = 0; k < ITEMS; ++k)
-#pragma unroll
-        for (int v = 0; v < VEC; ++v) sum += vals[k][v];
-    const A count = chunk_count<A>(split, n);
-    const A mean = block_sum(sum, scratch) / count;
-    A m2 = 0;
-#pragma unroll
-    for (int k = 0; k < ITEMS; ++k) {
-        const index_t j = start + (index_t)(k * BN_THREADS + threadIdx.x) * VEC;
-        if (j < n) {
-#pragma unroll
-            for (int v = 0; v < VEC; ++v) {
-                const A d = vals[k][v] - mean;
-                m2 += d * d;
-            }
-        }
-    }
-    m2 = block_sum(m2, scratch);
+    load_chunk<T, VEC, ITEMS>(x, start, n, c, C, inner, vals);
+    A mean, m2;
+    chunk_mean_m2(vals, start, n, chunk_count<A>(split, n), scratch, mean, m2);
     if (threadIdx.x == 0) {
         part_mean[blockIdx.x] = mean;
         part_m2[blockIdx.x] = m2;
@@ -203,9 +354,9 @@ batchnorm_partial_statistics(const T* __restrict__ x, acc_t<T>* __restrict__ par
 
 // y = (x - mean[c]) * invstd[c] * gamma[c] + beta[c].
 // TRAINING: the statistics come from pass 1's partials; the block of chunk 0
-// writes mean/invstd and, when update_running is set, running = (1 - momentum)
-// * running + momentum * batch (variance made unbiased by `unbias` = n/(n-1)).
-// Inference: mean/invstd come from the running statistics; chunk 0 writes them out.
+// writes mean/invstd and, when update_running is set, the running statistics
+// (write_statistics).  Inference: mean/invstd come from the running
+// statistics; chunk 0 writes them out.
 template <typename T, typename P, typename index_t, int VEC, bool TRAINING>
 __global__ void __launch_bounds__(BN_THREADS)
 batchnorm_normalize(const T* __restrict__ x, T* __restrict__ y, const acc_t<T>* __restrict__ part_mean,
@@ -221,18 +372,8 @@ batchnorm_normalize(const T* __restrict__ x, T* __restrict__ y, const acc_t<T>* 
     const index_t n = outer * inner;
     A mean, invstd;
     if (TRAINING) {
-        A var;
-        merge_statistics(part_mean, part_m2, c, splits, n, mean, var);
-        invstd = A(1) / sqrt(var + eps);
-        if (split == 0 && threadIdx.x == 0) {
-            mean_out[c] = mean;
-            invstd_out[c] = invstd;
-            if (update_running) {
-                running_mean[c] = store<P>((A(1) - momentum) * A(load(running_mean[c])) + momentum * mean);
-                running_var[c] =
-                    store<P>((A(1) - momentum) * A(load(running_var[c])) + momentum * (var * unbias));
-            }
-        }
+        channel_statistics(part_mean, part_m2, c, split, splits, n, eps, mean_out, invstd_out, running_mean,
+                           running_var, momentum, unbias, update_running, mean, invstd);
     } else {
         mean = load(running_mean[c]);
         invstd = A(1) / sqrt(A(load(running_var[c])) + eps);
@@ -241,24 +382,11 @@ batchnorm_normalize(const T* __restrict__ x, T* __restrict__ y, const acc_t<T>* 
             invstd_out[c] = invstd;
         }
     }
-    const A scale = invstd * A(load(gamma[c]));
-    const A shift = A(load(beta[c]));
     const index_t start = (index_t)split * BN_CHUNK;
     A vals[ITEMS][VEC];
-#pragma unroll
-    for (int k = 0; k < ITEMS; ++k) {
-        const index_t j = start + (index_t)(k * BN_THREADS + threadIdx.x) * VEC;
-        if (j < n) load_pack<T, VEC>(x, channel_offset(j, (index_t)c, C, inner), vals[k]);
-    }
-#pragma unroll
-    for (int k = 0; k < ITEMS; ++k) {
-        const index_t j = start + (index_t)(k * BN_THREADS + threadIdx.x) * VEC;
-        if (j < n) {
-#pragma unroll
-            for (int v = 0; v < VEC; ++v) vals[k][v] = (vals[k][v] - mean) * scale + shift;
-            store_pack<T, VEC>(y, channel_offset(j, (index_t)c, C, inner), vals[k]);
-        }
-    }
+    load_chunk<T, VEC, ITEMS>(x, start, n, c, C, inner, vals);
+    store_chunk_normalized(y, vals, start, n, c, C, inner, mean, invstd * A(load(gamma[c])),
+                           A(load(beta[c])));
 }
 
 // Inference over x viewed flat, for inner sizes that are not a multiple of VEC
@@ -328,6 +456,160 @@ batchnorm_infer_flat(const T* __restrict__ x, T* __restrict__ y, acc_t<T>* __res
     }
 }
 
+// Training forward in ONE launch with 16-byte accesses for small channels
+// whose inner size is not a multiple of VEC (ResNet's 7x7 = 49: the chunk and
+// fused kernels fall back to 4-byte accesses there).  Block b owns the G
+// channels c0 = b * G .. c0 + G - 1, with G * inner % VEC == 0 (the host picks
+// G = VEC / gcd(inner, VEC) and needs C % G == 0 and 16-byte aligned x, y), so
+// for each outer index o those channels are one contiguous, aligned segment of
+// SV = G * inner / VEC vectors.  Thread t loads vectors q = k * BN_THREADS + t
+// (k < ITEMS) of the block's outer * SV, all before any use: o = q / SV, p =
+// q % SV, offset (o * C + c0) * inner + p * VEC.  A vector's values may belong
+// to two channels (several when inner < VEC): value v of vector p is in local
+// channel (p * VEC + v) / inner, stepped as in batchnorm_infer_flat.  Per-
+// thread sums per local channel -> G block sums with one pair of barriers ->
+// means; the squared deviations the same way (two-pass exact, like a one-chunk
+// channel of the chunk path) -> invstd; y from the registers: x is read once.
+// The host uses it only when the block's G * outer * inner values fit
+// (BN_THREADS * ITEMS * VEC, ITEMS = group_items<T>()).
+template <typename T>
+__host__ __device__ constexpr int group_items() {
+    return sizeof(T) == 8 ? 8 : 32 / (16 / (int)sizeof(T));
+}
+
+// G block sums at once (every thread gets them); scratch holds 32 * G values.
+template <int G, typename A>
+__device__ __forceinline__ void block_sums(A (&v)[G], A* scratch) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    constexpr int warps = BN_THREADS / 32;
+#pragma unroll
+    for (int g = 0; g < G; ++g) v[g] = warp_sum(v[g]);
+    __syncthreads();  // scratch may still be read by a previous call
+    if (lane == 0) {
+#pragma unroll
+        for (int g = 0; g < G; ++g) scratch[g * 32 + warp] = v[g];
+    }
+    __syncthreads();
+#pragma unroll
+    for (int g = 0; g < G; ++g) v[g] = warp_sum(lane < warps ? scratch[g * 32 + lane] : A(0));
+}
+
+// v[ch] for a runtime ch < G without local memory.
+template <int G, typename A>
+__device__ __forceinline__ A pick(const A (&v)[G], int ch) {
+    A r = v[0];
+#pragma unroll
+    for (int g = 1; g < G; ++g)
+        if (ch == g) r = v[g];
+    return r;
+}
+
+template <typename T, typename P, typename index_t, int VEC, int G>
+__global__ void __launch_bounds__(BN_THREADS)
+batchnorm_train_grouped(const T* __restrict__ x, T* __restrict__ y, acc_t<T>* __restrict__ mean_out,
+                        acc_t<T>* __restrict__ invstd_out, P* __restrict__ running_mean,
+                        P* __restrict__ running_var, const P* __restrict__ gamma, const P* __restrict__ beta,
+                        index_t outer, index_t C, index_t inner, acc_t<T> eps, acc_t<T> momentum,
+                        acc_t<T> unbias, int update_running) {
+    typedef acc_t<T> A;
+    constexpr int ITEMS = group_items<T>();
+    __shared__ A scratch[32 * G];
+    const int c0 = (int)blockIdx.x * G;
+    const index_t SV = (index_t)G * inner / VEC;
+    const index_t total = outer * SV;
+    const index_t base = (index_t)c0 * inner;
+    A vals[ITEMS][VEC];
+    int ch0[ITEMS], r0[ITEMS];  // local channel and position in it of each vector's first value
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k) {
+        const index_t q = (index_t)(k * BN_THREADS + threadIdx.x);
+        ch0[k] = 0;
+        r0[k] = 0;
+        if (q < total) {
+            const index_t o = q / SV, p = q - o * SV;
+            load_pack<T, VEC>(x, o * C * inner + base + p * VEC, vals[k]);
+            const index_t e = p * VEC, ch = e / inner;
+            ch0[k] = (int)ch;
+            r0[k] = (int)(e - ch * inner);
+        }
+    }
+    A sum[G];
+#pragma unroll
+    for (int g = 0; g < G; ++g) sum[g] = 0;
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k) {
+        if ((index_t)(k * BN_THREADS + threadIdx.x) < total) {
+            int ch = ch0[k], r = r0[k];
+#pragma unroll
+            for (int v = 0; v < VEC; ++v) {
+#pragma unroll
+                for (int g = 0; g < G; ++g)
+                    if (ch == g) sum[g] += vals[k][v];
+                if (++r == (int)inner) {
+                    r = 0;
+                    ++ch;
+                }
+            }
+        }
+    }
+    block_sums<G>(sum, scratch);
+    const A count = A(outer * inner);
+    A mean[G], m2[G];
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+        mean[g] = sum[g] / count;
+        m2[g] = 0;
+    }
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k) {
+        if ((index_t)(k * BN_THREADS + threadIdx.x) < total) {
+            int ch = ch0[k], r = r0[k];
+#pragma unroll
+            for (int v = 0; v < VEC; ++v) {
+                const A d = vals[k][v] - pick<G>(mean, ch);
+#pragma unroll
+                for (int g = 0; g < G; ++g)
+                    if (ch == g) m2[g] += d * d;
+                if (++r == (int)inner) {
+                    r = 0;
+                    ++ch;
+                }
+            }
+        }
+    }
+    block_sums<G>(m2, scratch);
+    A scale[G], shift[G];
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+        const A var = m2[g] / count;
+        const A invstd = A(1) / sqrt(var + eps);
+        if ((int)threadIdx.x == g) {
+            write_statistics(c0 + g, mean[g], var, invstd, mean_out, invstd_out, running_mean, running_var,
+                             momentum, unbias, update_running);
+        }
+        scale[g] = invstd * A(load(gamma[c0 + g]));
+        shift[g] = A(load(beta[c0 + g]));
+    }
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k) {
+        const index_t q = (index_t)(k * BN_THREADS + threadIdx.x);
+        if (q < total) {
+            int ch = ch0[k], r = r0[k];
+            A out[VEC];
+#pragma unroll
+            for (int v = 0; v < VEC; ++v) {
+                out[v] = (vals[k][v] - pick<G>(mean, ch)) * pick<G>(scale, ch) + pick<G>(shift, ch);
+                if (++r == (int)inner) {
+                    r = 0;
+                    ++ch;
+                }
+            }
+            const index_t o = q / SV, p = q - o * SV;
+            store_pack<T, VEC>(y, o * C * inner + base + p * VEC, out);
+        }
+    }
+}
+
 // Pass 1 of the backward: per chunk, sum(dy) and sum(dy * xhat) into
 // part_dy / part_dy_xhat.  MERGE: mean/invstd are not given -- merge pass-0
 // statistics partials here, and chunk 0 writes them to mean / invstd for pass 2.
@@ -346,45 +628,17 @@ batchnorm_backward_reduce(const T* __restrict__ x, const T* __restrict__ dy,
     const index_t n = outer * inner;
     A m, s;
     if (MERGE) {
-        A var;
-        merge_statistics(part_mean, part_m2, c, splits, n, m, var);
-        s = A(1) / sqrt(var + eps);
-        if (split == 0 && threadIdx.x == 0) {
-            mean_io[c] = m;
-            invstd_io[c] = s;
-        }
+        channel_statistics(part_mean, part_m2, c, split, splits, n, eps, mean_io, invstd_io, mean_io, mean_io,
+                           A(0), A(1), 0, m, s);
     } else {
         m = mean_io[c];
         s = invstd_io[c];
     }
     const index_t start = (index_t)split * BN_CHUNK;
     A xs[ITEMS][VEC], ds[ITEMS][VEC];
-#pragma unroll
-    for (int k = 0; k < ITEMS; ++k) {
-        const index_t j = start + (index_t)(k * BN_THREADS + threadIdx.x) * VEC;
-        if (j < n) {
-            const index_t off = channel_offset(j, (index_t)c, C, inner);
-            load_pack<T, VEC>(x, off, xs[k]);
-            load_pack<T, VEC>(dy, off, ds[k]);
-        } else {
-#pragma unroll
-            for (int v = 0; v < VEC; ++v) xs[k][v] = ds[k][v] = 0;
-        }
-    }
-    A g = 0, gx = 0;
-#pragma unroll
-    for (int k = 0; k < ITEMS; ++k) {
-        const index_t j = start + (index_t)(k * BN_THREADS + threadIdx.x) * VEC;
-        if (j < n) {
-#pragma unroll
-            for (int v = 0; v < VEC; ++v) {
-                g += ds[k][v];
-                gx += ds[k][v] * (xs[k][v] - m);
-            }
-        }
-    }
-    g = block_sum(g, scratch);
-    gx = block_sum(gx, scratch);
+    load_chunk_pair<T, VEC, ITEMS>(x, dy, start, n, c, C, inner, xs, ds);
+    A g, gx;
+    chunk_grad_sums(xs, ds, start, n, m, scratch, g, gx);
     if (threadIdx.x == 0) {
         part_dy[c * splits + split] = g;  // by (c, split): the grid may run backwards
         part_dy_xhat[c * splits + split] = gx * s;
@@ -412,31 +666,10 @@ batchnorm_backward_data(const T* __restrict__ x, const T* __restrict__ dy,
         dgamma[c] = store<P>(gx);
     }
     const A m = mean[c], s = invstd[c];
-    const A scale = A(load(gamma[c])) * s;
-    const A mean_dy = g / A(n), mean_dy_xhat = gx / A(n);
     const index_t start = (index_t)split * BN_CHUNK;
     A xs[ITEMS][VEC], ds[ITEMS][VEC];
-#pragma unroll
-    for (int k = 0; k < ITEMS; ++k) {
-        const index_t j = start + (index_t)(k * BN_THREADS + threadIdx.x) * VEC;
-        if (j < n) {
-            const index_t off = channel_offset(j, (index_t)c, C, inner);
-            load_pack<T, VEC>(x, off, xs[k]);
-            load_pack<T, VEC>(dy, off, ds[k]);
-        }
-    }
-#pragma unroll
-    for (int k = 0; k < ITEMS; ++k) {
-        const index_t j = start + (index_t)(k * BN_THREADS + threadIdx.x) * VEC;
-        if (j < n) {
-#pragma unroll
-            for (int v = 0; v < VEC; ++v) {
-                const A xhat = (xs[k][v] - m) * s;
-                xs[k][v] = scale * (ds[k][v] - mean_dy - xhat * mean_dy_xhat);
-            }
-            store_pack<T, VEC>(dx, channel_offset(j, (index_t)c, C, inner), xs[k]);
-        }
-    }
+    load_chunk_pair<T, VEC, ITEMS>(x, dy, start, n, c, C, inner, xs, ds);
+    store_chunk_dx(dx, xs, ds, start, n, c, C, inner, m, s, A(load(gamma[c])) * s, g / A(n), gx / A(n));
 }
 
 // ---------------------------------------------------------------------------
@@ -496,80 +729,16 @@ __device__ __forceinline__ void channel_barrier(unsigned* __restrict__ arrive, i
     __syncthreads();
 }
 
-// merge_statistics with volatile loads of the partials (written by other blocks of this launch).
-template <typename A, typename index_t>
-__device__ __forceinline__ void merge_statistics_volatile(const A* part_mean, const A* part_m2, int c,
-                                                          int splits, index_t n, A& mean, A& var) {
-    __shared__ A result[2];
-    const volatile A* pm = part_mean;
-    const volatile A* p2 = part_m2;
-    if (threadIdx.x < 32) {
-        A cnt = 0, mu = 0, m2 = 0;
-        for (int b = threadIdx.x; b < splits; b += 32) {
-            chan_merge(cnt, mu, m2, chunk_count<A>(b, n), A(pm[c * splits + b]), A(p2[c * splits + b]));
-        }
-#pragma unroll
-        for (int offset = 16; offset > 0; offset >>= 1) {
-            const A ob = __shfl_down_sync(0xffffffffu, cnt, offset);
-            const A om = __shfl_down_sync(0xffffffffu, mu, offset);
-            const A o2 = __shfl_down_sync(0xffffffffu, m2, offset);
-            if ((int)threadIdx.x + offset < 32) chan_merge(cnt, mu, m2, ob, om, o2);
-        }
-        if (threadIdx.x == 0) {
-            result[0] = mu;
-            result[1] = m2 / cnt;
-        }
-    }
-    __syncthreads();
-    mean = result[0];
-    var = result[1];
-}
-
-// merge_sums with volatile loads.
-template <typename A>
-__device__ __forceinline__ void merge_sums_volatile(const A* part_a, const A* part_b, int c, int splits,
-                                                    A& a, A& b) {
-    __shared__ A result[2];
-    const volatile A* pa = part_a;
-    const volatile A* pb = part_b;
-    if (threadIdx.x < 32) {
-        A sa = 0, sb = 0;
-        for (int k = threadIdx.x; k < splits; k += 32) {
-            sa += pa[c * splits + k];
-            sb += pb[c * splits + k];
-        }
-#pragma unroll
-        for (int offset = 16; offset > 0; offset >>= 1) {
-            sa += __shfl_down_sync(0xffffffffu, sa, offset);
-            sb += __shfl_down_sync(0xffffffffu, sb, offset);
-        }
-        if (threadIdx.x == 0) {
-            result[0] = sa;
-            result[1] = sb;
-        }
-    }
-    __syncthreads();
-    a = result[0];
-    b = result[1];
+// A fused block's first channel and its chunk; false for blocks past the
+// per_round * splits that a round uses.
+__device__ __forceinline__ bool fused_block(int per_round, int splits, int& local_c, int& split) {
+    if ((int)blockIdx.x >= per_round * splits) return false;
+    local_c = (int)blockIdx.x / splits;
+    split = (int)blockIdx.x - local_c * splits;
+    return true;
 }
 
 #define BN_FUSED_PARAMS BN_SHAPE, int per_round, unsigned* __restrict__ arrive, int* __restrict__ failed
-
-// Load chunk `split` (values from `start`) of channel c into registers, zeros past n.
-template <typename T, int VEC, int ITEMS, typename index_t>
-__device__ __forceinline__ void load_chunk(const T* __restrict__ x, index_t start, index_t n, int c,
-                                           index_t C, index_t inner, acc_t<T> (&vals)[ITEMS][VEC]) {
-#pragma unroll
-    for (int k = 0; k < ITEMS; ++k) {
-        const index_t j = start + (index_t)(k * BN_THREADS + threadIdx.x) * VEC;
-        if (j < n) {
-            load_pack<T, VEC>(x, channel_offset(j, (index_t)c, C, inner), vals[k]);
-        } else {
-#pragma unroll
-            for (int v = 0; v < VEC; ++v) vals[k][v] = 0;
-        }
-    }
-}
 
 // PREFETCH: the next round's chunk is loaded into a second register set right
 // after this round's partials are stored, so its load overlaps the barrier wait
@@ -585,9 +754,8 @@ batchnorm_train_fused(const T* __restrict__ x, T* __restrict__ y, acc_t<T>* __re
     typedef acc_t<T> A;
     constexpr int ITEMS = BN_PER_THREAD / VEC;
     __shared__ A scratch[32];
-    if ((int)blockIdx.x >= per_round * splits) return;
-    const int local_c = (int)blockIdx.x / splits;
-    const int split = (int)blockIdx.x - local_c * splits;
+    int local_c, split;
+    if (!fused_block(per_round, splits, local_c, split)) return;
     const index_t n = outer * inner;
     const index_t start = (index_t)split * BN_CHUNK;
     const A count = chunk_count<A>(split, n);
@@ -595,25 +763,8 @@ batchnorm_train_fused(const T* __restrict__ x, T* __restrict__ y, acc_t<T>* __re
     if (PREFETCH && local_c < (int)C) load_chunk<T, VEC, ITEMS>(x, start, n, local_c, C, inner, vals);
     for (int c = local_c; c < (int)C; c += per_round) {
         if (!PREFETCH) load_chunk<T, VEC, ITEMS>(x, start, n, c, C, inner, vals);
-        A sum = 0;
-#pragma unroll
-        for (int k = 0; k < ITEMS; ++k)
-#pragma unroll
-            for (int v = 0; v < VEC; ++v) sum += vals[k][v];
-        const A chunk_mean = block_sum(sum, scratch) / count;
-        A m2 = 0;
-#pragma unroll
-        for (int k = 0; k < ITEMS; ++k) {
-            const index_t j = start + (index_t)(k * BN_THREADS + threadIdx.x) * VEC;
-            if (j < n) {
-#pragma unroll
-                for (int v = 0; v < VEC; ++v) {
-                    const A d = vals[k][v] - chunk_mean;
-                    m2 += d * d;
-                }
-            }
-        }
-        m2 = block_sum(m2, scratch);
+        A chunk_mean, m2;
+        chunk_mean_m2(vals, start, n, count, scratch, chunk_mean, m2);
         if (threadIdx.x == 0) {
             part_mean[c * splits + split] = chunk_mean;
             part_m2[c * splits + split] = m2;
@@ -623,30 +774,12 @@ batchnorm_train_fused(const T* __restrict__ x, T* __restrict__ y, acc_t<T>* __re
             load_chunk<T, VEC, PREFETCH ? ITEMS : 1>(x, start, n, c + per_round, C, inner, next);
         }
         channel_barrier(arrive, c, (int)C, splits, failed);
-        A mean, var;
-        merge_statistics_volatile(part_mean, part_m2, c, splits, n, mean, var);
-        const A invstd = A(1) / sqrt(var + eps);
-        if (split == 0 && threadIdx.x == 0) {
-            mean_out[c] = mean;
-            invstd_out[c] = invstd;
-            if (update_running) {
-                running_mean[c] = store<P>((A(1) - momentum) * A(load(running_mean[c])) + momentum * mean);
-                running_var[c] =
-                    store<P>((A(1) - momentum) * A(load(running_var[c])) + momentum * (var * unbias));
-            }
-        }
-        const A scale = invstd * A(load(gamma[c]));
-        const A shift = A(load(beta[c]));
-#pragma unroll
-        for (int k = 0; k < ITEMS; ++k) {
-            const index_t j = start + (index_t)(k * BN_THREADS + threadIdx.x) * VEC;
-            if (j < n) {
-                A out[VEC];
-#pragma unroll
-                for (int v = 0; v < VEC; ++v) out[v] = (vals[k][v] - mean) * scale + shift;
-                store_pack<T, VEC>(y, channel_offset(j, (index_t)c, C, inner), out);
-            }
-        }
+        A mean, invstd;
+        channel_statistics((const volatile A*)part_mean, (const volatile A*)part_m2, c, split, splits, n, eps,
+                           mean_out, invstd_out, running_mean, running_var, momentum, unbias, update_running,
+                           mean, invstd);
+        store_chunk_normalized(y, vals, start, n, c, C, inner, mean, invstd * A(load(gamma[c])),
+                               A(load(beta[c])));
         if (PREFETCH) {
 #pragma unroll
             for (int k = 0; k < ITEMS; ++k)
@@ -666,65 +799,28 @@ batchnorm_backward_fused(const T* __restrict__ x, const T* __restrict__ dy,
     typedef acc_t<T> A;
     constexpr int ITEMS = BN_PER_THREAD / VEC;
     __shared__ A scratch[32];
-    if ((int)blockIdx.x >= per_round * splits) return;
-    const int local_c = (int)blockIdx.x / splits;
-    const int split = (int)blockIdx.x - local_c * splits;
+    int local_c, split;
+    if (!fused_block(per_round, splits, local_c, split)) return;
     const index_t n = outer * inner;
     const index_t start = (index_t)split * BN_CHUNK;
     for (int c = local_c; c < (int)C; c += per_round) {
         const A m = mean[c], s = invstd[c];
         A xs[ITEMS][VEC], ds[ITEMS][VEC];
-#pragma unroll
-        for (int k = 0; k < ITEMS; ++k) {
-            const index_t j = start + (index_t)(k * BN_THREADS + threadIdx.x) * VEC;
-            if (j < n) {
-                const index_t off = channel_offset(j, (index_t)c, C, inner);
-                load_pack<T, VEC>(x, off, xs[k]);
-                load_pack<T, VEC>(dy, off, ds[k]);
-            } else {
-#pragma unroll
-                for (int v = 0; v < VEC; ++v) xs[k][v] = ds[k][v] = 0;
-            }
-        }
-        A g = 0, gx = 0;
-#pragma unroll
-        for (int k = 0; k < ITEMS; ++k) {
-            const index_t j = start + (index_t)(k * BN_THREADS + threadIdx.x) * VEC;
-            if (j < n) {
-#pragma unroll
-                for (int v = 0; v < VEC; ++v) {
-                    g += ds[k][v];
-                    gx += ds[k][v] * (xs[k][v] - m);
-                }
-            }
-        }
-        g = block_sum(g, scratch);
-        gx = block_sum(gx, scratch);
+        load_chunk_pair<T, VEC, ITEMS>(x, dy, start, n, c, C, inner, xs, ds);
+        A g, gx;
+        chunk_grad_sums(xs, ds, start, n, m, scratch, g, gx);
         if (threadIdx.x == 0) {
             part_dy[c * splits + split] = g;
             part_dy_xhat[c * splits + split] = gx * s;
         }
         channel_barrier(arrive, c, (int)C, splits, failed);
         A sg, sgx;
-        merge_sums_volatile(part_dy, part_dy_xhat, c, splits, sg, sgx);
+        merge_sums((const volatile A*)part_dy, (const volatile A*)part_dy_xhat, c, splits, sg, sgx);
         if (split == 0 && threadIdx.x == 0) {
             dbeta[c] = store<P>(sg);
             dgamma[c] = store<P>(sgx);
         }
-        const A scale = A(load(gamma[c])) * s;
-        const A mean_dy = sg / A(n), mean_dy_xhat = sgx / A(n);
-#pragma unroll
-        for (int k = 0; k < ITEMS; ++k) {
-            const index_t j = start + (index_t)(k * BN_THREADS + threadIdx.x) * VEC;
-            if (j < n) {
-#pragma unroll
-                for (int v = 0; v < VEC; ++v) {
-                    const A xhat = (xs[k][v] - m) * s;
-                    xs[k][v] = scale * (ds[k][v] - mean_dy - xhat * mean_dy_xhat);
-                }
-                store_pack<T, VEC>(dx, channel_offset(j, (index_t)c, C, inner), xs[k]);
-            }
-        }
+        store_chunk_dx(dx, xs, ds, start, n, c, C, inner, m, s, A(load(gamma[c])) * s, sg / A(n), sgx / A(n));
     }
 }
 
@@ -752,6 +848,8 @@ batchnorm_backward_fused(const T* __restrict__ x, const T* __restrict__ dy,
 // rows last, so the first tens of MB they need are still in L2.  The host sizes
 // every rows grid to the blocks resident at once (occupancy API): a grid of
 // 1.3 waves left a tail of one block per SM for the last third of the rows.
+// By default training forward and backward run instead as one launch each
+// (batchnorm_rows_train_fused / batchnorm_rows_backward_fused, end of file).
 
 #define ROWS_MERGE_AHEAD 8
 
@@ -857,21 +955,11 @@ batchnorm_rows_merge_statistics(const acc_t<T>* __restrict__ part_n, const acc_t
 #pragma unroll
         for (int u = 0; u < ROWS_MERGE_AHEAD; ++u) chan_merge(cnt, mu, m2, pn[u], pm[u], p2[u]);
     }
-#pragma unroll
-    for (int offset = 16; offset > 0; offset >>= 1) {
-        const A ob = __shfl_down_sync(0xffffffffu, cnt, offset);
-        const A om = __shfl_down_sync(0xffffffffu, mu, offset);
-        const A o2 = __shfl_down_sync(0xffffffffu, m2, offset);
-        if (lane + offset < 32) chan_merge(cnt, mu, m2, ob, om, o2);
-    }
+    warp_chan_merge(cnt, mu, m2);
     if (lane == 0) {
         const A var = m2 / cnt;
-        mean_out[c] = mu;
-        invstd_out[c] = A(1) / sqrt(var + eps);
-        if (update_running) {
-            running_mean[c] = store<P>((A(1) - momentum) * A(load(running_mean[c])) + momentum * mu);
-            running_var[c] = store<P>((A(1) - momentum) * A(load(running_var[c])) + momentum * (var * unbias));
-        }
+        write_statistics(c, mu, var, A(1) / sqrt(var + eps), mean_out, invstd_out, running_mean, running_var,
+                         momentum, unbias, update_running);
     }
 }
 
@@ -1000,11 +1088,8 @@ batchnorm_rows_backward_merge(const acc_t<T>* __restrict__ part_g, const acc_t<T
             sgx += pgx[u];
         }
     }
-#pragma unroll
-    for (int offset = 16; offset > 0; offset >>= 1) {
-        sg += __shfl_down_sync(0xffffffffu, sg, offset);
-        sgx += __shfl_down_sync(0xffffffffu, sgx, offset);
-    }
+    sg = warp_down_sum(sg);
+    sgx = warp_down_sum(sgx);
     if (lane == 0) {
         sgx *= invstd[c];
         sums[c] = sg;
@@ -1056,6 +1141,419 @@ batchnorm_rows_backward_data(const T* __restrict__ x, const T* __restrict__ dy,
                     xs[u][v] = scale[v] * (ds[u][v] - mean_dy[v] - xhat * mean_dy_xhat[v]);
                 }
                 store_pack<T, VEC>(dx, (M - 1 - r) * C + (index_t)rl.cv * VEC, xs[u]);
+            }
+        }
+    }
+}
+
+// Channel-last training forward in ONE launch that keeps the last rows it
+// reads on chip (issue 5, v4).  A persistent grid (every block resident: the
+// host sizes it with the occupancy API, as for the fused chunk kernels) with
+// the RowLanes mapping; lane g reads batches j = 0, 1, ... of B rows, rows
+// [(j * L + g) * B, + B) (as rows_statistics: at any time the lanes read one
+// contiguous stretch of rows):
+//   - every batch: exact two-pass batch statistics, Chan-merged into the
+//     lane's (count, mean, M2) per channel (as rows_statistics);
+//   - the lane's last batch stays in registers (`keep`), the ROWS_SMEM_ROWS
+//     rows of the batches before it in a static shared-memory cache (one
+//     16-byte vector per row and thread).
+// Grid barrier 1 (channel_barrier over all blocks); block b merges channels
+// b, b + blocks, ... from the L lane partials (its 8 warps lane-strided, then
+// the 8 warp results in order: fixed order, bitwise reproducible) and writes
+// mean / invstd / running statistics; grid barrier 2; then every thread
+// normalizes its register rows, its cached rows, and its other batches last
+// to first (what the grid read last comes first: L2 hits).  DRAM traffic: x
+// once, plus x less what is on chip and in L2, plus y; no merge launch.
+// (A first version gave each lane one contiguous range of rows: 0.246 ms on
+// bn_big_nhwc against 0.236 for the three launches -- scattered streams.)
+#define ROWS_SMEM_ROWS 8
+
+// Number of batches of B rows lane rl.lane owns: j with (j * L + lane) * B < M.
+template <int B, typename index_t>
+__device__ __forceinline__ index_t lane_batches(const RowLanes& rl, index_t M) {
+    const index_t first = (index_t)rl.lane * B, step = (index_t)rl.L * B;
+    return first < M ? (M - first + step - 1) / step : 0;
+}
+
+// Block and block count of the (x, y) grid, for the grid barriers and the merge.
+__device__ __forceinline__ void grid_block(int& block, int& blocks) {
+    blocks = (int)(gridDim.x * gridDim.y);
+    block = (int)(blockIdx.y * gridDim.x + blockIdx.x);
+}
+
+template <typename T, typename P, typename index_t, int VEC>
+__global__ void __launch_bounds__(BN_THREADS)
+batchnorm_rows_train_fused(const T* __restrict__ x, T* __restrict__ y, acc_t<T>* __restrict__ part_n,
+                           acc_t<T>* __restrict__ part_mean, acc_t<T>* __restrict__ part_m2,
+                           acc_t<T>* __restrict__ mean_out, acc_t<T>* __restrict__ invstd_out,
+                           P* __restrict__ running_mean, P* __restrict__ running_var,
+                           const P* __restrict__ gamma, const P* __restrict__ beta, index_t M, int C, int cols,
+                           acc_t<T> eps, acc_t<T> momentum, acc_t<T> unbias, int update_running,
+                           unsigned* __restrict__ arrive, int* __restrict__ failed) {
+    typedef acc_t<T> A;
+    constexpr int B = rows_batch<T, VEC>();
+    constexpr int SB = ROWS_SMEM_ROWS / B;  // cached batches
+    __shared__ Pack<T, VEC> cache[SB * B][BN_THREADS];
+    __shared__ A merged[3][BN_THREADS / 32];
+    const RowLanes rl(cols);
+    const int CV = C / VEC;
+    const bool active = rl.active(CV);
+    const index_t col = (index_t)rl.cv * VEC;
+    const index_t batches = active ? lane_batches<B>(rl, M) : 0;
+    A cnt[VEC], mu[VEC], m2[VEC];
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) cnt[v] = mu[v] = m2[v] = 0;
+    A keep[B][VEC];
+    for (index_t j = 0; j < batches; ++j) {
+        const index_t first = (j * rl.L + rl.lane) * B;
+        A vals[B][VEC];
+#pragma unroll
+        for (int i = 0; i < B; ++i) {
+            if (first + i < M) {
+                load_pack<T, VEC>(x, (first + i) * C + col, vals[i]);
+            } else {
+#pragma unroll
+                for (int v = 0; v < VEC; ++v) vals[i][v] = 0;
+            }
+        }
+        const int rows = (int)(M - first < (index_t)B ? M - first : (index_t)B);
+        const A nb = A(rows);
+#pragma unroll
+        for (int v = 0; v < VEC; ++v) {
+            A s = 0;
+#pragma unroll
+            for (int i = 0; i < B; ++i) s += vals[i][v];
+            const A mb = s / nb;
+            A q = 0;
+#pragma unroll
+            for (int i = 0; i < B; ++i) {
+                const A d = vals[i][v] - mb;
+                if (i < rows) q += d * d;
+            }
+            chan_merge(cnt[v], mu[v], m2[v], nb, mb, q);
+        }
+        const index_t back = batches - 1 - j;  // 0: the last batch
+        if (back == 0) {
+#pragma unroll
+            for (int i = 0; i < B; ++i)
+#pragma unroll
+                for (int v = 0; v < VEC; ++v) keep[i][v] = vals[i][v];
+        } else if (back <= SB) {
+#pragma unroll
+            for (int i = 0; i < B; ++i) {
+                Pack<T, VEC> pk;
+#pragma unroll
+                for (int v = 0; v < VEC; ++v) pk.v[v] = store<T>(vals[i][v]);
+                cache[(back - 1) * B + i][threadIdx.x] = pk;
+            }
+        }
+    }
+    if (active) {
+#pragma unroll
+        for (int v = 0; v < VEC; ++v) {
+            const index_t o = (index_t)(rl.cv * VEC + v) * rl.L + rl.lane;
+            part_n[o] = cnt[v];
+            part_mean[o] = mu[v];
+            part_m2[o] = m2[v];
+        }
+        __threadfence();
+    }
+    int block, blocks;
+    grid_block(block, blocks);
+    channel_barrier(arrive, 0, 2, blocks, failed);
+    // Merge: block b takes channels b, b + blocks, ...
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const volatile A* pn = part_n;
+    const volatile A* pm = part_mean;
+    const volatile A* p2 = part_m2;
+    for (int c = block; c < C; c += blocks) {
+        A n_ = 0, u_ = 0, q_ = 0;
+        for (int b0 = threadIdx.x; b0 < rl.L; b0 += BN_THREADS * ROWS_MERGE_AHEAD) {
+            A an[ROWS_MERGE_AHEAD], am[ROWS_MERGE_AHEAD], a2[ROWS_MERGE_AHEAD];
+#pragma unroll
+            for (int u = 0; u < ROWS_MERGE_AHEAD; ++u) {
+                const int b = b0 + BN_THREADS * u;
+                const long long o = (long long)c * rl.L + b;
+                an[u] = b < rl.L ? A(pn[o]) : A(0);
+                am[u] = b < rl.L ? A(pm[o]) : A(0);
+                a2[u] = b < rl.L ? A(p2[o]) : A(0);
+            }
+#pragma unroll
+            for (int u = 0; u < ROWS_MERGE_AHEAD; ++u) chan_merge(n_, u_, q_, an[u], am[u], a2[u]);
+        }
+        warp_chan_merge(n_, u_, q_);
+        if (lane == 0) {
+            merged[0][warp] = n_;
+            merged[1][warp] = u_;
+            merged[2][warp] = q_;
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            A tn = 0, tu = 0, tq = 0;
+            for (int w = 0; w < BN_THREADS / 32; ++w) chan_merge(tn, tu, tq, merged[0][w], merged[1][w], merged[2][w]);
+            const A var = tq / tn;
+            write_statistics(c, tu, var, A(1) / sqrt(var + eps), mean_out, invstd_out, running_mean, running_var,
+                             momentum, unbias, update_running);
+            __threadfence();
+        }
+        __syncthreads();
+    }
+    channel_barrier(arrive, 1, 2, blocks, failed);
+    if (!active) return;
+    const volatile A* mo = mean_out;
+    const volatile A* io = invstd_out;
+    A mean[VEC], scale[VEC], shift[VEC];
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) {
+        const int c = rl.cv * VEC + v;
+        mean[v] = mo[c];
+        scale[v] = A(io[c]) * A(load(gamma[c]));
+        shift[v] = A(load(beta[c]));
+    }
+    if (batches == 0) return;
+    {  // the last batch, from registers
+        const index_t first = ((batches - 1) * rl.L + rl.lane) * B;
+#pragma unroll
+        for (int i = 0; i < B; ++i) {
+            if (first + i < M) {
+#pragma unroll
+                for (int v = 0; v < VEC; ++v) keep[i][v] = (keep[i][v] - mean[v]) * scale[v] + shift[v];
+                store_pack<T, VEC>(y, (first + i) * C + col, keep[i]);
+            }
+        }
+    }
+#pragma unroll
+    for (int back = 1; back <= SB; ++back) {  // the cached batches
+        const index_t j = batches - 1 - back;
+        if (j >= 0) {
+            const index_t first = (j * rl.L + rl.lane) * B;
+#pragma unroll
+            for (int i = 0; i < B; ++i) {
+                if (first + i < M) {
+                    const Pack<T, VEC> pk = cache[(back - 1) * B + i][threadIdx.x];
+                    A out[VEC];
+#pragma unroll
+                    for (int v = 0; v < VEC; ++v) out[v] = (A(load(pk.v[v])) - mean[v]) * scale[v] + shift[v];
+                    store_pack<T, VEC>(y, (first + i) * C + col, out);
+                }
+            }
+        }
+    }
+    for (index_t j = batches - 2 - SB; j >= 0; --j) {  // the rest, last to first
+        const index_t first = (j * rl.L + rl.lane) * B;
+        A vals[B][VEC];
+#pragma unroll
+        for (int i = 0; i < B; ++i)
+            if (first + i < M) load_pack<T, VEC>(x, (first + i) * C + col, vals[i]);
+#pragma unroll
+        for (int i = 0; i < B; ++i) {
+            if (first + i < M) {
+#pragma unroll
+                for (int v = 0; v < VEC; ++v) vals[i][v] = (vals[i][v] - mean[v]) * scale[v] + shift[v];
+                store_pack<T, VEC>(y, (first + i) * C + col, vals[i]);
+            }
+        }
+    }
+}
+
+// Channel-last backward (saved statistics) in ONE launch, the same scheme as
+// batchnorm_rows_train_fused: batches of B rows of x and dy (half the
+// forward's batch: two tensors), sums of dy and dy * (x - mean) per channel;
+// the last batch in registers, ROWS_SMEM_ROWS / 2 rows of each tensor before
+// it in shared memory; grid barrier; block b sums channels b, b + blocks, ...
+// in a fixed order (dbeta, dgamma, and sums[c] / sums[C + c] for dx); grid
+// barrier; dx from registers, cache, then the other batches last to first.
+template <typename T, typename P, typename index_t, int VEC>
+__global__ void __launch_bounds__(BN_THREADS)
+batchnorm_rows_backward_fused(const T* __restrict__ x, const T* __restrict__ dy,
+                              const acc_t<T>* __restrict__ mean, const acc_t<T>* __restrict__ invstd,
+                              const P* __restrict__ gamma, acc_t<T>* __restrict__ part_g,
+                              acc_t<T>* __restrict__ part_gx, acc_t<T>* __restrict__ sums, T* __restrict__ dx,
+                              P* __restrict__ dgamma, P* __restrict__ dbeta, index_t M, int C, int cols,
+                              unsigned* __restrict__ arrive, int* __restrict__ failed) {
+    typedef acc_t<T> A;
+    constexpr int B = rows_batch<T, VEC>() / 2 > 0 ? rows_batch<T, VEC>() / 2 : 1;
+    constexpr int SB = ROWS_SMEM_ROWS / 2 / B;  // cached batches
+    __shared__ Pack<T, VEC> xcache[SB * B][BN_THREADS], dcache[SB * B][BN_THREADS];
+    __shared__ A merged[2][BN_THREADS / 32];
+    const RowLanes rl(cols);
+    const int CV = C / VEC;
+    const bool active = rl.active(CV);
+    const index_t col = (index_t)rl.cv * VEC;
+    const index_t batches = active ? lane_batches<B>(rl, M) : 0;
+    A m[VEC], g[VEC], gx[VEC];
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) {
+        m[v] = active ? mean[rl.cv * VEC + v] : A(0);
+        g[v] = gx[v] = 0;
+    }
+    A keep_x[B][VEC], keep_d[B][VEC];
+    for (index_t j = 0; j < batches; ++j) {
+        const index_t first = (j * rl.L + rl.lane) * B;
+        A xs[B][VEC], ds[B][VEC];
+#pragma unroll
+        for (int i = 0; i < B; ++i) {
+            if (first + i < M) {
+                load_pack<T, VEC>(x, (first + i) * C + col, xs[i]);
+                load_pack<T, VEC>(dy, (first + i) * C + col, ds[i]);
+            } else {
+#pragma unroll
+                for (int v = 0; v < VEC; ++v) xs[i][v] = ds[i][v] = 0;
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < B; ++i) {
+#pragma unroll
+            for (int v = 0; v < VEC; ++v) {  // zeros past M add nothing
+                g[v] += ds[i][v];
+                gx[v] += ds[i][v] * (xs[i][v] - m[v]);
+            }
+        }
+        const index_t back = batches - 1 - j;
+        if (back == 0) {
+#pragma unroll
+            for (int i = 0; i < B; ++i)
+#pragma unroll
+                for (int v = 0; v < VEC; ++v) {
+                    keep_x[i][v] = xs[i][v];
+                    keep_d[i][v] = ds[i][v];
+                }
+        } else if (back <= SB) {
+#pragma unroll
+            for (int i = 0; i < B; ++i) {
+                Pack<T, VEC> px, pd;
+#pragma unroll
+                for (int v = 0; v < VEC; ++v) {
+                    px.v[v] = store<T>(xs[i][v]);
+                    pd.v[v] = store<T>(ds[i][v]);
+                }
+                xcache[(back - 1) * B + i][threadIdx.x] = px;
+                dcache[(back - 1) * B + i][threadIdx.x] = pd;
+            }
+        }
+    }
+    if (active) {
+#pragma unroll
+        for (int v = 0; v < VEC; ++v) {
+            const index_t o = (index_t)(rl.cv * VEC + v) * rl.L + rl.lane;
+            part_g[o] = g[v];
+            part_gx[o] = gx[v];
+        }
+        __threadfence();
+    }
+    int block, blocks;
+    grid_block(block, blocks);
+    channel_barrier(arrive, 0, 2, blocks, failed);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const volatile A* pg = part_g;
+    const volatile A* pgx = part_gx;
+    for (int c = block; c < C; c += blocks) {
+        A sg = 0, sgx = 0;
+        for (int b0 = threadIdx.x; b0 < rl.L; b0 += BN_THREADS * ROWS_MERGE_AHEAD) {
+            A ag[ROWS_MERGE_AHEAD], agx[ROWS_MERGE_AHEAD];
+#pragma unroll
+            for (int u = 0; u < ROWS_MERGE_AHEAD; ++u) {
+                const int b = b0 + BN_THREADS * u;
+                const long long o = (long long)c * rl.L + b;
+                ag[u] = b < rl.L ? A(pg[o]) : A(0);
+                agx[u] = b < rl.L ? A(pgx[o]) : A(0);
+            }
+#pragma unroll
+            for (int u = 0; u < ROWS_MERGE_AHEAD; ++u) {
+                sg += ag[u];
+                sgx += agx[u];
+            }
+        }
+        sg = warp_down_sum(sg);
+        sgx = warp_down_sum(sgx);
+        if (lane == 0) {
+            merged[0][warp] = sg;
+            merged[1][warp] = sgx;
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            A tg = 0, tgx = 0;
+            for (int w = 0; w < BN_THREADS / 32; ++w) {
+                tg += merged[0][w];
+                tgx += merged[1][w];
+            }
+            tgx *= invstd[c];
+            sums[c] = tg;
+            sums[C + c] = tgx;
+            dbeta[c] = store<P>(tg);
+            dgamma[c] = store<P>(tgx);
+            __threadfence();
+        }
+        __syncthreads();
+    }
+    channel_barrier(arrive, 1, 2, blocks, failed);
+    if (!active || batches == 0) return;
+    const volatile A* vs = sums;
+    A s[VEC], scale[VEC], mean_dy[VEC], mean_dy_xhat[VEC];
+    const A n = A(M);
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) {
+        const int c = rl.cv * VEC + v;
+        s[v] = invstd[c];
+        scale[v] = A(load(gamma[c])) * s[v];
+        mean_dy[v] = A(vs[c]) / n;
+        mean_dy_xhat[v] = A(vs[C + c]) / n;
+    }
+    {  // the last batch, from registers
+        const index_t first = ((batches - 1) * rl.L + rl.lane) * B;
+#pragma unroll
+        for (int i = 0; i < B; ++i) {
+            if (first + i < M) {
+                A out[VEC];
+#pragma unroll
+                for (int v = 0; v < VEC; ++v) {
+                    const A xhat = (keep_x[i][v] - m[v]) * s[v];
+                    out[v] = scale[v] * (keep_d[i][v] - mean_dy[v] - xhat * mean_dy_xhat[v]);
+                }
+                store_pack<T, VEC>(dx, (first + i) * C + col, out);
+            }
+        }
+    }
+#pragma unroll
+    for (int back = 1; back <= SB; ++back) {  // the cached batches
+        const index_t j = batches - 1 - back;
+        if (j >= 0) {
+            const index_t first = (j * rl.L + rl.lane) * B;
+#pragma unroll
+            for (int i = 0; i < B; ++i) {
+                if (first + i < M) {
+                    const Pack<T, VEC> px = xcache[(back - 1) * B + i][threadIdx.x];
+                    const Pack<T, VEC> pd = dcache[(back - 1) * B + i][threadIdx.x];
+                    A out[VEC];
+#pragma unroll
+                    for (int v = 0; v < VEC; ++v) {
+                        const A xhat = (A(load(px.v[v])) - m[v]) * s[v];
+                        out[v] = scale[v] * (A(load(pd.v[v])) - mean_dy[v] - xhat * mean_dy_xhat[v]);
+                    }
+                    store_pack<T, VEC>(dx, (first + i) * C + col, out);
+                }
+            }
+        }
+    }
+    for (index_t j = batches - 2 - SB; j >= 0; --j) {  // the rest, last to first
+        const index_t first = (j * rl.L + rl.lane) * B;
+        A xs[B][VEC], ds[B][VEC];
+#pragma unroll
+        for (int i = 0; i < B; ++i) {
+            if (first + i < M) {
+                load_pack<T, VEC>(x, (first + i) * C + col, xs[i]);
+                load_pack<T, VEC>(dy, (first + i) * C + col, ds[i]);
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < B; ++i) {
+            if (first + i < M) {
+#pragma unroll
+                for (int v = 0; v < VEC; ++v) {
+                    const A xhat = (xs[i][v] - m[v]) * s[v];
+                    xs[i][v] = scale[v] * (ds[i][v] - mean_dy[v] - xhat * mean_dy_xhat[v]);
+                }
+                store_pack<T, VEC>(dx, (first + i) * C + col, xs[i]);
             }
         }
     }

@@ -180,13 +180,57 @@ __global__ void norm_rows_forward(const T* __restrict__ x, T* __restrict__ y,
     }
 }
 
+// Per-channel sums of dy and dy * (x - mean) of one NCHW row (K planes of S
+// values) for the parameter gradients, deterministic without atomics: the 32
+// vectors a warp reads at once are consecutive, so with S / VEC >= 32 they lie
+// in at most two planes (k0 = the plane of lane 0's vector, and k0 + 1); two
+// warp sums per quantity, and lane 0 adds them to its warp's own slice
+// acc[warp][k][2] of shared memory (no other thread writes it).  After the
+// block's barriers, thread k < K adds plane k's slices in warp order.
+template <int VEC, typename A, typename index_t>
+__device__ __forceinline__ void plane_sums_add(A* acc, index_t vi, index_t Mv, index_t S, index_t K,
+                                               const A (&xv)[VEC],
+                                               const A (&dv)[VEC], A mean) {
+    const int lane = threadIdx.x & 31;
+    const index_t first = vi - lane;  // lane 0's vector
+    const index_t k0 = first * VEC / S;
+    A d = 0, dx = 0;
+    bool hi = false;
+    if (vi < Mv) {
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) {
+            d += dv[e];
+            dx += dv[e] * (xv[e] - mean);
+        }
+        hi = vi * VEC / S != k0;
+    }
+    const A lo_d = warp_sum(hi ? A(0) : d), lo_dx = warp_sum(hi ? A(0) : dx);
+    const A hi_d = warp_sum(hi ? d : A(0)), hi_dx = warp_sum(hi ? dx : A(0));
+    if (lane == 0 && first < Mv) {
+        A* slot = acc + 2 * k0;
+        slot[0] += lo_d;
+        slot[1] += lo_dx;
+        if (k0 + 1 < K) {  // zeros when no lane of the warp is in plane k0 + 1
+            slot[2] += hi_d;
+            slot[3] += hi_dx;
+        }
+    }
+}
+
 // dx = rstd * (g*dy - mean(g*dy) - xhat * mean(g*dy*xhat)) per row, g = gamma
 // of each value's channel (RMS: without the mean(g*dy) term, xhat = x * rstd).
+// plane_sums (NCHW group norm, S / VEC >= 32): also the per-(sample, channel)
+// parameter-gradient partials part_dgamma / part_dbeta [row * K + k] = sums
+// of dy * xhat and dy over plane k of the row (plane_sums_add), so the
+// gradient needs no second read of x and dy; the warp slices take
+// 2 * K * warps values of dynamic shared memory after the caches.
 template <typename T, typename P, typename index_t, int VEC>
 __global__ void norm_rows_backward(const T* __restrict__ dy, const T* __restrict__ x,
                                    const P* __restrict__ gamma, const acc_t<T>* __restrict__ mean_in,
                                    const acc_t<T>* __restrict__ rstd_in, T* __restrict__ dx,
-                                   index_t K, index_t S, int G, int nhwc, int rms, int cache) {
+                                   index_t K, index_t S, int G, int nhwc, int rms, int cache,
+                                   acc_t<T>* __restrict__ part_dgamma, acc_t<T>* __restrict__ part_dbeta,
+                                   int plane_sums) {
     typedef acc_t<T> A;
     extern __shared__ __align__(16) unsigned char norm_smem[];
     __shared__ A scratch[32];
@@ -200,9 +244,19 @@ __global__ void norm_rows_backward(const T* __restrict__ dy, const T* __restrict
     const A mean = rms ? A(0) : mean_in[row];
     const A rstd = rstd_in[row];
     const int step = geo.step();
+    const int warp = threadIdx.x >> 5;
+    // This warp's slice of the plane sums, after the caches (16-byte aligned).
+    A* plane_acc = reinterpret_cast<A*>(norm_smem + (cache ? (2 * geo.M * sizeof(T) + 15) / 16 * 16 : 0)) +
+                   (index_t)warp * 2 * K;
+    if (plane_sums) {
+        for (index_t i = threadIdx.x & 31; i < 2 * K; i += 32) plane_acc[i] = A(0);
+        __syncwarp();
+    }
 
     A sum_g = 0, sum_gx = 0;  // sum g*dy, sum g*dy*xhat
-    for (index_t base = threadIdx.x; base < Mv; base += NORM_UNROLL * T_) {
+    // The loop runs while the warp's first lane has vectors left, so that every
+    // lane takes part in plane_sums_add's shuffles (blockDim is a multiple of 32).
+    for (index_t base = threadIdx.x; base - (threadIdx.x & 31) < Mv; base += NORM_UNROLL * T_) {
         A xv[NORM_UNROLL][VEC], dv[NORM_UNROLL][VEC];
 #pragma unroll
         for (int u = 0; u < NORM_UNROLL; ++u) {
@@ -230,9 +284,29 @@ __global__ void norm_rows_backward(const T* __restrict__ dy, const T* __restrict
                 }
             }
         }
+        if (plane_sums) {
+#pragma unroll
+            for (int u = 0; u < NORM_UNROLL; ++u) {
+                // every lane of the warp takes part (its vector may be past the row)
+                plane_sums_add<VEC>(plane_acc, base + u * T_, Mv, geo.S, geo.K, xv[u], dv[u], mean);
+            }
+        }
     }
     sum_g = block_sum(sum_g, scratch);
-    sum_gx = block_sum(sum_gx, scratch);
+    sum_gx = block_sum(sum_gx, scratch);  // its barriers also publish the plane sums
+    if (plane_sums) {
+        const int warps = (int)(T_ >> 5);
+        A* acc0 = plane_acc - (index_t)warp * 2 * K;
+        for (index_t k = threadIdx.x; k < K; k += T_) {
+            A d = 0, dxs = 0;
+            for (int w = 0; w < warps; ++w) {
+                d += acc0[(index_t)w * 2 * K + 2 * k];
+                dxs += acc0[(index_t)w * 2 * K + 2 * k + 1];
+            }
+            part_dbeta[row * K + k] = d;
+            part_dgamma[row * K + k] = dxs * rstd;
+        }
+    }
     const A mean_g = rms ? A(0) : sum_g / count;
     const A mean_gx = sum_gx / count;
     for (index_t vi = threadIdx.x; vi < Mv; vi += T_) {

@@ -334,6 +334,24 @@ def test_channel_last_paths(xp, rng, dtype, x_shape, offset):
             assert_close(a, b, dtype, what=what)
 
 
+def _placed(xp, a, offset):
+    """A copy of host array a whose data starts `offset` elements into a buffer."""
+    buf = xp.empty(a.size + offset, a.dtype)
+    buf[offset:] = xp.asarray(a).ravel()
+    return buf[offset:].reshape(a.shape)
+
+
+def _small_channel_problem(xp, rng, dtype, x_shape, offset):
+    """(parameter dtype, x on the host, x placed at `offset`, gamma, beta, running
+    mean, running var) of an NCHW problem; the vectors on the host."""
+    pdtype = np.float32 if dtype in (np.float16, _dtypes.BFLOAT16) else dtype
+    x_host = random_array(rng, x_shape, dtype, low=-1, high=3)
+    gamma, beta = _params(rng, x_shape, "NCHW", pdtype)
+    c = x_shape[1]
+    rm, rv = random_array(rng, (c,), pdtype), random_array(rng, (c,), pdtype, 0.5, 2)
+    return pdtype, x_host, _placed(xp, x_host, offset), gamma, beta, rm, rv
+
+
 @pytest.mark.parametrize("flat", [True, False])
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 @pytest.mark.parametrize("x_shape,offset", [((2, 5, 7, 7), 0), ((2, 5, 7, 7), 1), ((3, 4, 3), 0),
@@ -346,14 +364,7 @@ def test_inference_flat_path(xp, rng, monkeypatch, flat, dtype, x_shape, offset)
     float64 reference; the returned mean/invstd are the running statistics."""
     from dnnprims import normalization
     monkeypatch.setattr(normalization, "FLAT_INFERENCE", flat)
-    pdtype = np.float32 if dtype in (np.float16, _dtypes.BFLOAT16) else dtype
-    x_host = random_array(rng, x_shape, dtype, low=-1, high=3)
-    gamma, beta = _params(rng, x_shape, "NCHW", pdtype)
-    c = x_shape[1]
-    rm, rv = random_array(rng, (c,), pdtype), random_array(rng, (c,), pdtype, 0.5, 2)
-    buf = xp.empty(x_host.size + offset, dtype)
-    buf[offset:] = xp.asarray(x_host).ravel()
-    x = buf[offset:].reshape(x_shape)
+    pdtype, x_host, x, gamma, beta, rm, rv = _small_channel_problem(xp, rng, dtype, x_shape, offset)
     y, mean, invstd = batchnorm(x, xp.asarray(gamma), xp.asarray(beta), xp.asarray(rm), xp.asarray(rv),
                                 training=False, return_stats=True)
     f64 = lambda a: _host(a).astype(np.float64)  # noqa: E731
@@ -363,6 +374,89 @@ def test_inference_flat_path(xp, rng, monkeypatch, flat, dtype, x_shape, offset)
     assert_close(y, y64, dtype, what="y")
     assert_close(mean, mean64, dtype, what="mean")
     assert_close(invstd, invstd64, dtype, what="invstd")
+
+
+@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("resident", [None, 1, 6])
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("x_shape,offset", [((8, 5, 7, 32), 0), ((8, 5, 7, 32), 1), ((3, 4, 4, 13), 0),
+                                            ((3, 1, 1, 8), 0), ((16, 7, 7, 520), 0), ((4, 4, 4, 2100), 0),
+                                            ((3000, 24), 0)])
+def test_channel_last_fused_paths(xp, rng, monkeypatch, fused, resident, dtype, x_shape, offset):
+    """batchnorm_rows_train_fused / batchnorm_rows_backward_fused (one launch each,
+    grid barriers, the last rows of each lane kept in registers and shared
+    memory) against the three-launch rows paths and the float64 reference,
+    running statistics included; the backward with recomputed and (twice)
+    saved statistics.  `resident` fakes
+    the occupancy API: 1 or 6 blocks make each lane own hundreds of rows (every
+    batch, the cache and the reverse walk run; a block merges many channels);
+    1 block with several column groups (2100 channels) falls back."""
+    from dnnprims import normalization
+    monkeypatch.setattr(normalization, "ROWS_FUSED", fused)
+    monkeypatch.setattr(normalization, "_RESIDENT", {})
+    if resident is not None:
+        monkeypatch.setattr(normalization, "_resident_blocks", lambda cp, kernel: resident)
+    layout = "NHWC" if len(x_shape) == 4 else "NCHW"
+    pdtype = np.float32 if dtype in (np.float16, _dtypes.BFLOAT16) else dtype
+    x_host = random_array(rng, x_shape, dtype, low=-1, high=3)
+    gamma, beta = _params(rng, x_shape, layout, pdtype)
+    x = _placed(xp, x_host, offset)
+    c = gamma.shape[0]
+    f64 = lambda a: _host(a).astype(np.float64)  # noqa: E731
+    rm, rv = xp.asarray(random_array(rng, (c,), pdtype)), xp.asarray(random_array(rng, (c,), pdtype, 0.5, 2))
+    rm64, rv64 = f64(rm), f64(rv)
+    for _ in range(2):  # the barrier counters are back at zero for the second launch
+        y, mean, invstd = batchnorm(x, xp.asarray(gamma), xp.asarray(beta), rm, rv, momentum=0.3, layout=layout,
+                                    return_stats=True)
+        y64, mean64, invstd64 = batchnorm(f64(x_host), f64(gamma), f64(beta), rm64, rv64, momentum=0.3,
+                                          layout=layout, return_stats=True)
+        assert_close(y, y64, dtype, what="y")
+        assert_close(mean, mean64, dtype, what="mean")
+        assert_close(invstd, invstd64, dtype, what="invstd")
+        assert_close(rm, rm64, pdtype, what="running_mean")
+        assert_close(rv, rv64, pdtype, what="running_var")
+    y = batchnorm(x, None, None, layout=layout)
+    assert_close(y, batchnorm(f64(x_host), None, None, layout=layout), dtype, what="y")
+    dy_host = random_array(rng, x_shape, dtype)
+    dy = _placed(xp, dy_host, offset)
+    expect = batchnorm_backward(f64(dy_host), f64(x_host), f64(gamma), layout=layout)
+    for stats in ({}, dict(mean=mean, invstd=invstd), dict(mean=mean, invstd=invstd)):
+        got = batchnorm_backward(dy, x, xp.asarray(gamma), layout=layout, **stats)
+        for a, b, what in zip(got, expect, ("dx", "dgamma", "dbeta")):
+            assert_close(a, b, dtype, what=what)
+
+
+@pytest.mark.parametrize("grouped", [True, False])
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("x_shape,offset", [((32, 8, 7, 7), 0), ((40, 4, 7, 7), 0), ((32, 8, 7, 7), 1),
+                                            ((3, 8, 2, 3), 0), ((5, 16, 1, 5), 0), ((2, 4, 1, 2), 0),
+                                            ((4, 6, 3, 3), 0), ((7, 16, 13), 0), ((1, 8, 3), 0)])
+def test_grouped_training_path(xp, rng, monkeypatch, grouped, dtype, x_shape, offset):
+    """Training forward of small channels with an inner size not a multiple of the
+    vector width: batchnorm_train_grouped (G channels a block, 16-byte vectors
+    that cross channel boundaries; inner 2 < VEC puts several channels in one
+    vector) against the fused / two-pass kernels and the float64 reference, with
+    running statistics; C % G != 0 (6 channels), misaligned data and channels
+    too large for a block fall back to the other kernels."""
+    from dnnprims import normalization
+    monkeypatch.setattr(normalization, "GROUPED_TRAINING", grouped)
+    pdtype, x_host, x, gamma, beta, rm, rv = _small_channel_problem(xp, rng, dtype, x_shape, offset)
+    f64 = lambda a: _host(a).astype(np.float64)  # noqa: E731
+    rm64, rv64 = f64(rm), f64(rv)
+    rm_x, rv_x = xp.asarray(rm), xp.asarray(rv)
+    for _ in range(2):  # the second call takes the fast path
+        y, mean, invstd = batchnorm(x, xp.asarray(gamma), xp.asarray(beta), rm_x, rv_x, momentum=0.3,
+                                    return_stats=True)
+        y64, mean64, invstd64 = batchnorm(f64(x_host), f64(gamma), f64(beta), rm64, rv64, momentum=0.3,
+                                          return_stats=True)
+        assert y.dtype == dtype and y.shape == x_shape
+        assert_close(y, y64, dtype, what="y")
+        assert_close(mean, mean64, dtype, what="mean")
+        assert_close(invstd, invstd64, dtype, what="invstd")
+        assert_close(rm_x, rm64, pdtype, what="running_mean")
+        assert_close(rv_x, rv64, pdtype, what="running_var")
+    y = batchnorm(x, None, None)  # no parameters, no running statistics
+    assert_close(y, batchnorm(f64(x_host), None, None), dtype, what="y")
 
 
 def test_non_contiguous_inputs(xp, rng):

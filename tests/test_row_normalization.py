@@ -373,6 +373,37 @@ def test_group_and_instance_norm_match_reference(xp, rng, dtype, pdtype, x_shape
              ("dx", "dgamma", "dbeta"))
 
 
+@pytest.mark.parametrize("plane_sums", [True, False])
+@pytest.mark.parametrize("cache", ["default", "none"])
+@pytest.mark.parametrize("dtype", _dtypes.SUPPORTED, ids=lambda d: d.name)
+@pytest.mark.parametrize("x_shape,groups,offset", [
+    ((2, 6, 12, 12), 3, 0), ((2, 6, 12, 12), 3, 1), ((2, 4, 20, 20), 2, 0), ((3, 5, 33), 5, 0),
+    ((2, 64, 16, 16), 2, 0), ((1, 8, 56, 56), 1, 0), ((3, 8, 7, 7), 2, 0)])
+def test_group_norm_backward_plane_sums_and_caches(xp, rng, monkeypatch, plane_sums, cache, dtype, x_shape,
+                                                   groups, offset):
+    """Group norm NCHW backward with the parameter-gradient partials from the row
+    kernel's own read (plane_sums: a warp's vectors straddle two planes at 12x12,
+    one plane per group at 33 values, 32 planes a group, planes of 49 values too
+    short for it) against the separate planes kernel and the float64 reference;
+    rows cached in shared memory (200 KB fp32 rows at 8x56x56 take the
+    one-block-per-SM cache) and not cached (cache "none")."""
+    from dnnprims import row_normalization
+    monkeypatch.setattr(row_normalization, "PLANE_SUMS", plane_sums)
+    if cache == "none":
+        monkeypatch.setattr(row_normalization, "CACHE_BYTES", 0)
+        monkeypatch.setattr(row_normalization, "BIG_CACHE", False)
+    x = random_array(rng, x_shape, dtype, low=-1, high=3)
+    dy = random_array(rng, x_shape, dtype)
+    pdtype = np.float32 if _dtypes.is_half(dtype) else dtype
+    gamma = random_array(rng, (x_shape[1],), pdtype, 0.5, 1.5)
+    want = group_norm_backward(_f64(dy), _f64(x), groups, _f64(gamma), eps=1e-4)
+    _, mean, rstd = group_norm(_placed(xp, x, offset), groups, xp.asarray(gamma), eps=1e-4, return_stats=True)
+    for stats in ({}, dict(mean=mean, rstd=rstd)):
+        got = group_norm_backward(_placed(xp, dy, offset), _placed(xp, x, offset), groups, xp.asarray(gamma),
+                                  eps=1e-4, **stats)
+        _compare(got, want, dtype, ("dx", "dgamma", "dbeta"))
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float16, np.float64])
 @pytest.mark.parametrize("offset", [0, 1])
 def test_vector_paths_and_misaligned_data(xp, rng, dtype, offset):
