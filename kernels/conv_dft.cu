@@ -38,7 +38,7 @@ __global__ void dft_transpose(const T* __restrict__ in, T* __restrict__ out, ind
     }
 }
 
-// --- work in progress (dft.FUSED, off until run on a GPU) ----------------------
+// --- the fused kernels (dft.FUSED_ROWS, dft.FUSED_FILTER: on) --------------------
 // The W-axis transforms fused with the transposes around them, replacing a
 // skinny cuBLAS GEMM (inner dimension W ~ 27..64, measured at ~1/4 of the
 // memory bandwidth on the H100) plus a transpose pass each.
@@ -47,9 +47,11 @@ __global__ void dft_transpose(const T* __restrict__ in, T* __restrict__ out, ind
 // + i dw[col, 2v + 1]) -- the real W-axis DFT of every image row, written straight
 // in the (Hi, h, NB, J) complex layout the H-axis GEMM reads.
 // Block: one image row r (grid.y) of one sample nb (grid.z) for 64 channels
-// (grid.x); 256 threads = 8 warps x 32 lanes; lane l owns channels c0 + l and
+// (grid.x); blockDim.x = 32 x warps, warps = ceil(h / 4) within [4, 16] (helper
+// dft7: 8 fixed warps left 7 of them idle in a second pass for h = 35, the 11x11
+// layer, and half of them idle for h <= 16); lane l owns channels c0 + l and
 // c0 + 32 + l (so a warp's writes are 32 consecutive complex values), warp w
-// the frequencies v0 = 4 w + 32 k .. v0 + 3.  Shared memory: the DFT matrix
+// the frequencies v0 = 4 w + 4 warps k .. v0 + 3.  Shared memory: the DFT matrix
 // (Wi x dpitch, dpitch = 2 * round_up(h, 4), zero-filled past 2h, so four
 // frequencies are two aligned 16-byte loads, broadcast to the warp) and the 64
 // image rows (64 x xpitch, xpitch = Wi | 1: odd, so the lanes' column reads
@@ -82,7 +84,7 @@ struct dft_vec2<double> {
 };
 
 template <typename T, typename index_t>
-__global__ void __launch_bounds__(256) dft_rows_forward(const T* __restrict__ a, const T* __restrict__ dw,
+__global__ void __launch_bounds__(512) dft_rows_forward(const T* __restrict__ a, const T* __restrict__ dw,
                                                         T* __restrict__ out, int NB, int J, int Hi, int Wi,
                                                         int h, int dpitch, int xpitch) {
     typedef typename dft_vec2<T>::type V;
@@ -91,17 +93,17 @@ __global__ void __launch_bounds__(256) dft_rows_forward(const T* __restrict__ a,
     T* xs = dws + Wi * dpitch;                          // 64 x xpitch
     const int c0 = blockIdx.x * 64, r = blockIdx.y, nb = blockIdx.z;
     const int tid = threadIdx.x;
-    for (int i = tid; i < Wi * dpitch; i += 256) {
-        const int col = i / dpitch, k = i - col * dpitch;
-        dws[i] = k < 2 * h ? dw[col * 2 * h + k] : T(0);
-    }
-    for (int i = tid; i < 64 * Wi; i += 256) {
-        const int cc = i / Wi, col = i - cc * Wi, c = c0 + cc;
-        xs[cc * xpitch + col] = c < J ? a[(((index_t)nb * J + c) * Hi + r) * Wi + col] : T(0);
+    const int lane = tid & 31, warp = tid >> 5, warps = blockDim.x >> 5;
+    // Staging: a warp a matrix row / image row, its lanes along it (no divisions).
+    for (int col = warp; col < Wi; col += warps)
+        for (int k = lane; k < dpitch; k += 32) dws[col * dpitch + k] = k < 2 * h ? dw[col * 2 * h + k] : T(0);
+    for (int cc = warp; cc < 64; cc += warps) {
+        const int c = c0 + cc;
+        const T* row = a + (((index_t)nb * J + (c < J ? c : 0)) * Hi + r) * Wi;
+        for (int col = lane; col < Wi; col += 32) xs[cc * xpitch + col] = c < J ? row[col] : T(0);
     }
     __syncthreads();
-    const int lane = tid & 31, warp = tid >> 5;
-    for (int v0 = 4 * warp; v0 < h; v0 += 32) {
+    for (int v0 = 4 * warp; v0 < h; v0 += 4 * warps) {
         T re0[4] = {0, 0, 0, 0}, im0[4] = {0, 0, 0, 0}, re1[4] = {0, 0, 0, 0}, im1[4] = {0, 0, 0, 0};
         for (int col = 0; col < Wi; ++col) {
             const T x0 = xs[lane * xpitch + col], x1 = xs[(lane + 32) * xpitch + col];
@@ -165,15 +167,16 @@ __global__ void __launch_bounds__(256) dft_rows_inverse(const T* __restrict__ y,
         if (b < B) val = yv[((index_t)p * h + v) * B + b];
         ys[i] = val;
     }
-    for (int i = tid; i < h * n1; i += 256) {
-        const int v = i / n1, q = i - v * n1;
-        V val;
-        val.x = dwi[(2 * v) * n1 + q];
-        val.y = dwi[(2 * v + 1) * n1 + q];
-        ds[i] = val;
+    const int lane = tid & 31, warp = tid >> 5;
+    for (int v = warp; v < h; v += 8) {   // a warp a frequency, its lanes along q (no divisions)
+        for (int q = lane; q < n1; q += 32) {
+            V val;
+            val.x = dwi[(2 * v) * n1 + q];
+            val.y = dwi[(2 * v + 1) * n1 + q];
+            ds[v * n1 + q] = val;
+        }
     }
     __syncthreads();
-    const int lane = tid & 31, warp = tid >> 5;
     for (int q0 = 0; q0 < n1; q0 += 64) {
         const int qa = q0 + lane, qb = q0 + 32 + lane;
         const int ca = qa < n1 ? qa : n1 - 1, cb = qb < n1 ? qb : n1 - 1;
@@ -199,88 +202,108 @@ __global__ void __launch_bounds__(256) dft_rows_inverse(const T* __restrict__ y,
     }
 }
 
-// dft_filter_spectrum (work in progress, dft.FUSED_FILTER, off): the filter spectrum
+// dft_filter_spectrum (dft.FUSED_FILTER): the filter spectrum
 // G[(u, v), j, k] = sum_r dr[u, r] sum_s ds[v, s] g[r, s] of the (dilated; for
 // flip rotated, channel-swapped) filter, in one pass instead of a
 // complex-conversion kernel and two cuBLAS GEMMs with inner dimension E
 // (on the H100, big_7x7_s1: 0.015 + 0.034 + 0.054 ms for 58 MB of output,
-// notes/large2.md).
+// notes/large2.md; the floor is the 58 MB write, ~0.02 ms).
 // g[r, s] = f[k, j, r', s'] as in fft_filter_complex (conv_fft.cu): r' = (flip ?
 // E0 - 1 - r : r) / d0 when that divides, else 0.  dr (T0 x E0) and ds
 // (h x E1) are complex (re, im) pairs, 1 / (T0 T1) folded into dr.
-// Block: 128 consecutive pairs jk = j * Ko + k (k fastest: coalesced writes of G)
-// for one row u (grid.y).  The block first stages its pairs' E0 x E1 taps in
-// shared memory, tap fastest (consecutive threads read consecutive taps of a
-// filter: coalesced; the flip / dilation index arithmetic done once a tap), pitch
-// (E0 E1) | 1 (odd: the per-thread reads below hit distinct banks).  (The first
-// version read the taps straight from f, one pair a thread: 32 sectors a warp
-// load, with divisions in the inner loop; it was slower than the cuBLAS path.)
-// Then thread t folds the rows, b[s] = sum_r dr[u, r] g[r, s] (E1 <= 32 complex
-// values in registers, the loop unrolled with guards), and writes the h
-// frequencies G[u, v] = sum_s ds[v, s] b[s] as 2-vector stores.  ds and dr's row
-// u sit in shared memory (broadcast reads).
-// Shared memory: (128 ((E0 E1) | 1) + 2 h E1 + 2 E0) values of T.
-template <typename T, typename index_t>
+// Block: blockDim.x (128, 64 or 32: what fits the shared memory) consecutive pairs
+// jk = j * Ko + k (k fastest: coalesced writes of G) for the rows u = blockIdx.y,
+// + gridDim.y, .. < T0 (T0: the rows of this launch; dr and G start at its first).
+// Staging (once a block, whatever its rows): the flip / dilation index arithmetic
+// is done once a tap into a shared offset table (offs[tap] = element offset in a
+// filter, or -1 for a zero tap of the dilation); then warp w stages pairs w, w +
+// (warps), .. with its lanes on consecutive taps (coalesced reads of one filter), into
+// shared memory at pitch (E0 E1) | 1 (odd: the per-thread reads below hit distinct
+// banks).  Helper dft7: the previous version did ~10 runtime integer divisions per
+// staged tap and staged again for every row u; that, not the writes, made it
+// slower than the cuBLAS path on the H100 (0.44 vs 0.36 ms, big_7x7_s1 forward).
+// Compute: thread t folds the rows, b[s] = sum_r dr[u, r] g[r, s] (E1 <= SMAX
+// complex values in registers: SMAX a template parameter, the smallest of 8, 12,
+// 16, 32 that holds E1, so the unrolled, guarded loops waste at most a few
+// slots), then writes the h frequencies G[u, v] = sum_s ds[v, s] b[s] as 2-vector
+// stores (a warp writes 32 consecutive pairs: 256 / 512 bytes).  ds sits in
+// shared memory (broadcast 2-vector reads); dr's row u is read through the
+// read-only path (one address a warp).
+// Shared memory: blockDim.x ((E0 E1) | 1) + 2 h E1 values of T, then E0 E1 index_t.
+template <typename T, typename index_t, int SMAX>
 __global__ void __launch_bounds__(128) dft_filter_spectrum(const T* __restrict__ f, const T* __restrict__ ds,
                                                            const T* __restrict__ dr, T* __restrict__ G,
-                                                           int h, int E0, int E1, int J, int Ko, int d0, int d1,
-                                                           int flip, long long sk, long long sj, long long sr,
-                                                           long long ss) {
+                                                           int T0, int h, int E0, int E1, int J, int Ko, int d0,
+                                                           int d1, int flip, long long sk, long long sj,
+                                                           long long sr, long long ss) {
     typedef typename dft_vec2<T>::type V;
     extern __shared__ __align__(16) unsigned char dft_smem[];
     const int taps = E0 * E1, pitch = taps | 1;
-    T* gs = reinterpret_cast<T*>(dft_smem);            // 128 x pitch
-    T* dss = gs + 128 * pitch;                          // h x E1 complex
-    T* drs = dss + 2 * h * E1;                          // E0 complex (row u)
-    const int u = blockIdx.y;
-    const index_t jk0 = (index_t)blockIdx.x * 128;
+    const int npairs = blockDim.x, warps = npairs >> 5;
+    T* gs = reinterpret_cast<T*>(dft_smem);                             // npairs x pitch
+    V* dss = reinterpret_cast<V*>(gs + npairs * pitch);                 // h x E1 complex
+    index_t* offs = reinterpret_cast<index_t*>(dss + h * E1);           // taps
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const index_t jk0 = (index_t)blockIdx.x * npairs;
     const index_t pairs = (index_t)J * Ko;
-    for (int i = threadIdx.x; i < 2 * h * E1; i += 128) dss[i] = ds[i];
-    for (int i = threadIdx.x; i < 2 * E0; i += 128) drs[i] = dr[(index_t)u * 2 * E0 + i];
-    for (int i = threadIdx.x; i < 128 * taps; i += 128) {
-        const int pair = i / taps, tap = i - pair * taps;
+    const V* dsv = reinterpret_cast<const V*>(ds);
+    for (int i = tid; i < h * E1; i += npairs) dss[i] = dsv[i];
+    for (int tap = tid; tap < taps; tap += npairs) {
         const int r = tap / E1, s = tap - r * E1;
-        const index_t jk = jk0 + pair;
-        T value = T(0);
-        if (jk < pairs) {
-            const int k = (int)(jk % Ko), j = (int)(jk / Ko);
-            const int rr = flip ? E0 - 1 - r : r, sv = flip ? E1 - 1 - s : s;
-            if (rr % d0 == 0 && sv % d1 == 0) value = f[k * sk + j * sj + (rr / d0) * sr + (sv / d1) * ss];
-        }
-        gs[pair * pitch + tap] = value;
+        const int rr = flip ? E0 - 1 - r : r, sv = flip ? E1 - 1 - s : s;
+        offs[tap] = (rr % d0 == 0 && sv % d1 == 0) ? (index_t)(rr / d0) * sr + (index_t)(sv / d1) * ss
+                                                   : (index_t)-1;
     }
     __syncthreads();
-    const index_t jk = jk0 + threadIdx.x;
-    if (jk >= pairs) return;
-    const T* g = gs + threadIdx.x * pitch;
-    T bre[32], bim[32];
-#pragma unroll
-    for (int s = 0; s < 32; ++s) { bre[s] = T(0); bim[s] = T(0); }
-    for (int r = 0; r < E0; ++r) {
-        const T cr = drs[2 * r], ci = drs[2 * r + 1];
-#pragma unroll
-        for (int s = 0; s < 32; ++s) {
-            if (s < E1) {
-                const T gv = g[r * E1 + s];
-                bre[s] += cr * gv;
-                bim[s] += ci * gv;
-            }
+    for (int pair = warp; pair < npairs; pair += warps) {
+        const index_t jk = jk0 + pair;
+        if (jk >= pairs) break;
+        const index_t k = jk % Ko, j = jk / Ko;
+        const T* fp = f + k * (index_t)sk + j * (index_t)sj;
+        for (int tap = lane; tap < taps; tap += 32) {
+            const index_t o = offs[tap];
+            gs[pair * pitch + tap] = o >= 0 ? fp[o] : T(0);
         }
     }
-    V* out = reinterpret_cast<V*>(G) + (index_t)u * h * pairs + jk;
-    for (int v = 0; v < h; ++v) {
-        T gre = T(0), gim = T(0);
+    __syncthreads();
+    const index_t jk = jk0 + tid;
+    if (jk >= pairs) return;
+    const T* g = gs + tid * pitch;
+    const V* drv = reinterpret_cast<const V*>(dr);
+    V* Gv = reinterpret_cast<V*>(G);
+    for (int u = blockIdx.y; u < T0; u += gridDim.y) {
+        T bre[SMAX], bim[SMAX];
 #pragma unroll
-        for (int s = 0; s < 32; ++s) {
-            if (s < E1) {
-                const T dre = dss[2 * (v * E1 + s)], dim = dss[2 * (v * E1 + s) + 1];
-                gre += dre * bre[s] - dim * bim[s];
-                gim += dre * bim[s] + dim * bre[s];
+        for (int s = 0; s < SMAX; ++s) {
+            bre[s] = T(0);
+            bim[s] = T(0);
+        }
+        for (int r = 0; r < E0; ++r) {
+            const V c = __ldg(drv + (index_t)u * E0 + r);
+#pragma unroll
+            for (int s = 0; s < SMAX; ++s) {
+                if (s < E1) {
+                    const T gv = g[r * E1 + s];
+                    bre[s] += c.x * gv;
+                    bim[s] += c.y * gv;
+                }
             }
         }
-        V val;
-        val.x = gre;
-        val.y = gim;
-        out[(index_t)v * pairs] = val;
+        V* out = Gv + (index_t)u * h * pairs + jk;
+        for (int v = 0; v < h; ++v) {
+            T gre = T(0), gim = T(0);
+#pragma unroll
+            for (int s = 0; s < SMAX; ++s) {
+                if (s < E1) {
+                    const V d = dss[v * E1 + s];
+                    gre += d.x * bre[s] - d.y * bim[s];
+                    gim += d.x * bim[s] + d.y * bre[s];
+                }
+            }
+            V val;
+            val.x = gre;
+            val.y = gim;
+            out[(index_t)v * pairs] = val;
+        }
     }
 }

@@ -60,10 +60,14 @@ from .. import _cublas, _dtypes
 from .._kernels import KernelFamily, ceil_div, index_type
 from . import fft as _fft
 
+# dft_filter_spectrum keeps a filter row's E' taps in registers: SMAX, the
+# smallest of FILTER_SMAX that holds E', sizes them (E' > 32: the cuBLAS path).
+FILTER_SMAX = (8, 12, 16, 32)
 FAMILY = KernelFamily("conv_dft.cu", [f"{k}<{t}, {i}>"
-                                      for k in ("dft_transpose", "dft_rows_forward", "dft_rows_inverse",
-                                                "dft_filter_spectrum")
-                                      for t in ("float", "double") for i in ("int", "long long")])
+                                      for k in ("dft_transpose", "dft_rows_forward", "dft_rows_inverse")
+                                      for t in ("float", "double") for i in ("int", "long long")]
+                      + [f"dft_filter_spectrum<{t}, {i}, {m}>" for t in ("float", "double")
+                         for i in ("int", "long long") for m in FILTER_SMAX])
 
 # WORK IN PROGRESS, off: the W-axis transforms as our own kernels fused with the
 # transposes (dft_rows_forward / dft_rows_inverse in kernels/conv_dft.cu) instead
@@ -88,7 +92,12 @@ FAMILY = KernelFamily("conv_dft.cu", [f"{k}<{t}, {i}>"
 # GPU, so FUSED_FILTER stays False until tests/test_conv_dft.py's fused test passes.
 # FUSED_ROWS: dft_rows_forward + dft_rows_inverse; FUSED_FILTER: dft_filter_spectrum.
 FUSED_ROWS = True
-FUSED_FILTER = False
+FUSED_FILTER = True
+# The filter spectrum (F, J, Ko) is the largest buffer of forward / backward data
+# (58 MB on big_7x7_s1, more than x): it is made in chunks of rows u of at most
+# this many bytes, each consumed by its per-frequency GEMMs right after, so it can
+# stay in the H100's 50 MB L2 (0: one chunk).  Helper dft7, notes/dft7.md.
+FILTER_CHUNK_BYTES = 16 << 20
 _SMEM_LIMIT = 48 * 1024
 
 SUPPORTED_DTYPES = _fft.SUPPORTED_DTYPES   # the same spectra, the same dtypes
@@ -199,7 +208,8 @@ class _Setup:
         self.transpose = f"dft_transpose<{ct}, {it}>"
         self.rows_forward = f"dft_rows_forward<{ct}, {it}>"
         self.rows_inverse = f"dft_rows_inverse<{ct}, {it}>"
-        self.filter_spectrum = f"dft_filter_spectrum<{ct}, {it}>"
+        smax = next((m for m in FILTER_SMAX if g.extent[1] <= m), None)
+        self.filter_spectrum = None if smax is None else f"dft_filter_spectrum<{ct}, {it}, {smax}>"
         self.filter_complex = f"fft_filter_complex<{ct}, {it}>"
         self.index = np.int64 if it == "long long" else np.int32
 
@@ -238,7 +248,8 @@ def _spectra(xp, st, a, DW, DH):
         smem = (Wi * dpitch + 64 * xpitch) * a.itemsize
         if smem <= _SMEM_LIMIT and Hi <= 65535 and NB <= 65535:
             A1t = xp.empty((Hi * h, NB * J), dtype=st.cdtype)
-            FAMILY.launch(st.rows_forward, (ceil_div(J, 64), Hi, NB), (256,),
+            warps = min(16, max(4, ceil_div(h, 4)))      # 4 frequencies a warp
+            FAMILY.launch(st.rows_forward, (ceil_div(J, 64), Hi, NB), (32 * warps,),
                           (a, DW, A1t, np.int32(NB), np.int32(J), np.int32(Hi), np.int32(Wi), np.int32(h),
                            np.int32(dpitch), np.int32(xpitch)), shared_mem=smem)
             Z = _cublas.gemm(xp, DH, A1t.reshape(Hi, h * NB * J), xp.empty((T0, h * NB * J), dtype=st.cdtype))
@@ -271,22 +282,20 @@ def _inverse(xp, st, Y, DHi, DWi, out):
     return out
 
 
-def _filter_spectrum(xp, st, g, f, dilation, flip):
-    """G (F, J, Ko): the spectrum of the (dilated; for ``flip`` rotated and
-    channel-swapped) filter placed reversed, 1 / (T T') folded in."""
+def _filter_source(xp, st, g, f, dilation, flip):
+    """What :func:`_filter_rows` turns into spectrum rows: the filter itself for
+    the fused kernel (with its pairs a block and shared memory), else (flag off,
+    E' > 32, or 32 pairs' taps over the shared memory) the filter's W-axis
+    spectrum A (E, h, J Ko) (fft's conversion kernel + the Ds GEMM), which every
+    chunk of rows shares."""
     E0, E1 = g.extent
     J, Ko = g.channels_in, g.channels_out
-    h = g.half
-    smem = (128 * ((E0 * E1) | 1) + 2 * (h * E1 + E0)) * np.dtype(st.dtype).itemsize
-    if FUSED_FILTER and xp is not np and E1 <= 32 and smem <= _SMEM_LIMIT and g.T[0] <= 65535:
-        fs = _fft._elements(f)
-        sk, sj = (fs[1], fs[0]) if flip else (fs[0], fs[1])
-        G = xp.empty((g.frequencies, J, Ko), dtype=st.cdtype)
-        FAMILY.launch(st.filter_spectrum, (ceil_div(J * Ko, 128), g.T[0]), (128,),
-                      (f, st.Ds, st.Dr, G, np.int32(h), np.int32(E0), np.int32(E1), np.int32(J), np.int32(Ko),
-                       np.int32(dilation[0]), np.int32(dilation[1]), np.int32(flip),
-                       np.int64(sk), np.int64(sj), np.int64(fs[2]), np.int64(fs[3])), shared_mem=smem)
-        return G
+    itemsize = np.dtype(st.dtype).itemsize
+    if FUSED_FILTER and xp is not np and st.filter_spectrum is not None:
+        for npairs in (128, 64, 32):   # pairs a block: the most whose taps fit the shared memory
+            smem = (npairs * ((E0 * E1) | 1) + 2 * g.half * E1) * itemsize + E0 * E1 * np.dtype(st.index).itemsize
+            if smem <= _SMEM_LIMIT:
+                return ("fused", f, (npairs, smem))
     wc = xp.empty((E0, E1, J, Ko), dtype=st.cdtype)
     if xp is np:
         _fft._emulate_filter_complex(f, wc, dilation, flip, flip)
@@ -298,19 +307,69 @@ def _filter_spectrum(xp, st, g, f, dilation, flip):
                            (f, wc, st.index(total), np.int32(E0), np.int32(E1), np.int32(J), np.int32(Ko),
                             np.int32(dilation[0]), np.int32(dilation[1]), np.int32(flip),
                             np.int64(sk), np.int64(sj), np.int64(fs[2]), np.int64(fs[3])))
-    return _fft._filter_dft(xp, wc, st.Ds, st.Dr)
+    A = xp.empty((E0, g.half, J * Ko), dtype=st.cdtype)
+    _cublas.gemm(xp, st.Ds, wc.reshape(E0, E1, J * Ko), A)                   # (E, h, J Ko)
+    return ("gemm", A, None)
+
+
+def _filter_rows(xp, st, g, source, dilation, flip, u0, u1, G):
+    """G ((u1 - u0) h, J, Ko) = the rows u0 <= u < u1 of the spectrum of the
+    (dilated; for ``flip`` rotated and channel-swapped) filter placed reversed,
+    1 / (T T') folded in: G[(u, v), j, k] = sum_r Dr[u, r] sum_s Ds[v, s] g[r, s]."""
+    kind, src, launch = source
+    Dr = st.Dr[u0:u1]                                   # contiguous rows of (T, E)
+    if kind == "gemm":
+        E0 = src.shape[0]
+        _cublas.gemm(xp, Dr, src.reshape(E0, -1), G.reshape(u1 - u0, -1))
+        return G
+    E0, E1 = g.extent
+    J, Ko = g.channels_in, g.channels_out
+    rows_total = u1 - u0
+    fs = _fft._elements(src)
+    sk, sj = (fs[1], fs[0]) if flip else (fs[0], fs[1])
+    npairs, smem = launch
+    pair_blocks = ceil_div(J * Ko, npairs)
+    # Two rows u a block where that still leaves >= 768 blocks (~6 a multiprocessor
+    # of the H100: the staging of the taps is paid once a block); grid.y <= 65535.
+    per_block = max(ceil_div(rows_total, 65535), 2 if pair_blocks * ceil_div(rows_total, 2) >= 768 else 1)
+    FAMILY.launch(st.filter_spectrum, (pair_blocks, ceil_div(rows_total, per_block)), (npairs,),
+                  (src, st.Ds, Dr, G, np.int32(rows_total), np.int32(g.half), np.int32(E0), np.int32(E1),
+                   np.int32(J), np.int32(Ko), np.int32(dilation[0]), np.int32(dilation[1]), np.int32(flip),
+                   np.int64(sk), np.int64(sj), np.int64(fs[2]), np.int64(fs[3])), shared_mem=smem)
+    return G
+
+
+def filter_chunks(g, itemsize):
+    """The row ranges [u0, u1) of the filter spectrum made and consumed one at a
+    time (each at most FILTER_CHUNK_BYTES, at least one row u; one range when
+    FILTER_CHUNK_BYTES is 0)."""
+    T0 = g.T[0]
+    row_bytes = g.half * g.channels_in * g.channels_out * 2 * itemsize
+    rows = T0 if FILTER_CHUNK_BYTES <= 0 else max(1, min(T0, FILTER_CHUNK_BYTES // row_bytes))
+    count = ceil_div(T0, rows)
+    rows = ceil_div(T0, count)            # even chunks: the last one is not a sliver
+    return [(u0, min(u0 + rows, T0)) for u0 in range(0, T0, rows)]
 
 
 def correlate(xp, g, a, f, out, bias, dilation, flip):
     """out (N, Ko, P, Q) contiguous = correlation of a (N, J, Hi, Wi) contiguous
-    with the filter (forward, or backward data when ``flip``), plus bias."""
+    with the filter (forward, or backward data when ``flip``), plus bias.
+
+    The filter spectrum is made in chunks of rows u, each multiplied at once
+    (per-frequency GEMMs of those rows) while it is still in L2."""
     N = a.shape[0]
-    Ko = g.channels_out
+    J, Ko = g.channels_in, g.channels_out
+    h = g.half
     st = _setup(xp, g, N, out.dtype, "forward")
-    G = _filter_spectrum(xp, st, g, f, dilation, flip)                       # (F, J, Ko)
     Z = _spectra(xp, st, a, st.DWf, st.DHf)                                  # (F, N, J)
-    Y = _cublas.gemm(xp, Z, G, xp.empty((g.frequencies, N, Ko), dtype=st.cdtype))
-    del Z, G
+    source = _filter_source(xp, st, g, f, dilation, flip)
+    Y = xp.empty((g.frequencies, N, Ko), dtype=st.cdtype)
+    chunks = filter_chunks(g, np.dtype(st.dtype).itemsize)
+    buf = xp.empty((max(u1 - u0 for u0, u1 in chunks) * h, J, Ko), dtype=st.cdtype)
+    for u0, u1 in chunks:
+        G = _filter_rows(xp, st, g, source, dilation, flip, u0, u1, buf[:(u1 - u0) * h])
+        _cublas.gemm(xp, Z[u0 * h:u1 * h], G, Y[u0 * h:u1 * h])
+    del Z, buf, G, source
     if bias is not None:  # the zero frequency of a constant: the unnormalised inverse spreads it
         xp.add(Y[0], bias.reshape(1, Ko), out=Y[0])
     return _inverse(xp, st, Y.reshape(g.frequencies, N * Ko), st.DHi, st.DWi, out.reshape(N * Ko, *g.out))
