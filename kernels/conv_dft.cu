@@ -47,11 +47,12 @@ __global__ void dft_transpose(const T* __restrict__ in, T* __restrict__ out, ind
 // + i dw[col, 2v + 1]) -- the real W-axis DFT of every image row, written straight
 // in the (Hi, h, NB, J) complex layout the H-axis GEMM reads.
 // Block: one image row r (grid.y) of one sample nb (grid.z) for 64 channels
-// (grid.x); blockDim.x = 32 x warps, warps = ceil(h / 4) within [4, 16] (helper
-// dft7: 8 fixed warps left 7 of them idle in a second pass for h = 35, the 11x11
-// layer, and half of them idle for h <= 16); lane l owns channels c0 + l and
+// (grid.x); 256 threads = 8 warps x 32 lanes; lane l owns channels c0 + l and
 // c0 + 32 + l (so a warp's writes are 32 consecutive complex values), warp w
-// the frequencies v0 = 4 w + 4 warps k .. v0 + 3.  Shared memory: the DFT matrix
+// the frequencies v0 = 4 w + 32 k .. v0 + 3.  (Helper dft7 tried ceil(h / 4)
+// warps, up to 16, with __launch_bounds__(512) and division-free staging: 0.084 ms
+// against 0.055 on big_7x7_s1 on the H100, most likely the 128-register cap of
+// the 512-thread bound; reverted.)  Shared memory: the DFT matrix
 // (Wi x dpitch, dpitch = 2 * round_up(h, 4), zero-filled past 2h, so four
 // frequencies are two aligned 16-byte loads, broadcast to the warp) and the 64
 // image rows (64 x xpitch, xpitch = Wi | 1: odd, so the lanes' column reads
@@ -84,7 +85,7 @@ struct dft_vec2<double> {
 };
 
 template <typename T, typename index_t>
-__global__ void __launch_bounds__(512) dft_rows_forward(const T* __restrict__ a, const T* __restrict__ dw,
+__global__ void __launch_bounds__(256) dft_rows_forward(const T* __restrict__ a, const T* __restrict__ dw,
                                                         T* __restrict__ out, int NB, int J, int Hi, int Wi,
                                                         int h, int dpitch, int xpitch) {
     typedef typename dft_vec2<T>::type V;
@@ -93,17 +94,17 @@ __global__ void __launch_bounds__(512) dft_rows_forward(const T* __restrict__ a,
     T* xs = dws + Wi * dpitch;                          // 64 x xpitch
     const int c0 = blockIdx.x * 64, r = blockIdx.y, nb = blockIdx.z;
     const int tid = threadIdx.x;
-    const int lane = tid & 31, warp = tid >> 5, warps = blockDim.x >> 5;
-    // Staging: a warp a matrix row / image row, its lanes along it (no divisions).
-    for (int col = warp; col < Wi; col += warps)
-        for (int k = lane; k < dpitch; k += 32) dws[col * dpitch + k] = k < 2 * h ? dw[col * 2 * h + k] : T(0);
-    for (int cc = warp; cc < 64; cc += warps) {
-        const int c = c0 + cc;
-        const T* row = a + (((index_t)nb * J + (c < J ? c : 0)) * Hi + r) * Wi;
-        for (int col = lane; col < Wi; col += 32) xs[cc * xpitch + col] = c < J ? row[col] : T(0);
+    for (int i = tid; i < Wi * dpitch; i += 256) {
+        const int col = i / dpitch, k = i - col * dpitch;
+        dws[i] = k < 2 * h ? dw[col * 2 * h + k] : T(0);
+    }
+    for (int i = tid; i < 64 * Wi; i += 256) {
+        const int cc = i / Wi, col = i - cc * Wi, c = c0 + cc;
+        xs[cc * xpitch + col] = c < J ? a[(((index_t)nb * J + c) * Hi + r) * Wi + col] : T(0);
     }
     __syncthreads();
-    for (int v0 = 4 * warp; v0 < h; v0 += 4 * warps) {
+    const int lane = tid & 31, warp = tid >> 5;
+    for (int v0 = 4 * warp; v0 < h; v0 += 32) {
         T re0[4] = {0, 0, 0, 0}, im0[4] = {0, 0, 0, 0}, re1[4] = {0, 0, 0, 0}, im1[4] = {0, 0, 0, 0};
         for (int col = 0; col < Wi; ++col) {
             const T x0 = xs[lane * xpitch + col], x1 = xs[(lane + 32) * xpitch + col];
@@ -216,20 +217,40 @@ __global__ void __launch_bounds__(256) dft_rows_inverse(const T* __restrict__ y,
 // + gridDim.y, .. < T0 (T0: the rows of this launch; dr and G start at its first).
 // Staging (once a block, whatever its rows): the flip / dilation index arithmetic
 // is done once a tap into a shared offset table (offs[tap] = element offset in a
-// filter, or -1 for a zero tap of the dilation); then warp w stages pairs w, w +
-// (warps), .. with its lanes on consecutive taps (coalesced reads of one filter), into
-// shared memory at pitch (E0 E1) | 1 (odd: the per-thread reads below hit distinct
-// banks).  Helper dft7: the previous version did ~10 runtime integer divisions per
-// staged tap and staged again for every row u; that, not the writes, made it
-// slower than the cuBLAS path on the H100 (0.44 vs 0.36 ms, big_7x7_s1 forward).
+// filter, or -1 for a zero tap of the dilation), and once a pair into bases[pair]
+// (the filter's start); then the lanes of a warp take consecutive taps (coalesced
+// reads of one filter) of 8 pairs at a time: 8 independent loads in flight
+// before their shared stores, pitch (E0 E1) | 1 (odd: the per-thread reads below
+// hit distinct banks).  Helper dft7, H100: a version whose loop made one load and
+// its store per iteration (each store waits for its load: a memory latency an
+// iteration, 64-128 iterations a warp) took 0.060 ms on big_7x7_s1 and 0.178 ms on
+// big_11x11_s1 for 58 / 20 MB of output; the one before (large2) also did ~10
+// runtime integer divisions per tap and staged again for every row u.
 // Compute: thread t folds the rows, b[s] = sum_r dr[u, r] g[r, s] (E1 <= SMAX
 // complex values in registers: SMAX a template parameter, the smallest of 8, 12,
 // 16, 32 that holds E1, so the unrolled, guarded loops waste at most a few
 // slots), then writes the h frequencies G[u, v] = sum_s ds[v, s] b[s] as 2-vector
-// stores (a warp writes 32 consecutive pairs: 256 / 512 bytes).  ds sits in
-// shared memory (broadcast 2-vector reads); dr's row u is read through the
-// read-only path (one address a warp).
-// Shared memory: blockDim.x ((E0 E1) | 1) + 2 h E1 values of T, then E0 E1 index_t.
+// stores, two frequencies an iteration (4 independent sums), a warp writing 32
+// consecutive pairs (256 / 512 bytes).  ds sits in shared memory (broadcast
+// 2-vector reads); dr's row u is read through the read-only path (one address a
+// warp).
+// Shared memory: blockDim.x ((E0 E1) | 1) + 2 h E1 values of T, then
+// E0 E1 + blockDim.x index_t.
+template <typename T, int SMAX>
+__device__ __forceinline__ void dft_filter_frequency(const typename dft_vec2<T>::type* d, const T (&bre)[SMAX],
+                                                     const T (&bim)[SMAX], int E1, T& gre, T& gim) {
+    gre = T(0);
+    gim = T(0);
+#pragma unroll
+    for (int s = 0; s < SMAX; ++s) {
+        if (s < E1) {
+            const typename dft_vec2<T>::type w = d[s];
+            gre += w.x * bre[s] - w.y * bim[s];
+            gim += w.x * bim[s] + w.y * bre[s];
+        }
+    }
+}
+
 template <typename T, typename index_t, int SMAX>
 __global__ void __launch_bounds__(128) dft_filter_spectrum(const T* __restrict__ f, const T* __restrict__ ds,
                                                            const T* __restrict__ dr, T* __restrict__ G,
@@ -243,9 +264,11 @@ __global__ void __launch_bounds__(128) dft_filter_spectrum(const T* __restrict__
     T* gs = reinterpret_cast<T*>(dft_smem);                             // npairs x pitch
     V* dss = reinterpret_cast<V*>(gs + npairs * pitch);                 // h x E1 complex
     index_t* offs = reinterpret_cast<index_t*>(dss + h * E1);           // taps
+    index_t* bases = offs + taps;                                       // npairs
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const index_t jk0 = (index_t)blockIdx.x * npairs;
     const index_t pairs = (index_t)J * Ko;
+    const index_t jk = jk0 + tid;
     const V* dsv = reinterpret_cast<const V*>(ds);
     for (int i = tid; i < h * E1; i += npairs) dss[i] = dsv[i];
     for (int tap = tid; tap < taps; tap += npairs) {
@@ -254,19 +277,27 @@ __global__ void __launch_bounds__(128) dft_filter_spectrum(const T* __restrict__
         offs[tap] = (rr % d0 == 0 && sv % d1 == 0) ? (index_t)(rr / d0) * sr + (index_t)(sv / d1) * ss
                                                    : (index_t)-1;
     }
+    bases[tid] = jk < pairs ? (jk % Ko) * (index_t)sk + (jk / Ko) * (index_t)sj : (index_t)-1;
     __syncthreads();
-    for (int pair = warp; pair < npairs; pair += warps) {
-        const index_t jk = jk0 + pair;
-        if (jk >= pairs) break;
-        const index_t k = jk % Ko, j = jk / Ko;
-        const T* fp = f + k * (index_t)sk + j * (index_t)sj;
-        for (int tap = lane; tap < taps; tap += 32) {
-            const index_t o = offs[tap];
-            gs[pair * pitch + tap] = o >= 0 ? fp[o] : T(0);
+    for (int tap0 = 0; tap0 < taps; tap0 += 32) {
+        const int tap = tap0 + lane;
+        const index_t o = tap < taps ? offs[tap] : (index_t)-1;
+        for (int p0 = warp; p0 < npairs; p0 += 8 * warps) {
+            T val[8];
+#pragma unroll
+            for (int q = 0; q < 8; ++q) {
+                const int pair = p0 + q * warps;
+                const index_t base = pair < npairs ? bases[pair] : (index_t)-1;
+                val[q] = (base >= 0 && o >= 0) ? __ldg(f + base + o) : T(0);
+            }
+#pragma unroll
+            for (int q = 0; q < 8; ++q) {
+                const int pair = p0 + q * warps;
+                if (pair < npairs && tap < taps) gs[pair * pitch + tap] = val[q];
+            }
         }
     }
     __syncthreads();
-    const index_t jk = jk0 + tid;
     if (jk >= pairs) return;
     const T* g = gs + tid * pitch;
     const V* drv = reinterpret_cast<const V*>(dr);
@@ -290,20 +321,18 @@ __global__ void __launch_bounds__(128) dft_filter_spectrum(const T* __restrict__
             }
         }
         V* out = Gv + (index_t)u * h * pairs + jk;
-        for (int v = 0; v < h; ++v) {
-            T gre = T(0), gim = T(0);
-#pragma unroll
-            for (int s = 0; s < SMAX; ++s) {
-                if (s < E1) {
-                    const V d = dss[v * E1 + s];
-                    gre += d.x * bre[s] - d.y * bim[s];
-                    gim += d.x * bim[s] + d.y * bre[s];
-                }
-            }
-            V val;
-            val.x = gre;
-            val.y = gim;
-            out[(index_t)v * pairs] = val;
+        int v = 0;
+        for (; v + 1 < h; v += 2) {
+            V a, b;
+            dft_filter_frequency<T, SMAX>(dss + v * E1, bre, bim, E1, a.x, a.y);
+            dft_filter_frequency<T, SMAX>(dss + (v + 1) * E1, bre, bim, E1, b.x, b.y);
+            out[(index_t)v * pairs] = a;
+            out[(index_t)(v + 1) * pairs] = b;
+        }
+        if (v < h) {
+            V a;
+            dft_filter_frequency<T, SMAX>(dss + v * E1, bre, bim, E1, a.x, a.y);
+            out[(index_t)v * pairs] = a;
         }
     }
 }

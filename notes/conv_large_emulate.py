@@ -132,16 +132,22 @@ def emu(f, ds, dr, h,E0,E1,J,Ko,d0,d1,flip,T0,rows=2,npairs=128):
           r=tap//E1; s=tap-r*E1
           rr=E0-1-r if flip else r; sv=E1-1-s if flip else s
           offs[tap]=(rr//d0)*sr+(sv//d1)*ss if (rr%d0==0 and sv%d1==0) else -1
-        for warp in range(npairs//32):
-          for pair in range(warp,npairs,npairs//32):
-            jk=jk0+pair
-            if jk>=pairs: break
-            k,j=jk%Ko,jk//Ko
-            base=k*sk+j*sj
-            for lane in range(32):
-              for tap in range(lane,taps,32):
-                o=offs[tap]
-                gs[pair*pitch+tap]=ff[base+o] if o>=0 else 0.0
+        warps=npairs//32
+        bases=[((jk0+t)%Ko)*sk+((jk0+t)//Ko)*sj if jk0+t<pairs else -1 for t in range(npairs)]
+        for warp in range(warps):      # helper dft7: 8 pairs a batch, lanes along taps
+          for lane in range(32):
+            for tap0 in range(0,taps,32):
+              tap=tap0+lane
+              o=offs[tap] if tap<taps else -1
+              for p0 in range(warp,npairs,8*warps):
+                val=[]
+                for q in range(8):
+                  pair=p0+q*warps
+                  base=bases[pair] if pair<npairs else -1
+                  val.append(ff[base+o] if (base>=0 and o>=0) else 0.0)
+                for q in range(8):
+                  pair=p0+q*warps
+                  if pair<npairs and tap<taps: gs[pair*pitch+tap]=val[q]
         for t in range(npairs):
           jk=jk0+t
           if jk>=pairs: continue

@@ -243,7 +243,7 @@ def _check_with_flags(gpu, rng, monkeypatch, case, dtype, flags):
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", FUSED_SMALL)
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("flags", ALL_FLAGS)
+@pytest.mark.parametrize("flags", ALL_FLAGS, ids=lambda f: "+".join(f) or "unfused")
 def test_dft_fused_rows_match_reference(gpu, rng, monkeypatch, case, dtype, flags):
     _check_with_flags(gpu, rng, monkeypatch, case, dtype, flags)
 
@@ -251,6 +251,7 @@ def test_dft_fused_rows_match_reference(gpu, rng, monkeypatch, case, dtype, flag
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", FUSED_PUBLIC)
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("flags", [("FUSED_ROWS", "FUSED_FILTER"), ("FUSED_ROWS", "FUSED_FILTER", "CHUNKS")])
+@pytest.mark.parametrize("flags", [("FUSED_ROWS", "FUSED_FILTER"), ("FUSED_ROWS", "FUSED_FILTER", "CHUNKS")],
+                         ids=lambda f: "+".join(f))
 def test_dft_fused_public_shapes_match_reference(gpu, rng, monkeypatch, case, dtype, flags):
     _check_with_flags(gpu, rng, monkeypatch, case, dtype, flags)

@@ -94,10 +94,12 @@ FAMILY = KernelFamily("conv_dft.cu", [f"{k}<{t}, {i}>"
 FUSED_ROWS = True
 FUSED_FILTER = True
 # The filter spectrum (F, J, Ko) is the largest buffer of forward / backward data
-# (58 MB on big_7x7_s1, more than x): it is made in chunks of rows u of at most
-# this many bytes, each consumed by its per-frequency GEMMs right after, so it can
-# stay in the H100's 50 MB L2 (0: one chunk).  Helper dft7, notes/dft7.md.
-FILTER_CHUNK_BYTES = 16 << 20
+# (58 MB on big_7x7_s1, more than x): it can be made in chunks of rows u of at most
+# this many bytes, each consumed by its per-frequency GEMMs right after, so that it
+# could stay in the H100's 50 MB L2 (0: one chunk).  Measured by helper dft7
+# (notes/dft7.md): slower at 8, 16 and 32 MB on big_7x7_s1 and big_11x11_s1 (the
+# smaller batched GEMMs lose more than L2 gives back), so it is off.
+FILTER_CHUNK_BYTES = 0
 _SMEM_LIMIT = 48 * 1024
 
 SUPPORTED_DTYPES = _fft.SUPPORTED_DTYPES   # the same spectra, the same dtypes
@@ -248,8 +250,7 @@ def _spectra(xp, st, a, DW, DH):
         smem = (Wi * dpitch + 64 * xpitch) * a.itemsize
         if smem <= _SMEM_LIMIT and Hi <= 65535 and NB <= 65535:
             A1t = xp.empty((Hi * h, NB * J), dtype=st.cdtype)
-            warps = min(16, max(4, ceil_div(h, 4)))      # 4 frequencies a warp
-            FAMILY.launch(st.rows_forward, (ceil_div(J, 64), Hi, NB), (32 * warps,),
+            FAMILY.launch(st.rows_forward, (ceil_div(J, 64), Hi, NB), (256,),
                           (a, DW, A1t, np.int32(NB), np.int32(J), np.int32(Hi), np.int32(Wi), np.int32(h),
                            np.int32(dpitch), np.int32(xpitch)), shared_mem=smem)
             Z = _cublas.gemm(xp, DH, A1t.reshape(Hi, h * NB * J), xp.empty((T0, h * NB * J), dtype=st.cdtype))
@@ -293,7 +294,8 @@ def _filter_source(xp, st, g, f, dilation, flip):
     itemsize = np.dtype(st.dtype).itemsize
     if FUSED_FILTER and xp is not np and st.filter_spectrum is not None:
         for npairs in (128, 64, 32):   # pairs a block: the most whose taps fit the shared memory
-            smem = (npairs * ((E0 * E1) | 1) + 2 * g.half * E1) * itemsize + E0 * E1 * np.dtype(st.index).itemsize
+            smem = ((npairs * ((E0 * E1) | 1) + 2 * g.half * E1) * itemsize
+                    + (E0 * E1 + npairs) * np.dtype(st.index).itemsize)
             if smem <= _SMEM_LIMIT:
                 return ("fused", f, (npairs, smem))
     wc = xp.empty((E0, E1, J, Ko), dtype=st.cdtype)
