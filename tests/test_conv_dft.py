@@ -148,6 +148,28 @@ def test_dft_bookkeeping_in_filter_chunks_on_numpy(rng, monkeypatch, rows):
         _run_on_numpy(rng, case, "NCHW")
 
 
+@pytest.mark.parametrize("case,dtype,expected", [
+    ((2, 64, 56, 56, 64, 7, 7, 1, 3, 1, 1), np.float32, None),        # 49 taps: the cuBLAS path
+    ((2, 32, 64, 64, 32, 11, 11, 1, 5, 1, 1), np.float32, 64),        # 121 taps: 64 pairs fit 48 KB
+    ((2, 32, 64, 64, 32, 11, 11, 1, 5, 1, 1), np.float64, 32),
+    ((1, 3, 9, 40, 2, 3, 3, 1, (1, 17), (1, 17), 1), np.float32, None),   # E' = 35 > 32
+])
+def test_fused_filter_launch_follows_the_measured_rule(rng, monkeypatch, case, dtype, expected):
+    # Which filters the fused kernel makes the spectrum of, and its block size
+    # (the GPU tests force FUSED_FILTER_MIN_TAPS = 0 to run it on every shape).
+    g = _forward_geometry(rng, case)
+    st = dft_algo._Setup(np, g, case[0], dtype, "forward")
+    launch = dft_algo.fused_filter_launch(st, g)
+    assert (launch and launch[0]) == expected
+    if launch:
+        assert launch[1] <= 48 * 1024
+    monkeypatch.setattr(dft_algo, "FUSED_FILTER", False)
+    assert dft_algo.fused_filter_launch(st, g) is None
+    monkeypatch.setattr(dft_algo, "FUSED_FILTER", True)
+    monkeypatch.setattr(dft_algo, "FUSED_FILTER_MIN_TAPS", 0)
+    assert (dft_algo.fused_filter_launch(st, g) is None) == (case[6] == 3)
+
+
 def test_float32_error_within_the_table_row(rng):
     # The same GEMMs in float32 on NumPy (the GPU runs them on cuBLAS): 64
     # channels, the 7x7 layer's transform length, N(0, 1) data.
@@ -236,6 +258,7 @@ def _check_with_flags(gpu, rng, monkeypatch, case, dtype, flags):
     for flag in ("FUSED_ROWS", "FUSED_FILTER"):
         monkeypatch.setattr(dft_algo, flag, flag in flags)
     monkeypatch.setattr(dft_algo, "FILTER_CHUNK_BYTES", 1 if "CHUNKS" in flags else 0)
+    monkeypatch.setattr(dft_algo, "FUSED_FILTER_MIN_TAPS", 0)   # the kernel on every filter it fits
     x, w, b, opts = _random_problem(rng, case, "NCHW", dtype)
     _check_all_directions(gpu, rng, x, w, b, opts, "dft")
 

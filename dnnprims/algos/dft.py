@@ -33,9 +33,10 @@ sits reversed, no conjugation for forward and backward data):
     3. H-axis DFT:        Z (T, h NB J) = DHf (T, H) @ A1^T (H, h NB J)
        -> Z (F, NB, J), F = T h frequencies, channels innermost;
     4. per frequency:     Y (F, NB, Ko) = Z (F, NB, J) @ G (F, J, Ko)
-       G = the filter spectrum with 1 / (T T') folded in (fft's kernel +
-       two DFT GEMMs); a bias is added to Y's zero frequency (a constant
-       added to every output of the cyclic correlation);
+       G = the filter spectrum with 1 / (T T') folded in, made after step 3
+       (fft's conversion kernel + two DFT GEMMs, or from 64 taps on our
+       dft_filter_spectrum kernel); a bias is added to Y's zero frequency
+       (a constant added to every output of the cyclic correlation);
     5. H-axis inverse for the kept rows only: (P, T) @ Y -> (P, h, NB, Ko);
     6. transpose to (NB Ko, P, h);
     7. W-axis real inverse (C2R weights 1, 2, .., 2, [1]) for the kept
@@ -69,30 +70,31 @@ FAMILY = KernelFamily("conv_dft.cu", [f"{k}<{t}, {i}>"
                       + [f"dft_filter_spectrum<{t}, {i}, {m}>" for t in ("float", "double")
                          for i in ("int", "long long") for m in FILTER_SMAX])
 
-# WORK IN PROGRESS, off: the W-axis transforms as our own kernels fused with the
-# transposes (dft_rows_forward / dft_rows_inverse in kernels/conv_dft.cu) instead
-# of cuBLAS GEMM + transpose, and the filter spectrum in one kernel
-# (dft_filter_spectrum) instead of a conversion kernel + two cuBLAS GEMMs: the
-# three steps that the H100 stage profile shows slowest for the GPU work they do
-# (notes/conv_large.md).  Compiled (NVRTC), wired, index arithmetic checked by a
-# line-by-line NumPy port of each kernel (notes/conv_large_emulate.py).  On the H100
-# (helper wino5, notes/wino5.md) tests/test_conv_dft.py::test_dft_fused_rows_match_reference
-# passed for every flag combination (84 of 84), and big_7x7_s1 at batch 32 ran
-# forward 0.324 ms with FUSED_ROWS against 0.553 unfused (cuDNN 0.306-0.308),
-# backward data 0.324 against 0.380; FUSED_FILTER was slower there (0.399-0.411
-# with or without FUSED_ROWS), so it stays off.  Backward filter with FUSED_ROWS
-# (it uses the forward W-axis kernel for both spectra) is tested, not timed.
+# The fused kernels (kernels/conv_dft.cu): the W-axis transforms as our own kernels
+# fused with the transposes (dft_rows_forward / dft_rows_inverse) instead of cuBLAS
+# GEMM + transpose, and the filter spectrum in one kernel (dft_filter_spectrum)
+# instead of a conversion kernel + two cuBLAS GEMMs: the steps the H100 stage
+# profile showed slowest for the GPU work they do (notes/conv_large.md).  Index
+# arithmetic checked by a line-by-line NumPy port of each kernel
+# (notes/conv_large_emulate.py); tests/test_conv_dft.py's fused tests run every flag
+# combination on the GPU.  History: FUSED_ROWS on since helper wino5 (big_7x7_s1
+# forward 0.553 -> 0.324 ms, notes/wino5.md); dft_rows_inverse reworked by large2;
+# dft_filter_spectrum rewritten twice (large2, then dft7: offset table, 8 loads in
+# flight while staging, SMAX registers, 128 / 64 / 32 pairs a block; 0.178 -> 0.052
+# ms on big_11x11_s1) and on where it measured faster (FUSED_FILTER_MIN_TAPS below).
 # Where a shape does not fit the kernels' shared memory (48 KB) or grid, the
 # cuBLAS path runs whatever the flags say.
-# Helper large2 (notes/large2.md): dft_rows_inverse reworked (2-vector shared loads,
-# two columns a thread; GPU test passed, big_7x7_s1 forward unchanged at 0.324 ms),
-# and the H100 stage profile shows the filter spectrum's three launches at ~0.10 ms
-# of forward's ~0.32; dft_filter_spectrum was rewritten for that (taps staged in
-# shared memory, coalesced) and checked by the NumPy port only: NOT yet run on a
-# GPU, so FUSED_FILTER stays False until tests/test_conv_dft.py's fused test passes.
-# FUSED_ROWS: dft_rows_forward + dft_rows_inverse; FUSED_FILTER: dft_filter_spectrum.
+# FUSED_ROWS: dft_rows_forward + dft_rows_inverse; FUSED_FILTER: dft_filter_spectrum ...
 FUSED_ROWS = True
 FUSED_FILTER = True
+# ... for filters of at least this many taps (E E'): helper dft7 measured the new
+# kernel against the cuBLAS path on the H100 (batch 32, whole call, notes/dft7.md):
+# 11x11 (121 taps) forward 0.279 vs 0.312 ms, backward data 0.280 vs 0.315 (there the
+# cuBLAS path's (11 x 35) @ (11 x 1024) batched GEMM alone takes 0.053 ms); 7x7
+# (49 taps) forward 0.346 vs 0.318, backward data 0.322 vs 0.319 (the kernel, 0.054 ms
+# for 58 MB, writes at ~1 TB/s, no faster than conversion + 2 GEMMs).  9x9 (81) is
+# not measured: 64 puts it on the kernel.
+FUSED_FILTER_MIN_TAPS = 64
 # The filter spectrum (F, J, Ko) is the largest buffer of forward / backward data
 # (58 MB on big_7x7_s1, more than x): it can be made in chunks of rows u of at most
 # this many bytes, each consumed by its per-frequency GEMMs right after, so that it
@@ -283,21 +285,33 @@ def _inverse(xp, st, Y, DHi, DWi, out):
     return out
 
 
+def fused_filter_launch(st, g):
+    """(pairs a block, shared-memory bytes) of dft_filter_spectrum for this
+    setup and geometry, or None where the cuBLAS path makes the filter spectrum:
+    FUSED_FILTER off, fewer than FUSED_FILTER_MIN_TAPS taps, E' > 32, or the taps
+    of 32 pairs over the shared memory."""
+    E0, E1 = g.extent
+    if not FUSED_FILTER or st.filter_spectrum is None or E0 * E1 < FUSED_FILTER_MIN_TAPS:
+        return None
+    itemsize = np.dtype(st.dtype).itemsize
+    for npairs in (128, 64, 32):   # pairs a block: the most whose taps fit the shared memory
+        smem = ((npairs * ((E0 * E1) | 1) + 2 * g.half * E1) * itemsize
+                + (E0 * E1 + npairs) * np.dtype(st.index).itemsize)
+        if smem <= _SMEM_LIMIT:
+            return npairs, smem
+    return None
+
+
 def _filter_source(xp, st, g, f, dilation, flip):
     """What :func:`_filter_rows` turns into spectrum rows: the filter itself for
-    the fused kernel (with its pairs a block and shared memory), else (flag off,
-    E' > 32, or 32 pairs' taps over the shared memory) the filter's W-axis
-    spectrum A (E, h, J Ko) (fft's conversion kernel + the Ds GEMM), which every
-    chunk of rows shares."""
+    the fused kernel (with its pairs a block and shared memory, see
+    :func:`fused_filter_launch`), else the filter's W-axis spectrum A (E, h, J Ko)
+    (fft's conversion kernel + the Ds GEMM), which every chunk of rows shares."""
     E0, E1 = g.extent
     J, Ko = g.channels_in, g.channels_out
-    itemsize = np.dtype(st.dtype).itemsize
-    if FUSED_FILTER and xp is not np and st.filter_spectrum is not None:
-        for npairs in (128, 64, 32):   # pairs a block: the most whose taps fit the shared memory
-            smem = ((npairs * ((E0 * E1) | 1) + 2 * g.half * E1) * itemsize
-                    + (E0 * E1 + npairs) * np.dtype(st.index).itemsize)
-            if smem <= _SMEM_LIMIT:
-                return ("fused", f, (npairs, smem))
+    launch = None if xp is np else fused_filter_launch(st, g)
+    if launch is not None:
+        return ("fused", f, launch)
     wc = xp.empty((E0, E1, J, Ko), dtype=st.cdtype)
     if xp is np:
         _fft._emulate_filter_complex(f, wc, dilation, flip, flip)
