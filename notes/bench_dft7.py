@@ -69,7 +69,7 @@ def main(argv=None):
                         profiles.append((f"{name} {direction} [{label}]", prof))
                     except Exception:
                         traceback.print_exc()
-            del inp
+            inp = None
         except Exception:
             traceback.print_exc()
         be.free()
@@ -82,7 +82,8 @@ def main(argv=None):
         for label, ms in stages:
             print(f"   {label:40s} {ms:.4f}")
         print(f"   {'sum':40s} {sum(ms for _, ms in stages):.4f}")
-    lines = ["| problem | direction | config | cuDNN ms (err) | dft ms (err) | cuDNN / dft |", "|---|---|---|---|---|---|"]
+    lines = ["| problem | direction | config | cuDNN ms (err) | dft ms (err) | cuDNN / dft |",
+             "|---|---|---|---|---|---|"]
     for r in rows:
         if "cudnn" not in r["ms"] or "dft" not in r["ms"]:
             lines.append(f"| {r['problem']} | {r['direction']} | {r.get('config', 'shipped')} | failed: "

@@ -31,7 +31,7 @@ for name, (N, C, H, K, R, pad) in {"big_7x7_s1": (32, 64, 56, 64, 7, 3),
     ]
     direct = 2 * N * C * K * P * Q * R * R
     print(f"{name}: T = {T0} x {T1}, h = {h}, F = {F}; direct conv {direct / 1e9:.1f} GFLOP")
-    print(f"| stage | GFLOP | MB moved | ms at 3.0 TB/s | ms at 50 TFLOP/s |")
+    print("| stage | GFLOP | MB moved | ms at 3.0 TB/s | ms at 50 TFLOP/s |")
     print("|---|---|---|---|---|")
     tf, tb = 0, 0
     for label, fl, by in stages:
