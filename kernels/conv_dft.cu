@@ -38,7 +38,7 @@ __global__ void dft_transpose(const T* __restrict__ in, T* __restrict__ out, ind
     }
 }
 
-// --- work in progress (dft.FUSED, off until run on a GPU) ----------------------
+// --- the fused kernels (dft.FUSED_ROWS, dft.FUSED_FILTER: on) --------------------
 // The W-axis transforms fused with the transposes around them, replacing a
 // skinny cuBLAS GEMM (inner dimension W ~ 27..64, measured at ~1/4 of the
 // memory bandwidth on the H100) plus a transpose pass each.
@@ -49,7 +49,10 @@ __global__ void dft_transpose(const T* __restrict__ in, T* __restrict__ out, ind
 // Block: one image row r (grid.y) of one sample nb (grid.z) for 64 channels
 // (grid.x); 256 threads = 8 warps x 32 lanes; lane l owns channels c0 + l and
 // c0 + 32 + l (so a warp's writes are 32 consecutive complex values), warp w
-// the frequencies v0 = 4 w + 32 k .. v0 + 3.  Shared memory: the DFT matrix
+// the frequencies v0 = 4 w + 32 k .. v0 + 3.  (Helper dft7 tried ceil(h / 4)
+// warps, up to 16, with __launch_bounds__(512) and division-free staging: 0.084 ms
+// against 0.055 on big_7x7_s1 on the H100, most likely the 128-register cap of
+// the 512-thread bound; reverted.)  Shared memory: the DFT matrix
 // (Wi x dpitch, dpitch = 2 * round_up(h, 4), zero-filled past 2h, so four
 // frequencies are two aligned 16-byte loads, broadcast to the warp) and the 64
 // image rows (64 x xpitch, xpitch = Wi | 1: odd, so the lanes' column reads
@@ -165,15 +168,16 @@ __global__ void __launch_bounds__(256) dft_rows_inverse(const T* __restrict__ y,
         if (b < B) val = yv[((index_t)p * h + v) * B + b];
         ys[i] = val;
     }
-    for (int i = tid; i < h * n1; i += 256) {
-        const int v = i / n1, q = i - v * n1;
-        V val;
-        val.x = dwi[(2 * v) * n1 + q];
-        val.y = dwi[(2 * v + 1) * n1 + q];
-        ds[i] = val;
+    const int lane = tid & 31, warp = tid >> 5;
+    for (int v = warp; v < h; v += 8) {   // a warp a frequency, its lanes along q (no divisions)
+        for (int q = lane; q < n1; q += 32) {
+            V val;
+            val.x = dwi[(2 * v) * n1 + q];
+            val.y = dwi[(2 * v + 1) * n1 + q];
+            ds[v * n1 + q] = val;
+        }
     }
     __syncthreads();
-    const int lane = tid & 31, warp = tid >> 5;
     for (int q0 = 0; q0 < n1; q0 += 64) {
         const int qa = q0 + lane, qb = q0 + 32 + lane;
         const int ca = qa < n1 ? qa : n1 - 1, cb = qb < n1 ? qb : n1 - 1;
@@ -199,88 +203,136 @@ __global__ void __launch_bounds__(256) dft_rows_inverse(const T* __restrict__ y,
     }
 }
 
-// dft_filter_spectrum (work in progress, dft.FUSED_FILTER, off): the filter spectrum
+// dft_filter_spectrum (dft.FUSED_FILTER): the filter spectrum
 // G[(u, v), j, k] = sum_r dr[u, r] sum_s ds[v, s] g[r, s] of the (dilated; for
 // flip rotated, channel-swapped) filter, in one pass instead of a
 // complex-conversion kernel and two cuBLAS GEMMs with inner dimension E
 // (on the H100, big_7x7_s1: 0.015 + 0.034 + 0.054 ms for 58 MB of output,
-// notes/large2.md).
+// notes/large2.md; the floor is the 58 MB write, ~0.02 ms).
 // g[r, s] = f[k, j, r', s'] as in fft_filter_complex (conv_fft.cu): r' = (flip ?
 // E0 - 1 - r : r) / d0 when that divides, else 0.  dr (T0 x E0) and ds
 // (h x E1) are complex (re, im) pairs, 1 / (T0 T1) folded into dr.
-// Block: 128 consecutive pairs jk = j * Ko + k (k fastest: coalesced writes of G)
-// for one row u (grid.y).  The block first stages its pairs' E0 x E1 taps in
-// shared memory, tap fastest (consecutive threads read consecutive taps of a
-// filter: coalesced; the flip / dilation index arithmetic done once a tap), pitch
-// (E0 E1) | 1 (odd: the per-thread reads below hit distinct banks).  (The first
-// version read the taps straight from f, one pair a thread: 32 sectors a warp
-// load, with divisions in the inner loop; it was slower than the cuBLAS path.)
-// Then thread t folds the rows, b[s] = sum_r dr[u, r] g[r, s] (E1 <= 32 complex
-// values in registers, the loop unrolled with guards), and writes the h
-// frequencies G[u, v] = sum_s ds[v, s] b[s] as 2-vector stores.  ds and dr's row
-// u sit in shared memory (broadcast reads).
-// Shared memory: (128 ((E0 E1) | 1) + 2 h E1 + 2 E0) values of T.
-template <typename T, typename index_t>
+// Block: blockDim.x (128, 64 or 32: what fits the shared memory) consecutive pairs
+// jk = j * Ko + k (k fastest: coalesced writes of G) for the rows u = blockIdx.y,
+// + gridDim.y, .. < T0 (T0: the rows of this launch; dr and G start at its first).
+// Staging (once a block, whatever its rows): the flip / dilation index arithmetic
+// is done once a tap into a shared offset table (offs[tap] = element offset in a
+// filter, or -1 for a zero tap of the dilation), and once a pair into bases[pair]
+// (the filter's start); then the lanes of a warp take consecutive taps (coalesced
+// reads of one filter) of 8 pairs at a time: 8 independent loads in flight
+// before their shared stores, pitch (E0 E1) | 1 (odd: the per-thread reads below
+// hit distinct banks).  Helper dft7, H100: a version whose loop made one load and
+// its store per iteration (each store waits for its load: a memory latency an
+// iteration, 64-128 iterations a warp) took 0.060 ms on big_7x7_s1 and 0.178 ms on
+// big_11x11_s1 for 58 / 20 MB of output; the one before (large2) also did ~10
+// runtime integer divisions per tap and staged again for every row u.
+// Compute: thread t folds the rows, b[s] = sum_r dr[u, r] g[r, s] (E1 <= SMAX
+// complex values in registers: SMAX a template parameter, the smallest of 8, 12,
+// 16, 32 that holds E1, so the unrolled, guarded loops waste at most a few
+// slots), then writes the h frequencies G[u, v] = sum_s ds[v, s] b[s] as 2-vector
+// stores, two frequencies an iteration (4 independent sums), a warp writing 32
+// consecutive pairs (256 / 512 bytes).  ds sits in shared memory (broadcast
+// 2-vector reads); dr's row u is read through the read-only path (one address a
+// warp).
+// Shared memory: blockDim.x ((E0 E1) | 1) + 2 h E1 values of T, then
+// E0 E1 + blockDim.x index_t.
+template <typename T, int SMAX>
+__device__ __forceinline__ void dft_filter_frequency(const typename dft_vec2<T>::type* d, const T (&bre)[SMAX],
+                                                     const T (&bim)[SMAX], int E1, T& gre, T& gim) {
+    gre = T(0);
+    gim = T(0);
+#pragma unroll
+    for (int s = 0; s < SMAX; ++s) {
+        if (s < E1) {
+            const typename dft_vec2<T>::type w = d[s];
+            gre += w.x * bre[s] - w.y * bim[s];
+            gim += w.x * bim[s] + w.y * bre[s];
+        }
+    }
+}
+
+template <typename T, typename index_t, int SMAX>
 __global__ void __launch_bounds__(128) dft_filter_spectrum(const T* __restrict__ f, const T* __restrict__ ds,
                                                            const T* __restrict__ dr, T* __restrict__ G,
-                                                           int h, int E0, int E1, int J, int Ko, int d0, int d1,
-                                                           int flip, long long sk, long long sj, long long sr,
-                                                           long long ss) {
+                                                           int T0, int h, int E0, int E1, int J, int Ko, int d0,
+                                                           int d1, int flip, long long sk, long long sj,
+                                                           long long sr, long long ss) {
     typedef typename dft_vec2<T>::type V;
     extern __shared__ __align__(16) unsigned char dft_smem[];
     const int taps = E0 * E1, pitch = taps | 1;
-    T* gs = reinterpret_cast<T*>(dft_smem);            // 128 x pitch
-    T* dss = gs + 128 * pitch;                          // h x E1 complex
-    T* drs = dss + 2 * h * E1;                          // E0 complex (row u)
-    const int u = blockIdx.y;
-    const index_t jk0 = (index_t)blockIdx.x * 128;
+    const int npairs = blockDim.x, warps = npairs >> 5;
+    T* gs = reinterpret_cast<T*>(dft_smem);                             // npairs x pitch
+    V* dss = reinterpret_cast<V*>(gs + npairs * pitch);                 // h x E1 complex
+    index_t* offs = reinterpret_cast<index_t*>(dss + h * E1);           // taps
+    index_t* bases = offs + taps;                                       // npairs
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const index_t jk0 = (index_t)blockIdx.x * npairs;
     const index_t pairs = (index_t)J * Ko;
-    for (int i = threadIdx.x; i < 2 * h * E1; i += 128) dss[i] = ds[i];
-    for (int i = threadIdx.x; i < 2 * E0; i += 128) drs[i] = dr[(index_t)u * 2 * E0 + i];
-    for (int i = threadIdx.x; i < 128 * taps; i += 128) {
-        const int pair = i / taps, tap = i - pair * taps;
+    const index_t jk = jk0 + tid;
+    const V* dsv = reinterpret_cast<const V*>(ds);
+    for (int i = tid; i < h * E1; i += npairs) dss[i] = dsv[i];
+    for (int tap = tid; tap < taps; tap += npairs) {
         const int r = tap / E1, s = tap - r * E1;
-        const index_t jk = jk0 + pair;
-        T value = T(0);
-        if (jk < pairs) {
-            const int k = (int)(jk % Ko), j = (int)(jk / Ko);
-            const int rr = flip ? E0 - 1 - r : r, sv = flip ? E1 - 1 - s : s;
-            if (rr % d0 == 0 && sv % d1 == 0) value = f[k * sk + j * sj + (rr / d0) * sr + (sv / d1) * ss];
+        const int rr = flip ? E0 - 1 - r : r, sv = flip ? E1 - 1 - s : s;
+        offs[tap] = (rr % d0 == 0 && sv % d1 == 0) ? (index_t)(rr / d0) * sr + (index_t)(sv / d1) * ss
+                                                   : (index_t)-1;
+    }
+    bases[tid] = jk < pairs ? (jk % Ko) * (index_t)sk + (jk / Ko) * (index_t)sj : (index_t)-1;
+    __syncthreads();
+    for (int tap0 = 0; tap0 < taps; tap0 += 32) {
+        const int tap = tap0 + lane;
+        const index_t o = tap < taps ? offs[tap] : (index_t)-1;
+        for (int p0 = warp; p0 < npairs; p0 += 8 * warps) {
+            T val[8];
+#pragma unroll
+            for (int q = 0; q < 8; ++q) {
+                const int pair = p0 + q * warps;
+                const index_t base = pair < npairs ? bases[pair] : (index_t)-1;
+                val[q] = (base >= 0 && o >= 0) ? __ldg(f + base + o) : T(0);
+            }
+#pragma unroll
+            for (int q = 0; q < 8; ++q) {
+                const int pair = p0 + q * warps;
+                if (pair < npairs && tap < taps) gs[pair * pitch + tap] = val[q];
+            }
         }
-        gs[pair * pitch + tap] = value;
     }
     __syncthreads();
-    const index_t jk = jk0 + threadIdx.x;
     if (jk >= pairs) return;
-    const T* g = gs + threadIdx.x * pitch;
-    T bre[32], bim[32];
+    const T* g = gs + tid * pitch;
+    const V* drv = reinterpret_cast<const V*>(dr);
+    V* Gv = reinterpret_cast<V*>(G);
+    for (int u = blockIdx.y; u < T0; u += gridDim.y) {
+        T bre[SMAX], bim[SMAX];
 #pragma unroll
-    for (int s = 0; s < 32; ++s) { bre[s] = T(0); bim[s] = T(0); }
-    for (int r = 0; r < E0; ++r) {
-        const T cr = drs[2 * r], ci = drs[2 * r + 1];
+        for (int s = 0; s < SMAX; ++s) {
+            bre[s] = T(0);
+            bim[s] = T(0);
+        }
+        for (int r = 0; r < E0; ++r) {
+            const V c = __ldg(drv + (index_t)u * E0 + r);
 #pragma unroll
-        for (int s = 0; s < 32; ++s) {
-            if (s < E1) {
-                const T gv = g[r * E1 + s];
-                bre[s] += cr * gv;
-                bim[s] += ci * gv;
+            for (int s = 0; s < SMAX; ++s) {
+                if (s < E1) {
+                    const T gv = g[r * E1 + s];
+                    bre[s] += c.x * gv;
+                    bim[s] += c.y * gv;
+                }
             }
         }
-    }
-    V* out = reinterpret_cast<V*>(G) + (index_t)u * h * pairs + jk;
-    for (int v = 0; v < h; ++v) {
-        T gre = T(0), gim = T(0);
-#pragma unroll
-        for (int s = 0; s < 32; ++s) {
-            if (s < E1) {
-                const T dre = dss[2 * (v * E1 + s)], dim = dss[2 * (v * E1 + s) + 1];
-                gre += dre * bre[s] - dim * bim[s];
-                gim += dre * bim[s] + dim * bre[s];
-            }
+        V* out = Gv + (index_t)u * h * pairs + jk;
+        int v = 0;
+        for (; v + 1 < h; v += 2) {
+            V a, b;
+            dft_filter_frequency<T, SMAX>(dss + v * E1, bre, bim, E1, a.x, a.y);
+            dft_filter_frequency<T, SMAX>(dss + (v + 1) * E1, bre, bim, E1, b.x, b.y);
+            out[(index_t)v * pairs] = a;
+            out[(index_t)(v + 1) * pairs] = b;
         }
-        V val;
-        val.x = gre;
-        val.y = gim;
-        out[(index_t)v * pairs] = val;
+        if (v < h) {
+            V a;
+            dft_filter_frequency<T, SMAX>(dss + v * E1, bre, bim, E1, a.x, a.y);
+            out[(index_t)v * pairs] = a;
+        }
     }
 }

@@ -5,19 +5,22 @@ import numpy as np
 from dnnprims.algos import dft as D, fft as F
 rng=np.random.default_rng(1)
 def rows_forward(a, dw, NB,J,Hi,Wi,h):
+    W=min(16,max(4,-(-h//4)))   # helper dft7: warps a block
     dpitch=2*(-(-h//4)*4); xpitch=Wi|1
     out=np.full(2*Hi*h*NB*J, np.nan)
     for bx in range(-(-J//64)):
       for r in range(Hi):
         for nb in range(NB):
           c0=bx*64
-          dws=np.zeros(Wi*dpitch); xs=np.zeros(64*xpitch)
-          for i in range(Wi*dpitch):
-              col,k=divmod(i,dpitch); dws[i]=dw.flat[col*2*h+k] if k<2*h else 0
-          for i in range(64*Wi):
-              cc,col=divmod(i,Wi); c=c0+cc
-              xs[cc*xpitch+col]=a.flat[((nb*J+c)*Hi+r)*Wi+col] if c<J else 0
-          for tid in range(256):
+          dws=np.full(Wi*dpitch,np.nan); xs=np.full(64*xpitch,np.nan)
+          for warp in range(W):      # helper dft7: a warp a row, lanes along it
+            for lane in range(32):
+              for col in range(warp,Wi,W):
+                for k in range(lane,dpitch,32): dws[col*dpitch+k]=dw.flat[col*2*h+k] if k<2*h else 0
+              for cc in range(warp,64,W):
+                c=c0+cc; row=((nb*J+(c if c<J else 0))*Hi+r)*Wi
+                for col in range(lane,Wi,32): xs[cc*xpitch+col]=a.flat[row+col] if c<J else 0
+          for tid in range(32*W):
             lane,warp=tid&31,tid>>5
             v0=4*warp
             while v0<h:
@@ -32,7 +35,7 @@ def rows_forward(a, dw, NB,J,Hi,Wi,h):
                 v=v0+u; base=((r*h+v)*NB+nb)*J
                 if v<h and c0+lane<J: out[2*(base+c0+lane)]=re0[u]; out[2*(base+c0+lane)+1]=im0[u]
                 if v<h and c0+32+lane<J: out[2*(base+c0+32+lane)]=re1[u]; out[2*(base+c0+32+lane)+1]=im1[u]
-              v0+=32
+              v0+=4*W
     return out.view(np.complex128).reshape(Hi*h, NB*J)
 def rows_inverse(y, dwi, B,n0,n1,h):
     # helper large2: the 2-vector version (two q a thread, (re, im) pairs in shared memory)
@@ -42,13 +45,15 @@ def rows_inverse(y, dwi, B,n0,n1,h):
     for bx in range(-(-B//32)):
       for p in range(n0):
         b0=bx*32
-        ys=np.zeros(32*h,complex); ds=np.zeros(h*n1,complex)
+        ys=np.zeros(32*h,complex); ds=np.full(h*n1,np.nan,complex)
         for i in range(32*h):
             v,bb=i>>5,i&31; b=b0+bb
             ys[i]=yv[(p*h+v)*B+b] if b<B else 0
-        for i in range(h*n1):
-            v=i//n1; q=i-v*n1
-            ds[i]=dwi[(2*v)*n1+q]+1j*dwi[(2*v+1)*n1+q]
+        for warp in range(8):        # helper dft7: a warp a frequency, lanes along q
+          for lane in range(32):
+            for v in range(warp,h,8):
+              for q in range(lane,n1,32):
+                ds[v*n1+q]=dwi[(2*v)*n1+q]+1j*dwi[(2*v+1)*n1+q]
         for tid in range(256):
           lane,warp=tid&31,tid>>5
           for q0 in range(0,n1,64):
@@ -74,6 +79,11 @@ A1=(a.reshape(-1,Wi)@DW).view(np.complex128)
 ref=np.ascontiguousarray(A1.reshape(NB*J,Hi*h).T)
 got=rows_forward(a,DW,NB,J,Hi,Wi,h)
 print("fwd", np.abs(got-ref).max())
+for (NB,J,Hi,Wi,T1,pad) in [(1,3,2,9,69,5),(1,2,1,3,3,1),(1,65,1,4,40,0)]:
+    h=T1//2+1
+    a=rng.standard_normal((NB,J,Hi,Wi)); DW=D._forward_w(Wi,pad,T1,False)
+    ref=np.ascontiguousarray((a.reshape(-1,Wi)@DW).view(np.complex128).reshape(NB*J,Hi*h).T)
+    print("fwd h =", h, np.abs(rows_forward(a,DW,NB,J,Hi,Wi,h)-ref).max())
 B,n0,n1,T0=40,3,6,5
 h=T1//2+1
 Yp=rng.standard_normal((n0,h*B))+1j*rng.standard_normal((n0,h*B))
@@ -103,35 +113,57 @@ ref=(Ypt.view(np.float64).reshape(B*n0,2*h)@DWi).reshape(B,n0,n1)
 print("inv n1 > 64, ragged B", np.abs(rows_inverse(Yp,DWi,B,n0,n1,h)-ref).max())
 
 rng=np.random.default_rng(2)
-def emu(f, ds, dr, h,E0,E1,J,Ko,d0,d1,flip,T0):
-    # helper large2: the staged version (128 pairs a block, taps in shared memory, pitch taps | 1)
+def emu(f, ds, dr, h,E0,E1,J,Ko,d0,d1,flip,T0,rows=2,npairs=128):
+    # helper dft7: offset table once a block, warp-per-pair staging, rows u = by, by + gy, ..
     sk,sj,sr,ss=[s//f.itemsize for s in f.strides]
     if flip: sk,sj=sj,sk
     ff=f.reshape(-1) if f.flags.c_contiguous else None
     taps=E0*E1; pitch=taps|1; pairs=J*Ko
+    SMAX=next(m for m in (8,12,16,32) if E1<=m)
     G=np.full(T0*h*pairs,np.nan,complex)
-    for u in range(T0):
-      for bx in range(-(-pairs//128)):
-        jk0=bx*128
-        gs=np.full(128*pitch,np.nan)
-        for i in range(128*taps):
-          pair=i//taps; tap=i-pair*taps; r=tap//E1; s=tap-r*E1; jk=jk0+pair; value=0.0
-          if jk<pairs:
-            k,j=jk%Ko,jk//Ko
-            rr=E0-1-r if flip else r; sv=E1-1-s if flip else s
-            if rr%d0==0 and sv%d1==0: value=ff[k*sk+j*sj+(rr//d0)*sr+(sv//d1)*ss]
-          gs[pair*pitch+tap]=value
-        for t in range(128):
+    gy=-(-T0//rows)
+    dsf=ds.reshape(-1); drf=dr.reshape(-1)
+    for by in range(gy):
+      for bx in range(-(-pairs//npairs)):
+        jk0=bx*npairs
+        gs=np.full(npairs*pitch,np.nan)
+        offs=np.full(taps,-7)
+        for tap in range(taps):
+          r=tap//E1; s=tap-r*E1
+          rr=E0-1-r if flip else r; sv=E1-1-s if flip else s
+          offs[tap]=(rr//d0)*sr+(sv//d1)*ss if (rr%d0==0 and sv%d1==0) else -1
+        warps=npairs//32
+        bases=[((jk0+t)%Ko)*sk+((jk0+t)//Ko)*sj if jk0+t<pairs else -1 for t in range(npairs)]
+        for warp in range(warps):      # helper dft7: 8 pairs a batch, lanes along taps
+          for lane in range(32):
+            for tap0 in range(0,taps,32):
+              tap=tap0+lane
+              o=offs[tap] if tap<taps else -1
+              for p0 in range(warp,npairs,8*warps):
+                val=[]
+                for q in range(8):
+                  pair=p0+q*warps
+                  base=bases[pair] if pair<npairs else -1
+                  val.append(ff[base+o] if (base>=0 and o>=0) else 0.0)
+                for q in range(8):
+                  pair=p0+q*warps
+                  if pair<npairs and tap<taps: gs[pair*pitch+tap]=val[q]
+        for t in range(npairs):
           jk=jk0+t
           if jk>=pairs: continue
-          b=np.zeros(32,complex)
-          for r in range(E0):
-            for s in range(min(E1,32)):
-              b[s]+=dr[u,r]*gs[t*pitch+r*E1+s]
-          for v in range(h):
-            G[u*h*pairs+jk+v*pairs]=sum(ds[v,s]*b[s] for s in range(E1))
+          for u in range(by,T0,gy):
+            b=np.zeros(SMAX,complex)
+            for r in range(E0):
+              c=drf[u*E0+r]
+              for s in range(SMAX):
+                if s<E1: b[s]+=c*gs[t*pitch+r*E1+s]
+            for v in range(h):
+              acc=0j
+              for s in range(SMAX):
+                if s<E1: acc+=dsf[v*E1+s]*b[s]
+              G[u*h*pairs+jk+v*pairs]=acc
     return G.reshape(T0*h,J,Ko)
-for (K,C,R,S,d,flip,T) in [(3,2,3,4,(1,1),0,(6,7)),(3,2,3,3,(2,1),1,(8,6)),(2,4,2,3,(1,2),1,(5,9)),(13,11,2,2,(1,1),0,(4,5))]:
+for (K,C,R,S,d,flip,T) in [(3,2,3,4,(1,1),0,(6,7)),(3,2,3,3,(2,1),1,(8,6)),(2,4,2,3,(1,2),1,(5,9)),(13,11,2,2,(1,1),0,(4,5)),(2,3,3,11,(1,1),1,(5,13))]:
     f=rng.standard_normal((K,C,R,S))
     E=(d[0]*(R-1)+1,d[1]*(S-1)+1)
     J,Ko=(K,C) if flip else (C,K)
@@ -139,5 +171,6 @@ for (K,C,R,S,d,flip,T) in [(3,2,3,4,(1,1),0,(6,7)),(3,2,3,3,(2,1),1,(8,6)),(2,4,
     wc=np.empty((E[0],E[1],J,Ko),complex)
     F._emulate_filter_complex(f,wc,d,flip,flip)
     ref=F._filter_dft(np,wc,Ds,Dr)
-    got=emu(f,Ds,Dr,T[1]//2+1,E[0],E[1],J,Ko,d[0],d[1],flip,T[0])
-    print(np.abs(got-ref).max())
+    for rows,npairs in ((1,128),(2,128),(2,64),(1,32)):
+        got=emu(f,Ds,Dr,T[1]//2+1,E[0],E[1],J,Ko,d[0],d[1],flip,T[0],rows,npairs)
+        print('filter', rows, npairs, np.abs(got-ref).max())

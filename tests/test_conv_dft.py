@@ -109,6 +109,67 @@ def test_dft_setup_is_cached(rng, monkeypatch):
     assert len(dft_algo._setups) == 3      # forward, backward data, backward filter
 
 
+def _forward_geometry(rng, case):
+    x, w, _, opts = _random_problem(rng, case, "NCHW", F64)
+    return dft_algo.Geometry(_problem_of(x, w, opts), "forward")
+
+
+def test_filter_chunks_cover_the_rows_evenly(rng, monkeypatch):
+    # The filter spectrum's row ranges (helper dft7): contiguous, covering [0, T),
+    # each within FILTER_CHUNK_BYTES (at least one row), sizes differing by <= 1.
+    g = _forward_geometry(rng, (1, 64, 56, 56, 64, 7, 7, 1, 3, 1, 1))
+    assert g.T[0] == 59
+    row_bytes = g.half * 64 * 64 * 8                         # complex64 rows
+    for limit in (0, 1, row_bytes, 2 * row_bytes + 5, 16 << 20, 1 << 40):
+        monkeypatch.setattr(dft_algo, "FILTER_CHUNK_BYTES", limit)
+        chunks = dft_algo.filter_chunks(g, 4)
+        assert chunks[0][0] == 0 and chunks[-1][1] == 59
+        assert all(a[1] == b[0] for a, b in zip(chunks, chunks[1:]))
+        sizes = [u1 - u0 for u0, u1 in chunks]
+        assert max(sizes) - min(sizes) <= 1 and min(sizes) >= 1
+        if limit == 0 or limit >= 59 * row_bytes:
+            assert len(chunks) == 1
+        elif limit >= row_bytes:
+            assert max(sizes) * row_bytes <= limit
+        else:
+            assert max(sizes) == 1
+
+
+@pytest.mark.parametrize("rows", [1, 2.5])
+def test_dft_bookkeeping_in_filter_chunks_on_numpy(rng, monkeypatch, rows):
+    # The filter spectrum made and multiplied in chunks of rows u: one row a
+    # chunk, and 2.5 rows' bytes of the forward geometry (ragged ranges); all
+    # directions (backward data has its own rows, so other splits).
+    for case in (FFT_CASES[2].values[0], FFT_CASES[4].values[0], DFT_CASES[-3].values[0]):
+        g = _forward_geometry(rng, case)
+        monkeypatch.setattr(dft_algo, "FILTER_CHUNK_BYTES",
+                            int(rows * g.half * g.channels_in * g.channels_out * 16))
+        assert len(dft_algo.filter_chunks(g, 8)) == (g.T[0] if rows == 1 else -(-g.T[0] // 2))
+        _run_on_numpy(rng, case, "NCHW")
+
+
+@pytest.mark.parametrize("case,dtype,expected", [
+    ((2, 64, 56, 56, 64, 7, 7, 1, 3, 1, 1), np.float32, None),        # 49 taps: the cuBLAS path
+    ((2, 32, 64, 64, 32, 11, 11, 1, 5, 1, 1), np.float32, 64),        # 121 taps: 64 pairs fit 48 KB
+    ((2, 32, 64, 64, 32, 11, 11, 1, 5, 1, 1), np.float64, 32),
+    ((1, 3, 9, 40, 2, 3, 3, 1, (1, 17), (1, 17), 1), np.float32, None),   # E' = 35 > 32
+])
+def test_fused_filter_launch_follows_the_measured_rule(rng, monkeypatch, case, dtype, expected):
+    # Which filters the fused kernel makes the spectrum of, and its block size
+    # (the GPU tests force FUSED_FILTER_MIN_TAPS = 0 to run it on every shape).
+    g = _forward_geometry(rng, case)
+    st = dft_algo._Setup(np, g, case[0], dtype, "forward")
+    launch = dft_algo.fused_filter_launch(st, g)
+    assert (launch and launch[0]) == expected
+    if launch:
+        assert launch[1] <= 48 * 1024
+    monkeypatch.setattr(dft_algo, "FUSED_FILTER", False)
+    assert dft_algo.fused_filter_launch(st, g) is None
+    monkeypatch.setattr(dft_algo, "FUSED_FILTER", True)
+    monkeypatch.setattr(dft_algo, "FUSED_FILTER_MIN_TAPS", 0)
+    assert (dft_algo.fused_filter_launch(st, g) is None) == (case[6] == 3)
+
+
 def test_float32_error_within_the_table_row(rng):
     # The same GEMMs in float32 on NumPy (the GPU runs them on cuBLAS): 64
     # channels, the 7x7 layer's transform length, N(0, 1) data.
@@ -165,24 +226,55 @@ def test_dft_workspace_is_reported_and_limits_it():
                                       workspace_limit=need - 1, direction=d)[0] != "dft"
 
 
-# --- the fused kernels (dft.FUSED_ROWS on, dft.FUSED_FILTER off) --------------------
+# --- the fused kernels (dft.FUSED_ROWS and dft.FUSED_FILTER on) ---------------------
 # Their index arithmetic was checked against the cuBLAS path by a line-by-line
-# NumPy port (notes/conv_large.md); this GPU check passed on the H100 (helper
-# wino5, 84 of 84) before FUSED_ROWS was turned on (FUSED_FILTER stays off: slower
-# there, notes/wino5.md).  Each combination sets both flags, so the unfused
-# cuBLAS path (the fallback for shapes the kernels do not fit) stays tested too.  Shapes: channel counts over one 64-chunk (70), half
-# spectra over 32 frequencies (T' = 67), batch not a multiple of 32, float64
-# (twice the shared memory), the two public layers at batch 2.
+# NumPy port (notes/conv_large_emulate.py); this GPU check passed on the H100 (helper
+# wino5, 84 of 84) before FUSED_ROWS was turned on.  Helper dft7 rewrote
+# dft_filter_spectrum (offset table, warp-per-pair staging, SMAX registers, 128 / 64
+# / 32 pairs a block) and made the filter spectrum in chunks of rows u
+# (FILTER_CHUNK_BYTES; "CHUNKS" below: one row u a chunk, the most launches).
+# Each combination sets every flag, so the unfused cuBLAS path (the fallback for
+# shapes the kernels do not fit) stays tested too.  Shapes: channel counts over
+# one 64-chunk (70), half spectra over 32 frequencies (T' = 67), batch not a
+# multiple of 32, float64 (twice the shared memory), the public layers at batch 2
+# (11x11: 121 taps, 64 pairs a block in float32, the cuBLAS path in float64),
+# E' = 13 (SMAX 16), 15x15 (32 pairs a block in float32) and E' = 35 (over 32: the
+# cuBLAS path).
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("case", DFT_CASES + [
+FUSED_SMALL = DFT_CASES + [
     pytest.param((3, 70, 9, 66, 5, 3, 3, 1, 1, 1, 1), id="70ch-T67"),
+    pytest.param((2, 5, 16, 20, 3, 5, 5, 1, 6, 3, 1), id="5x5-dilation3-E13"),
+    pytest.param((1, 3, 20, 20, 2, 15, 15, 1, 7, 1, 1), id="15x15-32-pairs"),
+    pytest.param((1, 3, 9, 40, 2, 3, 3, 1, (1, 17), (1, 17), 1), id="E35")]
+FUSED_PUBLIC = [  # float64 NumPy references of ~1-4 s each: the shipped flags only
     pytest.param((2, 64, 27, 27, 192, 5, 5, 1, 2, 1, 1), id="alex-batch2"),
-    pytest.param((2, 64, 56, 56, 64, 7, 7, 1, 3, 1, 1), id="7x7-batch2")])
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("flags", [(), ("FUSED_ROWS",), ("FUSED_FILTER",), ("FUSED_ROWS", "FUSED_FILTER")])
-def test_dft_fused_rows_match_reference(gpu, rng, monkeypatch, case, dtype, flags):
+    pytest.param((2, 64, 56, 56, 64, 7, 7, 1, 3, 1, 1), id="7x7-batch2"),
+    pytest.param((2, 32, 64, 64, 32, 11, 11, 1, 5, 1, 1), id="11x11-batch2")]
+ALL_FLAGS = [(), ("FUSED_ROWS",), ("FUSED_FILTER",), ("FUSED_ROWS", "FUSED_FILTER"),
+             ("FUSED_ROWS", "FUSED_FILTER", "CHUNKS"), ("CHUNKS",)]
+
+
+def _check_with_flags(gpu, rng, monkeypatch, case, dtype, flags):
     for flag in ("FUSED_ROWS", "FUSED_FILTER"):
         monkeypatch.setattr(dft_algo, flag, flag in flags)
+    monkeypatch.setattr(dft_algo, "FILTER_CHUNK_BYTES", 1 if "CHUNKS" in flags else 0)
+    monkeypatch.setattr(dft_algo, "FUSED_FILTER_MIN_TAPS", 0)   # the kernel on every filter it fits
     x, w, b, opts = _random_problem(rng, case, "NCHW", dtype)
     _check_all_directions(gpu, rng, x, w, b, opts, "dft")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", FUSED_SMALL)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("flags", ALL_FLAGS, ids=lambda f: "+".join(f) or "unfused")
+def test_dft_fused_rows_match_reference(gpu, rng, monkeypatch, case, dtype, flags):
+    _check_with_flags(gpu, rng, monkeypatch, case, dtype, flags)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", FUSED_PUBLIC)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("flags", [("FUSED_ROWS", "FUSED_FILTER"), ("FUSED_ROWS", "FUSED_FILTER", "CHUNKS")],
+                         ids=lambda f: "+".join(f))
+def test_dft_fused_public_shapes_match_reference(gpu, rng, monkeypatch, case, dtype, flags):
+    _check_with_flags(gpu, rng, monkeypatch, case, dtype, flags)

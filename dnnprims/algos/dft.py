@@ -33,9 +33,10 @@ sits reversed, no conjugation for forward and backward data):
     3. H-axis DFT:        Z (T, h NB J) = DHf (T, H) @ A1^T (H, h NB J)
        -> Z (F, NB, J), F = T h frequencies, channels innermost;
     4. per frequency:     Y (F, NB, Ko) = Z (F, NB, J) @ G (F, J, Ko)
-       G = the filter spectrum with 1 / (T T') folded in (fft's kernel +
-       two DFT GEMMs); a bias is added to Y's zero frequency (a constant
-       added to every output of the cyclic correlation);
+       G = the filter spectrum with 1 / (T T') folded in, made after step 3
+       (fft's conversion kernel + two DFT GEMMs, or from 64 taps on our
+       dft_filter_spectrum kernel); a bias is added to Y's zero frequency
+       (a constant added to every output of the cyclic correlation);
     5. H-axis inverse for the kept rows only: (P, T) @ Y -> (P, h, NB, Ko);
     6. transpose to (NB Ko, P, h);
     7. W-axis real inverse (C2R weights 1, 2, .., 2, [1]) for the kept
@@ -60,35 +61,47 @@ from .. import _cublas, _dtypes
 from .._kernels import KernelFamily, ceil_div, index_type
 from . import fft as _fft
 
+# dft_filter_spectrum keeps a filter row's E' taps in registers: SMAX, the
+# smallest of FILTER_SMAX that holds E', sizes them (E' > 32: the cuBLAS path).
+FILTER_SMAX = (8, 12, 16, 32)
 FAMILY = KernelFamily("conv_dft.cu", [f"{k}<{t}, {i}>"
-                                      for k in ("dft_transpose", "dft_rows_forward", "dft_rows_inverse",
-                                                "dft_filter_spectrum")
-                                      for t in ("float", "double") for i in ("int", "long long")])
+                                      for k in ("dft_transpose", "dft_rows_forward", "dft_rows_inverse")
+                                      for t in ("float", "double") for i in ("int", "long long")]
+                      + [f"dft_filter_spectrum<{t}, {i}, {m}>" for t in ("float", "double")
+                         for i in ("int", "long long") for m in FILTER_SMAX])
 
-# WORK IN PROGRESS, off: the W-axis transforms as our own kernels fused with the
-# transposes (dft_rows_forward / dft_rows_inverse in kernels/conv_dft.cu) instead
-# of cuBLAS GEMM + transpose, and the filter spectrum in one kernel
-# (dft_filter_spectrum) instead of a conversion kernel + two cuBLAS GEMMs: the
-# three steps that the H100 stage profile shows slowest for the GPU work they do
-# (notes/conv_large.md).  Compiled (NVRTC), wired, index arithmetic checked by a
-# line-by-line NumPy port of each kernel (notes/conv_large_emulate.py).  On the H100
-# (helper wino5, notes/wino5.md) tests/test_conv_dft.py::test_dft_fused_rows_match_reference
-# passed for every flag combination (84 of 84), and big_7x7_s1 at batch 32 ran
-# forward 0.324 ms with FUSED_ROWS against 0.553 unfused (cuDNN 0.306-0.308),
-# backward data 0.324 against 0.380; FUSED_FILTER was slower there (0.399-0.411
-# with or without FUSED_ROWS), so it stays off.  Backward filter with FUSED_ROWS
-# (it uses the forward W-axis kernel for both spectra) is tested, not timed.
+# The fused kernels (kernels/conv_dft.cu): the W-axis transforms as our own kernels
+# fused with the transposes (dft_rows_forward / dft_rows_inverse) instead of cuBLAS
+# GEMM + transpose, and the filter spectrum in one kernel (dft_filter_spectrum)
+# instead of a conversion kernel + two cuBLAS GEMMs: the steps the H100 stage
+# profile showed slowest for the GPU work they do (notes/conv_large.md).  Index
+# arithmetic checked by a line-by-line NumPy port of each kernel
+# (notes/conv_large_emulate.py); tests/test_conv_dft.py's fused tests run every flag
+# combination on the GPU.  History: FUSED_ROWS on since helper wino5 (big_7x7_s1
+# forward 0.553 -> 0.324 ms, notes/wino5.md); dft_rows_inverse reworked by large2;
+# dft_filter_spectrum rewritten twice (large2, then dft7: offset table, 8 loads in
+# flight while staging, SMAX registers, 128 / 64 / 32 pairs a block; 0.178 -> 0.052
+# ms on big_11x11_s1) and on where it measured faster (FUSED_FILTER_MIN_TAPS below).
 # Where a shape does not fit the kernels' shared memory (48 KB) or grid, the
 # cuBLAS path runs whatever the flags say.
-# Helper large2 (notes/large2.md): dft_rows_inverse reworked (2-vector shared loads,
-# two columns a thread; GPU test passed, big_7x7_s1 forward unchanged at 0.324 ms),
-# and the H100 stage profile shows the filter spectrum's three launches at ~0.10 ms
-# of forward's ~0.32; dft_filter_spectrum was rewritten for that (taps staged in
-# shared memory, coalesced) and checked by the NumPy port only: NOT yet run on a
-# GPU, so FUSED_FILTER stays False until tests/test_conv_dft.py's fused test passes.
-# FUSED_ROWS: dft_rows_forward + dft_rows_inverse; FUSED_FILTER: dft_filter_spectrum.
+# FUSED_ROWS: dft_rows_forward + dft_rows_inverse; FUSED_FILTER: dft_filter_spectrum ...
 FUSED_ROWS = True
-FUSED_FILTER = False
+FUSED_FILTER = True
+# ... for filters of at least this many taps (E E'): helper dft7 measured the new
+# kernel against the cuBLAS path on the H100 (batch 32, whole call, notes/dft7.md):
+# 11x11 (121 taps) forward 0.279 vs 0.312 ms, backward data 0.280 vs 0.315 (there the
+# cuBLAS path's (11 x 35) @ (11 x 1024) batched GEMM alone takes 0.053 ms); 7x7
+# (49 taps) forward 0.346 vs 0.318, backward data 0.322 vs 0.319 (the kernel, 0.054 ms
+# for 58 MB, writes at ~1 TB/s, no faster than conversion + 2 GEMMs).  9x9 (81) is
+# not measured: 64 puts it on the kernel.
+FUSED_FILTER_MIN_TAPS = 64
+# The filter spectrum (F, J, Ko) is the largest buffer of forward / backward data
+# (58 MB on big_7x7_s1, more than x): it can be made in chunks of rows u of at most
+# this many bytes, each consumed by its per-frequency GEMMs right after, so that it
+# could stay in the H100's 50 MB L2 (0: one chunk).  Measured by helper dft7
+# (notes/dft7.md): slower at 8, 16 and 32 MB on big_7x7_s1 and big_11x11_s1 (the
+# smaller batched GEMMs lose more than L2 gives back), so it is off.
+FILTER_CHUNK_BYTES = 0
 _SMEM_LIMIT = 48 * 1024
 
 SUPPORTED_DTYPES = _fft.SUPPORTED_DTYPES   # the same spectra, the same dtypes
@@ -199,7 +212,8 @@ class _Setup:
         self.transpose = f"dft_transpose<{ct}, {it}>"
         self.rows_forward = f"dft_rows_forward<{ct}, {it}>"
         self.rows_inverse = f"dft_rows_inverse<{ct}, {it}>"
-        self.filter_spectrum = f"dft_filter_spectrum<{ct}, {it}>"
+        smax = next((m for m in FILTER_SMAX if g.extent[1] <= m), None)
+        self.filter_spectrum = None if smax is None else f"dft_filter_spectrum<{ct}, {it}, {smax}>"
         self.filter_complex = f"fft_filter_complex<{ct}, {it}>"
         self.index = np.int64 if it == "long long" else np.int32
 
@@ -271,22 +285,33 @@ def _inverse(xp, st, Y, DHi, DWi, out):
     return out
 
 
-def _filter_spectrum(xp, st, g, f, dilation, flip):
-    """G (F, J, Ko): the spectrum of the (dilated; for ``flip`` rotated and
-    channel-swapped) filter placed reversed, 1 / (T T') folded in."""
+def fused_filter_launch(st, g):
+    """(pairs a block, shared-memory bytes) of dft_filter_spectrum for this
+    setup and geometry, or None where the cuBLAS path makes the filter spectrum:
+    FUSED_FILTER off, fewer than FUSED_FILTER_MIN_TAPS taps, E' > 32, or the taps
+    of 32 pairs over the shared memory."""
+    E0, E1 = g.extent
+    if not FUSED_FILTER or st.filter_spectrum is None or E0 * E1 < FUSED_FILTER_MIN_TAPS:
+        return None
+    itemsize = np.dtype(st.dtype).itemsize
+    for npairs in (128, 64, 32):   # pairs a block: the most whose taps fit the shared memory
+        smem = ((npairs * ((E0 * E1) | 1) + 2 * g.half * E1) * itemsize
+                + (E0 * E1 + npairs) * np.dtype(st.index).itemsize)
+        if smem <= _SMEM_LIMIT:
+            return npairs, smem
+    return None
+
+
+def _filter_source(xp, st, g, f, dilation, flip):
+    """What :func:`_filter_rows` turns into spectrum rows: the filter itself for
+    the fused kernel (with its pairs a block and shared memory, see
+    :func:`fused_filter_launch`), else the filter's W-axis spectrum A (E, h, J Ko)
+    (fft's conversion kernel + the Ds GEMM), which every chunk of rows shares."""
     E0, E1 = g.extent
     J, Ko = g.channels_in, g.channels_out
-    h = g.half
-    smem = (128 * ((E0 * E1) | 1) + 2 * (h * E1 + E0)) * np.dtype(st.dtype).itemsize
-    if FUSED_FILTER and xp is not np and E1 <= 32 and smem <= _SMEM_LIMIT and g.T[0] <= 65535:
-        fs = _fft._elements(f)
-        sk, sj = (fs[1], fs[0]) if flip else (fs[0], fs[1])
-        G = xp.empty((g.frequencies, J, Ko), dtype=st.cdtype)
-        FAMILY.launch(st.filter_spectrum, (ceil_div(J * Ko, 128), g.T[0]), (128,),
-                      (f, st.Ds, st.Dr, G, np.int32(h), np.int32(E0), np.int32(E1), np.int32(J), np.int32(Ko),
-                       np.int32(dilation[0]), np.int32(dilation[1]), np.int32(flip),
-                       np.int64(sk), np.int64(sj), np.int64(fs[2]), np.int64(fs[3])), shared_mem=smem)
-        return G
+    launch = None if xp is np else fused_filter_launch(st, g)
+    if launch is not None:
+        return ("fused", f, launch)
     wc = xp.empty((E0, E1, J, Ko), dtype=st.cdtype)
     if xp is np:
         _fft._emulate_filter_complex(f, wc, dilation, flip, flip)
@@ -298,19 +323,69 @@ def _filter_spectrum(xp, st, g, f, dilation, flip):
                            (f, wc, st.index(total), np.int32(E0), np.int32(E1), np.int32(J), np.int32(Ko),
                             np.int32(dilation[0]), np.int32(dilation[1]), np.int32(flip),
                             np.int64(sk), np.int64(sj), np.int64(fs[2]), np.int64(fs[3])))
-    return _fft._filter_dft(xp, wc, st.Ds, st.Dr)
+    A = xp.empty((E0, g.half, J * Ko), dtype=st.cdtype)
+    _cublas.gemm(xp, st.Ds, wc.reshape(E0, E1, J * Ko), A)                   # (E, h, J Ko)
+    return ("gemm", A, None)
+
+
+def _filter_rows(xp, st, g, source, dilation, flip, u0, u1, G):
+    """G ((u1 - u0) h, J, Ko) = the rows u0 <= u < u1 of the spectrum of the
+    (dilated; for ``flip`` rotated and channel-swapped) filter placed reversed,
+    1 / (T T') folded in: G[(u, v), j, k] = sum_r Dr[u, r] sum_s Ds[v, s] g[r, s]."""
+    kind, src, launch = source
+    Dr = st.Dr[u0:u1]                                   # contiguous rows of (T, E)
+    if kind == "gemm":
+        E0 = src.shape[0]
+        _cublas.gemm(xp, Dr, src.reshape(E0, -1), G.reshape(u1 - u0, -1))
+        return G
+    E0, E1 = g.extent
+    J, Ko = g.channels_in, g.channels_out
+    rows_total = u1 - u0
+    fs = _fft._elements(src)
+    sk, sj = (fs[1], fs[0]) if flip else (fs[0], fs[1])
+    npairs, smem = launch
+    pair_blocks = ceil_div(J * Ko, npairs)
+    # Two rows u a block where that still leaves >= 768 blocks (~6 a multiprocessor
+    # of the H100: the staging of the taps is paid once a block); grid.y <= 65535.
+    per_block = max(ceil_div(rows_total, 65535), 2 if pair_blocks * ceil_div(rows_total, 2) >= 768 else 1)
+    FAMILY.launch(st.filter_spectrum, (pair_blocks, ceil_div(rows_total, per_block)), (npairs,),
+                  (src, st.Ds, Dr, G, np.int32(rows_total), np.int32(g.half), np.int32(E0), np.int32(E1),
+                   np.int32(J), np.int32(Ko), np.int32(dilation[0]), np.int32(dilation[1]), np.int32(flip),
+                   np.int64(sk), np.int64(sj), np.int64(fs[2]), np.int64(fs[3])), shared_mem=smem)
+    return G
+
+
+def filter_chunks(g, itemsize):
+    """The row ranges [u0, u1) of the filter spectrum made and consumed one at a
+    time (each at most FILTER_CHUNK_BYTES, at least one row u; one range when
+    FILTER_CHUNK_BYTES is 0)."""
+    T0 = g.T[0]
+    row_bytes = g.half * g.channels_in * g.channels_out * 2 * itemsize
+    rows = T0 if FILTER_CHUNK_BYTES <= 0 else max(1, min(T0, FILTER_CHUNK_BYTES // row_bytes))
+    count = ceil_div(T0, rows)
+    rows = ceil_div(T0, count)            # even chunks: the last one is not a sliver
+    return [(u0, min(u0 + rows, T0)) for u0 in range(0, T0, rows)]
 
 
 def correlate(xp, g, a, f, out, bias, dilation, flip):
     """out (N, Ko, P, Q) contiguous = correlation of a (N, J, Hi, Wi) contiguous
-    with the filter (forward, or backward data when ``flip``), plus bias."""
+    with the filter (forward, or backward data when ``flip``), plus bias.
+
+    The filter spectrum is made in chunks of rows u, each multiplied at once
+    (per-frequency GEMMs of those rows) while it is still in L2."""
     N = a.shape[0]
-    Ko = g.channels_out
+    J, Ko = g.channels_in, g.channels_out
+    h = g.half
     st = _setup(xp, g, N, out.dtype, "forward")
-    G = _filter_spectrum(xp, st, g, f, dilation, flip)                       # (F, J, Ko)
     Z = _spectra(xp, st, a, st.DWf, st.DHf)                                  # (F, N, J)
-    Y = _cublas.gemm(xp, Z, G, xp.empty((g.frequencies, N, Ko), dtype=st.cdtype))
-    del Z, G
+    source = _filter_source(xp, st, g, f, dilation, flip)
+    Y = xp.empty((g.frequencies, N, Ko), dtype=st.cdtype)
+    chunks = filter_chunks(g, np.dtype(st.dtype).itemsize)
+    buf = xp.empty((max(u1 - u0 for u0, u1 in chunks) * h, J, Ko), dtype=st.cdtype)
+    for u0, u1 in chunks:
+        G = _filter_rows(xp, st, g, source, dilation, flip, u0, u1, buf[:(u1 - u0) * h])
+        _cublas.gemm(xp, Z[u0 * h:u1 * h], G, Y[u0 * h:u1 * h])
+    del Z, buf, G, source
     if bias is not None:  # the zero frequency of a constant: the unnormalised inverse spreads it
         xp.add(Y[0], bias.reshape(1, Ko), out=Y[0])
     return _inverse(xp, st, Y.reshape(g.frequencies, N * Ko), st.DHi, st.DWi, out.reshape(N * Ko, *g.out))
