@@ -144,9 +144,12 @@ __device__ __forceinline__ void covering_outputs(index_t h, index_t k, index_t s
     hi = imin((h + p) / s, out - 1);
 }
 
-template <typename T, typename index_t, bool NHWC>
-__global__ void pool_max_backward(const T* __restrict__ x, const T* __restrict__ dy,
-                                  T* __restrict__ dx, POOL_PARAMS) {
+// One thread per input element: dx[i] gathers dy of every output window that
+// covers element i, in row-major window order; for max only where the window's
+// argmax (recomputed from x) is i, for average divided by the window's divisor.
+template <typename T, typename index_t, bool NHWC, bool MAX>
+__device__ __forceinline__ void gather_backward(const T* __restrict__ x, const T* __restrict__ dy,
+                                                T* __restrict__ dx, POOL_PARAMS, int count_include_pad) {
     typedef Layout4<index_t, NHWC> L;
     const index_t total = N * C * H * W;
     GRID_STRIDE_LOOP(i, total) {
@@ -160,11 +163,16 @@ __global__ void pool_max_backward(const T* __restrict__ x, const T* __restrict__
             const index_t hs = oh * sh - ph;
             for (index_t ow = ow_lo; ow <= ow_hi; ++ow) {
                 const index_t ws = ow * sw - pw;
-                acc_t<T> best;
-                const index_t arg = window_argmax<T, index_t, NHWC>(
-                    x, n, c, imax(hs, index_t(0)), imin(hs + kh, H), imax(ws, index_t(0)),
-                    imin(ws + kw, W), C, H, W, best);
-                if (arg == i) grad += load(dy[L::offset(n, c, oh, ow, C, Ho, Wo)]);
+                const acc_t<T> g = load(dy[L::offset(n, c, oh, ow, C, Ho, Wo)]);
+                if (MAX) {
+                    acc_t<T> best;
+                    const index_t arg = window_argmax<T, index_t, NHWC>(
+                        x, n, c, imax(hs, index_t(0)), imin(hs + kh, H), imax(ws, index_t(0)),
+                        imin(ws + kw, W), C, H, W, best);
+                    if (arg == i) grad += g;
+                } else {
+                    grad += g / acc_t<T>(avg_divisor(hs, ws, kh, kw, H, W, ph, pw, count_include_pad));
+                }
             }
         }
         dx[i] = store<T>(grad);
@@ -172,27 +180,16 @@ __global__ void pool_max_backward(const T* __restrict__ x, const T* __restrict__
 }
 
 template <typename T, typename index_t, bool NHWC>
+__global__ void pool_max_backward(const T* __restrict__ x, const T* __restrict__ dy,
+                                  T* __restrict__ dx, POOL_PARAMS) {
+    gather_backward<T, index_t, NHWC, true>(x, dy, dx, N, C, H, W, Ho, Wo, kh, kw, sh, sw, ph, pw, 0);
+}
+
+template <typename T, typename index_t, bool NHWC>
 __global__ void pool_avg_backward(const T* __restrict__ x, const T* __restrict__ dy,
                                   T* __restrict__ dx, POOL_PARAMS, int count_include_pad) {
-    typedef Layout4<index_t, NHWC> L;
-    const index_t total = N * C * H * W;
-    GRID_STRIDE_LOOP(i, total) {
-        index_t n, c, h, w;
-        L::split(i, C, H, W, n, c, h, w);
-        index_t oh_lo, oh_hi, ow_lo, ow_hi;
-        covering_outputs(h, kh, sh, ph, Ho, oh_lo, oh_hi);
-        covering_outputs(w, kw, sw, pw, Wo, ow_lo, ow_hi);
-        acc_t<T> grad = 0;
-        for (index_t oh = oh_lo; oh <= oh_hi; ++oh) {
-            const index_t hs = oh * sh - ph;
-            for (index_t ow = ow_lo; ow <= ow_hi; ++ow) {
-                const index_t ws = ow * sw - pw;
-                const index_t divisor = avg_divisor(hs, ws, kh, kw, H, W, ph, pw, count_include_pad);
-                grad += load(dy[L::offset(n, c, oh, ow, C, Ho, Wo)]) / acc_t<T>(divisor);
-            }
-        }
-        dx[i] = store<T>(grad);
-    }
+    gather_backward<T, index_t, NHWC, false>(x, dy, dx, N, C, H, W, Ho, Wo, kh, kw, sh, sw, ph, pw,
+                                             count_include_pad);
 }
 
 // ---------------------------------------------------------------------------
@@ -486,6 +483,46 @@ __global__ void pool_global_backward(const T* __restrict__ x, const T* __restric
         } else {
             const T v = store<T>(g / A(count));
             for (int e = lane; e < count; e += 32) p[e] = v;
+        }
+    }
+}
+
+// Global average backward (pool_global_avg_backward_flat): dx = dy[plane] /
+// count over each plane.  One warp per plane (pool_global_backward) leaves
+// most lanes idle on 7x7 planes and stores 4 bytes a lane; here a thread
+// writes VEC consecutive elements of dx with one 16-byte store (the run may
+// span planes: the divisions happen once per thread, then a counter walks the
+// plane boundary), so the kernel is bound by dx's bytes alone.  Needs a
+// 16-byte aligned dx; the last thread stores its tail element by element.
+template <typename T, typename index_t>
+__global__ void __launch_bounds__(256)
+pool_global_avg_backward_flat(const T* __restrict__ /* x: not needed */, const T* __restrict__ dy,
+                              T* __restrict__ dx, index_t vectors, index_t total, int count) {
+    typedef acc_t<T> A;
+    constexpr int VEC = 16 / sizeof(T);
+    for (index_t i = (index_t)blockIdx.x * blockDim.x + threadIdx.x; i < vectors;
+         i += (index_t)blockDim.x * gridDim.x) {
+        const index_t e0 = i * VEC;
+        index_t plane = e0 / count;
+        int off = (int)(e0 - plane * count);
+        A g = load(dy[plane]) / A(count);
+        PackN<T, VEC> pk;
+#pragma unroll
+        for (int v = 0; v < VEC; ++v) {
+            if (off == count) {  // the next plane starts here
+                off = 0;
+                ++plane;
+                if (e0 + v < total) g = load(dy[plane]) / A(count);
+            }
+            pk.v[v] = store<T>(g);
+            ++off;
+        }
+        if (e0 + VEC <= total) {
+            *reinterpret_cast<PackN<T, VEC>*>(dx + e0) = pk;
+        } else {
+#pragma unroll
+            for (int v = 0; v < VEC; ++v)
+                if (e0 + v < total) dx[e0 + v] = pk.v[v];
         }
     }
 }
@@ -902,6 +939,47 @@ pool_nhwc_backward(const T* __restrict__ x, const T* __restrict__ dy, T* __restr
 // float16 (per-element work, not bytes, sets the float16 time: it equals
 // float32's per element).  Results are bitwise those of the previous paths.
 
+// The 3x3 / 2 kernels' reduction of three neighbours, in this order (a row
+// pass, then the column pass over its results): max picks the first maximum and
+// the last NaN (together: the row-major scan's pick), average sums.
+template <bool MAX, typename A>
+__device__ __forceinline__ A reduce3(A a, A b, A c) {
+    if (MAX) {
+        a = (b > a || b != b) ? b : a;
+        return (c > a || c != c) ? c : a;
+    }
+    return (a + b) + c;
+}
+
+// Columns -1 .. VEC - 1 + RIGHT of one NCHW row (relative to `row`, a 16-byte
+// aligned vector) into out[0 .. VEC + RIGHT]: the left halo column (a scalar
+// load, an L1 hit: the neighbour lane's vector holds it), the vector, and RIGHT
+// (0 or 2: one 8-byte load) right halo columns.  `fill` where the row, the left
+// or the right halo lies outside the plane.  The loader of both pool_k3s2 kernels.
+template <typename T, int VEC, int RIGHT>
+__device__ __forceinline__ void load_row_vector(acc_t<T> (&out)[VEC + 1 + RIGHT], const T* row, bool row_ok,
+                                                bool left_ok, bool right_ok, acc_t<T> fill) {
+    static_assert(RIGHT == 0 || RIGHT == 2, "right halo: none or one 2-element pack");
+    if (!row_ok) {
+#pragma unroll
+        for (int e = 0; e < VEC + 1 + RIGHT; ++e) out[e] = fill;
+        return;
+    }
+    const PackN<T, VEC> pk = load_pack<T, VEC>(row);
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) out[e + 1] = load(pk.v[e]);
+    out[0] = left_ok ? load(row[-1]) : fill;
+    if (RIGHT) {
+        if (right_ok) {
+            const PackN<T, 2> pr = load_pack<T, 2>(row + VEC);
+            out[VEC + 1] = load(pr.v[0]);
+            out[VEC + 1 + RIGHT - 1] = load(pr.v[1]);
+        } else {
+            out[VEC + 1] = out[VEC + 1 + RIGHT - 1] = fill;
+        }
+    }
+}
+
 template <typename index_t>
 __device__ __forceinline__ void plane_band_lane(index_t i, int lanes, int bands, index_t& plane, int& band,
                                            int& j) {
@@ -930,34 +1008,14 @@ pool_k3s2_forward(const T* __restrict__ x, T* __restrict__ y, index_t items, int
 #pragma unroll
         for (int r = 0; r < ROWS; ++r) {
             const int h = h0 + r;
-            const bool ok = h >= 0 && h < H;
-            if (ok) {
-                const PackN<T, VEC> pk = load_pack<T, VEC>(xp + (long long)h * W);
-#pragma unroll
-                for (int e = 0; e < VEC; ++e) v[r][e + 1] = load(pk.v[e]);
-                v[r][0] = j > 0 ? load(xp[(long long)h * W - 1]) : (MAX ? negative_infinity<A>() : A(0));
-            } else {
-#pragma unroll
-                for (int e = 0; e <= VEC; ++e) v[r][e] = MAX ? negative_infinity<A>() : A(0);
-            }
+            load_row_vector<T, VEC, 0>(v[r], xp + (long long)h * W, h >= 0 && h < H, j > 0, false,
+                                       MAX ? negative_infinity<A>() : A(0));
         }
         A rp[ROWS][OUT];
 #pragma unroll
         for (int r = 0; r < ROWS; ++r)
 #pragma unroll
-            for (int u = 0; u < OUT; ++u) {
-                A m = v[r][2 * u];
-#pragma unroll
-                for (int c = 1; c < 3; ++c) {
-                    const A e = v[r][2 * u + c];
-                    if (MAX) {
-                        m = (e > m || e != e) ? e : m;
-                    } else {
-                        m += e;
-                    }
-                }
-                rp[r][u] = m;
-            }
+            for (int u = 0; u < OUT; ++u) rp[r][u] = reduce3<MAX>(v[r][2 * u], v[r][2 * u + 1], v[r][2 * u + 2]);
         T* yp = y + (long long)plane * Ho * Wo + OUT * j;
 #pragma unroll
         for (int k = 0; k < R; ++k) {
@@ -966,16 +1024,7 @@ pool_k3s2_forward(const T* __restrict__ x, T* __restrict__ y, index_t items, int
             PackN<T, OUT> pk;
 #pragma unroll
             for (int u = 0; u < OUT; ++u) {
-                A m = rp[2 * k][u];
-#pragma unroll
-                for (int a = 1; a < 3; ++a) {
-                    const A e = rp[2 * k + a][u];
-                    if (MAX) {
-                        m = (e > m || e != e) ? e : m;
-                    } else {
-                        m += e;
-                    }
-                }
+                A m = reduce3<MAX>(rp[2 * k][u], rp[2 * k + 1][u], rp[2 * k + 2][u]);
                 if (!MAX) {
                     m = m / A(avg_divisor<int>(2 * oh - 1, 2 * (OUT * j + u) - 1, 3, 3, H, W, 1, 1,
                                                count_include_pad));
@@ -1010,23 +1059,7 @@ pool_k3s2_backward(const T* __restrict__ x, const T* __restrict__ dy, T* __restr
         for (int r = 0; r < XR; ++r) {
             const int h = h0 + r;
             rok[r] = h >= 0 && h < H;
-            const T* row = xp + (long long)h * W;
-            if (rok[r]) {
-                const PackN<T, VEC> pk = load_pack<T, VEC>(row);
-#pragma unroll
-                for (int e = 0; e < VEC; ++e) v[r][e + 1] = load(pk.v[e]);
-                v[r][0] = j > 0 ? load(row[-1]) : A(0);
-                if (right) {
-                    const PackN<T, 2> pr = load_pack<T, 2>(row + VEC);
-                    v[r][VEC + 1] = load(pr.v[0]);
-                    v[r][VEC + 2] = load(pr.v[1]);
-                } else {
-                    v[r][VEC + 1] = v[r][VEC + 2] = A(0);
-                }
-            } else {
-#pragma unroll
-                for (int e = 0; e < XC; ++e) v[r][e] = A(0);
-            }
+            load_row_vector<T, VEC, 2>(v[r], xp + (long long)h * W, rok[r], j > 0, right, A(0));
         }
         A g[R + 1][OUT + 1];
 #pragma unroll
@@ -1137,6 +1170,237 @@ pool_k2s2_avg_backward(const T* __restrict__ /* x: not needed */, const T* __res
                 const int h = 2 * (oh0 + k) + a;
                 if (h < H) *reinterpret_cast<PackN<T, VEC>*>(dxp + (long long)h * W) = pk;
             }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// NHWC 3x3 windows, stride 2, padding 1, C a multiple of VEC = 16 / sizeof(T)
+// and 16-byte aligned arrays (pool_nhwc_k3s2_*): column-rolling kernels.
+//
+// Thread = (image n, band of rows, segment of `cols` output columns, VEC
+// channels c .. c + VEC - 1); consecutive threads take consecutive channel
+// vectors of one pixel (a warp's 16-byte loads are one contiguous run), then
+// consecutive bands (vertically adjacent threads share their halo row: often
+// the same block, so an L1 hit), then segments, then images.  The thread walks
+// its segment column by column: per output column ow it loads only the two new
+// input columns 2ow and 2ow + 1 of its rows (one 16-byte load per pixel, all
+// issued before any arithmetic) and carries column 2ow - 1 from the previous
+// step, so each input pixel is loaded once per band and segment instead of
+// once per covering window (the per-window kernels above load 9 pixels per
+// output: 2.25x the input through L1; here (2R + 1) / 2R rows and
+// (cols + 1) / cols columns: 1.3x for R = 2, cols = 8).
+//
+// Forward: band = R output rows (input rows 2Rb - 1 .. 2Rb + 2R - 1).  Per step a
+// row pass (columns 2ow - 1, 2ow, 2ow + 1 of each input row, in that order)
+// shared by the two output rows meeting on a row, then the column pass: the
+// order of pool_k3s2_forward (so the same values: max picks the first maximum
+// in row-major order, the last NaN; padding never wins over a real element;
+// average sums in that order and divides by PyTorch's divisor).
+//
+// Backward (max): band = 2R *input* rows 2Rb .. 2Rb + 2R - 1, owned: every dx
+// element is written by exactly one thread, once (16-byte stores), no
+// atomics, no argmax bytes.  Windows touching the band: output rows Rb .. Rb +
+// R (input rows 2Rb - 1 .. 2Rb + 2R + 1).  Per step ow the thread computes the
+// argmax of windows (Rb + k, ow) for k = 0 .. R from the three carried / loaded
+// columns, then finishes dx column 2ow - 1 (covered by windows ow - 1, kept from
+// the previous step, and ow) and column 2ow (window ow only), adding each
+// window's dy where its argmax lies, windows in row-major order (the gather's
+// order).  A segment owns dx columns 2 * cols * s .. 2 * cols * (s + 1) - 1 and
+// steps over windows cols * s .. cols * (s + 1) (one extra: its last odd column
+// is covered by the next segment's first window; step Wo is a window-less
+// step that finishes the last column when W is even).  DRAM traffic is the
+// floor: x and dy read once, dx written once.
+
+// The VEC channels at input rows h0 .. h0 + ROWS - 1 of column w (NHWC, image
+// base xn, channel offset included); `fill` where the pixel is outside the image.
+template <typename T, typename index_t, int VEC, int ROWS>
+__device__ __forceinline__ void load_nhwc_column(PackN<T, VEC> (&out)[ROWS], const T* __restrict__ xn,
+                                                 int h0, int w, int H, int W, int C, T fill) {
+    const bool col_ok = w >= 0 && w < W;
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) {
+        const int h = h0 + r;
+        if (col_ok && h >= 0 && h < H) {
+            out[r] = load_pack<T, VEC>(xn + ((index_t)h * W + w) * C);
+        } else {
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) out[r].v[e] = fill;
+        }
+    }
+}
+
+// (image n, band, segment, channel c) of thread item i.
+template <typename index_t>
+__device__ __forceinline__ void image_band_segment(index_t i, int lanes, int bands, int segments, int vec,
+                                                   index_t& n, int& band, int& seg, int& c) {
+    index_t p;
+    plane_band_lane<index_t>(i, lanes, bands, p, band, c);
+    c *= vec;
+    n = p / segments;
+    seg = (int)(p - n * segments);
+}
+
+template <typename T, typename index_t, bool MAX, int R>
+__global__ void __launch_bounds__(256)
+pool_nhwc_k3s2_forward(const T* __restrict__ x, T* __restrict__ y, index_t items, int C, int H, int W,
+                       int Ho, int Wo, int bands, int segments, int cols, int count_include_pad) {
+    typedef acc_t<T> A;
+    constexpr int VEC = 16 / sizeof(T), ROWS = 2 * R + 1;
+    const int lanes = C / VEC;
+    const T fill = store<T>(MAX ? negative_infinity<A>() : A(0));
+    for (index_t i = (index_t)blockIdx.x * blockDim.x + threadIdx.x; i < items;
+         i += (index_t)blockDim.x * gridDim.x) {
+        index_t n;
+        int band, seg, c;
+        image_band_segment<index_t>(i, lanes, bands, segments, VEC, n, band, seg, c);
+        const T* xn = x + n * H * W * C + c;
+        T* yn = y + n * Ho * Wo * C + c;
+        const int oh0 = band * R, h0 = 2 * oh0 - 1;
+        const int ow0 = seg * cols, ow1 = min(ow0 + cols, Wo);
+        PackN<T, VEC> left[ROWS];  // input column 2ow - 1
+        load_nhwc_column<T, index_t, VEC, ROWS>(left, xn, h0, 2 * ow0 - 1, H, W, C, fill);
+        for (int ow = ow0; ow < ow1; ++ow) {
+            PackN<T, VEC> mid[ROWS], right[ROWS];
+            load_nhwc_column<T, index_t, VEC, ROWS>(mid, xn, h0, 2 * ow, H, W, C, fill);
+            load_nhwc_column<T, index_t, VEC, ROWS>(right, xn, h0, 2 * ow + 1, H, W, C, fill);
+            A rp[ROWS][VEC];  // row pass: columns 2ow - 1, 2ow, 2ow + 1 of each row
+#pragma unroll
+            for (int r = 0; r < ROWS; ++r)
+#pragma unroll
+                for (int v = 0; v < VEC; ++v)
+                    rp[r][v] = reduce3<MAX>(load(left[r].v[v]), load(mid[r].v[v]), load(right[r].v[v]));
+#pragma unroll
+            for (int k = 0; k < R; ++k) {
+                const int oh = oh0 + k;
+                if (oh >= Ho) break;
+                const A divisor = MAX ? A(1) : A(avg_divisor<int>(2 * oh - 1, 2 * ow - 1, 3, 3, H, W, 1, 1,
+                                                                  count_include_pad));
+                PackN<T, VEC> pk;
+#pragma unroll
+                for (int v = 0; v < VEC; ++v) {
+                    const A m = reduce3<MAX>(rp[2 * k][v], rp[2 * k + 1][v], rp[2 * k + 2][v]);
+                    pk.v[v] = store<T>(MAX ? m : m / divisor);
+                }
+                *reinterpret_cast<PackN<T, VEC>*>(yn + ((index_t)oh * Wo + ow) * C) = pk;
+            }
+#pragma unroll
+            for (int r = 0; r < ROWS; ++r) left[r] = right[r];
+        }
+    }
+}
+
+template <typename T, typename index_t, int R>
+__global__ void __launch_bounds__(256)
+pool_nhwc_k3s2_backward(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ dx,
+                        index_t items, int C, int H, int W, int Ho, int Wo, int bands, int segments,
+                        int cols) {
+    typedef acc_t<T> A;
+    constexpr int VEC = 16 / sizeof(T), XR = 2 * R + 3, WR = R + 1;
+    const int lanes = C / VEC;
+    const T fill = store<T>(A(0));  // never compared: `real` below excludes outside pixels
+    for (index_t i = (index_t)blockIdx.x * blockDim.x + threadIdx.x; i < items;
+         i += (index_t)blockDim.x * gridDim.x) {
+        index_t n;
+        int band, seg, c;
+        image_band_segment<index_t>(i, lanes, bands, segments, VEC, n, band, seg, c);
+        const T* xn = x + n * H * W * C + c;
+        const T* dyn = dy + n * Ho * Wo * C + c;
+        T* dxn = dx + n * H * W * C + c;
+        const int oh0 = band * R, h0 = 2 * oh0 - 1;  // local x row r = input row h0 + r
+        const int ow0 = seg * cols, ow1 = min(ow0 + cols, Wo);
+        bool row_ok[XR];
+#pragma unroll
+        for (int r = 0; r < XR; ++r) row_ok[r] = h0 + r >= 0 && h0 + r < H;
+        PackN<T, VEC> left[XR];  // input column 2ow - 1
+        load_nhwc_column<T, index_t, VEC, XR>(left, xn, h0, 2 * ow0 - 1, H, W, C, fill);
+        bool left_ok = ow0 > 0;
+        // windows (oh0 + k, ow - 1) of the previous step: argmax position a * 3 + c
+        // (-1: no window) and dy
+        int prev_pos[WR][VEC];
+        A prev_g[WR][VEC];
+#pragma unroll
+        for (int k = 0; k < WR; ++k)
+#pragma unroll
+            for (int v = 0; v < VEC; ++v) {
+                prev_pos[k][v] = -1;
+                prev_g[k][v] = A(0);
+            }
+        for (int ow = ow0; ow <= ow1; ++ow) {
+            PackN<T, VEC> mid[XR], right[XR];
+            load_nhwc_column<T, index_t, VEC, XR>(mid, xn, h0, 2 * ow, H, W, C, fill);
+            load_nhwc_column<T, index_t, VEC, XR>(right, xn, h0, 2 * ow + 1, H, W, C, fill);
+            const bool col_ok[3] = {left_ok, 2 * ow < W, 2 * ow + 1 < W};
+            A g[WR][VEC];
+            int pos[WR][VEC];
+#pragma unroll
+            for (int k = 0; k < WR; ++k) {
+                const bool window = oh0 + k < Ho && ow < Wo;
+                if (window) {
+                    const PackN<T, VEC> pk = load_pack<T, VEC>(dyn + ((index_t)(oh0 + k) * Wo + ow) * C);
+#pragma unroll
+                    for (int v = 0; v < VEC; ++v) g[k][v] = load(pk.v[v]);
+                }
+#pragma unroll
+                for (int v = 0; v < VEC; ++v) {
+                    A best = A(0);
+                    int p = -1;
+#pragma unroll
+                    for (int a = 0; a < 3; ++a)
+#pragma unroll
+                        for (int cc = 0; cc < 3; ++cc) {
+                            const PackN<T, VEC>& px = cc == 0 ? left[2 * k + a]
+                                                    : cc == 1 ? mid[2 * k + a] : right[2 * k + a];
+                            const A e = load(px.v[v]);
+                            const bool real = window && row_ok[2 * k + a] && col_ok[cc];
+                            if (real && (p < 0 || e > best || e != e)) {
+                                best = e;
+                                p = a * 3 + cc;
+                            }
+                        }
+                    pos[k][v] = p;
+                    if (!window) g[k][v] = A(0);
+                }
+            }
+            // dx column 2ow - 1 (windows ow - 1 and ow) and 2ow (window ow); local rows 1 .. 2R
+#pragma unroll
+            for (int side = 0; side < 2; ++side) {
+                const int w = 2 * ow - 1 + side;
+                if (side == 0 ? !(ow > ow0 && w < W) : !(ow < ow0 + cols && w < W)) continue;
+#pragma unroll
+                for (int r = 1; r <= 2 * R; ++r) {
+                    const int h = h0 + r;
+                    if (h >= H) break;
+                    PackN<T, VEC> pk;
+#pragma unroll
+                    for (int v = 0; v < VEC; ++v) {
+                        A s = A(0);
+#pragma unroll
+                        for (int k = 0; k < WR; ++k) {
+                            const int a = r - 2 * k;
+                            if (a < 0 || a > 2) continue;
+                            if (side == 0) {
+                                s += prev_pos[k][v] == a * 3 + 2 ? prev_g[k][v] : A(0);
+                                s += pos[k][v] == a * 3 ? g[k][v] : A(0);
+                            } else {
+                                s += pos[k][v] == a * 3 + 1 ? g[k][v] : A(0);
+                            }
+                        }
+                        pk.v[v] = store<T>(s);
+                    }
+                    *reinterpret_cast<PackN<T, VEC>*>(dxn + ((index_t)h * W + w) * C) = pk;
+                }
+            }
+#pragma unroll
+            for (int r = 0; r < XR; ++r) left[r] = right[r];
+            left_ok = col_ok[2];
+#pragma unroll
+            for (int k = 0; k < WR; ++k)
+#pragma unroll
+                for (int v = 0; v < VEC; ++v) {
+                    prev_pos[k][v] = pos[k][v];
+                    prev_g[k][v] = g[k][v];
+                }
         }
     }
 }
