@@ -951,6 +951,67 @@ __device__ __forceinline__ A reduce3(A a, A b, A c) {
     return (a + b) + c;
 }
 
+// The forward rule's pick in a 3x3 window, as a * 3 + c (row a, column c);
+// at(a, c) is the value, row[a] && col[c] says the element lies inside the
+// input.  EXACT: the full rule (the last NaN wins, else the first maximum in
+// row-major order; all -inf: the first real element; -1 if none is real).
+// Otherwise the caller guarantees no NaN among the values and -inf in every
+// padding position, and a strict > from the first real element picks the same
+// element with half the instructions (a compare and two selects an element):
+// the backward kernels are bound by this arithmetic, not by bytes, in float16.
+template <bool EXACT, typename A, typename At>
+__device__ __forceinline__ int argmax3x3(At at, const bool (&row)[3], const bool (&col)[3]) {
+    int pos;
+    if (EXACT) {
+        A best = A(0);
+        pos = -1;
+#pragma unroll
+        for (int a = 0; a < 3; ++a)
+#pragma unroll
+            for (int c = 0; c < 3; ++c) {
+                const A e = at(a, c);
+                if (row[a] && col[c] && (pos < 0 || e > best || e != e)) {
+                    best = e;
+                    pos = a * 3 + c;
+                }
+            }
+        return pos;
+    }
+    pos = (row[0] ? 0 : row[1] ? 3 : 6) + (col[0] ? 0 : col[1] ? 1 : 2);
+    A best = negative_infinity<A>();
+#pragma unroll
+    for (int a = 0; a < 3; ++a)
+#pragma unroll
+        for (int c = 0; c < 3; ++c) {
+            const A e = at(a, c);
+            if (e > best) {
+                best = e;
+                pos = a * 3 + c;
+            }
+        }
+    return pos;
+}
+
+// A compile-time bool as a value (for generic lambdas: decltype(b)::value).
+template <bool B>
+struct Bool {
+    static constexpr bool value = B;
+};
+
+// Whether any of n values is NaN, as one sum (one add a value, two chains):
+// -inf + inf also reads as NaN, which only sends the caller to its exact path.
+template <int N, typename A>
+__device__ __forceinline__ bool any_nan(const A* v) {
+    A s0 = A(0), s1 = A(0);
+#pragma unroll
+    for (int e = 0; e < N; e += 2) {
+        s0 += v[e];
+        if (e + 1 < N) s1 += v[e + 1];
+    }
+    s0 += s1;
+    return s0 != s0;
+}
+
 // Columns -1 .. VEC - 1 + RIGHT of one NCHW row (relative to `row`, a 16-byte
 // aligned vector) into out[0 .. VEC + RIGHT]: the left halo column (a scalar
 // load, an L1 hit: the neighbour lane's vector holds it), the vector, and RIGHT
@@ -1059,8 +1120,10 @@ pool_k3s2_backward(const T* __restrict__ x, const T* __restrict__ dy, T* __restr
         for (int r = 0; r < XR; ++r) {
             const int h = h0 + r;
             rok[r] = h >= 0 && h < H;
-            load_row_vector<T, VEC, 2>(v[r], xp + (long long)h * W, rok[r], j > 0, right, A(0));
+            load_row_vector<T, VEC, 2>(v[r], xp + (long long)h * W, rok[r], j > 0, right,
+                                       negative_infinity<A>());
         }
+        const bool exact = any_nan<XR * XC>(&v[0][0]);  // else argmax3x3's fast path
         A g[R + 1][OUT + 1];
 #pragma unroll
         for (int k = 0; k <= R; ++k) {
@@ -1081,6 +1144,8 @@ pool_k3s2_backward(const T* __restrict__ x, const T* __restrict__ dy, T* __restr
         for (int d = 0; d < 2 * R; ++d)
 #pragma unroll
             for (int f = 0; f < VEC; ++f) grad[d][f] = A(0);
+        // the windows, with argmax3x3's exact rule or (no NaN in the tile) its fast path
+        auto windows = [&](auto exact_rule) {
 #pragma unroll
         for (int k = 0; k <= R; ++k) {
             if (oh0 + k >= Ho) break;
@@ -1088,19 +1153,10 @@ pool_k3s2_backward(const T* __restrict__ x, const T* __restrict__ dy, T* __restr
             for (int m = 0; m <= OUT; ++m) {
                 if (m == OUT && !right) break;
                 // window (oh0 + k, OUT*j + m): x rows 2k .. 2k + 2, columns 2m .. 2m + 2 (local)
-                A best = negative_infinity<A>();
-                int pos = -1;
-#pragma unroll
-                for (int a = 0; a < 3; ++a)
-#pragma unroll
-                    for (int c = 0; c < 3; ++c) {
-                        const bool real = rok[2 * k + a] && (2 * m + c > 0 || j > 0);
-                        const A e = v[2 * k + a][2 * m + c];
-                        if (real && (pos < 0 || e > best || e != e)) {
-                            best = e;
-                            pos = a * 3 + c;
-                        }
-                    }
+                const bool row[3] = {rok[2 * k], rok[2 * k + 1], rok[2 * k + 2]};
+                const bool col[3] = {m > 0 || j > 0, true, true};
+                const int pos = argmax3x3<decltype(exact_rule)::value, A>(
+                    [&](int a, int c) { return v[2 * k + a][2 * m + c]; }, row, col);
                 // dx local (row 2k + a - 1, column 2m + c - 1)
 #pragma unroll
                 for (int a = 0; a < 3; ++a)
@@ -1111,6 +1167,12 @@ pool_k3s2_backward(const T* __restrict__ x, const T* __restrict__ dy, T* __restr
                         if (pos == a * 3 + c) grad[d][f] += g[k][m];
                     }
             }
+        }
+        };
+        if (exact) {
+            windows(Bool<true>());
+        } else {
+            windows(Bool<false>());
         }
         T* dxp = dx + (long long)plane * H * W + VEC * j;
 #pragma unroll
@@ -1230,6 +1292,17 @@ __device__ __forceinline__ void load_nhwc_column(PackN<T, VEC> (&out)[ROWS], con
     }
 }
 
+// Whether a loaded column holds a NaN (any_nan over its values).
+template <typename T, int VEC, int ROWS>
+__device__ __forceinline__ bool nhwc_column_nan(const PackN<T, VEC> (&col)[ROWS]) {
+    acc_t<T> v[ROWS * VEC];
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r)
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) v[r * VEC + e] = load(col[r].v[e]);
+    return any_nan<ROWS * VEC>(v);
+}
+
 // (image n, band, segment, channel c) of thread item i.
 template <typename index_t>
 __device__ __forceinline__ void image_band_segment(index_t i, int lanes, int bands, int segments, int vec,
@@ -1298,7 +1371,7 @@ pool_nhwc_k3s2_backward(const T* __restrict__ x, const T* __restrict__ dy, T* __
     typedef acc_t<T> A;
     constexpr int VEC = 16 / sizeof(T), XR = 2 * R + 3, WR = R + 1;
     const int lanes = C / VEC;
-    const T fill = store<T>(A(0));  // never compared: `real` below excludes outside pixels
+    const T fill = store<T>(negative_infinity<A>());  // padding: argmax3x3's fast path
     for (index_t i = (index_t)blockIdx.x * blockDim.x + threadIdx.x; i < items;
          i += (index_t)blockDim.x * gridDim.x) {
         index_t n;
@@ -1314,7 +1387,7 @@ pool_nhwc_k3s2_backward(const T* __restrict__ x, const T* __restrict__ dy, T* __
         for (int r = 0; r < XR; ++r) row_ok[r] = h0 + r >= 0 && h0 + r < H;
         PackN<T, VEC> left[XR];  // input column 2ow - 1
         load_nhwc_column<T, index_t, VEC, XR>(left, xn, h0, 2 * ow0 - 1, H, W, C, fill);
-        bool left_ok = ow0 > 0;
+        bool left_ok = ow0 > 0, left_nan = nhwc_column_nan<T, VEC, XR>(left);
         // windows (oh0 + k, ow - 1) of the previous step: argmax position a * 3 + c
         // (-1: no window) and dy
         int prev_pos[WR][VEC];
@@ -1331,8 +1404,11 @@ pool_nhwc_k3s2_backward(const T* __restrict__ x, const T* __restrict__ dy, T* __
             load_nhwc_column<T, index_t, VEC, XR>(mid, xn, h0, 2 * ow, H, W, C, fill);
             load_nhwc_column<T, index_t, VEC, XR>(right, xn, h0, 2 * ow + 1, H, W, C, fill);
             const bool col_ok[3] = {left_ok, 2 * ow < W, 2 * ow + 1 < W};
+            const bool right_nan = nhwc_column_nan<T, VEC, XR>(right);
+            const bool exact = left_nan || right_nan || nhwc_column_nan<T, VEC, XR>(mid);
             A g[WR][VEC];
             int pos[WR][VEC];
+            auto windows = [&](auto exact_rule) {
 #pragma unroll
             for (int k = 0; k < WR; ++k) {
                 const bool window = oh0 + k < Ho && ow < Wo;
@@ -1341,26 +1417,21 @@ pool_nhwc_k3s2_backward(const T* __restrict__ x, const T* __restrict__ dy, T* __
 #pragma unroll
                     for (int v = 0; v < VEC; ++v) g[k][v] = load(pk.v[v]);
                 }
+                const bool row[3] = {window && row_ok[2 * k], window && row_ok[2 * k + 1],
+                                     window && row_ok[2 * k + 2]};
 #pragma unroll
                 for (int v = 0; v < VEC; ++v) {
-                    A best = A(0);
-                    int p = -1;
-#pragma unroll
-                    for (int a = 0; a < 3; ++a)
-#pragma unroll
-                        for (int cc = 0; cc < 3; ++cc) {
-                            const PackN<T, VEC>& px = cc == 0 ? left[2 * k + a]
-                                                    : cc == 1 ? mid[2 * k + a] : right[2 * k + a];
-                            const A e = load(px.v[v]);
-                            const bool real = window && row_ok[2 * k + a] && col_ok[cc];
-                            if (real && (p < 0 || e > best || e != e)) {
-                                best = e;
-                                p = a * 3 + cc;
-                            }
-                        }
-                    pos[k][v] = p;
+                    pos[k][v] = argmax3x3<decltype(exact_rule)::value, A>([&](int a, int cc) {
+                        return load((cc == 0 ? left : cc == 1 ? mid : right)[2 * k + a].v[v]);
+                    }, row, col_ok);
                     if (!window) g[k][v] = A(0);
                 }
+            }
+            };
+            if (exact) {
+                windows(Bool<true>());
+            } else {
+                windows(Bool<false>());
             }
             // dx column 2ow - 1 (windows ow - 1 and ow) and 2ow (window ow); local rows 1 .. 2R
 #pragma unroll
@@ -1394,6 +1465,7 @@ pool_nhwc_k3s2_backward(const T* __restrict__ x, const T* __restrict__ dy, T* __
 #pragma unroll
             for (int r = 0; r < XR; ++r) left[r] = right[r];
             left_ok = col_ok[2];
+            left_nan = right_nan;
 #pragma unroll
             for (int k = 0; k < WR; ++k)
 #pragma unroll

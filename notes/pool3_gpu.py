@@ -1,0 +1,136 @@
+"""GPU check of branch `pool3` (notes/pool3.md); run after the pool tests and
+`python -m dnnprims.bench memory --only <pool problems> --json PATH`:
+
+    python notes/pool3_gpu.py PATH
+
+Prints (1) a sweep of the NHWC 3x3/2/1 kernels' rows per thread and columns per
+thread (fp32 and fp16, 64x56x56x256, against torch channels-last), (2) kernel-only
+time of the global-average problem (20 launches in one CUDA graph: no host time),
+and last (3) the short table of the benchmark JSON: ours, torch, ratio, fraction
+of the copy bandwidth over the floor bytes (floors: dnnprims/bench/__main__.py).
+"""
+import json
+import sys
+
+import cupy as cp
+import torch
+
+import dnnprims as dp
+from dnnprims import pooling
+from dnnprims.bench import timing
+
+
+def ms(fn):
+    return timing.measure(fn, xp=cp, warmup=3, repeat=30).median_ms
+
+
+def nhwc_sweep():
+    print("== NHWC 3x3/2/1 (N=64, 56x56, C=256): rows R and columns per thread (ms, median of 30)")
+    F = torch.nn.functional
+    for dtype in (cp.float32, cp.float16):
+        size = cp.dtype(dtype).itemsize
+        x = cp.random.random((64, 56, 56, 256), dtype=cp.float32).astype(dtype)
+        opts = dict(stride=2, padding=1, layout="NHWC")
+        y = dp.pool(x, 3, **opts)
+        dy = cp.random.random(y.shape, dtype=cp.float32).astype(dtype)
+        dx0 = dp.pool_backward(dy, x, y, 3, **opts)
+        tx = torch.from_dlpack(x).permute(0, 3, 1, 2).detach().clone().requires_grad_()
+        ty = F.max_pool2d(tx, 3, 2, 1)
+        tdy = torch.from_dlpack(dy).permute(0, 3, 1, 2)
+        t_f = ms(lambda: F.max_pool2d(tx, 3, 2, 1))
+        t_b = ms(lambda: torch.autograd.grad(ty, tx, tdy, retain_graph=True))
+        floor_f, floor_b = x.nbytes + y.nbytes, 2 * x.nbytes + dy.nbytes
+        print(f"{cp.dtype(dtype).name}: torch forward {t_f:.4f} backward {t_b:.4f}")
+        saved = (pooling._NHWC_K3S2_FORWARD_ROWS[size], pooling._NHWC_K3S2_BACKWARD_ROWS[size],
+                 pooling._NHWC_K3S2_COLS)
+        for cols in (4, 8, 14, 28):
+            line = []
+            pooling._NHWC_K3S2_COLS = cols
+            for r in pooling._NHWC_K3S2_ROWS_CHOICES:
+                pooling._NHWC_K3S2_FORWARD_ROWS[size] = pooling._NHWC_K3S2_BACKWARD_ROWS[size] = r
+                pooling._MEMO.clear()
+                tf = ms(lambda: dp.pool(x, 3, **opts))
+                tb = ms(lambda: dp.pool_backward(dy, x, y, 3, **opts))
+                same = bool(cp.array_equal(dp.pool(x, 3, **opts), y)) and bool(
+                    cp.array_equal(dp.pool_backward(dy, x, y, 3, **opts), dx0))
+                line.append(f"R={r}: fwd {tf:.4f} ({t_f / tf:.2f}x, {timing.gbps(floor_f, tf) / COPY:.2f})"
+                            f" bwd {tb:.4f} ({t_b / tb:.2f}x, {timing.gbps(floor_b, tb) / COPY:.2f})"
+                            f"{'' if same else ' DIFFERS'}")
+            print(f"  cols={cols:2d}  " + "   ".join(line))
+        (pooling._NHWC_K3S2_FORWARD_ROWS[size], pooling._NHWC_K3S2_BACKWARD_ROWS[size],
+         pooling._NHWC_K3S2_COLS) = saved
+        pooling._MEMO.clear()
+        del x, y, dy, dx0, tx, ty, tdy
+        cp.get_default_memory_pool().free_all_blocks()
+
+
+def graph_ms(launch, arrays, count=20):
+    """Kernel time of one launch: `count` launches captured in a CUDA graph."""
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        launch(*arrays)
+        stream.begin_capture()
+        for _ in range(count):
+            launch(*arrays)
+        graph = stream.end_capture()
+        graph.upload(stream)
+        return timing.measure(lambda: graph.launch(stream), xp=cp, warmup=2, repeat=20).median_ms / count
+
+
+def kernel_only():
+    print("== global_avg_r50 (32x2048x7x7 fp32) kernel time, 20 launches in a CUDA graph (us)")
+    x = cp.random.random((32, 2048, 7, 7), dtype=cp.float32)
+    y = dp.pool(x, 7, mode="avg", stride=1)
+    dy = cp.random.random(y.shape, dtype=cp.float32)
+    dx = cp.empty_like(x)
+    problem = pooling._check_problem(x, 7, "avg", 1, 0, True, "NCHW")
+    call = pooling._Call(problem)
+    for direction, arrays, floor in (("forward", (x, y), x.nbytes + y.nbytes),
+                                     ("backward", (x, dy, dx), dy.nbytes + dx.nbytes)):
+        launch = call.launch(direction, True)
+        t = graph_ms(launch, arrays)
+        print(f"{direction:8s} {t * 1e3:6.2f} us  floor {floor / 1e6:.1f} MB = {floor / COPY / 1e3:.2f} us"
+              f" at copy speed ({timing.gbps(floor, t) / COPY:.2f} of copy)  [{launch.expression}]")
+    tx = torch.from_dlpack(x)
+    F = torch.nn.functional
+    try:
+        stream = torch.cuda.Stream()
+        with torch.cuda.stream(stream):
+            F.avg_pool2d(tx, 7, 1)
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, stream=stream):
+                for _ in range(20):
+                    F.avg_pool2d(tx, 7, 1)
+        torch.cuda.synchronize()
+        t = timing.measure(lambda: g.replay(), xp=cp, warmup=2, repeat=20).median_ms / 20
+        print(f"torch forward {t * 1e3:6.2f} us (graph)")
+    except Exception as e:
+        print(f"torch graph failed: {type(e).__name__}: {e}")
+
+
+def short_table(path):
+    result = json.load(open(path))
+    copy = result.get("ceilings", {}).get("copy_GBps", float("nan"))
+    print(f"== pool benchmark (copy {copy:.0f} GB/s; ratio = torch / ours; "
+          "of copy = floor bytes / time / copy bandwidth)")
+    print(f"{'problem':18s} {'op':22s} {'ours ms':>8s} {'torch ms':>9s} {'ratio':>6s} {'of copy':>8s}")
+    for r in result["rows"]:
+        if r.get("kind") != "memory" or not r.get("op", "").startswith("pool"):
+            continue
+        frac = r["GBps"] / copy if "GBps" in r else float("nan")
+        print(f"{r['name']:18s} {r['op']:22s} {r.get('ms', float('nan')):8.4f} "
+              f"{r.get('torch_ms', float('nan')):9.4f} {r.get('ratio', float('nan')):6.2f} {frac:8.2f}"
+              + (f"  ERROR {r['error']}" if "error" in r else ""))
+
+
+if __name__ == "__main__":
+    try:
+        COPY = json.load(open(sys.argv[1]))["ceilings"]["copy_GBps"]
+    except Exception:
+        COPY = 3003.0
+    for step in (nhwc_sweep, kernel_only):
+        try:
+            step()
+        except Exception as e:  # keep going: the table must print
+            print(f"{step.__name__} failed: {type(e).__name__}: {e}")
+    short_table(sys.argv[1])
