@@ -29,11 +29,15 @@ _K3S2_BACKWARD_ROWS_CHOICES = (1, 2)
 _K2S2_ROWS = 4  # output rows per thread of pool_k2s2_avg_backward
 # NHWC 3x3 / 2 / 1 (pool_nhwc_k3s2_*): output rows per forward thread and input
 # row pairs per backward thread, by element size, and output columns per thread
-# (each thread walks `cols` columns; a segment boundary re-loads one column).
-_NHWC_K3S2_FORWARD_ROWS = {2: 2, 4: 2, 8: 2}
+# by direction (a thread walks `cols` columns; a segment seam re-loads one column).
+# Measured on the H100 (notes/pool3.md, 64x56x56x256): forward R = 1 / 2 0.094 /
+# 0.097 ms float32, 0.054 / 0.064 float16 (cols 4; 4 .. 28 within 3 % in float32);
+# backward R = 1 / 2 0.194 / 0.248 (float32), 0.232 / 0.317 (float16), and cols
+# 4 / 8 / 14 / 28 0.208 / 0.208 / 0.201 / 0.194 (float32, R = 1): one segment per row.
+_NHWC_K3S2_FORWARD_ROWS = {2: 1, 4: 1, 8: 1}
 _NHWC_K3S2_BACKWARD_ROWS = {2: 1, 4: 1, 8: 1}
 _NHWC_K3S2_ROWS_CHOICES = (1, 2)
-_NHWC_K3S2_COLS = 8
+_NHWC_K3S2_COLS = {"forward": 4, "backward": 32}
 # (kernels pool_k3s2_*)
 FAMILY = KernelFamily("pooling.cu", [
     *(f"pool_{mode}_{direction}<{t}, {i}, {nhwc}>"
@@ -433,7 +437,7 @@ def _nhwc_k3s2_launch(problem, direction, aligned):
     if kernel is None:
         return None
     expr, bands = kernel
-    cols = _NHWC_K3S2_COLS
+    cols = _NHWC_K3S2_COLS[direction]
     segments = ceil_div(wo, cols)
     items = problem.n * segments * bands * (problem.c // vec)
     blocks = min(ceil_div(items, _BLOCK), _MAX_ITEMS_BLOCKS)

@@ -554,7 +554,7 @@ def test_nhwc_k3s2_matches_reference(xp, rng, monkeypatch, dtype, mode, count_in
     size = np.dtype(dtype).itemsize
     monkeypatch.setitem(pooling._NHWC_K3S2_FORWARD_ROWS, size, rows)
     monkeypatch.setitem(pooling._NHWC_K3S2_BACKWARD_ROWS, size, rows)
-    monkeypatch.setattr(pooling, "_NHWC_K3S2_COLS", cols)
+    monkeypatch.setattr(pooling, "_NHWC_K3S2_COLS", {"forward": cols, "backward": cols})
     _fresh_plans(monkeypatch)
     opts = dict(mode=mode, stride=2, padding=1, count_include_pad=count_include_pad)
     for hw, c in zip(NHWC_K3S2_SIZES, (8, 16, 8, 24, 8, 16, 8)):
@@ -574,7 +574,7 @@ def test_nhwc_k3s2_ties_and_nan_exactly(xp, rng, monkeypatch, dtype, hw, rows, c
     size = np.dtype(dtype).itemsize
     monkeypatch.setitem(pooling._NHWC_K3S2_FORWARD_ROWS, size, rows)
     monkeypatch.setitem(pooling._NHWC_K3S2_BACKWARD_ROWS, size, rows)
-    monkeypatch.setattr(pooling, "_NHWC_K3S2_COLS", cols)
+    monkeypatch.setattr(pooling, "_NHWC_K3S2_COLS", {"forward": cols, "backward": cols})
     _fresh_plans(monkeypatch)
     x = rng.integers(-1, 2, size=(3, *hw, 8)).astype(dtype)
     x[0, :, :, 1] = -np.inf
