@@ -1082,6 +1082,24 @@ template <typename T> struct NegInfBits;
 template <> struct NegInfBits<half_t> { static constexpr unsigned value = 0xfc00u; };
 template <> struct NegInfBits<bfloat16_t> { static constexpr unsigned value = 0xff80u; };
 
+// Elementwise maximum (NaN-propagating) of three packs of 16-bit floats, two
+// values an instruction (the NHWC float16 / bfloat16 max forward's passes).
+template <typename T, int VEC>
+__device__ __forceinline__ PackN<T, VEC> max3_pairs(const PackN<T, VEC>& a, const PackN<T, VEC>& b,
+                                                    const PackN<T, VEC>& c) {
+    static_assert(sizeof(T) == 2 && VEC % 2 == 0, "pairs of 16-bit values");
+    typedef PackN<unsigned, VEC / 2> Words;
+    const Words& wa = reinterpret_cast<const Words&>(a);
+    const Words& wb = reinterpret_cast<const Words&>(b);
+    const Words& wc = reinterpret_cast<const Words&>(c);
+    Words r;
+#if PACKED_MAX_PAIRS
+#pragma unroll
+    for (int i = 0; i < VEC / 2; ++i) r.v[i] = max_nan_pairs<T>(max_nan_pairs<T>(wa.v[i], wb.v[i]), wc.v[i]);
+#endif
+    return reinterpret_cast<const PackN<T, VEC>&>(r);
+}
+
 // One band (R output rows, 4 columns: one 8-byte store each) of pool_k3s2_forward
 // for max over 2-byte types; xp / yp point at the band's column vector j.
 template <typename T, int R>
@@ -1421,25 +1439,39 @@ pool_nhwc_k3s2_forward(const T* __restrict__ x, T* __restrict__ y, index_t items
             PackN<T, VEC> mid[ROWS], right[ROWS];
             load_nhwc_column<T, index_t, VEC, ROWS>(mid, xn, h0, 2 * ow, H, W, C, fill);
             load_nhwc_column<T, index_t, VEC, ROWS>(right, xn, h0, 2 * ow + 1, H, W, C, fill);
-            A rp[ROWS][VEC];  // row pass: columns 2ow - 1, 2ow, 2ow + 1 of each row
+            if constexpr (MAX && PACKED_MAX_PAIRS && sizeof(T) == 2) {
+                // packed pairs (see k3s2_max_forward_pairs: the same maximum, +0.0 for mixed zeros)
+                PackN<T, VEC> rw[ROWS];
 #pragma unroll
-            for (int r = 0; r < ROWS; ++r)
+                for (int r = 0; r < ROWS; ++r) rw[r] = max3_pairs<T, VEC>(left[r], mid[r], right[r]);
 #pragma unroll
-                for (int v = 0; v < VEC; ++v)
-                    rp[r][v] = reduce3<MAX>(load(left[r].v[v]), load(mid[r].v[v]), load(right[r].v[v]));
-#pragma unroll
-            for (int k = 0; k < R; ++k) {
-                const int oh = oh0 + k;
-                if (oh >= Ho) break;
-                const A divisor = MAX ? A(1) : A(avg_divisor<int>(2 * oh - 1, 2 * ow - 1, 3, 3, H, W, 1, 1,
-                                                                  count_include_pad));
-                PackN<T, VEC> pk;
-#pragma unroll
-                for (int v = 0; v < VEC; ++v) {
-                    const A m = reduce3<MAX>(rp[2 * k][v], rp[2 * k + 1][v], rp[2 * k + 2][v]);
-                    pk.v[v] = store<T>(MAX ? m : m / divisor);
+                for (int k = 0; k < R; ++k) {
+                    const int oh = oh0 + k;
+                    if (oh >= Ho) break;
+                    *reinterpret_cast<PackN<T, VEC>*>(yn + ((index_t)oh * Wo + ow) * C) =
+                        max3_pairs<T, VEC>(rw[2 * k], rw[2 * k + 1], rw[2 * k + 2]);
                 }
-                *reinterpret_cast<PackN<T, VEC>*>(yn + ((index_t)oh * Wo + ow) * C) = pk;
+            } else {
+                A rp[ROWS][VEC];  // row pass: columns 2ow - 1, 2ow, 2ow + 1 of each row
+#pragma unroll
+                for (int r = 0; r < ROWS; ++r)
+#pragma unroll
+                    for (int v = 0; v < VEC; ++v)
+                        rp[r][v] = reduce3<MAX>(load(left[r].v[v]), load(mid[r].v[v]), load(right[r].v[v]));
+#pragma unroll
+                for (int k = 0; k < R; ++k) {
+                    const int oh = oh0 + k;
+                    if (oh >= Ho) break;
+                    const A divisor = MAX ? A(1) : A(avg_divisor<int>(2 * oh - 1, 2 * ow - 1, 3, 3, H, W, 1, 1,
+                                                                      count_include_pad));
+                    PackN<T, VEC> pk;
+#pragma unroll
+                    for (int v = 0; v < VEC; ++v) {
+                        const A m = reduce3<MAX>(rp[2 * k][v], rp[2 * k + 1][v], rp[2 * k + 2][v]);
+                        pk.v[v] = store<T>(MAX ? m : m / divisor);
+                    }
+                    *reinterpret_cast<PackN<T, VEC>*>(yn + ((index_t)oh * Wo + ow) * C) = pk;
+                }
             }
 #pragma unroll
             for (int r = 0; r < ROWS; ++r) left[r] = right[r];
