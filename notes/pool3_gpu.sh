@@ -10,7 +10,7 @@ cd "$ROOT"
 export PYTHONPATH="$ROOT" PYTHONUNBUFFERED=1 CUPY_TF32=0
 OUTDIR="${OUT:-$ROOT/out}"; mkdir -p "$OUTDIR"
 K="pool"
-[ "${2:-}" = final ] && K="pool and (k3s2 or global_average or repeated or misaligned or empty or mixing)"
+[ "${2:-}" = final ] && K="pool and (k3s2 or global_average or repeated or misaligned or empty or mixing or int32_range)"
 timeout "${1:-60}" python -m pytest -q -m gpu tests/ --ignore=tests/test_notebooks.py -k "$K" --tb=short \
     -p no:cacheprovider > "$OUTDIR/tests.log" 2>&1
 echo "pytest exit $?"; grep -E "^(FAILED|ERROR)" "$OUTDIR/tests.log" | head -20; tail -n 3 "$OUTDIR/tests.log"
