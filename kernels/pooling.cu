@@ -746,6 +746,64 @@ pool_rows_backward(const T* __restrict__ x, const T* __restrict__ dy, T* __restr
     }
 }
 
+// (image n, row h, column w, first channel c) of thread i = ((n * rows + h) *
+// cols + w) * (C / VEC) + c / VEC; cv = C / VEC.
+template <typename index_t>
+__device__ __forceinline__ void nhwc_pixel(index_t i, int cv, int vec, int rows, int cols, index_t& n, int& h,
+                                           int& w, int& c) {
+    index_t p = i / cv;
+    c = (int)(i - p * cv) * vec;
+    w = (int)(p % cols);
+    p /= cols;
+    h = (int)(p % rows);
+    n = p / rows;
+}
+
+// VEC consecutive channels at p (one 16-byte load when VEC > 1), as A.
+template <typename T, int VEC>
+__device__ __forceinline__ void load_channels(const T* __restrict__ p, acc_t<T> (&out)[VEC]) {
+    if (VEC > 1) {
+        const Pack16<T, VEC> pk = *reinterpret_cast<const Pack16<T, VEC>*>(p);
+#pragma unroll
+        for (int v = 0; v < VEC; ++v) out[v] = load(pk.v[v]);
+    } else {
+        out[0] = load(p[0]);
+    }
+}
+
+// Max (with the window-local position of the forward rule's pick: the first
+// maximum in row-major order, the last NaN; the first real element if all
+// -inf) or sum, per channel, over the window starting at (hs, ws) of one NHWC
+// image xn (channel offset included).
+template <typename T, typename index_t, bool MAX, int VEC>
+__device__ __forceinline__ void nhwc_window_reduce(const T* __restrict__ xn, int hs, int ws, int C, int H, int W,
+                                                   int kh, int kw, acc_t<T> (&r)[VEC], int (&pos)[VEC]) {
+    typedef acc_t<T> A;
+    const int h0 = max(hs, 0), w0 = max(ws, 0), h1 = min(hs + kh, H), w1 = min(ws + kw, W);
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) {
+        r[v] = MAX ? negative_infinity<A>() : A(0);
+        pos[v] = (h0 - hs) * kw + (w0 - ws);
+    }
+    for (int h = h0; h < h1; ++h) {
+        for (int w = w0; w < w1; ++w) {
+            A vals[VEC];
+            load_channels<T, VEC>(xn + ((index_t)h * W + w) * C, vals);
+#pragma unroll
+            for (int v = 0; v < VEC; ++v) {
+                if (MAX) {
+                    if (vals[v] > r[v] || vals[v] != vals[v]) {
+                        r[v] = vals[v];
+                        pos[v] = (h - hs) * kw + (w - ws);
+                    }
+                } else {
+                    r[v] += vals[v];
+                }
+            }
+        }
+    }
+}
+
 // NHWC: thread i = ((n * Ho + oh) * Wo + ow) * (C / VEC) + c / VEC.
 template <typename T, typename index_t, bool MAX, int VEC>
 __global__ void __launch_bounds__(256)
@@ -755,45 +813,13 @@ pool_nhwc_forward(const T* __restrict__ x, T* __restrict__ y, unsigned char* __r
     const int cv = C / VEC;
     for (index_t i = (index_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
          i += (index_t)blockDim.x * gridDim.x) {
-        index_t p = i / cv;
-        const int c = (int)(i - p * cv) * VEC;
-        const int ow = (int)(p % Wo);
-        p /= Wo;
-        const int oh = (int)(p % Ho);
-        const index_t n = p / Ho;
+        index_t n;
+        int oh, ow, c;
+        nhwc_pixel<index_t>(i, cv, VEC, Ho, Wo, n, oh, ow, c);
         const int hs = oh * sh - ph, ws = ow * sw - pw;
-        const int h0 = max(hs, 0), w0 = max(ws, 0), h1 = min(hs + kh, H), w1 = min(ws + kw, W);
         A r[VEC];
         int pos[VEC];
-#pragma unroll
-        for (int v = 0; v < VEC; ++v) {
-            r[v] = MAX ? negative_infinity<A>() : A(0);
-            pos[v] = (h0 - hs) * kw + (w0 - ws);
-        }
-        for (int h = h0; h < h1; ++h) {
-            for (int w = w0; w < w1; ++w) {
-                const index_t off = ((n * H + h) * W + w) * C + c;
-                A vals[VEC];
-                if (VEC > 1) {
-                    const Pack16<T, VEC> pk = *reinterpret_cast<const Pack16<T, VEC>*>(x + off);
-#pragma unroll
-                    for (int v = 0; v < VEC; ++v) vals[v] = load(pk.v[v]);
-                } else {
-                    vals[0] = load(x[off]);
-                }
-#pragma unroll
-                for (int v = 0; v < VEC; ++v) {
-                    if (MAX) {
-                        if (vals[v] > r[v] || vals[v] != vals[v]) {
-                            r[v] = vals[v];
-                            pos[v] = (h - hs) * kw + (w - ws);
-                        }
-                    } else {
-                        r[v] += vals[v];
-                    }
-                }
-            }
-        }
+        nhwc_window_reduce<T, index_t, MAX, VEC>(x + n * H * W * C + c, hs, ws, C, H, W, kh, kw, r, pos);
         const A divisor = MAX ? A(1) : A(avg_divisor<int>(hs, ws, kh, kw, H, W, ph, pw, count_include_pad));
         const index_t o = i * VEC;
         if (y) {
@@ -821,12 +847,9 @@ pool_nhwc_backward(const T* __restrict__ x, const T* __restrict__ dy, T* __restr
     const int cv = C / VEC;
     for (index_t i = (index_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
          i += (index_t)blockDim.x * gridDim.x) {
-        index_t p = i / cv;
-        const int c = (int)(i - p * cv) * VEC;
-        const int w = (int)(p % W);
-        p /= W;
-        const int h = (int)(p % H);
-        const index_t n = p / H;
+        index_t n;
+        int h, w, c;
+        nhwc_pixel<index_t>(i, cv, VEC, H, W, n, h, w, c);
         int oh_lo, oh_hi, ow_lo, ow_hi;
         covering_outputs<int>(h, kh, sh, ph, Ho, oh_lo, oh_hi);
         covering_outputs<int>(w, kw, sw, pw, Wo, ow_lo, ow_hi);
@@ -839,13 +862,7 @@ pool_nhwc_backward(const T* __restrict__ x, const T* __restrict__ dy, T* __restr
                 const int ws = ow * sw - pw;
                 const index_t o = ((n * Ho + oh) * Wo + ow) * C + c;
                 A g[VEC];
-                if (VEC > 1) {
-                    const Pack16<T, VEC> pk = *reinterpret_cast<const Pack16<T, VEC>*>(dy + o);
-#pragma unroll
-                    for (int v = 0; v < VEC; ++v) g[v] = load(pk.v[v]);
-                } else {
-                    g[0] = load(dy[o]);
-                }
+                load_channels<T, VEC>(dy + o, g);
                 if (MAX) {
                     const int self = (h - hs) * kw + (w - ws);
                     int pos[VEC];
@@ -854,35 +871,9 @@ pool_nhwc_backward(const T* __restrict__ x, const T* __restrict__ dy, T* __restr
 #pragma unroll
                         for (int v = 0; v < VEC; ++v) pos[v] = pb.v[v];
                     } else {  // no overlap: recompute this window's argmax per channel
-                        const int h0 = max(hs, 0), w0 = max(ws, 0);
-                        const int h1 = min(hs + kh, H), w1 = min(ws + kw, W);
                         A m[VEC];
-#pragma unroll
-                        for (int v = 0; v < VEC; ++v) {
-                            m[v] = negative_infinity<A>();
-                            pos[v] = (h0 - hs) * kw + (w0 - ws);
-                        }
-                        for (int hh = h0; hh < h1; ++hh) {
-                            for (int ww = w0; ww < w1; ++ww) {
-                                const index_t off = ((n * H + hh) * W + ww) * C + c;
-                                A vals[VEC];
-                                if (VEC > 1) {
-                                    const Pack16<T, VEC> pk =
-                                        *reinterpret_cast<const Pack16<T, VEC>*>(x + off);
-#pragma unroll
-                                    for (int v = 0; v < VEC; ++v) vals[v] = load(pk.v[v]);
-                                } else {
-                                    vals[0] = load(x[off]);
-                                }
-#pragma unroll
-                                for (int v = 0; v < VEC; ++v) {
-                                    if (vals[v] > m[v] || vals[v] != vals[v]) {
-                                        m[v] = vals[v];
-                                        pos[v] = (hh - hs) * kw + (ww - ws);
-                                    }
-                                }
-                            }
-                        }
+                        nhwc_window_reduce<T, index_t, true, VEC>(x + n * H * W * C + c, hs, ws, C, H, W, kh,
+                                                                  kw, m, pos);
                     }
 #pragma unroll
                     for (int v = 0; v < VEC; ++v)
@@ -933,11 +924,14 @@ pool_nhwc_backward(const T* __restrict__ x, const T* __restrict__ dy, T* __restr
 // The pick is the forward rule: the first maximum in row-major window order,
 // the last NaN if any; padding never enters; all -inf -> the first real element.
 //
-// Measured (H100, notes/pool.md; fraction of copy bandwidth over the floor
-// bytes): forward 0.91-0.97 in float32 (the rows kernel above: 0.57), 0.65 in
-// float16; backward 0.78-0.81 in float32 (the row tiles: 0.42), 0.33 in
-// float16 (per-element work, not bytes, sets the float16 time: it equals
-// float32's per element).  Results are bitwise those of the previous paths.
+// Measured (H100, notes/pool.md, notes/pool3.md; fraction of copy bandwidth
+// over the floor bytes): forward 0.92-0.97 in float32 (the rows kernel above:
+// 0.57), float16 0.93 on packed pairs (0.60 scalar); backward 0.86-0.89 in
+// float32 with argmax3x3's no-NaN path (0.78-0.81 with the exact rule only; the
+// row tiles: 0.42), 0.37 in float16 (per-element compare work, not bytes, sets
+// the float16 time).  Results are bitwise those of the previous paths, except
+// the float16 / bfloat16 max forward's sign of a zero maximum (see
+// k3s2_max_forward_pairs).
 
 // The 3x3 / 2 kernels' reduction of three neighbours, in this order (a row
 // pass, then the column pass over its results): max picks the first maximum and
@@ -1375,6 +1369,13 @@ pool_k2s2_avg_backward(const T* __restrict__ /* x: not needed */, const T* __res
 // is covered by the next segment's first window; step Wo is a window-less
 // step that finishes the last column when W is even).  DRAM traffic is the
 // floor: x and dy read once, dx written once.
+//
+// Measured (H100, notes/pool3.md, 64 x 56 x 56 x 256; fraction of copy over the
+// floor bytes): forward 0.91 float32, 0.89 float16 (packed pairs; 0.72-0.79
+// scalar); backward 0.79-0.80 float32, 2.1x PyTorch (argmax bytes + gather
+// before: 0.49, 1.3x), 0.33 float16 (compare-bound, 218 registers).  R = 2
+// measured slower in both directions (registers), one segment per row fastest
+// for the backward (each seam recomputes a window column).
 
 // The VEC channels at input rows h0 .. h0 + ROWS - 1 of column w (NHWC, image
 // base xn, channel offset included); `fill` where the pixel is outside the image.
