@@ -18,6 +18,7 @@ import torch
 import dnnprims as dp
 from dnnprims import pooling
 from dnnprims.bench import timing
+from pool_gpu import short_table  # notes/pool_gpu.py: the pool rows of a benchmark JSON
 
 
 def ms(fn):
@@ -156,21 +157,6 @@ def final_rows():
     for name, op, ours, theirs, floor in rows:
         print(f"{name:22s} {op:9s} {ours:8.4f} {theirs:9.4f} {theirs / ours:6.2f} "
               f"{timing.gbps(floor, ours) / COPY:8.2f}")
-
-
-def short_table(path):
-    result = json.load(open(path))
-    copy = result.get("ceilings", {}).get("copy_GBps", float("nan"))
-    print(f"== pool benchmark (copy {copy:.0f} GB/s; ratio = torch / ours; "
-          "of copy = floor bytes / time / copy bandwidth)")
-    print(f"{'problem':18s} {'op':22s} {'ours ms':>8s} {'torch ms':>9s} {'ratio':>6s} {'of copy':>8s}")
-    for r in result["rows"]:
-        if r.get("kind") != "memory" or not r.get("op", "").startswith("pool"):
-            continue
-        frac = r["GBps"] / copy if "GBps" in r else float("nan")
-        print(f"{r['name']:18s} {r['op']:22s} {r.get('ms', float('nan')):8.4f} "
-              f"{r.get('torch_ms', float('nan')):9.4f} {r.get('ratio', float('nan')):6.2f} {frac:8.2f}"
-              + (f"  ERROR {r['error']}" if "error" in r else ""))
 
 
 if __name__ == "__main__":
