@@ -21,12 +21,24 @@ _ITEMSIZE = {"half_t": 2, "bfloat16_t": 2, "float": 4, "double": 8}
 # element size: as many as keep the unrolled tile in registers.
 # Measured on the H100 (notes/pool.md): forward R = 1 / 2 / 4 took 0.0665 / 0.0710 /
 # 0.0930 ms on max3x3s2_big_f16, 0.0527 / 0.0461 / 0.0468 on r50_maxpool (float32);
-# backward R = 1 / 2: 0.232 / 0.311 (float16), 0.104 / 0.0997 (r50, float32).
+# backward R = 1 / 2: 0.232 / 0.311 (float16), 0.104 / 0.0997 (r50, float32).  The float16
+# forward on packed pairs (notes/pool3.md): R = 1 / 2 / 4 0.0460 / 0.0469 / 0.0475 ms.
 _K3S2_FORWARD_ROWS = {2: 1, 4: 2, 8: 2}
 _K3S2_BACKWARD_ROWS = {2: 1, 4: 2, 8: 2}
 _K3S2_FORWARD_ROWS_CHOICES = (1, 2, 4)
 _K3S2_BACKWARD_ROWS_CHOICES = (1, 2)
 _K2S2_ROWS = 4  # output rows per thread of pool_k2s2_avg_backward
+# NHWC 3x3 / 2 / 1 (pool_nhwc_k3s2_*): output rows per forward thread and input
+# row pairs per backward thread, by element size, and output columns per thread
+# by direction (a thread walks `cols` columns; a segment seam re-loads one column).
+# Measured on the H100 (notes/pool3.md, 64x56x56x256): forward R = 1 / 2 0.094 /
+# 0.097 ms float32, 0.054 / 0.064 float16 (cols 4; 4 .. 28 within 3 % in float32);
+# backward R = 1 / 2 0.194 / 0.248 (float32), 0.232 / 0.317 (float16), and cols
+# 4 / 8 / 14 / 28 0.208 / 0.208 / 0.201 / 0.194 (float32, R = 1): one segment per row.
+_NHWC_K3S2_FORWARD_ROWS = {2: 1, 4: 1, 8: 1}
+_NHWC_K3S2_BACKWARD_ROWS = {2: 1, 4: 1, 8: 1}
+_NHWC_K3S2_ROWS_CHOICES = (1, 2)
+_NHWC_K3S2_COLS = {"forward": 4, "backward": 32}
 # (kernels pool_k3s2_*)
 FAMILY = KernelFamily("pooling.cu", [
     *(f"pool_{mode}_{direction}<{t}, {i}, {nhwc}>"
@@ -54,6 +66,14 @@ FAMILY = KernelFamily("pooling.cu", [
     *(f"pool_k3s2_backward<{t}, {i}, {r}>"
       for t in _dtypes.CUDA_TYPES for i in ("int", "long long") for r in _K3S2_BACKWARD_ROWS_CHOICES),
     *(f"pool_k2s2_avg_backward<{t}, {i}, {_K2S2_ROWS}>"
+      for t in _dtypes.CUDA_TYPES for i in ("int", "long long")),
+    # NHWC 3x3 / 2 / 1, column-rolling: forward <T, index_t, MAX, R>, backward (max) <T, index_t, R>
+    *(f"pool_nhwc_k3s2_forward<{t}, {i}, {is_max}, {r}>"
+      for t in _dtypes.CUDA_TYPES for i in ("int", "long long") for is_max in _BOOL
+      for r in _NHWC_K3S2_ROWS_CHOICES),
+    *(f"pool_nhwc_k3s2_backward<{t}, {i}, {r}>"
+      for t in _dtypes.CUDA_TYPES for i in ("int", "long long") for r in _NHWC_K3S2_ROWS_CHOICES),
+    *(f"pool_global_avg_backward_flat<{t}, {i}>"
       for t in _dtypes.CUDA_TYPES for i in ("int", "long long"))])
 
 _BLOCK = 256
@@ -339,8 +359,8 @@ def _make_plan(problem, direction, aligned):
     if problem.layout == "NCHW" and not nchw:
         return _general_plan(problem, direction)  # planes of 2^31 elements or more
     if nchw and problem.window == (problem.h, problem.w) and problem.padding == (0, 0):
-        return ("launch", *_global_launch(problem, direction), 0)
-    vector = _vector_launch(problem, direction, aligned) if nchw else None
+        return ("launch", *_global_launch(problem, direction, aligned), 0)
+    vector = (_vector_launch if nchw else _nhwc_k3s2_launch)(problem, direction, aligned)
     if vector is not None:
         return ("launch", *vector, 0)
     if nchw and direction == "backward" and (not ROWS_BACKWARD or (two and kh * kw > 256)):
@@ -367,16 +387,10 @@ def _vector_launch(problem, direction, aligned):
         return None
     ho, _ = problem.out_hw
     if problem.window == (3, 3) and problem.padding == (1, 1):
-        if direction == "forward":
-            rows = _K3S2_FORWARD_ROWS[size]
-            bands = ceil_div(ho, rows)
-            expr = f"pool_k3s2_forward<{t}, {{}}, {_BOOL[problem.mode == 'max']}, {rows}>"
-        elif problem.mode == "max":
-            rows = _K3S2_BACKWARD_ROWS[size]
-            bands = ceil_div(problem.h, 2 * rows)
-            expr = f"pool_k3s2_backward<{t}, {{}}, {rows}>"
-        else:
+        kernel = _k3s2_kernel(problem, direction, "pool_k3s2", _K3S2_FORWARD_ROWS, _K3S2_BACKWARD_ROWS)
+        if kernel is None:
             return None
+        expr, bands = kernel
     elif (problem.window == (2, 2) and problem.padding == (0, 0) and direction == "backward"
           and problem.mode == "avg"):
         bands = ceil_div(problem.h, 2 * _K2S2_ROWS)
@@ -389,6 +403,50 @@ def _vector_launch(problem, direction, aligned):
     it = np.int32 if index_t == "int" else np.int64
     args = (it(items), np.int32(problem.h), np.int32(problem.w), np.int32(ho), np.int32(bands))
     if expr.startswith("pool_k3s2_forward"):
+        args += (np.int32(problem.count_include_pad),)
+    return expr.format(index_t), (blocks,), args
+
+
+def _k3s2_kernel(problem, direction, prefix, forward_rows, backward_rows):
+    """(expression with "{}" for index_t, bands) of a 3x3 / 2 / 1 kernel pair
+    `prefix`_forward <T, index_t, MAX, R> (R output rows a band) and
+    `prefix`_backward <T, index_t, R> (max only; 2R input rows a band); R from
+    the tables by element size.  None for average backward."""
+    t = _dtypes.cuda_type(problem.dtype)
+    if direction == "forward":
+        rows = forward_rows[_ITEMSIZE[t]]
+        return (f"{prefix}_forward<{t}, {{}}, {_BOOL[problem.mode == 'max']}, {rows}>",
+                ceil_div(problem.out_hw[0], rows))
+    if problem.mode == "max":
+        rows = backward_rows[_ITEMSIZE[t]]
+        return f"{prefix}_backward<{t}, {{}}, {rows}>", ceil_div(problem.h, 2 * rows)
+    return None
+
+
+def _nhwc_k3s2_launch(problem, direction, aligned):
+    """(expr, grid, scalar args) of the column-rolling NHWC kernels pool_nhwc_k3s2_*
+    (3x3 / 2 / 1; backward max only), or None when the problem is not one of
+    theirs, C is not a multiple of a 16-byte vector, or an array is not aligned."""
+    t = _dtypes.cuda_type(problem.dtype)
+    size = _ITEMSIZE[t]
+    vec = 16 // size
+    if (not VECTOR_KERNELS or not aligned or problem.c % vec or problem.window != (3, 3)
+            or problem.stride != (2, 2) or problem.padding != (1, 1)):
+        return None
+    ho, wo = problem.out_hw
+    kernel = _k3s2_kernel(problem, direction, "pool_nhwc_k3s2", _NHWC_K3S2_FORWARD_ROWS,
+                          _NHWC_K3S2_BACKWARD_ROWS)
+    if kernel is None:
+        return None
+    expr, bands = kernel
+    cols = _NHWC_K3S2_COLS[direction]
+    segments = ceil_div(wo, cols)
+    items = problem.n * segments * bands * (problem.c // vec)
+    blocks = min(ceil_div(items, _BLOCK), _MAX_ITEMS_BLOCKS)
+    index_t = index_type(items + blocks * _BLOCK, problem.n * problem.c * max(problem.h * problem.w, ho * wo))
+    it = np.int32 if index_t == "int" else np.int64
+    args = (it(items), *(np.int32(v) for v in (problem.c, problem.h, problem.w, ho, wo, bands, segments, cols)))
+    if direction == "forward":
         args += (np.int32(problem.count_include_pad),)
     return expr.format(index_t), (blocks,), args
 
@@ -499,14 +557,24 @@ GLOBAL_SMALL_COUNT = 64
 GLOBAL_SMALL_PLANES = 128
 
 
-def _global_launch(problem, direction):
+def _global_launch(problem, direction, aligned):
     """(expr, grid, scalar args) of the whole-plane kernels: one warp per plane,
-    or a block per GLOBAL_SMALL_PLANES small planes for average forward."""
+    a block per GLOBAL_SMALL_PLANES small planes for average forward, a thread
+    per 16 bytes of dx for average backward (aligned arrays)."""
     planes = problem.n * problem.c
     count = problem.h * problem.w
-    index_t = index_type(planes * count, 2 * planes + _BLOCK,
+    index_t = index_type(planes * count + _BLOCK * 16, 2 * planes + _BLOCK,
                          planes + _MAX_ITEMS_BLOCKS * GLOBAL_SMALL_PLANES)
     it = np.int32 if index_t == "int" else np.int64
+    if direction == "backward" and problem.mode == "avg" and aligned and VECTOR_KERNELS:
+        t = _dtypes.cuda_type(problem.dtype)
+        total = planes * count
+        vectors = ceil_div(total, 16 // _ITEMSIZE[t])
+        blocks = min(ceil_div(vectors, _BLOCK), _MAX_ITEMS_BLOCKS)
+        index_t = index_type(total + blocks * _BLOCK * 16)
+        it = np.int32 if index_t == "int" else np.int64
+        return (f"pool_global_avg_backward_flat<{t}, {index_t}>", (blocks,),
+                (it(vectors), it(total), np.int32(count)))
     if (direction == "forward" and problem.mode == "avg" and count <= GLOBAL_SMALL_COUNT
             and np.dtype(problem.dtype) != np.float64):
         blocks = min(ceil_div(planes, GLOBAL_SMALL_PLANES), _MAX_ITEMS_BLOCKS)

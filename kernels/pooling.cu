@@ -144,9 +144,12 @@ __device__ __forceinline__ void covering_outputs(index_t h, index_t k, index_t s
     hi = imin((h + p) / s, out - 1);
 }
 
-template <typename T, typename index_t, bool NHWC>
-__global__ void pool_max_backward(const T* __restrict__ x, const T* __restrict__ dy,
-                                  T* __restrict__ dx, POOL_PARAMS) {
+// One thread per input element: dx[i] gathers dy of every output window that
+// covers element i, in row-major window order; for max only where the window's
+// argmax (recomputed from x) is i, for average divided by the window's divisor.
+template <typename T, typename index_t, bool NHWC, bool MAX>
+__device__ __forceinline__ void gather_backward(const T* __restrict__ x, const T* __restrict__ dy,
+                                                T* __restrict__ dx, POOL_PARAMS, int count_include_pad) {
     typedef Layout4<index_t, NHWC> L;
     const index_t total = N * C * H * W;
     GRID_STRIDE_LOOP(i, total) {
@@ -160,11 +163,16 @@ __global__ void pool_max_backward(const T* __restrict__ x, const T* __restrict__
             const index_t hs = oh * sh - ph;
             for (index_t ow = ow_lo; ow <= ow_hi; ++ow) {
                 const index_t ws = ow * sw - pw;
-                acc_t<T> best;
-                const index_t arg = window_argmax<T, index_t, NHWC>(
-                    x, n, c, imax(hs, index_t(0)), imin(hs + kh, H), imax(ws, index_t(0)),
-                    imin(ws + kw, W), C, H, W, best);
-                if (arg == i) grad += load(dy[L::offset(n, c, oh, ow, C, Ho, Wo)]);
+                const acc_t<T> g = load(dy[L::offset(n, c, oh, ow, C, Ho, Wo)]);
+                if (MAX) {
+                    acc_t<T> best;
+                    const index_t arg = window_argmax<T, index_t, NHWC>(
+                        x, n, c, imax(hs, index_t(0)), imin(hs + kh, H), imax(ws, index_t(0)),
+                        imin(ws + kw, W), C, H, W, best);
+                    if (arg == i) grad += g;
+                } else {
+                    grad += g / acc_t<T>(avg_divisor(hs, ws, kh, kw, H, W, ph, pw, count_include_pad));
+                }
             }
         }
         dx[i] = store<T>(grad);
@@ -172,27 +180,16 @@ __global__ void pool_max_backward(const T* __restrict__ x, const T* __restrict__
 }
 
 template <typename T, typename index_t, bool NHWC>
+__global__ void pool_max_backward(const T* __restrict__ x, const T* __restrict__ dy,
+                                  T* __restrict__ dx, POOL_PARAMS) {
+    gather_backward<T, index_t, NHWC, true>(x, dy, dx, N, C, H, W, Ho, Wo, kh, kw, sh, sw, ph, pw, 0);
+}
+
+template <typename T, typename index_t, bool NHWC>
 __global__ void pool_avg_backward(const T* __restrict__ x, const T* __restrict__ dy,
                                   T* __restrict__ dx, POOL_PARAMS, int count_include_pad) {
-    typedef Layout4<index_t, NHWC> L;
-    const index_t total = N * C * H * W;
-    GRID_STRIDE_LOOP(i, total) {
-        index_t n, c, h, w;
-        L::split(i, C, H, W, n, c, h, w);
-        index_t oh_lo, oh_hi, ow_lo, ow_hi;
-        covering_outputs(h, kh, sh, ph, Ho, oh_lo, oh_hi);
-        covering_outputs(w, kw, sw, pw, Wo, ow_lo, ow_hi);
-        acc_t<T> grad = 0;
-        for (index_t oh = oh_lo; oh <= oh_hi; ++oh) {
-            const index_t hs = oh * sh - ph;
-            for (index_t ow = ow_lo; ow <= ow_hi; ++ow) {
-                const index_t ws = ow * sw - pw;
-                const index_t divisor = avg_divisor(hs, ws, kh, kw, H, W, ph, pw, count_include_pad);
-                grad += load(dy[L::offset(n, c, oh, ow, C, Ho, Wo)]) / acc_t<T>(divisor);
-            }
-        }
-        dx[i] = store<T>(grad);
-    }
+    gather_backward<T, index_t, NHWC, false>(x, dy, dx, N, C, H, W, Ho, Wo, kh, kw, sh, sw, ph, pw,
+                                             count_include_pad);
 }
 
 // ---------------------------------------------------------------------------
@@ -490,6 +487,46 @@ __global__ void pool_global_backward(const T* __restrict__ x, const T* __restric
     }
 }
 
+// Global average backward (pool_global_avg_backward_flat): dx = dy[plane] /
+// count over each plane.  One warp per plane (pool_global_backward) leaves
+// most lanes idle on 7x7 planes and stores 4 bytes a lane; here a thread
+// writes VEC consecutive elements of dx with one 16-byte store (the run may
+// span planes: the divisions happen once per thread, then a counter walks the
+// plane boundary), so the kernel is bound by dx's bytes alone.  Needs a
+// 16-byte aligned dx; the last thread stores its tail element by element.
+template <typename T, typename index_t>
+__global__ void __launch_bounds__(256)
+pool_global_avg_backward_flat(const T* __restrict__ /* x: not needed */, const T* __restrict__ dy,
+                              T* __restrict__ dx, index_t vectors, index_t total, int count) {
+    typedef acc_t<T> A;
+    constexpr int VEC = 16 / sizeof(T);
+    for (index_t i = (index_t)blockIdx.x * blockDim.x + threadIdx.x; i < vectors;
+         i += (index_t)blockDim.x * gridDim.x) {
+        const index_t e0 = i * VEC;
+        index_t plane = e0 / count;
+        int off = (int)(e0 - plane * count);
+        A g = load(dy[plane]) / A(count);
+        PackN<T, VEC> pk;
+#pragma unroll
+        for (int v = 0; v < VEC; ++v) {
+            if (off == count) {  // the next plane starts here
+                off = 0;
+                ++plane;
+                if (e0 + v < total) g = load(dy[plane]) / A(count);
+            }
+            pk.v[v] = store<T>(g);
+            ++off;
+        }
+        if (e0 + VEC <= total) {
+            *reinterpret_cast<PackN<T, VEC>*>(dx + e0) = pk;
+        } else {
+#pragma unroll
+            for (int v = 0; v < VEC; ++v)
+                if (e0 + v < total) dx[e0 + v] = pk.v[v];
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------
 // Direct paths (issue 5, v3): no shared memory, the overlap re-read comes from
 // L1/L2.  Used for NCHW planes below 2^31 elements and for NHWC.
@@ -709,6 +746,64 @@ pool_rows_backward(const T* __restrict__ x, const T* __restrict__ dy, T* __restr
     }
 }
 
+// (image n, row h, column w, first channel c) of thread i = ((n * rows + h) *
+// cols + w) * (C / VEC) + c / VEC; cv = C / VEC.
+template <typename index_t>
+__device__ __forceinline__ void nhwc_pixel(index_t i, int cv, int vec, int rows, int cols, index_t& n, int& h,
+                                           int& w, int& c) {
+    index_t p = i / cv;
+    c = (int)(i - p * cv) * vec;
+    w = (int)(p % cols);
+    p /= cols;
+    h = (int)(p % rows);
+    n = p / rows;
+}
+
+// VEC consecutive channels at p (one 16-byte load when VEC > 1), as A.
+template <typename T, int VEC>
+__device__ __forceinline__ void load_channels(const T* __restrict__ p, acc_t<T> (&out)[VEC]) {
+    if (VEC > 1) {
+        const Pack16<T, VEC> pk = *reinterpret_cast<const Pack16<T, VEC>*>(p);
+#pragma unroll
+        for (int v = 0; v < VEC; ++v) out[v] = load(pk.v[v]);
+    } else {
+        out[0] = load(p[0]);
+    }
+}
+
+// Max (with the window-local position of the forward rule's pick: the first
+// maximum in row-major order, the last NaN; the first real element if all
+// -inf) or sum, per channel, over the window starting at (hs, ws) of one NHWC
+// image xn (channel offset included).
+template <typename T, typename index_t, bool MAX, int VEC>
+__device__ __forceinline__ void nhwc_window_reduce(const T* __restrict__ xn, int hs, int ws, int C, int H, int W,
+                                                   int kh, int kw, acc_t<T> (&r)[VEC], int (&pos)[VEC]) {
+    typedef acc_t<T> A;
+    const int h0 = max(hs, 0), w0 = max(ws, 0), h1 = min(hs + kh, H), w1 = min(ws + kw, W);
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) {
+        r[v] = MAX ? negative_infinity<A>() : A(0);
+        pos[v] = (h0 - hs) * kw + (w0 - ws);
+    }
+    for (int h = h0; h < h1; ++h) {
+        for (int w = w0; w < w1; ++w) {
+            A vals[VEC];
+            load_channels<T, VEC>(xn + ((index_t)h * W + w) * C, vals);
+#pragma unroll
+            for (int v = 0; v < VEC; ++v) {
+                if (MAX) {
+                    if (vals[v] > r[v] || vals[v] != vals[v]) {
+                        r[v] = vals[v];
+                        pos[v] = (h - hs) * kw + (w - ws);
+                    }
+                } else {
+                    r[v] += vals[v];
+                }
+            }
+        }
+    }
+}
+
 // NHWC: thread i = ((n * Ho + oh) * Wo + ow) * (C / VEC) + c / VEC.
 template <typename T, typename index_t, bool MAX, int VEC>
 __global__ void __launch_bounds__(256)
@@ -718,45 +813,13 @@ pool_nhwc_forward(const T* __restrict__ x, T* __restrict__ y, unsigned char* __r
     const int cv = C / VEC;
     for (index_t i = (index_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
          i += (index_t)blockDim.x * gridDim.x) {
-        index_t p = i / cv;
-        const int c = (int)(i - p * cv) * VEC;
-        const int ow = (int)(p % Wo);
-        p /= Wo;
-        const int oh = (int)(p % Ho);
-        const index_t n = p / Ho;
+        index_t n;
+        int oh, ow, c;
+        nhwc_pixel<index_t>(i, cv, VEC, Ho, Wo, n, oh, ow, c);
         const int hs = oh * sh - ph, ws = ow * sw - pw;
-        const int h0 = max(hs, 0), w0 = max(ws, 0), h1 = min(hs + kh, H), w1 = min(ws + kw, W);
         A r[VEC];
         int pos[VEC];
-#pragma unroll
-        for (int v = 0; v < VEC; ++v) {
-            r[v] = MAX ? negative_infinity<A>() : A(0);
-            pos[v] = (h0 - hs) * kw + (w0 - ws);
-        }
-        for (int h = h0; h < h1; ++h) {
-            for (int w = w0; w < w1; ++w) {
-                const index_t off = ((n * H + h) * W + w) * C + c;
-                A vals[VEC];
-                if (VEC > 1) {
-                    const Pack16<T, VEC> pk = *reinterpret_cast<const Pack16<T, VEC>*>(x + off);
-#pragma unroll
-                    for (int v = 0; v < VEC; ++v) vals[v] = load(pk.v[v]);
-                } else {
-                    vals[0] = load(x[off]);
-                }
-#pragma unroll
-                for (int v = 0; v < VEC; ++v) {
-                    if (MAX) {
-                        if (vals[v] > r[v] || vals[v] != vals[v]) {
-                            r[v] = vals[v];
-                            pos[v] = (h - hs) * kw + (w - ws);
-                        }
-                    } else {
-                        r[v] += vals[v];
-                    }
-                }
-            }
-        }
+        nhwc_window_reduce<T, index_t, MAX, VEC>(x + n * H * W * C + c, hs, ws, C, H, W, kh, kw, r, pos);
         const A divisor = MAX ? A(1) : A(avg_divisor<int>(hs, ws, kh, kw, H, W, ph, pw, count_include_pad));
         const index_t o = i * VEC;
         if (y) {
@@ -784,12 +847,9 @@ pool_nhwc_backward(const T* __restrict__ x, const T* __restrict__ dy, T* __restr
     const int cv = C / VEC;
     for (index_t i = (index_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
          i += (index_t)blockDim.x * gridDim.x) {
-        index_t p = i / cv;
-        const int c = (int)(i - p * cv) * VEC;
-        const int w = (int)(p % W);
-        p /= W;
-        const int h = (int)(p % H);
-        const index_t n = p / H;
+        index_t n;
+        int h, w, c;
+        nhwc_pixel<index_t>(i, cv, VEC, H, W, n, h, w, c);
         int oh_lo, oh_hi, ow_lo, ow_hi;
         covering_outputs<int>(h, kh, sh, ph, Ho, oh_lo, oh_hi);
         covering_outputs<int>(w, kw, sw, pw, Wo, ow_lo, ow_hi);
@@ -802,13 +862,7 @@ pool_nhwc_backward(const T* __restrict__ x, const T* __restrict__ dy, T* __restr
                 const int ws = ow * sw - pw;
                 const index_t o = ((n * Ho + oh) * Wo + ow) * C + c;
                 A g[VEC];
-                if (VEC > 1) {
-                    const Pack16<T, VEC> pk = *reinterpret_cast<const Pack16<T, VEC>*>(dy + o);
-#pragma unroll
-                    for (int v = 0; v < VEC; ++v) g[v] = load(pk.v[v]);
-                } else {
-                    g[0] = load(dy[o]);
-                }
+                load_channels<T, VEC>(dy + o, g);
                 if (MAX) {
                     const int self = (h - hs) * kw + (w - ws);
                     int pos[VEC];
@@ -817,35 +871,9 @@ pool_nhwc_backward(const T* __restrict__ x, const T* __restrict__ dy, T* __restr
 #pragma unroll
                         for (int v = 0; v < VEC; ++v) pos[v] = pb.v[v];
                     } else {  // no overlap: recompute this window's argmax per channel
-                        const int h0 = max(hs, 0), w0 = max(ws, 0);
-                        const int h1 = min(hs + kh, H), w1 = min(ws + kw, W);
                         A m[VEC];
-#pragma unroll
-                        for (int v = 0; v < VEC; ++v) {
-                            m[v] = negative_infinity<A>();
-                            pos[v] = (h0 - hs) * kw + (w0 - ws);
-                        }
-                        for (int hh = h0; hh < h1; ++hh) {
-                            for (int ww = w0; ww < w1; ++ww) {
-                                const index_t off = ((n * H + hh) * W + ww) * C + c;
-                                A vals[VEC];
-                                if (VEC > 1) {
-                                    const Pack16<T, VEC> pk =
-                                        *reinterpret_cast<const Pack16<T, VEC>*>(x + off);
-#pragma unroll
-                                    for (int v = 0; v < VEC; ++v) vals[v] = load(pk.v[v]);
-                                } else {
-                                    vals[0] = load(x[off]);
-                                }
-#pragma unroll
-                                for (int v = 0; v < VEC; ++v) {
-                                    if (vals[v] > m[v] || vals[v] != vals[v]) {
-                                        m[v] = vals[v];
-                                        pos[v] = (hh - hs) * kw + (ww - ws);
-                                    }
-                                }
-                            }
-                        }
+                        nhwc_window_reduce<T, index_t, true, VEC>(x + n * H * W * C + c, hs, ws, C, H, W, kh,
+                                                                  kw, m, pos);
                     }
 #pragma unroll
                     for (int v = 0; v < VEC; ++v)
@@ -896,11 +924,116 @@ pool_nhwc_backward(const T* __restrict__ x, const T* __restrict__ dy, T* __restr
 // The pick is the forward rule: the first maximum in row-major window order,
 // the last NaN if any; padding never enters; all -inf -> the first real element.
 //
-// Measured (H100, notes/pool.md; fraction of copy bandwidth over the floor
-// bytes): forward 0.91-0.97 in float32 (the rows kernel above: 0.57), 0.65 in
-// float16; backward 0.78-0.81 in float32 (the row tiles: 0.42), 0.33 in
-// float16 (per-element work, not bytes, sets the float16 time: it equals
-// float32's per element).  Results are bitwise those of the previous paths.
+// Measured (H100, notes/pool.md, notes/pool3.md; fraction of copy bandwidth
+// over the floor bytes): forward 0.92-0.97 in float32 (the rows kernel above:
+// 0.57), float16 0.93 on packed pairs (0.60 scalar); backward 0.86-0.89 in
+// float32 with argmax3x3's no-NaN path (0.78-0.81 with the exact rule only; the
+// row tiles: 0.42), 0.37 in float16 (per-element compare work, not bytes, sets
+// the float16 time).  Results are bitwise those of the previous paths, except
+// the float16 / bfloat16 max forward's sign of a zero maximum (see
+// k3s2_max_forward_pairs).
+
+// The 3x3 / 2 kernels' reduction of three neighbours, in this order (a row
+// pass, then the column pass over its results): max picks the first maximum and
+// the last NaN (together: the row-major scan's pick), average sums.
+template <bool MAX, typename A>
+__device__ __forceinline__ A reduce3(A a, A b, A c) {
+    if (MAX) {
+        a = (b > a || b != b) ? b : a;
+        return (c > a || c != c) ? c : a;
+    }
+    return (a + b) + c;
+}
+
+// The forward rule's pick in a 3x3 window, as a * 3 + c (row a, column c);
+// at(a, c) is the value, row[a] && col[c] says the element lies inside the
+// input.  EXACT: the full rule (the last NaN wins, else the first maximum in
+// row-major order; all -inf: the first real element; -1 if none is real).
+// Otherwise the caller guarantees no NaN among the values and -inf in every
+// padding position, and a strict > from the first real element picks the same
+// element with half the instructions (a compare and two selects an element):
+// the backward kernels are bound by this arithmetic, not by bytes, in float16.
+template <bool EXACT, typename A, typename At>
+__device__ __forceinline__ int argmax3x3(At at, const bool (&row)[3], const bool (&col)[3]) {
+    int pos;
+    if (EXACT) {
+        A best = A(0);
+        pos = -1;
+#pragma unroll
+        for (int a = 0; a < 3; ++a)
+#pragma unroll
+            for (int c = 0; c < 3; ++c) {
+                const A e = at(a, c);
+                if (row[a] && col[c] && (pos < 0 || e > best || e != e)) {
+                    best = e;
+                    pos = a * 3 + c;
+                }
+            }
+        return pos;
+    }
+    pos = (row[0] ? 0 : row[1] ? 3 : 6) + (col[0] ? 0 : col[1] ? 1 : 2);
+    A best = negative_infinity<A>();
+#pragma unroll
+    for (int a = 0; a < 3; ++a)
+#pragma unroll
+        for (int c = 0; c < 3; ++c) {
+            const A e = at(a, c);
+            if (e > best) {
+                best = e;
+                pos = a * 3 + c;
+            }
+        }
+    return pos;
+}
+
+// A compile-time bool as a value (for generic lambdas: decltype(b)::value).
+template <bool B>
+struct Bool {
+    static constexpr bool value = B;
+};
+
+// Whether any of n values is NaN, as one sum (one add a value, two chains):
+// -inf + inf also reads as NaN, which only sends the caller to its exact path.
+template <int N, typename A>
+__device__ __forceinline__ bool any_nan(const A* v) {
+    A s0 = A(0), s1 = A(0);
+#pragma unroll
+    for (int e = 0; e < N; e += 2) {
+        s0 += v[e];
+        if (e + 1 < N) s1 += v[e + 1];
+    }
+    s0 += s1;
+    return s0 != s0;
+}
+
+// Columns -1 .. VEC - 1 + RIGHT of one NCHW row (relative to `row`, a 16-byte
+// aligned vector) into out[0 .. VEC + RIGHT]: the left halo column (a scalar
+// load, an L1 hit: the neighbour lane's vector holds it), the vector, and RIGHT
+// (0 or 2: one 8-byte load) right halo columns.  `fill` where the row, the left
+// or the right halo lies outside the plane.  The loader of both pool_k3s2 kernels.
+template <typename T, int VEC, int RIGHT>
+__device__ __forceinline__ void load_row_vector(acc_t<T> (&out)[VEC + 1 + RIGHT], const T* row, bool row_ok,
+                                                bool left_ok, bool right_ok, acc_t<T> fill) {
+    static_assert(RIGHT == 0 || RIGHT == 2, "right halo: none or one 2-element pack");
+    if (!row_ok) {
+#pragma unroll
+        for (int e = 0; e < VEC + 1 + RIGHT; ++e) out[e] = fill;
+        return;
+    }
+    const PackN<T, VEC> pk = load_pack<T, VEC>(row);
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) out[e + 1] = load(pk.v[e]);
+    out[0] = left_ok ? load(row[-1]) : fill;
+    if (RIGHT) {
+        if (right_ok) {
+            const PackN<T, 2> pr = load_pack<T, 2>(row + VEC);
+            out[VEC + 1] = load(pr.v[0]);
+            out[VEC + 1 + RIGHT - 1] = load(pr.v[1]);
+        } else {
+            out[VEC + 1] = out[VEC + 1 + RIGHT - 1] = fill;
+        }
+    }
+}
 
 template <typename index_t>
 __device__ __forceinline__ void plane_band_lane(index_t i, int lanes, int bands, index_t& plane, int& band,
@@ -909,6 +1042,103 @@ __device__ __forceinline__ void plane_band_lane(index_t i, int lanes, int bands,
     j = (int)(i - q * lanes);
     plane = q / bands;
     band = (int)(q - plane * bands);
+}
+
+// float16 / bfloat16 max forward on packed pairs (sm_80+: max.NaN.{f16,bf16}x2,
+// two values an instruction, no conversions): the per-element arithmetic, not
+// the bytes, bounded the scalar path (0.60 of copy in float16 against 0.97 in
+// float32).  The column pass comes first here (elementwise over the three input
+// rows' words), then the row pass over the column maxima, pairing outputs (u,
+// u + 1) in one word by byte permutes.  The value is the same maximum (a NaN
+// wins: the canonical NaN), except that a window whose maximum is a zero of
+// both signs gives +0.0 where the first-maximum rule gives the first zero.
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+#define PACKED_MAX_PAIRS 1
+#else
+#define PACKED_MAX_PAIRS 0
+#endif
+
+template <typename T>
+__device__ __forceinline__ unsigned max_nan_pairs(unsigned a, unsigned b);
+template <>
+__device__ __forceinline__ unsigned max_nan_pairs<half_t>(unsigned a, unsigned b) {
+    unsigned d;
+    asm("max.NaN.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+    return d;
+}
+template <>
+__device__ __forceinline__ unsigned max_nan_pairs<bfloat16_t>(unsigned a, unsigned b) {
+    unsigned d;
+    asm("max.NaN.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+    return d;
+}
+template <typename T> struct NegInfBits;
+template <> struct NegInfBits<half_t> { static constexpr unsigned value = 0xfc00u; };
+template <> struct NegInfBits<bfloat16_t> { static constexpr unsigned value = 0xff80u; };
+
+// Elementwise maximum (NaN-propagating) of three packs of 16-bit floats, two
+// values an instruction (the NHWC float16 / bfloat16 max forward's passes).
+template <typename T, int VEC>
+__device__ __forceinline__ PackN<T, VEC> max3_pairs(const PackN<T, VEC>& a, const PackN<T, VEC>& b,
+                                                    const PackN<T, VEC>& c) {
+    static_assert(sizeof(T) == 2 && VEC % 2 == 0, "pairs of 16-bit values");
+    typedef PackN<unsigned, VEC / 2> Words;
+    const Words& wa = reinterpret_cast<const Words&>(a);
+    const Words& wb = reinterpret_cast<const Words&>(b);
+    const Words& wc = reinterpret_cast<const Words&>(c);
+    Words r;
+#if PACKED_MAX_PAIRS
+#pragma unroll
+    for (int i = 0; i < VEC / 2; ++i) r.v[i] = max_nan_pairs<T>(max_nan_pairs<T>(wa.v[i], wb.v[i]), wc.v[i]);
+#endif
+    return reinterpret_cast<const PackN<T, VEC>&>(r);
+}
+
+// One band (R output rows, 4 columns: one 8-byte store each) of pool_k3s2_forward
+// for max over 2-byte types; xp / yp point at the band's column vector j.
+template <typename T, int R>
+__device__ __forceinline__ void k3s2_max_forward_pairs(const T* __restrict__ xp, T* __restrict__ yp, int H,
+                                                       int W, int Ho, int Wo, int h0, int oh0, bool left) {
+#if PACKED_MAX_PAIRS
+    constexpr int ROWS = 2 * R + 1;
+    constexpr unsigned NINF = NegInfBits<T>::value * 0x10001u;
+    unsigned q[ROWS][4], halo[ROWS];  // 8 values as 4 words; the left halo column (low half)
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) {
+        const int h = h0 + r;
+        if (h >= 0 && h < H) {
+            const PackN<unsigned, 4> pk = load_pack<unsigned, 4>(reinterpret_cast<const unsigned*>(
+                xp + (long long)h * W));
+#pragma unroll
+            for (int i = 0; i < 4; ++i) q[r][i] = pk.v[i];
+            halo[r] = left ? (unsigned)xp[(long long)h * W - 1].bits : NINF;
+        } else {
+#pragma unroll
+            for (int i = 0; i < 4; ++i) q[r][i] = NINF;
+            halo[r] = NINF;
+        }
+    }
+#pragma unroll
+    for (int k = 0; k < R; ++k) {
+        const int oh = oh0 + k;
+        if (oh >= Ho) break;
+        unsigned c[4];  // column maxima: columns 2i (low half), 2i + 1 (high half)
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+            c[i] = max_nan_pairs<T>(max_nan_pairs<T>(q[2 * k][i], q[2 * k + 1][i]), q[2 * k + 2][i]);
+        const unsigned hc = max_nan_pairs<T>(max_nan_pairs<T>(halo[2 * k], halo[2 * k + 1]), halo[2 * k + 2]);
+        PackN<unsigned, 2> out;  // outputs (0, 1), (2, 3): max of columns 2u - 1, 2u, 2u + 1
+#pragma unroll
+        for (int p = 0; p < 2; ++p) {
+            const int u = 2 * p;
+            const unsigned even = (c[u] & 0xffffu) | (c[u + 1] << 16);           // columns 2u, 2u + 2
+            const unsigned odd = (c[u] >> 16) | (c[u + 1] & 0xffff0000u);        // 2u + 1, 2u + 3
+            const unsigned prev = (u == 0 ? (hc & 0xffffu) : (c[u - 1] >> 16)) | (c[u] & 0xffff0000u);
+            out.v[p] = max_nan_pairs<T>(max_nan_pairs<T>(prev, even), odd);     // 2u - 1, 2u + 1
+        }
+        *reinterpret_cast<PackN<unsigned, 2>*>(yp + (long long)oh * Wo) = out;
+    }
+#endif
 }
 
 template <typename T, typename index_t, bool MAX, int R>
@@ -925,64 +1155,40 @@ pool_k3s2_forward(const T* __restrict__ x, T* __restrict__ y, index_t items, int
         plane_band_lane<index_t>(i, lanes, bands, plane, band, j);
         const T* xp = x + (long long)plane * H * W + VEC * j;
         const int oh0 = band * R, h0 = 2 * oh0 - 1;
-        // row pass: rp[r][u] = reduce of columns 2u - 1, 2u, 2u + 1 (local) of input row h0 + r
-        A v[ROWS][VEC + 1];  // [0] = the left halo column
+        if constexpr (MAX && PACKED_MAX_PAIRS && sizeof(T) == 2) {
+            k3s2_max_forward_pairs<T, R>(xp, y + (long long)plane * Ho * Wo + OUT * j, H, W, Ho, Wo, h0,
+                                         oh0, j > 0);
+        } else {
+            // row pass: rp[r][u] = reduce of columns 2u - 1, 2u, 2u + 1 (local) of input row h0 + r
+            A v[ROWS][VEC + 1];  // [0] = the left halo column
 #pragma unroll
-        for (int r = 0; r < ROWS; ++r) {
-            const int h = h0 + r;
-            const bool ok = h >= 0 && h < H;
-            if (ok) {
-                const PackN<T, VEC> pk = load_pack<T, VEC>(xp + (long long)h * W);
-#pragma unroll
-                for (int e = 0; e < VEC; ++e) v[r][e + 1] = load(pk.v[e]);
-                v[r][0] = j > 0 ? load(xp[(long long)h * W - 1]) : (MAX ? negative_infinity<A>() : A(0));
-            } else {
-#pragma unroll
-                for (int e = 0; e <= VEC; ++e) v[r][e] = MAX ? negative_infinity<A>() : A(0);
+            for (int r = 0; r < ROWS; ++r) {
+                const int h = h0 + r;
+                load_row_vector<T, VEC, 0>(v[r], xp + (long long)h * W, h >= 0 && h < H, j > 0, false,
+                                           MAX ? negative_infinity<A>() : A(0));
             }
-        }
-        A rp[ROWS][OUT];
+            A rp[ROWS][OUT];
 #pragma unroll
-        for (int r = 0; r < ROWS; ++r)
+            for (int r = 0; r < ROWS; ++r)
 #pragma unroll
-            for (int u = 0; u < OUT; ++u) {
-                A m = v[r][2 * u];
+                for (int u = 0; u < OUT; ++u) rp[r][u] = reduce3<MAX>(v[r][2 * u], v[r][2 * u + 1], v[r][2 * u + 2]);
+            T* yp = y + (long long)plane * Ho * Wo + OUT * j;
 #pragma unroll
-                for (int c = 1; c < 3; ++c) {
-                    const A e = v[r][2 * u + c];
-                    if (MAX) {
-                        m = (e > m || e != e) ? e : m;
-                    } else {
-                        m += e;
+            for (int k = 0; k < R; ++k) {
+                const int oh = oh0 + k;
+                if (oh >= Ho) break;
+                PackN<T, OUT> pk;
+#pragma unroll
+                for (int u = 0; u < OUT; ++u) {
+                    A m = reduce3<MAX>(rp[2 * k][u], rp[2 * k + 1][u], rp[2 * k + 2][u]);
+                    if (!MAX) {
+                        m = m / A(avg_divisor<int>(2 * oh - 1, 2 * (OUT * j + u) - 1, 3, 3, H, W, 1, 1,
+                                                   count_include_pad));
                     }
+                    pk.v[u] = store<T>(m);
                 }
-                rp[r][u] = m;
+                *reinterpret_cast<PackN<T, OUT>*>(yp + (long long)oh * Wo) = pk;
             }
-        T* yp = y + (long long)plane * Ho * Wo + OUT * j;
-#pragma unroll
-        for (int k = 0; k < R; ++k) {
-            const int oh = oh0 + k;
-            if (oh >= Ho) break;
-            PackN<T, OUT> pk;
-#pragma unroll
-            for (int u = 0; u < OUT; ++u) {
-                A m = rp[2 * k][u];
-#pragma unroll
-                for (int a = 1; a < 3; ++a) {
-                    const A e = rp[2 * k + a][u];
-                    if (MAX) {
-                        m = (e > m || e != e) ? e : m;
-                    } else {
-                        m += e;
-                    }
-                }
-                if (!MAX) {
-                    m = m / A(avg_divisor<int>(2 * oh - 1, 2 * (OUT * j + u) - 1, 3, 3, H, W, 1, 1,
-                                               count_include_pad));
-                }
-                pk.v[u] = store<T>(m);
-            }
-            *reinterpret_cast<PackN<T, OUT>*>(yp + (long long)oh * Wo) = pk;
         }
     }
 }
@@ -1010,24 +1216,10 @@ pool_k3s2_backward(const T* __restrict__ x, const T* __restrict__ dy, T* __restr
         for (int r = 0; r < XR; ++r) {
             const int h = h0 + r;
             rok[r] = h >= 0 && h < H;
-            const T* row = xp + (long long)h * W;
-            if (rok[r]) {
-                const PackN<T, VEC> pk = load_pack<T, VEC>(row);
-#pragma unroll
-                for (int e = 0; e < VEC; ++e) v[r][e + 1] = load(pk.v[e]);
-                v[r][0] = j > 0 ? load(row[-1]) : A(0);
-                if (right) {
-                    const PackN<T, 2> pr = load_pack<T, 2>(row + VEC);
-                    v[r][VEC + 1] = load(pr.v[0]);
-                    v[r][VEC + 2] = load(pr.v[1]);
-                } else {
-                    v[r][VEC + 1] = v[r][VEC + 2] = A(0);
-                }
-            } else {
-#pragma unroll
-                for (int e = 0; e < XC; ++e) v[r][e] = A(0);
-            }
+            load_row_vector<T, VEC, 2>(v[r], xp + (long long)h * W, rok[r], j > 0, right,
+                                       negative_infinity<A>());
         }
+        const bool exact = any_nan<XR * XC>(&v[0][0]);  // else argmax3x3's fast path
         A g[R + 1][OUT + 1];
 #pragma unroll
         for (int k = 0; k <= R; ++k) {
@@ -1048,6 +1240,8 @@ pool_k3s2_backward(const T* __restrict__ x, const T* __restrict__ dy, T* __restr
         for (int d = 0; d < 2 * R; ++d)
 #pragma unroll
             for (int f = 0; f < VEC; ++f) grad[d][f] = A(0);
+        // the windows, with argmax3x3's exact rule or (no NaN in the tile) its fast path
+        auto windows = [&](auto exact_rule) {
 #pragma unroll
         for (int k = 0; k <= R; ++k) {
             if (oh0 + k >= Ho) break;
@@ -1055,19 +1249,10 @@ pool_k3s2_backward(const T* __restrict__ x, const T* __restrict__ dy, T* __restr
             for (int m = 0; m <= OUT; ++m) {
                 if (m == OUT && !right) break;
                 // window (oh0 + k, OUT*j + m): x rows 2k .. 2k + 2, columns 2m .. 2m + 2 (local)
-                A best = negative_infinity<A>();
-                int pos = -1;
-#pragma unroll
-                for (int a = 0; a < 3; ++a)
-#pragma unroll
-                    for (int c = 0; c < 3; ++c) {
-                        const bool real = rok[2 * k + a] && (2 * m + c > 0 || j > 0);
-                        const A e = v[2 * k + a][2 * m + c];
-                        if (real && (pos < 0 || e > best || e != e)) {
-                            best = e;
-                            pos = a * 3 + c;
-                        }
-                    }
+                const bool row[3] = {rok[2 * k], rok[2 * k + 1], rok[2 * k + 2]};
+                const bool col[3] = {m > 0 || j > 0, true, true};
+                const int pos = argmax3x3<decltype(exact_rule)::value, A>(
+                    [&](int a, int c) { return v[2 * k + a][2 * m + c]; }, row, col);
                 // dx local (row 2k + a - 1, column 2m + c - 1)
 #pragma unroll
                 for (int a = 0; a < 3; ++a)
@@ -1078,6 +1263,12 @@ pool_k3s2_backward(const T* __restrict__ x, const T* __restrict__ dy, T* __restr
                         if (pos == a * 3 + c) grad[d][f] += g[k][m];
                     }
             }
+        }
+        };
+        if (exact) {
+            windows(Bool<true>());
+        } else {
+            windows(Bool<false>());
         }
         T* dxp = dx + (long long)plane * H * W + VEC * j;
 #pragma unroll
@@ -1137,6 +1328,268 @@ pool_k2s2_avg_backward(const T* __restrict__ /* x: not needed */, const T* __res
                 const int h = 2 * (oh0 + k) + a;
                 if (h < H) *reinterpret_cast<PackN<T, VEC>*>(dxp + (long long)h * W) = pk;
             }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// NHWC 3x3 windows, stride 2, padding 1, C a multiple of VEC = 16 / sizeof(T)
+// and 16-byte aligned arrays (pool_nhwc_k3s2_*): column-rolling kernels.
+//
+// Thread = (image n, band of rows, segment of `cols` output columns, VEC
+// channels c .. c + VEC - 1); consecutive threads take consecutive channel
+// vectors of one pixel (a warp's 16-byte loads are one contiguous run), then
+// consecutive bands (vertically adjacent threads share their halo row: often
+// the same block, so an L1 hit), then segments, then images.  The thread walks
+// its segment column by column: per output column ow it loads only the two new
+// input columns 2ow and 2ow + 1 of its rows (one 16-byte load per pixel, all
+// issued before any arithmetic) and carries column 2ow - 1 from the previous
+// step, so each input pixel is loaded once per band and segment instead of
+// once per covering window (the per-window kernels above load 9 pixels per
+// output: 2.25x the input through L1; here (2R + 1) / 2R rows and
+// (cols + 1) / cols columns: 1.3x for R = 2, cols = 8).
+//
+// Forward: band = R output rows (input rows 2Rb - 1 .. 2Rb + 2R - 1).  Per step a
+// row pass (columns 2ow - 1, 2ow, 2ow + 1 of each input row, in that order)
+// shared by the two output rows meeting on a row, then the column pass: the
+// order of pool_k3s2_forward (so the same values: max picks the first maximum
+// in row-major order, the last NaN; padding never wins over a real element;
+// average sums in that order and divides by PyTorch's divisor).
+//
+// Backward (max): band = 2R *input* rows 2Rb .. 2Rb + 2R - 1, owned: every dx
+// element is written by exactly one thread, once (16-byte stores), no
+// atomics, no argmax bytes.  Windows touching the band: output rows Rb .. Rb +
+// R (input rows 2Rb - 1 .. 2Rb + 2R + 1).  Per step ow the thread computes the
+// argmax of windows (Rb + k, ow) for k = 0 .. R from the three carried / loaded
+// columns, then finishes dx column 2ow - 1 (covered by windows ow - 1, kept from
+// the previous step, and ow) and column 2ow (window ow only), adding each
+// window's dy where its argmax lies, windows in row-major order (the gather's
+// order).  A segment owns dx columns 2 * cols * s .. 2 * cols * (s + 1) - 1 and
+// steps over windows cols * s .. cols * (s + 1) (one extra: its last odd column
+// is covered by the next segment's first window; step Wo is a window-less
+// step that finishes the last column when W is even).  DRAM traffic is the
+// floor: x and dy read once, dx written once.
+//
+// Measured (H100, notes/pool3.md, 64 x 56 x 56 x 256; fraction of copy over the
+// floor bytes): forward 0.91 float32, 0.89 float16 (packed pairs; 0.72-0.79
+// scalar); backward 0.79-0.80 float32, 2.1x PyTorch (argmax bytes + gather
+// before: 0.49, 1.3x), 0.33 float16 (compare-bound, 218 registers).  R = 2
+// measured slower in both directions (registers), one segment per row fastest
+// for the backward (each seam recomputes a window column).
+
+// The VEC channels at input rows h0 .. h0 + ROWS - 1 of column w (NHWC, image
+// base xn, channel offset included); `fill` where the pixel is outside the image.
+template <typename T, typename index_t, int VEC, int ROWS>
+__device__ __forceinline__ void load_nhwc_column(PackN<T, VEC> (&out)[ROWS], const T* __restrict__ xn,
+                                                 int h0, int w, int H, int W, int C, T fill) {
+    const bool col_ok = w >= 0 && w < W;
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) {
+        const int h = h0 + r;
+        if (col_ok && h >= 0 && h < H) {
+            out[r] = load_pack<T, VEC>(xn + ((index_t)h * W + w) * C);
+        } else {
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) out[r].v[e] = fill;
+        }
+    }
+}
+
+// Whether a loaded column holds a NaN (any_nan over its values).
+template <typename T, int VEC, int ROWS>
+__device__ __forceinline__ bool nhwc_column_nan(const PackN<T, VEC> (&col)[ROWS]) {
+    acc_t<T> v[ROWS * VEC];
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r)
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) v[r * VEC + e] = load(col[r].v[e]);
+    return any_nan<ROWS * VEC>(v);
+}
+
+// (image n, band, segment, channel c) of thread item i.
+template <typename index_t>
+__device__ __forceinline__ void image_band_segment(index_t i, int lanes, int bands, int segments, int vec,
+                                                   index_t& n, int& band, int& seg, int& c) {
+    index_t p;
+    plane_band_lane<index_t>(i, lanes, bands, p, band, c);
+    c *= vec;
+    n = p / segments;
+    seg = (int)(p - n * segments);
+}
+
+template <typename T, typename index_t, bool MAX, int R>
+__global__ void __launch_bounds__(256)
+pool_nhwc_k3s2_forward(const T* __restrict__ x, T* __restrict__ y, index_t items, int C, int H, int W,
+                       int Ho, int Wo, int bands, int segments, int cols, int count_include_pad) {
+    typedef acc_t<T> A;
+    constexpr int VEC = 16 / sizeof(T), ROWS = 2 * R + 1;
+    const int lanes = C / VEC;
+    const T fill = store<T>(MAX ? negative_infinity<A>() : A(0));
+    for (index_t i = (index_t)blockIdx.x * blockDim.x + threadIdx.x; i < items;
+         i += (index_t)blockDim.x * gridDim.x) {
+        index_t n;
+        int band, seg, c;
+        image_band_segment<index_t>(i, lanes, bands, segments, VEC, n, band, seg, c);
+        const T* xn = x + n * H * W * C + c;
+        T* yn = y + n * Ho * Wo * C + c;
+        const int oh0 = band * R, h0 = 2 * oh0 - 1;
+        const int ow0 = seg * cols, ow1 = min(ow0 + cols, Wo);
+        PackN<T, VEC> left[ROWS];  // input column 2ow - 1
+        load_nhwc_column<T, index_t, VEC, ROWS>(left, xn, h0, 2 * ow0 - 1, H, W, C, fill);
+        for (int ow = ow0; ow < ow1; ++ow) {
+            PackN<T, VEC> mid[ROWS], right[ROWS];
+            load_nhwc_column<T, index_t, VEC, ROWS>(mid, xn, h0, 2 * ow, H, W, C, fill);
+            load_nhwc_column<T, index_t, VEC, ROWS>(right, xn, h0, 2 * ow + 1, H, W, C, fill);
+            if constexpr (MAX && PACKED_MAX_PAIRS && sizeof(T) == 2) {
+                // packed pairs (see k3s2_max_forward_pairs: the same maximum, +0.0 for mixed zeros)
+                PackN<T, VEC> rw[ROWS];
+#pragma unroll
+                for (int r = 0; r < ROWS; ++r) rw[r] = max3_pairs<T, VEC>(left[r], mid[r], right[r]);
+#pragma unroll
+                for (int k = 0; k < R; ++k) {
+                    const int oh = oh0 + k;
+                    if (oh >= Ho) break;
+                    *reinterpret_cast<PackN<T, VEC>*>(yn + ((index_t)oh * Wo + ow) * C) =
+                        max3_pairs<T, VEC>(rw[2 * k], rw[2 * k + 1], rw[2 * k + 2]);
+                }
+            } else {
+                A rp[ROWS][VEC];  // row pass: columns 2ow - 1, 2ow, 2ow + 1 of each row
+#pragma unroll
+                for (int r = 0; r < ROWS; ++r)
+#pragma unroll
+                    for (int v = 0; v < VEC; ++v)
+                        rp[r][v] = reduce3<MAX>(load(left[r].v[v]), load(mid[r].v[v]), load(right[r].v[v]));
+#pragma unroll
+                for (int k = 0; k < R; ++k) {
+                    const int oh = oh0 + k;
+                    if (oh >= Ho) break;
+                    const A divisor = MAX ? A(1) : A(avg_divisor<int>(2 * oh - 1, 2 * ow - 1, 3, 3, H, W, 1, 1,
+                                                                      count_include_pad));
+                    PackN<T, VEC> pk;
+#pragma unroll
+                    for (int v = 0; v < VEC; ++v) {
+                        const A m = reduce3<MAX>(rp[2 * k][v], rp[2 * k + 1][v], rp[2 * k + 2][v]);
+                        pk.v[v] = store<T>(MAX ? m : m / divisor);
+                    }
+                    *reinterpret_cast<PackN<T, VEC>*>(yn + ((index_t)oh * Wo + ow) * C) = pk;
+                }
+            }
+#pragma unroll
+            for (int r = 0; r < ROWS; ++r) left[r] = right[r];
+        }
+    }
+}
+
+template <typename T, typename index_t, int R>
+__global__ void __launch_bounds__(256)
+pool_nhwc_k3s2_backward(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ dx,
+                        index_t items, int C, int H, int W, int Ho, int Wo, int bands, int segments,
+                        int cols) {
+    typedef acc_t<T> A;
+    constexpr int VEC = 16 / sizeof(T), XR = 2 * R + 3, WR = R + 1;
+    const int lanes = C / VEC;
+    const T fill = store<T>(negative_infinity<A>());  // padding: argmax3x3's fast path
+    for (index_t i = (index_t)blockIdx.x * blockDim.x + threadIdx.x; i < items;
+         i += (index_t)blockDim.x * gridDim.x) {
+        index_t n;
+        int band, seg, c;
+        image_band_segment<index_t>(i, lanes, bands, segments, VEC, n, band, seg, c);
+        const T* xn = x + n * H * W * C + c;
+        const T* dyn = dy + n * Ho * Wo * C + c;
+        T* dxn = dx + n * H * W * C + c;
+        const int oh0 = band * R, h0 = 2 * oh0 - 1;  // local x row r = input row h0 + r
+        const int ow0 = seg * cols, ow1 = min(ow0 + cols, Wo);
+        bool row_ok[XR];
+#pragma unroll
+        for (int r = 0; r < XR; ++r) row_ok[r] = h0 + r >= 0 && h0 + r < H;
+        PackN<T, VEC> left[XR];  // input column 2ow - 1
+        load_nhwc_column<T, index_t, VEC, XR>(left, xn, h0, 2 * ow0 - 1, H, W, C, fill);
+        bool left_ok = ow0 > 0, left_nan = nhwc_column_nan<T, VEC, XR>(left);
+        // windows (oh0 + k, ow - 1) of the previous step: argmax position a * 3 + c
+        // (-1: no window) and dy
+        int prev_pos[WR][VEC];
+        A prev_g[WR][VEC];
+#pragma unroll
+        for (int k = 0; k < WR; ++k)
+#pragma unroll
+            for (int v = 0; v < VEC; ++v) {
+                prev_pos[k][v] = -1;
+                prev_g[k][v] = A(0);
+            }
+        for (int ow = ow0; ow <= ow1; ++ow) {
+            PackN<T, VEC> mid[XR], right[XR];
+            load_nhwc_column<T, index_t, VEC, XR>(mid, xn, h0, 2 * ow, H, W, C, fill);
+            load_nhwc_column<T, index_t, VEC, XR>(right, xn, h0, 2 * ow + 1, H, W, C, fill);
+            const bool col_ok[3] = {left_ok, 2 * ow < W, 2 * ow + 1 < W};
+            const bool right_nan = nhwc_column_nan<T, VEC, XR>(right);
+            const bool exact = left_nan || right_nan || nhwc_column_nan<T, VEC, XR>(mid);
+            A g[WR][VEC];
+            int pos[WR][VEC];
+            auto windows = [&](auto exact_rule) {
+#pragma unroll
+            for (int k = 0; k < WR; ++k) {
+                const bool window = oh0 + k < Ho && ow < Wo;
+                if (window) {
+                    const PackN<T, VEC> pk = load_pack<T, VEC>(dyn + ((index_t)(oh0 + k) * Wo + ow) * C);
+#pragma unroll
+                    for (int v = 0; v < VEC; ++v) g[k][v] = load(pk.v[v]);
+                }
+                const bool row[3] = {window && row_ok[2 * k], window && row_ok[2 * k + 1],
+                                     window && row_ok[2 * k + 2]};
+#pragma unroll
+                for (int v = 0; v < VEC; ++v) {
+                    pos[k][v] = argmax3x3<decltype(exact_rule)::value, A>([&](int a, int cc) {
+                        return load((cc == 0 ? left : cc == 1 ? mid : right)[2 * k + a].v[v]);
+                    }, row, col_ok);
+                    if (!window) g[k][v] = A(0);
+                }
+            }
+            };
+            if (exact) {
+                windows(Bool<true>());
+            } else {
+                windows(Bool<false>());
+            }
+            // dx column 2ow - 1 (windows ow - 1 and ow) and 2ow (window ow); local rows 1 .. 2R
+#pragma unroll
+            for (int side = 0; side < 2; ++side) {
+                const int w = 2 * ow - 1 + side;
+                if (side == 0 ? !(ow > ow0 && w < W) : !(ow < ow0 + cols && w < W)) continue;
+#pragma unroll
+                for (int r = 1; r <= 2 * R; ++r) {
+                    const int h = h0 + r;
+                    if (h >= H) break;
+                    PackN<T, VEC> pk;
+#pragma unroll
+                    for (int v = 0; v < VEC; ++v) {
+                        A s = A(0);
+#pragma unroll
+                        for (int k = 0; k < WR; ++k) {
+                            const int a = r - 2 * k;
+                            if (a < 0 || a > 2) continue;
+                            if (side == 0) {
+                                s += prev_pos[k][v] == a * 3 + 2 ? prev_g[k][v] : A(0);
+                                s += pos[k][v] == a * 3 ? g[k][v] : A(0);
+                            } else {
+                                s += pos[k][v] == a * 3 + 1 ? g[k][v] : A(0);
+                            }
+                        }
+                        pk.v[v] = store<T>(s);
+                    }
+                    *reinterpret_cast<PackN<T, VEC>*>(dxn + ((index_t)h * W + w) * C) = pk;
+                }
+            }
+#pragma unroll
+            for (int r = 0; r < XR; ++r) left[r] = right[r];
+            left_ok = col_ok[2];
+            left_nan = right_nan;
+#pragma unroll
+            for (int k = 0; k < WR; ++k)
+#pragma unroll
+                for (int v = 0; v < VEC; ++v) {
+                    prev_pos[k][v] = pos[k][v];
+                    prev_g[k][v] = g[k][v];
+                }
         }
     }
 }

@@ -426,9 +426,9 @@ def test_global_average_pool_small_planes(xp, rng, monkeypatch, shape, dtype, ma
 K3S2_SIZES = [(1, 8), (3, 16), (7, 8), (13, 24), (2, 8), (14, 40), (20, 112)]
 
 
-def _k3s2_expressions(shape, dtype, mode):
+def _k3s2_expressions(shape, dtype, mode, layout="NCHW"):
     from dnnprims import pooling
-    problem = pooling._check_problem(np.empty(shape, dtype), 3, mode, 2, 1, True, "NCHW")
+    problem = pooling._check_problem(np.empty(shape, dtype), 3, mode, 2, 1, True, layout)
     return [pooling._make_plan(problem, d, True)[1] for d in ("forward", "backward")]
 
 
@@ -495,13 +495,16 @@ def test_k3s2_ties_and_nan_exactly(xp, rng, monkeypatch, dtype, hw):
     x[0, 1] = -np.inf
     x[1, 0, 0, :] = -0.0
     x[1, 2, hw[0] // 2, 3] = x[1, 2, hw[0] - 1, hw[1] - 1] = x[2, 3, 0, 0] = np.nan
-    opts = dict(stride=2, padding=1)
+    _check_integer_data_exactly(xp, rng, x, dict(stride=2, padding=1))
+
+
+def _check_integer_data_exactly(xp, rng, x, opts):
+    """Max pool 3x3 / 2 of integer-valued x and dy: y and dx equal the reference's exactly."""
     y = pool(xp.asarray(x), 3, **opts)
-    dy = rng.integers(-4, 5, size=y.shape).astype(dtype)
+    dy = rng.integers(-4, 5, size=y.shape).astype(x.dtype)
     dx = pool_backward(xp.asarray(dy), xp.asarray(x), y, 3, **opts)
     x64, dy64 = x.astype(np.float64), dy.astype(np.float64)
-    y_ref = pool(x64, 3, **opts)
-    np.testing.assert_array_equal(_host(y).astype(np.float64), y_ref)
+    np.testing.assert_array_equal(_host(y).astype(np.float64), pool(x64, 3, **opts))
     np.testing.assert_array_equal(_host(dx).astype(np.float64),
                                   pool_backward(dy64, x64, None, 3, **opts))
 
@@ -518,6 +521,85 @@ def test_k3s2_misaligned_falls_back(xp, rng):
     assert_close(y, pool(x64, 3, stride=2, padding=1), np.float32, what="pool")
     assert_close(dx, pool_backward(dy64, x64, None, 3, stride=2, padding=1), np.float32,
                  what="pool_backward")
+
+
+# NHWC 3x3 / stride 2 / padding 1, C a multiple of the 16-byte vector: the
+# column-rolling pool_nhwc_k3s2 kernels.  Odd and even H and W (a last window
+# with a padded bottom row / right column, or a window-less last step that
+# finishes the last odd column), 1 x 1, and widths across several segments.
+NHWC_K3S2_SIZES = [(1, 1), (2, 3), (3, 7), (7, 13), (14, 14), (13, 20), (6, 35)]
+
+
+def test_nhwc_k3s2_kernels_serve_their_problems_only():
+    fwd, bwd = _k3s2_expressions((2, 13, 7, 16), np.float16, "max", "NHWC")
+    assert fwd.startswith("pool_nhwc_k3s2_forward<half_t") and bwd.startswith("pool_nhwc_k3s2_backward<half_t")
+    fwd, bwd = _k3s2_expressions((2, 13, 7, 4), np.float32, "avg", "NHWC")
+    assert fwd.startswith("pool_nhwc_k3s2_forward<float") and not bwd.startswith("pool_nhwc_k3s2")
+    # C = 12: a whole number of float32 vectors but not of float16 ones
+    assert _k3s2_expressions((1, 5, 5, 12), np.float32, "max", "NHWC")[1].startswith("pool_nhwc_k3s2")
+    assert not _k3s2_expressions((1, 5, 5, 12), np.float16, "max", "NHWC")[0].startswith("pool_nhwc_k3s2")
+    assert not _k3s2_expressions((1, 5, 5, 6), np.float32, "max", "NHWC")[0].startswith("pool_nhwc_k3s2")
+    from dnnprims import pooling
+    other = pooling._check_problem(np.empty((1, 9, 9, 8), np.float32), 3, "max", 2, 0, True, "NHWC")
+    assert not pooling._make_plan(other, "forward", True)[1].startswith("pool_nhwc_k3s2")
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("mode,count_include_pad", [("max", True), ("avg", True), ("avg", False)])
+@pytest.mark.parametrize("rows,cols", [(1, 8), (2, 8), (1, 1), (2, 3)])
+def test_nhwc_k3s2_matches_reference(xp, rng, monkeypatch, dtype, mode, count_include_pad, rows, cols):
+    """Every rows-per-thread choice and segment length (1: every step a segment
+    seam; 3: seams inside the row)."""
+    from dnnprims import pooling
+    size = np.dtype(dtype).itemsize
+    monkeypatch.setitem(pooling._NHWC_K3S2_FORWARD_ROWS, size, rows)
+    monkeypatch.setitem(pooling._NHWC_K3S2_BACKWARD_ROWS, size, rows)
+    monkeypatch.setattr(pooling, "_NHWC_K3S2_COLS", {"forward": cols, "backward": cols})
+    _fresh_plans(monkeypatch)
+    opts = dict(mode=mode, stride=2, padding=1, count_include_pad=count_include_pad)
+    for hw, c in zip(NHWC_K3S2_SIZES, (8, 16, 8, 24, 8, 16, 8)):
+        x = random_array(rng, (2, *hw, c), dtype)
+        y_shape = pool(x.astype(np.float64), 3, layout="NHWC", **opts).shape
+        _check_against_reference(xp, x, random_array(rng, y_shape, dtype), 3, opts, "NHWC")
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("hw", NHWC_K3S2_SIZES)
+@pytest.mark.parametrize("rows,cols", [(1, 8), (2, 3)])
+def test_nhwc_k3s2_ties_and_nan_exactly(xp, rng, monkeypatch, dtype, hw, rows, cols):
+    """Integer data (ties across columns, rows and segment seams, all -inf
+    channels, NaNs, -0.0 against 0.0): the kernels pick the reference's element
+    and sum each dx element's windows exactly."""
+    from dnnprims import pooling
+    size = np.dtype(dtype).itemsize
+    monkeypatch.setitem(pooling._NHWC_K3S2_FORWARD_ROWS, size, rows)
+    monkeypatch.setitem(pooling._NHWC_K3S2_BACKWARD_ROWS, size, rows)
+    monkeypatch.setattr(pooling, "_NHWC_K3S2_COLS", {"forward": cols, "backward": cols})
+    _fresh_plans(monkeypatch)
+    x = rng.integers(-1, 2, size=(3, *hw, 8)).astype(dtype)
+    x[0, :, :, 1] = -np.inf
+    x[1, 0, :, :] = -0.0
+    x[1, hw[0] // 2, hw[1] - 1, 3] = x[1, hw[0] - 1, hw[1] // 2, 5] = x[2, 0, 0, 0] = np.nan
+    _check_integer_data_exactly(xp, rng, x, dict(stride=2, padding=1, layout="NHWC"))
+
+
+@pytest.mark.parametrize("shape", [(3, 100, 7, 7), (2, 5, 8, 8), (1, 1, 1, 1), (2, 3, 1, 1),
+                                   (2, 129, 3, 5), (1, 7, 9, 9)])
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("max_blocks", [None, 1])
+def test_global_average_pool_backward(xp, rng, monkeypatch, shape, dtype, max_blocks):
+    """Whole-plane average backward: 16-byte runs of dx that span planes (7x7, 3x5,
+    1x1: several planes in one vector), a partial last vector, a capped grid."""
+    from dnnprims import pooling
+    if max_blocks is not None:
+        monkeypatch.setattr(pooling, "_MAX_ITEMS_BLOCKS", max_blocks)
+        _fresh_plans(monkeypatch)
+    x = random_array(rng, shape, dtype)
+    dy = random_array(rng, shape[:2] + (1, 1), dtype)
+    window = shape[2:]
+    got = pool_backward(xp.asarray(dy), xp.asarray(x), None, window, mode="avg")
+    assert_close(got, pool_backward(dy.astype(np.float64), x.astype(np.float64), None, window,
+                                    mode="avg"), dtype)
 
 
 def test_repeated_gpu_calls_reuse_the_validated_plan_and_still_check(gpu, rng):
