@@ -49,12 +49,34 @@ tests_summary="(tests not run)"
 main_summary="(main job not run)"
 if [ "$run_tests" = 1 ]; then
     # Notebooks run on the NumPy path in CI; the GPU machine has no Jupyter.
-    echo "== GPU tests: pytest -m gpu ${pytest_args[*]:-}"
-    "$PY" -m pytest -q -m gpu tests/ --ignore=tests/test_notebooks.py --tb=short -p no:cacheprovider "${pytest_args[@]}" 2>&1 \
-        | tee "$OUTDIR/gpu_tests.log"
-    rc=$?
+    # NVRTC first, every kernel in parallel (fills CuPy's on-disk cache), then
+    # GPU_TEST_SHARDS pytest processes side by side (conftest: DNNPRIMS_TEST_SHARD).
+    shards="${GPU_TEST_SHARDS:-6}"
+    echo "== warm kernel cache: scripts/warm_kernels.py"
+    "$PY" scripts/warm_kernels.py 16 > "$OUTDIR/warm_kernels.log" 2>&1 || echo "warm compile failed (see warm_kernels.log)"
+    tail -n 1 "$OUTDIR/warm_kernels.log"
+    echo "== GPU tests: pytest -m gpu ${pytest_args[*]:-} in $shards shards"
+    for ((i = 0; i < shards; i++)); do
+        DNNPRIMS_TEST_SHARD="$i/$shards" "$PY" -m pytest -q -m gpu tests/ --ignore=tests/test_notebooks.py \
+            --tb=short -p no:cacheprovider "${pytest_args[@]}" > "$OUTDIR/gpu_tests.$i.log" 2>&1 &
+    done
+    rc=0
+    for job in $(jobs -p); do wait "$job" || rc=1; done
     [ "$rc" -ne 0 ] && status=1
-    tests_summary="$(grep -E '^(=+ )?[0-9]+ (passed|failed|error|skipped|deselected)|no tests ran|passed|failed' "$OUTDIR/gpu_tests.log" | tail -n 1) (pytest exit $rc)"
+    cat "$OUTDIR"/gpu_tests.*.log > "$OUTDIR/gpu_tests.log"
+    grep -E "^(FAILED|ERROR)" "$OUTDIR/gpu_tests.log" | head -n 40
+    tests_summary="$("$PY" - "$OUTDIR" "$shards" <<'PYEOF'
+import re, sys
+out, shards = sys.argv[1], int(sys.argv[2])
+totals = {}
+for i in range(shards):
+    lines = open(f"{out}/gpu_tests.{i}.log").read().splitlines()
+    last = next((l for l in reversed(lines) if re.search(r"\d+ (passed|failed|error)", l)), "")
+    for count, what in re.findall(r"(\d+) (passed|failed|errors?|skipped|deselected)", last):
+        totals[what] = totals.get(what, 0) + int(count)
+print(", ".join(f"{v} {k}" for k, v in totals.items()) or "no summary line")
+PYEOF
+) (any pytest failed: $rc)"
 fi
 if [ "$run_main" = 1 ]; then
     echo "== main job on the GPU: python -m dnnprims --device gpu"

@@ -4,6 +4,7 @@ A test written against ``xp`` runs once on NumPy and, where a GPU is present,
 once on CuPy; the CuPy run is marked ``gpu`` and skips cleanly without one.
 """
 import importlib.util
+import os
 
 import numpy as np
 import pytest
@@ -69,9 +70,23 @@ def rule_only():
     table.use(previous)
 
 
-def pytest_collection_modifyitems(items):
+def pytest_collection_modifyitems(config, items):
     """A test that asks for the ``gpu`` fixture is a GPU test: mark it ``gpu`` so that
-    ``pytest -m gpu`` (scripts/gpu_suite.sh) selects it, as it does the CuPy runs of ``xp``."""
+    ``pytest -m gpu`` (scripts/gpu_suite.sh) selects it, as it does the CuPy runs of ``xp``.
+
+    ``DNNPRIMS_TEST_SHARD=i/n`` keeps every n-th collected test starting at i (round
+    robin, so each family's slow tests spread over the shards): scripts/gpu_suite.sh
+    runs n shards side by side, one process each, to use the GPU machine's cores."""
     for item in items:
         if "gpu" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.gpu)
+    spec = os.environ.get("DNNPRIMS_TEST_SHARD")
+    if spec:
+        index, count = (int(v) for v in spec.split("/"))
+        if not 0 <= index < count:
+            raise pytest.UsageError(f"DNNPRIMS_TEST_SHARD={spec!r}: expected i/n with 0 <= i < n")
+        keep = [item for k, item in enumerate(items) if k % count == index]
+        drop = [item for k, item in enumerate(items) if k % count != index]
+        if drop:
+            config.hook.pytest_deselected(items=drop)
+        items[:] = keep

@@ -1,6 +1,7 @@
 """Compile every kernel name of every family in parallel (one process per name, the
-biggest groups first) so CuPy's on-disk cache is warm before the GPU tests.
-    python notes/launch_warm.py [processes]"""
+biggest groups first) so CuPy's on-disk kernel cache is warm before the GPU tests:
+on a fresh machine NVRTC otherwise takes most of a test run, one kernel at a time.
+    python scripts/warm_kernels.py [processes]"""
 import multiprocessing
 import sys
 import time
