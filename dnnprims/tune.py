@@ -2,24 +2,28 @@
 
     python -m dnnprims.tune [--grid default|quick] [--quick] [--directions D ...]
                             [--dtypes T ...] [--layouts L ...] [--out PATH] [--holdout FRACTION]
-                            [--max-seconds S] [--repeat R] [--skip NAME ...] [--list]
+                            [--max-seconds S] [--repeat R] [--final-repeat F]
+                            [--skip NAME ...] [--list]
 
 For every point of a grid of problems (batch, channels, image size, filter
 size, stride, groups, dtype, direction, layout: NCHW unless --layouts says more) it times every registered
 algorithm that supports the point (:func:`applicable`: whatever is in the
-registry at the time, one entry per tile configuration) with the one timing
-helper (:mod:`dnnprims.bench.timing`, CUDA events, median of ``--repeat``
-calls after a warm-up), and writes the table in the format documented in
-:mod:`dnnprims.algos.table` (default: the copy in the package).  An algorithm
-that raises is recorded under the entry's "failed" and the run goes on.  A
-candidate whose first timed call is more than ``SLOW_FACTOR`` times the best so
-far is recorded with that single call (it cannot win; it would only cost time),
-and so is the only candidate of a point (it wins whatever its time).  Before a
-candidate is written off that way it gets a second single call and keeps the
-faster of the two, if the first was at most ``RECHECK_FACTOR`` times the best
-(beyond that a stray slow call cannot hide a winner): one slow call once
-recorded a 6x-too-slow Winograd time that misled the table's interpolation.
-Such single-call times are listed in the entry's "probed".
+registry at the time, one entry per tile configuration) with CUDA events
+(:func:`time_candidates`: the candidates are timed interleaved, round-robin,
+so that a slow moment of the GPU or the host hits all of them, and the
+finalists within FINALIST of the best get more samples), and writes the table
+in the format documented in :mod:`dnnprims.algos.table` (default: the copy in
+the package).  An algorithm that raises is recorded under the entry's "failed"
+and the run goes on.  A candidate whose probe (its first timed call) is more
+than ``SLOW_FACTOR`` times the best probe is recorded with that single call (it
+cannot win; it would only cost time), and so is the only candidate of a point
+(it wins whatever its time).  Before a candidate is written off that way it
+gets a second single call and keeps the faster of the two, if the first was at
+most ``RECHECK_FACTOR`` times the best (beyond that a stray slow call cannot
+hide a winner): one slow call once recorded a 6x-too-slow Winograd time that
+misled the table's interpolation.  Such single-call times are listed in the
+entry's "probed", the candidates that got the finalists' samples in its
+"finalists".
 
 Whatever is registered in ``dnnprims.algos.REGISTRY`` when the tuner runs is
 timed (every registered name is a candidate wherever it ``supports`` a point and
@@ -44,9 +48,12 @@ grid point was within 10 % of the fastest public call on 11 of 17 batch-1
 benchmark problems under 60 us (notes/table.md).
 
 Points are visited in a fixed shuffled order, so ``--max-seconds`` (stop
-starting new points after that long) leaves an even sample of the grid, and
-the table is rewritten every ``SAVE_EVERY`` points, so a run killed midway
-still leaves a usable table.
+starting new points after that long) leaves an even sample of the grid (the
+log and ``grid.unmeasured`` count the points left out, per block), and the
+table is rewritten every ``SAVE_EVERY`` points, so a run killed midway still
+leaves a usable table.  The finalists' extra samples are taken only while the
+pace of the recent points says the whole grid ends within PACE_MARGIN x
+--max-seconds: they never cost grid points.
 
 Holdout: a point is held out when ``crc32(point key) / 2^32 < --holdout``
 (deterministic; independent of the grid's order and of which other points
@@ -83,7 +90,7 @@ PER_ROUND = 2
 DROP_AFTER = 2
 DROP_FACTOR = 2.0   # = table.CAP: the lookup censors times above it anyway
 FINALIST = 1.15
-FINAL_REPEAT = 4
+FINAL_REPEAT = 8   # 14 samples for the finalists: the noise sits at points under ~30 us, where calls are cheap
 SAVE_EVERY = 50
 WITHIN = 1.10   # "a good pick": at most 10 % slower than the fastest measured
 

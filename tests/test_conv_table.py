@@ -684,3 +684,31 @@ def test_a_new_table_clears_the_calls_that_remember_an_auto_choice():
         assert ("a fast key",) not in conv._MEMO.fast
     finally:
         table.use(previous)
+
+
+def test_the_event_timer_drains_warms_then_times_each_call():
+    # the GPU timer's order of operations, on a stand-in cupy that logs them
+    import types
+    log = []
+
+    class Event:
+        def __init__(self):
+            self.i = sum(1 for x in log if x[0] == "record")
+
+        def record(self, stream):
+            log.append(("record", stream))
+            self.t = len(log)
+
+        def synchronize(self):
+            log.append(("event sync",))
+    stream = types.SimpleNamespace(synchronize=lambda: log.append(("stream sync",)))
+    fake = types.SimpleNamespace(cuda=types.SimpleNamespace(
+        get_current_stream=lambda: stream, Event=Event,
+        get_elapsed_time=lambda start, end: float(end.t - start.t)))
+    times = tune.EventTimer(fake).block(lambda: log.append(("call",)), 2)
+    assert log == [("stream sync",), ("call",), ("record", stream), ("call",), ("record", stream),
+                   ("record", stream), ("call",), ("record", stream), ("event sync",)]
+    assert times == [2.0, 2.0]
+    log.clear()
+    assert tune.EventTimer(fake).block(lambda: log.append(("call",)), 1, warm=False) == [2.0]
+    assert log[:2] == [("stream sync",), ("record", stream)]

@@ -84,3 +84,8 @@ if __name__ == "__main__":
     if "--feat" in sys.argv:
         for alpha in (0.25, 0.5, 1.0):
             score(f"+ {alpha} log2 N", **with_batch_feature(alpha))
+    if "--exact" in sys.argv:
+        score("twins interpolated (EXACT -1)", EXACT=-1.0)
+        score("twins interpolated + 0.25 log2 N", EXACT=-1.0, **with_batch_feature(0.25))
+        for w in (0.25, 1.0):
+            pass
