@@ -712,3 +712,23 @@ def test_the_event_timer_drains_warms_then_times_each_call():
     log.clear()
     assert tune.EventTimer(fake).block(lambda: log.append(("call",)), 1, warm=False) == [2.0]
     assert log[:2] == [("stream sync",), ("record", stream)]
+
+
+def test_noise_report_compares_implicit_gemm_with_its_own_tile():
+    from dnnprims.algos.implicit_gemm import pick_tile
+    small, large = _problem(N=1, C=32, H=7, K=32), _problem(N=32, C=512, H=28, K=512)
+    tiles = {p: "implicit_gemm_" + pick_tile(p, "forward") for p in (small, large)}
+    entries = [_entry(small, {"implicit_gemm": 0.020, tiles[small]: 0.025, "direct": 0.01}),   # 25 % apart
+               _entry(large, {"implicit_gemm": 1.00, tiles[large]: 1.02}),
+               _entry(_problem(N=8), {"implicit_gemm": 0.5})]                              # no twin
+    assert tune.noise_report(entries) == {"pairs": 2, "over_10pct": 1, "pairs_under_30us": 1,
+                                          "over_10pct_under_30us": 1}
+    probed = tune.make_entry("forward", small, {"implicit_gemm": 0.02, tiles[small]: 0.5}, {}, False,
+                             [tiles[small]])
+    assert tune.noise_report([probed])["pairs"] == 0
+
+
+def test_noise_report_of_the_shipped_table():
+    data = json.loads(table.DEFAULT_PATH.read_text())
+    noise = tune.noise_report(data["entries"])
+    assert noise["pairs"] > 1000 and noise["over_10pct"] < 0.2 * noise["pairs"]
