@@ -568,7 +568,7 @@ def tune(points, *, out, holdout=0.2, max_seconds=None, repeat=REPEAT, final_rep
     entries, stopped, broken, unmeasured = [], False, None, {}
     extras = {"points": 0, "off": 0}
     data = dict(meta)
-    history = []
+    history, last = [], 0.0   # seconds each recent point took; when the last one started
 
     def snapshot():
         data.update(grid=dict(grid_info or {}, points_total=len(points), points_measured=len(entries),

@@ -1,6 +1,8 @@
 """Cross-validation of lookup variants inside the non-held-out points of a table
 (second split: crc32('cv|' + key) < 0.25 are the CV test points), as notes/table.md did.
-Usage: python notes/table2/cv.py [table.json] [--holdout]  (--holdout: the one final look)."""
+Usage: python notes/table2/cv.py [table.json] [--quick | --feat | --exact | --holdout]
+(default: the constants' variants; --feat: log2 N as a 4th coordinate; --exact: twins
+interpolated; --quick: the shipped rule only; --holdout: the one final look)."""
 import json, math, sys, zlib, time
 import numpy as np
 from dnnprims import tune, algos
@@ -87,5 +89,3 @@ if __name__ == "__main__":
     if "--exact" in sys.argv:
         score("twins interpolated (EXACT -1)", EXACT=-1.0)
         score("twins interpolated + 0.25 log2 N", EXACT=-1.0, **with_batch_feature(0.25))
-        for w in (0.25, 1.0):
-            pass

@@ -1,6 +1,6 @@
 """Training points whose leave-one-out lookup disagrees with their own measurement:
 how many, how many are tiny; and CV with them dropped (do they carry structure or noise?)."""
-import sys, math, time
+import sys, time
 sys.argv = [sys.argv[0], "--quick"] + sys.argv[1:]
 sys.path.insert(0, "notes/table2")
 import cv

@@ -2,7 +2,7 @@
 exp(N(0, s)) with s = 5 % under 30 us (fits the implicit_gemm twin pairs: 20 % differ
 by > 10 %) and 1 % above; a score that drops by X with added noise gains about X when
 that much noise is taken out.  Also: what extra finalist rounds would cost."""
-import sys, math, copy
+import sys, math
 import numpy as np
 sys.argv = [sys.argv[0], "--quick"]
 sys.path.insert(0, "notes/table2")
