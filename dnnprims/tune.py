@@ -90,7 +90,10 @@ PER_ROUND = 2
 DROP_AFTER = 2
 DROP_FACTOR = 2.0   # = table.CAP: the lookup censors times above it anyway
 FINALIST = 1.15
-FINAL_REPEAT = 8   # 14 samples for the finalists: the noise sits at points under ~30 us, where calls are cheap
+FINAL_REPEAT = 8   # 14 samples for the finalists
+# Under SMALL_MS the finalists get twice FINAL_REPEAT: the noise sits there (host-bound
+# calls; notes/table2.md) and such calls cost next to nothing.
+SMALL_MS = 0.05
 SAVE_EVERY = 50
 WITHIN = 1.10   # "a good pick": at most 10 % slower than the fastest measured
 
@@ -272,8 +275,9 @@ def time_candidates(calls, timer, repeat=REPEAT, final_repeat=FINAL_REPEAT, on_f
        the lookup censors every time at CAP (= DROP_FACTOR) x a point's fastest,
        so more samples of it would change nothing.
     3. The finalists (within FINALIST x the best median, when there are two or
-       more) get ``final_repeat`` more samples, interleaved the same way; their
-       time is the median of all their samples.
+       more) get ``final_repeat`` more samples (twice that where the best is
+       under SMALL_MS), interleaved the same way; their time is the median of
+       all their samples.
 
     A candidate that raises is recorded in the failures and timed no more;
     ``on_failure(name, text)`` is called first (the tuner checks the CUDA
@@ -339,7 +343,7 @@ def time_candidates(calls, timer, repeat=REPEAT, final_repeat=FINAL_REPEAT, on_f
         top = min(now.values())
         finalists = [n for n, t in now.items() if t <= FINALIST * top]
         if len(finalists) > 1:
-            rounds(finalists, final_repeat)
+            rounds(finalists, final_repeat * (2 if top < SMALL_MS else 1))
     for name in taken:
         if name not in failed and taken[name]:
             ms[name], samples[name] = _median(taken[name]), len(taken[name])

@@ -732,3 +732,10 @@ def test_noise_report_of_the_shipped_table():
     data = json.loads(table.DEFAULT_PATH.read_text())
     noise = tune.noise_report(data["entries"])
     assert noise["pairs"] > 1000 and noise["over_10pct"] < 0.2 * noise["pairs"]
+
+
+def test_small_points_give_their_finalists_twice_the_samples():
+    fast = _Clock({"a": 0.01, "b": 0.0105})         # under SMALL_MS: host-bound, noisy, cheap
+    assert tune.time_candidates(fast.calls(), fast, repeat=6, final_repeat=4)[3] == {"a": 14, "b": 14}
+    slow = _Clock({"a": 1.0, "b": 1.05})
+    assert tune.time_candidates(slow.calls(), slow, repeat=6, final_repeat=4)[3] == {"a": 10, "b": 10}

@@ -24,7 +24,7 @@ for e in data["entries"]:
         fin_pts += 1
     for n, v in alive.items():
         old_t += 10 * v; old_c += 10; syncs_old += 2
-        calls = 2 + (6 if v > 2 * top else 9) + (FINAL // 2 * 3 if (len(fin) > 1 and n in fin) else 0)
+        calls = 2 + (6 if v > 2 * top else 9) + (FINAL // 2 * 3 * (2 if top < 0.05 else 1) if (len(fin) > 1 and n in fin) else 0)
         new_t += calls * v; new_c += calls; syncs_new += 1 + calls // 3
 host = 40e-3   # ms of host time per public call when the GPU is not the bound (rough)
 print(f"timed-call time: old {old_t/1e3:.1f} s, new {new_t/1e3:.1f} s; calls old {old_c} new {new_c} "
