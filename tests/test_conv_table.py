@@ -739,3 +739,17 @@ def test_small_points_give_their_finalists_twice_the_samples():
     assert tune.time_candidates(fast.calls(), fast, repeat=6, final_repeat=4)[3] == {"a": 14, "b": 14}
     slow = _Clock({"a": 1.0, "b": 1.05})
     assert tune.time_candidates(slow.calls(), slow, repeat=6, final_repeat=4)[3] == {"a": 10, "b": 10}
+
+
+def test_the_tuner_runs_measure_point_end_to_end_on_a_stand_in_gpu(monkeypatch, tmp_path):
+    # tune -> measure_point -> time_candidates -> the (fake) event timer -> the public call
+    class Times(dict):
+        def __missing__(self, name):
+            return 0.03 + 0.001 * len(name)
+    timed = _fake_gpu(monkeypatch, Times(direct=0.02, gemm=0.0205))
+    points = [("forward", tune.problem_of("forward", "float32", 1, 3, 5, 4, 3, 3, 1, 1))]
+    data = tune.tune(points, out=tmp_path / "t.json", meta={"version": table.VERSION}, log=lambda s: None)
+    entry, = data["entries"]
+    assert entry["winner"] == "direct" and entry["finalists"] == ["direct", "gemm"]
+    assert entry["failed"] == {"implicit_gemm": "RuntimeError: boom"}
+    assert sum(k for n, k in timed if n == "direct") == 1 + tune.REPEAT + 2 * tune.FINAL_REPEAT
