@@ -265,9 +265,9 @@ def time_candidates(calls, timer, repeat=REPEAT, final_repeat=FINAL_REPEAT, on_f
        RECHECK_FACTOR x the best, and keeps the faster; still over SLOW_FACTOR:
        written off with that single call (it cannot win).  A lone candidate is
        timed by its probe only (it wins whatever its time).
-    2. The others are timed in ROUNDS rounds, round-robin (each round visits
-       every candidate, starting one further along each round): per visit an
-       untimed call and PER_ROUND timed ones.  A slow moment of the GPU or of
+    2. The others get ``repeat`` samples in rounds, round-robin (each round
+       visits every candidate, starting one further along each round): per
+       visit an untimed call and PER_ROUND timed ones.  A slow moment of the GPU or of
        the host then hits every candidate instead of all ``repeat`` samples of
        one (in one tuning run, 20 % of the identical-kernel pairs under 30 us
        differed by more than 10 %: notes/table2.md).  After DROP_AFTER rounds a
