@@ -2,24 +2,28 @@
 
     python -m dnnprims.tune [--grid default|quick] [--quick] [--directions D ...]
                             [--dtypes T ...] [--layouts L ...] [--out PATH] [--holdout FRACTION]
-                            [--max-seconds S] [--repeat R] [--skip NAME ...] [--list]
+                            [--max-seconds S] [--repeat R] [--final-repeat F]
+                            [--skip NAME ...] [--list]
 
 For every point of a grid of problems (batch, channels, image size, filter
 size, stride, groups, dtype, direction, layout: NCHW unless --layouts says more) it times every registered
 algorithm that supports the point (:func:`applicable`: whatever is in the
-registry at the time, one entry per tile configuration) with the one timing
-helper (:mod:`dnnprims.bench.timing`, CUDA events, median of ``--repeat``
-calls after a warm-up), and writes the table in the format documented in
-:mod:`dnnprims.algos.table` (default: the copy in the package).  An algorithm
-that raises is recorded under the entry's "failed" and the run goes on.  A
-candidate whose first timed call is more than ``SLOW_FACTOR`` times the best so
-far is recorded with that single call (it cannot win; it would only cost time),
-and so is the only candidate of a point (it wins whatever its time).  Before a
-candidate is written off that way it gets a second single call and keeps the
-faster of the two, if the first was at most ``RECHECK_FACTOR`` times the best
-(beyond that a stray slow call cannot hide a winner): one slow call once
-recorded a 6x-too-slow Winograd time that misled the table's interpolation.
-Such single-call times are listed in the entry's "probed".
+registry at the time, one entry per tile configuration) with CUDA events
+(:func:`time_candidates`: the candidates are timed interleaved, round-robin,
+so that a slow moment of the GPU or the host hits all of them, and the
+finalists within FINALIST of the best get more samples), and writes the table
+in the format documented in :mod:`dnnprims.algos.table` (default: the copy in
+the package).  An algorithm that raises is recorded under the entry's "failed"
+and the run goes on.  A candidate whose probe (its first timed call) is more
+than ``SLOW_FACTOR`` times the best probe is recorded with that single call (it
+cannot win; it would only cost time), and so is the only candidate of a point
+(it wins whatever its time).  Before a candidate is written off that way it
+gets a second single call and keeps the faster of the two, if the first was at
+most ``RECHECK_FACTOR`` times the best (beyond that a stray slow call cannot
+hide a winner): one slow call once recorded a 6x-too-slow Winograd time that
+misled the table's interpolation.  Such single-call times are listed in the
+entry's "probed", the candidates that got the finalists' samples in its
+"finalists".
 
 Whatever is registered in ``dnnprims.algos.REGISTRY`` when the tuner runs is
 timed (every registered name is a candidate wherever it ``supports`` a point and
@@ -44,9 +48,12 @@ grid point was within 10 % of the fastest public call on 11 of 17 batch-1
 benchmark problems under 60 us (notes/table.md).
 
 Points are visited in a fixed shuffled order, so ``--max-seconds`` (stop
-starting new points after that long) leaves an even sample of the grid, and
-the table is rewritten every ``SAVE_EVERY`` points, so a run killed midway
-still leaves a usable table.
+starting new points after that long) leaves an even sample of the grid (the
+log and ``grid.unmeasured`` count the points left out, per block), and the
+table is rewritten every ``SAVE_EVERY`` points, so a run killed midway still
+leaves a usable table.  The finalists' extra samples are taken only while the
+pace of the recent points says the whole grid ends within PACE_MARGIN x
+--max-seconds: they never cost grid points.
 
 Holdout: a point is held out when ``crc32(point key) / 2^32 < --holdout``
 (deterministic; independent of the grid's order and of which other points
@@ -74,6 +81,19 @@ from .algos.find import FIND_WORKSPACE_LIMIT, gpu_name, random_operands
 
 SLOW_FACTOR = 4.0
 RECHECK_FACTOR = 12.0   # a first single call up to this x the best gets a second one
+# Interleaved timing (time_candidates): samples per candidate, taken PER_ROUND at a
+# time after one untimed call, round-robin over the candidates; after DROP_AFTER
+# rounds a candidate over DROP_FACTOR x the best stops; the finalists (within
+# FINALIST x the best) get FINAL_REPEAT more samples.
+REPEAT = 6
+PER_ROUND = 2
+DROP_AFTER = 2
+DROP_FACTOR = 2.0   # = table.CAP: the lookup censors times above it anyway
+FINALIST = 1.15
+FINAL_REPEAT = 8   # 14 samples for the finalists
+# Under SMALL_MS the finalists get twice FINAL_REPEAT: the noise sits there (host-bound
+# calls; notes/table2.md) and such calls cost next to nothing.
+SMALL_MS = 0.05
 SAVE_EVERY = 50
 WITHIN = 1.10   # "a good pick": at most 10 % slower than the fastest measured
 
@@ -199,45 +219,162 @@ def public_call(problem, direction, name, a, b):
     return lambda: conv.conv2d_backward_filter(a, b, problem.w_shape, **options)
 
 
-def measure_point(problem, direction, names, repeat):
-    """({name: median ms}, {name: error text}, [names timed by single calls])
-    for the candidates ``names``.  Raises BrokenContext if a candidate broke
-    the CUDA context."""
-    import cupy
-    from .bench import timing
+class EventTimer:
+    """Times blocks of public calls on the GPU with CUDA events: the one
+    interface :func:`time_candidates` uses (tests pass a fake with the same
+    ``block`` method)."""
 
-    ms, failed, probed = {}, {}, []
+    def __init__(self, cupy):
+        self.cupy = cupy
+
+    def block(self, call, count, warm=True):
+        """Drain the stream, make one untimed call when ``warm``, then
+        ``count`` timed calls back to back: their ms.  After the untimed call
+        the timed ones run as in a loop of this call (a host-bound call costs
+        its host time, a GPU-bound one its GPU time), whatever ran before it:
+        without the drain, a candidate timed right after a slower one would
+        have its host time hidden behind the other's queued GPU work."""
+        cupy = self.cupy
+        stream = cupy.cuda.get_current_stream()
+        stream.synchronize()
+        if warm:
+            call()
+        events = [(cupy.cuda.Event(), cupy.cuda.Event()) for _ in range(count)]
+        for start, end in events:
+            start.record(stream)
+            call()
+            end.record(stream)
+        events[-1][1].synchronize()
+        return [cupy.cuda.get_elapsed_time(start, end) for start, end in events]
+
+
+def _median(samples):
+    ordered = sorted(samples)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else 0.5 * (ordered[mid - 1] + ordered[mid])
+
+
+def time_candidates(calls, timer, repeat=REPEAT, final_repeat=FINAL_REPEAT, on_failure=None):
+    """({name: ms}, {name: error text}, [names timed by single calls],
+    {name: samples behind its ms}) for ``calls`` ({name: no-argument callable},
+    the likely winner first), timed with ``timer.block`` (see EventTimer).
+
+    1. Each candidate: one untimed call (compiles, builds plans, validates),
+       then one timed call, the probe.  A candidate whose probe is over
+       SLOW_FACTOR x the best probe gets a second one if the first was at most
+       RECHECK_FACTOR x the best, and keeps the faster; still over SLOW_FACTOR:
+       written off with that single call (it cannot win).  A lone candidate is
+       timed by its probe only (it wins whatever its time).
+    2. The others get ``repeat`` samples in rounds, round-robin (each round
+       visits every candidate, starting one further along each round): per
+       visit an untimed call and PER_ROUND timed ones.  A slow moment of the GPU or of
+       the host then hits every candidate instead of all ``repeat`` samples of
+       one (in one tuning run, 20 % of the identical-kernel pairs under 30 us
+       differed by more than 10 %: notes/table2.md).  After DROP_AFTER rounds a
+       candidate over DROP_FACTOR x the best median keeps its median so far:
+       the lookup censors every time at CAP (= DROP_FACTOR) x a point's fastest,
+       so more samples of it would change nothing.
+    3. The finalists (within FINALIST x the best median, when there are two or
+       more) get ``final_repeat`` more samples (twice that where the best is
+       under SMALL_MS), interleaved the same way; their time is the median of
+       all their samples.
+
+    A candidate that raises is recorded in the failures and timed no more;
+    ``on_failure(name, text)`` is called first (the tuner checks the CUDA
+    context there and raises BrokenContext)."""
+    ms, failed, probed, samples = {}, {}, [], {}
+
+    def attempt(name, count, warm=True):
+        try:
+            return timer.block(calls[name], count, warm)
+        except Exception as e:  # noqa: BLE001 -- a failing algorithm is data, not fatal
+            failed[name] = f"{type(e).__name__}: {e}"[:300]
+            if on_failure is not None:
+                on_failure(name, failed[name])
+            return None
+
+    probes = {}
+    for name in calls:
+        got = attempt(name, 1)          # warm (untimed) + the probe
+        if got is not None:
+            probes[name] = got[0]
+    if len(probes) == 1:
+        (name, t), = probes.items()
+        return {name: t}, failed, [name], {name: 1}
+    best = min(probes.values(), default=None)
+    alive = []
+    for name, t in probes.items():
+        if t > SLOW_FACTOR * best and t <= RECHECK_FACTOR * best:
+            again = attempt(name, 1, warm=False)
+            if again is None:
+                continue
+            t = min(t, again[0])    # one slow call is not enough to write it off
+        if t > SLOW_FACTOR * best:
+            ms[name], samples[name] = t, 1
+            probed.append(name)
+        else:
+            alive.append(name)
+    taken = {name: [] for name in alive}
+
+    def rounds(names, count, shift=0):
+        for r in range(-(-count // PER_ROUND)):
+            for j in range(len(names)):
+                name = names[(j + r + shift) % len(names)]
+                if name in failed:
+                    continue
+                got = attempt(name, min(PER_ROUND, count - r * PER_ROUND))
+                if got is not None:
+                    taken[name].extend(got)
+
+    def medians(names):
+        return {n: _median(taken[n]) for n in names if n not in failed and taken[n]}
+
+    first = min(repeat, DROP_AFTER * PER_ROUND)
+    rounds(alive, first)
+    now = medians(alive)
+    if now:
+        top = min(now.values())
+        for name, t in now.items():
+            if t > DROP_FACTOR * top:
+                alive.remove(name)
+    rounds([n for n in alive if n not in failed], repeat - first, shift=DROP_AFTER)
+    now = medians(taken)
+    if now and final_repeat > 0:
+        top = min(now.values())
+        finalists = [n for n, t in now.items() if t <= FINALIST * top]
+        if len(finalists) > 1:
+            rounds(finalists, final_repeat * (2 if top < SMALL_MS else 1))
+    for name in taken:
+        if name not in failed and taken[name]:
+            ms[name], samples[name] = _median(taken[name]), len(taken[name])
+    return ms, failed, probed, samples
+
+
+def measure_point(problem, direction, names, repeat, final_repeat=None):
+    """({name: median ms}, {name: error text}, [names timed by single calls],
+    {name: samples}) for the candidates ``names`` (:func:`time_candidates` on
+    the public calls).  Raises BrokenContext if a candidate broke the CUDA
+    context."""
+    import cupy
+
+    final_repeat = FINAL_REPEAT if final_repeat is None else final_repeat
     try:
         a, b, _ = random_operands(problem, direction)
     except Exception as e:  # noqa: BLE001 -- out of memory: record, go on
         cupy.get_default_memory_pool().free_all_blocks()
-        return ms, {name: f"inputs: {type(e).__name__}: {e}"[:300] for name in names}, probed
-    for name in names:
-        call = public_call(problem, direction, name, a, b)
-        try:
-            call()   # compiles, builds plans, validates (then memoised); not timed
+        return {}, {name: f"inputs: {type(e).__name__}: {e}"[:300] for name in names}, [], {}
 
-            def probe():
-                return timing.measure(call, xp=cupy, warmup=0, repeat=1).median_ms
-            once = probe()
-            best = min(ms.values(), default=None)
-            if best is not None and SLOW_FACTOR * best < once <= RECHECK_FACTOR * best:
-                once = min(once, probe())   # one slow call is not enough to write it off
-            if len(names) == 1 or (best is not None and once > SLOW_FACTOR * best):
-                ms[name] = once
-                probed.append(name)
-            else:
-                ms[name] = timing.measure(call, xp=cupy, warmup=1, repeat=repeat).median_ms
-        except Exception as e:  # noqa: BLE001 -- a failing algorithm is data, not fatal
-            failed[name] = f"{type(e).__name__}: {e}"[:300]
-            if not _context_ok(cupy):
-                raise BrokenContext(f"{name} broke the CUDA context on {direction} "
-                                    f"{point_key(direction, problem)}: {failed[name]}") from e
-    call = a = b = None   # the operands go back to the pool before it may be emptied
+    def on_failure(name, text):
+        if not _context_ok(cupy):
+            raise BrokenContext(f"{name} broke the CUDA context on {direction} "
+                                f"{point_key(direction, problem)}: {text}")
+    calls = {name: public_call(problem, direction, name, a, b) for name in names}
+    result = time_candidates(calls, EventTimer(cupy), repeat, final_repeat, on_failure)
+    calls = a = b = None   # the operands go back to the pool before it may be emptied
     pool = cupy.get_default_memory_pool()
     if pool.total_bytes() > POOL_KEEP_BYTES:
         pool.free_all_blocks()
-    return ms, failed, probed
+    return result
 
 
 def make_entry(direction, p, ms, failed, holdout, probed=()):
@@ -342,6 +479,31 @@ def evaluate_holdout(entries, grid=None):
     return report
 
 
+def noise_report(entries):
+    """Timing noise seen in the table itself: ``implicit_gemm`` runs the same
+    kernel as ``implicit_gemm_<pick_tile>``, so where both were fully timed their
+    ratio is pure noise.  Counts the pairs that differ by more than 10 %, all
+    and under 30 us (the session-3 table: 5.2 % of 2633, 20.7 % of the 656 under
+    30 us, 0.2 % above: notes/table2.md)."""
+    from .algos.implicit_gemm import pick_tile
+    report = {"pairs": 0, "over_10pct": 0, "pairs_under_30us": 0, "over_10pct_under_30us": 0}
+    for e in entries:
+        ms, probed = e["ms"], set(e.get("probed", ()))
+        if "implicit_gemm" not in ms or "implicit_gemm" in probed:
+            continue
+        twin = "implicit_gemm_" + pick_tile(entry_problem(e), e["direction"])
+        if twin not in ms or twin in probed:
+            continue
+        a, b = ms["implicit_gemm"], ms[twin]
+        off = max(a, b) > WITHIN * min(a, b)
+        report["pairs"] += 1
+        report["over_10pct"] += off
+        if min(a, b) < 0.03:
+            report["pairs_under_30us"] += 1
+            report["over_10pct_under_30us"] += off
+    return report
+
+
 def _short(e):
     q = e["problem"]
     return (f"{e['direction']} {q['dtype']} N={q['N']} C={q['C']} H={q['H']} K={q['K']} "
@@ -375,26 +537,56 @@ def write(path, data):
     os.replace(f.name, path)
 
 
-def tune(points, *, out, holdout=0.2, max_seconds=None, repeat=7, grid_info=None,
-         meta=None, measure=measure_point, log=print, skip=()):
+def _projected_end(durations, elapsed, remaining):
+    """When the run would end at the pace of the last points (``durations``:
+    seconds each of the last PACE_WINDOW points took; a point over
+    COMPILE_SECONDS paid first-use kernel compiles and does not count), or None
+    before PACE_MIN points."""
+    usual = [d for d in durations if d <= COMPILE_SECONDS]
+    if len(usual) < PACE_MIN:
+        return None
+    return elapsed + sum(usual) / len(usual) * remaining
+
+
+PACE_WINDOW = 400      # points over which the tuner's pace is measured
+PACE_MIN = 50
+COMPILE_SECONDS = 2.0  # a point that took longer compiled kernels (the first ~100 points: ~75 s)
+PACE_MARGIN = 0.9      # finalist samples only while the projected end is within this x --max-seconds
+
+
+def tune(points, *, out, holdout=0.2, max_seconds=None, repeat=REPEAT, final_repeat=FINAL_REPEAT,
+         grid_info=None, meta=None, measure=measure_point, log=print, skip=()):
     """Measure ``points`` ([(direction, problem)]), write the table to ``out``,
-    return it.  ``measure(problem, direction, names, repeat)`` -> (ms, failed)
-    or (ms, failed, probed) is injectable so the bookkeeping can be tested
-    without a GPU.  Algorithms named in ``skip`` are not timed."""
+    return it.  ``measure(problem, direction, names, repeat, final_repeat)`` ->
+    (ms, failed[, probed[, samples]]) is injectable so the bookkeeping can be
+    tested without a GPU.  Algorithms named in ``skip`` are not timed.
+
+    Time: with ``max_seconds``, no point starts after that many seconds
+    (points come in a fixed shuffled order: a cut leaves an even sample, and
+    the points left out are counted per block in the log and in
+    ``grid.unmeasured``); the finalists' extra samples are taken only while
+    the pace of the last PACE_WINDOW points says the whole grid still ends
+    within PACE_MARGIN x max_seconds, so the extra samples never cost points."""
     meta = dict(meta if meta is not None else metadata())
     start = time.perf_counter()
-    entries, stopped, broken = [], False, None
+    entries, stopped, broken, unmeasured = [], False, None, {}
+    extras = {"points": 0, "off": 0}
     data = dict(meta)
+    history, last = [], 0.0   # seconds each recent point took; when the last one started
 
     def snapshot():
         data.update(grid=dict(grid_info or {}, points_total=len(points), points_measured=len(entries),
                               seconds=round(time.perf_counter() - start, 1), stopped_early=stopped,
-                              repeat=repeat, slow_factor=SLOW_FACTOR, skipped=sorted(skip),
-                              broken=broken,
-                              timing="dnnprims.bench.timing.measure of the public call "
-                                     "(conv2d_forward / conv2d_backward_data / conv2d_backward_filter "
-                                     "with algo=name): CUDA events, median of repeat calls after one "
-                                     "untimed call and one warm-up"),
+                              unmeasured=unmeasured, repeat=repeat, final_repeat=final_repeat,
+                              finalist_points=extras["points"], finalist_samples_off=extras["off"],
+                              slow_factor=SLOW_FACTOR, skipped=sorted(skip), broken=broken,
+                              timing="the public call (conv2d_forward / conv2d_backward_data / "
+                                     "conv2d_backward_filter with algo=name), CUDA events; "
+                                     "dnnprims.tune.time_candidates: a warm call and a probe each, "
+                                     f"then `repeat` samples per candidate in rounds of {PER_ROUND} after an "
+                                     "untimed call, round-robin over the candidates; candidates within "
+                                     f"{FINALIST} x the best get `final_repeat` more (entry's 'finalists'); "
+                                     "median"),
                     entries=entries)
         return data
 
@@ -402,24 +594,45 @@ def tune(points, *, out, holdout=0.2, max_seconds=None, repeat=7, grid_info=None
         elapsed = time.perf_counter() - start
         if max_seconds is not None and elapsed > max_seconds:
             stopped = True
+            spec = (grid_info or {}).get("spec")
+            for d, q in points[i:]:
+                block = (spec and block_of(make_entry(d, q, {}, {}, False), spec)) or "all"
+                unmeasured[block] = unmeasured.get(block, 0) + 1
             log(f"stopping after {elapsed:.0f} s (--max-seconds {max_seconds}): "
-                f"{i} of {len(points)} points measured")
+                f"{i} of {len(points)} points measured; not measured: "
+                + ", ".join(f"{block} {n}" for block, n in sorted(unmeasured.items())))
             break
+        if i:
+            history.append(elapsed - last)
+            del history[:-PACE_WINDOW]
+        last = elapsed
+        extra = final_repeat
+        if max_seconds is not None:
+            end = _projected_end(history, elapsed, len(points) - i)
+            if end is not None and end > PACE_MARGIN * max_seconds:
+                extra = 0
+                extras["off"] += 1
         key = point_key(direction, p)
         names, refused = applicable(p, direction, skip)
         first = rule_pick(p, direction)   # likely fast: later slow ones cost one call only
         names.sort(key=lambda name: name != first)
         try:
-            ms, failed, *probed = measure(p, direction, names, repeat)
+            ms, failed, *rest = measure(p, direction, names, repeat, extra)
         except BrokenContext as e:
             stopped, broken = True, str(e)
             log(f"stopping: {e}; re-run with --skip NAME after fixing it")
             break
         failed = {**refused, **failed}
-        entry = make_entry(direction, p, ms, failed, is_holdout(key, holdout), probed[0] if probed else ())
+        entry = make_entry(direction, p, ms, failed, is_holdout(key, holdout), rest[0] if rest else ())
+        samples = rest[1] if len(rest) > 1 else {}
+        finalists = sorted(n for n, k in samples.items() if k > repeat)
+        if finalists:
+            entry["finalists"] = finalists
+            extras["points"] += 1
         entries.append(entry)
         best = f"{entry['winner']} {ms[entry['winner']]:.3f} ms" if ms else "no candidate ran"
         log(f"[{i + 1:4d}/{len(points)}] {elapsed:6.1f}s {key}: {best} of {len(names)}"
+            + (f" ({len(finalists)} finalists)" if finalists else "")
             + (f", {len(failed)} failed ({', '.join(failed)})" if failed else ""))
         if (i + 1) % SAVE_EVERY == 0:
             write(out, snapshot())
@@ -427,14 +640,19 @@ def tune(points, *, out, holdout=0.2, max_seconds=None, repeat=7, grid_info=None
     data["holdout"] = dict(evaluate_holdout(entries, (grid_info or {}).get("spec")), fraction=holdout,
                            split="a point is held out when crc32(its key) / 2^32 < fraction; "
                                  "held-out points are looked up in a table of the other points")
+    data["grid"]["noise"] = noise_report(entries)
     write(out, data)
-    h = data["holdout"]
-    log(f"wrote {out}: {len(entries)} entries in {data['grid']['seconds']} s")
+    h, noise = data["holdout"], data["grid"]["noise"]
+    log(f"wrote {out}: {len(entries)} entries in {data['grid']['seconds']} s; finalist samples at "
+        f"{extras['points']} points (off at {extras['off']} points to keep within --max-seconds)")
     log(f"holdout: {h['points']} points; table pick within 10 % of the fastest on "
         f"{h['table_within_10pct']} ({100 * h['table_fraction']:.1f} %), the rule's on "
         f"{h['rule_within_10pct']} ({100 * h['rule_fraction']:.1f} %); on the {h['contested_points']} points "
         f"with more than one candidate: {100 * h['contested_table_fraction']:.1f} %; "
         f"geomean slowdown of the table's pick {h.get('table_geomean_slowdown', float('nan'))}")
+    log(f"noise: identical-kernel pairs (implicit_gemm vs its tile) more than 10 % apart: "
+        f"{noise['over_10pct']} of {noise['pairs']}; under 30 us: {noise['over_10pct_under_30us']} of "
+        f"{noise['pairs_under_30us']} (session 3, timed back to back: 5.2 % and 20.7 %)")
     for group in ("by_block", "by_batch", "by_class"):
         log(f"holdout {group[3:]}: " + "; ".join(
             f"{name} {c['table_within_10pct']}/{c['points']}" for name, c in sorted(h[group].items())))
@@ -453,7 +671,10 @@ def main(argv=None):
     parser.add_argument("--holdout", type=float, default=0.2, help="fraction of points held out")
     parser.add_argument("--max-seconds", type=float, default=None,
                         help="start no new point after this many seconds")
-    parser.add_argument("--repeat", type=int, default=7, help="timed calls per candidate (median)")
+    parser.add_argument("--repeat", type=int, default=REPEAT,
+                        help="timed samples per candidate (median; interleaved, see time_candidates)")
+    parser.add_argument("--final-repeat", type=int, default=FINAL_REPEAT,
+                        help="more samples for the candidates within FINALIST x the best")
     parser.add_argument("--skip", nargs="+", default=[], metavar="NAME",
                         help="registered algorithms not to time (e.g. one that is broken)")
     parser.add_argument("--list", action="store_true", help="print the grid and exit (no GPU needed)")
@@ -486,6 +707,7 @@ def main(argv=None):
                  "layouts": args.layouts, "padding": "R // 2, S // 2", "dilation": 1,
                  "command": "python -m dnnprims.tune " + " ".join(sys.argv[1:] if argv is None else argv)}
     data = tune(points, out=args.out, holdout=args.holdout, max_seconds=args.max_seconds, repeat=args.repeat,
+                final_repeat=args.final_repeat,
                 grid_info=grid_info, log=lambda s: print(s, flush=True), skip=args.skip)
     return 3 if data["grid"]["broken"] else 0
 

@@ -187,7 +187,7 @@ def test_a_missing_or_broken_table_means_the_rule(tmp_path, monkeypatch):
 
 # --- the tuner, with a fake timer ----------------------------------------------
 
-def _fake_measure(problem, direction, names, repeat):
+def _fake_measure(problem, direction, names, repeat, final_repeat=0):
     """Deterministic times: 'direct' fast on small problems, 'gemm' on large ones;
     'implicit_gemm_64x64' raises."""
     work = problem.flops
@@ -433,7 +433,7 @@ def test_a_newly_registered_algorithm_is_timed_without_changes(tmp_path, monkeyp
     assert New.name in tune.applicable(_problem(), "forward")[0]
     assert New.name not in tune.applicable(_problem(), "forward", skip=[New.name])[0]
 
-    def measure(problem, direction, names, repeat):
+    def measure(problem, direction, names, repeat, final_repeat=0):
         ms, failed = _fake_measure(problem, direction, [n for n in names if n != New.name], repeat)
         ms[New.name] = 1e-9                       # fastest everywhere
         return ms, failed, ["direct"]
@@ -451,7 +451,7 @@ def test_a_newly_registered_algorithm_is_timed_without_changes(tmp_path, monkeyp
 def test_a_broken_cuda_context_stops_the_run_and_keeps_what_was_measured(tmp_path):
     calls = []
 
-    def measure(problem, direction, names, repeat):
+    def measure(problem, direction, names, repeat, final_repeat=0):
         calls.append(problem)
         if len(calls) == 3:
             raise tune.BrokenContext("boom_algorithm broke the CUDA context")
@@ -495,11 +495,11 @@ def test_the_tuner_times_the_public_call(direction):
 
 def _fake_gpu(monkeypatch, times, broken=False):
     """measure_point on the NumPy path: a stand-in `cupy` module (synchronize, memory
-    pool), operands from NumPy, and a clock that says times[name] for the public call
-    of `name` (which really runs, on the reference path).  Returns the timed calls."""
+    pool), operands from NumPy, and a timer whose blocks say times[name] for the public
+    call of `name` (which really runs, on the reference path).  Returns the timed blocks
+    as (name, timed calls)."""
     import sys
     import types
-    from dnnprims.bench import timing
 
     def synchronize():
         if broken:
@@ -526,35 +526,150 @@ def _fake_gpu(monkeypatch, times, broken=False):
             return name
         return run
 
-    def measure(fn, inputs=None, *, xp=None, warmup=3, repeat=20):
-        assert xp is fake
-        name = fn()
-        timed.append((name, repeat))
-        return timing.Timing(times[name], times[name], repeat)
+    class Timer:
+        def __init__(self, cupy):
+            assert cupy is fake
+
+        def block(self, call, count, warm=True):
+            if warm:
+                call()
+            name = [call() for _ in range(count)][0]
+            timed.append((name, count))
+            return [times[name]] * count
     monkeypatch.setattr(tune, "public_call", public_call)
-    monkeypatch.setattr(timing, "measure", measure)
+    monkeypatch.setattr(tune, "EventTimer", Timer)
     return timed
 
 
 def test_measure_point_probes_losers_twice_only_when_it_may_matter(monkeypatch):
-    timed = _fake_gpu(monkeypatch, {"direct": 1.0, "gemm": 10.0, "fft": 100.0})
+    timed = _fake_gpu(monkeypatch, {"direct": 1.0, "gemm": 10.0, "fft": 100.0, "dft": 1.1})
     problem = tune.problem_of("forward", "float32", 1, 3, 5, 4, 3, 3, 1, 1)
-    ms, failed, probed = tune.measure_point(problem, "forward", ["direct", "gemm", "fft", "implicit_gemm"], 7)
-    assert ms == {"direct": 1.0, "gemm": 10.0, "fft": 100.0}
+    ms, failed, probed, samples = tune.measure_point(
+        problem, "forward", ["direct", "gemm", "fft", "implicit_gemm", "dft"], 6, 4)
+    assert ms == {"direct": 1.0, "gemm": 10.0, "fft": 100.0, "dft": 1.1}
     assert failed == {"implicit_gemm": "RuntimeError: boom"} and probed == ["gemm", "fft"]
-    # direct: a probe then the full measurement; gemm (10x, within RECHECK_FACTOR): two
-    # single calls; fft (100x): one
-    assert timed == [("direct", 1), ("direct", 7), ("gemm", 1), ("gemm", 1), ("fft", 1)]
+    # probes (one call each); gemm (10x, within RECHECK_FACTOR) a second one, fft (100x)
+    # none; then direct and dft interleaved in rounds of 2, and 4 more each as finalists
+    assert timed[:5] == [("direct", 1), ("gemm", 1), ("fft", 1), ("dft", 1), ("gemm", 1)]
+    assert timed[5:] == [("direct", 2), ("dft", 2), ("dft", 2), ("direct", 2), ("direct", 2), ("dft", 2),
+                         ("direct", 2), ("dft", 2), ("dft", 2), ("direct", 2)]
+    assert samples == {"direct": 10, "dft": 10, "gemm": 1, "fft": 1}
     entry = tune.make_entry("forward", problem, ms, failed, False, probed)
     assert entry["probed"] == ["fft", "gemm"] and entry["winner"] == "direct"
-    assert tune.measure_point(problem, "forward", [], 7) == ({}, {}, [])   # nothing applicable
+    assert tune.measure_point(problem, "forward", [], 6) == ({}, {}, [], {})   # nothing applicable
 
 
 def test_measure_point_stops_on_a_broken_context(monkeypatch):
     _fake_gpu(monkeypatch, {"direct": 1.0}, broken=True)
     problem = tune.problem_of("forward", "float32", 1, 3, 5, 4, 3, 3, 1, 1)
     with pytest.raises(tune.BrokenContext, match="implicit_gemm broke the CUDA context"):
-        tune.measure_point(problem, "forward", ["direct", "implicit_gemm"], 7)
+        tune.measure_point(problem, "forward", ["direct", "implicit_gemm"], 6)
+
+
+# --- interleaved timing (time_candidates) with a scripted clock ----------------------
+
+class _Clock:
+    """A fake timer: block k of the run (counted over every candidate) takes
+    truth[name] x slow(k) per call; records (name, count, warm)."""
+
+    def __init__(self, truth, slow=lambda k: 1.0, fail=()):
+        self.truth, self.slow, self.fail, self.log = truth, slow, set(fail), []
+
+    def calls(self):
+        return {name: name for name in self.truth}
+
+    def block(self, name, count, warm=True):
+        k = len(self.log)
+        self.log.append((name, count, warm))
+        if name in self.fail and k > len(self.truth):     # fails after its probe
+            raise RuntimeError(f"{name} failed")
+        return [self.truth[name] * self.slow(k)] * count
+
+
+def test_rounds_visit_the_candidates_in_turn():
+    clock = _Clock({"a": 1.0, "b": 1.1, "c": 1.12})
+    ms, failed, probed, samples = tune.time_candidates(clock.calls(), clock, repeat=6, final_repeat=4)
+    assert ms == {"a": 1.0, "b": 1.1, "c": 1.12} and not failed and not probed
+    # probes, then 3 rounds of 2 samples, each round starting one candidate further on
+    assert [n for n, _, _ in clock.log[3:12]] == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]
+    assert all(count == 2 and warm for _, count, warm in clock.log[3:])
+    assert samples == {"a": 10, "b": 10, "c": 10}      # all three within FINALIST: 4 more each
+
+
+def test_a_slow_moment_hits_every_candidate_not_one():
+    # the GPU (or host) is 1.5x slower during 3 blocks: timed back to back, the candidate
+    # timed then would have lost all its samples to it; interleaved, each loses one block
+    truth = {"a": 1.0, "b": 1.06, "c": 1.3}
+    clock = _Clock(truth, slow=lambda k: 1.5 if 3 <= k < 6 else 1.0)
+    ms, _, _, samples = tune.time_candidates(clock.calls(), clock, repeat=6, final_repeat=4)
+    assert min(ms, key=ms.get) == "a" and ms == pytest.approx(truth)
+    assert samples == {"a": 10, "b": 10, "c": 6}       # c (1.3x) is no finalist
+
+
+def test_clear_losers_stop_after_two_rounds_and_hopeless_ones_after_the_probe():
+    clock = _Clock({"a": 1.0, "slow": 2.5, "hopeless": 20.0, "recheck": 6.0})
+    ms, _, probed, samples = tune.time_candidates(clock.calls(), clock, repeat=6, final_repeat=4)
+    assert ms == {"a": 1.0, "slow": 2.5, "hopeless": 20.0, "recheck": 6.0}
+    assert sorted(probed) == ["hopeless", "recheck"]
+    # 'recheck' (6x: within RECHECK_FACTOR) got a second probe, 'hopeless' (20x) not
+    assert [entry for entry in clock.log if entry[0] in ("recheck", "hopeless")] == [
+        ("hopeless", 1, True), ("recheck", 1, True), ("recheck", 1, False)]
+    # 'slow' (2.5x > DROP_FACTOR) keeps its first DROP_AFTER rounds; 'a' alone: no finalists
+    assert samples == {"a": 6, "slow": tune.DROP_AFTER * tune.PER_ROUND, "hopeless": 1, "recheck": 1}
+
+
+def test_a_lone_candidate_is_timed_by_its_probe():
+    clock = _Clock({"a": 0.5})
+    assert tune.time_candidates(clock.calls(), clock) == ({"a": 0.5}, {}, ["a"], {"a": 1})
+
+
+def test_a_candidate_failing_in_a_later_round_is_recorded_and_the_others_go_on():
+    seen = []
+    clock = _Clock({"a": 1.0, "b": 1.05}, fail=["b"])
+    ms, failed, _, samples = tune.time_candidates(clock.calls(), clock, repeat=6, final_repeat=4,
+                                                  on_failure=lambda n, t: seen.append((n, t)))
+    assert ms == {"a": 1.0} and failed == {"b": "RuntimeError: b failed"} and samples == {"a": 6}
+    assert seen == [("b", "RuntimeError: b failed")]
+    with pytest.raises(tune.BrokenContext):
+        def broken(name, text):
+            raise tune.BrokenContext(name)
+        tune.time_candidates(_Clock({"a": 1.0, "b": 1.05}, fail=["b"]).calls(),
+                             _Clock({"a": 1.0, "b": 1.05}, fail=["b"]), on_failure=broken)
+
+
+def test_finalist_samples_stop_when_the_pace_says_the_grid_would_not_fit(tmp_path, monkeypatch):
+    # a fake clock: every point takes 1 s; the grid has 200 points and 150 s: at that
+    # pace it cannot end within PACE_MARGIN x 150 s, so finalist samples go off once the
+    # pace is known (PACE_MIN points) and the cut counts the points left per block
+    now = [0.0]
+    monkeypatch.setattr(tune.time, "perf_counter", lambda: now[0])
+    asked = []
+
+    def measure(problem, direction, names, repeat, final_repeat=0):
+        now[0] += 1.0
+        asked.append(final_repeat)
+        return {"direct": 1.0, "gemm": 1.05}, {}, [], {"direct": repeat + final_repeat,
+                                                       "gemm": repeat + final_repeat}
+    grid = tune.GRIDS["default"]
+    points = tune.grid_points(grid, ["forward"], ["float32"])[:200]
+    lines = []
+    data = tune.tune(points, out=tmp_path / "t.json", max_seconds=150, meta={"version": table.VERSION},
+                     measure=measure, log=lines.append, grid_info={"spec": grid})
+    assert asked[:tune.PACE_MIN] == [tune.FINAL_REPEAT] * tune.PACE_MIN
+    assert set(asked[tune.PACE_MIN:]) == {0}
+    g = data["grid"]
+    assert g["points_measured"] == 151 and g["stopped_early"]
+    assert g["finalist_points"] == tune.PACE_MIN and g["finalist_samples_off"] == 151 - tune.PACE_MIN
+    assert sum(g["unmeasured"].values()) == 49 and set(g["unmeasured"]) <= {"base", "batch1", "large_filters"}
+    assert any(line.startswith("stopping after 151 s") and "not measured: " in line for line in lines)
+    assert data["entries"][0]["finalists"] == ["direct", "gemm"]
+    assert "finalists" not in data["entries"][-1]
+    # enough time: finalist samples everywhere
+    asked.clear()
+    now[0] = 0.0
+    tune.tune(points[:60], out=tmp_path / "u.json", max_seconds=1000, meta={"version": table.VERSION},
+              measure=measure, log=lambda s: None)
+    assert set(asked) == {tune.FINAL_REPEAT}
 
 
 def test_a_new_table_clears_the_calls_that_remember_an_auto_choice():
@@ -569,3 +684,72 @@ def test_a_new_table_clears_the_calls_that_remember_an_auto_choice():
         assert ("a fast key",) not in conv._MEMO.fast
     finally:
         table.use(previous)
+
+
+def test_the_event_timer_drains_warms_then_times_each_call():
+    # the GPU timer's order of operations, on a stand-in cupy that logs them
+    import types
+    log = []
+
+    class Event:
+        def __init__(self):
+            self.i = sum(1 for x in log if x[0] == "record")
+
+        def record(self, stream):
+            log.append(("record", stream))
+            self.t = len(log)
+
+        def synchronize(self):
+            log.append(("event sync",))
+    stream = types.SimpleNamespace(synchronize=lambda: log.append(("stream sync",)))
+    fake = types.SimpleNamespace(cuda=types.SimpleNamespace(
+        get_current_stream=lambda: stream, Event=Event,
+        get_elapsed_time=lambda start, end: float(end.t - start.t)))
+    times = tune.EventTimer(fake).block(lambda: log.append(("call",)), 2)
+    assert log == [("stream sync",), ("call",), ("record", stream), ("call",), ("record", stream),
+                   ("record", stream), ("call",), ("record", stream), ("event sync",)]
+    assert times == [2.0, 2.0]
+    log.clear()
+    assert tune.EventTimer(fake).block(lambda: log.append(("call",)), 1, warm=False) == [2.0]
+    assert log[:2] == [("stream sync",), ("record", stream)]
+
+
+def test_noise_report_compares_implicit_gemm_with_its_own_tile():
+    from dnnprims.algos.implicit_gemm import pick_tile
+    small, large = _problem(N=1, C=32, H=7, K=32), _problem(N=32, C=512, H=28, K=512)
+    tiles = {p: "implicit_gemm_" + pick_tile(p, "forward") for p in (small, large)}
+    entries = [_entry(small, {"implicit_gemm": 0.020, tiles[small]: 0.025, "direct": 0.01}),   # 25 % apart
+               _entry(large, {"implicit_gemm": 1.00, tiles[large]: 1.02}),
+               _entry(_problem(N=8), {"implicit_gemm": 0.5})]                              # no twin
+    assert tune.noise_report(entries) == {"pairs": 2, "over_10pct": 1, "pairs_under_30us": 1,
+                                          "over_10pct_under_30us": 1}
+    probed = tune.make_entry("forward", small, {"implicit_gemm": 0.02, tiles[small]: 0.5}, {}, False,
+                             [tiles[small]])
+    assert tune.noise_report([probed])["pairs"] == 0
+
+
+def test_noise_report_of_the_shipped_table():
+    data = json.loads(table.DEFAULT_PATH.read_text())
+    noise = tune.noise_report(data["entries"])
+    assert noise["pairs"] > 1000 and noise["over_10pct"] < 0.2 * noise["pairs"]
+
+
+def test_small_points_give_their_finalists_twice_the_samples():
+    fast = _Clock({"a": 0.01, "b": 0.0105})         # under SMALL_MS: host-bound, noisy, cheap
+    assert tune.time_candidates(fast.calls(), fast, repeat=6, final_repeat=4)[3] == {"a": 14, "b": 14}
+    slow = _Clock({"a": 1.0, "b": 1.05})
+    assert tune.time_candidates(slow.calls(), slow, repeat=6, final_repeat=4)[3] == {"a": 10, "b": 10}
+
+
+def test_the_tuner_runs_measure_point_end_to_end_on_a_stand_in_gpu(monkeypatch, tmp_path):
+    # tune -> measure_point -> time_candidates -> the (fake) event timer -> the public call
+    class Times(dict):
+        def __missing__(self, name):
+            return 0.03 + 0.001 * len(name)
+    timed = _fake_gpu(monkeypatch, Times(direct=0.02, gemm=0.0205))
+    points = [("forward", tune.problem_of("forward", "float32", 1, 3, 5, 4, 3, 3, 1, 1))]
+    data = tune.tune(points, out=tmp_path / "t.json", meta={"version": table.VERSION}, log=lambda s: None)
+    entry, = data["entries"]
+    assert entry["winner"] == "direct" and entry["finalists"] == ["direct", "gemm"]
+    assert entry["failed"] == {"implicit_gemm": "RuntimeError: boom"}
+    assert sum(k for n, k in timed if n == "direct") == 1 + tune.REPEAT + 2 * tune.FINAL_REPEAT
