@@ -24,22 +24,16 @@ _X_TYPES = ("half_t", "bfloat16_t", "float", "double")
 _INDEX_TYPES = ("int", "long long")
 # Values per 16-byte vector access, by storage type (kernels/batchnorm.cu: VEC).
 _VECTOR = {"half_t": 8, "bfloat16_t": 8, "float": 4, "double": 2}
-_CHUNK = 4096  # values of one channel per chunk: BN_CHUNK in kernels/batchnorm.cu
-# Chunks a block of the two-pass training forward takes (batchnorm_partial_statistics
-# and batchnorm_normalize<..., true, CPB>), by storage type: the 16-bit types hold a
-# 4096-value chunk in two 16-byte loads a thread, float in four; two chunks a block
-# keep four loads in flight and halve the blocks and the statistics merges.
-TRAIN_CHUNKS_PER_BLOCK = {"half_t": 2, "bfloat16_t": 2, "float": 1, "double": 1}
-_CPB = (1, 2)  # the CPB the family declares
+_CHUNK = 4096  # values of one channel per block: BN_CHUNK in kernels/batchnorm.cu
 _BOOL = ("false", "true")
 
 FAMILY = KernelFamily("batchnorm.cu", [
-    *(f"batchnorm_partial_statistics<{t}, {i}, {v}, {g}>"
-      for t in _X_TYPES for i in _INDEX_TYPES for v in (1, _VECTOR[t]) for g in _CPB),
+    *(f"batchnorm_partial_statistics<{t}, {i}, {v}>"
+      for t in _X_TYPES for i in _INDEX_TYPES for v in (1, _VECTOR[t])),
     *(f"batchnorm_backward_reduce<{t}, {i}, {v}, {m}>"
       for t in _X_TYPES for i in _INDEX_TYPES for v in (1, _VECTOR[t]) for m in _BOOL),
-    *(f"batchnorm_normalize<{t}, {p}, {i}, {v}, {m}, {g}>"
-      for t, p in _TYPE_PAIRS for i in _INDEX_TYPES for v in (1, _VECTOR[t]) for m in _BOOL for g in _CPB),
+    *(f"batchnorm_normalize<{t}, {p}, {i}, {v}, {m}>"
+      for t, p in _TYPE_PAIRS for i in _INDEX_TYPES for v in (1, _VECTOR[t]) for m in _BOOL),
     *(f"batchnorm_backward_data<{t}, {p}, {i}, {v}>"
       for t, p in _TYPE_PAIRS for i in _INDEX_TYPES for v in (1, _VECTOR[t])),
     *(f"batchnorm_infer_flat<{t}, {p}, {i}, {v}>"
@@ -120,8 +114,8 @@ def _forward_key(x, gamma, beta, running_mean, running_var, training, momentum, 
     return (x.shape, x.dtype, data.device_id, _vector_key(gamma), _vector_key(beta),
             _vector_key(running_mean), _vector_key(running_var), type(training), training,
             type(momentum), momentum, type(eps), eps, layout, FUSED, FUSED_PREFETCH,
-            FUSED_FORWARD_MIN_BYTES, FLAT_INFERENCE, GROUPED_TRAINING, tuple(TRAIN_CHUNKS_PER_BLOCK.values()),
-            _current_device(), _current_stream().ptr)
+            FUSED_FORWARD_MIN_BYTES, FLAT_INFERENCE, GROUPED_TRAINING, _current_device(),
+            _current_stream().ptr)
 
 
 def _backward_key(dy, x, gamma, mean, invstd, eps, layout):
@@ -270,9 +264,8 @@ class _Launch:
         self.t = t
         self.splits = ceil_div(outer * inner, _CHUNK)
         self.grid = (channels * self.splits,)
-        # a block's last chunk may start a chunk past n (CPB 2, splits odd) and its
-        # last thread forms indices up to a chunk past that.
-        self.index_t = index_type(x.size + (1 + max(_CPB)) * _CHUNK)
+        # +_CHUNK: a chunk's last thread forms indices up to a chunk past n.
+        self.index_t = index_type(x.size + _CHUNK)
         self.it = np.int32 if self.index_t == "int" else np.int64
         vec = _VECTOR[t]
         aligned = all(a.data.ptr % 16 == 0 for a in arrays)
@@ -280,12 +273,12 @@ class _Launch:
         self.shape = (self.it(outer), self.it(channels), self.it(inner), np.int32(self.splits))
         self._specs = {}
 
-    def spec(self, kernel, param_type=None, flag=None, chunks=None):
-        """`kernel<T, [P,] index_t, VEC[, flag][, chunks a block]>`."""
-        key = (kernel, param_type, flag, chunks)
+    def spec(self, kernel, param_type=None, flag=None):
+        """`kernel<T, [P,] index_t, VEC[, flag]>`."""
+        key = (kernel, param_type, flag)
         spec = self._specs.get(key)
         if spec is None:
-            args = [self.t, param_type, self.index_t, str(self.vec), flag, None if chunks is None else str(chunks)]
+            args = [self.t, param_type, self.index_t, str(self.vec), flag]
             spec = self._specs[key] = f"{kernel}<{', '.join(a for a in args if a is not None)}>"
         return spec
 
@@ -607,7 +600,7 @@ def _forward_plan(cp, x, y, pdtype, channels, outer, inner, training, update, mo
     key = (cp.cuda.runtime.getDevice(), cp.cuda.get_current_stream().ptr, x.shape, x.dtype,
            np.dtype(pdtype), channels, inner, aligned, training, update, float(momentum), float(eps),
            no_gamma, no_beta, FUSED, FUSED_PREFETCH, FUSED_FORWARD_MIN_BYTES, FLAT_INFERENCE,
-           GROUPED_TRAINING, tuple(TRAIN_CHUNKS_PER_BLOCK.values()))
+           GROUPED_TRAINING)
     return _cached_plan(key, lambda: _build_forward_plan(
         cp, x, y, pdtype, channels, outer, inner, training, update, float(momentum), float(eps),
         no_gamma, no_beta, aligned))
@@ -650,14 +643,10 @@ def _build_forward_plan(cp, x, y, pdtype, channels, outer, inner, training, upda
                  real(n / (n - 1)), np.int32(update))))
         else:
             part_mean, part_m2 = _stream_workspace(cp).partials(cp, acc, launch.grid[0])
-            cpb = TRAIN_CHUNKS_PER_BLOCK.get(t, 1)
-            if cpb not in _CPB:
-                raise ValueError(f"TRAIN_CHUNKS_PER_BLOCK[{t!r}] = {cpb}: the family declares {_CPB}")
-            grid = (channels * ceil_div(launch.splits, cpb),)
-            launches.append(FAMILY.prepare(launch.spec("batchnorm_partial_statistics", chunks=cpb), grid,
+            launches.append(FAMILY.prepare(launch.spec("batchnorm_partial_statistics"), launch.grid,
                                            (_BLOCK,), (X, part_mean, part_m2, *launch.shape)))
             launches.append(FAMILY.prepare(
-                launch.spec("batchnorm_normalize", pt, "true", cpb), grid, (_BLOCK,),
+                launch.spec("batchnorm_normalize", pt, "true"), launch.grid, (_BLOCK,),
                 (X, Y, part_mean, part_m2, MEAN, INVSTD, rm, rv, gamma, beta, *launch.shape, real(eps),
                  real(momentum), real(n / (n - 1)), np.int32(update), np.int32(1))))
     elif FLAT_INFERENCE and inner % _VECTOR[t]:
@@ -667,7 +656,7 @@ def _build_forward_plan(cp, x, y, pdtype, channels, outer, inner, training, upda
     else:
         launch = _launch_of(x, channels, outer, inner, (x, y))
         launches.append(FAMILY.prepare(
-            launch.spec("batchnorm_normalize", pt, "false", 1), launch.grid, (_BLOCK,),
+            launch.spec("batchnorm_normalize", pt, "false"), launch.grid, (_BLOCK,),
             (X, Y, MEAN, INVSTD, MEAN, INVSTD, rm, rv, gamma, beta, *launch.shape, real(eps), real(0),
              real(1), np.int32(0), np.int32(0))))
     return _Plan(launches, aligned, stats)
@@ -754,7 +743,7 @@ def _build_backward_plan(cp, x, dy, dx, pdtype, channels, outer, inner, recomput
     if recompute:  # statistics first, into the plan's own scratch (stream order)
         mean, invstd = cp.empty(channels, acc), cp.empty(channels, acc)
         part_mean, part_m2 = work.partials(cp, acc, launch.grid[0])
-        launches.append(FAMILY.prepare(launch.spec("batchnorm_partial_statistics", chunks=1), launch.grid,
+        launches.append(FAMILY.prepare(launch.spec("batchnorm_partial_statistics"), launch.grid,
                                        (_BLOCK,), (X, part_mean, part_m2, *launch.shape)))
     else:
         mean, invstd = A.ARRAY2, A.ARRAY3

@@ -80,17 +80,6 @@ __device__ __forceinline__ void chunk_of_block(int splits, int reverse, int& c, 
     split = id - c * splits;
 }
 
-// The block's channel and first chunk when a block takes CPB consecutive
-// chunks of one channel (ceil(splits / CPB) blocks a channel; CPB = 1 is
-// chunk_of_block).
-template <int CPB>
-__device__ __forceinline__ void chunk_group_of_block(int splits, int reverse, int& c, int& first) {
-    const int groups = (splits + CPB - 1) / CPB;
-    const int id = reverse ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x;
-    c = id / groups;
-    first = (id - c * groups) * CPB;
-}
-
 // Number of values in chunk `split` of a channel of n values.
 template <typename A, typename index_t>
 __device__ __forceinline__ A chunk_count(int split, index_t n) {
@@ -340,47 +329,35 @@ __device__ __forceinline__ void store_chunk_dx(T* __restrict__ dx, const A (&xs)
 
 #define BN_SHAPE index_t outer, index_t C, index_t inner, int splits
 
-// Pass 1 of the training statistics: each chunk's mean and sum of squared
-// deviations from it, into part_mean / part_m2 [C * splits].  A block takes CPB
-// consecutive chunks of one channel (chunk_group_of_block; 2 for the 16-bit
-// types: 4 loads of 16 bytes in flight a thread, as float's 4096-value chunk),
-// all loads first, then one chunk_mean_m2 per chunk.
-template <typename T, typename index_t, int VEC, int CPB>
+// Pass 1 of the training statistics: each block's chunk mean and sum of
+// squared deviations from it, into part_mean / part_m2 [C * splits].
+template <typename T, typename index_t, int VEC>
 __global__ void __launch_bounds__(BN_THREADS)
 batchnorm_partial_statistics(const T* __restrict__ x, acc_t<T>* __restrict__ part_mean,
                              acc_t<T>* __restrict__ part_m2, BN_SHAPE) {
     typedef acc_t<T> A;
     constexpr int ITEMS = BN_PER_THREAD / VEC;
     __shared__ A scratch[32];
-    int c, first;
-    chunk_group_of_block<CPB>(splits, 0, c, first);
+    int c, split;
+    chunk_of_block(splits, 0, c, split);
     const index_t n = outer * inner;
-    A vals[CPB][ITEMS][VEC];
-#pragma unroll
-    for (int q = 0; q < CPB; ++q)  // a chunk past the channel's last (start >= n) loads nothing
-        load_chunk<T, VEC, ITEMS>(x, (index_t)(first + q) * BN_CHUNK, n, c, C, inner, vals[q]);
-#pragma unroll
-    for (int q = 0; q < CPB; ++q) {
-        const int split = first + q;
-        if (split < splits) {  // uniform over the block (block_sum synchronises)
-            A mean, m2;
-            chunk_mean_m2(vals[q], (index_t)split * BN_CHUNK, n, chunk_count<A>(split, n), scratch, mean, m2);
-            if (threadIdx.x == 0) {
-                part_mean[c * splits + split] = mean;
-                part_m2[c * splits + split] = m2;
-            }
-        }
+    const index_t start = (index_t)split * BN_CHUNK;
+    A vals[ITEMS][VEC];
+    load_chunk<T, VEC, ITEMS>(x, start, n, c, C, inner, vals);
+    A mean, m2;
+    chunk_mean_m2(vals, start, n, chunk_count<A>(split, n), scratch, mean, m2);
+    if (threadIdx.x == 0) {
+        part_mean[blockIdx.x] = mean;
+        part_m2[blockIdx.x] = m2;
     }
 }
 
-// y = (x - mean[c]) * invstd[c] * gamma[c] + beta[c], CPB chunks a block as in
-// batchnorm_partial_statistics (the chunks' loads are issued before the
-// statistics are merged, so their latency overlaps the merge).
+// y = (x - mean[c]) * invstd[c] * gamma[c] + beta[c].
 // TRAINING: the statistics come from pass 1's partials; the block of chunk 0
 // writes mean/invstd and, when update_running is set, the running statistics
 // (write_statistics).  Inference: mean/invstd come from the running
 // statistics; chunk 0 writes them out.
-template <typename T, typename P, typename index_t, int VEC, bool TRAINING, int CPB>
+template <typename T, typename P, typename index_t, int VEC, bool TRAINING>
 __global__ void __launch_bounds__(BN_THREADS)
 batchnorm_normalize(const T* __restrict__ x, T* __restrict__ y, const acc_t<T>* __restrict__ part_mean,
                     const acc_t<T>* __restrict__ part_m2, acc_t<T>* __restrict__ mean_out,
@@ -390,29 +367,26 @@ batchnorm_normalize(const T* __restrict__ x, T* __restrict__ y, const acc_t<T>* 
                     acc_t<T> unbias, int update_running, int reverse) {
     typedef acc_t<T> A;
     constexpr int ITEMS = BN_PER_THREAD / VEC;
-    int c, first;
-    chunk_group_of_block<CPB>(splits, reverse, c, first);
+    int c, split;
+    chunk_of_block(splits, reverse, c, split);
     const index_t n = outer * inner;
-    A vals[CPB][ITEMS][VEC];
-#pragma unroll
-    for (int q = 0; q < CPB; ++q)
-        load_chunk<T, VEC, ITEMS>(x, (index_t)(first + q) * BN_CHUNK, n, c, C, inner, vals[q]);
     A mean, invstd;
     if (TRAINING) {
-        channel_statistics(part_mean, part_m2, c, first, splits, n, eps, mean_out, invstd_out, running_mean,
+        channel_statistics(part_mean, part_m2, c, split, splits, n, eps, mean_out, invstd_out, running_mean,
                            running_var, momentum, unbias, update_running, mean, invstd);
     } else {
         mean = load(running_mean[c]);
         invstd = A(1) / sqrt(A(load(running_var[c])) + eps);
-        if (first == 0 && threadIdx.x == 0) {
+        if (split == 0 && threadIdx.x == 0) {
             mean_out[c] = mean;
             invstd_out[c] = invstd;
         }
     }
-    const A scale = invstd * A(load(gamma[c])), shift = A(load(beta[c]));
-#pragma unroll
-    for (int q = 0; q < CPB; ++q)  // store_chunk_normalized stores nothing past n
-        store_chunk_normalized(y, vals[q], (index_t)(first + q) * BN_CHUNK, n, c, C, inner, mean, scale, shift);
+    const index_t start = (index_t)split * BN_CHUNK;
+    A vals[ITEMS][VEC];
+    load_chunk<T, VEC, ITEMS>(x, start, n, c, C, inner, vals);
+    store_chunk_normalized(y, vals, start, n, c, C, inner, mean, invstd * A(load(gamma[c])),
+                           A(load(beta[c])));
 }
 
 // Inference over x viewed flat, for inner sizes that are not a multiple of VEC

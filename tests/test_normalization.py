@@ -296,40 +296,6 @@ def test_single_read_path_matches_two_pass_path(xp, rng, monkeypatch, prefetch, 
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
-@pytest.mark.parametrize("x_shape,offset", [((2, 3, 5, 8), 0), ((3, 2, 40, 48), 0), ((3, 2, 64, 64), 0),
-                                            ((5, 2, 64, 64), 1), ((4, 3, 45, 45), 0), ((2, 1, 4096), 3),
-                                            ((1, 2, 8200), 0)])
-def test_two_pass_training_chunks_per_block(xp, rng, monkeypatch, dtype, x_shape, offset):
-    """The two-pass training forward with one and two 4096-value chunks a block
-    (TRAIN_CHUNKS_PER_BLOCK; a channel of 1, 2, 3, 5 chunks: the last block of an odd
-    count holds one; 16-byte and 4-byte loads; misaligned data): bitwise the same y,
-    statistics and running statistics (the same partials merged in the same order),
-    and the float64 reference."""
-    from dnnprims import normalization
-    monkeypatch.setattr(normalization, "FUSED", False)
-    pdtype, x_host, x, gamma, beta, rm, rv = _small_channel_problem(xp, rng, dtype, x_shape, offset)
-    results = []
-    for cpb in (1, 2):
-        monkeypatch.setattr(normalization, "TRAIN_CHUNKS_PER_BLOCK", {t: cpb for t in normalization._X_TYPES})
-        rm_x, rv_x = xp.array(rm), xp.array(rv)  # copies: the call updates them
-        y, mean, invstd = batchnorm(x, xp.asarray(gamma), xp.asarray(beta), rm_x, rv_x, momentum=0.3,
-                                    return_stats=True)
-        results.append([_host(a) for a in (y, mean, invstd, rm_x, rv_x)])
-    for a, b in zip(*results):
-        np.testing.assert_array_equal(a, b)
-    f64 = lambda a: a.astype(np.float64)  # noqa: E731
-    rm64, rv64 = f64(rm), f64(rv)
-    y64 = batchnorm(f64(x_host), f64(gamma), f64(beta), rm64, rv64, momentum=0.3)
-    assert_close(results[1][0], y64, dtype, what="y")
-    assert_close(results[1][3], rm64, pdtype, what="running_mean")
-    assert_close(results[1][4], rv64, pdtype, what="running_var")
-    monkeypatch.setattr(normalization, "TRAIN_CHUNKS_PER_BLOCK", {t: 3 for t in normalization._X_TYPES})
-    if xp is not np:
-        with pytest.raises(ValueError, match="TRAIN_CHUNKS_PER_BLOCK"):
-            batchnorm(x, xp.asarray(gamma), xp.asarray(beta), xp.array(rm), xp.array(rv))
-
-
-@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 @pytest.mark.parametrize("x_shape,offset", [((3, 5, 7, 16), 0), ((3, 5, 7, 16), 1), ((2, 3, 3, 1100), 0),
                                             ((5000, 8), 0), ((1, 13, 3, 24), 0), ((7, 1, 1, 3), 0)])
 def test_channel_last_paths(xp, rng, dtype, x_shape, offset):
