@@ -44,13 +44,21 @@ _REGISTER_CHANNEL_TYPES = ("half_t", "bfloat16_t")
 # with two inner positions (one 4-byte access) per thread, by direction.
 CHANNEL_PAIRS = {"forward": True, "backward": True}
 # Strided axis in registers as 16-byte packs of inner positions (*_channels_packs):
-# (direction, log) -> CUDA type -> (K packs a thread holds, threads a block); a type
+# (direction, log) -> CUDA type -> (K packs a thread holds, threads a block[, MINB:
+# forward only, a pair of _FORWARD_PACK_BOUNDS, 256 threads when > 1]); a type
 # not listed keeps the other strided-axis kernels.  The fastest of (8|4, 256|512)
 # on the H100, 64x256x56x56 (notes/softmax3.md); double is not measured: (8, 256).
+# 16-bit log-softmax forward: the bounded kernels, 0.078 ms against 0.082 for (4,
+# 256) and 0.088 for (8, 256) unbounded (notes/bw16.md); the softmax forward stays
+# unbounded (0.0777 against 0.081 bounded), float gains nothing (0.1432-0.1437).
 _PACKS_PER_THREAD = (4, 8)   # the K the family declares
+# Forward (K, MINB): MINB > 1 = __launch_bounds__(256, MINB), registers capped so
+# MINB blocks of 256 threads share an SM (8 packs: 64 registers, 4 blocks instead
+# of the 78 registers / 3 blocks the compiler picks unbounded; 4 packs: 48, 5).
+_FORWARD_PACK_BOUNDS = ((4, 1), (4, 5), (8, 1), (8, 4))
 CHANNEL_PACKS = {
     ("forward", False): {"float": (8, 256), "double": (8, 256), "half_t": (8, 256), "bfloat16_t": (8, 256)},
-    ("forward", True): {"float": (8, 256), "double": (8, 256), "half_t": (4, 256), "bfloat16_t": (4, 256)},
+    ("forward", True): {"float": (8, 256), "double": (8, 256), "half_t": (8, 256, 4), "bfloat16_t": (4, 256, 5)},
     ("backward", False): {"float": (8, 512), "double": (8, 256), "half_t": (8, 256), "bfloat16_t": (8, 256)},
     ("backward", True): {"float": (8, 512), "double": (8, 256), "half_t": (8, 256), "bfloat16_t": (8, 256)},
 }
@@ -68,7 +76,9 @@ FAMILY = _kernels.KernelFamily("softmax.cu", [
     *_names([f"softmax_{d}_{m}" for d in _DIRECTIONS for m in ("rows_block", "channels", "columns")],
             _dtypes.CUDA_TYPES),
     *_names([f"softmax_{d}_channels_pairs" for d in _DIRECTIONS], _REGISTER_CHANNEL_TYPES),
-    *_names([f"softmax_{d}_channels_packs" for d in _DIRECTIONS], _dtypes.CUDA_TYPES,
+    *_names(["softmax_forward_channels_packs"], _dtypes.CUDA_TYPES,
+            lambda t: tuple(f", {k}, {b}" for k, b in _FORWARD_PACK_BOUNDS)),
+    *_names(["softmax_backward_channels_packs"], _dtypes.CUDA_TYPES,
             lambda t: tuple(f", {k}" for k in _PACKS_PER_THREAD)),
     *_names(["softmax_forward_channels_registers"], _REGISTER_CHANNEL_TYPES),
     *_names([f"softmax_{d}_rows_registers" for d in _DIRECTIONS], _dtypes.CUDA_TYPES,
@@ -164,7 +174,16 @@ def _plan(direction, log, shape, axis, dtype, aligned):
         # CY rows of threads (the fewest >= 8 that hold n in K packs each, with
         # TW = threads / CY >= _MIN_PACK_WIDTH threads of VEC positions along
         # inner), TW then narrowed (CY grows) while half the tile covers inner.
-        packs, threads = packs_table[ctype]
+        packs, threads, *bound = packs_table[ctype]
+        blocks_per_sm = bound[0] if bound else 1
+        if direction == "forward":
+            if (packs, blocks_per_sm) not in _FORWARD_PACK_BOUNDS or (blocks_per_sm > 1 and threads != 256):
+                raise ValueError(f"CHANNEL_PACKS: no forward kernel ({packs}, {threads}, {blocks_per_sm})")
+            template_k = f"{packs}, {blocks_per_sm}"
+        elif blocks_per_sm != 1:
+            raise ValueError(f"CHANNEL_PACKS: the backward kernel has no launch bound ({blocks_per_sm})")
+        else:
+            template_k = f"{packs}"
         rows_of_threads = 8
         while rows_of_threads * packs < n and rows_of_threads * _MIN_PACK_WIDTH < threads:
             rows_of_threads *= 2
@@ -174,7 +193,7 @@ def _plan(direction, log, shape, axis, dtype, aligned):
                 width //= 2
             tiles_per_outer = _kernels.ceil_div(inner, width * vec)
             grid = min(outer * tiles_per_outer, _MAX_BLOCKS)
-            return (f"softmax_{direction}_channels_packs<{template}, {packs}>", (grid,),
+            return (f"softmax_{direction}_channels_packs<{template}, {template_k}>", (grid,),
                     (width, threads // width),
                     (itype(outer), itype(n), itype(inner), itype(tiles_per_outer)), 0)
     if CHANNEL_PAIRS[direction] and ctype in _REGISTER_CHANNEL_TYPES and inner % 2 == 0 and aligned:

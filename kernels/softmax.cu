@@ -618,6 +618,7 @@ __global__ void __launch_bounds__(256) softmax_forward_channels_registers(const 
 // double forward keep exp(x - max) in place of x (one exp a value); the
 // 16-bit types recompute it with ex2.approx (a 16-bit pack would round it).
 #define CHANNEL_PACK_THREADS 512  // the most threads of a *_channels_packs block
+#define CHANNEL_PACK_BOUNDED_THREADS 256  // the forward's block when MINB > 1 blocks must share an SM
 
 // Reduce VEC values per thread over the CY threads of its tile column (same
 // tx): a butterfly over the lanes of a warp with the same tx (every lane gets
@@ -651,11 +652,10 @@ template <typename A, int VEC, bool MAX> __device__ __forceinline__ void column_
     }
 }
 
-template <typename T, typename index_t, bool LOG, int K>
-__global__ void __launch_bounds__(CHANNEL_PACK_THREADS) softmax_forward_channels_packs(const T* __restrict__ x,
-                                                                                 T* __restrict__ y, index_t outer,
-                                                                                 index_t n, index_t inner,
-                                                                                 index_t tiles_per_outer) {
+template <typename T, typename index_t, bool LOG, int K, int MINB>
+__global__ void __launch_bounds__(MINB > 1 ? CHANNEL_PACK_BOUNDED_THREADS : CHANNEL_PACK_THREADS, MINB > 1 ? MINB : 0)
+    softmax_forward_channels_packs(const T* __restrict__ x, T* __restrict__ y, index_t outer, index_t n,
+                                   index_t inner, index_t tiles_per_outer) {
     typedef acc_t<T> A;
     constexpr int VEC = pack_width<T>::value;
     constexpr bool KEEP_EXP = sizeof(T) == sizeof(A);  // float, double: the pack holds A values

@@ -142,11 +142,13 @@ def fresh_fast_table():
 
 
 def use_packs(monkeypatch, shape):
-    """Every (direction, log) and dtype takes *_channels_packs with this (K, threads),
-    or (shape None) none does."""
+    """Every (direction, log) and dtype takes *_channels_packs with this (K, threads[,
+    forward blocks an SM]; the backward gets (K, threads)), or (shape None) none does."""
     from dnnprims import softmaxes
-    table = {t: shape for t in ("float", "double", "half_t", "bfloat16_t")} if shape else {}
-    monkeypatch.setattr(softmaxes, "CHANNEL_PACKS", {key: table for key in softmaxes.CHANNEL_PACKS})
+    types = ("float", "double", "half_t", "bfloat16_t")
+    monkeypatch.setattr(softmaxes, "CHANNEL_PACKS", {
+        key: ({t: (shape if key[0] == "forward" else shape[:2]) for t in types} if shape else {})
+        for key in softmaxes.CHANNEL_PACKS})
     monkeypatch.setattr(softmaxes, "_PLANS", {})
 
 
@@ -175,15 +177,32 @@ PACK_CASES = [((3, 512, 24), 1), ((2, 513, 8), 1), ((2, 300, 16), 1), ((3, 5, 8)
               ((2, 33, 136), 1), ((2, 3, 64, 4, 2), 2)]
 
 
-@pytest.mark.parametrize("pack_shape", [(8, 256), (8, 512), (4, 256), (4, 512)])
+@pytest.mark.parametrize("pack_shape", [(8, 256), (8, 512), (4, 256), (4, 512), (8, 256, 4), (4, 256, 5)])
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 @pytest.mark.parametrize("shape,axis", PACK_CASES, ids=[f"{s}-axis{a}" for s, a in PACK_CASES])
 def test_channel_packs_shapes(xp, rng, monkeypatch, fresh_fast_table, pack_shape, dtype, shape, axis):
-    """*_channels_packs with 4 or 8 packs a thread and 256 or 512 threads a block
-    (axis up to the capacity and one past it, narrow and partial tiles), forward
-    and backward against the float64 reference."""
+    """*_channels_packs with 4 or 8 packs a thread and 256 or 512 threads a block,
+    and the forward with registers capped for 4 or 5 blocks an SM (axis up to the
+    capacity and one past it, narrow and partial tiles), forward and backward
+    against the float64 reference."""
     use_packs(monkeypatch, pack_shape)
     check_four_ops(xp, rng, dtype, shape, axis)
+
+
+def test_channel_packs_table_names_declared_kernels(monkeypatch):
+    """Every CHANNEL_PACKS entry plans a kernel the family declares (CI compiles those),
+    and an entry without a kernel (a launch bound on 512 threads or on the backward) is
+    refused instead of launched."""
+    from dnnprims import _dtypes, softmaxes
+    for (direction, log), table in softmaxes.CHANNEL_PACKS.items():
+        for dtype in _dtypes.SUPPORTED:
+            if _dtypes.cuda_type(dtype) in table:
+                expr = softmaxes._plan(direction, log, (2, 256, 64), 1, dtype, True)[0]
+                assert "channels_packs" in expr and expr in softmaxes.FAMILY.name_expressions, expr
+    for direction, entry in (("forward", (8, 512, 4)), ("forward", (8, 256, 5)), ("backward", (8, 256, 4))):
+        monkeypatch.setattr(softmaxes, "CHANNEL_PACKS", {key: {"float": entry} for key in softmaxes.CHANNEL_PACKS})
+        with pytest.raises(ValueError, match="CHANNEL_PACKS"):
+            softmaxes._plan(direction, False, (2, 256, 64), 1, np.float32, True)
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
