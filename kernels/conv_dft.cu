@@ -46,18 +46,23 @@ __global__ void dft_transpose(const T* __restrict__ in, T* __restrict__ out, ind
 // dft_rows_forward: out[(r, v), (nb, c)] = sum_col a[nb, c, r, col] * (dw[col, 2v]
 // + i dw[col, 2v + 1]) -- the real W-axis DFT of every image row, written straight
 // in the (Hi, h, NB, J) complex layout the H-axis GEMM reads.
-// Block: one image row r (grid.y) of one sample nb (grid.z) for 64 channels
-// (grid.x); 256 threads = 8 warps x 32 lanes; lane l owns channels c0 + l and
-// c0 + 32 + l (so a warp's writes are 32 consecutive complex values), warp w
-// the frequencies v0 = 4 w + 32 k .. v0 + 3.  (Helper dft7 tried ceil(h / 4)
-// warps, up to 16, with __launch_bounds__(512) and division-free staging: 0.084 ms
-// against 0.055 on big_7x7_s1 on the H100, most likely the 128-register cap of
-// the 512-thread bound; reverted.)  Shared memory: the DFT matrix
-// (Wi x dpitch, dpitch = 2 * round_up(h, 4), zero-filled past 2h, so four
-// frequencies are two aligned 16-byte loads, broadcast to the warp) and the 64
-// image rows (64 x xpitch, xpitch = Wi | 1: odd, so the lanes' column reads
-// hit distinct banks).  Per column a thread does 2 row loads + 2 vector loads
-// for 16 FMAs.
+// Block: R image rows r0 = R blockIdx.y .. + R - 1 (template R, 1 or 2) of one sample nb
+// (grid.z) for 64 channels (grid.x); 256 threads = 8 warps x 32 lanes; lane l owns
+// channels c0 + l and c0 + 32 + l of each row (so a warp's writes are 32 consecutive
+// complex values), warp w the frequencies v0 = 4 g .. v0 + 3 of the groups g = w,
+// w + 8, ..  A thread keeps R x 2 x 4 complex sums.  The DFT matrix (Wi x dpitch,
+// dpitch = 2 * round_up(h, 4), zero-filled past 2h, so four frequencies are two
+// aligned 16-byte loads, broadcast to the warp) is either staged in shared memory
+// (L1 false) or read from a zero-padded copy in global memory through L1 (L1 true:
+// one copy an SM serves all its blocks; helper dft7b).  Shared memory: the R 64
+// image rows (R 64 x xpitch, xpitch = Wi | 1: odd, so the lanes' column reads hit
+// distinct banks), after the matrix when it is staged.  Per column a thread does
+// 2 R row loads + 2 vector loads for 16 R FMAs.  Staging has no divisions and 8
+// independent loads in flight a thread.  (Helper dft7 tried ceil(h / 4) warps, up
+// to 16, with __launch_bounds__(512): 0.084 ms against 0.055 on big_7x7_s1 on the
+// H100, most likely the 128-register cap of the 512-thread bound; reverted.
+// Helper dft7b: R = 2 with the matrix staged, 43.5 KB a block, measured 0.068 ms
+// against 0.061 for R = 1.)
 template <typename T>
 __device__ __forceinline__ void dft_load4(const T* p, T (&r)[4]);
 template <>
@@ -84,18 +89,19 @@ struct dft_vec2<double> {
     typedef double2 type;
 };
 
-template <typename T, typename index_t, int R>
+template <typename T, typename index_t, int R, bool L1>
 __global__ void __launch_bounds__(256) dft_rows_forward(const T* __restrict__ a, const T* __restrict__ dw,
                                                         T* __restrict__ out, int NB, int J, int Hi, int Wi,
                                                         int h, int dpitch, int xpitch) {
     typedef typename dft_vec2<T>::type V;
     extern __shared__ __align__(16) unsigned char dft_smem[];
-    T* dws = reinterpret_cast<T*>(dft_smem);           // Wi x dpitch
-    T* xs = dws + Wi * dpitch;                          // R 64 x xpitch: (rr, cc) -> (64 rr + cc) xpitch
+    T* dws = reinterpret_cast<T*>(dft_smem);           // Wi x dpitch (not with L1)
+    T* xs = L1 ? dws : dws + Wi * dpitch;               // R 64 x xpitch: (rr, cc) -> (64 rr + cc) xpitch
+    const T* dm = L1 ? dw : dws;                        // the DFT matrix, Wi x dpitch
     const int c0 = blockIdx.x * 64, r0 = blockIdx.y * R, nb = blockIdx.z;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     // Staging without divisions, 8 independent loads in flight a thread before their stores.
-    for (int k0 = 0; k0 < dpitch; k0 += 32) {
+    for (int k0 = 0; k0 < (L1 ? 0 : dpitch); k0 += 32) {
         const int k = k0 + lane;
         for (int col0 = warp; col0 < Wi; col0 += 64) {
             T val[8];
@@ -145,8 +151,8 @@ __global__ void __launch_bounds__(256) dft_rows_forward(const T* __restrict__ a,
         const T* xl = xs + lane * xpitch;
         for (int col = 0; col < Wi; ++col) {
             T d0[4], d1[4];
-            dft_load4(dws + col * dpitch + 2 * v0, d0);
-            dft_load4(dws + col * dpitch + 2 * v0 + 4, d1);
+            dft_load4(dm + col * dpitch + 2 * v0, d0);
+            dft_load4(dm + col * dpitch + 2 * v0 + 4, d1);
 #pragma unroll
             for (int rr = 0; rr < R; ++rr)
 #pragma unroll

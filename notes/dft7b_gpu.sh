@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Helper dft7b's GPU run (notes/dft7b.md), from the tree root on the GPU machine.
 #   bash notes/dft7b_gpu.sh 1   # warm conv_dft/conv_fft, bench (all configs), GPU tests of test_conv_dft.py (6 shards)
-#   bash notes/dft7b_gpu.sh 2   # warm, GPU tests of test_conv.py -k dft (6 shards) + $K2 of test_conv_dft.py, shipped bench
+#   bash notes/dft7b_gpu.sh 2   # warm, bench (CONFIGS measured in turn), GPU tests of test_conv_dft.py and
+#                               # test_conv.py -k dft in $NS shards (default 12)
 # Each part under its own timeout; the short table is printed last.
 set -u
 export PYTHONPATH=$PWD CUPY_TF32=0 PYTHONUNBUFFERED=1
@@ -26,26 +27,34 @@ with ProcessPoolExecutor(16, mp_context=multiprocessing.get_context("spawn")) as
         print(line, flush=True)
 print(f"warm {len(items)} names {time.time() - t0:.1f} s")
 PY
-shards() {  # $1: timeout, rest: pytest args; 6 shards side by side
+NS=${NS:-6}
+shards() {  # $1: timeout, rest: pytest args; $NS shards side by side
     local t=$1; shift
-    for i in 0 1 2 3 4 5; do
-        DNNPRIMS_TEST_SHARD="$i/6" timeout "$t" python -m pytest -q -m gpu -p no:cacheprovider --tb=short -rf "$@" \
+    for ((i = 0; i < NS; i++)); do
+        DNNPRIMS_TEST_SHARD="$i/$NS" timeout "$t" python -m pytest -q -m gpu -p no:cacheprovider --tb=short -rf "$@" \
             > "$O/tests.$i.log" 2>&1 &
     done
     wait
-    cat "$O"/tests.?.log > "$O/tests.log"
-    grep -E "^(FAILED|ERROR)" "$O/tests.log" | head -30
-    for i in 0 1 2 3 4 5; do echo "shard $i: $(grep -E '[0-9]+ (passed|failed)' "$O/tests.$i.log" | tail -1)"; done
+    cat "$O"/tests.*.log > "$O/all_tests.txt"
+    grep -E "^(FAILED|ERROR)" "$O/all_tests.txt" | head -30
+    for ((i = 0; i < NS; i++)); do echo "shard $i: $(grep -E '[0-9]+ (passed|failed)' "$O/tests.$i.log" | tail -1)"; done
 }
 if [ "$part" = 1 ]; then
     timeout ${T_BENCH:-55} python notes/bench_dft7b.py --repeat 25 --json "$O/bench.json" --table "$O/table.md" \
         2>&1 | tee "$O/bench.log" | grep -v '^{' | tail -60
     shards ${T_TESTS:-60} tests/test_conv_dft.py
 else
-    shards ${T_TESTS:-45} tests/test_conv.py -k "dft"
-    timeout ${T_BENCH:-25} python notes/bench_dft7b.py --repeat 25 --shipped-only --json "$O/bench2.json" \
-        --table "$O/table.md" 2>&1 | tee "$O/bench2.log" | grep -v '^{' | tail -30
+    timeout ${T_BENCH:-28} python notes/bench_dft7b.py --repeat 20 --json "$O/bench2.json" --table "$O/table.md" \
+        2>&1 | tee "$O/bench2.log" | grep -v '^{' | tail -40
+    NS=${NS2:-12}
+    shards ${T_TESTS:-30} tests/test_conv_dft.py tests/test_conv.py -k "dft"
 fi
 echo "== summary (part $part)"
-cat "$O"/tests.?.log | grep -E "[0-9]+ (passed|failed)" | tail -6
+grep -hE "[0-9]+ (passed|failed)" "$O"/tests.*.log | python -c "
+import re, sys
+t = {}
+for line in sys.stdin:
+    for n, w in re.findall(r'(\d+) (passed|failed|errors?|skipped)', line):
+        t[w] = t.get(w, 0) + int(n)
+print('GPU tests, all shards:', t)"
 cat "$O/table.md" 2>/dev/null || echo "bench: no table (timed out?)"

@@ -67,8 +67,8 @@ FILTER_SMAX = (8, 12, 16, 32)
 FAMILY = KernelFamily("conv_dft.cu", [f"{k}<{t}, {i}>"
                                       for k in ("dft_transpose", "dft_rows_inverse", "dft_rows_inverse64")
                                       for t in ("float", "double") for i in ("int", "long long")]
-                      + [f"dft_rows_forward<{t}, {i}, {r}>" for t in ("float", "double")
-                         for i in ("int", "long long") for r in (1, 2)]
+                      + [f"dft_rows_forward<{t}, {i}, {r}, {l}>" for t in ("float", "double")
+                         for i in ("int", "long long") for r, l in ((1, "false"), (1, "true"), (2, "true"))]
                       + [f"dft_filter_spectrum<{t}, {i}, {m}>" for t in ("float", "double")
                          for i in ("int", "long long") for m in FILTER_SMAX])
 
@@ -105,12 +105,17 @@ FUSED_FILTER_MIN_TAPS = 64
 # smaller batched GEMMs lose more than L2 gives back), so it is off.
 FILTER_CHUNK_BYTES = 0
 # Helper dft7b (notes/dft7b.md): dft_rows_forward takes ROWS_FORWARD image rows a block
-# (2: the DFT matrix staged once for both, 4 row loads + 2 broadcast loads of the
-# matrix for 32 FMAs, against 2 + 2 for 16) where its shared memory fits, else 1;
+# (2: 4 row loads + 2 broadcast loads of the matrix for 32 FMAs, against 2 + 2 for 16;
+# with the matrix staged in shared memory it measured slower, 0.068 vs 0.061 ms on
+# big_7x7_s1, so 2 rows are only offered with ROWS_FORWARD_L1) where it fits, else 1;
 # INVERSE_B64: dft_rows_inverse64 (64 b a block, 8 consecutive b a warp: broadcast
 # 16-byte loads of y) where it fits, else dft_rows_inverse.
 ROWS_FORWARD = 2
 INVERSE_B64 = True
+# ROWS_FORWARD_L1: dft_rows_forward reads the (zero-padded) DFT matrix through L1
+# (uniform 16-byte loads, one copy an SM for all its blocks) instead of staging it in
+# every block's shared memory (14 KB a block on big_7x7_s1, as much as its x rows).
+ROWS_FORWARD_L1 = True
 _SMEM_LIMIT = 48 * 1024
 
 SUPPORTED_DTYPES = _fft.SUPPORTED_DTYPES   # the same spectra, the same dtypes
@@ -195,6 +200,16 @@ def _inverse_w(n_out, T1, scale):
 class _Setup:
     """The transform matrices of one (device, geometry, batch, dtype, direction)."""
 
+    def padded(self, xp, DW, dpitch):
+        """DW (Wi, 2 h) with zero columns up to dpitch (dft_rows_forward reads it
+        through L1 as aligned 16-byte vectors of 4 frequencies), made once."""
+        hit = self._padded.get(id(DW))
+        if hit is None or hit[0] is not DW or hit[1].shape[1] != dpitch:
+            pad = xp.zeros((DW.shape[0], dpitch), dtype=DW.dtype)
+            pad[:, :DW.shape[1]] = DW
+            hit = self._padded[id(DW)] = (DW, pad)
+        return hit[1]
+
     def __init__(self, xp, g, N, dtype, direction):
         self.dtype = np.dtype(dtype)
         self.cdtype = np.result_type(self.dtype, np.complex64)
@@ -219,7 +234,9 @@ class _Setup:
                         N * J * g.size_in[0] * g.size_in[1], N * Ko * g.out[0] * g.out[1])
         ct = _dtypes.cuda_type(self.dtype)
         self.transpose = f"dft_transpose<{ct}, {it}>"
-        self.rows_forward = {r: f"dft_rows_forward<{ct}, {it}, {r}>" for r in (1, 2)}
+        self.rows_forward = {(r, l): f"dft_rows_forward<{ct}, {it}, {r}, {'true' if l else 'false'}>"
+                             for r, l in ((1, False), (1, True), (2, True))}
+        self._padded = {}
         self.rows_inverse = f"dft_rows_inverse<{ct}, {it}>"
         self.rows_inverse64 = f"dft_rows_inverse64<{ct}, {it}>"
         smax = next((m for m in FILTER_SMAX if g.extent[1] <= m), None)
@@ -261,8 +278,9 @@ def _spectra(xp, st, a, DW, DH):
     if launch is not None:
         rows, dpitch, xpitch, smem = launch
         A1t = xp.empty((Hi * h, NB * J), dtype=st.cdtype)
-        FAMILY.launch(st.rows_forward[rows], (ceil_div(J, 64), ceil_div(Hi, rows), NB), (256,),
-                      (a, DW, A1t, np.int32(NB), np.int32(J), np.int32(Hi), np.int32(Wi), np.int32(h),
+        FAMILY.launch(st.rows_forward[rows, ROWS_FORWARD_L1], (ceil_div(J, 64), ceil_div(Hi, rows), NB), (256,),
+                      (a, st.padded(xp, DW, dpitch) if ROWS_FORWARD_L1 else DW, A1t, np.int32(NB), np.int32(J),
+                       np.int32(Hi), np.int32(Wi), np.int32(h),
                        np.int32(dpitch), np.int32(xpitch)), shared_mem=smem)
         Z = _cublas.gemm(xp, DH, A1t.reshape(Hi, h * NB * J), xp.empty((T0, h * NB * J), dtype=st.cdtype))
         return Z.reshape(T0 * h, NB, J)
@@ -281,8 +299,8 @@ def rows_forward_launch(Hi, Wi, h, NB, itemsize):
     dpitch, xpitch = 2 * (-(-h // 4) * 4), Wi | 1
     if NB > 65535:
         return None
-    for rows in (2, 1):
-        smem = (Wi * dpitch + rows * 64 * xpitch) * itemsize
+    for rows in ((2, 1) if ROWS_FORWARD_L1 else (1,)):   # 2 rows only with the matrix in L1
+        smem = ((0 if ROWS_FORWARD_L1 else Wi * dpitch) + rows * 64 * xpitch) * itemsize
         if rows <= ROWS_FORWARD and smem <= _SMEM_LIMIT and ceil_div(Hi, rows) <= 65535:
             return rows, dpitch, xpitch, smem
     return None
