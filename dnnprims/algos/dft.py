@@ -83,7 +83,8 @@ FAMILY = KernelFamily("conv_dft.cu", [f"{k}<{t}, {i}>"
 # forward 0.553 -> 0.324 ms, notes/wino5.md); dft_rows_inverse reworked by large2;
 # dft_filter_spectrum rewritten twice (large2, then dft7: offset table, 8 loads in
 # flight while staging, SMAX registers, 128 / 64 / 32 pairs a block; 0.178 -> 0.052
-# ms on big_11x11_s1) and on where it measured faster (FUSED_FILTER_MIN_TAPS below).
+# ms on big_11x11_s1) and on where it measured faster (FUSED_FILTER_MIN_TAPS below);
+# dft_rows_inverse64 by dft7b (INVERSE_B64 below).
 # Where a shape does not fit the kernels' shared memory (48 KB) or grid, the
 # cuBLAS path runs whatever the flags say.
 # FUSED_ROWS: dft_rows_forward + dft_rows_inverse; FUSED_FILTER: dft_filter_spectrum ...
@@ -104,18 +105,21 @@ FUSED_FILTER_MIN_TAPS = 64
 # (notes/dft7.md): slower at 8, 16 and 32 MB on big_7x7_s1 and big_11x11_s1 (the
 # smaller batched GEMMs lose more than L2 gives back), so it is off.
 FILTER_CHUNK_BYTES = 0
-# Helper dft7b (notes/dft7b.md): dft_rows_forward takes ROWS_FORWARD image rows a block
-# (2: 4 row loads + 2 broadcast loads of the matrix for 32 FMAs, against 2 + 2 for 16;
-# with the matrix staged in shared memory it measured slower, 0.068 vs 0.061 ms on
-# big_7x7_s1, so 2 rows are only offered with ROWS_FORWARD_L1) where it fits, else 1;
+# Helper dft7b (notes/dft7b.md) measured the W-axis row kernels on the H100 (batch 32,
+# whole calls, each setting in turn with cuDNN, median of 3 rounds).  big_7x7_s1
+# forward / backward data, ms: dft7's kernels 0.313 / 0.314; shipped below 0.297 / 0.299
+# (cuDNN 0.306 / 0.310); matrix through L1, 1 row 0.318 / 0.316, 2 rows 0.316 / 0.315.
 # INVERSE_B64: dft_rows_inverse64 (64 b a block, 8 consecutive b a warp: broadcast
-# 16-byte loads of y) where it fits, else dft_rows_inverse.
-ROWS_FORWARD = 2
+# 16-byte loads of y; stage 0.058 -> 0.043 ms on big_7x7_s1, 0.041 -> 0.031 on 11x11)
+# where it fits, else dft_rows_inverse.
+# ROWS_FORWARD: image rows a dft_rows_forward block (2: 4 row loads + 2 broadcast
+# loads of the matrix for 32 FMAs instead of 2 + 2 for 16, but fewer, fatter blocks:
+# 0.068 against 0.061 ms with the matrix staged, so 2 rows are only offered with L1).
+# ROWS_FORWARD_L1: the DFT matrix read through L1 from a zero-padded copy instead of
+# staged in every block's shared memory (slower, above).  Both off; the code stays, tested.
+ROWS_FORWARD = 1
+ROWS_FORWARD_L1 = False
 INVERSE_B64 = True
-# ROWS_FORWARD_L1: dft_rows_forward reads the (zero-padded) DFT matrix through L1
-# (uniform 16-byte loads, one copy an SM for all its blocks) instead of staging it in
-# every block's shared memory (14 KB a block on big_7x7_s1, as much as its x rows).
-ROWS_FORWARD_L1 = True
 _SMEM_LIMIT = 48 * 1024
 
 SUPPORTED_DTYPES = _fft.SUPPORTED_DTYPES   # the same spectra, the same dtypes
