@@ -46,18 +46,23 @@ __global__ void dft_transpose(const T* __restrict__ in, T* __restrict__ out, ind
 // dft_rows_forward: out[(r, v), (nb, c)] = sum_col a[nb, c, r, col] * (dw[col, 2v]
 // + i dw[col, 2v + 1]) -- the real W-axis DFT of every image row, written straight
 // in the (Hi, h, NB, J) complex layout the H-axis GEMM reads.
-// Block: one image row r (grid.y) of one sample nb (grid.z) for 64 channels
-// (grid.x); 256 threads = 8 warps x 32 lanes; lane l owns channels c0 + l and
-// c0 + 32 + l (so a warp's writes are 32 consecutive complex values), warp w
-// the frequencies v0 = 4 w + 32 k .. v0 + 3.  (Helper dft7 tried ceil(h / 4)
-// warps, up to 16, with __launch_bounds__(512) and division-free staging: 0.084 ms
-// against 0.055 on big_7x7_s1 on the H100, most likely the 128-register cap of
-// the 512-thread bound; reverted.)  Shared memory: the DFT matrix
-// (Wi x dpitch, dpitch = 2 * round_up(h, 4), zero-filled past 2h, so four
-// frequencies are two aligned 16-byte loads, broadcast to the warp) and the 64
-// image rows (64 x xpitch, xpitch = Wi | 1: odd, so the lanes' column reads
-// hit distinct banks).  Per column a thread does 2 row loads + 2 vector loads
-// for 16 FMAs.
+// Block: R image rows r0 = R blockIdx.y .. + R - 1 (template R, 1 or 2) of one sample nb
+// (grid.z) for 64 channels (grid.x); 256 threads = 8 warps x 32 lanes; lane l owns
+// channels c0 + l and c0 + 32 + l of each row (so a warp's writes are 32 consecutive
+// complex values), warp w the frequencies v0 = 4 g .. v0 + 3 of the groups g = w,
+// w + 8, ..  A thread keeps R x 2 x 4 complex sums.  The DFT matrix (Wi x dpitch,
+// dpitch = 2 * round_up(h, 4), zero-filled past 2h, so four frequencies are two
+// aligned 16-byte loads, broadcast to the warp) is either staged in shared memory
+// (L1 false) or read from a zero-padded copy in global memory through L1 (L1 true:
+// one copy an SM serves all its blocks; helper dft7b).  Shared memory: the R 64
+// image rows (R 64 x xpitch, xpitch = Wi | 1: odd, so the lanes' column reads hit
+// distinct banks), after the matrix when it is staged.  Per column a thread does
+// 2 R row loads + 2 vector loads for 16 R FMAs.  Staging has no divisions and 8
+// independent loads in flight a thread.  (Helper dft7 tried ceil(h / 4) warps, up
+// to 16, with __launch_bounds__(512): 0.084 ms against 0.055 on big_7x7_s1 on the
+// H100, most likely the 128-register cap of the 512-thread bound; reverted.
+// Helper dft7b: R = 2 with the matrix staged, 43.5 KB a block, measured 0.068 ms
+// against 0.061 for R = 1.)
 template <typename T>
 __device__ __forceinline__ void dft_load4(const T* p, T (&r)[4]);
 template <>
@@ -84,54 +89,99 @@ struct dft_vec2<double> {
     typedef double2 type;
 };
 
-template <typename T, typename index_t>
+template <typename T, typename index_t, int R, bool L1>
 __global__ void __launch_bounds__(256) dft_rows_forward(const T* __restrict__ a, const T* __restrict__ dw,
                                                         T* __restrict__ out, int NB, int J, int Hi, int Wi,
                                                         int h, int dpitch, int xpitch) {
     typedef typename dft_vec2<T>::type V;
     extern __shared__ __align__(16) unsigned char dft_smem[];
-    T* dws = reinterpret_cast<T*>(dft_smem);           // Wi x dpitch
-    T* xs = dws + Wi * dpitch;                          // 64 x xpitch
-    const int c0 = blockIdx.x * 64, r = blockIdx.y, nb = blockIdx.z;
-    const int tid = threadIdx.x;
-    for (int i = tid; i < Wi * dpitch; i += 256) {
-        const int col = i / dpitch, k = i - col * dpitch;
-        dws[i] = k < 2 * h ? dw[col * 2 * h + k] : T(0);
+    T* dws = reinterpret_cast<T*>(dft_smem);           // Wi x dpitch (not with L1)
+    T* xs = L1 ? dws : dws + Wi * dpitch;               // R 64 x xpitch: (rr, cc) -> (64 rr + cc) xpitch
+    const T* dm = L1 ? dw : dws;                        // the DFT matrix, Wi x dpitch
+    const int c0 = blockIdx.x * 64, r0 = blockIdx.y * R, nb = blockIdx.z;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    // Staging without divisions, 8 independent loads in flight a thread before their stores.
+    for (int k0 = 0; k0 < (L1 ? 0 : dpitch); k0 += 32) {
+        const int k = k0 + lane;
+        for (int col0 = warp; col0 < Wi; col0 += 64) {
+            T val[8];
+#pragma unroll
+            for (int q = 0; q < 8; ++q) {
+                const int col = col0 + 8 * q;
+                val[q] = (col < Wi && k < 2 * h) ? dw[col * 2 * h + k] : T(0);
+            }
+#pragma unroll
+            for (int q = 0; q < 8; ++q) {
+                const int col = col0 + 8 * q;
+                if (col < Wi && k < dpitch) dws[col * dpitch + k] = val[q];
+            }
+        }
     }
-    for (int i = tid; i < 64 * Wi; i += 256) {
-        const int cc = i / Wi, col = i - cc * Wi, c = c0 + cc;
-        xs[cc * xpitch + col] = c < J ? a[(((index_t)nb * J + c) * Hi + r) * Wi + col] : T(0);
+    for (int col0 = 0; col0 < Wi; col0 += 32) {
+        const int col = col0 + lane;
+        for (int row0 = warp; row0 < 64 * R; row0 += 64) {
+            T val[8];
+#pragma unroll
+            for (int q = 0; q < 8; ++q) {
+                const int row = row0 + 8 * q, rr = row >> 6, c = c0 + (row & 63), r = r0 + rr;
+                val[q] = (row < 64 * R && col < Wi && c < J && r < Hi)
+                             ? a[(((index_t)nb * J + c) * Hi + r) * Wi + col] : T(0);
+            }
+#pragma unroll
+            for (int q = 0; q < 8; ++q) {
+                const int row = row0 + 8 * q;
+                if (row < 64 * R && col < Wi) xs[row * xpitch + col] = val[q];
+            }
+        }
     }
     __syncthreads();
-    const int lane = tid & 31, warp = tid >> 5;
-    for (int v0 = 4 * warp; v0 < h; v0 += 32) {
-        T re0[4] = {0, 0, 0, 0}, im0[4] = {0, 0, 0, 0}, re1[4] = {0, 0, 0, 0}, im1[4] = {0, 0, 0, 0};
+    const int groups = (h + 3) >> 2;
+    for (int grp = warp; grp < groups; grp += 8) {
+        const int v0 = 4 * grp;
+        T re[R][2][4], im[R][2][4];
+#pragma unroll
+        for (int rr = 0; rr < R; ++rr)
+#pragma unroll
+            for (int half = 0; half < 2; ++half)
+#pragma unroll
+                for (int u = 0; u < 4; ++u) {
+                    re[rr][half][u] = T(0);
+                    im[rr][half][u] = T(0);
+                }
+        const T* xl = xs + lane * xpitch;
         for (int col = 0; col < Wi; ++col) {
-            const T x0 = xs[lane * xpitch + col], x1 = xs[(lane + 32) * xpitch + col];
             T d0[4], d1[4];
-            dft_load4(dws + col * dpitch + 2 * v0, d0);
-            dft_load4(dws + col * dpitch + 2 * v0 + 4, d1);
-            re0[0] += x0 * d0[0]; im0[0] += x0 * d0[1]; re0[1] += x0 * d0[2]; im0[1] += x0 * d0[3];
-            re0[2] += x0 * d1[0]; im0[2] += x0 * d1[1]; re0[3] += x0 * d1[2]; im0[3] += x0 * d1[3];
-            re1[0] += x1 * d0[0]; im1[0] += x1 * d0[1]; re1[1] += x1 * d0[2]; im1[1] += x1 * d0[3];
-            re1[2] += x1 * d1[0]; im1[2] += x1 * d1[1]; re1[3] += x1 * d1[2]; im1[3] += x1 * d1[3];
+            dft_load4(dm + col * dpitch + 2 * v0, d0);
+            dft_load4(dm + col * dpitch + 2 * v0 + 4, d1);
+#pragma unroll
+            for (int rr = 0; rr < R; ++rr)
+#pragma unroll
+                for (int half = 0; half < 2; ++half) {
+                    const T x = xl[(64 * rr + 32 * half) * xpitch + col];
+                    re[rr][half][0] += x * d0[0]; im[rr][half][0] += x * d0[1];
+                    re[rr][half][1] += x * d0[2]; im[rr][half][1] += x * d0[3];
+                    re[rr][half][2] += x * d1[0]; im[rr][half][2] += x * d1[1];
+                    re[rr][half][3] += x * d1[2]; im[rr][half][3] += x * d1[3];
+                }
         }
 #pragma unroll
-        for (int u = 0; u < 4; ++u) {
-            const int v = v0 + u;
-            const index_t base = (((index_t)r * h + v) * NB + nb) * J;
-            V* o = reinterpret_cast<V*>(out) + base + c0 + lane;   // one 2-vector store a value
-            if (v < h && c0 + lane < J) {
-                V val;
-                val.x = re0[u];
-                val.y = im0[u];
-                o[0] = val;
-            }
-            if (v < h && c0 + 32 + lane < J) {
-                V val;
-                val.x = re1[u];
-                val.y = im1[u];
-                o[32] = val;
+        for (int rr = 0; rr < R; ++rr) {
+            const int r = r0 + rr;
+            if (r >= Hi) continue;
+#pragma unroll
+            for (int u = 0; u < 4; ++u) {
+                const int v = v0 + u;
+                if (v >= h) continue;
+                V* o = reinterpret_cast<V*>(out) + (((index_t)r * h + v) * NB + nb) * J + c0 + lane;
+#pragma unroll
+                for (int half = 0; half < 2; ++half) {
+                    if (c0 + 32 * half + lane < J) {
+                        V val;
+                        val.x = re[rr][half][u];
+                        val.y = im[rr][half][u];
+                        o[32 * half] = val;   // one 2-vector store a value, 32 consecutive a warp
+                    }
+                }
             }
         }
     }
@@ -194,6 +244,116 @@ __global__ void __launch_bounds__(256) dft_rows_inverse(const T* __restrict__ y,
 #pragma unroll
         for (int u = 0; u < 4; ++u) {
             const int b = b0 + warp + 8 * u;
+            if (b < B) {
+                T* row = out + ((index_t)b * n0 + p) * n1;
+                if (qa < n1) row[qa] = acc_a[u];
+                if (qb < n1) row[qb] = acc_b[u];
+            }
+        }
+    }
+}
+
+// dft_rows_inverse64 (helper dft7b): the same map as dft_rows_inverse with 64
+// consecutive b a block and 8 consecutive b a warp (b = b0 + 8 w + 0..7), so a
+// thread keeps 8 x 2 sums and reads the warp's 8 values of y as four broadcast
+// 16-byte loads (float; eight 16-byte loads for double): per frequency 2 + 2
+// wavefronts of dwi (q, q + 32) and 4 of y for 32 FMAs, against 8 for 16 in
+// dft_rows_inverse (dft7: that kernel is bound by the shared-memory pipe).  The
+// staging of dwi (as many bytes as the block's y on big_7x7_s1) is paid once for
+// 64 b instead of 32.  Shared memory: y as h x 64 complex ((v, bb) -> 64 v + bb),
+// then dwi as h x n1 pairs.  H100 stage times: 0.043 against 0.058 ms on big_7x7_s1,
+// 0.031 against 0.041 on big_11x11_s1 (notes/dft7b.md).
+template <typename T>
+__device__ __forceinline__ void dft_load_pair(const typename dft_vec2<T>::type* p, typename dft_vec2<T>::type& a,
+                                              typename dft_vec2<T>::type& b);
+template <>
+__device__ __forceinline__ void dft_load_pair<float>(const float2* p, float2& a, float2& b) {
+    const float4 v = *reinterpret_cast<const float4*>(p);
+    a.x = v.x; a.y = v.y; b.x = v.z; b.y = v.w;
+}
+template <>
+__device__ __forceinline__ void dft_load_pair<double>(const double2* p, double2& a, double2& b) {
+    a = p[0];
+    b = p[1];
+}
+
+template <typename T, typename index_t>
+__global__ void __launch_bounds__(256) dft_rows_inverse64(const T* __restrict__ y, const T* __restrict__ dwi,
+                                                          T* __restrict__ out, int B, int n0, int n1, int h) {
+    typedef typename dft_vec2<T>::type V;
+    extern __shared__ __align__(16) unsigned char dft_smem[];
+    V* ys = reinterpret_cast<V*>(dft_smem);            // h x 64: (v, bb) -> v * 64 + bb
+    V* ds = ys + 64 * h;                                // h x n1: (v, q) -> v * n1 + q
+    const V* yv = reinterpret_cast<const V*>(y);
+    const int b0 = blockIdx.x * 64, p = blockIdx.y;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    for (int i0 = tid; i0 < 64 * h; i0 += 256 * 4) {   // 4 independent loads in flight a thread
+        V val[4];
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+            const int i = i0 + 256 * q, v = i >> 6, b = b0 + (i & 63);
+            val[q].x = T(0);
+            val[q].y = T(0);
+            if (i < 64 * h && b < B) val[q] = yv[((index_t)p * h + v) * B + b];
+        }
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+            const int i = i0 + 256 * q;
+            if (i < 64 * h) ys[i] = val[q];
+        }
+    }
+    for (int q0 = 0; q0 < n1; q0 += 32) {              // a warp a frequency, its lanes along q
+        const int q = q0 + lane;
+        for (int v0 = warp; v0 < h; v0 += 32) {
+            T re[4], im[4];
+#pragma unroll
+            for (int u = 0; u < 4; ++u) {
+                const int v = v0 + 8 * u;
+                re[u] = (v < h && q < n1) ? dwi[(2 * v) * n1 + q] : T(0);
+                im[u] = (v < h && q < n1) ? dwi[(2 * v + 1) * n1 + q] : T(0);
+            }
+#pragma unroll
+            for (int u = 0; u < 4; ++u) {
+                const int v = v0 + 8 * u;
+                if (v < h && q < n1) {
+                    V val;
+                    val.x = re[u];
+                    val.y = im[u];
+                    ds[v * n1 + q] = val;
+                }
+            }
+        }
+    }
+    __syncthreads();
+    for (int q0 = 0; q0 < n1; q0 += 64) {
+        const int qa = q0 + lane, qb = q0 + 32 + lane;
+        const int ca = qa < n1 ? qa : n1 - 1, cb = qb < n1 ? qb : n1 - 1;
+        T acc_a[8], acc_b[8];
+#pragma unroll
+        for (int u = 0; u < 8; ++u) {
+            acc_a[u] = T(0);
+            acc_b[u] = T(0);
+        }
+        const V* yw = ys + 8 * warp;
+        for (int v = 0; v < h; ++v) {
+            const V da = ds[v * n1 + ca], db = ds[v * n1 + cb];
+#pragma unroll
+            for (int u = 0; u < 8; u += 2) {
+                V y0, y1;
+                dft_load_pair<T>(yw + v * 64 + u, y0, y1);
+                acc_a[u] += y0.x * da.x;   // two FMAs a sum (no separate multiply and add)
+                acc_a[u] += y0.y * da.y;
+                acc_b[u] += y0.x * db.x;
+                acc_b[u] += y0.y * db.y;
+                acc_a[u + 1] += y1.x * da.x;
+                acc_a[u + 1] += y1.y * da.y;
+                acc_b[u + 1] += y1.x * db.x;
+                acc_b[u + 1] += y1.y * db.y;
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < 8; ++u) {
+            const int b = b0 + 8 * warp + u;
             if (b < B) {
                 T* row = out + ((index_t)b * n0 + p) * n1;
                 if (qa < n1) row[qa] = acc_a[u];

@@ -65,8 +65,10 @@ from . import fft as _fft
 # smallest of FILTER_SMAX that holds E', sizes them (E' > 32: the cuBLAS path).
 FILTER_SMAX = (8, 12, 16, 32)
 FAMILY = KernelFamily("conv_dft.cu", [f"{k}<{t}, {i}>"
-                                      for k in ("dft_transpose", "dft_rows_forward", "dft_rows_inverse")
+                                      for k in ("dft_transpose", "dft_rows_inverse", "dft_rows_inverse64")
                                       for t in ("float", "double") for i in ("int", "long long")]
+                      + [f"dft_rows_forward<{t}, {i}, {r}, {l}>" for t in ("float", "double")
+                         for i in ("int", "long long") for r, l in ((1, "false"), (1, "true"), (2, "true"))]
                       + [f"dft_filter_spectrum<{t}, {i}, {m}>" for t in ("float", "double")
                          for i in ("int", "long long") for m in FILTER_SMAX])
 
@@ -81,7 +83,8 @@ FAMILY = KernelFamily("conv_dft.cu", [f"{k}<{t}, {i}>"
 # forward 0.553 -> 0.324 ms, notes/wino5.md); dft_rows_inverse reworked by large2;
 # dft_filter_spectrum rewritten twice (large2, then dft7: offset table, 8 loads in
 # flight while staging, SMAX registers, 128 / 64 / 32 pairs a block; 0.178 -> 0.052
-# ms on big_11x11_s1) and on where it measured faster (FUSED_FILTER_MIN_TAPS below).
+# ms on big_11x11_s1) and on where it measured faster (FUSED_FILTER_MIN_TAPS below);
+# dft_rows_inverse64 by dft7b (INVERSE_B64 below).
 # Where a shape does not fit the kernels' shared memory (48 KB) or grid, the
 # cuBLAS path runs whatever the flags say.
 # FUSED_ROWS: dft_rows_forward + dft_rows_inverse; FUSED_FILTER: dft_filter_spectrum ...
@@ -102,6 +105,21 @@ FUSED_FILTER_MIN_TAPS = 64
 # (notes/dft7.md): slower at 8, 16 and 32 MB on big_7x7_s1 and big_11x11_s1 (the
 # smaller batched GEMMs lose more than L2 gives back), so it is off.
 FILTER_CHUNK_BYTES = 0
+# Helper dft7b (notes/dft7b.md) measured the W-axis row kernels on the H100 (batch 32,
+# whole calls, each setting in turn with cuDNN, median of 3 rounds).  big_7x7_s1
+# forward / backward data, ms: dft7's kernels 0.313 / 0.314; shipped below 0.297 / 0.299
+# (cuDNN 0.306 / 0.310); matrix through L1, 1 row 0.318 / 0.316, 2 rows 0.316 / 0.315.
+# INVERSE_B64: dft_rows_inverse64 (64 b a block, 8 consecutive b a warp: broadcast
+# 16-byte loads of y; stage 0.058 -> 0.043 ms on big_7x7_s1, 0.041 -> 0.031 on 11x11)
+# where it fits, else dft_rows_inverse.
+# ROWS_FORWARD: image rows a dft_rows_forward block (2: 4 row loads + 2 broadcast
+# loads of the matrix for 32 FMAs instead of 2 + 2 for 16, but fewer, fatter blocks:
+# 0.068 against 0.061 ms with the matrix staged, so 2 rows are only offered with L1).
+# ROWS_FORWARD_L1: the DFT matrix read through L1 from a zero-padded copy instead of
+# staged in every block's shared memory (slower, above).  Both off; the code stays, tested.
+ROWS_FORWARD = 1
+ROWS_FORWARD_L1 = False
+INVERSE_B64 = True
 _SMEM_LIMIT = 48 * 1024
 
 SUPPORTED_DTYPES = _fft.SUPPORTED_DTYPES   # the same spectra, the same dtypes
@@ -186,6 +204,16 @@ def _inverse_w(n_out, T1, scale):
 class _Setup:
     """The transform matrices of one (device, geometry, batch, dtype, direction)."""
 
+    def padded(self, xp, DW, dpitch):
+        """DW (Wi, 2 h) with zero columns up to dpitch (dft_rows_forward reads it
+        through L1 as aligned 16-byte vectors of 4 frequencies), made once."""
+        hit = self._padded.get(id(DW))
+        if hit is None or hit[0] is not DW or hit[1].shape[1] != dpitch:
+            pad = xp.zeros((DW.shape[0], dpitch), dtype=DW.dtype)
+            pad[:, :DW.shape[1]] = DW
+            hit = self._padded[id(DW)] = (DW, pad)
+        return hit[1]
+
     def __init__(self, xp, g, N, dtype, direction):
         self.dtype = np.dtype(dtype)
         self.cdtype = np.result_type(self.dtype, np.complex64)
@@ -210,8 +238,11 @@ class _Setup:
                         N * J * g.size_in[0] * g.size_in[1], N * Ko * g.out[0] * g.out[1])
         ct = _dtypes.cuda_type(self.dtype)
         self.transpose = f"dft_transpose<{ct}, {it}>"
-        self.rows_forward = f"dft_rows_forward<{ct}, {it}>"
+        self.rows_forward = {(r, l): f"dft_rows_forward<{ct}, {it}, {r}, {'true' if l else 'false'}>"
+                             for r, l in ((1, False), (1, True), (2, True))}
+        self._padded = {}
         self.rows_inverse = f"dft_rows_inverse<{ct}, {it}>"
+        self.rows_inverse64 = f"dft_rows_inverse64<{ct}, {it}>"
         smax = next((m for m in FILTER_SMAX if g.extent[1] <= m), None)
         self.filter_spectrum = None if smax is None else f"dft_filter_spectrum<{ct}, {it}, {smax}>"
         self.filter_complex = f"fft_filter_complex<{ct}, {it}>"
@@ -247,22 +278,48 @@ def _spectra(xp, st, a, DW, DH):
     NB, J, Hi, Wi = a.shape
     h = DW.shape[1] // 2
     T0 = DH.shape[0]
-    if FUSED_ROWS and xp is not np:
-        dpitch, xpitch = 2 * (-(-h // 4) * 4), Wi | 1
-        smem = (Wi * dpitch + 64 * xpitch) * a.itemsize
-        if smem <= _SMEM_LIMIT and Hi <= 65535 and NB <= 65535:
-            A1t = xp.empty((Hi * h, NB * J), dtype=st.cdtype)
-            FAMILY.launch(st.rows_forward, (ceil_div(J, 64), Hi, NB), (256,),
-                          (a, DW, A1t, np.int32(NB), np.int32(J), np.int32(Hi), np.int32(Wi), np.int32(h),
-                           np.int32(dpitch), np.int32(xpitch)), shared_mem=smem)
-            Z = _cublas.gemm(xp, DH, A1t.reshape(Hi, h * NB * J), xp.empty((T0, h * NB * J), dtype=st.cdtype))
-            return Z.reshape(T0 * h, NB, J)
+    launch = rows_forward_launch(Hi, Wi, h, NB, a.itemsize) if FUSED_ROWS and xp is not np else None
+    if launch is not None:
+        rows, dpitch, xpitch, smem = launch
+        A1t = xp.empty((Hi * h, NB * J), dtype=st.cdtype)
+        FAMILY.launch(st.rows_forward[rows, ROWS_FORWARD_L1], (ceil_div(J, 64), ceil_div(Hi, rows), NB), (256,),
+                      (a, st.padded(xp, DW, dpitch) if ROWS_FORWARD_L1 else DW, A1t, np.int32(NB), np.int32(J),
+                       np.int32(Hi), np.int32(Wi), np.int32(h),
+                       np.int32(dpitch), np.int32(xpitch)), shared_mem=smem)
+        Z = _cublas.gemm(xp, DH, A1t.reshape(Hi, h * NB * J), xp.empty((T0, h * NB * J), dtype=st.cdtype))
+        return Z.reshape(T0 * h, NB, J)
     A1 = _cublas.gemm(xp, a.reshape(NB * J * Hi, Wi), DW, xp.empty((NB * J * Hi, 2 * h), dtype=a.dtype))
     A1 = A1.view(st.cdtype)                                                  # (NB J Hi, h)
     A1t = _transpose(xp, st, A1, NB * J, Hi * h)                             # (Hi h, NB J)
     del A1
     Z = _cublas.gemm(xp, DH, A1t.reshape(Hi, h * NB * J), xp.empty((T0, h * NB * J), dtype=st.cdtype))
     return Z.reshape(T0 * h, NB, J)
+
+
+def rows_forward_launch(Hi, Wi, h, NB, itemsize):
+    """(image rows a block, dpitch, xpitch, shared-memory bytes) of dft_rows_forward,
+    or None where its shared memory or grid does not fit (the cuBLAS path): the
+    most rows, up to ROWS_FORWARD, that fit."""
+    dpitch, xpitch = 2 * (-(-h // 4) * 4), Wi | 1
+    if NB > 65535:
+        return None
+    for rows in ((2, 1) if ROWS_FORWARD_L1 else (1,)):   # 2 rows only with the matrix in L1
+        smem = ((0 if ROWS_FORWARD_L1 else Wi * dpitch) + rows * 64 * xpitch) * itemsize
+        if rows <= ROWS_FORWARD and smem <= _SMEM_LIMIT and ceil_div(Hi, rows) <= 65535:
+            return rows, dpitch, xpitch, smem
+    return None
+
+
+def rows_inverse_launch(B, n0, n1, h, itemsize):
+    """(b a block, shared-memory bytes) of dft_rows_inverse64 (64) or
+    dft_rows_inverse (32), or None for the cuBLAS path."""
+    if n0 > 65535:
+        return None
+    for nb in ((64, 32) if INVERSE_B64 else (32,)):
+        smem = (2 * nb * h + 2 * h * n1) * itemsize
+        if smem <= _SMEM_LIMIT:
+            return nb, smem
+    return None
 
 
 def _inverse(xp, st, Y, DHi, DWi, out):
@@ -273,9 +330,10 @@ def _inverse(xp, st, Y, DHi, DWi, out):
     h = F // T0
     n1 = DWi.shape[1]
     Yp = _cublas.gemm(xp, DHi, Y.reshape(T0, h * B), xp.empty((n0, h * B), dtype=st.cdtype))
-    smem = (2 * 32 * h + 2 * h * n1) * out.itemsize
-    if FUSED_ROWS and xp is not np and smem <= _SMEM_LIMIT and n0 <= 65535:
-        FAMILY.launch(st.rows_inverse, (ceil_div(B, 32), n0), (256,),
+    launch = rows_inverse_launch(B, n0, n1, h, out.itemsize) if FUSED_ROWS and xp is not np else None
+    if launch is not None:
+        nb, smem = launch
+        FAMILY.launch(st.rows_inverse64 if nb == 64 else st.rows_inverse, (ceil_div(B, nb), n0), (256,),
                       (Yp, DWi, out, np.int32(B), np.int32(n0), np.int32(n1), np.int32(h)), shared_mem=smem)
         return out
     Ypt = _transpose(xp, st, Yp, n0 * h, B)                                  # (B, n0 h)
