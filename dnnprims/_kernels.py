@@ -205,14 +205,33 @@ def _pack_arguments(template, packed=False, expression=None):
 def kernel_parameters(args, expression=None):
     """(values, params, keep) of one launch: ``params`` is cuLaunchKernel's
     ``kernelParams``, an ``array('Q')`` of one address per argument, each
-    pointing at that argument's value in ``values`` (8-byte slots, see
-    :func:`_pack_arguments`).  All three must stay alive until the launch call
-    returns (the driver copies the values at launch)."""
-    values, offsets, _, slots, keep = _pack_arguments(tuple(args), False, expression)
-    if slots:
-        raise TypeError(f"{expression or 'a launch'} takes arrays, not ARRAY markers")
+    pointing at that argument's 8-byte slot in ``values`` (the layout of
+    :func:`_pack_arguments` without markers: a CuPy array's data pointer, a
+    NumPy scalar's bytes at the slot's start -- the host, like the device, is
+    little-endian).  All three must stay alive until the launch call returns
+    (the driver copies the values at launch).  A per-call path: no copy of
+    the checks of _pack_arguments beyond the type of each argument."""
+    values = array.array("Q", bytes(8 * max(len(args), 1)))
+    keep = []
+    for i, a in enumerate(args):
+        if isinstance(a, _NDARRAY):
+            values[i] = a.data.ptr
+            keep.append(a)
+        elif type(a) in _SCALAR_TYPES:
+            values[i] = _from_bytes(a.tobytes(), "little")
+        else:
+            raise TypeError(f"argument {i} of {expression or 'a launch'} must be a CuPy array or a NumPy "
+                            f"scalar of the kernel's C type, got {type(a).__name__}")
     base = values.buffer_info()[0]
-    return values, array.array("Q", [base + o for o in offsets] or [base]), keep
+    return values, array.array("Q", range(base, base + 8 * max(len(args), 1), 8)), keep
+
+
+_from_bytes = int.from_bytes
+# NumPy scalar types a kernel argument may have (the kinds of _SCALAR_KINDS, at most 8 bytes).
+_SCALAR_TYPES = frozenset(t for t in (np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16,
+                                      np.uint32, np.uint64, np.float16, np.float32, np.float64))
+if sys.byteorder != "little":  # the slots' layout assumes a little-endian host
+    raise ImportError("dnnprims launches kernels from little-endian hosts only")
 
 
 class CooperativeLaunchRefused(RuntimeError):

@@ -196,7 +196,7 @@ def test_kernel_parameters_one_slot_per_argument_in_order_with_exact_types():
     assert got[3] == (-7).to_bytes(4, "little", signed=True)
     assert got[4] == np.float32(0.5).tobytes() and got[5] == np.float64(1e-300).tobytes()
     assert got[6] == (0xfffffffe).to_bytes(4, "little")
-    assert keep == (a, part, arrive)
+    assert tuple(keep) == (a, part, arrive)
     for bad in (3, 2.5, None, _kernels.ARRAY0):
         with pytest.raises(TypeError, match="k<float>"):
             _kernels.kernel_parameters((a, bad), "k<float>")
