@@ -19,6 +19,14 @@ the data pointers of the arrays it is given (:data:`ARRAY0` ... in the
 argument list mark where) and calls ``cuLaunchKernel`` -- about a microsecond
 of Python for any number of arguments.
 
+A kernel that synchronises its whole grid (blocks waiting for each other
+through counters in global memory: batch norm's fused kernels) needs every
+block resident at once.  It is launched with ``cooperative=True``
+(``cuLaunchCooperativeKernel``): the driver guarantees co-residency -- whatever
+else holds SMs: another stream, an MPS client, a smaller partition -- or
+refuses the launch, and :class:`CooperativeLaunchRefused` tells the caller to
+take its multi-launch path; :func:`co_resident_blocks` sizes such a grid.
+
 A fast path also takes its output from an :class:`OutputSlot`, which hands
 the previous output back when the caller has dropped it (no allocation).
 
@@ -92,17 +100,25 @@ class KernelFamily:
         kernel = self._functions[(device, expression)] = module.get_function(expression)
         return kernel
 
-    def launch(self, expression, grid, block, args, shared_mem=0):
-        """Launch on the current device and current CuPy stream."""
+    def launch(self, expression, grid, block, args, shared_mem=0, cooperative=False):
+        """Launch on the current device and current CuPy stream.
+
+        ``cooperative=True``: a kernel with a grid barrier; the driver runs every
+        block at once or raises :class:`CooperativeLaunchRefused` (nothing ran).
+        Its arguments must then be CuPy arrays or NumPy scalars of the kernel's
+        exact C types (:func:`kernel_parameters`)."""
         import cupy
 
         kernel = self._functions.get((cupy.cuda.runtime.getDevice(), expression))
         if kernel is None:
             kernel = self.function(expression)
+        if cooperative:
+            launch_cooperative(kernel.kernel, grid, block, args, shared_mem, expression)
+            return
         # The device's cupy Function: skips RawKernel's per-call device lookup.
         kernel.kernel(grid, block, args, shared_mem=shared_mem)
 
-    def prepare(self, expression, grid, block, args, shared_mem=0):
+    def prepare(self, expression, grid, block, args, shared_mem=0, cooperative=False, fallback=None):
         """A :class:`PreparedLaunch` of one specialisation on the current device.
 
         ``args`` is the kernel's argument list with :data:`ARRAY0`,
@@ -110,7 +126,14 @@ class KernelFamily:
         call's second array; an index may repeat or go unused); every other
         entry is fixed now: a NumPy scalar of the exact C type, or a CuPy array
         that the launch keeps alive (a tap table).  Cache the result per device:
-        it launches on the device it was prepared on."""
+        it launches on the device it was prepared on.
+
+        ``cooperative=True`` returns a :class:`CooperativeLaunch` (a grid
+        barrier kernel); ``fallback(*arrays)`` is what it runs instead when the
+        driver refuses the grid (None: the refusal is raised)."""
+        if cooperative:
+            return CooperativeLaunch(self.function(expression), grid, block, args, shared_mem, expression,
+                                     fallback=fallback)
         return PreparedLaunch(self.function(expression), grid, block, args, shared_mem, expression)
 
 
@@ -129,6 +152,176 @@ class _ArrayArgument:
 ARRAY0, ARRAY1, ARRAY2, ARRAY3, ARRAY4, ARRAY5, ARRAY6, ARRAY7 = (_ArrayArgument(i) for i in range(8))
 
 _SCALAR_KINDS = frozenset("biuf")
+
+
+def _launch_dims(grid, block):
+    """(gx, gy, gz, bx, by, bz): Function.__call__'s normalisation, each at least 1."""
+    grid = tuple(grid) + (1, 1)
+    block = tuple(block) + (1, 1)
+    return tuple(max(1, int(v)) for v in grid[:3] + block[:3])
+
+
+def _pack_arguments(template, packed=False, expression=None):
+    """The bytes of a kernel's arguments: (values, offsets, end, slots, keep).
+
+    Each argument's value goes at ``offsets[i]`` of ``values`` (an
+    ``array('Q')``, whose buffer never moves): its own 8-byte slot
+    (kernelParams), or with ``packed`` the kernel's C parameter layout (each
+    argument at its natural alignment -- pointers 8, a scalar its size).  A CuPy
+    array is its data pointer (kept alive in ``keep``), a NumPy scalar its
+    exact bytes, little-endian (the host and the device both are); an
+    :data:`ARRAY0`-style marker is an empty pointer slot listed in ``slots`` as
+    (item of ``values``, array index).  Anything else -- a Python int or float,
+    None -- is refused: its C type would be a guess."""
+    import cupy
+
+    offsets, end = [], 0
+    for a in template:
+        size = a.dtype.itemsize if isinstance(a, np.generic) else 8
+        offset = -(-end // size) * size if packed else 8 * len(offsets)
+        offsets.append(offset)
+        end = offset + size
+    values = array.array("Q", bytes(8 * max(len(offsets), 1, -(-end // 8))))
+    raw = memoryview(values).cast("B")
+    slots, keep = [], []
+    try:
+        for i, (a, offset) in enumerate(zip(template, offsets)):
+            if isinstance(a, _ArrayArgument):
+                slots.append((offset // 8, a.index))
+            elif isinstance(a, cupy.ndarray):
+                values[offset // 8] = a.data.ptr
+                keep.append(a)
+            elif isinstance(a, np.generic) and a.dtype.kind in _SCALAR_KINDS and a.dtype.itemsize <= 8:
+                raw[offset:offset + a.dtype.itemsize] = a.astype(a.dtype.newbyteorder("<")).tobytes()
+            else:
+                raise TypeError(f"argument {i} of {expression or 'a prepared launch'} must be a CuPy "
+                                f"array, an ARRAY marker or a NumPy scalar of the kernel's C type, "
+                                f"got {type(a).__name__}")
+    finally:
+        raw.release()
+    return values, offsets, end, tuple(slots), tuple(keep)
+
+
+def kernel_parameters(args, expression=None):
+    """(values, params, keep) of one launch: ``params`` is cuLaunchKernel's
+    ``kernelParams``, an ``array('Q')`` of one address per argument, each
+    pointing at that argument's 8-byte slot in ``values`` (the layout of
+    :func:`_pack_arguments` without markers: a CuPy array's data pointer, a
+    NumPy scalar's bytes at the slot's start -- the host, like the device, is
+    little-endian).  All three must stay alive until the launch call returns
+    (the driver copies the values at launch).  A per-call path: no copy of
+    the checks of _pack_arguments beyond the type of each argument."""
+    values = array.array("Q", bytes(8 * max(len(args), 1)))
+    keep = []
+    for i, a in enumerate(args):
+        if isinstance(a, _NDARRAY):
+            values[i] = a.data.ptr
+            keep.append(a)
+        elif type(a) in _SCALAR_TYPES:
+            values[i] = _from_bytes(a.tobytes(), "little")
+        else:
+            raise TypeError(f"argument {i} of {expression or 'a launch'} must be a CuPy array or a NumPy "
+                            f"scalar of the kernel's C type, got {type(a).__name__}")
+    base = values.buffer_info()[0]
+    return values, array.array("Q", range(base, base + 8 * max(len(args), 1), 8)), keep
+
+
+_from_bytes = int.from_bytes
+# NumPy scalar types a kernel argument may have (the kinds of _SCALAR_KINDS, at most 8 bytes).
+_SCALAR_TYPES = frozenset(t for t in (np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16,
+                                      np.uint32, np.uint64, np.float16, np.float32, np.float64))
+if sys.byteorder != "little":  # the slots' layout assumes a little-endian host
+    raise ImportError("dnnprims launches kernels from little-endian hosts only")
+
+
+class CooperativeLaunchRefused(RuntimeError):
+    """The driver would not run a cooperative launch: its grid is more blocks
+    than the device (or this process's share of it) holds at once, or the
+    device has no cooperative launch.  Nothing ran; take the multi-launch path."""
+
+
+# CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE, CUDA_ERROR_NOT_SUPPORTED
+_REFUSALS = frozenset((720, 801))
+cooperative_refusals = 0  # launches refused so far (tests check that a fallback ran)
+
+
+def _cooperative_call(ptr, dims, shared, params_ptr, expression):
+    """cuLaunchCooperativeKernel on the current stream (errors: _cooperative_retry)."""
+    gx, gy, gz, bx, by, bz = dims
+    try:
+        _launch_cooperative_kernel(ptr, gx, gy, gz, bx, by, bz, shared, _current_stream().ptr, params_ptr)
+    except _DriverError as e:
+        _cooperative_retry(e, ptr, dims, shared, params_ptr, expression)
+
+
+def _cooperative_retry(error, ptr, dims, shared, params_ptr, expression):
+    """After a failed cooperative launch: a refusal raises
+    CooperativeLaunchRefused; any other driver error (a thread whose CUDA
+    context is not current yet) makes the current device's context current and
+    launches once more -- a second error is raised as it is (a refusal as
+    CooperativeLaunchRefused)."""
+    global cooperative_refusals
+    for attempt in (0, 1):
+        if getattr(error, "status", None) in _REFUSALS:
+            cooperative_refusals += 1
+            raise CooperativeLaunchRefused(
+                f"cooperative launch of {expression or 'a kernel'} with grid {dims[:3]} refused: {error}")
+        if attempt:
+            raise error
+        _make_context_current()
+        gx, gy, gz, bx, by, bz = dims
+        try:
+            _launch_cooperative_kernel(ptr, gx, gy, gz, bx, by, bz, shared, _current_stream().ptr, params_ptr)
+            return
+        except _DriverError as e:
+            error = e
+
+
+def _make_context_current():
+    import cupy
+
+    device = cupy.cuda.runtime.getDevice()
+    cupy.cuda.runtime.setDevice(device)  # the runtime makes the device's primary context current
+    cupy.cuda.runtime.free(0)
+
+
+def launch_cooperative(function, grid, block, args, shared_mem=0, expression=None):
+    """Launch a cupy ``Function`` (a kernel with a grid barrier) through
+    cuLaunchCooperativeKernel on the current stream: every block resident at
+    once, or :class:`CooperativeLaunchRefused`.  The packed arguments stay
+    referenced here until the driver call returns."""
+    values, params, keep = kernel_parameters(args, expression)
+    _cooperative_call(function.ptr, _launch_dims(grid, block), int(shared_mem), params.buffer_info()[0],
+                      expression)
+    del values, keep
+
+
+_COOPERATIVE = {}  # device -> its SM count, 0 when it has no cooperative launch
+
+
+def co_resident_blocks(function, block_threads, shared_mem=0):
+    """Blocks of a cupy ``Function`` that the current device runs at once
+    (the occupancy API times the SM count): the most a cooperative launch of
+    it can have.  0 when the device has no cooperative launch or the
+    occupancy API fails (the caller then never takes a grid-barrier path)."""
+    try:
+        import cupy
+        from cupy_backends.cuda.api import driver
+
+        runtime = cupy.cuda.runtime
+        device = runtime.getDevice()
+        sms = _COOPERATIVE.get(device)
+        if sms is None:  # 0 without cooperative launch, else the SM count
+            cooperative = runtime.deviceGetAttribute(runtime.cudaDevAttrCooperativeLaunch, device)
+            sms = _COOPERATIVE[device] = int(cooperative and runtime.deviceGetAttribute(
+                runtime.cudaDevAttrMultiProcessorCount, device))
+        if not sms:
+            return 0
+        per_sm = driver.occupancyMaxActiveBlocksPerMultiprocessor(function.ptr, int(block_threads),
+                                                                  int(shared_mem))
+    except Exception:
+        return 0
+    return max(0, int(per_sm)) * int(sms)
 
 
 class PreparedLaunch:
@@ -151,49 +344,19 @@ class PreparedLaunch:
                  "expression")
 
     def __init__(self, kernel, grid, block, args, shared_mem=0, expression=None, packed=False):
-        import cupy
-
         self.expression = expression
         self._kernel = kernel
         self._function = kernel.kernel            # the cupy Function of the current device
         self._ptr = self._function.ptr
-        # Function.__call__'s normalisation: three dimensions, each at least 1.
-        grid = tuple(grid) + (1, 1)
-        block = tuple(block) + (1, 1)
-        self._dims = tuple(max(1, int(v)) for v in grid[:3] + block[:3])
+        self._dims = _launch_dims(grid, block)
         self._shared = int(shared_mem)
         self._template = tuple(args)
-        count = max(len(self._template), 1)
         # Where each argument's bytes go: its own 8-byte slot (kernelParams), or
-        # packed (``packed=True``: the kernel's C parameter layout, each argument
-        # at its natural alignment -- pointers 8, a scalar its size -- passed
+        # packed (``packed=True``: the kernel's C parameter layout, passed
         # through cuLaunchKernel's ``extra`` buffer).  Pointers are 8-aligned
-        # either way, so a call writes them as items of the 'Q' array.
-        offsets, end = [], 0
-        for a in self._template:
-            size = a.dtype.itemsize if isinstance(a, np.generic) else 8
-            offset = -(-end // size) * size if packed else 8 * len(offsets)
-            offsets.append(offset)
-            end = offset + size
-        # array.array: the cheapest item assignment; its buffer never moves (no resizing).
-        self._values = array.array("Q", bytes(8 * max(count, -(-end // 8))))
-        raw = memoryview(self._values).cast("B")
-        slots, keep = [], []
-        for i, (a, offset) in enumerate(zip(self._template, offsets)):
-            if isinstance(a, _ArrayArgument):
-                slots.append((offset // 8, a.index))
-            elif isinstance(a, cupy.ndarray):
-                self._values[offset // 8] = a.data.ptr
-                keep.append(a)
-            elif isinstance(a, np.generic) and a.dtype.kind in _SCALAR_KINDS and a.dtype.itemsize <= 8:
-                raw[offset:offset + a.dtype.itemsize] = a.astype(a.dtype.newbyteorder("<")).tobytes()
-            else:
-                raise TypeError(f"argument {i} of {expression or 'a prepared launch'} must be a CuPy "
-                                f"array, an ARRAY marker or a NumPy scalar of the kernel's C type, "
-                                f"got {type(a).__name__}")
-        raw.release()
-        self._slots = tuple(slots)
-        self._keep = tuple(keep)
+        # either way, so a call writes them as items of the 'Q' array (the
+        # cheapest item assignment; its buffer never moves).
+        self._values, offsets, end, self._slots, self._keep = _pack_arguments(self._template, packed, expression)
         base = self._values.buffer_info()[0]
         if packed:
             # CU_LAUNCH_PARAM_BUFFER_POINTER (1), the buffer, CU_LAUNCH_PARAM_BUFFER_SIZE (2),
@@ -224,8 +387,61 @@ class PreparedLaunch:
             self._lock.release()
 
     def _launch_with_cupy(self, arrays):
-        args = tuple(arrays[a.index] if isinstance(a, _ArrayArgument) else a for a in self._template)
-        self._function(self._dims[:3], self._dims[3:], args, shared_mem=self._shared)
+        self._function(self._dims[:3], self._dims[3:], self._arguments(arrays), shared_mem=self._shared)
+
+    def _arguments(self, arrays):
+        return tuple(arrays[a.index] if isinstance(a, _ArrayArgument) else a for a in self._template)
+
+
+class CooperativeLaunch(PreparedLaunch):
+    """A :class:`PreparedLaunch` of a kernel with a grid barrier, through
+    ``cuLaunchCooperativeKernel``: every block resident at once, or the driver
+    refuses.  On a refusal it runs ``fallback(*arrays)`` (the caller's
+    multi-launch path), and so on every later call (the same grid, kernel and
+    device are refused again); without a fallback the refusal is raised.  A
+    call that finds the slots busy packs its own copy (never CuPy's ordinary
+    launch: that would drop the co-residency guarantee)."""
+
+    __slots__ = ("_fallback", "_refused")
+
+    def __init__(self, kernel, grid, block, args, shared_mem=0, expression=None, fallback=None):
+        super().__init__(kernel, grid, block, args, shared_mem, expression)
+        self._fallback = fallback
+        self._refused = False
+
+    def __call__(self, *arrays):
+        if self._refused:
+            return self._fallback(*arrays)
+        if not self._lock.acquire(False):
+            return self._launch_own_copy(arrays)
+        try:
+            values = self._values
+            for slot, index in self._slots:
+                values[slot] = arrays[index].data.ptr
+            gx, gy, gz, bx, by, bz = self._dims
+            try:
+                _launch_cooperative_kernel(self._ptr, gx, gy, gz, bx, by, bz, self._shared,
+                                           _current_stream().ptr, self._params_ptr)
+            except _DriverError as e:
+                _cooperative_retry(e, self._ptr, self._dims, self._shared, self._params_ptr, self.expression)
+            return None
+        except CooperativeLaunchRefused:
+            if self._fallback is None:
+                raise
+            self._refused = True
+        finally:
+            self._lock.release()
+        return self._fallback(*arrays)
+
+    def _launch_own_copy(self, arrays):
+        try:
+            launch_cooperative(self._function, self._dims[:3], self._dims[3:], self._arguments(arrays),
+                               self._shared, self.expression)
+        except CooperativeLaunchRefused:
+            if self._fallback is None:
+                raise
+            self._refused = True
+            self._fallback(*arrays)
 
 
 class OutputSlot:
@@ -356,18 +572,19 @@ _NDARRAY = None
 
 def _bind_driver():
     """The driver entry points a prepared launch calls (CuPy's thin wrappers)."""
-    global _launch_kernel, _current_stream, _DriverError, RECYCLABLE, _NDARRAY
+    global _launch_kernel, _launch_cooperative_kernel, _current_stream, _DriverError, RECYCLABLE, _NDARRAY
     try:
         import cupy
         from cupy.cuda import driver, get_current_stream, memory
     except ImportError:  # CPU-only install: nothing launches
         return
     _launch_kernel, _current_stream, _DriverError = driver.launchKernel, get_current_stream, driver.CUDADriverError
+    _launch_cooperative_kernel = driver.launchCooperativeKernel
     RECYCLABLE = (memory.PooledMemory,)
     _NDARRAY = cupy.ndarray
 
 
-_launch_kernel = _current_stream = None
+_launch_kernel = _launch_cooperative_kernel = _current_stream = None
 _DriverError = RuntimeError
 _bind_driver()
 

@@ -285,7 +285,11 @@ class _Launch:
 
 # Single-read kernels (batchnorm_*_fused): a persistent grid of at most the
 # blocks resident at once, rounds of whole channels, a per-channel barrier in
-# global memory (kernels/batchnorm.cu).  FUSED = False forces the two-pass path.
+# global memory (kernels/batchnorm.cu).  Every kernel with a grid barrier (these
+# and batchnorm_rows_*_fused) is launched cooperatively (_kernels: all blocks
+# resident at once, or the driver refuses and the call takes the multi-launch
+# path, never a barrier that waits for a block that cannot run).  FUSED = False
+# forces the two-pass path.
 FUSED = True
 # Training forward: measured on the H100 (notes/mem_poolbn.md), the fused
 # kernel LOSES to the two-pass path wherever a channel spans several chunks
@@ -326,12 +330,11 @@ _WORKSPACES = {}  # (device, stream) -> _Workspace
 
 
 class _Workspace:
-    """Barrier counters (zero between launches: the kernels reset them), the
-    hang flag and the partials of one stream; grown, never shrunk."""
+    """Barrier counters (zero between launches: the kernels reset them) and the
+    partials of one stream; grown, never shrunk."""
 
     def __init__(self, cp):
         self.arrive = cp.zeros(0, np.uint32)
-        self.failed = cp.zeros(1, np.int32)
         self._parts = {}
         self._views = {}
 
@@ -370,14 +373,27 @@ def _fused_grid(cp, launch, spec, channels):
 
 def _resident_blocks(cp, kernel):
     """Blocks of `kernel` (BN_THREADS threads, static shared memory only) that
-    the device runs at once: the occupancy API times the SM count."""
-    try:
-        from cupy_backends.cuda.api import driver
-        per_sm = driver.occupancyMaxActiveBlocksPerMultiprocessor(kernel.kernel.ptr, _BLOCK, 0)
-        sms = cp.cuda.Device().attributes["MultiProcessorCount"]
-    except Exception:  # no occupancy API: never risk the barrier, use the two-pass path
-        return 0
-    return max(0, int(per_sm)) * int(sms)
+    the device runs at once: the occupancy API times the SM count, the most a
+    cooperative launch may have; 0 without the occupancy API or cooperative
+    launch (never risk a barrier: the multi-launch paths)."""
+    return _kernels.co_resident_blocks(kernel.kernel, _BLOCK)
+
+
+class _Deferred:
+    """A plan's multi-launch path, built on first use from the call's arrays:
+    what a cooperative launch runs instead when the driver refuses its grid
+    (built lazily: the fused call never compiles kernels it does not use, and
+    the plan holds no array of the call that built it)."""
+
+    __slots__ = ("_build", "_run")
+
+    def __init__(self, build):
+        self._build, self._run = build, None
+
+    def __call__(self, *arrays):
+        if self._run is None:
+            self._run = self._build(arrays).run
+        self._run(*arrays)
 
 
 ROWS_REDUCE_PER_SM = 4  # blocks per SM of the rows kernels when the occupancy API is missing
@@ -460,15 +476,19 @@ def _rows_statistics(cp, x, rows, acc, pt, mean, invstd, rm, rv, update, eps, mo
 ROWS_FUSED = True
 
 
+_REFUSED = set()  # (device, expression, grid) of rows fused launches the driver refused
+
+
 def _rows_fused_grid(cp, rows, spec, channels):
     """(grid, lanes, workspace) of a rows fused kernel, or None when the
-    occupancy API cannot say that its whole grid is resident."""
+    occupancy API cannot say that its whole grid is resident (or the driver
+    refused that grid's cooperative launch before)."""
     device = cp.cuda.runtime.getDevice()
     resident = _RESIDENT.get((device, spec))
     if resident is None:
         resident = _RESIDENT[(device, spec)] = _resident_blocks(cp, FAMILY.function(spec))
     gx = min(resident // rows.groups, ceil_div(rows.rows, rows.block_lanes))
-    if gx < 1:
+    if gx < 1 or (device, spec, (gx, rows.groups)) in _REFUSED:
         return None
     work = _stream_workspace(cp)
     if work.arrive.size < 4:
@@ -488,10 +508,14 @@ def _rows_train_fused(cp, x, y, rows, acc, pt, mean, invstd, rm, rv, gamma, beta
     size = channels * lanes
     parts = cp.empty(3 * size, acc)
     real = _scalar(acc)
-    FAMILY.launch(spec, grid, (_BLOCK,),
-                  (x, y, parts[:size], parts[size:2 * size], parts[2 * size:], mean, invstd, rm, rv, gamma, beta,
-                   *rows.shape, real(eps), real(momentum), real(unbias), np.int32(update), work.arrive,
-                   work.failed))
+    try:
+        FAMILY.launch(spec, grid, (_BLOCK,),
+                      (x, y, parts[:size], parts[size:2 * size], parts[2 * size:], mean, invstd, rm, rv, gamma,
+                       beta, *rows.shape, real(eps), real(momentum), real(unbias), np.int32(update),
+                       work.arrive), cooperative=True)
+    except _kernels.CooperativeLaunchRefused:
+        _REFUSED.add((cp.cuda.runtime.getDevice(), spec, grid))
+        return False
     return True
 
 
@@ -607,7 +631,7 @@ def _forward_plan(cp, x, y, pdtype, channels, outer, inner, training, update, mo
 
 
 def _build_forward_plan(cp, x, y, pdtype, channels, outer, inner, training, update, momentum, eps,
-                        no_gamma, no_beta, aligned):
+                        no_gamma, no_beta, aligned, fused_allowed=True):
     A = _kernels
     acc = _dtypes.accumulate_dtype(x.dtype)
     real = _scalar(acc)
@@ -631,16 +655,19 @@ def _build_forward_plan(cp, x, y, pdtype, channels, outer, inner, training, upda
     elif training:
         launch = _launch_of(x, channels, outer, inner, (x, y))
         spec = launch.spec("batchnorm_train_fused", pt, _BOOL[FUSED_PREFETCH])
-        use = FUSED and (launch.splits == 1 or x.nbytes >= FUSED_FORWARD_MIN_BYTES)
+        use = fused_allowed and FUSED and (launch.splits == 1 or x.nbytes >= FUSED_FORWARD_MIN_BYTES)
         fused = _fused_grid(cp, launch, spec, channels) if use else None
         if fused is not None:
             grid, per_round, work = fused
             part_mean, part_m2 = work.partials(cp, acc, launch.grid[0])
+            two_pass = _Deferred(lambda arrays: _build_forward_plan(
+                cp, arrays[0], arrays[1], pdtype, channels, outer, inner, training, update, momentum, eps, no_gamma, no_beta,
+                aligned, fused_allowed=False))
             launches.append(FAMILY.prepare(
                 spec, grid, (_BLOCK,),
                 (X, Y, part_mean, part_m2, MEAN, INVSTD, rm, rv, gamma, beta, *launch.shape,
-                 np.int32(per_round), work.arrive, work.failed, real(eps), real(momentum),
-                 real(n / (n - 1)), np.int32(update))))
+                 np.int32(per_round), work.arrive, real(eps), real(momentum), real(n / (n - 1)),
+                 np.int32(update)), cooperative=True, fallback=two_pass))
         else:
             part_mean, part_m2 = _stream_workspace(cp).partials(cp, acc, launch.grid[0])
             launches.append(FAMILY.prepare(launch.spec("batchnorm_partial_statistics"), launch.grid,
@@ -720,7 +747,8 @@ def _backward_plan(cp, x, dy, dx, pdtype, channels, outer, inner, recompute, eps
         cp, x, dy, dx, pdtype, channels, outer, inner, recompute, float(eps), no_gamma, aligned))
 
 
-def _build_backward_plan(cp, x, dy, dx, pdtype, channels, outer, inner, recompute, eps, no_gamma, aligned):
+def _build_backward_plan(cp, x, dy, dx, pdtype, channels, outer, inner, recompute, eps, no_gamma, aligned,
+                         fused_allowed=True):
     A = _kernels
     acc = _dtypes.accumulate_dtype(x.dtype)
     X, DY, DX, DGAMMA, DBETA = A.ARRAY0, A.ARRAY1, A.ARRAY5, A.ARRAY6, A.ARRAY7
@@ -729,16 +757,19 @@ def _build_backward_plan(cp, x, dy, dx, pdtype, channels, outer, inner, recomput
     launch = _launch_of(x, channels, outer, inner, (x, dy, dx))
     work = _stream_workspace(cp)
     launches = []
-    if not recompute and FUSED:
+    if not recompute and FUSED and fused_allowed:
         spec = launch.spec("batchnorm_backward_fused", pt)
         fused = _fused_grid(cp, launch, spec, channels)
         if fused is not None:
             grid, per_round, work = fused
             part_dy, part_dy_xhat = work.partials(cp, acc, launch.grid[0])
+            two_pass = _Deferred(lambda arrays: _build_backward_plan(
+                cp, arrays[0], arrays[1], arrays[5], pdtype, channels, outer, inner, recompute, eps, no_gamma, aligned,
+                fused_allowed=False))
             launches.append(FAMILY.prepare(
                 spec, grid, (_BLOCK,),
                 (X, DY, A.ARRAY2, A.ARRAY3, gamma, part_dy, part_dy_xhat, DX, DGAMMA, DBETA,
-                 *launch.shape, np.int32(per_round), work.arrive, work.failed)))
+                 *launch.shape, np.int32(per_round), work.arrive), cooperative=True, fallback=two_pass))
             return _Plan(launches, aligned)
     if recompute:  # statistics first, into the plan's own scratch (stream order)
         mean, invstd = cp.empty(channels, acc), cp.empty(channels, acc)
@@ -801,10 +832,13 @@ def _rows_backward(cp, dy, x, gamma, mean, invstd, eps, pdtype, channels, rows_c
             grid, lanes, work = fused
             size = channels * lanes
             parts = cp.empty(2 * size + 2 * channels, acc)
-            FAMILY.launch(spec, grid, (_BLOCK,),
-                          (x, dy, mean, invstd, gamma, parts[:size], parts[size:2 * size], parts[2 * size:], dx,
-                           dgamma, dbeta, *rows.shape, work.arrive, work.failed))
-            return dx, dgamma, dbeta
+            try:
+                FAMILY.launch(spec, grid, (_BLOCK,),
+                              (x, dy, mean, invstd, gamma, parts[:size], parts[size:2 * size], parts[2 * size:],
+                               dx, dgamma, dbeta, *rows.shape, work.arrive), cooperative=True)
+                return dx, dgamma, dbeta
+            except _kernels.CooperativeLaunchRefused:  # the multi-launch path below
+                _REFUSED.add((cp.cuda.runtime.getDevice(), spec, grid))
     spec = rows.spec("backward_reduce")
     grid, lanes = rows.grid(cp, spec, 8)
     size = channels * lanes

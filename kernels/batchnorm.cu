@@ -138,6 +138,17 @@ __device__ __forceinline__ void write_statistics(int c, A mean, A var, A invstd,
     }
 }
 
+// What a fused kernel's block writes instead of a result it could not compute
+// (a grid barrier that timed out, see channel_barrier): a quiet NaN, never a
+// plausible wrong value.
+template <typename A> __device__ __forceinline__ A barrier_failed();
+template <> __device__ __forceinline__ float barrier_failed<float>() {
+    return __int_as_float(0x7fc00000);
+}
+template <> __device__ __forceinline__ double barrier_failed<double>() {
+    return __longlong_as_double(0x7ff8000000000000ULL);
+}
+
 // Mean and biased variance of channel c from its `splits` chunk partials, in a
 // fixed order.  Called by every thread of the block; every thread gets the
 // result.  Ptr is `const A*`, or `const volatile A*` for partials written by
@@ -171,9 +182,10 @@ __device__ __forceinline__ void channel_statistics(Ptr part_mean, Ptr part_m2, i
                                                    index_t n, A eps, A* __restrict__ mean_out,
                                                    A* __restrict__ invstd_out, P* __restrict__ running_mean,
                                                    P* __restrict__ running_var, A momentum, A unbias,
-                                                   int update_running, A& mean, A& invstd) {
+                                                   int update_running, A& mean, A& invstd, bool valid = true) {
     A var;
     merge_statistics(part_mean, part_m2, c, splits, n, mean, var);
+    if (!valid) mean = var = barrier_failed<A>();
     invstd = A(1) / sqrt(var + eps);
     if (split == 0 && threadIdx.x == 0) {
         write_statistics(c, mean, var, invstd, mean_out, invstd_out, running_mean, running_var, momentum, unbias,
@@ -695,19 +707,31 @@ batchnorm_backward_data(const T* __restrict__ x, const T* __restrict__ dy,
 // from memory.  The floor drops from 3 passes over the tensor to 2 (forward)
 // and from 5 to 3 (backward).
 //
-// Deadlock freedom needs every block of a channel resident while it waits:
-// true because the whole grid is (G <= resident capacity, nothing else on
-// the device takes the SMs).  As a guard against a hang should that fail, a
-// block waits at most ~2^21 polls (~1 s), then sets *failed and goes on.
+// Deadlock freedom needs every block of a channel resident while it waits.
+// The host launches every kernel with a grid barrier through the driver's
+// COOPERATIVE launch (cuLaunchCooperativeKernel, dnnprims/_kernels.py), which
+// guarantees that all blocks of the grid are resident at once -- whatever
+// else runs on the device (other streams, MPS clients, a smaller partition)
+// -- or refuses the launch (the host then takes the multi-launch path).  So a
+// barrier cannot wait forever.  As a last guard (a debugger stopping a
+// block, a driver that breaks the guarantee) a block waits at most ~2^21
+// polls (~1 s) and then goes on WITHOUT the other blocks' partials:
+// channel_barrier returns false and everything that block computes from the
+// merged values -- its outputs, the statistics and gradients it writes -- is
+// NaN (barrier_failed), never a plausible wrong value.  The counters still
+// come back to zero: the late block arrives (the count reaches `splits`, it
+// does not wait), departs, and the last departure resets both.  No flag
+// outlives the launch (the result is the block's own), so nothing needs a reset.
 //
 // Partials are read after the barrier with volatile loads (L2, never a stale L1 line).
 
 // Arrive at channel c's barrier and wait for all `splits` blocks of it.
 // arrive[c] counts arrivals, arrive[C + c] departures; the last block to
 // depart sets both back to zero, so the next launch finds them zeroed.
-__device__ __forceinline__ void channel_barrier(unsigned* __restrict__ arrive, int c, int C, int splits,
-                                                int* __restrict__ failed) {
+// Returns (to every thread of the block) false when the wait timed out.
+__device__ __forceinline__ bool channel_barrier(unsigned* __restrict__ arrive, int c, int C, int splits) {
     __syncthreads();  // thread 0 stored the partials; its fence below orders them before the arrival
+    int arrived = 1;
     if (threadIdx.x == 0 && splits > 1) {
         __threadfence();
         atomicAdd(arrive + c, 1u);
@@ -716,7 +740,7 @@ __device__ __forceinline__ void channel_barrier(unsigned* __restrict__ arrive, i
         while ((int)*a < splits) {
             __nanosleep(64);
             if (++polls > (1 << 21)) {
-                *failed = 1;
+                arrived = 0;
                 break;
             }
         }
@@ -726,7 +750,7 @@ __device__ __forceinline__ void channel_barrier(unsigned* __restrict__ arrive, i
             arrive[C + c] = 0u;
         }
     }
-    __syncthreads();
+    return __syncthreads_and(arrived) != 0;
 }
 
 // A fused block's first channel and its chunk; false for blocks past the
@@ -738,7 +762,7 @@ __device__ __forceinline__ bool fused_block(int per_round, int splits, int& loca
     return true;
 }
 
-#define BN_FUSED_PARAMS BN_SHAPE, int per_round, unsigned* __restrict__ arrive, int* __restrict__ failed
+#define BN_FUSED_PARAMS BN_SHAPE, int per_round, unsigned* __restrict__ arrive
 
 // PREFETCH: the next round's chunk is loaded into a second register set right
 // after this round's partials are stored, so its load overlaps the barrier wait
@@ -773,11 +797,11 @@ batchnorm_train_fused(const T* __restrict__ x, T* __restrict__ y, acc_t<T>* __re
         if (PREFETCH && c + per_round < (int)C) {
             load_chunk<T, VEC, PREFETCH ? ITEMS : 1>(x, start, n, c + per_round, C, inner, next);
         }
-        channel_barrier(arrive, c, (int)C, splits, failed);
+        const bool arrived = channel_barrier(arrive, c, (int)C, splits);
         A mean, invstd;
         channel_statistics((const volatile A*)part_mean, (const volatile A*)part_m2, c, split, splits, n, eps,
                            mean_out, invstd_out, running_mean, running_var, momentum, unbias, update_running,
-                           mean, invstd);
+                           mean, invstd, arrived);
         store_chunk_normalized(y, vals, start, n, c, C, inner, mean, invstd * A(load(gamma[c])),
                                A(load(beta[c])));
         if (PREFETCH) {
@@ -813,9 +837,10 @@ batchnorm_backward_fused(const T* __restrict__ x, const T* __restrict__ dy,
             part_dy[c * splits + split] = g;
             part_dy_xhat[c * splits + split] = gx * s;
         }
-        channel_barrier(arrive, c, (int)C, splits, failed);
+        const bool arrived = channel_barrier(arrive, c, (int)C, splits);
         A sg, sgx;
         merge_sums((const volatile A*)part_dy, (const volatile A*)part_dy_xhat, c, splits, sg, sgx);
+        if (!arrived) sg = sgx = barrier_failed<A>();
         if (split == 0 && threadIdx.x == 0) {
             dbeta[c] = store<P>(sg);
             dgamma[c] = store<P>(sgx);
@@ -1148,7 +1173,8 @@ batchnorm_rows_backward_data(const T* __restrict__ x, const T* __restrict__ dy,
 
 // Channel-last training forward in ONE launch that keeps the last rows it
 // reads on chip (issue 5, v4).  A persistent grid (every block resident: the
-// host sizes it with the occupancy API, as for the fused chunk kernels) with
+// host sizes it with the occupancy API and launches it cooperatively, as the
+// fused chunk kernels) with
 // the RowLanes mapping; lane g reads batches j = 0, 1, ... of B rows, rows
 // [(j * L + g) * B, + B) (as rows_statistics: at any time the lanes read one
 // contiguous stretch of rows):
@@ -1189,7 +1215,7 @@ batchnorm_rows_train_fused(const T* __restrict__ x, T* __restrict__ y, acc_t<T>*
                            P* __restrict__ running_mean, P* __restrict__ running_var,
                            const P* __restrict__ gamma, const P* __restrict__ beta, index_t M, int C, int cols,
                            acc_t<T> eps, acc_t<T> momentum, acc_t<T> unbias, int update_running,
-                           unsigned* __restrict__ arrive, int* __restrict__ failed) {
+                           unsigned* __restrict__ arrive) {
     typedef acc_t<T> A;
     constexpr int B = rows_batch<T, VEC>();
     constexpr int SB = ROWS_SMEM_ROWS / B;  // cached batches
@@ -1260,7 +1286,7 @@ batchnorm_rows_train_fused(const T* __restrict__ x, T* __restrict__ y, acc_t<T>*
     }
     int block, blocks;
     grid_block(block, blocks);
-    channel_barrier(arrive, 0, 2, blocks, failed);
+    const bool gathered = channel_barrier(arrive, 0, 2, blocks);
     // Merge: block b takes channels b, b + blocks, ...
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const volatile A* pn = part_n;
@@ -1291,14 +1317,15 @@ batchnorm_rows_train_fused(const T* __restrict__ x, T* __restrict__ y, acc_t<T>*
         if (threadIdx.x == 0) {
             A tn = 0, tu = 0, tq = 0;
             for (int w = 0; w < BN_THREADS / 32; ++w) chan_merge(tn, tu, tq, merged[0][w], merged[1][w], merged[2][w]);
-            const A var = tq / tn;
+            const A var = gathered ? tq / tn : barrier_failed<A>();
+            if (!gathered) tu = var;
             write_statistics(c, tu, var, A(1) / sqrt(var + eps), mean_out, invstd_out, running_mean, running_var,
                              momentum, unbias, update_running);
             __threadfence();
         }
         __syncthreads();
     }
-    channel_barrier(arrive, 1, 2, blocks, failed);
+    const bool merged_all = channel_barrier(arrive, 1, 2, blocks);
     if (!active) return;
     const volatile A* mo = mean_out;
     const volatile A* io = invstd_out;
@@ -1306,7 +1333,7 @@ batchnorm_rows_train_fused(const T* __restrict__ x, T* __restrict__ y, acc_t<T>*
 #pragma unroll
     for (int v = 0; v < VEC; ++v) {
         const int c = rl.cv * VEC + v;
-        mean[v] = mo[c];
+        mean[v] = merged_all ? A(mo[c]) : barrier_failed<A>();
         scale[v] = A(io[c]) * A(load(gamma[c]));
         shift[v] = A(load(beta[c]));
     }
@@ -1370,7 +1397,7 @@ batchnorm_rows_backward_fused(const T* __restrict__ x, const T* __restrict__ dy,
                               const P* __restrict__ gamma, acc_t<T>* __restrict__ part_g,
                               acc_t<T>* __restrict__ part_gx, acc_t<T>* __restrict__ sums, T* __restrict__ dx,
                               P* __restrict__ dgamma, P* __restrict__ dbeta, index_t M, int C, int cols,
-                              unsigned* __restrict__ arrive, int* __restrict__ failed) {
+                              unsigned* __restrict__ arrive) {
     typedef acc_t<T> A;
     constexpr int B = rows_batch<T, VEC>() / 2 > 0 ? rows_batch<T, VEC>() / 2 : 1;
     constexpr int SB = ROWS_SMEM_ROWS / 2 / B;  // cached batches
@@ -1443,7 +1470,7 @@ batchnorm_rows_backward_fused(const T* __restrict__ x, const T* __restrict__ dy,
     }
     int block, blocks;
     grid_block(block, blocks);
-    channel_barrier(arrive, 0, 2, blocks, failed);
+    const bool gathered = channel_barrier(arrive, 0, 2, blocks);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const volatile A* pg = part_g;
     const volatile A* pgx = part_gx;
@@ -1478,6 +1505,7 @@ batchnorm_rows_backward_fused(const T* __restrict__ x, const T* __restrict__ dy,
                 tgx += merged[1][w];
             }
             tgx *= invstd[c];
+            if (!gathered) tg = tgx = barrier_failed<A>();
             sums[c] = tg;
             sums[C + c] = tgx;
             dbeta[c] = store<P>(tg);
@@ -1486,7 +1514,7 @@ batchnorm_rows_backward_fused(const T* __restrict__ x, const T* __restrict__ dy,
         }
         __syncthreads();
     }
-    channel_barrier(arrive, 1, 2, blocks, failed);
+    const bool merged_all = channel_barrier(arrive, 1, 2, blocks);
     if (!active || batches == 0) return;
     const volatile A* vs = sums;
     A s[VEC], scale[VEC], mean_dy[VEC], mean_dy_xhat[VEC];
@@ -1496,7 +1524,7 @@ batchnorm_rows_backward_fused(const T* __restrict__ x, const T* __restrict__ dy,
         const int c = rl.cv * VEC + v;
         s[v] = invstd[c];
         scale[v] = A(load(gamma[c])) * s[v];
-        mean_dy[v] = A(vs[c]) / n;
+        mean_dy[v] = merged_all ? A(vs[c]) / n : barrier_failed<A>();
         mean_dy_xhat[v] = A(vs[C + c]) / n;
     }
     {  // the last batch, from registers

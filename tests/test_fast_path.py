@@ -153,6 +153,120 @@ def test_prepared_launch_falls_back_to_cupy_when_busy_or_on_a_driver_error(captu
     assert kernel.kernel.calls[-1][2][0] is b and not launch._lock.locked()
 
 
+# ---- cooperative launches (CPU: the driver call captured) ------------------------
+
+class _DriverError(Exception):
+    def __init__(self, status):
+        super().__init__(f"driver error {status}")
+        self.status = status
+
+
+@pytest.fixture
+def cooperative(monkeypatch):
+    """Captures cuLaunchCooperativeKernel; `refuse` (a list) holds statuses the next calls raise."""
+    launches, refuse = [], []
+
+    def launch_cooperative_kernel(f, gx, gy, gz, bx, by, bz, shared, stream, params):
+        launches.append(dict(f=f, dims=(gx, gy, gz, bx, by, bz), shared=shared, stream=stream, params=params))
+        if refuse:
+            raise _DriverError(refuse.pop(0))
+
+    monkeypatch.setattr(_kernels, "_launch_cooperative_kernel", launch_cooperative_kernel)
+    monkeypatch.setattr(_kernels, "_DriverError", _DriverError)
+    monkeypatch.setattr(_kernels, "_current_stream", lambda: _Stream())
+    return launches, refuse
+
+
+def test_kernel_parameters_one_slot_per_argument_in_order_with_exact_types():
+    """kernelParams: one 8-aligned slot per argument, in the signature's order, each
+    holding the argument's value with its own C type's size (a pointer 8 bytes, an
+    int 4, a long long 8, a float 4, a double 8, an unsigned 4)."""
+    a, part, arrive = _fake_array((3, 4)), _fake_array((6,), np.float64), _fake_array((8,), np.uint32)
+    args = (a, part, np.int64(-(1 << 40)), np.int32(-7), np.float32(0.5), np.float64(1e-300), np.uint32(0xfffffffe),
+            arrive)
+    values, params, keep = _kernels.kernel_parameters(args, "k<float>")
+    addresses = list(params)
+    base = values.buffer_info()[0]
+    assert addresses == [base + 8 * i for i in range(len(args))]
+    assert all(address % 8 == 0 for address in addresses)
+    got = _parameters(params.buffer_info()[0], [8, 8, 8, 4, 4, 8, 4, 8])
+    u64 = lambda v: int(v).to_bytes(8, "little")  # noqa: E731
+    assert got[0] == u64(a.data.ptr) and got[1] == u64(part.data.ptr) and got[7] == u64(arrive.data.ptr)
+    assert got[2] == (-(1 << 40)).to_bytes(8, "little", signed=True)
+    assert got[3] == (-7).to_bytes(4, "little", signed=True)
+    assert got[4] == np.float32(0.5).tobytes() and got[5] == np.float64(1e-300).tobytes()
+    assert got[6] == (0xfffffffe).to_bytes(4, "little")
+    assert tuple(keep) == (a, part, arrive)
+    for bad in (3, 2.5, None, _kernels.ARRAY0):
+        with pytest.raises(TypeError, match="k<float>"):
+            _kernels.kernel_parameters((a, bad), "k<float>")
+
+
+def test_cooperative_launch_packs_like_a_prepared_launch(cooperative, captured):
+    launches, _ = cooperative
+    a, b, arrive = _fake_array((4,)), _fake_array((4,)), _fake_array((2,), np.uint32)
+    kernel = _FakeKernel()
+    launch = _kernels.CooperativeLaunch(kernel, (12, 2), (256,), (_kernels.ARRAY1, np.int32(3), arrive,
+                                                                  _kernels.ARRAY0, np.float64(0.25)))
+    launch(a, b)
+    (call,) = launches
+    assert call["f"] == 1234 and call["dims"] == (12, 2, 1, 256, 1, 1) and call["stream"] == 77
+    got = _parameters(call["params"], [8, 4, 8, 8, 8])
+    u64 = lambda v: int(v).to_bytes(8, "little")  # noqa: E731
+    assert got[0] == u64(b.data.ptr) and got[1] == np.int32(3).tobytes() and got[2] == u64(arrive.data.ptr)
+    assert got[3] == u64(a.data.ptr) and got[4] == np.float64(0.25).tobytes()
+    assert captured == [] and kernel.kernel.calls == []  # never an ordinary launch
+
+
+def test_cooperative_launch_refused_runs_the_fallback_from_then_on(cooperative, captured):
+    launches, refuse = cooperative
+    a, b = _fake_array((4,)), _fake_array((4,))
+    ran = []
+    launch = _kernels.CooperativeLaunch(_FakeKernel(), (4000,), (256,), (_kernels.ARRAY0, _kernels.ARRAY1),
+                                        expression="k<float>", fallback=lambda *arrays: ran.append(arrays))
+    refused = _kernels.cooperative_refusals
+    refuse.append(720)                    # CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE
+    launch(a, b)
+    assert len(launches) == 1 and ran == [(a, b)] and not launch._lock.locked()
+    assert _kernels.cooperative_refusals == refused + 1
+    launch(b, a)                          # refused once: the driver is not asked again
+    assert len(launches) == 1 and ran[-1] == (b, a) and captured == []
+    # Without a fallback the refusal is raised (nothing ran).
+    bare = _kernels.CooperativeLaunch(_FakeKernel(), (4000,), (256,), (_kernels.ARRAY0,), expression="k<float>")
+    refuse.append(801)                    # CUDA_ERROR_NOT_SUPPORTED
+    with pytest.raises(_kernels.CooperativeLaunchRefused, match="k<float>"):
+        bare(a)
+    refuse.append(720)
+    with pytest.raises(_kernels.CooperativeLaunchRefused):
+        _kernels.launch_cooperative(_FakeFunction(), (4000,), (256,), (a, np.int32(1)), 0, "k<float>")
+
+
+def test_cooperative_launch_busy_or_without_context_stays_cooperative(cooperative, captured, monkeypatch):
+    launches, refuse = cooperative
+    a, b = _fake_array((4,)), _fake_array((4,))
+    kernel = _FakeKernel()
+    launch = _kernels.CooperativeLaunch(kernel, (8,), (256,), (_kernels.ARRAY0, np.int32(5), _kernels.ARRAY1))
+    launch._lock.acquire()                # another thread is between writing and launching
+    try:
+        launch(a, b)
+    finally:
+        launch._lock.release()
+    (call,) = launches
+    assert call["params"] != launch._params_ptr          # its own copy of the arguments
+    assert kernel.kernel.calls == [] and captured == []
+    made_current = []
+    monkeypatch.setattr(_kernels, "_make_context_current", lambda: made_current.append(1))
+    refuse.append(201)                    # CUDA_ERROR_INVALID_CONTEXT: made current, tried again
+    launch(b, a)
+    assert made_current == [1] and len(launches) == 3 and kernel.kernel.calls == []
+    got = _parameters(launches[-1]["params"], [8, 4, 8])
+    assert got[0] == int(b.data.ptr).to_bytes(8, "little") and got[2] == int(a.data.ptr).to_bytes(8, "little")
+    refuse.extend([201, 201])             # a second error is raised as it is
+    with pytest.raises(_DriverError):
+        launch(a, b)
+    assert not launch._lock.locked()
+
+
 def test_exact_tells_apart_values_python_treats_as_equal():
     keys = {_validate.exact(v) for v in (1, True, 1.0, np.int64(1), (1, 1), (1.0, 1.0), (True, 1),
                                           (np.int64(1), 1), "NCHW", None)}

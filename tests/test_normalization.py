@@ -426,6 +426,261 @@ def test_channel_last_fused_paths(xp, rng, monkeypatch, fused, resident, dtype, 
             assert_close(a, b, dtype, what=what)
 
 
+# ---------------------------------------------------------------------- grid-barrier kernels:
+# cooperative launches (dnnprims/_kernels.py: every block resident at once, or refused)
+
+_C_TYPES = {"half_t": np.float16, "bfloat16_t": _dtypes.BFLOAT16, "float": np.float32, "double": np.float64}
+_COOPERATIVE_KERNELS = ("batchnorm_train_fused", "batchnorm_backward_fused", "batchnorm_rows_train_fused",
+                        "batchnorm_rows_backward_fused")
+
+
+def _kernel_signature(name):
+    """(template parameter names, [(C type, parameter name)]) of a __global__ kernel
+    of kernels/batchnorm.cu, its macros (BN_SHAPE, BN_FUSED_PARAMS) expanded."""
+    import re
+    from dnnprims import normalization
+    source = normalization.FAMILY.source
+    macros = dict(re.findall(r"^#define (BN_[A-Z_]+) (.+)$", source, re.M))
+    match = re.search(r"template <([^>]*)>\s*__global__ void __launch_bounds__\([^)]*\)\s*" + name
+                      + r"\((.*?)\)\s*\{", source, re.S)
+    template = [t.split()[-1] for t in match.group(1).split(",")]
+    text = match.group(2)
+    for _ in range(3):
+        for macro, body in macros.items():
+            text = re.sub(r"\b" + macro + r"\b", body, text)
+    params = []
+    for p in text.split(","):
+        words = p.replace("*", " * ").replace("__restrict__", "").replace("const", "").split()
+        params.append(("".join(words[:-1]), words[-1]))
+    return template, params
+
+
+def _fake_device_array(shape, dtype):
+    """A CuPy ndarray over host memory: the argument builders only read pointers."""
+    cupy = pytest.importorskip("cupy")
+    from cupy.cuda.memory import MemoryPointer, UnownedMemory
+    size = int(np.prod(shape)) * np.dtype(dtype).itemsize
+    host = np.zeros(size + 256, np.uint8)
+    start = -host.ctypes.data % 256  # 16-byte (here 256) aligned, as CuPy's pool
+    memory = UnownedMemory(host.ctypes.data + start, size, host, device_id=0)
+    return cupy.ndarray(shape, dtype, memptr=MemoryPointer(memory, 0))
+
+
+class _FakeCupy:
+    """What the launch builders of dnnprims.normalization call on the cupy module."""
+
+    class cuda:
+        class runtime:
+            getDevice = staticmethod(lambda: 0)
+
+        get_current_stream = staticmethod(lambda: type("Stream", (), {"ptr": 77})())
+        Device = staticmethod(lambda *a: type("Device", (), {"attributes": {"MultiProcessorCount": 4}})())
+
+    @staticmethod
+    def empty(shape, dtype):
+        return _fake_device_array(shape, dtype)
+
+    zeros = empty
+
+    @staticmethod
+    def full(shape, value, dtype):
+        return _fake_device_array(shape, dtype)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_grid_barrier_kernels_are_launched_cooperatively_with_arguments_of_their_signature(monkeypatch, dtype):
+    """CPU: every kernel with a grid barrier is launched (or prepared) with
+    cooperative=True, and its argument list matches the C signature parameter by
+    parameter: a CuPy array of the pointee's dtype for a pointer (unsigned* the
+    uint32 barrier counters), the exact NumPy scalar type for int / index_t /
+    acc_t<T>; its kernelParams then hold each value with the C type's size."""
+    from dnnprims import _kernels, normalization
+    captured = []
+
+    def capture(expression, grid, block, args, shared_mem=0, cooperative=False, fallback=None):
+        captured.append((expression, tuple(args), cooperative))
+
+    for name in ("_RESIDENT", "_WORKSPACES", "_SMS", "_LAUNCHES", "_CONSTANTS", "_PLANS"):
+        monkeypatch.setattr(normalization, name, {})
+    monkeypatch.setattr(normalization, "_REFUSED", set())
+    monkeypatch.setattr(normalization.FAMILY, "prepare", capture)
+    monkeypatch.setattr(normalization.FAMILY, "launch", capture)
+    monkeypatch.setattr(normalization.FAMILY, "function", lambda expression: None)
+    monkeypatch.setattr(normalization, "_resident_blocks", lambda cp, kernel: 64)
+    monkeypatch.setattr(normalization, "FUSED_FORWARD_MIN_BYTES", 0)
+    cp = _FakeCupy
+    pdtype = np.dtype(np.float32 if dtype in (np.float16, _dtypes.BFLOAT16) else dtype)
+    acc = np.dtype(_dtypes.accumulate_dtype(np.dtype(dtype)))
+    c, outer, inner = 8, 3, 40
+    x, y = (_fake_device_array((outer, c, inner), dtype) for _ in range(2))
+    normalization._build_forward_plan(cp, x, y, pdtype, c, outer, inner, True, True, 0.1, 1e-5, False, False,
+                                      True)
+    normalization._build_backward_plan(cp, x, y, y, pdtype, c, outer, inner, False, 1e-5, False, True)
+    rows_x, rows_y = (_fake_device_array((outer * inner, c), dtype) for _ in range(2))
+    vectors = [_fake_device_array((c,), d) for d in (acc, acc, pdtype, pdtype, pdtype, pdtype)]
+    mean, invstd, rm, rv, gamma, beta = vectors
+    rows = normalization._Rows(cp, rows_x, c, outer * inner, (rows_x, rows_y))
+    normalization._rows_train_fused(cp, rows_x, rows_y, rows, acc, _dtypes.cuda_type(pdtype), mean, invstd, rm,
+                                    rv, gamma, beta, True, 1e-5, 0.1, 1.0)
+    normalization._rows_backward(cp, rows_y, rows_x, gamma, mean, invstd, 1e-5, pdtype, c, outer * inner, acc,
+                                 rows_y, rm, rv)
+    # The call's arrays (ARRAY0...) of a prepared forward / backward plan, by dtype.
+    marked = {"batchnorm_train_fused": (dtype, dtype, acc, acc, pdtype, pdtype, pdtype, pdtype),
+              "batchnorm_backward_fused": (dtype, dtype, acc, acc, pdtype, dtype, pdtype, pdtype)}
+    seen = set()
+    for expression, args, cooperative in captured:
+        name, inside = expression.rstrip(">").split("<", 1)
+        if name not in _COOPERATIVE_KERNELS:
+            assert not cooperative, expression
+            continue
+        seen.add(name)
+        assert cooperative, expression
+        template, params = _kernel_signature(name)
+        bound = dict(zip(template, (a.strip() for a in inside.split(","))))
+        ctype = {"T": _C_TYPES[bound["T"]], "P": _C_TYPES[bound["P"]], "acc_t<T>": acc.type,
+                 "index_t": np.int32 if bound["index_t"] == "int" else np.int64, "int": np.int32,
+                 "unsigned": np.uint32}
+        args = tuple(_fake_device_array((1,), marked[name][a.index]) if isinstance(a, _kernels._ArrayArgument)
+                     else a for a in args)
+        assert len(args) == len(params), expression
+        sizes = []
+        for (c_type, param), a in zip(params, args):
+            if c_type.endswith("*"):
+                assert isinstance(a, _kernels._NDARRAY), (expression, param)
+                assert a.dtype == np.dtype(ctype[c_type[:-1]]), (expression, param, a.dtype)
+                sizes.append(8)
+            else:
+                assert type(a) is ctype[c_type], (expression, param, type(a))
+                sizes.append(np.dtype(ctype[c_type]).itemsize)
+        values, kernel_params, _ = _kernels.kernel_parameters(args, expression)
+        import ctypes
+        addresses = list(kernel_params)
+        assert addresses == [values.buffer_info()[0] + 8 * i for i in range(len(args))]
+        for address, size, a in zip(addresses, sizes, args):
+            expect = (a.data.ptr.to_bytes(8, "little") if isinstance(a, _kernels._NDARRAY)
+                      else np.asarray(a).tobytes())
+            assert ctypes.string_at(address, size) == expect, expression
+    assert seen == set(_COOPERATIVE_KERNELS)
+
+
+def _count_cooperative_launches(monkeypatch):
+    """A list that grows by one per cuLaunchCooperativeKernel call (the real one runs)."""
+    from dnnprims import _kernels
+    calls, real = [], _kernels._launch_cooperative_kernel
+
+    def counted(*args):
+        calls.append(args[1:4])
+        return real(*args)
+
+    monkeypatch.setattr(_kernels, "_launch_cooperative_kernel", counted)
+    return calls
+
+
+def _barrier_problem(xp, rng, dtype, x_shape, layout):
+    pdtype = np.float32 if dtype in (np.float16, _dtypes.BFLOAT16) else dtype
+    x_host = random_array(rng, x_shape, dtype, low=-1, high=3)
+    dy_host = random_array(rng, x_shape, dtype)
+    gamma, beta = _params(rng, x_shape, layout, pdtype)
+    return pdtype, x_host, dy_host, gamma, beta
+
+
+def _check_barrier_paths(xp, rng, dtype, x_shape, layout):
+    """Training forward (running statistics, twice: the second call takes the fast
+    path) and backward with saved statistics (twice) against the float64 reference."""
+    pdtype, x_host, dy_host, gamma, beta = _barrier_problem(xp, rng, dtype, x_shape, layout)
+    c = gamma.shape[0]
+    f64 = lambda a: _host(a).astype(np.float64)  # noqa: E731
+    x, dy = xp.asarray(x_host), xp.asarray(dy_host)
+    rm, rv = xp.asarray(random_array(rng, (c,), pdtype)), xp.asarray(random_array(rng, (c,), pdtype, 0.5, 2))
+    rm64, rv64 = f64(rm), f64(rv)
+    expect = batchnorm_backward(f64(dy_host), f64(x_host), f64(gamma), layout=layout)
+    for _ in range(2):
+        y, mean, invstd = batchnorm(x, xp.asarray(gamma), xp.asarray(beta), rm, rv, momentum=0.3, layout=layout,
+                                    return_stats=True)
+        y64 = batchnorm(f64(x_host), f64(gamma), f64(beta), rm64, rv64, momentum=0.3, layout=layout)
+        assert_close(y, y64, dtype, what="y")
+        assert_close(rm, rm64, pdtype, what="running_mean")
+        assert_close(rv, rv64, pdtype, what="running_var")
+        got = batchnorm_backward(dy, x, xp.asarray(gamma), mean=mean, invstd=invstd, layout=layout)
+        for a, b, what in zip(got, expect, ("dx", "dgamma", "dbeta")):
+            assert_close(a, b, dtype, what=what)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("x_shape,layout", [((6, 5, 40, 48), "NCHW"), ((4, 3, 16, 16), "NCHW"),
+                                            ((8, 5, 7, 32), "NHWC"), ((3000, 24), "NHWC")])
+def test_grid_barrier_kernels_run_cooperatively(gpu, rng, monkeypatch, dtype, x_shape, layout):
+    """The fused kernels (a barrier across blocks) run through the cooperative
+    launch -- none refused -- and match the float64 reference, NCHW (several chunks
+    a channel, and one) and NHWC, every dtype."""
+    from dnnprims import _kernels, normalization
+    monkeypatch.setattr(normalization, "FUSED_FORWARD_MIN_BYTES", 0)
+    _fresh_plans(monkeypatch)
+    calls = _count_cooperative_launches(monkeypatch)
+    refused = _kernels.cooperative_refusals
+    _check_barrier_paths(gpu, rng, dtype, x_shape, layout)
+    assert len(calls) == 4  # 2 forward + 2 backward calls, one fused launch each
+    assert _kernels.cooperative_refusals == refused
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("kind", ["chunks", "rows"])
+def test_refused_cooperative_launch_takes_the_multi_launch_path(gpu, rng, monkeypatch, dtype, kind):
+    """A grid larger than the device holds at once (the occupancy helper faked to
+    say a million blocks are resident, as when the SMs are shared and the sizing
+    was wrong): the driver refuses the cooperative launch, the call takes the
+    multi-launch path and the result is right -- never a barrier waiting on a
+    block that cannot run, never a wrong answer; later calls (the fast path) too."""
+    from dnnprims import _kernels, normalization
+    monkeypatch.setattr(normalization, "FUSED_FORWARD_MIN_BYTES", 0)
+    monkeypatch.setattr(normalization, "_RESIDENT", {})
+    monkeypatch.setattr(normalization, "_REFUSED", set())
+    _fresh_plans(monkeypatch)
+    vec = normalization._VECTOR[_dtypes.cuda_type(np.dtype(dtype))]
+    # No SM holds more than 2048 / 256 = 8 blocks of 256 threads: grids over 8 per SM.
+    sms = int(gpu.cuda.Device().attributes["MultiProcessorCount"])
+    if kind == "chunks":  # one chunk a channel: a block per channel
+        x_shape, layout = (2, 8 * sms + 64, 1, 8), "NCHW"
+    else:  # 8 column groups of 256 vectors, one row lane a block: a block per row and group
+        x_shape, layout = (sms + 16, 8 * 256 * vec), "NHWC"
+    monkeypatch.setattr(normalization, "_resident_blocks", lambda cp, kernel: 1 << 20)
+    calls = _count_cooperative_launches(monkeypatch)
+    refused = _kernels.cooperative_refusals
+    _check_barrier_paths(gpu, rng, dtype, x_shape, layout)
+    # Forward and backward each refused once; their fast-path calls go straight to the fallback.
+    assert len(calls) == 2 and _kernels.cooperative_refusals == refused + 2
+
+
+def test_barrier_timeout_writes_nan_not_a_wrong_value(gpu):
+    """The last guard: a block whose grid barrier times out (here the kernel is
+    launched by hand, NOT cooperatively, with one block for a channel of two
+    chunks: the second block never comes) writes NaN -- its outputs, the statistics
+    and running statistics or parameter gradients it owns -- instead of values
+    merged from a partial set of partials.  (~1 s of spinning per launch.)"""
+    from dnnprims import normalization
+    cp, f32, i32 = gpu, np.float32, np.int32
+    n = 2 * normalization._CHUNK  # one channel, two chunks: splits = 2
+    x = cp.asarray(np.linspace(-1, 2, n, dtype=f32))
+    dy = cp.asarray(np.linspace(1, -1, n, dtype=f32))
+    ones, part = cp.ones(1, f32), cp.zeros(4, f32)
+    shape = (i32(1), i32(1), i32(n), i32(2), i32(1))  # outer, C, inner, splits, per_round
+    arrive = cp.zeros(2, np.uint32)
+    y, mean, invstd, rm, rv = cp.zeros(n, f32), cp.zeros(1, f32), cp.zeros(1, f32), cp.zeros(1, f32), cp.ones(1, f32)
+    normalization.FAMILY.launch("batchnorm_train_fused<float, float, int, 4, true>", (1,), (256,),
+                                (x, y, part[:2], part[2:], mean, invstd, rm, rv, ones, ones * 0, *shape, arrive,
+                                 f32(1e-5), f32(0.1), f32(n / (n - 1)), i32(1)))
+    for name, a in (("y", y[:n // 2]), ("mean", mean), ("invstd", invstd), ("running_mean", rm),
+                    ("running_var", rv)):
+        assert bool(cp.isnan(a).all()), name
+    assert not bool(cp.isnan(y[n // 2:]).any())  # the missing block's chunk: never written
+    arrive[...] = 0  # the missing block never departs here: no reset
+    dx, dgamma, dbeta = cp.zeros(n, f32), cp.zeros(1, f32), cp.zeros(1, f32)
+    normalization.FAMILY.launch("batchnorm_backward_fused<float, float, int, 4>", (1,), (256,),
+                                (x, dy, ones * 0, ones, ones, part[:2], part[2:], dx, dgamma, dbeta, *shape, arrive))
+    for name, a in (("dx", dx[:n // 2]), ("dgamma", dgamma), ("dbeta", dbeta)):
+        assert bool(cp.isnan(a).all()), name
+
+
 @pytest.mark.parametrize("grouped", [True, False])
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 @pytest.mark.parametrize("x_shape,offset", [((32, 8, 7, 7), 0), ((40, 4, 7, 7), 0), ((32, 8, 7, 7), 1),
