@@ -928,9 +928,10 @@ pool_nhwc_backward(const T* __restrict__ x, const T* __restrict__ dy, T* __restr
 // over the floor bytes): forward 0.92-0.97 in float32 (the rows kernel above:
 // 0.57), float16 0.93 on packed pairs (0.60 scalar); backward 0.86-0.89 in
 // float32 with argmax3x3's no-NaN path (0.78-0.81 with the exact rule only; the
-// row tiles: 0.42), 0.37 in float16 (per-element compare work, not bytes, sets
-// the float16 time).  Results are bitwise those of the previous paths, except
-// the float16 / bfloat16 max forward's sign of a zero maximum (see
+// row tiles: 0.42); float16 / bfloat16 0.61 on packed pairs (notes/pool4.md,
+// k3s2_max_backward_pairs; 0.37 scalar: per-element compare work, not bytes,
+// sets the 16-bit time).  Results are bitwise those of the previous paths,
+// except the float16 / bfloat16 max forward's sign of a zero maximum (see
 // k3s2_max_forward_pairs).
 
 // The 3x3 / 2 kernels' reduction of three neighbours, in this order (a row
@@ -1208,9 +1209,10 @@ pool_k3s2_forward(const T* __restrict__ x, T* __restrict__ y, index_t items, int
 // is NaN and M > -inf (padding is -inf, so it never equals M then; -0.0 and
 // +0.0 compare equal, so the first zero wins, as with the strict > scan).
 // Otherwise (a NaN in the tile, or a window of -inf only) it returns false and
-// the caller runs the scalar path (exact rule).  dx sums in float in the
-// gather's order (windows in row-major order), so dx is bitwise the scalar
-// path's, except the sign of a zero dx where a window's dy is -0.0.
+// the caller runs the scalar path (exact rule).  dx sums in float from +0 in
+// the gather's order (windows in row-major order; a share that is not the
+// window's argmax adds +0), so dx is bitwise the scalar path's (checked on the
+// H100 on 64 x 256 x 56 x 56, notes/pool4.md).
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
 #define PACKED_CMP_PAIRS 1
 #else
@@ -1560,7 +1562,9 @@ pool_k2s2_avg_backward(const T* __restrict__ /* x: not needed */, const T* __res
 // Measured (H100, notes/pool3.md, 64 x 56 x 56 x 256; fraction of copy over the
 // floor bytes): forward 0.91 float32, 0.89 float16 (packed pairs; 0.72-0.79
 // scalar); backward 0.79-0.80 float32, 2.1x PyTorch (argmax bytes + gather
-// before: 0.49, 1.3x), 0.33 float16 (compare-bound, 218 registers).  R = 2
+// before: 0.49, 1.3x); float16 / bfloat16 0.56, 2.7x PyTorch on packed pairs
+// (nhwc_k3s2_backward_pairs, 135 registers; 0.33 scalar: compare-bound, 218
+// registers; notes/pool4.md).  R = 2
 // measured slower in both directions (registers), one segment per row fastest
 // for the backward (each seam recomputes a window column).
 
@@ -1717,7 +1721,8 @@ __device__ __forceinline__ unsigned add_pairs<bfloat16_t>(unsigned a, unsigned b
 // shares of dy (eq & ~seen & dy) per element; a step whose windows hold a NaN or
 // only -inf takes the exact rule per channel (argmax3x3<true>) instead, giving
 // the same shares.  dx: columns 2ow - 1 (windows ow - 1, ow: up to four shares,
-// summed in float in the gather's order) and 2ow (window ow).
+// summed in float in the gather's order) and 2ow (window ow), sums of two
+// shares by add_pairs (the float sum rounded once: bitwise the scalar path's).
 template <typename T, typename index_t>
 __device__ __forceinline__ void nhwc_k3s2_backward_pairs(const T* __restrict__ xn, const T* __restrict__ dyn,
                                                          T* __restrict__ dxn, int C, int H, int W, int Ho,
