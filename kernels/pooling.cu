@@ -1059,20 +1059,25 @@ __device__ __forceinline__ void plane_band_lane(index_t i, int lanes, int bands,
 #define PACKED_MAX_PAIRS 0
 #endif
 
-template <typename T>
-__device__ __forceinline__ unsigned max_nan_pairs(unsigned a, unsigned b);
-template <>
-__device__ __forceinline__ unsigned max_nan_pairs<half_t>(unsigned a, unsigned b) {
-    unsigned d;
-    asm("max.NaN.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
-    return d;
-}
-template <>
-__device__ __forceinline__ unsigned max_nan_pairs<bfloat16_t>(unsigned a, unsigned b) {
-    unsigned d;
-    asm("max.NaN.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
-    return d;
-}
+// name<T>(a, b): one PTX instruction on a pair of 16-bit floats a word, the
+// float16 form for half_t, the bfloat16 one for bfloat16_t.
+#define PAIR_INSTRUCTION(name, ptx_half, ptx_bfloat16)                                  \
+    template <typename T>                                                               \
+    __device__ __forceinline__ unsigned name(unsigned a, unsigned b);                   \
+    template <>                                                                         \
+    __device__ __forceinline__ unsigned name<half_t>(unsigned a, unsigned b) {          \
+        unsigned d;                                                                     \
+        asm(ptx_half " %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));                        \
+        return d;                                                                       \
+    }                                                                                   \
+    template <>                                                                         \
+    __device__ __forceinline__ unsigned name<bfloat16_t>(unsigned a, unsigned b) {      \
+        unsigned d;                                                                     \
+        asm(ptx_bfloat16 " %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));                    \
+        return d;                                                                       \
+    }
+
+PAIR_INSTRUCTION(max_nan_pairs, "max.NaN.f16x2", "max.NaN.bf16x2")
 template <typename T> struct NegInfBits;
 template <> struct NegInfBits<half_t> { static constexpr unsigned value = 0xfc00u; };
 template <> struct NegInfBits<bfloat16_t> { static constexpr unsigned value = 0xff80u; };
@@ -1220,35 +1225,9 @@ pool_k3s2_forward(const T* __restrict__ x, T* __restrict__ y, index_t items, int
 #endif
 
 // 0xffff in each half where a == b (resp. a > b), else 0 (16-bit float pairs).
-template <typename T>
-__device__ __forceinline__ unsigned eq_pairs(unsigned a, unsigned b);
-template <typename T>
-__device__ __forceinline__ unsigned gt_pairs(unsigned a, unsigned b);
 #if PACKED_CMP_PAIRS
-template <>
-__device__ __forceinline__ unsigned eq_pairs<half_t>(unsigned a, unsigned b) {
-    unsigned d;
-    asm("set.eq.u32.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
-    return d;
-}
-template <>
-__device__ __forceinline__ unsigned eq_pairs<bfloat16_t>(unsigned a, unsigned b) {
-    unsigned d;
-    asm("set.eq.u32.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
-    return d;
-}
-template <>
-__device__ __forceinline__ unsigned gt_pairs<half_t>(unsigned a, unsigned b) {
-    unsigned d;
-    asm("set.gt.u32.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
-    return d;
-}
-template <>
-__device__ __forceinline__ unsigned gt_pairs<bfloat16_t>(unsigned a, unsigned b) {
-    unsigned d;
-    asm("set.gt.u32.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
-    return d;
-}
+PAIR_INSTRUCTION(eq_pairs, "set.eq.u32.f16x2", "set.eq.u32.bf16x2")
+PAIR_INSTRUCTION(gt_pairs, "set.gt.u32.f16x2", "set.gt.u32.bf16x2")
 #endif
 
 // Bytes of a and b by selector s (prmt: a = bytes 0..3, b = bytes 4..7).
@@ -1696,21 +1675,8 @@ __device__ __forceinline__ void load_nhwc_words(unsigned (&out)[5][4], const T* 
 // Sum of 16-bit float pairs, a + b, rounded once (add.{f16,bf16}x2); equal to
 // the float sum rounded to T (float has 24 >= 2p + 2 bits: double rounding is
 // innocuous), and +0 for (+-0) + (+-0) unless both are -0.
-template <typename T>
-__device__ __forceinline__ unsigned add_pairs(unsigned a, unsigned b);
 #if PACKED_CMP_PAIRS
-template <>
-__device__ __forceinline__ unsigned add_pairs<half_t>(unsigned a, unsigned b) {
-    unsigned d;
-    asm("add.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
-    return d;
-}
-template <>
-__device__ __forceinline__ unsigned add_pairs<bfloat16_t>(unsigned a, unsigned b) {
-    unsigned d;
-    asm("add.rn.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
-    return d;
-}
+PAIR_INSTRUCTION(add_pairs, "add.rn.f16x2", "add.rn.bf16x2")
 #endif
 
 // One item (band of input rows h0 + 1, h0 + 2, segment ow0 .. ow1, 8 channels)
