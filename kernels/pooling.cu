@@ -1230,6 +1230,22 @@ PAIR_INSTRUCTION(eq_pairs, "set.eq.u32.f16x2", "set.eq.u32.bf16x2")
 PAIR_INSTRUCTION(gt_pairs, "set.gt.u32.f16x2", "set.gt.u32.bf16x2")
 #endif
 
+// Per half of a word (a window of 16-bit pairs): the window's dy g at the first
+// element at(a, c), in row-major order, equal to the window's maximum M, and +0
+// at the others -- each element's share of g.
+template <typename T, typename At>
+__device__ __forceinline__ void first_max_shares(At at, unsigned M, unsigned g, unsigned (&share)[3][3]) {
+    unsigned seen = 0u;
+#pragma unroll
+    for (int a = 0; a < 3; ++a)
+#pragma unroll
+        for (int c = 0; c < 3; ++c) {
+            const unsigned eq = eq_pairs<T>(at(a, c), M);
+            share[a][c] = eq & ~seen & g;
+            seen |= eq;
+        }
+}
+
 // Bytes of a and b by selector s (prmt: a = bytes 0..3, b = bytes 4..7).
 __device__ __forceinline__ unsigned permute_bytes(unsigned a, unsigned b, unsigned s) {
     unsigned d;
@@ -1321,17 +1337,15 @@ __device__ __forceinline__ bool k3s2_max_backward_pairs(const T* __restrict__ xp
     unsigned upper[5][3];  // high-half shares of x row 2 (dx row 1): window row oh0 + 1
 #pragma unroll
     for (int m = 0; m < 5; ++m) {
-        unsigned seen = 0u;
+        unsigned share[3][3];
+        first_max_shares<T>([&](int a, int c) { return P[a][2 * m + c]; }, M[m], G[m], share);
 #pragma unroll
         for (int a = 0; a < 3; ++a)
 #pragma unroll
             for (int c = 0; c < 3; ++c) {
-                const unsigned eq = eq_pairs<T>(P[a][2 * m + c], M[m]);
-                const unsigned share = eq & ~seen & G[m];
-                seen |= eq;
                 const int f = 2 * m + c - 1;
-                if (a == 0) upper[m][c] = share;
-                if (a > 0 && f >= 0 && f < 8) grad[a - 1][f] += half_of<T, false>(share);
+                if (a == 0) upper[m][c] = share[0][c];
+                if (a > 0 && f >= 0 && f < 8) grad[a - 1][f] += half_of<T, false>(share[a][c]);
             }
     }
 #pragma unroll
@@ -1748,17 +1762,15 @@ __device__ __forceinline__ void nhwc_k3s2_backward_pairs(const T* __restrict__ x
             for (int k = 0; k < 2; ++k)
 #pragma unroll
                 for (int i = 0; i < 4; ++i) {
-                    unsigned seen = 0u;
+                    unsigned share[3][3];
+                    first_max_shares<T>([&](int a, int c) { return col[c][2 * k + a][i]; }, M[k][i], g[k][i],
+                                        share);
 #pragma unroll
                     for (int a = 0; a < 3; ++a)
 #pragma unroll
                         for (int c = 0; c < 3; ++c) {
-                            const unsigned eq = eq_pairs<T>(col[c][2 * k + a][i], M[k][i]);
-                            const unsigned share = eq & ~seen & g[k][i];
-                            seen |= eq;
                             const int s = k == 0 ? a - 1 : (a == 0 ? 2 : -1);
-                            if (s < 0) continue;
-                            (c == 0 ? cur0 : c == 1 ? cur1 : next)[s][i] = share;
+                            if (s >= 0) (c == 0 ? cur0 : c == 1 ? cur1 : next)[s][i] = share[a][c];
                         }
                 }
         } else {
