@@ -23,6 +23,8 @@ _ITEMSIZE = {"half_t": 2, "bfloat16_t": 2, "float": 4, "double": 8}
 # 0.0930 ms on max3x3s2_big_f16, 0.0527 / 0.0461 / 0.0468 on r50_maxpool (float32);
 # backward R = 1 / 2: 0.232 / 0.311 (float16), 0.104 / 0.0997 (r50, float32).  The float16
 # forward on packed pairs (notes/pool3.md): R = 1 / 2 / 4 0.0460 / 0.0469 / 0.0475 ms.
+# The 16-bit backward runs on packed pairs for R = 1 only (k3s2_max_backward_pairs:
+# 0.126 ms on max3x3s2_big_f16, notes/pool4.md; R = 2 keeps the scalar argmax).
 _K3S2_FORWARD_ROWS = {2: 1, 4: 2, 8: 2}
 _K3S2_BACKWARD_ROWS = {2: 1, 4: 2, 8: 2}
 _K3S2_FORWARD_ROWS_CHOICES = (1, 2, 4)
@@ -35,6 +37,8 @@ _K2S2_ROWS = 4  # output rows per thread of pool_k2s2_avg_backward
 # 0.097 ms float32, 0.054 / 0.064 float16 (cols 4; 4 .. 28 within 3 % in float32);
 # backward R = 1 / 2 0.194 / 0.248 (float32), 0.232 / 0.317 (float16), and cols
 # 4 / 8 / 14 / 28 0.208 / 0.208 / 0.201 / 0.194 (float32, R = 1): one segment per row.
+# The 16-bit backward with R = 1 runs on packed pairs (nhwc_k3s2_backward_pairs):
+# 0.137 ms float16 / bfloat16 (notes/pool4.md; cols not re-swept).
 _NHWC_K3S2_FORWARD_ROWS = {2: 1, 4: 1, 8: 1}
 _NHWC_K3S2_BACKWARD_ROWS = {2: 1, 4: 1, 8: 1}
 _NHWC_K3S2_ROWS_CHOICES = (1, 2)

@@ -928,9 +928,10 @@ pool_nhwc_backward(const T* __restrict__ x, const T* __restrict__ dy, T* __restr
 // over the floor bytes): forward 0.92-0.97 in float32 (the rows kernel above:
 // 0.57), float16 0.93 on packed pairs (0.60 scalar); backward 0.86-0.89 in
 // float32 with argmax3x3's no-NaN path (0.78-0.81 with the exact rule only; the
-// row tiles: 0.42), 0.37 in float16 (per-element compare work, not bytes, sets
-// the float16 time).  Results are bitwise those of the previous paths, except
-// the float16 / bfloat16 max forward's sign of a zero maximum (see
+// row tiles: 0.42); float16 / bfloat16 0.61 on packed pairs (notes/pool4.md,
+// k3s2_max_backward_pairs; 0.37 scalar: per-element compare work, not bytes,
+// sets the 16-bit time).  Results are bitwise those of the previous paths,
+// except the float16 / bfloat16 max forward's sign of a zero maximum (see
 // k3s2_max_forward_pairs).
 
 // The 3x3 / 2 kernels' reduction of three neighbours, in this order (a row
@@ -1058,20 +1059,25 @@ __device__ __forceinline__ void plane_band_lane(index_t i, int lanes, int bands,
 #define PACKED_MAX_PAIRS 0
 #endif
 
-template <typename T>
-__device__ __forceinline__ unsigned max_nan_pairs(unsigned a, unsigned b);
-template <>
-__device__ __forceinline__ unsigned max_nan_pairs<half_t>(unsigned a, unsigned b) {
-    unsigned d;
-    asm("max.NaN.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
-    return d;
-}
-template <>
-__device__ __forceinline__ unsigned max_nan_pairs<bfloat16_t>(unsigned a, unsigned b) {
-    unsigned d;
-    asm("max.NaN.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
-    return d;
-}
+// name<T>(a, b): one PTX instruction on a pair of 16-bit floats a word, the
+// float16 form for half_t, the bfloat16 one for bfloat16_t.
+#define PAIR_INSTRUCTION(name, ptx_half, ptx_bfloat16)                                  \
+    template <typename T>                                                               \
+    __device__ __forceinline__ unsigned name(unsigned a, unsigned b);                   \
+    template <>                                                                         \
+    __device__ __forceinline__ unsigned name<half_t>(unsigned a, unsigned b) {          \
+        unsigned d;                                                                     \
+        asm(ptx_half " %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));                        \
+        return d;                                                                       \
+    }                                                                                   \
+    template <>                                                                         \
+    __device__ __forceinline__ unsigned name<bfloat16_t>(unsigned a, unsigned b) {      \
+        unsigned d;                                                                     \
+        asm(ptx_bfloat16 " %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));                    \
+        return d;                                                                       \
+    }
+
+PAIR_INSTRUCTION(max_nan_pairs, "max.NaN.f16x2", "max.NaN.bf16x2")
 template <typename T> struct NegInfBits;
 template <> struct NegInfBits<half_t> { static constexpr unsigned value = 0xfc00u; };
 template <> struct NegInfBits<bfloat16_t> { static constexpr unsigned value = 0xff80u; };
@@ -1193,6 +1199,177 @@ pool_k3s2_forward(const T* __restrict__ x, T* __restrict__ y, index_t items, int
     }
 }
 
+// float16 / bfloat16 max backward on packed pairs (sm_90+: set.{eq,gt}.u32.
+// {f16,bf16}x2 and max.NaN.*x2; the scalar path elsewhere).  The scalar
+// argmax (argmax3x3: a compare and two selects an element, after a conversion
+// to float) made the 16-bit backward compare-bound (0.37 of copy against 0.89
+// in float32).  Here the two window rows of a band (R = 1: output rows oh0 and
+// oh0 + 1, x rows 0..2 and 2..4 of the tile) travel as the low and high halves
+// of one word: P[a][c] = (row a, row a + 2) at local column c, built once per
+// tile by byte permutes.  Per window pair: the maximum M (column pass then row
+// pass, max.NaN pairs, shared between neighbouring windows), then the first
+// position equal to M in row-major order: per element one packed compare, one
+// LOP3 (eq & ~seen & dy: the element's share of the window's dy, or +0) and an
+// OR into `seen`.  Equality picks exactly the fast rule's element when no value
+// is NaN and M > -inf (padding is -inf, so it never equals M then; -0.0 and
+// +0.0 compare equal, so the first zero wins, as with the strict > scan).
+// Otherwise (a NaN in the tile, or a window of -inf only) it returns false and
+// the caller runs the scalar path (exact rule).  dx sums in float from +0 in
+// the gather's order (windows in row-major order; a share that is not the
+// window's argmax adds +0), so dx is bitwise the scalar path's (checked on the
+// H100 on 64 x 256 x 56 x 56, notes/pool4.md).
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+#define PACKED_CMP_PAIRS 1
+#else
+#define PACKED_CMP_PAIRS 0
+#endif
+
+// 0xffff in each half where a == b (resp. a > b), else 0 (16-bit float pairs).
+#if PACKED_CMP_PAIRS
+PAIR_INSTRUCTION(eq_pairs, "set.eq.u32.f16x2", "set.eq.u32.bf16x2")
+PAIR_INSTRUCTION(gt_pairs, "set.gt.u32.f16x2", "set.gt.u32.bf16x2")
+#endif
+
+// Per half of a word (a window of 16-bit pairs): the window's dy g at the first
+// element at(a, c), in row-major order, equal to the window's maximum M, and +0
+// at the others -- each element's share of g.
+template <typename T, typename At>
+__device__ __forceinline__ void first_max_shares(At at, unsigned M, unsigned g, unsigned (&share)[3][3]) {
+    unsigned seen = 0u;
+#pragma unroll
+    for (int a = 0; a < 3; ++a)
+#pragma unroll
+        for (int c = 0; c < 3; ++c) {
+            const unsigned eq = eq_pairs<T>(at(a, c), M);
+            share[a][c] = eq & ~seen & g;
+            seen |= eq;
+        }
+}
+
+// Bytes of a and b by selector s (prmt: a = bytes 0..3, b = bytes 4..7).
+__device__ __forceinline__ unsigned permute_bytes(unsigned a, unsigned b, unsigned s) {
+    unsigned d;
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(s));
+    return d;
+}
+
+// The low (HIGH = false) or high half of a word of 16-bit floats, as float.
+template <typename T, bool HIGH>
+__device__ __forceinline__ float half_of(unsigned w) {
+    T h;
+    h.bits = (unsigned short)(HIGH ? w >> 16 : w & 0xffffu);
+    return load(h);
+}
+
+// One tile of pool_k3s2_backward (R = 1: dx rows h0 + 1, h0 + 2, columns VEC*j
+// .. VEC*j + 7) on packed pairs; xp / dyp / dxp point at the tile's column
+// vector j of plane row 0.  Returns false (nothing written) where the tile
+// needs the exact rule.
+template <typename T>
+__device__ __forceinline__ bool k3s2_max_backward_pairs(const T* __restrict__ xp, const T* __restrict__ dyp,
+                                                        T* __restrict__ dxp, int H, int W, int Ho, int Wo,
+                                                        int h0, int oh0, bool left, bool right) {
+#if PACKED_CMP_PAIRS
+    constexpr unsigned NINF = NegInfBits<T>::value, NINF2 = NINF * 0x10001u;
+    // x rows h0 .. h0 + 4: words (local columns 2i + 1, 2i + 2), i = 0..3, and [4] =
+    // the right halo (9, 10); halo[r] = local column 0 (the left halo)
+    unsigned q[5][5], halo[5];
+#pragma unroll
+    for (int r = 0; r < 5; ++r) {
+        const int h = h0 + r;
+        if (h >= 0 && h < H) {
+            const T* row = xp + (long long)h * W;
+            const PackN<unsigned, 4> pk = load_pack<unsigned, 4>(reinterpret_cast<const unsigned*>(row));
+#pragma unroll
+            for (int i = 0; i < 4; ++i) q[r][i] = pk.v[i];
+            q[r][4] = right ? *reinterpret_cast<const unsigned*>(row + 8) : NINF2;
+            halo[r] = left ? (unsigned)row[-1].bits : NINF;
+        } else {
+#pragma unroll
+            for (int i = 0; i < 5; ++i) q[r][i] = NINF2;
+            halo[r] = NINF;
+        }
+    }
+    // P[a][c]: (row a, row a + 2) at local column c -- window rows oh0 (low) and oh0 + 1 (high)
+    unsigned P[3][11];
+#pragma unroll
+    for (int a = 0; a < 3; ++a) {
+        P[a][0] = halo[a] | (halo[a + 2] << 16);
+#pragma unroll
+        for (int i = 0; i < 5; ++i) {
+            P[a][2 * i + 1] = permute_bytes(q[a][i], q[a + 2][i], 0x5410u);
+            P[a][2 * i + 2] = permute_bytes(q[a][i], q[a + 2][i], 0x7632u);
+        }
+    }
+    unsigned cm[11], M[5];
+#pragma unroll
+    for (int c = 0; c < 11; ++c) cm[c] = max_nan_pairs<T>(max_nan_pairs<T>(P[0][c], P[1][c]), P[2][c]);
+    const bool second = oh0 + 1 < Ho;  // window row oh0 + 1 exists
+    const unsigned exists = second ? 0xffffffffu : 0x0000ffffu;
+    unsigned ok = 0xffffffffu;  // every existing window's maximum is a number above -inf
+#pragma unroll
+    for (int m = 0; m < 5; ++m) {
+        M[m] = max_nan_pairs<T>(max_nan_pairs<T>(cm[2 * m], cm[2 * m + 1]), cm[2 * m + 2]);
+        ok &= gt_pairs<T>(M[m], NINF2) | ~(m < 4 || right ? exists : 0u);
+    }
+    if (ok != 0xffffffffu) return false;
+    // dy of the window pairs m = 0..4: (row oh0, row oh0 + 1), zero where the window does not exist
+    unsigned G[5];
+    {
+        const PackN<unsigned, 2> d0 = load_pack<unsigned, 2>(reinterpret_cast<const unsigned*>(dyp + (long long)oh0 * Wo));
+        PackN<unsigned, 2> d1;
+        d1.v[0] = d1.v[1] = 0u;
+        if (second) d1 = load_pack<unsigned, 2>(reinterpret_cast<const unsigned*>(dyp + (long long)(oh0 + 1) * Wo));
+        G[0] = permute_bytes(d0.v[0], d1.v[0], 0x5410u);
+        G[1] = permute_bytes(d0.v[0], d1.v[0], 0x7632u);
+        G[2] = permute_bytes(d0.v[1], d1.v[1], 0x5410u);
+        G[3] = permute_bytes(d0.v[1], d1.v[1], 0x7632u);
+        const unsigned g0 = right ? (unsigned)dyp[(long long)oh0 * Wo + 4].bits : 0u;
+        const unsigned g1 = right && second ? (unsigned)dyp[(long long)(oh0 + 1) * Wo + 4].bits : 0u;
+        G[4] = g0 | (g1 << 16);
+    }
+    // window row oh0 (low halves) first, then oh0 + 1 (high halves): the gather's order
+    float grad[2][8];
+#pragma unroll
+    for (int d = 0; d < 2; ++d)
+#pragma unroll
+        for (int f = 0; f < 8; ++f) grad[d][f] = 0.0f;
+    unsigned upper[5][3];  // high-half shares of x row 2 (dx row 1): window row oh0 + 1
+#pragma unroll
+    for (int m = 0; m < 5; ++m) {
+        unsigned share[3][3];
+        first_max_shares<T>([&](int a, int c) { return P[a][2 * m + c]; }, M[m], G[m], share);
+#pragma unroll
+        for (int a = 0; a < 3; ++a)
+#pragma unroll
+            for (int c = 0; c < 3; ++c) {
+                const int f = 2 * m + c - 1;
+                if (a == 0) upper[m][c] = share[0][c];
+                if (a > 0 && f >= 0 && f < 8) grad[a - 1][f] += half_of<T, false>(share[a][c]);
+            }
+    }
+#pragma unroll
+    for (int m = 0; m < 5; ++m)
+#pragma unroll
+        for (int c = 0; c < 3; ++c) {
+            const int f = 2 * m + c - 1;
+            if (f >= 0 && f < 8) grad[1][f] += half_of<T, true>(upper[m][c]);
+        }
+#pragma unroll
+    for (int d = 0; d < 2; ++d) {
+        const int h = h0 + 1 + d;
+        if (h >= H) break;
+        PackN<T, 8> pk;
+#pragma unroll
+        for (int f = 0; f < 8; ++f) pk.v[f] = store<T>(grad[d][f]);
+        *reinterpret_cast<PackN<T, 8>*>(dxp + (long long)h * W) = pk;
+    }
+    return true;
+#else
+    return false;
+#endif
+}
+
 template <typename T, typename index_t, int R>
 __global__ void __launch_bounds__(256)
 pool_k3s2_backward(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ dx,
@@ -1210,6 +1387,11 @@ pool_k3s2_backward(const T* __restrict__ x, const T* __restrict__ dy, T* __restr
         const T* dyp = dy + (long long)plane * Ho * Wo + OUT * j;
         const int h0 = 2 * R * band - 1, oh0 = R * band;
         const bool right = j + 1 < lanes;  // the window column shared with the next vector exists
+        if constexpr (sizeof(T) == 2 && R == 1) {
+            if (k3s2_max_backward_pairs<T>(xp, dyp, dx + (long long)plane * H * W + VEC * j, H, W, Ho, Wo,
+                                           h0, oh0, j > 0, right))
+                continue;
+        }
         A v[XR][XC];
         bool rok[XR];
 #pragma unroll
@@ -1373,7 +1555,9 @@ pool_k2s2_avg_backward(const T* __restrict__ /* x: not needed */, const T* __res
 // Measured (H100, notes/pool3.md, 64 x 56 x 56 x 256; fraction of copy over the
 // floor bytes): forward 0.91 float32, 0.89 float16 (packed pairs; 0.72-0.79
 // scalar); backward 0.79-0.80 float32, 2.1x PyTorch (argmax bytes + gather
-// before: 0.49, 1.3x), 0.33 float16 (compare-bound, 218 registers).  R = 2
+// before: 0.49, 1.3x); float16 / bfloat16 0.56, 2.7x PyTorch on packed pairs
+// (nhwc_k3s2_backward_pairs, 135 registers; 0.33 scalar: compare-bound, 218
+// registers; notes/pool4.md).  R = 2
 // measured slower in both directions (registers), one segment per row fastest
 // for the backward (each seam recomputes a window column).
 
@@ -1480,6 +1664,192 @@ pool_nhwc_k3s2_forward(const T* __restrict__ x, T* __restrict__ y, index_t items
     }
 }
 
+// The 16-bit words of VEC = 8 channels at input rows h0 .. h0 + 4 of column w
+// (NHWC, image base xn, channel offset included); -inf pairs outside the image.
+template <typename T, typename index_t>
+__device__ __forceinline__ void load_nhwc_words(unsigned (&out)[5][4], const T* __restrict__ xn, int h0, int w,
+                                                int H, int W, int C) {
+    constexpr unsigned NINF2 = NegInfBits<T>::value * 0x10001u;
+    const bool col_ok = w >= 0 && w < W;
+#pragma unroll
+    for (int r = 0; r < 5; ++r) {
+        const int h = h0 + r;
+        if (col_ok && h >= 0 && h < H) {
+            const PackN<unsigned, 4> pk =
+                load_pack<unsigned, 4>(reinterpret_cast<const unsigned*>(xn + ((index_t)h * W + w) * C));
+#pragma unroll
+            for (int i = 0; i < 4; ++i) out[r][i] = pk.v[i];
+        } else {
+#pragma unroll
+            for (int i = 0; i < 4; ++i) out[r][i] = NINF2;
+        }
+    }
+}
+
+// Sum of 16-bit float pairs, a + b, rounded once (add.{f16,bf16}x2); equal to
+// the float sum rounded to T (float has 24 >= 2p + 2 bits: double rounding is
+// innocuous), and +0 for (+-0) + (+-0) unless both are -0.
+#if PACKED_CMP_PAIRS
+PAIR_INSTRUCTION(add_pairs, "add.rn.f16x2", "add.rn.bf16x2")
+#endif
+
+// One item (band of input rows h0 + 1, h0 + 2, segment ow0 .. ow1, 8 channels)
+// of pool_nhwc_k3s2_backward for 16-bit T, R = 1, on packed channel pairs
+// (see k3s2_max_backward_pairs): a word holds channels (2i, 2i + 1) of one
+// pixel, so a window's nine elements are nine words, no permutes.  Per step and
+// window (k = 0, 1) the maximum M (row pass shared by both windows), then the
+// shares of dy (eq & ~seen & dy) per element; a step whose windows hold a NaN or
+// only -inf takes the exact rule per channel (argmax3x3<true>) instead, giving
+// the same shares.  dx: columns 2ow - 1 (windows ow - 1, ow: up to four shares,
+// summed in float in the gather's order) and 2ow (window ow), sums of two
+// shares by add_pairs (the float sum rounded once: bitwise the scalar path's).
+template <typename T, typename index_t>
+__device__ __forceinline__ void nhwc_k3s2_backward_pairs(const T* __restrict__ xn, const T* __restrict__ dyn,
+                                                         T* __restrict__ dxn, int C, int H, int W, int Ho,
+                                                         int Wo, int oh0, int ow0, int ow1, int cols) {
+#if PACKED_CMP_PAIRS
+    constexpr unsigned NINF2 = NegInfBits<T>::value * 0x10001u;
+    const int h0 = 2 * oh0 - 1;
+    const bool second = oh0 + 1 < Ho;  // window row oh0 + 1 exists
+    bool row_ok[5];
+#pragma unroll
+    for (int r = 0; r < 5; ++r) row_ok[r] = h0 + r >= 0 && h0 + r < H;
+    unsigned col[3][5][4];  // input columns 2ow - 1, 2ow, 2ow + 1: [column][x row][word]
+    load_nhwc_words<T, index_t>(col[0], xn, h0, 2 * ow0 - 1, H, W, C);
+    bool left_ok = ow0 > 0;
+    // shares of window (oh0 + k, ow - 1) in its right column: [0] = (k 0, row a 1) -> dx row 1,
+    // [1] = (k 0, a 2) -> dx row 2, [2] = (k 1, a 0) -> dx row 2; likewise cur0 / cur1 for the
+    // left / middle column of window ow
+    unsigned prev[3][4];
+#pragma unroll
+    for (int s = 0; s < 3; ++s)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) prev[s][i] = 0u;
+    for (int ow = ow0; ow <= ow1; ++ow) {
+        load_nhwc_words<T, index_t>(col[1], xn, h0, 2 * ow, H, W, C);
+        load_nhwc_words<T, index_t>(col[2], xn, h0, 2 * ow + 1, H, W, C);
+        const bool window = ow < Wo;
+        const bool need[2] = {window, window && second};
+        unsigned g[2][4];
+#pragma unroll
+        for (int k = 0; k < 2; ++k) {
+            if (need[k]) {
+                const PackN<unsigned, 4> pk = load_pack<unsigned, 4>(
+                    reinterpret_cast<const unsigned*>(dyn + ((index_t)(oh0 + k) * Wo + ow) * C));
+#pragma unroll
+                for (int i = 0; i < 4; ++i) g[k][i] = pk.v[i];
+            } else {
+#pragma unroll
+                for (int i = 0; i < 4; ++i) g[k][i] = 0u;
+            }
+        }
+        unsigned M[2][4], ok = 0xffffffffu;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            unsigned rm[5];
+#pragma unroll
+            for (int r = 0; r < 5; ++r)
+                rm[r] = max_nan_pairs<T>(max_nan_pairs<T>(col[0][r][i], col[1][r][i]), col[2][r][i]);
+#pragma unroll
+            for (int k = 0; k < 2; ++k) {
+                M[k][i] = max_nan_pairs<T>(max_nan_pairs<T>(rm[2 * k], rm[2 * k + 1]), rm[2 * k + 2]);
+                if (need[k]) ok &= gt_pairs<T>(M[k][i], NINF2);
+            }
+        }
+        unsigned next[3][4], cur0[3][4], cur1[3][4];
+        if (ok == 0xffffffffu) {
+#pragma unroll
+            for (int k = 0; k < 2; ++k)
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    unsigned share[3][3];
+                    first_max_shares<T>([&](int a, int c) { return col[c][2 * k + a][i]; }, M[k][i], g[k][i],
+                                        share);
+#pragma unroll
+                    for (int a = 0; a < 3; ++a)
+#pragma unroll
+                        for (int c = 0; c < 3; ++c) {
+                            const int s = k == 0 ? a - 1 : (a == 0 ? 2 : -1);
+                            if (s >= 0) (c == 0 ? cur0 : c == 1 ? cur1 : next)[s][i] = share[a][c];
+                        }
+                }
+        } else {
+            // the exact rule, channel by channel
+            const bool col_ok[3] = {left_ok, 2 * ow < W, 2 * ow + 1 < W};
+#pragma unroll
+            for (int s = 0; s < 3; ++s)
+#pragma unroll
+                for (int i = 0; i < 4; ++i) next[s][i] = cur0[s][i] = cur1[s][i] = 0u;
+#pragma unroll
+            for (int k = 0; k < 2; ++k) {
+                const bool row[3] = {need[k] && row_ok[2 * k], need[k] && row_ok[2 * k + 1],
+                                     need[k] && row_ok[2 * k + 2]};
+#pragma unroll
+                for (int v = 0; v < 8; ++v) {
+                    const int i = v / 2, shift = 16 * (v % 2);
+                    const int pos = argmax3x3<true, float>([&](int a, int c) {
+                        T h;
+                        h.bits = (unsigned short)(col[c][2 * k + a][i] >> shift);
+                        return load(h);
+                    }, row, col_ok);
+                    const unsigned gv = g[k][i] & (0xffffu << shift);
+#pragma unroll
+                    for (int a = 0; a < 3; ++a) {
+                        const int s = k == 0 ? a - 1 : (a == 0 ? 2 : -1);
+                        if (s < 0) continue;
+                        if (pos == a * 3) cur0[s][i] |= gv;
+                        if (pos == a * 3 + 1) cur1[s][i] |= gv;
+                        if (pos == a * 3 + 2) next[s][i] |= gv;
+                    }
+                }
+            }
+        }
+        // dx column 2ow - 1: row 1 = prev[0] + cur0[0]; row 2 = prev[1] + cur0[1] + prev[2] + cur0[2]
+        const int w = 2 * ow - 1;
+        if (ow > ow0 && w < W) {
+            PackN<unsigned, 4> r1, r2;
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                r1.v[i] = add_pairs<T>(add_pairs<T>(0u, prev[0][i]), cur0[0][i]);
+                float lo = 0.0f, hi = 0.0f;
+                lo += half_of<T, false>(prev[1][i]);
+                hi += half_of<T, true>(prev[1][i]);
+                lo += half_of<T, false>(cur0[1][i]);
+                hi += half_of<T, true>(cur0[1][i]);
+                lo += half_of<T, false>(prev[2][i]);
+                hi += half_of<T, true>(prev[2][i]);
+                lo += half_of<T, false>(cur0[2][i]);
+                hi += half_of<T, true>(cur0[2][i]);
+                r2.v[i] = (unsigned)store<T>(lo).bits | ((unsigned)store<T>(hi).bits << 16);
+            }
+            *reinterpret_cast<PackN<unsigned, 4>*>(dxn + ((index_t)(h0 + 1) * W + w) * C) = r1;
+            if (h0 + 2 < H) *reinterpret_cast<PackN<unsigned, 4>*>(dxn + ((index_t)(h0 + 2) * W + w) * C) = r2;
+        }
+        // dx column 2ow: row 1 = cur1[0]; row 2 = cur1[1] + cur1[2]
+        if (ow < ow0 + cols && 2 * ow < W) {
+            PackN<unsigned, 4> r1, r2;
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                r1.v[i] = add_pairs<T>(0u, cur1[0][i]);
+                r2.v[i] = add_pairs<T>(add_pairs<T>(0u, cur1[1][i]), cur1[2][i]);
+            }
+            *reinterpret_cast<PackN<unsigned, 4>*>(dxn + ((index_t)(h0 + 1) * W + 2 * ow) * C) = r1;
+            if (h0 + 2 < H)
+                *reinterpret_cast<PackN<unsigned, 4>*>(dxn + ((index_t)(h0 + 2) * W + 2 * ow) * C) = r2;
+        }
+#pragma unroll
+        for (int r = 0; r < 5; ++r)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) col[0][r][i] = col[2][r][i];
+        left_ok = 2 * ow + 1 < W;
+#pragma unroll
+        for (int s = 0; s < 3; ++s)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) prev[s][i] = next[s][i];
+    }
+#endif
+}
+
 template <typename T, typename index_t, int R>
 __global__ void __launch_bounds__(256)
 pool_nhwc_k3s2_backward(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ dx,
@@ -1499,97 +1869,101 @@ pool_nhwc_k3s2_backward(const T* __restrict__ x, const T* __restrict__ dy, T* __
         T* dxn = dx + n * H * W * C + c;
         const int oh0 = band * R, h0 = 2 * oh0 - 1;  // local x row r = input row h0 + r
         const int ow0 = seg * cols, ow1 = min(ow0 + cols, Wo);
-        bool row_ok[XR];
+        if constexpr (sizeof(T) == 2 && R == 1 && PACKED_CMP_PAIRS) {
+            nhwc_k3s2_backward_pairs<T, index_t>(xn, dyn, dxn, C, H, W, Ho, Wo, oh0, ow0, ow1, cols);
+        } else {
+            bool row_ok[XR];
 #pragma unroll
-        for (int r = 0; r < XR; ++r) row_ok[r] = h0 + r >= 0 && h0 + r < H;
-        PackN<T, VEC> left[XR];  // input column 2ow - 1
-        load_nhwc_column<T, index_t, VEC, XR>(left, xn, h0, 2 * ow0 - 1, H, W, C, fill);
-        bool left_ok = ow0 > 0, left_nan = nhwc_column_nan<T, VEC, XR>(left);
-        // windows (oh0 + k, ow - 1) of the previous step: argmax position a * 3 + c
-        // (-1: no window) and dy
-        int prev_pos[WR][VEC];
-        A prev_g[WR][VEC];
-#pragma unroll
-        for (int k = 0; k < WR; ++k)
-#pragma unroll
-            for (int v = 0; v < VEC; ++v) {
-                prev_pos[k][v] = -1;
-                prev_g[k][v] = A(0);
-            }
-        for (int ow = ow0; ow <= ow1; ++ow) {
-            PackN<T, VEC> mid[XR], right[XR];
-            load_nhwc_column<T, index_t, VEC, XR>(mid, xn, h0, 2 * ow, H, W, C, fill);
-            load_nhwc_column<T, index_t, VEC, XR>(right, xn, h0, 2 * ow + 1, H, W, C, fill);
-            const bool col_ok[3] = {left_ok, 2 * ow < W, 2 * ow + 1 < W};
-            const bool right_nan = nhwc_column_nan<T, VEC, XR>(right);
-            const bool exact = left_nan || right_nan || nhwc_column_nan<T, VEC, XR>(mid);
-            A g[WR][VEC];
-            int pos[WR][VEC];
-            auto windows = [&](auto exact_rule) {
-#pragma unroll
-            for (int k = 0; k < WR; ++k) {
-                const bool window = oh0 + k < Ho && ow < Wo;
-                if (window) {
-                    const PackN<T, VEC> pk = load_pack<T, VEC>(dyn + ((index_t)(oh0 + k) * Wo + ow) * C);
-#pragma unroll
-                    for (int v = 0; v < VEC; ++v) g[k][v] = load(pk.v[v]);
-                }
-                const bool row[3] = {window && row_ok[2 * k], window && row_ok[2 * k + 1],
-                                     window && row_ok[2 * k + 2]};
-#pragma unroll
-                for (int v = 0; v < VEC; ++v) {
-                    pos[k][v] = argmax3x3<decltype(exact_rule)::value, A>([&](int a, int cc) {
-                        return load((cc == 0 ? left : cc == 1 ? mid : right)[2 * k + a].v[v]);
-                    }, row, col_ok);
-                    if (!window) g[k][v] = A(0);
-                }
-            }
-            };
-            if (exact) {
-                windows(Bool<true>());
-            } else {
-                windows(Bool<false>());
-            }
-            // dx column 2ow - 1 (windows ow - 1 and ow) and 2ow (window ow); local rows 1 .. 2R
-#pragma unroll
-            for (int side = 0; side < 2; ++side) {
-                const int w = 2 * ow - 1 + side;
-                if (side == 0 ? !(ow > ow0 && w < W) : !(ow < ow0 + cols && w < W)) continue;
-#pragma unroll
-                for (int r = 1; r <= 2 * R; ++r) {
-                    const int h = h0 + r;
-                    if (h >= H) break;
-                    PackN<T, VEC> pk;
-#pragma unroll
-                    for (int v = 0; v < VEC; ++v) {
-                        A s = A(0);
-#pragma unroll
-                        for (int k = 0; k < WR; ++k) {
-                            const int a = r - 2 * k;
-                            if (a < 0 || a > 2) continue;
-                            if (side == 0) {
-                                s += prev_pos[k][v] == a * 3 + 2 ? prev_g[k][v] : A(0);
-                                s += pos[k][v] == a * 3 ? g[k][v] : A(0);
-                            } else {
-                                s += pos[k][v] == a * 3 + 1 ? g[k][v] : A(0);
-                            }
-                        }
-                        pk.v[v] = store<T>(s);
-                    }
-                    *reinterpret_cast<PackN<T, VEC>*>(dxn + ((index_t)h * W + w) * C) = pk;
-                }
-            }
-#pragma unroll
-            for (int r = 0; r < XR; ++r) left[r] = right[r];
-            left_ok = col_ok[2];
-            left_nan = right_nan;
+            for (int r = 0; r < XR; ++r) row_ok[r] = h0 + r >= 0 && h0 + r < H;
+            PackN<T, VEC> left[XR];  // input column 2ow - 1
+            load_nhwc_column<T, index_t, VEC, XR>(left, xn, h0, 2 * ow0 - 1, H, W, C, fill);
+            bool left_ok = ow0 > 0, left_nan = nhwc_column_nan<T, VEC, XR>(left);
+            // windows (oh0 + k, ow - 1) of the previous step: argmax position a * 3 + c
+            // (-1: no window) and dy
+            int prev_pos[WR][VEC];
+            A prev_g[WR][VEC];
 #pragma unroll
             for (int k = 0; k < WR; ++k)
 #pragma unroll
                 for (int v = 0; v < VEC; ++v) {
-                    prev_pos[k][v] = pos[k][v];
-                    prev_g[k][v] = g[k][v];
+                    prev_pos[k][v] = -1;
+                    prev_g[k][v] = A(0);
                 }
+            for (int ow = ow0; ow <= ow1; ++ow) {
+                PackN<T, VEC> mid[XR], right[XR];
+                load_nhwc_column<T, index_t, VEC, XR>(mid, xn, h0, 2 * ow, H, W, C, fill);
+                load_nhwc_column<T, index_t, VEC, XR>(right, xn, h0, 2 * ow + 1, H, W, C, fill);
+                const bool col_ok[3] = {left_ok, 2 * ow < W, 2 * ow + 1 < W};
+                const bool right_nan = nhwc_column_nan<T, VEC, XR>(right);
+                const bool exact = left_nan || right_nan || nhwc_column_nan<T, VEC, XR>(mid);
+                A g[WR][VEC];
+                int pos[WR][VEC];
+                auto windows = [&](auto exact_rule) {
+#pragma unroll
+                for (int k = 0; k < WR; ++k) {
+                    const bool window = oh0 + k < Ho && ow < Wo;
+                    if (window) {
+                        const PackN<T, VEC> pk = load_pack<T, VEC>(dyn + ((index_t)(oh0 + k) * Wo + ow) * C);
+#pragma unroll
+                        for (int v = 0; v < VEC; ++v) g[k][v] = load(pk.v[v]);
+                    }
+                    const bool row[3] = {window && row_ok[2 * k], window && row_ok[2 * k + 1],
+                                         window && row_ok[2 * k + 2]};
+#pragma unroll
+                    for (int v = 0; v < VEC; ++v) {
+                        pos[k][v] = argmax3x3<decltype(exact_rule)::value, A>([&](int a, int cc) {
+                            return load((cc == 0 ? left : cc == 1 ? mid : right)[2 * k + a].v[v]);
+                        }, row, col_ok);
+                        if (!window) g[k][v] = A(0);
+                    }
+                }
+                };
+                if (exact) {
+                    windows(Bool<true>());
+                } else {
+                    windows(Bool<false>());
+                }
+                // dx column 2ow - 1 (windows ow - 1 and ow) and 2ow (window ow); local rows 1 .. 2R
+#pragma unroll
+                for (int side = 0; side < 2; ++side) {
+                    const int w = 2 * ow - 1 + side;
+                    if (side == 0 ? !(ow > ow0 && w < W) : !(ow < ow0 + cols && w < W)) continue;
+#pragma unroll
+                    for (int r = 1; r <= 2 * R; ++r) {
+                        const int h = h0 + r;
+                        if (h >= H) break;
+                        PackN<T, VEC> pk;
+#pragma unroll
+                        for (int v = 0; v < VEC; ++v) {
+                            A s = A(0);
+#pragma unroll
+                            for (int k = 0; k < WR; ++k) {
+                                const int a = r - 2 * k;
+                                if (a < 0 || a > 2) continue;
+                                if (side == 0) {
+                                    s += prev_pos[k][v] == a * 3 + 2 ? prev_g[k][v] : A(0);
+                                    s += pos[k][v] == a * 3 ? g[k][v] : A(0);
+                                } else {
+                                    s += pos[k][v] == a * 3 + 1 ? g[k][v] : A(0);
+                                }
+                            }
+                            pk.v[v] = store<T>(s);
+                        }
+                        *reinterpret_cast<PackN<T, VEC>*>(dxn + ((index_t)h * W + w) * C) = pk;
+                    }
+                }
+#pragma unroll
+                for (int r = 0; r < XR; ++r) left[r] = right[r];
+                left_ok = col_ok[2];
+                left_nan = right_nan;
+#pragma unroll
+                for (int k = 0; k < WR; ++k)
+#pragma unroll
+                    for (int v = 0; v < VEC; ++v) {
+                        prev_pos[k][v] = pos[k][v];
+                        prev_g[k][v] = g[k][v];
+                    }
+            }
         }
     }
 }

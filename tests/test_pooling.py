@@ -495,6 +495,12 @@ def test_k3s2_ties_and_nan_exactly(xp, rng, monkeypatch, dtype, hw):
     x[0, 1] = -np.inf
     x[1, 0, 0, :] = -0.0
     x[1, 2, hw[0] // 2, 3] = x[1, 2, hw[0] - 1, hw[1] - 1] = x[2, 3, 0, 0] = np.nan
+    # +inf ties (first wins), windows mixing -inf and +inf, a plane of -inf with a few real values
+    x[2, 0, 0, :4] = x[2, 0, hw[0] - 1, hw[1] - 3:] = np.inf
+    x[2, 1, :, ::2] = -np.inf
+    x[2, 1, hw[0] // 2, 1] = np.inf
+    x[2, 2] = -np.inf
+    x[2, 2, hw[0] - 1, hw[1] // 2] = x[2, 2, 0, hw[1] - 1] = 0.0
     _check_integer_data_exactly(xp, rng, x, dict(stride=2, padding=1))
 
 
@@ -580,6 +586,12 @@ def test_nhwc_k3s2_ties_and_nan_exactly(xp, rng, monkeypatch, dtype, hw, rows, c
     x[0, :, :, 1] = -np.inf
     x[1, 0, :, :] = -0.0
     x[1, hw[0] // 2, hw[1] - 1, 3] = x[1, hw[0] - 1, hw[1] // 2, 5] = x[2, 0, 0, 0] = np.nan
+    # +inf ties, windows mixing -inf and +inf, a channel of -inf with a few real values
+    x[2, 0, :3, 2] = x[2, hw[0] - 1, hw[1] - 1, 2] = np.inf
+    x[2, ::2, :, 4] = -np.inf
+    x[2, hw[0] // 2, 0, 4] = np.inf
+    x[2, :, :, 6] = -np.inf
+    x[2, hw[0] - 1, hw[1] // 2, 6] = x[2, 0, hw[1] - 1, 6] = -0.0
     _check_integer_data_exactly(xp, rng, x, dict(stride=2, padding=1, layout="NHWC"))
 
 
