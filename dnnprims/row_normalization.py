@@ -38,6 +38,9 @@ FAMILY = KernelFamily("row_normalization.cu", [
     *(f"norm_rows_backward_fused<{t}, {p}, {i}, {v}>"
       for t, p in _TYPE_PAIRS for i in _INDEX_TYPES for v in sorted({1, _VECTOR[t]})),
     *sorted({f"norm_param_grads_finish_wide<{_ACC[t]}, {p}>" for t, p in _TYPE_PAIRS}),
+    *(f"gn_rows_forward_pipelined<{t}, {p}, {i}, {_VECTOR[t]}>" for t, p in _TYPE_PAIRS for i in _INDEX_TYPES),
+    *(f"gn_rows_backward<{t}, {p}, {i}, {v}>"
+      for t, p in _TYPE_PAIRS for i in _INDEX_TYPES for v in sorted({1, _VECTOR[t]})),
 ])
 
 # Dynamic shared memory a row block may hold (the single-read path): two blocks
@@ -63,6 +66,19 @@ _PLANE_SUMS_BYTES = 16 * 1024
 # read from DRAM once.  False: such rows re-read global memory in pass 2.
 BIG_CACHE = True
 _OPTIN = {}  # device -> the largest dynamic shared memory a block may opt in to
+# Group / instance norm forward, NCHW, 16-byte rows: gn_rows_forward_pipelined
+# (persistent blocks, two row buffers, the next row's cp.async copies in flight
+# while this row is reduced and stored) when two rows fit the per-block opt-in.
+# False: norm_rows_forward (one block per row).
+PIPELINED_FORWARD = True
+_PIPELINE_GRID_CAP = None  # tests: at most this many persistent blocks (each then walks many rows)
+# Group / instance norm backward, NCHW: gn_rows_backward (contiguous warp ranges,
+# plane sums in registers).  "x": x cached, dy re-read (mostly L2), blocks of at
+# most 512 threads and rows within CACHE_BYTES, so two blocks share an SM;
+# "both": x and dy cached up to the per-block opt-in (one block per SM for
+# 100 KB rows).  None: norm_rows_backward (PLANE_SUMS / BIG_CACHE below it).
+GN_BACKWARD = "x"
+GN_BACKWARD_MODES = ("x", "both", None)
 
 
 # ---------------------------------------------------------------------- validation
@@ -432,6 +448,66 @@ def _param_or_null(cp, a):
     return _NULL if a is None else _validate.contiguous(cp, a)
 
 
+def _optin(cp):
+    device = cp.cuda.runtime.getDevice()
+    optin = _OPTIN.get(device)
+    if optin is None:
+        try:
+            optin = int(cp.cuda.Device(device).attributes["MaxSharedMemoryPerBlockOptin"])
+        except Exception:  # attribute unknown: the default limit
+            optin = 48 * 1024
+        _OPTIN[device] = optin
+    return optin
+
+
+_PERSISTENT = {}  # (device, expression, block, shared) -> blocks resident at once, 0 if unknown
+
+
+def _resident_blocks(cp, kernel, expr, block, shared):
+    key = (cp.cuda.runtime.getDevice(), expr, block, shared)
+    resident = _PERSISTENT.get(key)
+    if resident is None:
+        resident = 0
+        if block <= kernel.max_threads_per_block:
+            try:
+                from cupy_backends.cuda.api import driver
+                per_sm = driver.occupancyMaxActiveBlocksPerMultiprocessor(kernel.kernel.ptr, block, shared)
+                resident = int(per_sm) * int(cp.cuda.Device().attributes["MultiProcessorCount"])
+            except Exception:  # no occupancy API: the one-block-per-row kernel
+                resident = 0
+        _PERSISTENT[key] = resident
+    return resident
+
+
+def _raise_shared(kernel, key, shared):
+    if shared > 48 * 1024 and _RAISED.get(key, 0) < shared:  # opt in above the default
+        kernel.max_dynamic_shared_size_bytes = shared
+        _RAISED[key] = shared
+
+
+def _pipelined_forward(cp, x, y, gamma, beta, mean, rstd, rows, pt, eps):
+    """Launch gn_rows_forward_pipelined and return True, or False when it does not apply."""
+    if not (PIPELINED_FORWARD and not rows.nhwc and rows.S > 1 and rows.vec > 1):
+        return False
+    row_bytes = ceil_div(rows.M * x.itemsize, 16) * 16
+    shared = 2 * row_bytes
+    if shared > _optin(cp) - 1024:
+        return False
+    expr = f"gn_rows_forward_pipelined<{rows.t}, {pt}, {rows.index_t}, {rows.vec}>"
+    kernel = FAMILY.function(expr)
+    key = (cp.cuda.runtime.getDevice(), expr)
+    block = min(rows.block, kernel.max_threads_per_block // 32 * 32)
+    _raise_shared(kernel, key, shared)
+    resident = _resident_blocks(cp, kernel, expr, block, shared)
+    if resident <= 0:
+        return False
+    grid = min(rows.rows, resident, _PIPELINE_GRID_CAP or resident)
+    kernel((grid,), (block,),
+           (x, y, _param_or_null(cp, gamma), _param_or_null(cp, beta), mean, rstd, rows.it(rows.K),
+            rows.it(rows.S), np.int32(rows.groups), rows.it(rows.rows), eps), shared_mem=shared)
+    return True
+
+
 def _forward_gpu(cp, x, groups, gamma, beta, eps, layout, rms, write_y=True):
     acc = _dtypes.accumulate_dtype(x.dtype)
     x = _validate.contiguous(cp, x)
@@ -441,6 +517,9 @@ def _forward_gpu(cp, x, groups, gamma, beta, eps, layout, rms, write_y=True):
     rstd = cp.empty((x.shape[0], groups), acc)
     pdtype = next((p.dtype for p in (gamma, beta) if p is not None), x.dtype)
     real = np.float32 if acc == np.float32 else np.float64
+    if write_y and not rms and _pipelined_forward(cp, x, y, gamma, beta, mean, rstd, rows,
+                                                  _dtypes.cuda_type(pdtype), real(eps)):
+        return y, mean, rstd
     _launch_rows(rows.spec("norm_rows_forward", _dtypes.cuda_type(pdtype)), rows,
                  (x, _NULL if y is None else y, _param_or_null(cp, gamma), _param_or_null(cp, beta), mean, rstd,
                   *rows.geometry(), real(eps), np.int32(rms), np.int32(rows.cache), np.int32(write_y)))
@@ -466,6 +545,10 @@ def _backward_gpu(cp, dy, x, groups, gamma, mean, rstd, eps, layout, pdtype, rms
         fused = _fused_backward(cp, dy, x, gamma, mean, rstd, dx, rows, pt, pdtype, acc, rms)
         if fused is not None:
             return (dx, *fused)
+    if planes and GN_BACKWARD is not None:
+        done = _gn_backward(cp, dy, x, gamma, mean, rstd, dx, rows, pt, pdtype, acc)
+        if done is not None:
+            return (dx, *done)
     per_warp = 2 * rows.K * np.dtype(acc).itemsize  # plane sums: one slice per warp
     if (PLANE_SUMS and planes and rows.S >= 32 * rows.vec and
             rows.block // 32 * per_warp <= _PLANE_SUMS_BYTES):
@@ -480,6 +563,35 @@ def _backward_gpu(cp, dy, x, groups, gamma, mean, rstd, eps, layout, pdtype, rms
                   np.int32(rows.cache), _NULL, _NULL, np.int32(0)))
     dgamma, dbeta = _param_grads(cp, dy, x, mean, rstd, rows, layout, pdtype, acc, rms)
     return dx, dgamma, dbeta
+
+
+def _gn_backward(cp, dy, x, gamma, mean, rstd, dx, rows, pt, pdtype, acc):
+    """(dgamma, dbeta) after gn_rows_backward wrote dx, or None when no block size
+    keeps a warp's range within two planes (then nothing was launched)."""
+    expr = rows.spec("gn_rows_backward", pt)
+    kernel = FAMILY.function(expr)
+    most = kernel.max_threads_per_block // 32 * 32
+    if GN_BACKWARD == "x":
+        candidates = (min(rows.block, 512, most), min(rows.block, most))
+        both_limit, x_limit = CACHE_BYTES, CACHE_BYTES
+    else:
+        candidates = (min(rows.block, most),)
+        both_limit = x_limit = _cache_limit(cp)
+    plane_vectors = rows.S // rows.vec
+    vectors = rows.M // rows.vec
+    block = next((b for b in candidates if ceil_div(vectors, b // 32) <= plane_vectors), None)
+    if block is None:
+        return None
+    row_bytes = ceil_div(rows.M * x.itemsize, 16) * 16
+    cache = 2 if 2 * row_bytes <= both_limit else 1 if row_bytes <= x_limit else 0
+    shared = cache * row_bytes + (4 * (block // 32) + 2 * rows.K) * np.dtype(acc).itemsize
+    _raise_shared(kernel, (cp.cuda.runtime.getDevice(), expr), shared)
+    n, channels = x.shape[0], rows.groups * rows.K
+    part = cp.empty((2, n, channels), acc)
+    kernel((rows.rows,), (block,), (dy, x, _param_or_null(cp, gamma), mean, rstd, dx, rows.it(rows.K),
+                                    rows.it(rows.S), np.int32(rows.groups), np.int32(cache), part[0], part[1]),
+           shared_mem=shared)
+    return _finish_param_grads(cp, part[0], part[1], n, channels, rows.t, pdtype)
 
 
 _FUSED_GRID = {}  # (device, expression, block) -> blocks resident at once, 0 if unknown

@@ -565,3 +565,246 @@ __global__ void norm_param_grads_finish(const A* __restrict__ part_dgamma, const
     dgamma[p] = store<P>(g);
     if (dbeta != nullptr) dbeta[p] = store<P>(b);
 }
+
+// ---------------------------------------------------------------------------
+// Group / instance norm, NCHW (rows of K contiguous planes of S values).
+//
+// gn_rows_forward_pipelined: a persistent block (one per SM when a row is
+// ~100 KB) walks rows blockIdx.x, + gridDim.x, ... with two row buffers in
+// dynamic shared memory: while row r is reduced (two-pass exact statistics
+// from shared memory) and normalized to global memory, the 16-byte cp.async
+// copies of row r + gridDim.x into the other buffer are already in flight,
+// so the SM's loads overlap its stores (one block per row per launch ran
+// load, reduce, store one after another).  Needs VEC > 1 (16-byte aligned
+// rows).  cp.async needs sm_80; older devices copy synchronously.
+template <typename T, int VEC>
+__device__ __forceinline__ void copy16_async(T* smem, const T* __restrict__ gmem) {
+#if __CUDA_ARCH__ >= 800
+    unsigned s;
+    asm volatile("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(s) : "l"(smem));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
+#else
+    *reinterpret_cast<NormPack<T, VEC>*>(smem) = *reinterpret_cast<const NormPack<T, VEC>*>(gmem);
+#endif
+}
+
+__device__ __forceinline__ void copy_async_commit() {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
+}
+
+// Wait until at most one committed group (the most recent) is still in flight.
+__device__ __forceinline__ void copy_async_wait_all_but_one() {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_group 1;" ::: "memory");
+#endif
+}
+
+template <typename T, typename P, typename index_t, int VEC>
+__global__ void __launch_bounds__(1024) gn_rows_forward_pipelined(
+        const T* __restrict__ x, T* __restrict__ y, const P* __restrict__ gamma, const P* __restrict__ beta,
+        acc_t<T>* __restrict__ mean_out, acc_t<T>* __restrict__ rstd_out, index_t K, index_t S, int G,
+        index_t rows, acc_t<T> eps) {
+    typedef acc_t<T> A;
+    extern __shared__ __align__(16) unsigned char norm_smem[];
+    __shared__ A scratch[32];
+    const index_t M = K * S;
+    const index_t Mv = M / VEC;
+    const index_t T_ = blockDim.x;
+    const index_t stride = (M * (index_t)sizeof(T) + 15) / 16 * 16 / (index_t)sizeof(T);
+    T* const buf0 = reinterpret_cast<T*>(norm_smem);  // buffer b at buf0 + b * stride
+    const A count = A(M);
+    index_t row = blockIdx.x;
+    if (row >= rows) return;
+    for (index_t v = threadIdx.x; v < Mv; v += T_) copy16_async<T, VEC>(buf0 + v * VEC, x + row * M + v * VEC);
+    copy_async_commit();
+    for (int it = 0; row < rows; row += gridDim.x, ++it) {
+        const T* cur = buf0 + (it & 1) * stride;
+        const index_t next = row + gridDim.x;
+        if (next < rows) {  // the other buffer was last read before the previous iteration's final barrier
+            T* nb = buf0 + ((it + 1) & 1) * stride;
+            for (index_t v = threadIdx.x; v < Mv; v += T_) copy16_async<T, VEC>(nb + v * VEC, x + next * M + v * VEC);
+        }
+        copy_async_commit();  // possibly empty: the wait below then still leaves only this group
+        copy_async_wait_all_but_one();
+        __syncthreads();  // every thread's copies of the current row have landed
+        A s1 = 0;
+        for (index_t v = threadIdx.x; v < Mv; v += T_) {
+            A xv[VEC];
+            norm_load<T, VEC>(cur, v * VEC, xv);
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) s1 += xv[e];
+        }
+        const A mean = block_sum(s1, scratch) / count;
+        A s2 = 0;
+        for (index_t v = threadIdx.x; v < Mv; v += T_) {
+            A xv[VEC];
+            norm_load<T, VEC>(cur, v * VEC, xv);
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) s2 += (xv[e] - mean) * (xv[e] - mean);
+        }
+        const A rstd = A(1) / sqrt(block_sum(s2, scratch) / count + eps);
+        if (threadIdx.x == 0) {
+            mean_out[row] = mean;
+            rstd_out[row] = rstd;
+        }
+        const index_t cbase = (row % G) * K;
+        for (index_t v = threadIdx.x; v < Mv; v += T_) {
+            A xv[VEC];
+            norm_load<T, VEC>(cur, v * VEC, xv);
+            const index_t c = cbase + v * VEC / S;  // S % VEC == 0: one channel per vector
+            const A scale = rstd * param_or(gamma, c, A(1));
+            const A shift = param_or(beta, c, A(0));
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) xv[e] = (xv[e] - mean) * scale + shift;
+            norm_store<T, VEC>(y, row * M + v * VEC, xv);
+        }
+        __syncthreads();  // the buffer just read is the next iteration's copy target
+    }
+}
+
+// gn_rows_backward: dx and the per-(sample, channel) dgamma/dbeta partials of
+// one NCHW row per block, with cheap plane sums.  Warp w owns the contiguous
+// vectors [w R, (w + 1) R) of the row (R = ceil(Mv / warps), lanes 32 apart;
+// the host checks R <= S / VEC, so a warp's range lies in at most two planes
+// k0 = w R VEC / S and k0 + 1).  Each lane sums dy and dy * (x - mean) for
+// the two planes in 4 registers (a compare picks the plane, no shuffles in
+// the loop); at the end 4 warp sums per warp go to shared memory and thread k
+// adds plane k's warp values in warp order (deterministic).  The row's
+// sum g*dy and sum g*dy*xhat (gamma per channel) then follow from the K
+// plane sums, so the loop loads no gamma.  cache: 2 = x and dy kept in
+// dynamic shared memory (200 KB fp32 rows at 8x56x56: one block per SM),
+// 1 = x only (dy re-read, mostly from L2: the dx pass walks each warp's
+// range last to first), 0 = neither.  Shared memory after the caches (16-
+// byte aligned): 4 values per warp, then 2 per plane.
+template <typename T, typename P, typename index_t, int VEC>
+__global__ void __launch_bounds__(1024) gn_rows_backward(
+        const T* __restrict__ dy, const T* __restrict__ x, const P* __restrict__ gamma,
+        const acc_t<T>* __restrict__ mean_in, const acc_t<T>* __restrict__ rstd_in, T* __restrict__ dx,
+        index_t K, index_t S, int G, int cache, acc_t<T>* __restrict__ part_dgamma,
+        acc_t<T>* __restrict__ part_dbeta) {
+    typedef acc_t<T> A;
+    extern __shared__ __align__(16) unsigned char norm_smem[];
+    const index_t M = K * S;
+    const index_t Mv = M / VEC, PV = S / VEC;
+    const index_t row = blockIdx.x;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int warps = blockDim.x >> 5;
+    const index_t R = (Mv + warps - 1) / warps;
+    const index_t bytes = (M * (index_t)sizeof(T) + 15) / 16 * 16;
+    T* x_cache = reinterpret_cast<T*>(norm_smem);
+    T* dy_cache = reinterpret_cast<T*>(norm_smem + bytes);
+    A* warp_acc = reinterpret_cast<A*>(norm_smem + (cache == 2 ? 2 * bytes : cache == 1 ? bytes : 0));
+    A* plane_acc = warp_acc + 4 * warps;
+    const A mean = mean_in[row], rstd = rstd_in[row];
+    const A count = A(M);
+    const index_t first = (index_t)warp * R;
+    const index_t end = first + R < Mv ? first + R : Mv;
+    const index_t k0 = first < Mv ? first / PV : 0;
+    const index_t hi_from = (k0 + 1) * PV;  // first vector of plane k0 + 1
+    const T* xr = x + row * M;
+    const T* dyr = dy + row * M;
+
+    A d_lo = 0, t_lo = 0, d_hi = 0, t_hi = 0;
+    for (index_t base = first + lane; base < end; base += 32 * NORM_UNROLL) {
+        A xv[NORM_UNROLL][VEC], dv[NORM_UNROLL][VEC];
+#pragma unroll
+        for (int u = 0; u < NORM_UNROLL; ++u) {
+            const index_t vi = base + 32 * u;
+            if (vi < end) {
+                norm_load<T, VEC>(xr, vi * VEC, xv[u]);
+                norm_load<T, VEC>(dyr, vi * VEC, dv[u]);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < NORM_UNROLL; ++u) {
+            const index_t vi = base + 32 * u;
+            if (vi < end) {
+                if (cache >= 1) norm_store<T, VEC>(x_cache, vi * VEC, xv[u]);
+                if (cache == 2) norm_store<T, VEC>(dy_cache, vi * VEC, dv[u]);
+                A d = 0, t = 0;
+#pragma unroll
+                for (int e = 0; e < VEC; ++e) {
+                    d += dv[u][e];
+                    t += dv[u][e] * (xv[u][e] - mean);
+                }
+                if (vi >= hi_from) {
+                    d_hi += d;
+                    t_hi += t;
+                } else {
+                    d_lo += d;
+                    t_lo += t;
+                }
+            }
+        }
+    }
+    d_lo = warp_sum(d_lo);
+    t_lo = warp_sum(t_lo);
+    d_hi = warp_sum(d_hi);
+    t_hi = warp_sum(t_hi);
+    if (lane == 0) {
+        warp_acc[4 * warp + 0] = d_lo;
+        warp_acc[4 * warp + 1] = t_lo;
+        warp_acc[4 * warp + 2] = d_hi;
+        warp_acc[4 * warp + 3] = t_hi;
+    }
+    __syncthreads();  // also publishes the caches
+    for (index_t k = threadIdx.x; k < K; k += blockDim.x) {
+        A d = 0, t = 0;
+        for (int w = 0; w < warps; ++w) {
+            const index_t f = (index_t)w * R;
+            if (f >= Mv) break;
+            const index_t kw = f / PV;
+            if (kw == k) {
+                d += warp_acc[4 * w + 0];
+                t += warp_acc[4 * w + 1];
+            } else if (kw + 1 == k) {
+                d += warp_acc[4 * w + 2];
+                t += warp_acc[4 * w + 3];
+            }
+        }
+        plane_acc[2 * k] = d;
+        plane_acc[2 * k + 1] = t;
+        part_dbeta[row * K + k] = d;
+        part_dgamma[row * K + k] = t * rstd;
+    }
+    __syncthreads();
+    const index_t cbase = (row % G) * K;
+    A sum_g = 0, sum_t = 0;  // sum g*dy, sum g*dy*(x - mean)
+    for (index_t k = 0; k < K; ++k) {
+        const A g = param_or(gamma, cbase + k, A(1));
+        sum_g += g * plane_acc[2 * k];
+        sum_t += g * plane_acc[2 * k + 1];
+    }
+    const A mean_g = sum_g / count;
+    const A mean_gx = sum_t * rstd / count;
+    const A g_lo = param_or(gamma, cbase + k0, A(1));
+    const A g_hi = k0 + 1 < K ? param_or(gamma, cbase + k0 + 1, A(1)) : A(0);
+    // dx, each warp's range last to first (the most recently read vectors first).
+    const index_t steps = (R + 31) / 32;
+    for (index_t s0 = steps - 1; s0 >= 0; s0 -= NORM_UNROLL) {
+        A xv[NORM_UNROLL][VEC], dv[NORM_UNROLL][VEC];
+#pragma unroll
+        for (int u = 0; u < NORM_UNROLL; ++u) {
+            const index_t vi = first + lane + 32 * (s0 - u);
+            if (s0 - u >= 0 && vi < end) {
+                if (cache >= 1) norm_load<T, VEC>(x_cache, vi * VEC, xv[u]);
+                else norm_load<T, VEC>(xr, vi * VEC, xv[u]);
+                if (cache == 2) norm_load<T, VEC>(dy_cache, vi * VEC, dv[u]);
+                else norm_load<T, VEC>(dyr, vi * VEC, dv[u]);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < NORM_UNROLL; ++u) {
+            const index_t vi = first + lane + 32 * (s0 - u);
+            if (s0 - u >= 0 && vi < end) {
+                const A g = vi >= hi_from ? g_hi : g_lo;
+#pragma unroll
+                for (int e = 0; e < VEC; ++e)
+                    xv[u][e] = rstd * (g * dv[u][e] - mean_g - (xv[u][e] - mean) * rstd * mean_gx);
+                norm_store<T, VEC>(dx + row * M, vi * VEC, xv[u]);
+            }
+        }
+    }
+}

@@ -387,21 +387,25 @@ def test_group_and_instance_norm_match_reference(xp, rng, dtype, pdtype, x_shape
              ("dx", "dgamma", "dbeta"))
 
 
-@pytest.mark.parametrize("plane_sums", [True, False])
+@pytest.mark.parametrize("gn_backward,plane_sums", [("x", True), ("both", True), (None, True), (None, False)])
 @pytest.mark.parametrize("cache", ["default", "none"])
 @pytest.mark.parametrize("dtype", _dtypes.SUPPORTED, ids=lambda d: d.name)
 @pytest.mark.parametrize("x_shape,groups,offset", [
     ((2, 6, 12, 12), 3, 0), ((2, 6, 12, 12), 3, 1), ((2, 4, 20, 20), 2, 0), ((3, 5, 33), 5, 0),
     ((2, 64, 16, 16), 2, 0), ((1, 8, 56, 56), 1, 0), ((3, 8, 7, 7), 2, 0)])
-def test_group_norm_backward_plane_sums_and_caches(xp, rng, monkeypatch, plane_sums, cache, dtype, x_shape,
-                                                   groups, offset):
+def test_group_norm_backward_plane_sums_and_caches(xp, rng, monkeypatch, gn_backward, plane_sums, cache, dtype,
+                                                   x_shape, groups, offset):
     """Group norm NCHW backward with the parameter-gradient partials from the row
     kernel's own read (plane_sums: a warp's vectors straddle two planes at 12x12,
     one plane per group at 33 values, 32 planes a group, planes of 49 values too
     short for it) against the separate planes kernel and the float64 reference;
     rows cached in shared memory (200 KB fp32 rows at 8x56x56 take the
-    one-block-per-SM cache) and not cached (cache "none")."""
+    one-block-per-SM cache) and not cached (cache "none").  gn_backward "x" /
+    "both": gn_rows_backward (contiguous warp ranges; "x" caches x only at
+    8x56x56, both tensors for the small rows, and falls back at 32 planes a
+    group when 512 threads would put a warp across three planes)."""
     from dnnprims import row_normalization
+    monkeypatch.setattr(row_normalization, "GN_BACKWARD", gn_backward)
     monkeypatch.setattr(row_normalization, "PLANE_SUMS", plane_sums)
     if cache == "none":
         monkeypatch.setattr(row_normalization, "CACHE_BYTES", 0)
@@ -416,6 +420,34 @@ def test_group_norm_backward_plane_sums_and_caches(xp, rng, monkeypatch, plane_s
         got = group_norm_backward(_placed(xp, dy, offset), _placed(xp, x, offset), groups, xp.asarray(gamma),
                                   eps=1e-4, **stats)
         _compare(got, want, dtype, ("dx", "dgamma", "dbeta"))
+
+
+@pytest.mark.parametrize("pipelined", [True, False])
+@pytest.mark.parametrize("grid_cap", [None, 3])
+@pytest.mark.parametrize("dtype", _dtypes.SUPPORTED, ids=lambda d: d.name)
+@pytest.mark.parametrize("x_shape,groups,offset,affine", [
+    ((2, 6, 12, 12), 3, 0, True), ((2, 6, 12, 12), 3, 1, True), ((5, 8, 56, 56), 1, 0, True),
+    ((7, 12, 8, 8), 12, 0, False), ((3, 4, 2, 4), 2, 0, True), ((13, 6, 4, 6), 3, 0, True)])
+def test_group_norm_pipelined_forward(xp, rng, monkeypatch, pipelined, grid_cap, dtype, x_shape, groups, offset,
+                                      affine):
+    """Group / instance norm NCHW forward through gn_rows_forward_pipelined (two
+    row buffers, the next row's copies in flight): a 100 KB fp32 row (8x56x56,
+    two buffers take the per-block opt-in), instance norm, 8-value planes, a
+    grid capped at 3 blocks so each walks many rows (odd row counts: the last
+    block has fewer), misaligned data (falls back), against the float64
+    reference and the saved statistics."""
+    from dnnprims import row_normalization
+    monkeypatch.setattr(row_normalization, "PIPELINED_FORWARD", pipelined)
+    monkeypatch.setattr(row_normalization, "_PIPELINE_GRID_CAP", grid_cap)
+    x = random_array(rng, x_shape, dtype, low=-1, high=3)
+    pdtype = np.float32 if _dtypes.is_half(dtype) else dtype
+    gamma = random_array(rng, (x_shape[1],), pdtype, 0.5, 1.5) if affine else None
+    beta = random_array(rng, (x_shape[1],), pdtype) if affine else None
+    want = group_norm(_f64(x), groups, None if gamma is None else _f64(gamma),
+                      None if beta is None else _f64(beta), eps=1e-4, return_stats=True)
+    got = group_norm(_placed(xp, x, offset), groups, None if gamma is None else xp.asarray(gamma),
+                     None if beta is None else xp.asarray(beta), eps=1e-4, return_stats=True)
+    _compare(got, want, dtype, ("y", "mean", "rstd"))
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float16, np.float64])
