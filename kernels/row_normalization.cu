@@ -41,6 +41,11 @@
 // order.  No atomics: results are deterministic.  Layer and RMS norm instead
 // run norm_rows_backward_fused (dx and the gradient partials from one read of
 // x and dy; see there) when a row fits NORM_FUSED_ITEMS vectors a thread.
+//
+// Group / instance norm NCHW forward with 16-byte rows runs
+// gn_rows_forward_pipelined instead (persistent blocks, two row buffers, the
+// next row's cp.async copies overlap this row's reduction and stores); see
+// there.  gn_rows_backward is an alternative backward kept behind a switch.
 #include "common.cuh"
 
 #define NORM_UNROLL 4
@@ -677,7 +682,11 @@ __global__ void __launch_bounds__(1024) gn_rows_forward_pipelined(
 // dynamic shared memory (200 KB fp32 rows at 8x56x56: one block per SM),
 // 1 = x only (dy re-read, mostly from L2: the dx pass walks each warp's
 // range last to first), 0 = neither.  Shared memory after the caches (16-
-// byte aligned): 4 values per warp, then 2 per plane.
+// byte aligned): 4 values per warp, then 2 per plane.  Measured (H100,
+// 64x256x56x56 / 32 groups): slower than norm_rows_backward (0.308 ms with
+// cache 1 at 2 blocks/SM, 0.337 with cache 2, vs 0.301): the 32 warps of a
+// block stream 32 separate 3 KB ranges instead of one contiguous 16 KB run
+// per step.  Off by default (row_normalization.GN_BACKWARD); tested.
 template <typename T, typename P, typename index_t, int VEC>
 __global__ void __launch_bounds__(1024) gn_rows_backward(
         const T* __restrict__ dy, const T* __restrict__ x, const P* __restrict__ gamma,
