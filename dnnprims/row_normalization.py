@@ -422,9 +422,7 @@ def _launch_rows(expr, rows, args, per_warp_bytes=0):
     shared = rows.shared
     if per_warp_bytes:
         shared = ceil_div(shared, 16) * 16 + block // 32 * per_warp_bytes
-    if shared > 48 * 1024 and _RAISED.get(key, 0) < shared:  # opt in above the default
-        kernel.max_dynamic_shared_size_bytes = shared
-        _RAISED[key] = shared
+    _raise_shared(kernel, key, shared)
     kernel((rows.rows,), (block,), args, shared_mem=shared)
 
 
@@ -433,15 +431,7 @@ def _cache_limit(cp):
     take what the device allows one block (less the plane sums and static data)."""
     if not BIG_CACHE:
         return CACHE_BYTES
-    device = cp.cuda.runtime.getDevice()
-    optin = _OPTIN.get(device)
-    if optin is None:
-        try:
-            optin = int(cp.cuda.Device(device).attributes["MaxSharedMemoryPerBlockOptin"])
-        except Exception:  # attribute unknown: the default cache
-            optin = 0
-        _OPTIN[device] = optin
-    return max(CACHE_BYTES, optin - _PLANE_SUMS_BYTES - 1024)
+    return max(CACHE_BYTES, _optin(cp) - _PLANE_SUMS_BYTES - 1024)
 
 
 _NULL = np.uint64(0)  # a null pointer argument
