@@ -402,6 +402,7 @@ def test_channel_last_fused_paths(xp, rng, monkeypatch, fused, resident, dtype, 
     1 block with several column groups (2100 channels) falls back."""
     from dnnprims import normalization
     monkeypatch.setattr(normalization, "ROWS_FUSED", fused)
+    _fresh_plans(monkeypatch)  # the prepared plans hold grids sized by _RESIDENT
     monkeypatch.setattr(normalization, "_RESIDENT", {})
     if resident is not None:
         monkeypatch.setattr(normalization, "_resident_blocks", lambda cp, kernel: resident)
@@ -525,17 +526,15 @@ def test_grid_barrier_kernels_are_launched_cooperatively_with_arguments_of_their
     normalization._build_forward_plan(cp, x, y, pdtype, c, outer, inner, True, True, 0.1, 1e-5, False, False,
                                       True)
     normalization._build_backward_plan(cp, x, y, y, pdtype, c, outer, inner, False, 1e-5, False, True)
-    rows_x, rows_y = (_fake_device_array((outer * inner, c), dtype) for _ in range(2))
-    vectors = [_fake_device_array((c,), d) for d in (acc, acc, pdtype, pdtype, pdtype, pdtype)]
-    mean, invstd, rm, rv, gamma, beta = vectors
-    rows = normalization._Rows(cp, rows_x, c, outer * inner, (rows_x, rows_y))
-    normalization._rows_train_fused(cp, rows_x, rows_y, rows, acc, _dtypes.cuda_type(pdtype), mean, invstd, rm,
-                                    rv, gamma, beta, True, 1e-5, 0.1, 1.0)
-    normalization._rows_backward(cp, rows_y, rows_x, gamma, mean, invstd, 1e-5, pdtype, c, outer * inner, acc,
-                                 rows_y, rm, rv)
+    rows_x = _fake_device_array((outer * inner, c), dtype)
+    normalization._build_rows_forward_plan(cp, rows_x, pdtype, c, outer * inner, True, True, 0.1, 1e-5, False,
+                                           False, True)
+    normalization._build_rows_backward_plan(cp, rows_x, pdtype, c, outer * inner, False, 1e-5, False, True)
     # The call's arrays (ARRAY0...) of a prepared forward / backward plan, by dtype.
     marked = {"batchnorm_train_fused": (dtype, dtype, acc, acc, pdtype, pdtype, pdtype, pdtype),
               "batchnorm_backward_fused": (dtype, dtype, acc, acc, pdtype, dtype, pdtype, pdtype)}
+    marked["batchnorm_rows_train_fused"] = marked["batchnorm_train_fused"]
+    marked["batchnorm_rows_backward_fused"] = marked["batchnorm_backward_fused"]
     seen = set()
     for expression, args, cooperative in captured:
         name, inside = expression.rstrip(">").split("<", 1)
