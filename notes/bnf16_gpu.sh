@@ -6,15 +6,15 @@ cd .wt/bnf16
 export PYTHONPATH=$PWD CUPY_TF32=0 PYTHONUNBUFFERED=1
 O=${OUT:-/tmp/out}; mkdir -p $O
 t0=$(date +%s)
-timeout 45 python scripts/warm_kernels.py 16 > $O/warm.log 2>&1; echo "warm rc=$? $(( $(date +%s) - t0 )) s"
+timeout 38 python scripts/warm_kernels.py 16 > $O/warm.log 2>&1; echo "warm rc=$? $(( $(date +%s) - t0 )) s"
 for i in 0 1 2 3; do
-  DNNPRIMS_TEST_SHARD=$i/4 timeout 50 python -m pytest -q -m gpu tests/test_normalization.py tests/test_fast_path.py -p no:cacheprovider > $O/t$i.log 2>&1 &
+  DNNPRIMS_TEST_SHARD=$i/4 timeout 44 python -m pytest -q -m gpu tests/test_normalization.py tests/test_fast_path.py -p no:cacheprovider > $O/t$i.log 2>&1 &
 done
 wait; echo "tests $(( $(date +%s) - t0 )) s"; for i in 0 1 2 3; do tail -1 $O/t$i.log; done
-(cd $ROOT && PYTHONPATH=$ROOT timeout 20 python .wt/bnf16/notes/bnf16_probe.py main > $O/probe_main.log 2>&1)
-timeout 20 python notes/bnf16_probe.py bnf16 > $O/probe_bnf16.log 2>&1
-timeout 30 python -m dnnprims.bench memory --only bn_big_f16,bn_big_nhwc,bn_r50_late --json $O/bench.json > $O/bench.log 2>&1
-timeout 15 python -m dnnprims.bench.overhead --calls 300 > $O/overhead.log 2>&1
+(cd $ROOT && PYTHONPATH=$ROOT timeout 14 python .wt/bnf16/notes/bnf16_probe.py main > $O/probe_main.log 2>&1)
+timeout 14 python notes/bnf16_probe.py bnf16 > $O/probe_bnf16.log 2>&1
+timeout 24 python -m dnnprims.bench memory --only bn_big_f16,bn_big_nhwc,bn_r50_late --json $O/bench.json > $O/bench.log 2>&1
+timeout 10 python -m dnnprims.bench.overhead --calls 200 > $O/overhead.log 2>&1
 echo "total $(( $(date +%s) - t0 )) s"
 grep -h "passed\|failed\|error" $O/t*.log | tail -8
 tail -25 $O/bench.log; tail -15 $O/overhead.log
