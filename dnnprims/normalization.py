@@ -114,8 +114,8 @@ def _forward_key(x, gamma, beta, running_mean, running_var, training, momentum, 
     return (x.shape, x.dtype, data.device_id, _vector_key(gamma), _vector_key(beta),
             _vector_key(running_mean), _vector_key(running_var), type(training), training,
             type(momentum), momentum, type(eps), eps, layout, FUSED, FUSED_PREFETCH,
-            FUSED_FORWARD_MIN_BYTES, FLAT_INFERENCE, GROUPED_TRAINING, ROWS_FUSED, _current_device(),
-            _current_stream().ptr)
+            FUSED_FORWARD_MIN_BYTES, FLAT_INFERENCE, GROUPED_TRAINING, ROWS_FUSED, ROWS_FUSED_MIN_ROWS,
+            _current_device(), _current_stream().ptr)
 
 
 def _backward_key(dy, x, gamma, mean, invstd, eps, layout):
@@ -127,7 +127,7 @@ def _backward_key(dy, x, gamma, mean, invstd, eps, layout):
         return None
     return ("backward", dy.shape, dy.dtype, dy_data.device_id, x.shape, x.dtype, x_data.device_id,
             _vector_key(gamma), _vector_key(mean), _vector_key(invstd), type(eps), eps, layout, FUSED,
-            ROWS_FUSED, _current_device(), _current_stream().ptr)
+            ROWS_FUSED, ROWS_FUSED_MIN_ROWS, _current_device(), _current_stream().ptr)
 
 
 def batchnorm(x, gamma, beta, running_mean=None, running_var=None, *, training=True, momentum=0.1,
@@ -475,6 +475,10 @@ def _sm_count(cp):
 # 64x56x56x256 fp32 (notes/norms3.md): forward 0.235 vs 0.236 ms, backward 0.352
 # vs 0.366 ms.
 ROWS_FUSED = True
+# Rows a lane of the fused rows kernels owns at least (fewer blocks on a small
+# tensor: fewer lane partials C * L to write and merge; 1 = as many lanes as
+# rows, the grid of norms3).  Part of the plan and fast keys.
+ROWS_FUSED_MIN_ROWS = 1
 
 
 _REFUSED = set()  # (device, expression, grid) of rows fused launches the driver refused
@@ -488,7 +492,7 @@ def _rows_fused_grid(cp, rows, spec, channels):
     resident = _RESIDENT.get((device, spec))
     if resident is None:
         resident = _RESIDENT[(device, spec)] = _resident_blocks(cp, FAMILY.function(spec))
-    gx = min(resident // rows.groups, ceil_div(rows.rows, rows.block_lanes))
+    gx = min(resident // rows.groups, ceil_div(rows.rows, rows.block_lanes * ROWS_FUSED_MIN_ROWS))
     if gx < 1 or (device, spec, (gx, rows.groups)) in _REFUSED:
         return None
     work = _stream_workspace(cp)
@@ -753,7 +757,6 @@ def _build_backward_plan(cp, x, dy, dx, pdtype, channels, outer, inner, recomput
 
 def _batchnorm_backward_gpu(cp, dy, x, gamma, mean, invstd, eps, pdtype, channels, outer, inner):
     """(dx, dgamma, dbeta, the _Plan run or None) of a validated call."""
-    acc = _dtypes.accumulate_dtype(x.dtype)
     dx = cp.empty(x.shape, x.dtype)
     if x.size == 0:
         return dx, cp.zeros(channels, pdtype), cp.zeros(channels, pdtype), None
@@ -799,7 +802,7 @@ def _rows_forward_plan(cp, x, y, pdtype, channels, rows_count, inner, training, 
     aligned = not (x.data.ptr | y.data.ptr) & 15
     key = ("rows", cp.cuda.runtime.getDevice(), cp.cuda.get_current_stream().ptr, x.shape, x.dtype,
            np.dtype(pdtype), channels, aligned, training, update, float(momentum), float(eps), no_gamma, no_beta,
-           ROWS_FUSED)
+           ROWS_FUSED, ROWS_FUSED_MIN_ROWS)
     return _cached_plan(key, lambda: _build_rows_forward_plan(
         cp, x, pdtype, channels, rows_count, training, update, float(momentum), float(eps), no_gamma, no_beta,
         aligned))
@@ -861,7 +864,8 @@ def _rows_statistics_launches(cp, rows, acc, pt, channels, x, mean, invstd, rm, 
 def _rows_backward_plan(cp, x, dy, dx, pdtype, channels, rows_count, inner, recompute, eps, no_gamma):
     aligned = not (x.data.ptr | dy.data.ptr | dx.data.ptr) & 15
     key = ("rows backward", cp.cuda.runtime.getDevice(), cp.cuda.get_current_stream().ptr, x.shape, x.dtype,
-           np.dtype(pdtype), channels, aligned, recompute, float(eps), no_gamma, ROWS_FUSED)
+           np.dtype(pdtype), channels, aligned, recompute, float(eps), no_gamma, ROWS_FUSED,
+           ROWS_FUSED_MIN_ROWS)
     return _cached_plan(key, lambda: _build_rows_backward_plan(
         cp, x, pdtype, channels, rows_count, recompute, float(eps), no_gamma, aligned))
 

@@ -436,6 +436,43 @@ def test_channel_last_fused_paths(xp, rng, monkeypatch, fused, resident, dtype, 
             assert_close(a, b, dtype, what=what)
 
 
+@pytest.mark.parametrize("min_rows", [1, 5, 64])
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("x_shape", [(32, 7, 7, 64), (3, 5, 7, 24), (2, 3, 2, 13)])
+def test_channel_last_plans_and_rows_per_lane(gpu, rng, monkeypatch, min_rows, dtype, x_shape):
+    """Channel-last calls run prepared plans (the second call takes the fast
+    table) with the fused rows kernels' lanes owning at least ROWS_FUSED_MIN_ROWS
+    rows (fewer blocks, more batches a lane): forward with running statistics,
+    inference, backward with saved and recomputed statistics, against float64."""
+    from dnnprims import normalization
+    monkeypatch.setattr(normalization, "ROWS_FUSED_MIN_ROWS", min_rows)
+    _fresh_plans(monkeypatch)
+    pdtype = np.float32 if dtype in (np.float16, _dtypes.BFLOAT16) else dtype
+    x_host = random_array(rng, x_shape, dtype, low=-1, high=3)
+    dy_host = random_array(rng, x_shape, dtype)
+    gamma, beta = _params(rng, x_shape, "NHWC", pdtype)
+    c = gamma.shape[0]
+    f64 = lambda a: _host(a).astype(np.float64)  # noqa: E731
+    x, dy, g, b = (gpu.asarray(a) for a in (x_host, dy_host, gamma, beta))
+    rm, rv = gpu.asarray(random_array(rng, (c,), pdtype)), gpu.asarray(random_array(rng, (c,), pdtype, 0.5, 2))
+    rm64, rv64 = f64(rm), f64(rv)
+    expect = batchnorm_backward(f64(dy_host), f64(x_host), f64(gamma), layout="NHWC")
+    for _ in range(2):
+        y, mean, invstd = batchnorm(x, g, b, rm, rv, momentum=0.3, layout="NHWC", return_stats=True)
+        y64 = batchnorm(f64(x_host), f64(gamma), f64(beta), rm64, rv64, momentum=0.3, layout="NHWC")
+        assert_close(y, y64, dtype, what="y")
+        assert_close(rm, rm64, pdtype, what="running_mean")
+        assert_close(rv, rv64, pdtype, what="running_var")
+        y = batchnorm(x, g, b, rm, rv, training=False, layout="NHWC")
+        assert_close(y, batchnorm(f64(x_host), f64(gamma), f64(beta), rm64, rv64, training=False, layout="NHWC"),
+                     dtype, what="inference y")
+        for stats in ({}, dict(mean=mean, invstd=invstd)):
+            got = batchnorm_backward(dy, x, g, layout="NHWC", **stats)
+            for a, e, what in zip(got, expect, ("dx", "dgamma", "dbeta")):
+                assert_close(a, e, dtype, what=what)
+    assert len(normalization._PLANS) == 4  # training, inference, backward saved / recomputed
+
+
 # ---------------------------------------------------------------------- grid-barrier kernels:
 # cooperative launches (dnnprims/_kernels.py: every block resident at once, or refused)
 
