@@ -48,7 +48,6 @@ def big(label):
             out.append(f"{switch}={int(on)} fwd {fwd:.4f} bwd {bwd:.4f}")
         setattr(normalization, switch, True)
         print(f"[{label}] big {np.dtype(dtype).name} {layout}: " + " | ".join(out), flush=True)
-        del x, dy
 
 
 def main():
