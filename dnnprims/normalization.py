@@ -127,7 +127,8 @@ def _backward_key(dy, x, gamma, mean, invstd, eps, layout):
         return None
     return ("backward", dy.shape, dy.dtype, dy_data.device_id, x.shape, x.dtype, x_data.device_id,
             _vector_key(gamma), _vector_key(mean), _vector_key(invstd), type(eps), eps, layout, FUSED,
-            ROWS_FUSED, ROWS_FUSED_MIN_ROWS, _current_device(), _current_stream().ptr)
+            FUSED_BACKWARD_16BIT_SPLITS, ROWS_FUSED, ROWS_FUSED_MIN_ROWS, _current_device(),
+            _current_stream().ptr)
 
 
 def batchnorm(x, gamma, beta, running_mean=None, running_var=None, *, training=True, momentum=0.1,
@@ -298,8 +299,14 @@ FUSED = True
 # which the two-pass path partly takes from L2.  So the forward uses it only
 # where a channel is one chunk (no barrier; one launch instead of two), unless
 # x is at least FUSED_FORWARD_MIN_BYTES (tests set 0 to reach the kernel).
-# The backward's fused kernel wins everywhere measured (bn_big 0.272-0.281 vs
-# 0.345 ms) and is always used when the saved statistics are given.
+# The backward's fused kernel wins in float32 (bn_big 0.269-0.275 vs 0.346 ms)
+# and is used when the saved statistics are given -- except for 16-bit x whose
+# channels span several chunks, unless FUSED_BACKWARD_16BIT_SPLITS: a 16-bit
+# chunk is half the bytes of a float32 one, so the fused kernel's per-round
+# latency (load, block sums, barrier, merge) weighs twice as much; H100
+# (notes/bnf16.md), bn_big float16 0.208 fused vs 0.190 ms two-pass, bfloat16
+# 0.206-0.213 vs 0.191.  One chunk a channel (no barrier) stays fused.
+FUSED_BACKWARD_16BIT_SPLITS = False
 FUSED_FORWARD_MIN_BYTES = 1 << 62
 FUSED_PREFETCH = True  # the variant that loads the next round's chunk during the barrier
 # Training forward of small channels whose inner size is not a multiple of the
@@ -477,8 +484,11 @@ def _sm_count(cp):
 ROWS_FUSED = True
 # Rows a lane of the fused rows kernels owns at least (fewer blocks on a small
 # tensor: fewer lane partials C * L to write and merge; 1 = as many lanes as
-# rows, the grid of norms3).  Part of the plan and fast keys.
-ROWS_FUSED_MIN_ROWS = 1
+# rows, the grid of norms3).  Part of the plan and fast keys.  H100 (notes/bnf16.md),
+# 32x7x7x256 fp32 train / backward 0.0282 / 0.0212 ms at 8 against 0.0324-0.0336
+# / 0.0224-0.0237 at 1 and 0.068 / 0.047 at 32; 32x14x14x256 0.0324 / 0.0248 at 8
+# against 0.0351 / 0.0287 at 1.  bn_big_nhwc is resident-bound either way.
+ROWS_FUSED_MIN_ROWS = 8
 
 
 _REFUSED = set()  # (device, expression, grid) of rows fused launches the driver refused
@@ -704,7 +714,8 @@ def _batchnorm_gpu(cp, x, gamma, beta, running_mean, running_var, training, mome
 def _backward_plan(cp, x, dy, dx, pdtype, channels, outer, inner, recompute, eps, no_gamma):
     aligned = not (x.data.ptr | dy.data.ptr | dx.data.ptr) & 15
     key = ("backward", cp.cuda.runtime.getDevice(), cp.cuda.get_current_stream().ptr, x.shape, x.dtype,
-           np.dtype(pdtype), channels, inner, aligned, recompute, float(eps), no_gamma, FUSED)
+           np.dtype(pdtype), channels, inner, aligned, recompute, float(eps), no_gamma, FUSED,
+           FUSED_BACKWARD_16BIT_SPLITS)
     return _cached_plan(key, lambda: _build_backward_plan(
         cp, x, dy, dx, pdtype, channels, outer, inner, recompute, float(eps), no_gamma, aligned))
 
@@ -719,7 +730,8 @@ def _build_backward_plan(cp, x, dy, dx, pdtype, channels, outer, inner, recomput
     launch = _launch_of(x, channels, outer, inner, (x, dy, dx))
     work = _stream_workspace(cp)
     launches = []
-    if not recompute and FUSED and fused_allowed:
+    sixteen = x.dtype.itemsize == 2 and launch.splits > 1 and not FUSED_BACKWARD_16BIT_SPLITS
+    if not recompute and FUSED and fused_allowed and not sixteen:
         spec = launch.spec("batchnorm_backward_fused", pt)
         fused = _fused_grid(cp, launch, spec, channels)
         if fused is not None:

@@ -270,6 +270,7 @@ def test_single_read_path_matches_two_pass_path(xp, rng, monkeypatch, prefetch, 
     from dnnprims import normalization
     monkeypatch.setattr(normalization, "FUSED_PREFETCH", prefetch)
     monkeypatch.setattr(normalization, "FUSED_FORWARD_MIN_BYTES", 0)
+    monkeypatch.setattr(normalization, "FUSED_BACKWARD_16BIT_SPLITS", True)  # the fused 16-bit backward too
     if xp is not np and resident == "small":
         _fresh_plans(monkeypatch)  # the prepared plans hold grids sized by _RESIDENT
         monkeypatch.setattr(normalization, "_RESIDENT", {})
@@ -660,6 +661,7 @@ def test_grid_barrier_kernels_run_cooperatively(gpu, rng, monkeypatch, dtype, x_
     a channel, and one) and NHWC, every dtype."""
     from dnnprims import _kernels, normalization
     monkeypatch.setattr(normalization, "FUSED_FORWARD_MIN_BYTES", 0)
+    monkeypatch.setattr(normalization, "FUSED_BACKWARD_16BIT_SPLITS", True)
     _fresh_plans(monkeypatch)
     calls = _count_cooperative_launches(monkeypatch)
     refused = _kernels.cooperative_refusals
