@@ -114,8 +114,8 @@ def _forward_key(x, gamma, beta, running_mean, running_var, training, momentum, 
     return (x.shape, x.dtype, data.device_id, _vector_key(gamma), _vector_key(beta),
             _vector_key(running_mean), _vector_key(running_var), type(training), training,
             type(momentum), momentum, type(eps), eps, layout, FUSED, FUSED_PREFETCH,
-            FUSED_FORWARD_MIN_BYTES, FLAT_INFERENCE, GROUPED_TRAINING, _current_device(),
-            _current_stream().ptr)
+            FUSED_FORWARD_MIN_BYTES, FLAT_INFERENCE, GROUPED_TRAINING, ROWS_FUSED, ROWS_FUSED_MIN_ROWS,
+            _current_device(), _current_stream().ptr)
 
 
 def _backward_key(dy, x, gamma, mean, invstd, eps, layout):
@@ -127,7 +127,8 @@ def _backward_key(dy, x, gamma, mean, invstd, eps, layout):
         return None
     return ("backward", dy.shape, dy.dtype, dy_data.device_id, x.shape, x.dtype, x_data.device_id,
             _vector_key(gamma), _vector_key(mean), _vector_key(invstd), type(eps), eps, layout, FUSED,
-            _current_device(), _current_stream().ptr)
+            FUSED_BACKWARD_16BIT_SPLITS, ROWS_FUSED, ROWS_FUSED_MIN_ROWS, _current_device(),
+            _current_stream().ptr)
 
 
 def batchnorm(x, gamma, beta, running_mean=None, running_var=None, *, training=True, momentum=0.1,
@@ -298,8 +299,14 @@ FUSED = True
 # which the two-pass path partly takes from L2.  So the forward uses it only
 # where a channel is one chunk (no barrier; one launch instead of two), unless
 # x is at least FUSED_FORWARD_MIN_BYTES (tests set 0 to reach the kernel).
-# The backward's fused kernel wins everywhere measured (bn_big 0.272-0.281 vs
-# 0.345 ms) and is always used when the saved statistics are given.
+# The backward's fused kernel wins in float32 (bn_big 0.269-0.275 vs 0.346 ms)
+# and is used when the saved statistics are given -- except for 16-bit x whose
+# channels span several chunks, unless FUSED_BACKWARD_16BIT_SPLITS: a 16-bit
+# chunk is half the bytes of a float32 one, so the fused kernel's per-round
+# latency (load, block sums, barrier, merge) weighs twice as much; H100
+# (notes/bnf16.md), bn_big float16 0.208 fused vs 0.190 ms two-pass, bfloat16
+# 0.206-0.213 vs 0.191.  One chunk a channel (no barrier) stays fused.
+FUSED_BACKWARD_16BIT_SPLITS = False
 FUSED_FORWARD_MIN_BYTES = 1 << 62
 FUSED_PREFETCH = True  # the variant that loads the next round's chunk during the barrier
 # Training forward of small channels whose inner size is not a multiple of the
@@ -354,6 +361,20 @@ class _Workspace:
             views = self._views[key] = (buf[:count], buf[count:2 * count])
         return views
 
+    def scratch(self, cp, acc, count, slot):
+        """One scratch vector of ``count`` values in slot ``slot`` (2: the rows
+        kernels' statistics partials, 3: their gradient partials), shared and
+        grown like :meth:`partials`."""
+        key = ("flat", acc, count, slot)
+        view = self._views.get(key)
+        if view is None:
+            buf = self._parts.get((acc, slot))
+            if buf is None or buf.size < count:
+                buf = self._parts[(acc, slot)] = cp.empty(max(count, 1), acc)
+                self._views = {}
+            view = self._views[key] = buf[:count]
+        return view
+
 
 def _fused_grid(cp, launch, spec, channels):
     """(grid, channels per round, workspace) for a fused kernel, or None when a
@@ -403,10 +424,12 @@ class _Rows:
     """Launch shape of the channel-last kernels (kernels/batchnorm.cu, RowLanes):
     x as M rows of C channels, VEC channels per thread when C and the pointers allow."""
 
-    def __init__(self, cp, x, channels, rows, arrays):
+    def __init__(self, cp, x, channels, rows, arrays=(), aligned=None):
         t = _dtypes.cuda_type(x.dtype)
         vec = _VECTOR[t]
-        if channels % vec or not all(a.data.ptr % 16 == 0 for a in arrays):
+        if aligned is None:
+            aligned = all(a.data.ptr % 16 == 0 for a in arrays)
+        if channels % vec or not aligned:
             vec = 1
         vectors = channels // vec
         self.cols = min(vectors, _BLOCK)
@@ -452,21 +475,6 @@ def _sm_count(cp):
     return sms
 
 
-def _rows_statistics(cp, x, rows, acc, pt, mean, invstd, rm, rv, update, eps, momentum, unbias):
-    """Training statistics of channel-last x: lane partials, then a warp per channel."""
-    channels = int(mean.shape[0])
-    spec = rows.spec("statistics")
-    grid, lanes = rows.grid(cp, spec, 8)
-    size = channels * lanes
-    parts = cp.empty(3 * size, acc)
-    part_n, part_mean, part_m2 = parts[:size], parts[size:2 * size], parts[2 * size:]
-    FAMILY.launch(spec, grid, (_BLOCK,), (x, part_n, part_mean, part_m2, *rows.shape))
-    real = _scalar(acc)
-    FAMILY.launch(f"batchnorm_rows_merge_statistics<{rows.t}, {pt}>", rows.merge_grid, (_BLOCK,),
-                  (part_n, part_mean, part_m2, np.int32(lanes), np.int32(channels), mean, invstd,
-                   rm, rv, real(eps), real(momentum), real(unbias), np.int32(update)))
-
-
 # Channel-last training forward and backward in one launch each
 # (batchnorm_rows_{train,backward}_fused: a persistent grid, two grid barriers,
 # the last rows each thread read kept in registers and shared memory for the
@@ -474,6 +482,13 @@ def _rows_statistics(cp, x, rows, acc, pt, mean, invstd, rm, rv, update, eps, mo
 # 64x56x56x256 fp32 (notes/norms3.md): forward 0.235 vs 0.236 ms, backward 0.352
 # vs 0.366 ms.
 ROWS_FUSED = True
+# Rows a lane of the fused rows kernels owns at least (fewer blocks on a small
+# tensor: fewer lane partials C * L to write and merge; 1 = as many lanes as
+# rows, the grid of norms3).  Part of the plan and fast keys.  H100 (notes/bnf16.md),
+# 32x7x7x256 fp32 train / backward 0.0282 / 0.0212 ms at 8 against 0.0324-0.0336
+# / 0.0224-0.0237 at 1 and 0.068 / 0.047 at 32; 32x14x14x256 0.0324 / 0.0248 at 8
+# against 0.0351 / 0.0287 at 1.  bn_big_nhwc is resident-bound either way.
+ROWS_FUSED_MIN_ROWS = 8
 
 
 _REFUSED = set()  # (device, expression, grid) of rows fused launches the driver refused
@@ -487,36 +502,13 @@ def _rows_fused_grid(cp, rows, spec, channels):
     resident = _RESIDENT.get((device, spec))
     if resident is None:
         resident = _RESIDENT[(device, spec)] = _resident_blocks(cp, FAMILY.function(spec))
-    gx = min(resident // rows.groups, ceil_div(rows.rows, rows.block_lanes))
+    gx = min(resident // rows.groups, ceil_div(rows.rows, rows.block_lanes * ROWS_FUSED_MIN_ROWS))
     if gx < 1 or (device, spec, (gx, rows.groups)) in _REFUSED:
         return None
     work = _stream_workspace(cp)
     if work.arrive.size < 4:
         work.arrive = cp.zeros(max(4, 2 * channels), np.uint32)
     return (gx, rows.groups), gx * rows.block_lanes, work
-
-
-def _rows_train_fused(cp, x, y, rows, acc, pt, mean, invstd, rm, rv, gamma, beta, update, eps, momentum,
-                      unbias):
-    """Launch batchnorm_rows_train_fused; False (nothing launched) when it cannot run."""
-    channels = int(mean.shape[0])
-    spec = rows.spec("train_fused", pt)
-    fused = _rows_fused_grid(cp, rows, spec, channels)
-    if fused is None:
-        return False
-    grid, lanes, work = fused
-    size = channels * lanes
-    parts = cp.empty(3 * size, acc)
-    real = _scalar(acc)
-    try:
-        FAMILY.launch(spec, grid, (_BLOCK,),
-                      (x, y, parts[:size], parts[size:2 * size], parts[2 * size:], mean, invstd, rm, rv, gamma,
-                       beta, *rows.shape, real(eps), real(momentum), real(unbias), np.int32(update),
-                       work.arrive), cooperative=True)
-    except _kernels.CooperativeLaunchRefused:
-        _REFUSED.add((cp.cuda.runtime.getDevice(), spec, grid))
-        return False
-    return True
 
 
 def _stream_workspace(cp):
@@ -703,34 +695,14 @@ def _batchnorm_gpu(cp, x, gamma, beta, running_mean, running_var, training, mome
     update = training and running_mean is not None
     rm = None if running_mean is None else _validate.contiguous(cp, running_mean)
     rv = None if running_var is None else _validate.contiguous(cp, running_var)
-    plan = None
-    if inner == 1:  # channel-last: rows kernels
+    make = _rows_forward_plan if inner == 1 else _forward_plan  # channel-last: the rows kernels
+    plan = make(cp, x, y, pdtype, channels, outer, inner, training, update, momentum, eps, gamma is None,
+                beta is None)
+    if return_stats:
         mean, invstd = cp.empty(channels, acc), cp.empty(channels, acc)
-        real = _scalar(acc)
-        pt = _dtypes.cuda_type(pdtype)
-        n = outer * inner
-        g = _constant(cp, 1, channels, pdtype) if gamma is None else gamma
-        b = _constant(cp, 0, channels, pdtype) if beta is None else beta
-        rows = _Rows(cp, x, channels, outer, (x, y))
-        fused = training and ROWS_FUSED and _rows_train_fused(
-            cp, x, y, rows, acc, pt, mean, invstd, rm if update else g, rv if update else g, g, b, update, eps,
-            momentum, n / (n - 1))
-        if not fused:
-            if training:
-                _rows_statistics(cp, x, rows, acc, pt, mean, invstd, rm if update else g, rv if update else g,
-                                 update, eps, momentum, n / (n - 1))
-            spec = rows.spec("normalize", pt, flag=_BOOL[training])
-            FAMILY.launch(spec, rows.grid(cp, spec, 4)[0], (_BLOCK,),
-                          (x, y, mean, invstd, rm if rm is not None else g, rv if rv is not None else g, g, b,
-                           *rows.shape, real(eps)))
     else:
-        plan = _forward_plan(cp, x, y, pdtype, channels, outer, inner, training, update, momentum, eps,
-                             gamma is None, beta is None)
-        if return_stats:
-            mean, invstd = cp.empty(channels, acc), cp.empty(channels, acc)
-        else:
-            mean, invstd = plan.stats
-        plan.run(x, y, mean, invstd, rm, rv, gamma, beta)
+        mean, invstd = plan.stats
+    plan.run(x, y, mean, invstd, rm, rv, gamma, beta)
     if update:  # the kernels updated contiguous copies: write them back
         if rm is not running_mean:
             running_mean[...] = rm
@@ -742,7 +714,8 @@ def _batchnorm_gpu(cp, x, gamma, beta, running_mean, running_var, training, mome
 def _backward_plan(cp, x, dy, dx, pdtype, channels, outer, inner, recompute, eps, no_gamma):
     aligned = not (x.data.ptr | dy.data.ptr | dx.data.ptr) & 15
     key = ("backward", cp.cuda.runtime.getDevice(), cp.cuda.get_current_stream().ptr, x.shape, x.dtype,
-           np.dtype(pdtype), channels, inner, aligned, recompute, float(eps), no_gamma, FUSED)
+           np.dtype(pdtype), channels, inner, aligned, recompute, float(eps), no_gamma, FUSED,
+           FUSED_BACKWARD_16BIT_SPLITS)
     return _cached_plan(key, lambda: _build_backward_plan(
         cp, x, dy, dx, pdtype, channels, outer, inner, recompute, float(eps), no_gamma, aligned))
 
@@ -757,7 +730,8 @@ def _build_backward_plan(cp, x, dy, dx, pdtype, channels, outer, inner, recomput
     launch = _launch_of(x, channels, outer, inner, (x, dy, dx))
     work = _stream_workspace(cp)
     launches = []
-    if not recompute and FUSED and fused_allowed:
+    sixteen = x.dtype.itemsize == 2 and launch.splits > 1 and not FUSED_BACKWARD_16BIT_SPLITS
+    if not recompute and FUSED and fused_allowed and not sixteen:
         spec = launch.spec("batchnorm_backward_fused", pt)
         fused = _fused_grid(cp, launch, spec, channels)
         if fused is not None:
@@ -795,7 +769,6 @@ def _build_backward_plan(cp, x, dy, dx, pdtype, channels, outer, inner, recomput
 
 def _batchnorm_backward_gpu(cp, dy, x, gamma, mean, invstd, eps, pdtype, channels, outer, inner):
     """(dx, dgamma, dbeta, the _Plan run or None) of a validated call."""
-    acc = _dtypes.accumulate_dtype(x.dtype)
     dx = cp.empty(x.shape, x.dtype)
     if x.size == 0:
         return dx, cp.zeros(channels, pdtype), cp.zeros(channels, pdtype), None
@@ -807,47 +780,147 @@ def _batchnorm_backward_gpu(cp, dy, x, gamma, mean, invstd, eps, pdtype, channel
         mean = _validate.contiguous(cp, mean)
         invstd = _validate.contiguous(cp, invstd)
     gamma = None if gamma is None else _validate.contiguous(cp, gamma)
-    if inner == 1:
-        g = _constant(cp, 1, channels, pdtype) if gamma is None else gamma
-        return (*_rows_backward(cp, dy, x, g, mean, invstd, eps, pdtype, channels, outer, acc, dx,
-                                dgamma, dbeta), None)
-    plan = _backward_plan(cp, x, dy, dx, pdtype, channels, outer, inner, mean is None, eps, gamma is None)
+    make = _rows_backward_plan if inner == 1 else _backward_plan  # channel-last: the rows kernels
+    plan = make(cp, x, dy, dx, pdtype, channels, outer, inner, mean is None, eps, gamma is None)
     plan.run(x, dy, mean, invstd, gamma, dx, dgamma, dbeta)
     return dx, dgamma, dbeta, plan
 
 
-def _rows_backward(cp, dy, x, gamma, mean, invstd, eps, pdtype, channels, rows_count, acc, dx, dgamma,
-                   dbeta):
-    """Channel-last backward: [statistics,] lane sums, a warp per channel, dx."""
-    rows = _Rows(cp, x, channels, rows_count, (x, dy, dx))
+# ---------------------------------------------------------------------- channel-last plans
+# Channel-last (inner == 1) calls run prepared plans like the NCHW ones (a
+# _Plan per device, stream, shapes, dtypes, options, alignment and switch; the
+# fast table then skips validation): the single-read rows kernel (a
+# CooperativeLaunch whose fallback is the multi-launch plan), or statistics +
+# merge + normalize (resp. [statistics + merge +] reduce + merge + data).
+# Partials live in the stream's workspace (slots 2 and 3).  Before these
+# plans every channel-last call built its launches anew: ~70 us of Python on
+# a 2-core host for 32x7x7x256 training (notes/bnf16.md) against ~5 for NCHW.
+
+def _unbias(n):
+    return n / (n - 1) if n > 1 else 1.0
+
+
+def _rows_refused(cp, spec, grid, build):
+    """A rows fused launch's fallback: remembers the refused grid (later plans
+    of it skip the attempt) and builds the multi-launch plan on first use."""
+    def fallback(arrays):
+        _REFUSED.add((cp.cuda.runtime.getDevice(), spec, grid))
+        return build(arrays)
+    return _Deferred(fallback)
+
+
+def _rows_forward_plan(cp, x, y, pdtype, channels, rows_count, inner, training, update, momentum, eps, no_gamma,
+                       no_beta):
+    aligned = not (x.data.ptr | y.data.ptr) & 15
+    key = ("rows", cp.cuda.runtime.getDevice(), cp.cuda.get_current_stream().ptr, x.shape, x.dtype,
+           np.dtype(pdtype), channels, aligned, training, update, float(momentum), float(eps), no_gamma, no_beta,
+           ROWS_FUSED, ROWS_FUSED_MIN_ROWS)
+    return _cached_plan(key, lambda: _build_rows_forward_plan(
+        cp, x, pdtype, channels, rows_count, training, update, float(momentum), float(eps), no_gamma, no_beta,
+        aligned))
+
+
+def _build_rows_forward_plan(cp, x, pdtype, channels, rows_count, training, update, momentum, eps, no_gamma,
+                             no_beta, aligned, fused_allowed=True):
+    A = _kernels
+    acc = _dtypes.accumulate_dtype(x.dtype)
+    real = _scalar(acc)
     pt = _dtypes.cuda_type(pdtype)
-    if mean is None:
-        mean = cp.empty(channels, acc)
-        invstd = cp.empty(channels, acc)
-        _rows_statistics(cp, x, rows, acc, pt, mean, invstd, mean, mean, False, eps, 0.0, 1.0)
-    if ROWS_FUSED:
-        spec = rows.spec("backward_fused", pt)
-        fused = _rows_fused_grid(cp, rows, spec, channels)
+    X, Y, MEAN, INVSTD = A.ARRAY0, A.ARRAY1, A.ARRAY2, A.ARRAY3
+    gamma = _constant(cp, 1, channels, pdtype) if no_gamma else A.ARRAY6
+    beta = _constant(cp, 0, channels, pdtype) if no_beta else A.ARRAY7
+    rm, rv = (A.ARRAY4, A.ARRAY5) if update or not training else (gamma, gamma)  # unread placeholders
+    stats = (cp.empty(channels, acc), cp.empty(channels, acc))
+    rows = _Rows(cp, x, channels, rows_count, aligned=aligned)
+    unbias = real(_unbias(rows_count))
+    work = _stream_workspace(cp)
+    launches = []
+    if training:
+        spec = rows.spec("train_fused", pt)
+        fused = _rows_fused_grid(cp, rows, spec, channels) if fused_allowed and ROWS_FUSED else None
         if fused is not None:
             grid, lanes, work = fused
             size = channels * lanes
-            parts = cp.empty(2 * size + 2 * channels, acc)
-            try:
-                FAMILY.launch(spec, grid, (_BLOCK,),
-                              (x, dy, mean, invstd, gamma, parts[:size], parts[size:2 * size], parts[2 * size:],
-                               dx, dgamma, dbeta, *rows.shape, work.arrive), cooperative=True)
-                return dx, dgamma, dbeta
-            except _kernels.CooperativeLaunchRefused:  # the multi-launch path below
-                _REFUSED.add((cp.cuda.runtime.getDevice(), spec, grid))
+            parts = work.scratch(cp, acc, 3 * size, 2)
+            fallback = _rows_refused(cp, spec, grid, lambda arrays: _build_rows_forward_plan(
+                cp, arrays[0], pdtype, channels, rows_count, training, update, momentum, eps, no_gamma, no_beta,
+                aligned, fused_allowed=False))
+            launches.append(FAMILY.prepare(
+                spec, grid, (_BLOCK,),
+                (X, Y, parts[:size], parts[size:2 * size], parts[2 * size:], MEAN, INVSTD, rm, rv, gamma, beta,
+                 *rows.shape, real(eps), real(momentum), unbias, np.int32(update), work.arrive),
+                cooperative=True, fallback=fallback))
+            return _Plan(launches, aligned, stats)
+        launches.extend(_rows_statistics_launches(cp, rows, acc, pt, channels, X, MEAN, INVSTD, rm, rv, update,
+                                                  real(eps), real(momentum), unbias))
+    spec = rows.spec("normalize", pt, flag=_BOOL[training])
+    launches.append(FAMILY.prepare(spec, rows.grid(cp, spec, 4)[0], (_BLOCK,),
+                                   (X, Y, MEAN, INVSTD, rm, rv, gamma, beta, *rows.shape, real(eps))))
+    return _Plan(launches, aligned, stats)
+
+
+def _rows_statistics_launches(cp, rows, acc, pt, channels, x, mean, invstd, rm, rv, update, eps, momentum,
+                              unbias):
+    """Training statistics of channel-last x: lane partials, then a warp per channel."""
+    spec = rows.spec("statistics")
+    grid, lanes = rows.grid(cp, spec, 8)
+    size = channels * lanes
+    parts = _stream_workspace(cp).scratch(cp, acc, 3 * size, 2)
+    part_n, part_mean, part_m2 = parts[:size], parts[size:2 * size], parts[2 * size:]
+    return (FAMILY.prepare(spec, grid, (_BLOCK,), (x, part_n, part_mean, part_m2, *rows.shape)),
+            FAMILY.prepare(f"batchnorm_rows_merge_statistics<{rows.t}, {pt}>", rows.merge_grid, (_BLOCK,),
+                           (part_n, part_mean, part_m2, np.int32(lanes), np.int32(channels), mean, invstd,
+                            rm, rv, eps, momentum, unbias, np.int32(update))))
+
+
+def _rows_backward_plan(cp, x, dy, dx, pdtype, channels, rows_count, inner, recompute, eps, no_gamma):
+    aligned = not (x.data.ptr | dy.data.ptr | dx.data.ptr) & 15
+    key = ("rows backward", cp.cuda.runtime.getDevice(), cp.cuda.get_current_stream().ptr, x.shape, x.dtype,
+           np.dtype(pdtype), channels, aligned, recompute, float(eps), no_gamma, ROWS_FUSED,
+           ROWS_FUSED_MIN_ROWS)
+    return _cached_plan(key, lambda: _build_rows_backward_plan(
+        cp, x, pdtype, channels, rows_count, recompute, float(eps), no_gamma, aligned))
+
+
+def _build_rows_backward_plan(cp, x, pdtype, channels, rows_count, recompute, eps, no_gamma, aligned,
+                              fused_allowed=True):
+    A = _kernels
+    acc = _dtypes.accumulate_dtype(x.dtype)
+    real = _scalar(acc)
+    pt = _dtypes.cuda_type(pdtype)
+    X, DY, DX, DGAMMA, DBETA = A.ARRAY0, A.ARRAY1, A.ARRAY5, A.ARRAY6, A.ARRAY7
+    gamma = _constant(cp, 1, channels, pdtype) if no_gamma else A.ARRAY4
+    rows = _Rows(cp, x, channels, rows_count, aligned=aligned)
+    launches = []
+    if recompute:  # statistics first, into the plan's own vectors (stream order)
+        mean, invstd = cp.empty(channels, acc), cp.empty(channels, acc)
+        launches.extend(_rows_statistics_launches(cp, rows, acc, pt, channels, X, mean, invstd, mean, mean, False,
+                                                  real(eps), real(0), real(1)))
+    else:
+        mean, invstd = A.ARRAY2, A.ARRAY3
+    spec = rows.spec("backward_fused", pt)
+    fused = _rows_fused_grid(cp, rows, spec, channels) if fused_allowed and ROWS_FUSED else None
+    if fused is not None:
+        grid, lanes, work = fused
+        size = channels * lanes
+        parts = work.scratch(cp, acc, 2 * size + 2 * channels, 3)
+        fallback = _rows_refused(cp, spec, grid, lambda arrays: _build_rows_backward_plan(
+            cp, arrays[0], pdtype, channels, rows_count, recompute, eps, no_gamma, aligned, fused_allowed=False))
+        launches.append(FAMILY.prepare(
+            spec, grid, (_BLOCK,),
+            (X, DY, mean, invstd, gamma, parts[:size], parts[size:2 * size], parts[2 * size:], DX, DGAMMA, DBETA,
+             *rows.shape, work.arrive), cooperative=True, fallback=fallback))
+        return _Plan(launches, aligned)
     spec = rows.spec("backward_reduce")
     grid, lanes = rows.grid(cp, spec, 8)
     size = channels * lanes
-    parts = cp.empty(2 * size + 2 * channels, acc)
+    parts = _stream_workspace(cp).scratch(cp, acc, 2 * size + 2 * channels, 3)
     part_g, part_gx, sums = parts[:size], parts[size:2 * size], parts[2 * size:]
-    FAMILY.launch(spec, grid, (_BLOCK,), (x, dy, mean, part_g, part_gx, *rows.shape))
-    FAMILY.launch(f"batchnorm_rows_backward_merge<{rows.t}, {pt}>", rows.merge_grid, (_BLOCK,),
-                  (part_g, part_gx, np.int32(lanes), np.int32(channels), invstd, sums, dgamma, dbeta))
+    launches.append(FAMILY.prepare(spec, grid, (_BLOCK,), (X, DY, mean, part_g, part_gx, *rows.shape)))
+    launches.append(FAMILY.prepare(f"batchnorm_rows_backward_merge<{rows.t}, {pt}>", rows.merge_grid, (_BLOCK,),
+                                   (part_g, part_gx, np.int32(lanes), np.int32(channels), invstd, sums, DGAMMA,
+                                    DBETA)))
     spec = rows.spec("backward_data", pt)
-    FAMILY.launch(spec, rows.grid(cp, spec, 4)[0], (_BLOCK,),
-                  (x, dy, mean, invstd, gamma, sums, dx, *rows.shape))
-    return dx, dgamma, dbeta
+    launches.append(FAMILY.prepare(spec, rows.grid(cp, spec, 4)[0], (_BLOCK,),
+                                   (X, DY, mean, invstd, gamma, sums, DX, *rows.shape)))
+    return _Plan(launches, aligned)

@@ -270,6 +270,7 @@ def test_single_read_path_matches_two_pass_path(xp, rng, monkeypatch, prefetch, 
     from dnnprims import normalization
     monkeypatch.setattr(normalization, "FUSED_PREFETCH", prefetch)
     monkeypatch.setattr(normalization, "FUSED_FORWARD_MIN_BYTES", 0)
+    monkeypatch.setattr(normalization, "FUSED_BACKWARD_16BIT_SPLITS", True)  # the fused 16-bit backward too
     if xp is not np and resident == "small":
         _fresh_plans(monkeypatch)  # the prepared plans hold grids sized by _RESIDENT
         monkeypatch.setattr(normalization, "_RESIDENT", {})
@@ -402,6 +403,7 @@ def test_channel_last_fused_paths(xp, rng, monkeypatch, fused, resident, dtype, 
     1 block with several column groups (2100 channels) falls back."""
     from dnnprims import normalization
     monkeypatch.setattr(normalization, "ROWS_FUSED", fused)
+    _fresh_plans(monkeypatch)  # the prepared plans hold grids sized by _RESIDENT
     monkeypatch.setattr(normalization, "_RESIDENT", {})
     if resident is not None:
         monkeypatch.setattr(normalization, "_resident_blocks", lambda cp, kernel: resident)
@@ -433,6 +435,43 @@ def test_channel_last_fused_paths(xp, rng, monkeypatch, fused, resident, dtype, 
         got = batchnorm_backward(dy, x, xp.asarray(gamma), layout=layout, **stats)
         for a, b, what in zip(got, expect, ("dx", "dgamma", "dbeta")):
             assert_close(a, b, dtype, what=what)
+
+
+@pytest.mark.parametrize("min_rows", [1, 5, 64])
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("x_shape", [(32, 7, 7, 64), (3, 5, 7, 24), (2, 3, 2, 13)])
+def test_channel_last_plans_and_rows_per_lane(gpu, rng, monkeypatch, min_rows, dtype, x_shape):
+    """Channel-last calls run prepared plans (the second call takes the fast
+    table) with the fused rows kernels' lanes owning at least ROWS_FUSED_MIN_ROWS
+    rows (fewer blocks, more batches a lane): forward with running statistics,
+    inference, backward with saved and recomputed statistics, against float64."""
+    from dnnprims import normalization
+    monkeypatch.setattr(normalization, "ROWS_FUSED_MIN_ROWS", min_rows)
+    _fresh_plans(monkeypatch)
+    pdtype = np.float32 if dtype in (np.float16, _dtypes.BFLOAT16) else dtype
+    x_host = random_array(rng, x_shape, dtype, low=-1, high=3)
+    dy_host = random_array(rng, x_shape, dtype)
+    gamma, beta = _params(rng, x_shape, "NHWC", pdtype)
+    c = gamma.shape[0]
+    f64 = lambda a: _host(a).astype(np.float64)  # noqa: E731
+    x, dy, g, b = (gpu.asarray(a) for a in (x_host, dy_host, gamma, beta))
+    rm, rv = gpu.asarray(random_array(rng, (c,), pdtype)), gpu.asarray(random_array(rng, (c,), pdtype, 0.5, 2))
+    rm64, rv64 = f64(rm), f64(rv)
+    expect = batchnorm_backward(f64(dy_host), f64(x_host), f64(gamma), layout="NHWC")
+    for _ in range(2):
+        y, mean, invstd = batchnorm(x, g, b, rm, rv, momentum=0.3, layout="NHWC", return_stats=True)
+        y64 = batchnorm(f64(x_host), f64(gamma), f64(beta), rm64, rv64, momentum=0.3, layout="NHWC")
+        assert_close(y, y64, dtype, what="y")
+        assert_close(rm, rm64, pdtype, what="running_mean")
+        assert_close(rv, rv64, pdtype, what="running_var")
+        y = batchnorm(x, g, b, rm, rv, training=False, layout="NHWC")
+        assert_close(y, batchnorm(f64(x_host), f64(gamma), f64(beta), rm64, rv64, training=False, layout="NHWC"),
+                     dtype, what="inference y")
+        for stats in ({}, dict(mean=mean, invstd=invstd)):
+            got = batchnorm_backward(dy, x, g, layout="NHWC", **stats)
+            for a, e, what in zip(got, expect, ("dx", "dgamma", "dbeta")):
+                assert_close(a, e, dtype, what=what)
+    assert len(normalization._PLANS) == 4  # training, inference, backward saved / recomputed
 
 
 # ---------------------------------------------------------------------- grid-barrier kernels:
@@ -525,17 +564,15 @@ def test_grid_barrier_kernels_are_launched_cooperatively_with_arguments_of_their
     normalization._build_forward_plan(cp, x, y, pdtype, c, outer, inner, True, True, 0.1, 1e-5, False, False,
                                       True)
     normalization._build_backward_plan(cp, x, y, y, pdtype, c, outer, inner, False, 1e-5, False, True)
-    rows_x, rows_y = (_fake_device_array((outer * inner, c), dtype) for _ in range(2))
-    vectors = [_fake_device_array((c,), d) for d in (acc, acc, pdtype, pdtype, pdtype, pdtype)]
-    mean, invstd, rm, rv, gamma, beta = vectors
-    rows = normalization._Rows(cp, rows_x, c, outer * inner, (rows_x, rows_y))
-    normalization._rows_train_fused(cp, rows_x, rows_y, rows, acc, _dtypes.cuda_type(pdtype), mean, invstd, rm,
-                                    rv, gamma, beta, True, 1e-5, 0.1, 1.0)
-    normalization._rows_backward(cp, rows_y, rows_x, gamma, mean, invstd, 1e-5, pdtype, c, outer * inner, acc,
-                                 rows_y, rm, rv)
+    rows_x = _fake_device_array((outer * inner, c), dtype)
+    normalization._build_rows_forward_plan(cp, rows_x, pdtype, c, outer * inner, True, True, 0.1, 1e-5, False,
+                                           False, True)
+    normalization._build_rows_backward_plan(cp, rows_x, pdtype, c, outer * inner, False, 1e-5, False, True)
     # The call's arrays (ARRAY0...) of a prepared forward / backward plan, by dtype.
     marked = {"batchnorm_train_fused": (dtype, dtype, acc, acc, pdtype, pdtype, pdtype, pdtype),
               "batchnorm_backward_fused": (dtype, dtype, acc, acc, pdtype, dtype, pdtype, pdtype)}
+    marked["batchnorm_rows_train_fused"] = marked["batchnorm_train_fused"]
+    marked["batchnorm_rows_backward_fused"] = marked["batchnorm_backward_fused"]
     seen = set()
     for expression, args, cooperative in captured:
         name, inside = expression.rstrip(">").split("<", 1)
@@ -624,6 +661,7 @@ def test_grid_barrier_kernels_run_cooperatively(gpu, rng, monkeypatch, dtype, x_
     a channel, and one) and NHWC, every dtype."""
     from dnnprims import _kernels, normalization
     monkeypatch.setattr(normalization, "FUSED_FORWARD_MIN_BYTES", 0)
+    monkeypatch.setattr(normalization, "FUSED_BACKWARD_16BIT_SPLITS", True)
     _fresh_plans(monkeypatch)
     calls = _count_cooperative_launches(monkeypatch)
     refused = _kernels.cooperative_refusals
