@@ -42,7 +42,14 @@ _K2S2_ROWS = 4  # output rows per thread of pool_k2s2_avg_backward
 _NHWC_K3S2_FORWARD_ROWS = {2: 1, 4: 1, 8: 1}
 _NHWC_K3S2_BACKWARD_ROWS = {2: 1, 4: 1, 8: 1}
 _NHWC_K3S2_ROWS_CHOICES = (1, 2)
-_NHWC_K3S2_COLS = {"forward": 4, "backward": 32}
+_NHWC_K3S2_COLS = {"forward": 4, "backward": 32}  # a key (direction, size) overrides by element size
+# Minimum resident blocks of 256 threads per SM (__launch_bounds__' second
+# argument: caps the registers at 65536 / (256 * blocks)) of the R = 1 max
+# backward kernels, by element size (R = 2 keeps 1: it would spill); every
+# choice is compiled so the tables can be re-measured (notes/pool5.md).
+_K3S2_BACKWARD_BLOCKS = {2: 1, 4: 1, 8: 1}
+_NHWC_K3S2_BACKWARD_BLOCKS = {2: 1, 4: 1, 8: 1}
+_BACKWARD_BLOCKS_CHOICES = (1, 2, 3)
 # (kernels pool_k3s2_*)
 FAMILY = KernelFamily("pooling.cu", [
     *(f"pool_{mode}_{direction}<{t}, {i}, {nhwc}>"
@@ -62,21 +69,23 @@ FAMILY = KernelFamily("pooling.cu", [
     *(f"pool_nhwc_{direction}<{t}, {i}, {is_max}, {v}>"
       for direction in ("forward", "backward") for t in _dtypes.CUDA_TYPES
       for i in ("int", "long long") for is_max in _BOOL for v in sorted({1, 16 // _ITEMSIZE[t]})),
-    # NCHW 3x3 / 2 / 1, vectorised: forward <T, index_t, MAX, R>, backward (max) <T, index_t, R>
+    # NCHW 3x3 / 2 / 1, vectorised: forward <T, index_t, MAX, R>, backward (max) <T, index_t, R, MINB>
     # (every R of _K3S2_*_ROWS_CHOICES, so the tables can be re-measured)
     *(f"pool_k3s2_forward<{t}, {i}, {is_max}, {r}>"
       for t in _dtypes.CUDA_TYPES for i in ("int", "long long") for is_max in _BOOL
       for r in _K3S2_FORWARD_ROWS_CHOICES),
-    *(f"pool_k3s2_backward<{t}, {i}, {r}>"
-      for t in _dtypes.CUDA_TYPES for i in ("int", "long long") for r in _K3S2_BACKWARD_ROWS_CHOICES),
+    *(f"pool_k3s2_backward<{t}, {i}, {r}, {b}>"
+      for t in _dtypes.CUDA_TYPES for i in ("int", "long long") for r in _K3S2_BACKWARD_ROWS_CHOICES
+      for b in (_BACKWARD_BLOCKS_CHOICES if r == 1 else (1,))),
     *(f"pool_k2s2_avg_backward<{t}, {i}, {_K2S2_ROWS}>"
       for t in _dtypes.CUDA_TYPES for i in ("int", "long long")),
-    # NHWC 3x3 / 2 / 1, column-rolling: forward <T, index_t, MAX, R>, backward (max) <T, index_t, R>
+    # NHWC 3x3 / 2 / 1, column-rolling: forward <T, index_t, MAX, R>, backward (max) <T, index_t, R, MINB>
     *(f"pool_nhwc_k3s2_forward<{t}, {i}, {is_max}, {r}>"
       for t in _dtypes.CUDA_TYPES for i in ("int", "long long") for is_max in _BOOL
       for r in _NHWC_K3S2_ROWS_CHOICES),
-    *(f"pool_nhwc_k3s2_backward<{t}, {i}, {r}>"
-      for t in _dtypes.CUDA_TYPES for i in ("int", "long long") for r in _NHWC_K3S2_ROWS_CHOICES),
+    *(f"pool_nhwc_k3s2_backward<{t}, {i}, {r}, {b}>"
+      for t in _dtypes.CUDA_TYPES for i in ("int", "long long") for r in _NHWC_K3S2_ROWS_CHOICES
+      for b in (_BACKWARD_BLOCKS_CHOICES if r == 1 else (1,))),
     *(f"pool_global_avg_backward_flat<{t}, {i}>"
       for t in _dtypes.CUDA_TYPES for i in ("int", "long long"))])
 
@@ -391,7 +400,8 @@ def _vector_launch(problem, direction, aligned):
         return None
     ho, _ = problem.out_hw
     if problem.window == (3, 3) and problem.padding == (1, 1):
-        kernel = _k3s2_kernel(problem, direction, "pool_k3s2", _K3S2_FORWARD_ROWS, _K3S2_BACKWARD_ROWS)
+        kernel = _k3s2_kernel(problem, direction, "pool_k3s2", _K3S2_FORWARD_ROWS, _K3S2_BACKWARD_ROWS,
+                              _K3S2_BACKWARD_BLOCKS)
         if kernel is None:
             return None
         expr, bands = kernel
@@ -411,11 +421,11 @@ def _vector_launch(problem, direction, aligned):
     return expr.format(index_t), (blocks,), args
 
 
-def _k3s2_kernel(problem, direction, prefix, forward_rows, backward_rows):
+def _k3s2_kernel(problem, direction, prefix, forward_rows, backward_rows, backward_blocks):
     """(expression with "{}" for index_t, bands) of a 3x3 / 2 / 1 kernel pair
     `prefix`_forward <T, index_t, MAX, R> (R output rows a band) and
-    `prefix`_backward <T, index_t, R> (max only; 2R input rows a band); R from
-    the tables by element size.  None for average backward."""
+    `prefix`_backward <T, index_t, R, MINB> (max only; 2R input rows a band);
+    R and (R = 1) MINB from the tables by element size.  None for average backward."""
     t = _dtypes.cuda_type(problem.dtype)
     if direction == "forward":
         rows = forward_rows[_ITEMSIZE[t]]
@@ -423,7 +433,8 @@ def _k3s2_kernel(problem, direction, prefix, forward_rows, backward_rows):
                 ceil_div(problem.out_hw[0], rows))
     if problem.mode == "max":
         rows = backward_rows[_ITEMSIZE[t]]
-        return f"{prefix}_backward<{t}, {{}}, {rows}>", ceil_div(problem.h, 2 * rows)
+        blocks = backward_blocks[_ITEMSIZE[t]] if rows == 1 else 1
+        return f"{prefix}_backward<{t}, {{}}, {rows}, {blocks}>", ceil_div(problem.h, 2 * rows)
     return None
 
 
@@ -439,11 +450,11 @@ def _nhwc_k3s2_launch(problem, direction, aligned):
         return None
     ho, wo = problem.out_hw
     kernel = _k3s2_kernel(problem, direction, "pool_nhwc_k3s2", _NHWC_K3S2_FORWARD_ROWS,
-                          _NHWC_K3S2_BACKWARD_ROWS)
+                          _NHWC_K3S2_BACKWARD_ROWS, _NHWC_K3S2_BACKWARD_BLOCKS)
     if kernel is None:
         return None
     expr, bands = kernel
-    cols = _NHWC_K3S2_COLS[direction]
+    cols = _NHWC_K3S2_COLS.get((direction, size), _NHWC_K3S2_COLS[direction])
     segments = ceil_div(wo, cols)
     items = problem.n * segments * bands * (problem.c // vec)
     blocks = min(ceil_div(items, _BLOCK), _MAX_ITEMS_BLOCKS)

@@ -1370,8 +1370,8 @@ __device__ __forceinline__ bool k3s2_max_backward_pairs(const T* __restrict__ xp
 #endif
 }
 
-template <typename T, typename index_t, int R>
-__global__ void __launch_bounds__(256)
+template <typename T, typename index_t, int R, int MINB>
+__global__ void __launch_bounds__(256, MINB)
 pool_k3s2_backward(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ dx,
                    index_t items, int H, int W, int Ho, int bands) {
     typedef acc_t<T> A;
@@ -1850,8 +1850,8 @@ __device__ __forceinline__ void nhwc_k3s2_backward_pairs(const T* __restrict__ x
 #endif
 }
 
-template <typename T, typename index_t, int R>
-__global__ void __launch_bounds__(256)
+template <typename T, typename index_t, int R, int MINB>
+__global__ void __launch_bounds__(256, MINB)
 pool_nhwc_k3s2_backward(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ dx,
                         index_t items, int C, int H, int W, int Ho, int Wo, int bands, int segments,
                         int cols) {
