@@ -24,7 +24,8 @@ _ITEMSIZE = {"half_t": 2, "bfloat16_t": 2, "float": 4, "double": 8}
 # backward R = 1 / 2: 0.232 / 0.311 (float16), 0.104 / 0.0997 (r50, float32).  The float16
 # forward on packed pairs (notes/pool3.md): R = 1 / 2 / 4 0.0460 / 0.0469 / 0.0475 ms.
 # The 16-bit backward runs on packed pairs for R = 1 only (k3s2_max_backward_pairs:
-# 0.126 ms on max3x3s2_big_f16, notes/pool4.md; R = 2 keeps the scalar argmax).
+# 0.126 ms on max3x3s2_big_f16, notes/pool4.md, 0.107 at 3 blocks per SM, notes/pool5.md;
+# R = 2 keeps the scalar argmax).
 _K3S2_FORWARD_ROWS = {2: 1, 4: 2, 8: 2}
 _K3S2_BACKWARD_ROWS = {2: 1, 4: 2, 8: 2}
 _K3S2_FORWARD_ROWS_CHOICES = (1, 2, 4)
@@ -38,7 +39,9 @@ _K2S2_ROWS = 4  # output rows per thread of pool_k2s2_avg_backward
 # backward R = 1 / 2 0.194 / 0.248 (float32), 0.232 / 0.317 (float16), and cols
 # 4 / 8 / 14 / 28 0.208 / 0.208 / 0.201 / 0.194 (float32, R = 1): one segment per row.
 # The 16-bit backward with R = 1 runs on packed pairs (nhwc_k3s2_backward_pairs):
-# 0.137 ms float16 / bfloat16 (notes/pool4.md; cols not re-swept).
+# 0.137 ms float16 / bfloat16 (notes/pool4.md), 0.089 with two blocks per SM
+# (_NHWC_K3S2_BACKWARD_BLOCKS); cols 7 / 14 / 32 then 0.098 / 0.094 / 0.089 (16-bit),
+# 0.202 / 0.200 / 0.194 (float32; notes/pool5.md).
 _NHWC_K3S2_FORWARD_ROWS = {2: 1, 4: 1, 8: 1}
 _NHWC_K3S2_BACKWARD_ROWS = {2: 1, 4: 1, 8: 1}
 _NHWC_K3S2_ROWS_CHOICES = (1, 2)
@@ -47,8 +50,14 @@ _NHWC_K3S2_COLS = {"forward": 4, "backward": 32}  # a key (direction, size) over
 # argument: caps the registers at 65536 / (256 * blocks)) of the R = 1 max
 # backward kernels, by element size (R = 2 keeps 1: it would spill); every
 # choice is compiled so the tables can be re-measured (notes/pool5.md).
-_K3S2_BACKWARD_BLOCKS = {2: 1, 4: 1, 8: 1}
-_NHWC_K3S2_BACKWARD_BLOCKS = {2: 1, 4: 1, 8: 1}
+# Measured on the H100 (notes/pool5.md, 64x256x56x56 / 64x56x56x256, ms for
+# MINB = 1 / 2 / 3): NCHW float16 0.127 / 0.127 / 0.107 (109 / 105 / 80 registers,
+# 104 bytes of spill at 3); NHWC float16 (cols 32) 0.136 / 0.089 / 0.175, float32
+# 0.269 / 0.194 / 0.480 (MINB = 1 lets ptxas take 139-161 registers: one block per SM).
+# bfloat16 as float16.  float64 NHWC: 2 keeps it at 128 registers (2 blocks), as
+# before the tables (not timed); NCHW float32 / float64 run R = 2 (MINB 1).
+_K3S2_BACKWARD_BLOCKS = {2: 3, 4: 1, 8: 1}
+_NHWC_K3S2_BACKWARD_BLOCKS = {2: 2, 4: 2, 8: 2}
 _BACKWARD_BLOCKS_CHOICES = (1, 2, 3)
 # (kernels pool_k3s2_*)
 FAMILY = KernelFamily("pooling.cu", [
