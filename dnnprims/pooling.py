@@ -24,7 +24,8 @@ _ITEMSIZE = {"half_t": 2, "bfloat16_t": 2, "float": 4, "double": 8}
 # backward R = 1 / 2: 0.232 / 0.311 (float16), 0.104 / 0.0997 (r50, float32).  The float16
 # forward on packed pairs (notes/pool3.md): R = 1 / 2 / 4 0.0460 / 0.0469 / 0.0475 ms.
 # The 16-bit backward runs on packed pairs for R = 1 only (k3s2_max_backward_pairs:
-# 0.126 ms on max3x3s2_big_f16, notes/pool4.md; R = 2 keeps the scalar argmax).
+# 0.126 ms on max3x3s2_big_f16, notes/pool4.md, 0.107 at 3 blocks per SM, notes/pool5.md;
+# R = 2 keeps the scalar argmax).
 _K3S2_FORWARD_ROWS = {2: 1, 4: 2, 8: 2}
 _K3S2_BACKWARD_ROWS = {2: 1, 4: 2, 8: 2}
 _K3S2_FORWARD_ROWS_CHOICES = (1, 2, 4)
@@ -38,11 +39,26 @@ _K2S2_ROWS = 4  # output rows per thread of pool_k2s2_avg_backward
 # backward R = 1 / 2 0.194 / 0.248 (float32), 0.232 / 0.317 (float16), and cols
 # 4 / 8 / 14 / 28 0.208 / 0.208 / 0.201 / 0.194 (float32, R = 1): one segment per row.
 # The 16-bit backward with R = 1 runs on packed pairs (nhwc_k3s2_backward_pairs):
-# 0.137 ms float16 / bfloat16 (notes/pool4.md; cols not re-swept).
+# 0.137 ms float16 / bfloat16 (notes/pool4.md), 0.089 with two blocks per SM
+# (_NHWC_K3S2_BACKWARD_BLOCKS); cols 7 / 14 / 32 then 0.098 / 0.094 / 0.089 (16-bit),
+# 0.202 / 0.200 / 0.194 (float32; notes/pool5.md).
 _NHWC_K3S2_FORWARD_ROWS = {2: 1, 4: 1, 8: 1}
 _NHWC_K3S2_BACKWARD_ROWS = {2: 1, 4: 1, 8: 1}
 _NHWC_K3S2_ROWS_CHOICES = (1, 2)
-_NHWC_K3S2_COLS = {"forward": 4, "backward": 32}
+_NHWC_K3S2_COLS = {"forward": 4, "backward": 32}  # a key (direction, size) overrides by element size
+# Minimum resident blocks of 256 threads per SM (__launch_bounds__' second
+# argument: caps the registers at 65536 / (256 * blocks)) of the R = 1 max
+# backward kernels, by element size (R = 2 keeps 1: it would spill); every
+# choice is compiled so the tables can be re-measured (notes/pool5.md).
+# Measured on the H100 (notes/pool5.md, 64x256x56x56 / 64x56x56x256, ms for
+# MINB = 1 / 2 / 3): NCHW float16 0.127 / 0.127 / 0.107 (109 / 105 / 80 registers,
+# 104 bytes of spill at 3); NHWC float16 (cols 32) 0.136 / 0.089 / 0.175, float32
+# 0.269 / 0.194 / 0.480 (MINB = 1 lets ptxas take 139-161 registers: one block per SM).
+# bfloat16 as float16.  float64 NHWC: 2 keeps it at 128 registers (2 blocks), as
+# before the tables (not timed); NCHW float32 / float64 run R = 2 (MINB 1).
+_K3S2_BACKWARD_BLOCKS = {2: 3, 4: 1, 8: 1}
+_NHWC_K3S2_BACKWARD_BLOCKS = {2: 2, 4: 2, 8: 2}
+_BACKWARD_BLOCKS_CHOICES = (1, 2, 3)
 # (kernels pool_k3s2_*)
 FAMILY = KernelFamily("pooling.cu", [
     *(f"pool_{mode}_{direction}<{t}, {i}, {nhwc}>"
@@ -62,21 +78,23 @@ FAMILY = KernelFamily("pooling.cu", [
     *(f"pool_nhwc_{direction}<{t}, {i}, {is_max}, {v}>"
       for direction in ("forward", "backward") for t in _dtypes.CUDA_TYPES
       for i in ("int", "long long") for is_max in _BOOL for v in sorted({1, 16 // _ITEMSIZE[t]})),
-    # NCHW 3x3 / 2 / 1, vectorised: forward <T, index_t, MAX, R>, backward (max) <T, index_t, R>
+    # NCHW 3x3 / 2 / 1, vectorised: forward <T, index_t, MAX, R>, backward (max) <T, index_t, R, MINB>
     # (every R of _K3S2_*_ROWS_CHOICES, so the tables can be re-measured)
     *(f"pool_k3s2_forward<{t}, {i}, {is_max}, {r}>"
       for t in _dtypes.CUDA_TYPES for i in ("int", "long long") for is_max in _BOOL
       for r in _K3S2_FORWARD_ROWS_CHOICES),
-    *(f"pool_k3s2_backward<{t}, {i}, {r}>"
-      for t in _dtypes.CUDA_TYPES for i in ("int", "long long") for r in _K3S2_BACKWARD_ROWS_CHOICES),
+    *(f"pool_k3s2_backward<{t}, {i}, {r}, {b}>"
+      for t in _dtypes.CUDA_TYPES for i in ("int", "long long") for r in _K3S2_BACKWARD_ROWS_CHOICES
+      for b in (_BACKWARD_BLOCKS_CHOICES if r == 1 else (1,))),
     *(f"pool_k2s2_avg_backward<{t}, {i}, {_K2S2_ROWS}>"
       for t in _dtypes.CUDA_TYPES for i in ("int", "long long")),
-    # NHWC 3x3 / 2 / 1, column-rolling: forward <T, index_t, MAX, R>, backward (max) <T, index_t, R>
+    # NHWC 3x3 / 2 / 1, column-rolling: forward <T, index_t, MAX, R>, backward (max) <T, index_t, R, MINB>
     *(f"pool_nhwc_k3s2_forward<{t}, {i}, {is_max}, {r}>"
       for t in _dtypes.CUDA_TYPES for i in ("int", "long long") for is_max in _BOOL
       for r in _NHWC_K3S2_ROWS_CHOICES),
-    *(f"pool_nhwc_k3s2_backward<{t}, {i}, {r}>"
-      for t in _dtypes.CUDA_TYPES for i in ("int", "long long") for r in _NHWC_K3S2_ROWS_CHOICES),
+    *(f"pool_nhwc_k3s2_backward<{t}, {i}, {r}, {b}>"
+      for t in _dtypes.CUDA_TYPES for i in ("int", "long long") for r in _NHWC_K3S2_ROWS_CHOICES
+      for b in (_BACKWARD_BLOCKS_CHOICES if r == 1 else (1,))),
     *(f"pool_global_avg_backward_flat<{t}, {i}>"
       for t in _dtypes.CUDA_TYPES for i in ("int", "long long"))])
 
@@ -391,7 +409,8 @@ def _vector_launch(problem, direction, aligned):
         return None
     ho, _ = problem.out_hw
     if problem.window == (3, 3) and problem.padding == (1, 1):
-        kernel = _k3s2_kernel(problem, direction, "pool_k3s2", _K3S2_FORWARD_ROWS, _K3S2_BACKWARD_ROWS)
+        kernel = _k3s2_kernel(problem, direction, "pool_k3s2", _K3S2_FORWARD_ROWS, _K3S2_BACKWARD_ROWS,
+                              _K3S2_BACKWARD_BLOCKS)
         if kernel is None:
             return None
         expr, bands = kernel
@@ -411,11 +430,11 @@ def _vector_launch(problem, direction, aligned):
     return expr.format(index_t), (blocks,), args
 
 
-def _k3s2_kernel(problem, direction, prefix, forward_rows, backward_rows):
+def _k3s2_kernel(problem, direction, prefix, forward_rows, backward_rows, backward_blocks):
     """(expression with "{}" for index_t, bands) of a 3x3 / 2 / 1 kernel pair
     `prefix`_forward <T, index_t, MAX, R> (R output rows a band) and
-    `prefix`_backward <T, index_t, R> (max only; 2R input rows a band); R from
-    the tables by element size.  None for average backward."""
+    `prefix`_backward <T, index_t, R, MINB> (max only; 2R input rows a band);
+    R and (R = 1) MINB from the tables by element size.  None for average backward."""
     t = _dtypes.cuda_type(problem.dtype)
     if direction == "forward":
         rows = forward_rows[_ITEMSIZE[t]]
@@ -423,7 +442,8 @@ def _k3s2_kernel(problem, direction, prefix, forward_rows, backward_rows):
                 ceil_div(problem.out_hw[0], rows))
     if problem.mode == "max":
         rows = backward_rows[_ITEMSIZE[t]]
-        return f"{prefix}_backward<{t}, {{}}, {rows}>", ceil_div(problem.h, 2 * rows)
+        blocks = backward_blocks[_ITEMSIZE[t]] if rows == 1 else 1
+        return f"{prefix}_backward<{t}, {{}}, {rows}, {blocks}>", ceil_div(problem.h, 2 * rows)
     return None
 
 
@@ -439,11 +459,11 @@ def _nhwc_k3s2_launch(problem, direction, aligned):
         return None
     ho, wo = problem.out_hw
     kernel = _k3s2_kernel(problem, direction, "pool_nhwc_k3s2", _NHWC_K3S2_FORWARD_ROWS,
-                          _NHWC_K3S2_BACKWARD_ROWS)
+                          _NHWC_K3S2_BACKWARD_ROWS, _NHWC_K3S2_BACKWARD_BLOCKS)
     if kernel is None:
         return None
     expr, bands = kernel
-    cols = _NHWC_K3S2_COLS[direction]
+    cols = _NHWC_K3S2_COLS.get((direction, size), _NHWC_K3S2_COLS[direction])
     segments = ceil_div(wo, cols)
     items = problem.n * segments * bands * (problem.c // vec)
     blocks = min(ceil_div(items, _BLOCK), _MAX_ITEMS_BLOCKS)

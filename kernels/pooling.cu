@@ -1217,7 +1217,10 @@ pool_k3s2_forward(const T* __restrict__ x, T* __restrict__ y, index_t items, int
 // the caller runs the scalar path (exact rule).  dx sums in float from +0 in
 // the gather's order (windows in row-major order; a share that is not the
 // window's argmax adds +0), so dx is bitwise the scalar path's (checked on the
-// H100 on 64 x 256 x 56 x 56, notes/pool4.md).
+// H100 on 64 x 256 x 56 x 56, notes/pool4.md).  MINB (__launch_bounds__' minimum
+// blocks per SM, both max backward kernels, from the Python tables): 3 for this
+// kernel (80 registers, ~100 bytes of spill, 24 warps an SM instead of 16:
+// 0.127 -> 0.107 ms, 0.61 -> 0.72 of copy, notes/pool5.md).
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
 #define PACKED_CMP_PAIRS 1
 #else
@@ -1370,8 +1373,8 @@ __device__ __forceinline__ bool k3s2_max_backward_pairs(const T* __restrict__ xp
 #endif
 }
 
-template <typename T, typename index_t, int R>
-__global__ void __launch_bounds__(256)
+template <typename T, typename index_t, int R, int MINB>
+__global__ void __launch_bounds__(256, MINB)
 pool_k3s2_backward(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ dx,
                    index_t items, int H, int W, int Ho, int bands) {
     typedef acc_t<T> A;
@@ -1557,7 +1560,8 @@ pool_k2s2_avg_backward(const T* __restrict__ /* x: not needed */, const T* __res
 // scalar); backward 0.79-0.80 float32, 2.1x PyTorch (argmax bytes + gather
 // before: 0.49, 1.3x); float16 / bfloat16 0.56, 2.7x PyTorch on packed pairs
 // (nhwc_k3s2_backward_pairs, 135 registers; 0.33 scalar: compare-bound, 218
-// registers; notes/pool4.md).  R = 2
+// registers; notes/pool4.md); 0.87 (float16 / bfloat16) and 0.79 (float32) with
+// MINB = 2 (128 registers: two blocks of 256 per SM; notes/pool5.md).  R = 2
 // measured slower in both directions (registers), one segment per row fastest
 // for the backward (each seam recomputes a window column).
 
@@ -1850,8 +1854,8 @@ __device__ __forceinline__ void nhwc_k3s2_backward_pairs(const T* __restrict__ x
 #endif
 }
 
-template <typename T, typename index_t, int R>
-__global__ void __launch_bounds__(256)
+template <typename T, typename index_t, int R, int MINB>
+__global__ void __launch_bounds__(256, MINB)
 pool_nhwc_k3s2_backward(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ dx,
                         index_t items, int C, int H, int W, int Ho, int Wo, int bands, int segments,
                         int cols) {

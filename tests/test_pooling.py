@@ -491,6 +491,11 @@ def test_k3s2_ties_and_nan_exactly(xp, rng, monkeypatch, dtype, hw):
     """Integer data (ties inside and across the vector and band seams, all -inf
     planes, NaNs, -0.0 against 0.0 in the argmax): the vectorised kernels pick the reference's element."""
     _fresh_plans(monkeypatch)
+    _check_integer_data_exactly(xp, rng, _nchw_integer_data(rng, dtype, hw), dict(stride=2, padding=1))
+
+
+def _nchw_integer_data(rng, dtype, hw):
+    """(3, 4, *hw) integer data with ties, all -inf planes, NaNs, -0.0, +-inf mixes."""
     x = rng.integers(-1, 2, size=(3, 4, *hw)).astype(dtype)
     x[0, 1] = -np.inf
     x[1, 0, 0, :] = -0.0
@@ -501,7 +506,7 @@ def test_k3s2_ties_and_nan_exactly(xp, rng, monkeypatch, dtype, hw):
     x[2, 1, hw[0] // 2, 1] = np.inf
     x[2, 2] = -np.inf
     x[2, 2, hw[0] - 1, hw[1] // 2] = x[2, 2, 0, hw[1] - 1] = 0.0
-    _check_integer_data_exactly(xp, rng, x, dict(stride=2, padding=1))
+    return x
 
 
 def _check_integer_data_exactly(xp, rng, x, opts):
@@ -582,6 +587,12 @@ def test_nhwc_k3s2_ties_and_nan_exactly(xp, rng, monkeypatch, dtype, hw, rows, c
     monkeypatch.setitem(pooling._NHWC_K3S2_BACKWARD_ROWS, size, rows)
     monkeypatch.setattr(pooling, "_NHWC_K3S2_COLS", {"forward": cols, "backward": cols})
     _fresh_plans(monkeypatch)
+    _check_integer_data_exactly(xp, rng, _nhwc_integer_data(rng, dtype, hw),
+                                dict(stride=2, padding=1, layout="NHWC"))
+
+
+def _nhwc_integer_data(rng, dtype, hw):
+    """(3, *hw, 8) integer data with ties, all -inf channels, NaNs, -0.0, +-inf mixes."""
     x = rng.integers(-1, 2, size=(3, *hw, 8)).astype(dtype)
     x[0, :, :, 1] = -np.inf
     x[1, 0, :, :] = -0.0
@@ -592,7 +603,37 @@ def test_nhwc_k3s2_ties_and_nan_exactly(xp, rng, monkeypatch, dtype, hw, rows, c
     x[2, hw[0] // 2, 0, 4] = np.inf
     x[2, :, :, 6] = -np.inf
     x[2, hw[0] - 1, hw[1] // 2, 6] = x[2, 0, hw[1] - 1, 6] = -0.0
-    _check_integer_data_exactly(xp, rng, x, dict(stride=2, padding=1, layout="NHWC"))
+    return x
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+@pytest.mark.parametrize("blocks", [1, 2, 3])
+def test_k3s2_backward_blocks_variants(gpu, rng, monkeypatch, blocks, layout, dtype):
+    """Every __launch_bounds__ choice of the R = 1 max backward kernels (fewer
+    registers, spills): random data against the reference, integer data
+    (ties, NaN, +-inf, -0.0) exactly, segment seams (NHWC cols 3 and 32)."""
+    from dnnprims import pooling
+    size = np.dtype(dtype).itemsize
+    nchw = layout == "NCHW"
+    assert blocks in pooling._BACKWARD_BLOCKS_CHOICES
+    monkeypatch.setitem(pooling._K3S2_BACKWARD_ROWS if nchw else pooling._NHWC_K3S2_BACKWARD_ROWS, size, 1)
+    monkeypatch.setitem(pooling._K3S2_BACKWARD_BLOCKS if nchw else pooling._NHWC_K3S2_BACKWARD_BLOCKS,
+                        size, blocks)
+    for cols in ((32,) if nchw else (3, 32)):
+        monkeypatch.setattr(pooling, "_NHWC_K3S2_COLS", {"forward": cols, "backward": cols})
+        _fresh_plans(monkeypatch)
+        for hw in (K3S2_SIZES[2:5] if nchw else NHWC_K3S2_SIZES[2:6]):
+            shape = (2, 3, *hw) if nchw else (2, *hw, 8)
+            bwd = _k3s2_expressions(shape, dtype, "max", layout)[1]
+            assert bwd.startswith("pool_k3s2_backward<" if nchw else "pool_nhwc_k3s2_backward<")
+            assert bwd.endswith(f", 1, {blocks}>")
+            x = random_array(rng, shape, dtype)
+            opts = dict(mode="max", stride=2, padding=1)
+            y_shape = pool(x.astype(np.float64), 3, layout=layout, **opts).shape
+            _check_against_reference(gpu, x, random_array(rng, y_shape, dtype), 3, opts, layout)
+            data = _nchw_integer_data(rng, dtype, hw) if nchw else _nhwc_integer_data(rng, dtype, hw)
+            _check_integer_data_exactly(gpu, rng, data, dict(stride=2, padding=1, layout=layout))
 
 
 @pytest.mark.parametrize("shape", [(3, 100, 7, 7), (2, 5, 8, 8), (1, 1, 1, 1), (2, 3, 1, 1),
