@@ -115,7 +115,13 @@ GRIDS = {
                            # cross over there (C = K = 64 was read off C = K = 32 and picked
                            # fft at 0.55 ms where dft runs in 0.36)
                            {"name": "large_filters", "filters": [[5, 5, 1], [7, 7, 1]], "depthwise": [],
-                            "batches": [8, 32], "channels": [64, 256]}]},
+                            "batches": [8, 32], "channels": [64, 256]},
+                           # ResNet's last stage (C or K = 2048 on 7x7 / 14x14 images) was 4x past
+                           # the base's 512: the planes extrapolated there and put implicit GEMM
+                           # (0.20 ms) over cuBLAS (0.10 ms) on r50_5_1x1_up / _dn
+                           {"name": "wide_channels", "filters": [[1, 1, 1], [1, 1, 2], [3, 3, 1]],
+                            "depthwise": [], "batches": [1, 32], "images": [7, 14],
+                            "channels": [512, 2048]}]},
     "quick": {"filters": [[1, 1, 1], [3, 3, 1]], "depthwise": [[3, 3, 1]],
               "batches": [1, 32], "images": [7, 28], "channels": [32, 256], "max_gflop": 5.0},
 }

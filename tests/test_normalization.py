@@ -691,6 +691,9 @@ def test_refused_cooperative_launch_takes_the_multi_launch_path(gpu, rng, monkey
     else:  # 8 column groups of 256 vectors, one row lane a block: a block per row and group
         x_shape, layout = (sms + 16, 8 * 256 * vec), "NHWC"
     monkeypatch.setattr(normalization, "_resident_blocks", lambda cp, kernel: 1 << 20)
+    # One row a lane, so the grid really is a block per row and group (ROWS_FUSED_MIN_ROWS = 8
+    # would give 8 rows a lane: a grid small enough for the driver to accept).
+    monkeypatch.setattr(normalization, "ROWS_FUSED_MIN_ROWS", 1)
     calls = _count_cooperative_launches(monkeypatch)
     refused = _kernels.cooperative_refusals
     _check_barrier_paths(gpu, rng, dtype, x_shape, layout)
