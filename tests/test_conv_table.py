@@ -413,8 +413,10 @@ def test_the_default_grid_has_batch_1_points_between_the_base_channels():
     keys = [tune.point_key(d, p) for d, p in points]
     assert len(set(keys)) == len(keys)
     one = [p for _, p in points if p.N == 1]
-    assert {p.C for p in one} == {32, 64, 128, 256, 512, 1024}
-    assert {p.C for _, p in points if p.N > 1 and p.R <= 3} == {32, 128, 512}
+    assert {p.C for p in one} == {32, 64, 128, 256, 512, 1024, 2048}
+    assert {p.C for _, p in points if p.N > 1 and p.R <= 3} == {32, 128, 512, 2048}
+    # C or K = 2048 (the wide_channels block) only on 7x7 / 14x14 images
+    assert {p.H for _, p in points if 2048 in (p.C, p.K)} == {7, 14}
     # 5x5 / 7x7 at batch 8 and 32 also between them (the large_filters block)
     assert {p.C for _, p in points if p.N > 1 and p.R >= 5} == {32, 64, 128, 256, 512}
     # every filter and image size of the base block, and depthwise, at batch 1 with C=64
@@ -660,7 +662,7 @@ def test_finalist_samples_stop_when_the_pace_says_the_grid_would_not_fit(tmp_pat
     g = data["grid"]
     assert g["points_measured"] == 151 and g["stopped_early"]
     assert g["finalist_points"] == tune.PACE_MIN and g["finalist_samples_off"] == 151 - tune.PACE_MIN
-    assert sum(g["unmeasured"].values()) == 49 and set(g["unmeasured"]) <= {"base", "batch1", "large_filters"}
+    assert sum(g["unmeasured"].values()) == 49 and set(g["unmeasured"]) <= {"base"} | {b["name"] for b in tune.GRIDS["default"]["blocks"]}
     assert any(line.startswith("stopping after 151 s") and "not measured: " in line for line in lines)
     assert data["entries"][0]["finalists"] == ["direct", "gemm"]
     assert "finalists" not in data["entries"][-1]
