@@ -5,19 +5,7 @@
 set -u
 export CUPY_TF32=0 PYTHONPATH="$PWD" PYTHONUNBUFFERED=1
 OUT="${OUT:-$PWD/out}"; mkdir -p "$OUT"
-python - <<'PY' > "$OUT/warm.log" 2>&1
-import multiprocessing, sys, time
-from concurrent.futures import ProcessPoolExecutor
-sys.path.insert(0, "scripts")
-from warm_kernels import _compile
-from dnnprims.algos import winograd
-names = sorted({e.split("<", 1)[0] for e in winograd.FAMILY.name_expressions})
-t0 = time.time()
-with ProcessPoolExecutor(len(names), mp_context=multiprocessing.get_context("spawn")) as pool:
-    for line in pool.map(_compile, [("conv_winograd.cu", n) for n in names]):
-        print(line, flush=True)
-print(f"warm: {time.time() - t0:.1f} s")
-PY
+python notes/wino5b_warm.py > "$OUT/warm.log" 2>&1   # (the H100 run had this inline from stdin: spawn failed, kernels compiled in the tests)
 tail -n 1 "$OUT/warm.log"
 (cd notes && timeout 55 python bench_wino5b.py --json "$OUT/wino5b_h100.json" > "$OUT/bench.log" 2>&1)
 echo "bench exit $?"

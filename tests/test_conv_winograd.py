@@ -756,22 +756,39 @@ def test_gpu_wgrad_wide_channels_in_chunks_and_splits(gpu, rng, monkeypatch, m, 
 # --- 5x5: the auto rule and the workspace ---------------------------------------------
 
 def test_auto_takes_winograd_for_wide_large_5x5_float32_only(rule_only):
-    def auto(x_shape, w_shape, dtype=np.float32, direction="forward", **opts):
+    def auto(x_shape, w_shape, dtype=np.float32, direction="forward", options=algos.DEFAULT_OPTIONS, **opts):
         opts.setdefault("padding", 2)
-        return algos.explain_auto(_problem(x_shape, w_shape, dtype, **opts), direction)[0]
+        return algos.explain_auto(_problem(x_shape, w_shape, dtype, **opts), direction, options)[0]
 
     alex = (32, 64, 27, 27), (192, 64, 5, 5)      # alex_conv2_5x5: 14.3 GFLOP
-    assert auto(*alex) == NAMES[2, 5]
-    assert auto(*alex, direction="backward_data") == NAMES[2, 5]
-    assert auto(*alex, direction="backward_filter") == WGRAD[4, 5]     # measured faster than F(5x5, 2x2)
-    winograd_5x5 = (NAMES[2, 5], WGRAD[2, 5], WGRAD[4, 5])
+    # The larger tile first (measured fastest at batch 32: notes/wino5b.md).
+    assert auto(*alex) == NAMES[4, 5]
+    assert auto(*alex, direction="backward_data") == NAMES[4, 5]
+    assert auto(*alex, direction="backward_filter") == WGRAD[4, 5]
+    # Batch 1 (0.45 GFLOP): F(2x2, 5x5) first for forward / backward data; backward
+    # filter keeps the 4 GFLOP threshold.
+    b1 = (1, 64, 27, 27), (192, 64, 5, 5)
+    assert auto(*b1) == NAMES[2, 5]
+    assert auto(*b1, direction="backward_data") == NAMES[2, 5]
+    winograd_5x5 = tuple(NAMES[m, 5] for m in (2, 3, 4)) + tuple(WGRAD[m, 5] for m in (2, 3, 4))
+    assert auto(*b1, direction="backward_filter") not in winograd_5x5
+    assert auto((1, 64, 7, 7), (64, 64, 5, 5)) not in winograd_5x5      # 10 MFLOP
     for direction in algos.DIRECTIONS:
-        assert auto((1, 64, 27, 27), (192, 64, 5, 5), direction=direction) not in winograd_5x5
         assert auto((32, 32, 27, 27), (192, 32, 5, 5), direction=direction) not in winograd_5x5
         assert auto(*alex, np.float16, direction=direction) not in winograd_5x5
         assert auto(*alex, stride=2, direction=direction) not in winograd_5x5
     name, reason = dnnprims.conv2d_choose(*alex, padding=2, precision="strict")
-    assert name == NAMES[2, 5] and "Winograd" in reason
+    assert name == NAMES[4, 5] and "Winograd" in reason
+    # Every variant in the rule, in order: a workspace limit between them walks it.
+    p = _problem(*alex, padding=2)
+    for direction, names in (("forward", [NAMES[m, 5] for m in (4, 3, 2)]),
+                             ("backward_filter", [WGRAD[m, 5] for m in (4, 3, 2)])):
+        assert [n for n, _ in algos._winograd_5x5_preferences(p, direction)] == names
+    f4 = algos.REGISTRY[NAMES[4, 5]].workspace_bytes(p, "forward")
+    f3 = algos.REGISTRY[NAMES[3, 5]].workspace_bytes(p, "forward")
+    assert f4 < f3
+    limited = algos.ConvOptions(workspace_limit=f4 - 1)
+    assert auto(*alex, options=limited) not in (NAMES[4, 5], NAMES[3, 5])
 
 
 def test_5x5_workspace_is_reported_exactly_and_limits_the_choice(rule_only):
