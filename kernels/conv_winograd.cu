@@ -1,4 +1,4 @@
-// Winograd F(M x M, R x R) convolution, stride 1 (R = 3 or 5): the input and output transforms
+// Winograd F(M x M, R x R) convolution, stride 1 (R = 3 or 5; M = 2..4): the input and output transforms
 // and the filter transform around the alpha^2 batched GEMMs (cuBLAS, from
 // Python: dnnprims/algos/winograd.py, which also derives the matrices and
 // generates conv_winograd_matrices.cuh from the Toom-Cook points).

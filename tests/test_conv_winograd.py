@@ -1,5 +1,6 @@
-"""Winograd F(2x2, 3x3), F(4x4, 3x3) and F(2x2, 5x5) (and the backward-filter
-F(3x3, 2x2), F(3x3, 4x4), F(5x5, 2x2), F(5x5, 4x4)): the transforms against their
+"""Winograd F(2x2, 3x3), F(4x4, 3x3), F(2x2, 5x5), F(3x3, 5x5) and F(4x4, 5x5) (and
+the backward-filter F(3x3, 2x2), F(3x3, 4x4), F(5x5, 2x2), F(5x5, 3x3), F(5x5, 4x4)):
+the transforms against their
 definition, the three stages on NumPy against the reference, the accuracy
 bounds of the tolerance table, and the GPU kernels (the registry-wide checks
 of tests/test_conv.py run them too, on the small CASES)."""
@@ -22,7 +23,8 @@ from conftest import FLOAT_DTYPES, random_array
 
 F64 = np.float64
 # (m, r) -> name: forward / backward data F(m x m, r x r).
-NAMES = {(2, 3): "winograd_f2x2_3x3", (4, 3): "winograd_f4x4_3x3", (2, 5): "winograd_f2x2_5x5"}
+NAMES = {(2, 3): "winograd_f2x2_3x3", (4, 3): "winograd_f4x4_3x3", (2, 5): "winograd_f2x2_5x5",
+         (3, 5): "winograd_f3x3_5x5", (4, 5): "winograd_f4x4_5x5"}
 VARIANTS = winograd.VARIANTS
 
 
@@ -56,6 +58,8 @@ def test_transforms_have_the_documented_shapes_and_integer_input_transform():
         assert all(v.denominator == 1 for row in bt for v in row)   # B^T: small integers
     # The input transform depends on the points only: F(2, 5) shares F(4, 3)'s.
     assert winograd.toom_cook(2, 5)[2] == winograd.toom_cook(4, 3)[2]
+    # The points nest: alpha 7 is alpha 6's plus 1/2, alpha 8 adds -1/2 (docs in POINTS).
+    assert set(winograd.POINTS[6]) < set(winograd.POINTS[7]) < set(winograd.POINTS[8])
     assert [[int(v) for v in row] for row in winograd.toom_cook(2)[2]] == [
         [1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, -1, 0, 1]]   # Lavin & Gray's B^T
 
@@ -117,6 +121,26 @@ def test_float32_error_is_within_the_tolerance_row(m, r):
     bound = TOLERANCES[("float32", NAMES[m, r])]
     assert err <= bound / 2 and bound <= TOLERANCES[("float32", "default")]
     assert algos.REGISTRY[NAMES[m, r]].strict   # within the float32 direct bound
+
+
+@pytest.mark.parametrize("m,r", VARIANTS)
+def test_strict_follows_the_measured_error_and_the_tolerance_row(m, r):
+    # precision="strict" admits a variant exactly when its measured float32 error
+    # is within the float32 direct bound; the tolerance row covers the measurement.
+    algorithm = algos.REGISTRY[NAMES[m, r]]
+    direct = TOLERANCES[("float32", "default")]
+    assert winograd.FP32_DIRECT_BOUND == direct
+    assert algorithm.strict == (winograd.FP32_ERROR[m, r] <= direct)
+    assert 2 * winograd.FP32_ERROR[m, r] <= TOLERANCES[("float32", NAMES[m, r])]
+    p = _problem((2, 4, 9, 9), (8, 4, r, r), padding=(r - 1) // 2)
+    strict = algos.ConvOptions(precision="strict")
+    assert algos.admits(algorithm, p, "forward", strict)[0] == algorithm.strict
+    # A variant measured over the bound: refused under "strict", admitted by default.
+    loose = winograd.WinogradConvolution(m, r, fp32_error=2 * direct)
+    assert not loose.strict
+    ok, reason = algos.admits(loose, p, "forward", strict)
+    assert not ok and "precision='strict'" in reason
+    assert algos.admits(loose, p, "forward") == (True, "")
 
 
 def _problem(x_shape, w_shape, dtype=np.float32, **opts):
@@ -407,12 +431,11 @@ def test_workspace_views_fit_and_do_not_overlap(nhwc, alpha2, Kout, Cin, tiles):
             assert (view.ctypes.data - workspace.ctypes.data) // workspace.itemsize % 64 == 0
 
 
-# --- backward filter: F(3x3, 2x2), F(3x3, 4x4), F(5x5, 2x2) -----------------------------
+# --- backward filter: F(3x3, 2x2), F(3x3, 4x4), F(5x5, 2x2), F(5x5, 3x3), F(5x5, 4x4) -----
 
 # (m, r) -> name: backward filter F(r x r, m x m).
 WGRAD = {(2, 3): "winograd_wgrad_f3x3_2x2", (4, 3): "winograd_wgrad_f3x3_4x4", (2, 5): "winograd_wgrad_f5x5_2x2",
-         (4, 5): "winograd_wgrad_f5x5_4x4"}
-# Backward filter has one pair more than forward: F(5x5, 4x4).
+         (3, 5): "winograd_wgrad_f5x5_3x3", (4, 5): "winograd_wgrad_f5x5_4x4"}
 WGRAD_VARIANTS = winograd.WGRAD_VARIANTS
 WGRAD_3X3 = {m: name for (m, r), name in WGRAD.items() if r == 3}
 
@@ -733,22 +756,39 @@ def test_gpu_wgrad_wide_channels_in_chunks_and_splits(gpu, rng, monkeypatch, m, 
 # --- 5x5: the auto rule and the workspace ---------------------------------------------
 
 def test_auto_takes_winograd_for_wide_large_5x5_float32_only(rule_only):
-    def auto(x_shape, w_shape, dtype=np.float32, direction="forward", **opts):
+    def auto(x_shape, w_shape, dtype=np.float32, direction="forward", options=algos.DEFAULT_OPTIONS, **opts):
         opts.setdefault("padding", 2)
-        return algos.explain_auto(_problem(x_shape, w_shape, dtype, **opts), direction)[0]
+        return algos.explain_auto(_problem(x_shape, w_shape, dtype, **opts), direction, options)[0]
 
     alex = (32, 64, 27, 27), (192, 64, 5, 5)      # alex_conv2_5x5: 14.3 GFLOP
-    assert auto(*alex) == NAMES[2, 5]
-    assert auto(*alex, direction="backward_data") == NAMES[2, 5]
-    assert auto(*alex, direction="backward_filter") == WGRAD[4, 5]     # measured faster than F(5x5, 2x2)
-    winograd_5x5 = (NAMES[2, 5], WGRAD[2, 5], WGRAD[4, 5])
+    # The larger tile first (measured fastest at batch 32: notes/wino5b.md).
+    assert auto(*alex) == NAMES[4, 5]
+    assert auto(*alex, direction="backward_data") == NAMES[4, 5]
+    assert auto(*alex, direction="backward_filter") == WGRAD[4, 5]
+    # Batch 1 (0.45 GFLOP): F(2x2, 5x5) first for forward / backward data; backward
+    # filter keeps the 4 GFLOP threshold.
+    b1 = (1, 64, 27, 27), (192, 64, 5, 5)
+    assert auto(*b1) == NAMES[2, 5]
+    assert auto(*b1, direction="backward_data") == NAMES[2, 5]
+    winograd_5x5 = tuple(NAMES[m, 5] for m in (2, 3, 4)) + tuple(WGRAD[m, 5] for m in (2, 3, 4))
+    assert auto(*b1, direction="backward_filter") not in winograd_5x5
+    assert auto((1, 64, 7, 7), (64, 64, 5, 5)) not in winograd_5x5      # 10 MFLOP
     for direction in algos.DIRECTIONS:
-        assert auto((1, 64, 27, 27), (192, 64, 5, 5), direction=direction) not in winograd_5x5
         assert auto((32, 32, 27, 27), (192, 32, 5, 5), direction=direction) not in winograd_5x5
         assert auto(*alex, np.float16, direction=direction) not in winograd_5x5
         assert auto(*alex, stride=2, direction=direction) not in winograd_5x5
     name, reason = dnnprims.conv2d_choose(*alex, padding=2, precision="strict")
-    assert name == NAMES[2, 5] and "Winograd" in reason
+    assert name == NAMES[4, 5] and "Winograd" in reason
+    # Every variant in the rule, in order: a workspace limit between them walks it.
+    p = _problem(*alex, padding=2)
+    for direction, names in (("forward", [NAMES[m, 5] for m in (4, 3, 2)]),
+                             ("backward_filter", [WGRAD[m, 5] for m in (4, 3, 2)])):
+        assert [n for n, _ in algos._winograd_5x5_preferences(p, direction)] == names
+    f4 = algos.REGISTRY[NAMES[4, 5]].workspace_bytes(p, "forward")
+    f3 = algos.REGISTRY[NAMES[3, 5]].workspace_bytes(p, "forward")
+    assert f4 < f3
+    limited = algos.ConvOptions(workspace_limit=f4 - 1)
+    assert auto(*alex, options=limited) not in (NAMES[4, 5], NAMES[3, 5])
 
 
 def test_5x5_workspace_is_reported_exactly_and_limits_the_choice(rule_only):

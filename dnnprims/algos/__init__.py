@@ -234,34 +234,47 @@ def winograd_wins(problem, direction):
             and min(p.C, p.K) >= AUTO_WINOGRAD_MIN_CHANNELS and p.flops >= AUTO_WINOGRAD_MIN_FLOPS)
 
 
+# The 5x5 Winograd case reaches further down than the 3x3 one for forward and
+# backward data: at batch 1, alex_conv2_5x5 (0.45 GFLOP) runs in 0.031-0.034 ms by
+# Winograd against cuDNN's 0.036-0.044 (H100, notes/wino5b.md), and the shipped
+# table's batch-1 5x5 points pick winograd_f2x2_5x5 on most float32 shapes with
+# C, K >= 64 (gemm / implicit GEMM 1.5-2.5x slower there).  Backward filter keeps
+# AUTO_WINOGRAD_MIN_FLOPS: at batch 1 the table's picks are split between
+# implicit_gemm_wgrad and the Winograd ones.
+AUTO_WINOGRAD_5X5_MIN_FLOPS = 4e8
+
+
 def winograd_5x5_wins(problem, direction):
     """The stand-in rule's case for Winograd on 5x5 filters (see
-    :func:`auto_preferences`): F(2x2, 5x5) forward / backward data and
-    F(5x5, 2x2) backward filter, on the same conditions as the 3x3 case
-    (stride 1, ungrouped, float32, C, K >= AUTO_WINOGRAD_MIN_CHANNELS,
-    >= AUTO_WINOGRAD_MIN_FLOPS).  Measured on the H100 (notes/wino5.md),
-    alex_conv2_5x5 at batch 32: the fastest of ours in all three directions
-    (forward 0.298 ms, backward data 0.258, backward filter 0.324 against
-    "dft" 0.52-0.57, implicit GEMM 0.68-0.74, gemm 0.47-0.65; cuDNN 0.095-0.123);
-    at batch 1 (0.45 GFLOP, outside the rule) gemm / implicit GEMM win.
-    Backward filter takes F(5x5, 4x4) first (helper large2, notes/large2.md:
-    0.149 ms against F(5x5, 2x2) 0.274 and "dft" 0.199, cuDNN 0.096), then
-    F(5x5, 2x2)."""
+    :func:`auto_preferences`): stride 1, dilation 1, ungrouped, float32, C, K >=
+    AUTO_WINOGRAD_MIN_CHANNELS, and at least AUTO_WINOGRAD_5X5_MIN_FLOPS of direct
+    work (forward / backward data) or AUTO_WINOGRAD_MIN_FLOPS (backward filter).
+    Which variant: :func:`_winograd_5x5_preferences`."""
     p = problem
+    least = AUTO_WINOGRAD_MIN_FLOPS if direction == "backward_filter" else AUTO_WINOGRAD_5X5_MIN_FLOPS
     return (p.dtype == "float32" and p.groups == 1 and (p.R, p.S) == (5, 5) and p.stride == (1, 1)
             and p.dilation == (1, 1) and min(p.C, p.K) >= AUTO_WINOGRAD_MIN_CHANNELS
-            and p.flops >= AUTO_WINOGRAD_MIN_FLOPS)
+            and p.flops >= least)
 
 
 def _winograd_5x5_preferences(problem, direction):
+    """The 5x5 Winograd variants in the order measured on the H100 (notes/wino5b.md,
+    alex_conv2_5x5, ms; cuDNN in brackets):
+    batch 32 forward F(4x4, 5x5) 0.156, F(3x3, 5x5) 0.178, F(2x2, 5x5) 0.293 (0.123);
+    backward data 0.137, 0.157, 0.257 (0.117); backward filter F(5x5, 4x4) 0.150,
+    F(5x5, 3x3) 0.178, F(5x5, 2x2) 0.276 (0.095): the larger tile first (fewer, and
+    deeper-amortised, GEMM multiplies; 2.2x less transformed data than m = 2).
+    Batch 1 (under AUTO_WINOGRAD_MIN_FLOPS): forward 0.033 / 0.032 / 0.031 for
+    m = 2 / 3 / 4 (a tie), backward data 0.034 / 0.048 / 0.049 (F(4x4)'s 49 tiles
+    an image leave its transform grids a few blocks): F(2x2, 5x5) first."""
     if not winograd_5x5_wins(problem, direction):
         return []
     reason = (f"5x5 stride 1, float32, C and K >= {AUTO_WINOGRAD_MIN_CHANNELS}, "
-              f">= {AUTO_WINOGRAD_MIN_FLOPS:.0e} FLOPs: Winograd ")
+              f"{problem.flops / 1e9:.2g} GFLOP: Winograd ")
     if direction == "backward_filter":
-        return [("winograd_wgrad_f5x5_4x4", reason + "F(5x5, 4x4)"),
-                ("winograd_wgrad_f5x5_2x2", reason + "F(5x5, 2x2)")]
-    return [("winograd_f2x2_5x5", reason + "F(2x2, 5x5)")]
+        return [(f"winograd_wgrad_f5x5_{m}x{m}", reason + f"F(5x5, {m}x{m})") for m in (4, 3, 2)]
+    order = (4, 3, 2) if problem.flops >= AUTO_WINOGRAD_MIN_FLOPS else (2, 4, 3)
+    return [(f"winograd_f{m}x{m}_5x5", reason + f"F({m}x{m}, 5x5)") for m in order]
 
 
 def winograd_wgrad_wins(problem, direction):
@@ -302,9 +315,11 @@ def auto_preferences(problem, direction):
     6. "gemm" (im2col + cuBLAS) for ungrouped problems whose workspace fits
        AUTO_GEMM_WORKSPACE_LIMIT.
     7. "direct": the fallback that supports every problem.
-    Before all of them, "winograd_f2x2_5x5" (forward, backward data) or
-    "winograd_wgrad_f5x5_4x4" then "winograd_wgrad_f5x5_2x2" (backward filter) for 5x5 problems of the
-    Winograd conditions (:func:`winograd_5x5_wins`), then "dft" then "fft" for
+    Before all of them, the 5x5 Winograd variants (forward, backward data:
+    "winograd_f4x4_5x5", "winograd_f3x3_5x5", "winograd_f2x2_5x5", F(2x2) first
+    under AUTO_WINOGRAD_MIN_FLOPS; backward filter: "winograd_wgrad_f5x5_4x4",
+    "_3x3", "_2x2") for 5x5 problems of the Winograd conditions
+    (:func:`winograd_5x5_wins`, :func:`_winograd_5x5_preferences`), then "dft" then "fft" for
     large stride-1 ungrouped float32 problems with filters of at least
     AUTO_FFT_MIN_FILTER taps a side (:func:`_fft_preferences`)."""
     from .implicit_gemm_backward import subpixel_pays

@@ -1,9 +1,9 @@
 """The "winograd" algorithms: Winograd minimal filtering F(m x m, r x r) for r x r
 filters, stride 1, dilation 1, any padding, groups 1; forward and backward data,
 and F(r x r, m x m) for backward filter (kernels/conv_winograd.cu).  Registered
-(m, r) pairs: VARIANTS -- F(2x2, 3x3), F(4x4, 3x3), F(2x2, 5x5) -- and, for
-backward filter only, WGRAD_VARIANTS adds F(5x5, 4x4); one code path, the
-kernels templated on (M, R).  Below, r = 3 for brevity: replace 3 by r,
+(m, r) pairs: VARIANTS -- F(2x2, 3x3), F(4x4, 3x3), F(2x2, 5x5), F(3x3, 5x5),
+F(4x4, 5x5) -- each in both roles; one code path, the kernels templated on
+(M, R).  Below, r = 3 for brevity: replace 3 by r,
 alpha = m + 2 by alpha = m + r - 1, 9 by r^2 and padding 2 - p by r - 1 - p.
 
 Structure (three stages; Lavin and Gray, "Fast Algorithms for Convolutional
@@ -68,24 +68,43 @@ from . import ConvAlgorithm, register
 # is what makes F(4x4, 3x3) lose precision (measured: notes/conv_wino.md).
 # Keyed by alpha = m + r - 1, the tile size (the number of points): F(2, 5)
 # takes the same six points as F(4, 3).
-# alpha = 8 (backward filter F(5x5, 4x4) only) adds +-1/2: the next smallest
-# magnitudes after +-2, exact in binary (their powers are too); measured float32
-# error of the weight gradient on alex_conv2_5x5 in dnnprims/testing/tolerances.py.
+# alpha = 7 (F(3x3, 5x5), F(5x5, 3x3)) adds 1/2 to alpha 6's points: after 0, +-1,
+# +-2 the smallest magnitudes are +-1/2 (exact in binary, and so are their powers),
+# and only one of the pair is needed.  Measured (emulate, float32, N(0, 1),
+# C = K = 256; notes/wino5b_accuracy.py --points): 0 +-1 +-2 1/2 inf 4.75e-6,
+# -1/2 the same (the mirror image), 0 +-1 +-1/2 2 inf 5.0e-6, 0 +-1 +-1/2 -2 inf
+# 5.0e-6, and 0 +-1 +-2 3 inf 6.3e-5 (13x worse: 3^5 = 243 in the transforms).
+# The chosen set nests between alpha 6's and alpha 8's.
+# alpha = 8 (F(4x4, 5x5), F(5x5, 4x4)) takes both +-1/2: 0, +-1, +-2, +-1/2, inf.
+# Measured float32 errors in dnnprims/testing/tolerances.py (and FP32_ERROR below).
 POINTS = {
     4: (0, 1, -1, None),
     6: (0, 1, -1, 2, -2, None),
+    7: (0, 1, -1, 2, -2, Fraction(1, 2), None),
     8: (0, 1, -1, 2, -2, Fraction(1, 2), Fraction(-1, 2), None),
 }
 FILTER_SIZE = 3
 # The (m, r) pairs registered, each in both roles: forward / backward data
 # F(m x m, r x r) ("winograd_f{m}x{m}_{r}x{r}") and backward filter F(r x r, m x m)
 # ("winograd_wgrad_f{r}x{r}_{m}x{m}").  One code path, kernels templated on (M, R).
-VARIANTS = ((2, 3), (4, 3), (2, 5))
-# The (m, r) pairs of backward filter F(r x r, m x m): VARIANTS, and F(5x5, 4x4)
-# (alpha = 8), registered in that role only -- its dy tiles are 4x4, so the
-# transformed dy is 4x, not 9x, the size of dy and the GEMMs do 2.2x fewer
-# multiplies than F(5x5, 2x2) ("winograd_wgrad_f5x5_4x4"; same kernels, M = 4).
-WGRAD_VARIANTS = VARIANTS + ((4, 5),)
+# For 5x5 filters the tile grows with m: a GEMM multiply-add stands for
+# 25 m^2 / alpha^2 direct ones -- 2.8 for F(2x2, 5x5), 4.6 for F(3x3, 5x5), 6.25 for
+# F(4x4, 5x5) -- and the transformed data (V and M: alpha^2 / m^2 times the image)
+# shrinks from 9x to 5.4x to 4x: on alex_conv2_5x5 (27 x 27 outputs) the forward
+# GEMMs write M of 173, 97 and 77 MB (F(3x3) tiles 27 exactly: 9 x 9 tiles).
+VARIANTS = ((2, 3), (4, 3), (2, 5), (3, 5), (4, 5))
+# Backward filter F(r x r, m x m): the same pairs (F(5x5, 4x4) came first, as a
+# backward-filter-only pair; forward F(4x4, 5x5) now shares its points).
+WGRAD_VARIANTS = VARIANTS
+
+# Worst float32 normwise error against float64 measured per (m, r) for forward
+# and backward data: the three stages emulated on NumPy in float32 (emulate),
+# N(0, 1) data, C = K = 16..512 (notes/conv_wino.md, notes/wino5.md,
+# notes/wino5b_accuracy.py), the GPU within the same range (H100 runs).  A variant
+# above FP32_DIRECT_BOUND (the float32 direct convolution bound, the "default" row
+# of dnnprims/testing/tolerances.py) is not `strict`: precision="strict" excludes it.
+FP32_ERROR = {(2, 3): 5.1e-7, (4, 3): 3.4e-6, (2, 5): 3.8e-6, (3, 5): 4.7e-6, (4, 5): 6.4e-6}
+FP32_DIRECT_BOUND = 2e-5
 
 SUPPORTED_DTYPES = ("float32", "float64", "float16", "bfloat16")
 # V and M of one batch chunk stay under this many bytes (at least one image).
@@ -424,15 +443,14 @@ def _shape_support(p, r, label):
 class WinogradConvolution(ConvAlgorithm):
     """Forward and backward data by Winograd F(m x m, r x r)."""
     directions = ("forward", "backward_data")
-    # Measured float32 error (dnnprims/testing/tolerances.py): F(2x2, 3x3) 5.1e-7,
-    # F(4x4, 3x3) 3.4e-6 normwise at C = 512, F(2x2, 5x5) <= 3.6e-6 at 256
-    # channels, all within the float32 direct bound (2e-5), so precision="strict"
-    # admits them.
-    strict = True
 
-    def __init__(self, m, r=FILTER_SIZE):
+    def __init__(self, m, r=FILTER_SIZE, fp32_error=None):
         self.m, self.r = m, r
         self.alpha = m + r - 1
+        # Within the float32 direct bound (FP32_ERROR: all five are, 6.4e-6 at most),
+        # else precision="strict" excludes it.
+        self.fp32_error = FP32_ERROR[m, r] if fp32_error is None else fp32_error
+        self.strict = self.fp32_error <= FP32_DIRECT_BOUND
         self.name = f"winograd_f{m}x{m}_{r}x{r}"
         self._plans = {}
 
@@ -612,6 +630,8 @@ _GEMM_RUN = _GemmRun()
 WINOGRAD_F2 = register(WinogradConvolution(2))
 WINOGRAD_F4 = register(WinogradConvolution(4))
 WINOGRAD_F2_5X5 = register(WinogradConvolution(2, 5))
+WINOGRAD_F3_5X5 = register(WinogradConvolution(3, 5))
+WINOGRAD_F4_5X5 = register(WinogradConvolution(4, 5))
 
 
 # --- backward filter: F(3x3, m x m) ---------------------------------------------------
@@ -840,5 +860,7 @@ WINOGRAD_WGRAD_F4 = register(WinogradBackwardFilter(4, strict=True))
 # F(5x5, 2x2): the 5x5 gradient from 6 x 6 x tiles and 2 x 2 dy tiles (same points
 # as F(3x3, 4x4)); measured float32 error in dnnprims/testing/tolerances.py.
 WINOGRAD_WGRAD_F2_5X5 = register(WinogradBackwardFilter(2, strict=True, r=5))
+# F(5x5, 3x3): 7 x 7 x tiles, 3 x 3 dy tiles (POINTS[7]; 9 x 9 tiles fit alex's 27 x 27).
+WINOGRAD_WGRAD_F3_5X5 = register(WinogradBackwardFilter(3, strict=True, r=5))
 # F(5x5, 4x4): 8 x 8 x tiles, 4 x 4 dy tiles, points +-1/2 added (POINTS[8]).
 WINOGRAD_WGRAD_F4_5X5 = register(WinogradBackwardFilter(4, strict=True, r=5))
