@@ -22,6 +22,13 @@ from .reference import softmaxes as _reference
 _ROW_PACKS = 8               # ROW_PACKS in softmax.cu: packs each thread holds per row
 _MAX_ROW_THREADS = 256       # threads per row in the register kernels (their launch bound)
 _WARP_ROWS_PER_BLOCK = 4     # rows per block when a warp owns a row
+# Few rows (a classifier's 256 x 1000): the fewest threads a row leave most of
+# the GPU idle and each thread a long serial chain (ROW_PACKS loads, exps and
+# adds), so while the whole grid stays under _FILL_THREADS (an H100's resident
+# threads, 132 SMs x 2048) a row gets more threads, down to SHORT_ROW_PACKS
+# packs a thread, one row a block (notes/smallops.md).
+SHORT_ROW_PACKS = 2
+_FILL_THREADS = 132 * 2048
 _ROW_BLOCK = 512             # threads per block in the block-per-row (long row) kernels
 _COLUMN_BLOCK = 256          # threads per block in the column kernels
 _CHANNEL_THREADS = 256       # CHANNEL_THREADS in softmax.cu: tile width x rows of threads
@@ -162,6 +169,9 @@ def _plan(direction, log, shape, axis, dtype, aligned):
         while threads * _ROW_PACKS * vec < n and threads < _MAX_ROW_THREADS:
             threads *= 2
         if threads * _ROW_PACKS * vec >= n:
+            while (threads < _MAX_ROW_THREADS and threads * SHORT_ROW_PACKS * vec < n
+                   and outer * threads * 2 <= _FILL_THREADS):
+                threads *= 2
             rows_per_block = _WARP_ROWS_PER_BLOCK if threads == 32 else 1
             grid = min(_kernels.ceil_div(outer, rows_per_block), _MAX_BLOCKS)
             return (f"softmax_{direction}_rows_registers<{template}, {vec}>", (grid,),

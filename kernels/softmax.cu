@@ -6,7 +6,10 @@
 //   *_rows_registers  inner == 1 and the row fits in registers (n up to
 //                  256 threads x ROW_PACKS packs x VEC values): blockDim
 //                  (G, R), G threads (a power of two, 32..256) per row and R
-//                  rows per block (R > 1 only when G == 32).  Thread t holds
+//                  rows per block (R > 1 only when G == 32); G is the fewest
+//                  that hold the row, or more when rows are too few to fill
+//                  the GPU (Python: SHORT_ROW_PACKS), which shortens each
+//                  thread's serial chain of loads, exps and adds.  Thread t holds
 //                  packs t, t + G, ... (ROW_PACKS of them, VEC values each,
 //                  16-byte loads when Python found the row and pointers
 //                  aligned), so x is read once and y written once; max and
@@ -233,11 +236,16 @@ template <typename A> __device__ __forceinline__ A row_sum(A v, A* scratch) {
 // Rows are held as raw packs (ROW_PACKS x 16 bytes a thread: 32 registers in
 // every storage type) and converted where used, so 16-bit rows need no more
 // registers than float rows.  At most 256 threads a row (Python), which keeps
-// every specialisation launchable whatever its register count.
+// every specialisation launchable whatever its register count.  Max and sum
+// keep VEC partials a thread (chains of ROW_PACKS, not ROW_PACKS x VEC,
+// dependent steps: a short row is latency-bound), combined in a fixed order.
+// float and double forward keep exp(x - max) in place of x (one exp a value);
+// the 16-bit types recompute it with ex2.approx (a 16-bit pack would round it).
 template <typename T, typename index_t, bool LOG, int VEC>
 __global__ void __launch_bounds__(256) softmax_forward_rows_registers(const T* __restrict__ x, T* __restrict__ y,
                                                                       index_t rows, index_t n) {
     typedef acc_t<T> A;
+    constexpr bool KEEP_EXP = sizeof(T) == sizeof(A) && !LOG;  // float, double: the pack holds A values
     __shared__ A scratch[32];
     const index_t packs = n / VEC;  // Python: n % VEC == 0
     const index_t row_stride = (index_t)gridDim.x * (index_t)blockDim.y;
@@ -251,25 +259,38 @@ __global__ void __launch_bounds__(256) softmax_forward_rows_registers(const T* _
             const index_t j = (index_t)threadIdx.x + (index_t)k * (index_t)blockDim.x;
             if (j < packs) v[k] = load_pack<T, VEC>(xr + j * VEC);
         }
-        A m = negative_infinity<A>();
+        A part[VEC];
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) part[e] = negative_infinity<A>();
 #pragma unroll
         for (int k = 0; k < ROW_PACKS; ++k) {
             const index_t j = (index_t)threadIdx.x + (index_t)k * (index_t)blockDim.x;
             if (j < packs) {
 #pragma unroll
-                for (int e = 0; e < VEC; ++e) m = fmax(m, load(v[k].v[e]));  // a NaN is skipped here and poisons the sum below
+                for (int e = 0; e < VEC; ++e) part[e] = fmax(part[e], load(v[k].v[e]));  // a NaN is skipped here and poisons the sum below
             }
         }
+        A m = part[0];
+#pragma unroll
+        for (int e = 1; e < VEC; ++e) m = fmax(m, part[e]);
         m = row_max(m, scratch);
-        A s = A(0);
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) part[e] = A(0);
 #pragma unroll
         for (int k = 0; k < ROW_PACKS; ++k) {
             const index_t j = (index_t)threadIdx.x + (index_t)k * (index_t)blockDim.x;
             if (j < packs) {
 #pragma unroll
-                for (int e = 0; e < VEC; ++e) s += exp_for<T>(load(v[k].v[e]) - m);
+                for (int e = 0; e < VEC; ++e) {
+                    const A d = exp_for<T>(load(v[k].v[e]) - m);
+                    part[e] += d;
+                    if constexpr (KEEP_EXP) v[k].v[e] = d;
+                }
             }
         }
+        A s = part[0];
+#pragma unroll
+        for (int e = 1; e < VEC; ++e) s += part[e];
         s = row_sum(s, scratch);
         const A log_s = LOG ? log_acc(s) : A(0);
         const A inv_s = A(1) / s;  // one division per row; the product is within 1.5 ulp of v / s
@@ -280,8 +301,11 @@ __global__ void __launch_bounds__(256) softmax_forward_rows_registers(const T* _
                 Pack<T, VEC> p;
 #pragma unroll
                 for (int e = 0; e < VEC; ++e) {
-                    const A d = load(v[k].v[e]) - m;
-                    p.v[e] = store<T>(LOG ? d - log_s : exp_for<T>(d) * inv_s);
+                    A r;
+                    if constexpr (LOG) r = load(v[k].v[e]) - m - log_s;
+                    else if constexpr (KEEP_EXP) r = load(v[k].v[e]) * inv_s;
+                    else r = exp_for<T>(load(v[k].v[e]) - m) * inv_s;
+                    p.v[e] = store<T>(r);
                 }
                 store_pack<T, VEC>(yr + j * VEC, p);
             }
@@ -309,15 +333,20 @@ __global__ void __launch_bounds__(256) softmax_backward_rows_registers(const T* 
                 w[k] = load_pack<T, VEC>(y + off + j * VEC);
             }
         }
-        A sum = A(0);
+        A part[VEC];
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) part[e] = A(0);
 #pragma unroll
         for (int k = 0; k < ROW_PACKS; ++k) {
             const index_t j = (index_t)threadIdx.x + (index_t)k * (index_t)blockDim.x;
             if (j < packs) {
 #pragma unroll
-                for (int e = 0; e < VEC; ++e) sum += backward_term<A, LOG>(load(g[k].v[e]), load(w[k].v[e]));
+                for (int e = 0; e < VEC; ++e) part[e] += backward_term<A, LOG>(load(g[k].v[e]), load(w[k].v[e]));
             }
         }
+        A sum = part[0];
+#pragma unroll
+        for (int e = 1; e < VEC; ++e) sum += part[e];
         sum = row_sum(sum, scratch);
 #pragma unroll
         for (int k = 0; k < ROW_PACKS; ++k) {
@@ -652,6 +681,63 @@ template <typename A, int VEC, bool MAX> __device__ __forceinline__ void column_
     }
 }
 
+// The packs of one thread in tile t: axis rows ty, ty + CY, ... (the K slots) of
+// its VEC inner positions.  The opening both *_channels_packs kernels share:
+// where the thread's column starts, which of its K rows exist, and their loads
+// (all issued before any math) and stores.
+template <typename T, typename index_t, int K> struct ColumnPacks {
+    static constexpr int VEC = pack_width<T>::value;
+    index_t base, n, inner;
+    bool valid;
+    __device__ __forceinline__ ColumnPacks(index_t t, index_t tiles_per_outer, index_t n_, index_t inner_)
+        : n(n_), inner(inner_) {
+        const TileColumn<index_t> col = tile_column(t, tiles_per_outer, n_, inner_, VEC);
+        base = col.base;
+        valid = col.valid;
+    }
+    __device__ __forceinline__ index_t row(int k) const { return (index_t)threadIdx.y + (index_t)k * (index_t)blockDim.y; }
+    __device__ __forceinline__ bool holds(int k) const { return valid && row(k) < n; }
+    __device__ __forceinline__ void read(Pack<T, VEC> (&v)[K], const T* __restrict__ src) const {
+#pragma unroll
+        for (int k = 0; k < K; ++k)
+            if (holds(k)) v[k] = load_pack<T, VEC>(src + base + row(k) * inner);
+    }
+    // Two sources' packs of the same rows, the loads of each row side by side.
+    __device__ __forceinline__ void read(Pack<T, VEC> (&a)[K], const T* __restrict__ src_a, Pack<T, VEC> (&b)[K],
+                                         const T* __restrict__ src_b) const {
+#pragma unroll
+        for (int k = 0; k < K; ++k) {
+            if (holds(k)) {
+                const index_t at = base + row(k) * inner;
+                a[k] = load_pack<T, VEC>(src_a + at);
+                b[k] = load_pack<T, VEC>(src_b + at);
+            }
+        }
+    }
+    // f(k, e) for position e of every held slot k, slots and positions in order.
+    template <typename F> __device__ __forceinline__ void each(F f) const {
+#pragma unroll
+        for (int k = 0; k < K; ++k) {
+            if (holds(k)) {
+#pragma unroll
+                for (int e = 0; e < VEC; ++e) f(k, e);
+            }
+        }
+    }
+    // dst's packs of the held rows: value(k, e) (in acc_t<T>) for slot k, position e.
+    template <typename F> __device__ __forceinline__ void write(T* __restrict__ dst, F value) const {
+#pragma unroll
+        for (int k = 0; k < K; ++k) {
+            if (holds(k)) {
+                Pack<T, VEC> out;
+#pragma unroll
+                for (int e = 0; e < VEC; ++e) out.v[e] = store<T>(value(k, e));
+                store_pack<T, VEC>(dst + base + row(k) * inner, out);
+            }
+        }
+    }
+};
+
 template <typename T, typename index_t, bool LOG, int K, int MINB>
 __global__ void __launch_bounds__(MINB > 1 ? CHANNEL_PACK_BOUNDED_THREADS : CHANNEL_PACK_THREADS, MINB > 1 ? MINB : 0)
     softmax_forward_channels_packs(const T* __restrict__ x, T* __restrict__ y, index_t outer, index_t n,
@@ -660,61 +746,29 @@ __global__ void __launch_bounds__(MINB > 1 ? CHANNEL_PACK_BOUNDED_THREADS : CHAN
     constexpr int VEC = pack_width<T>::value;
     constexpr bool KEEP_EXP = sizeof(T) == sizeof(A);  // float, double: the pack holds A values
     __shared__ A scratch[256 * VEC];
-    const int ty = threadIdx.y, cy = blockDim.y;
     const index_t tiles = outer * tiles_per_outer;
     for (index_t t = blockIdx.x; t < tiles; t += (index_t)gridDim.x) {
-        const TileColumn<index_t> col = tile_column(t, tiles_per_outer, n, inner, VEC);
-        const index_t base = col.base;
-        const bool valid = col.valid;
+        const ColumnPacks<T, index_t, K> col(t, tiles_per_outer, n, inner);
         Pack<T, VEC> v[K];
-#pragma unroll
-        for (int k = 0; k < K; ++k) {
-            const index_t c = (index_t)ty + (index_t)k * cy;
-            if (valid && c < n) v[k] = load_pack<T, VEC>(x + base + c * inner);
-        }
+        col.read(v, x);
         A m[VEC], s[VEC];
 #pragma unroll
-        for (int e = 0; e < VEC; ++e) m[e] = negative_infinity<A>();
-#pragma unroll
-        for (int k = 0; k < K; ++k) {
-            if (valid && (index_t)ty + (index_t)k * cy < n) {
-#pragma unroll
-                for (int e = 0; e < VEC; ++e) m[e] = fmax(m[e], load(v[k].v[e]));  // a NaN poisons the sum below
-            }
-        }
+        for (int e = 0; e < VEC; ++e) m[e] = negative_infinity<A>(), s[e] = A(0);
+        col.each([&](int k, int e) { m[e] = fmax(m[e], load(v[k].v[e])); });  // a NaN poisons the sum below
         column_reduce_packs<A, VEC, true>(m, scratch);
-#pragma unroll
-        for (int e = 0; e < VEC; ++e) s[e] = A(0);
-#pragma unroll
-        for (int k = 0; k < K; ++k) {
-            if (valid && (index_t)ty + (index_t)k * cy < n) {
-#pragma unroll
-                for (int e = 0; e < VEC; ++e) {
-                    const A d = exp_for<T>(load(v[k].v[e]) - m[e]);
-                    s[e] += d;
-                    if constexpr (KEEP_EXP && !LOG) v[k].v[e] = d;
-                }
-            }
-        }
+        col.each([&](int k, int e) {
+            const A d = exp_for<T>(load(v[k].v[e]) - m[e]);
+            s[e] += d;
+            if constexpr (KEEP_EXP && !LOG) v[k].v[e] = d;
+        });
         column_reduce_packs<A, VEC, false>(s, scratch);
 #pragma unroll
         for (int e = 0; e < VEC; ++e) s[e] = LOG ? log_acc(s[e]) : A(1) / s[e];  // log s, or 1 / s
-#pragma unroll
-        for (int k = 0; k < K; ++k) {
-            const index_t c = (index_t)ty + (index_t)k * cy;
-            if (valid && c < n) {
-                Pack<T, VEC> out;
-#pragma unroll
-                for (int e = 0; e < VEC; ++e) {
-                    A r;
-                    if constexpr (LOG) r = load(v[k].v[e]) - m[e] - s[e];
-                    else if constexpr (KEEP_EXP) r = load(v[k].v[e]) * s[e];
-                    else r = exp_for<T>(load(v[k].v[e]) - m[e]) * s[e];
-                    out.v[e] = store<T>(r);
-                }
-                store_pack<T, VEC>(y + base + c * inner, out);
-            }
-        }
+        col.write(y, [&](int k, int e) {
+            if constexpr (LOG) return load(v[k].v[e]) - m[e] - s[e];
+            else if constexpr (KEEP_EXP) return load(v[k].v[e]) * s[e];
+            else return exp_for<T>(load(v[k].v[e]) - m[e]) * s[e];
+        });
     }
 }
 
@@ -727,42 +781,16 @@ __global__ void __launch_bounds__(CHANNEL_PACK_THREADS) softmax_backward_channel
     typedef acc_t<T> A;
     constexpr int VEC = pack_width<T>::value;
     __shared__ A scratch[256 * VEC];
-    const int ty = threadIdx.y, cy = blockDim.y;
     const index_t tiles = outer * tiles_per_outer;
     for (index_t t = blockIdx.x; t < tiles; t += (index_t)gridDim.x) {
-        const TileColumn<index_t> col = tile_column(t, tiles_per_outer, n, inner, VEC);
-        const index_t base = col.base;
-        const bool valid = col.valid;
+        const ColumnPacks<T, index_t, K> col(t, tiles_per_outer, n, inner);
         Pack<T, VEC> g[K], w[K];
-#pragma unroll
-        for (int k = 0; k < K; ++k) {
-            const index_t c = (index_t)ty + (index_t)k * cy;
-            if (valid && c < n) {
-                g[k] = load_pack<T, VEC>(dy + base + c * inner);
-                w[k] = load_pack<T, VEC>(y + base + c * inner);
-            }
-        }
+        col.read(g, dy, w, y);
         A sum[VEC];
 #pragma unroll
         for (int e = 0; e < VEC; ++e) sum[e] = A(0);
-#pragma unroll
-        for (int k = 0; k < K; ++k) {
-            if (valid && (index_t)ty + (index_t)k * cy < n) {
-#pragma unroll
-                for (int e = 0; e < VEC; ++e) sum[e] += backward_term<A, LOG>(load(g[k].v[e]), load(w[k].v[e]));
-            }
-        }
+        col.each([&](int k, int e) { sum[e] += backward_term<A, LOG>(load(g[k].v[e]), load(w[k].v[e])); });
         column_reduce_packs<A, VEC, false>(sum, scratch);
-#pragma unroll
-        for (int k = 0; k < K; ++k) {
-            const index_t c = (index_t)ty + (index_t)k * cy;
-            if (valid && c < n) {
-                Pack<T, VEC> out;
-#pragma unroll
-                for (int e = 0; e < VEC; ++e)
-                    out.v[e] = store<T>(backward_value<T, LOG>(load(g[k].v[e]), load(w[k].v[e]), sum[e]));
-                store_pack<T, VEC>(dx + base + c * inner, out);
-            }
-        }
+        col.write(dx, [&](int k, int e) { return backward_value<T, LOG>(load(g[k].v[e]), load(w[k].v[e]), sum[e]); });
     }
 }

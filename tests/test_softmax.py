@@ -189,6 +189,42 @@ def test_channel_packs_shapes(xp, rng, monkeypatch, fresh_fast_table, pack_shape
     check_four_ops(xp, rng, dtype, shape, axis)
 
 
+ROW_CASES = [((7, 13), -1), ((3, 1000), 1), ((5, 1024), 1), ((9, 2048), 1), ((6, 2049), -1), ((3, 2, 300), -1),
+             ((2, 8192), -1)]
+
+
+@pytest.mark.parametrize("short_row_packs", [8, 4, 2, 1])
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("shape,axis", ROW_CASES, ids=[f"{s}-axis{a}" for s, a in ROW_CASES])
+def test_row_thread_counts(xp, rng, monkeypatch, fresh_fast_table, short_row_packs, dtype, shape, axis):
+    """Rows in registers by the fewest threads (SHORT_ROW_PACKS 8: a warp and 4 rows
+    a block for short rows, a partial last block) and spread over more threads when
+    rows are few (4, 2, 1 packs a thread: 64-256 threads a row, block reductions,
+    threads holding no pack), 16-byte and scalar packs, against the float64 reference."""
+    from dnnprims import softmaxes
+    monkeypatch.setattr(softmaxes, "SHORT_ROW_PACKS", short_row_packs)
+    monkeypatch.setattr(softmaxes, "_PLANS", {})
+    check_four_ops(xp, rng, dtype, shape, axis)
+
+
+@pytest.mark.parametrize("shape,threads,rows_per_block", [
+    ((256, 1000), 128, 1),    # a classifier: few rows, 2 packs of 4 floats a thread
+    ((65536, 1024), 32, 4),   # many rows fill the GPU with a warp a row
+    ((4, 13), 32, 4),         # one scalar pack a thread already
+    ((2, 8192), 256, 1),      # capped at 256 threads a row
+])
+def test_row_plan_spreads_few_rows(monkeypatch, shape, threads, rows_per_block):
+    """The register-row launch for float32 rows: more threads a row only while the grid
+    stays under the GPU's resident threads."""
+    from dnnprims import softmaxes
+    monkeypatch.setattr(softmaxes, "SHORT_ROW_PACKS", 2)
+    for direction in ("forward", "backward"):
+        expr, grid, block, _, _ = softmaxes._plan(direction, False, shape, 1, np.dtype(np.float32), True)
+        assert expr.startswith(f"softmax_{direction}_rows_registers<float")
+        assert block == (threads, rows_per_block)
+        assert grid == (-(-shape[0] // rows_per_block),)
+
+
 def test_channel_packs_table_names_declared_kernels(monkeypatch):
     """Every CHANNEL_PACKS entry plans a kernel the family declares (CI compiles those),
     and an entry without a kernel (a launch bound on 512 threads or on the backward) is
