@@ -89,8 +89,11 @@ GN_BACKWARD_MODES = ("x", "both", None)
 # "x": x double-buffered, dy read twice (pass 2 from L2); "xl2": the same, and
 # the next row's dy prefetched into L2; "both": x and dy double-buffered when
 # four rows fit the per-block opt-in (half types at 8x56x56), else as "x".
-# None: norm_rows_backward.  Checked before GN_BACKWARD.
-PIPELINED_BACKWARD = None
+# None: norm_rows_backward.  Checked before GN_BACKWARD.  H100, 64x256x56x56 /
+# 32 groups (notes/gnbwd.md), ms / of copy: fp32 old 0.3006 / 0.689, "x" 0.2755 /
+# 0.752, "xl2" 0.3272; fp16 old 0.2615 / 0.396, "x" 0.1825, "both" 0.1633 / 0.634;
+# bf16 old 0.2637, "both" 0.1585 / 0.654 (PyTorch 0.427 / 0.366 / 0.369).
+PIPELINED_BACKWARD = "both"
 PIPELINED_BACKWARD_MODES = ("x", "xl2", "both", None)
 
 
