@@ -12,6 +12,8 @@ done
 wait
 for i in 0 1 2 3 4 5 6 7; do echo "shard $i: $(tail -1 $OUT/tests_$i.log)"; done
 grep -h "^FAILED\|Error" $OUT/tests_*.log | head -20
+cat $OUT/tests_*.log > $OUT/tests.log; rm -f $OUT/tests_*.log  # fewer files to bring back
 timeout ${PROBE_S:-25} python notes/gnbwd_probe.py "$OUT/probe.json" > "$OUT/probe.log" 2>&1; echo "probe rc $?"
 sed -n '/^copy .* floor/,$p' "$OUT/probe.log" | grep -v " diff "
 grep -h "_error" "$OUT/probe.log" | head -5
+grep -h " diff " "$OUT/probe.log" | head -8
