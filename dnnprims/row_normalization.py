@@ -39,6 +39,7 @@ FAMILY = KernelFamily("row_normalization.cu", [
       for t, p in _TYPE_PAIRS for i in _INDEX_TYPES for v in sorted({1, _VECTOR[t]})),
     *sorted({f"norm_param_grads_finish_wide<{_ACC[t]}, {p}>" for t, p in _TYPE_PAIRS}),
     *(f"gn_rows_forward_pipelined<{t}, {p}, {i}, {_VECTOR[t]}>" for t, p in _TYPE_PAIRS for i in _INDEX_TYPES),
+    *(f"gn_rows_backward_pipelined<{t}, {p}, {i}, {_VECTOR[t]}>" for t, p in _TYPE_PAIRS for i in _INDEX_TYPES),
     *(f"gn_rows_backward<{t}, {p}, {i}, {v}>"
       for t, p in _TYPE_PAIRS for i in _INDEX_TYPES for v in sorted({1, _VECTOR[t]})),
 ])
@@ -82,6 +83,18 @@ _PIPELINE_GRID_CAP = None  # tests: at most this many persistent blocks (each th
 # the warp-contiguous ranges lose to the block-contiguous mapping, so None.
 GN_BACKWARD = None
 GN_BACKWARD_MODES = ("x", "both", None)
+# Group / instance norm backward, NCHW, 16-byte rows with S / VEC >= 32:
+# gn_rows_backward_pipelined (persistent blocks; the next row's x, and with
+# "both" its dy, copied by cp.async into a second buffer while this row runs).
+# "x": x double-buffered, dy read twice (pass 2 from L2); "xl2": the same, and
+# the next row's dy prefetched into L2; "both": x and dy double-buffered when
+# four rows fit the per-block opt-in (half types at 8x56x56), else as "x".
+# None: norm_rows_backward.  Checked before GN_BACKWARD.  H100, 64x256x56x56 /
+# 32 groups (notes/gnbwd.md), ms / of copy: fp32 old 0.3006 / 0.689, "x" 0.2755 /
+# 0.752, "xl2" 0.3272; fp16 old 0.2615 / 0.396, "x" 0.1825, "both" 0.1633 / 0.634;
+# bf16 old 0.2637, "both" 0.1585 / 0.654 (PyTorch 0.427 / 0.366 / 0.369).
+PIPELINED_BACKWARD = "both"
+PIPELINED_BACKWARD_MODES = ("x", "xl2", "both", None)
 
 
 # ---------------------------------------------------------------------- validation
@@ -538,6 +551,10 @@ def _backward_gpu(cp, dy, x, groups, gamma, mean, rstd, eps, layout, pdtype, rms
         fused = _fused_backward(cp, dy, x, gamma, mean, rstd, dx, rows, pt, pdtype, acc, rms)
         if fused is not None:
             return (dx, *fused)
+    if planes and PIPELINED_BACKWARD is not None:
+        done = _pipelined_backward(cp, dy, x, gamma, mean, rstd, dx, rows, pt, pdtype, acc)
+        if done is not None:
+            return (dx, *done)
     if planes and GN_BACKWARD is not None:
         done = _gn_backward(cp, dy, x, gamma, mean, rstd, dx, rows, pt, pdtype, acc)
         if done is not None:
@@ -556,6 +573,34 @@ def _backward_gpu(cp, dy, x, groups, gamma, mean, rstd, eps, layout, pdtype, rms
                   np.int32(rows.cache), _NULL, _NULL, np.int32(0)))
     dgamma, dbeta = _param_grads(cp, dy, x, mean, rstd, rows, layout, pdtype, acc, rms)
     return dx, dgamma, dbeta
+
+
+def _pipelined_backward(cp, dy, x, gamma, mean, rstd, dx, rows, pt, pdtype, acc):
+    """(dgamma, dbeta) after gn_rows_backward_pipelined wrote dx, or None when it
+    does not apply (then nothing was launched)."""
+    if rows.nhwc or rows.vec == 1 or rows.S < 32 * rows.vec:
+        return None
+    expr = rows.spec("gn_rows_backward_pipelined", pt)
+    kernel = FAMILY.function(expr)
+    block = min(rows.block, kernel.max_threads_per_block // 32 * 32)
+    row_bytes = ceil_div(rows.M * x.itemsize, 16) * 16
+    tail = (block // 32 * 4 * rows.K + 3 * rows.K) * np.dtype(acc).itemsize  # plane slices, totals
+    limit = _optin(cp) - 1024
+    dy_smem = PIPELINED_BACKWARD == "both" and 4 * row_bytes + tail <= limit
+    shared = (4 if dy_smem else 2) * row_bytes + tail
+    if shared > limit:
+        return None
+    _raise_shared(kernel, (cp.cuda.runtime.getDevice(), expr), shared)
+    resident = _resident_blocks(cp, kernel, expr, block, shared)
+    if resident <= 0:
+        return None
+    n, channels = x.shape[0], rows.groups * rows.K
+    part = cp.empty((2, n, channels), acc)
+    grid = min(rows.rows, resident, _PIPELINE_GRID_CAP or resident)
+    kernel((grid,), (block,), (dy, x, _param_or_null(cp, gamma), mean, rstd, dx, rows.it(rows.K), rows.it(rows.S),
+                               np.int32(rows.groups), rows.it(rows.rows), part[0], part[1], np.int32(dy_smem),
+                               np.int32(PIPELINED_BACKWARD == "xl2")), shared_mem=shared)
+    return _finish_param_grads(cp, part[0], part[1], n, channels, rows.t, pdtype)
 
 
 def _gn_backward(cp, dy, x, gamma, mean, rstd, dx, rows, pt, pdtype, acc):

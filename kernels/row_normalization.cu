@@ -817,3 +817,201 @@ __global__ void __launch_bounds__(1024) gn_rows_backward(
         }
     }
 }
+
+// Warp totals of four values in 6 shuffles (transpose-reduce): the halves of
+// the warp swap two values (offset 16), the quarters one (offset 8), then
+// three butterfly steps.  Lanes 8q .. 8q + 7 return the total of v[q].  Fixed
+// order: deterministic.
+template <typename A>
+__device__ __forceinline__ A warp_sum4(A v0, A v1, A v2, A v3) {
+    const int lane = threadIdx.x & 31;
+    const bool b4 = (lane & 16) != 0, b3 = (lane & 8) != 0;
+    const A k0 = (b4 ? v2 : v0) + __shfl_xor_sync(0xffffffffu, b4 ? v0 : v2, 16);
+    const A k1 = (b4 ? v3 : v1) + __shfl_xor_sync(0xffffffffu, b4 ? v1 : v3, 16);
+    A m = (b3 ? k1 : k0) + __shfl_xor_sync(0xffffffffu, b3 ? k0 : k1, 8);
+#pragma unroll
+    for (int offset = 4; offset > 0; offset >>= 1) m += __shfl_xor_sync(0xffffffffu, m, offset);
+    return m;
+}
+
+__device__ __forceinline__ void copy_async_wait_all() {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_group 0;" ::: "memory");
+#endif
+}
+
+// Bring `bytes` from p on into L2 (one prefetch per 32-byte sector), spread
+// over the block's threads.  No data comes back to the SM.
+__device__ __forceinline__ void prefetch_l2(const void* p, unsigned bytes) {
+    const char* c = static_cast<const char*>(p);
+    for (unsigned o = threadIdx.x * 32u; o < bytes; o += blockDim.x * 32u)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(c + o));
+}
+
+// gn_rows_backward_pipelined: group / instance norm NCHW backward, dx and the
+// per-(sample, channel) dgamma/dbeta partials.  A persistent block (one per SM
+// for 100 KB fp32 rows) walks rows blockIdx.x, + gridDim.x, ...  Dynamic
+// shared memory: two x row buffers (x_b at buf + b * stride), then, with
+// dy_smem, two dy row buffers, then per warp the plane slices lo[K][2],
+// hi[K][2], then 3 K per-plane totals.  At the top of each row the block waits
+// for the row's cp.async copies, and after one barrier (which also ends the
+// previous row, so the other buffers are free) issues the 16-byte cp.async
+// copies of the next row's x (and dy with dy_smem) into the other buffers: the
+// DRAM reads of row r + gridDim.x overlap all of row r's work (reads, shuffles,
+// stores), as in gn_rows_forward_pipelined.  Without dy_smem, dy is read from
+// global memory in pass 1 and again in pass 2 (the second read is an L2 hit:
+// the resident rows' dy is ~13 MB); `prefetch` then also asks L2 for the next
+// row's dy at the top of the row (pass 1 then reads it from L2).
+// Pass 1, block-contiguous (thread t: vectors t, t + blockDim, ..., S / VEC >=
+// 32, so a warp's 32 vectors lie in planes k0 and k0 + 1): per vector
+// d = sum dy, t = sum dy * (x - mean), warp_sum4 of (d, t) split into the two
+// planes, and lanes 0, 8, 16, 24 add their total to the warp's slice (each
+// address always by the same lane).  Thread k then adds plane k's slices in
+// warp order: D_k, T_k give the partials (dbeta = D_k, dgamma = rstd T_k) and
+// the row sums sum g*dy = sum_k g_k D_k, sum g*dy*xhat = rstd sum_k g_k T_k
+// (no gamma load in pass 1).  Pass 2: dx = rstd g dy + b (x - mean) + c.
+// Within-row indices are unsigned 32-bit (a row fits shared memory); row
+// offsets use index_t.  Needs VEC > 1 (16-byte aligned rows).
+template <typename T, typename P, typename index_t, int VEC>
+__global__ void __launch_bounds__(1024) gn_rows_backward_pipelined(
+        const T* __restrict__ dy, const T* __restrict__ x, const P* __restrict__ gamma,
+        const acc_t<T>* __restrict__ mean_in, const acc_t<T>* __restrict__ rstd_in, T* __restrict__ dx,
+        index_t K_, index_t S_, int G, index_t rows, acc_t<T>* __restrict__ part_dgamma,
+        acc_t<T>* __restrict__ part_dbeta, int dy_smem, int prefetch) {
+    typedef acc_t<T> A;
+    typedef NormPack<T, VEC> Pack;
+    // 16-byte loads in flight per thread (2 for half types: 4 spill bf16 at 64 registers)
+    constexpr int U = sizeof(T) == 2 ? 2 : NORM_UNROLL;
+    extern __shared__ __align__(16) unsigned char norm_smem[];
+    const unsigned K = (unsigned)K_, S = (unsigned)S_;
+    const unsigned M = K * S, Mv = M / VEC, PV = S / VEC;
+    const unsigned nt = blockDim.x;
+    const unsigned tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, warps = nt >> 5;
+    const unsigned stride = (M * (unsigned)sizeof(T) + 15) / 16 * 16 / (unsigned)sizeof(T);
+    T* const xbuf = reinterpret_cast<T*>(norm_smem);  // x_b at xbuf + b * stride
+    T* const dybuf = xbuf + 2 * stride;                // dy_b at dybuf + b * stride (dy_smem)
+    A* const slices = reinterpret_cast<A*>(xbuf + (dy_smem ? 4 : 2) * stride);
+    A* const my = slices + warp * 4 * K;               // lo[k][2] at my[2k], hi[k][2] at my[2K + 2k]
+    A* const tot = slices + warps * 4 * K;             // per plane: g D, g T, g
+    const A count = A(M);
+    index_t row = blockIdx.x;
+    if (row >= rows) return;
+    for (unsigned v = tid; v < Mv; v += nt) copy16_async<T, VEC>(xbuf + v * VEC, x + row * (index_t)M + v * VEC);
+    if (dy_smem)
+        for (unsigned v = tid; v < Mv; v += nt)
+            copy16_async<T, VEC>(dybuf + v * VEC, dy + row * (index_t)M + v * VEC);
+    copy_async_commit();
+    for (unsigned it = 0; row < rows; row += gridDim.x, ++it) {
+        const unsigned b = it & 1;
+        const T* const xc = xbuf + b * stride;
+        const T* const dc = dybuf + b * stride;
+        for (unsigned i = lane; i < 4 * K; i += 32) my[i] = A(0);  // read before the previous row's last barrier
+        copy_async_wait_all();
+        // This row's copies have landed (every thread's), and every thread has
+        // finished the previous row, whose buffers the next row's copies now take.
+        __syncthreads();
+        const index_t next = row + gridDim.x;
+        if (next < rows) {
+            const index_t off = next * (index_t)M;
+            T* const xn = xbuf + (b ^ 1) * stride;
+            for (unsigned v = tid; v < Mv; v += nt) copy16_async<T, VEC>(xn + v * VEC, x + off + v * VEC);
+            if (dy_smem) {
+                T* const dn = dybuf + (b ^ 1) * stride;
+                for (unsigned v = tid; v < Mv; v += nt) copy16_async<T, VEC>(dn + v * VEC, dy + off + v * VEC);
+            } else if (prefetch) {
+                prefetch_l2(dy + off, M * (unsigned)sizeof(T));
+            }
+        }
+        copy_async_commit();  // possibly empty
+        const A mean = mean_in[row], rstd = rstd_in[row];
+        const T* const dyr = dy + row * (index_t)M;
+
+        // Pass 1: plane sums of dy and dy * (x - mean).
+        for (unsigned base = tid; base - lane < Mv; base += U * nt) {
+            Pack dp[U];
+            if (dy_smem) {  // uniform: shared-memory loads, or global loads in flight together
+#pragma unroll
+                for (int u = 0; u < U; ++u)
+                    if (base + u * nt < Mv) dp[u] = *reinterpret_cast<const Pack*>(dc + (base + u * nt) * VEC);
+            } else {
+#pragma unroll
+                for (int u = 0; u < U; ++u)
+                    if (base + u * nt < Mv) dp[u] = *reinterpret_cast<const Pack*>(dyr + (base + u * nt) * VEC);
+            }
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                const unsigned vi = base + u * nt;
+                const unsigned first = vi - lane;  // lane 0's vector
+                const unsigned k0 = first / PV;
+                A d = 0, t = 0;
+                bool hi = false;
+                if (vi < Mv) {
+                    const Pack xp = *reinterpret_cast<const Pack*>(xc + vi * VEC);
+#pragma unroll
+                    for (int e = 0; e < VEC; ++e) {
+                        const A dv = load(dp[u].v[e]);
+                        d += dv;
+                        t += dv * (load(xp.v[e]) - mean);
+                    }
+                    hi = vi / PV != k0;
+                }
+                const A s = warp_sum4(hi ? A(0) : d, hi ? A(0) : t, hi ? d : A(0), hi ? t : A(0));
+                if ((lane & 7) == 0 && first < Mv) {
+                    const unsigned q = lane >> 3;  // 0 lo d, 1 lo t, 2 hi d, 3 hi t
+                    if (q < 2) my[2 * k0 + q] += s;
+                    else if (k0 + 1 < K) my[2 * K + 2 * (k0 + 1) + (q - 2)] += s;
+                }
+            }
+        }
+        __syncthreads();  // the slices are complete
+        for (unsigned k = tid; k < K; k += nt) {
+            A d = 0, t = 0;
+            for (unsigned w = 0; w < warps; ++w) {
+                const A* sl = slices + w * 4 * K;
+                d += sl[2 * k] + sl[2 * K + 2 * k];
+                t += sl[2 * k + 1] + sl[2 * K + 2 * k + 1];
+            }
+            const A g = param_or(gamma, (row % G) * (index_t)K + k, A(1));
+            part_dbeta[row * (index_t)K + k] = d;
+            part_dgamma[row * (index_t)K + k] = t * rstd;
+            tot[3 * k] = g * d;
+            tot[3 * k + 1] = g * t;
+            tot[3 * k + 2] = g;
+        }
+        __syncthreads();  // the totals are complete
+        A sum_g = 0, sum_t = 0;
+        for (unsigned k = 0; k < K; ++k) {
+            sum_g += tot[3 * k];
+            sum_t += tot[3 * k + 1];
+        }
+        // dx = rstd (g dy - mean_g - xhat mean_gx), mean_g = sum_g / M,
+        // mean_gx = rstd sum_t / M:  dx = (rstd g) dy + bx (x - mean) + c.
+        const A bx = -rstd * rstd * rstd * (sum_t / count);
+        const A c = -rstd * (sum_g / count);
+        T* const dxr = dx + row * (index_t)M;
+        for (unsigned base = tid; base < Mv; base += U * nt) {
+            Pack dp[U];
+            if (dy_smem) {  // uniform: shared-memory loads, or global loads in flight together
+#pragma unroll
+                for (int u = 0; u < U; ++u)
+                    if (base + u * nt < Mv) dp[u] = *reinterpret_cast<const Pack*>(dc + (base + u * nt) * VEC);
+            } else {
+#pragma unroll
+                for (int u = 0; u < U; ++u)
+                    if (base + u * nt < Mv) dp[u] = *reinterpret_cast<const Pack*>(dyr + (base + u * nt) * VEC);
+            }
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                const unsigned vi = base + u * nt;
+                if (vi < Mv) {
+                    const Pack xp = *reinterpret_cast<const Pack*>(xc + vi * VEC);
+                    const A a = rstd * tot[3 * (vi / PV) + 2];
+                    A o[VEC];
+#pragma unroll
+                    for (int e = 0; e < VEC; ++e) o[e] = a * load(dp[u].v[e]) + bx * (load(xp.v[e]) - mean) + c;
+                    norm_store<T, VEC>(dxr, vi * VEC, o);
+                }
+            }
+        }
+    }
+}

@@ -405,6 +405,7 @@ def test_group_norm_backward_plane_sums_and_caches(xp, rng, monkeypatch, gn_back
     8x56x56, both tensors for the small rows, and falls back at 32 planes a
     group when 512 threads would put a warp across three planes)."""
     from dnnprims import row_normalization
+    monkeypatch.setattr(row_normalization, "PIPELINED_BACKWARD", None)  # the kernels named here
     monkeypatch.setattr(row_normalization, "GN_BACKWARD", gn_backward)
     monkeypatch.setattr(row_normalization, "PLANE_SUMS", plane_sums)
     if cache == "none":
@@ -448,6 +449,51 @@ def test_group_norm_pipelined_forward(xp, rng, monkeypatch, pipelined, grid_cap,
     got = group_norm(_placed(xp, x, offset), groups, None if gamma is None else xp.asarray(gamma),
                      None if beta is None else xp.asarray(beta), eps=1e-4, return_stats=True)
     _compare(got, want, dtype, ("y", "mean", "rstd"))
+
+
+@pytest.mark.parametrize("mode", ["x", "xl2", "both"])
+@pytest.mark.parametrize("grid_cap", [None, 3])
+@pytest.mark.parametrize("dtype", _dtypes.SUPPORTED, ids=lambda d: d.name)
+@pytest.mark.parametrize("x_shape,groups,offset,affine,runs", [
+    ((2, 6, 12, 12), 3, 0, True, "float32 float64"), ((2, 6, 12, 12), 3, 1, True, ""),
+    ((2, 4, 20, 20), 2, 0, True, "all"), ((2, 64, 16, 16), 2, 0, True, "all"),
+    ((1, 8, 56, 56), 1, 0, True, "float32 float16 bfloat16"), ((5, 6, 16, 16), 3, 0, True, "all"),
+    ((3, 4, 16, 16), 4, 0, False, "all"), ((7, 4, 1, 256), 2, 0, True, "all"),
+    ((3, 8, 7, 7), 2, 0, True, "")])
+def test_group_norm_pipelined_backward(xp, rng, monkeypatch, mode, grid_cap, dtype, x_shape, groups, offset,
+                                       affine, runs):
+    """Group / instance norm NCHW backward through gn_rows_backward_pipelined
+    (next row's x, and with "both" its dy, copied by cp.async while this row
+    runs; "xl2" prefetches the next dy into L2) against the float64 reference:
+    warps straddling two planes (12x12 fp32: 36 vectors a plane), 32 planes a
+    group, a 100 KB fp32 row (two buffers) / 50 KB half row (four with "both"),
+    a grid capped at 3 blocks walking 5 rows each, instance norm without
+    gamma, and cases that must fall back (misaligned data, 49-value planes).
+    `runs`: the dtypes for which the kernel must have been launched."""
+    from dnnprims import row_normalization
+    monkeypatch.setattr(row_normalization, "PIPELINED_BACKWARD", mode)
+    monkeypatch.setattr(row_normalization, "_PIPELINE_GRID_CAP", grid_cap)
+    launched = []
+    real = row_normalization._pipelined_backward
+
+    def spy(*args):
+        out = real(*args)
+        launched.append(out is not None)
+        return out
+
+    monkeypatch.setattr(row_normalization, "_pipelined_backward", spy)
+    x = random_array(rng, x_shape, dtype, low=-1, high=3)
+    dy = random_array(rng, x_shape, dtype)
+    pdtype = np.float32 if _dtypes.is_half(dtype) else dtype
+    gamma = random_array(rng, (x_shape[1],), pdtype, 0.5, 1.5) if affine else None
+    want = group_norm_backward(_f64(dy), _f64(x), groups, None if gamma is None else _f64(gamma), eps=1e-4)
+    _, mean, rstd = group_norm(_placed(xp, x, offset), groups, eps=1e-4, return_stats=True)
+    for stats in ({}, dict(mean=mean, rstd=rstd)):
+        got = group_norm_backward(_placed(xp, dy, offset), _placed(xp, x, offset), groups,
+                                  None if gamma is None else xp.asarray(gamma), eps=1e-4, **stats)
+        _compare(got, want, dtype, ("dx", "dgamma", "dbeta"))
+    if xp is not np:
+        assert launched == [runs == "all" or np.dtype(dtype).name in runs.split()] * 2
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float16, np.float64])
