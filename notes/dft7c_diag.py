@@ -17,7 +17,12 @@ Modes: dft_first, cudnn_first, bench_like (the bench's ceilings measurement, a 1
 and an 8192^2 SGEMM through cupy.matmul, then cuDNN first).  Prints one JSON line
 "RESULT {...}" for the driver's table.
 
-    PYTHONPATH=$PWD python notes/dft7c_diag.py MODE [--direction forward|backward_data] [--profile]
+    PYTHONPATH=$PWD python notes/dft7c_diag.py MODE [--problems big_7x7_s1,big_11x11_s1]
+        [--directions forward,backward_data] [--stages] [--profile]
+
+Call 1 ran the script of the commit before this one (forward of big_7x7_s1, stages and
+cuBLAS arguments of the generic path).  "generic" = DFTConvolution._run, the path of
+correlate(), timed in the same process as the public (prepared) call.
 """
 import argparse
 import json
@@ -134,85 +139,89 @@ def cupti_kernels(call, reps=5):
     return [(n[:110], c, t / max(c, 1)) for n, (c, t) in rows.items()]
 
 
+PROBLEMS = {"big_7x7_s1": (32, 64, 56, 64, 7, 3), "big_11x11_s1": (32, 32, 64, 32, 11, 5)}
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("mode", choices=("dft_first", "cudnn_first", "bench_like"))
-    ap.add_argument("--direction", default="forward")
-    ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--problems", default="big_7x7_s1")
+    ap.add_argument("--directions", default="forward")
+    ap.add_argument("--stages", action="store_true", help="per-launch profile of the generic path")
+    ap.add_argument("--profile", action="store_true", help="kernel names through torch.profiler")
     ap.add_argument("--repeat", type=int, default=50)
     args = ap.parse_args()
     import torch
+    from dnnprims.algos import REGISTRY
+    from dnnprims.conv import _describe
     torch.backends.cudnn.benchmark = True
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cuda.matmul.allow_tf32 = False
-    t_start = time.time()
     if args.mode == "bench_like":
         print("ceilings", timing.measure_ceilings(cp), flush=True)
-    N, C, H, K, R, pad = 32, 64, 56, 64, 7, 3
-    x = cp.random.standard_normal((N, C, H, H), dtype=cp.float32)
-    w = cp.random.standard_normal((K, C, R, R), dtype=cp.float32) * 0.1
-    dy = cp.random.standard_normal((N, K, H, H), dtype=cp.float32)
-    a0 = x if args.direction == "forward" else dy
-    sets = [(a0, w)] + [(a0.copy(), w.copy()) for _ in range(timing.rotation_count(a0.nbytes + w.nbytes) - 1)]
-    t_sets = [(torch.from_dlpack(a), torch.from_dlpack(b)) for a, b in sets]
     F = torch.nn.functional
-    if args.direction == "forward":
-        ours = lambda a, b: dp.conv2d_forward(a, b, padding=pad, algo="dft")  # noqa: E731
-        theirs = lambda a, b: F.conv2d(a, b, padding=pad)  # noqa: E731
-    else:
-        ours = lambda a, b: dp.conv2d_backward_data(a, b, (N, C, H, H), padding=pad, algo="dft")  # noqa: E731
-        theirs = lambda a, b: torch.nn.grad.conv2d_input((N, C, H, H), b, a, padding=pad)  # noqa: E731
-    res = {"mode": args.mode, "direction": args.direction}
+    for name in args.problems.split(","):
+        N, C, H, K, R, pad = PROBLEMS[name]
+        x = cp.random.standard_normal((N, C, H, H), dtype=cp.float32)
+        w = cp.random.standard_normal((K, C, R, R), dtype=cp.float32) * 0.1
+        dy = cp.random.standard_normal((N, K, H, H), dtype=cp.float32)
+        problem = _describe(x.shape, w.shape, (1, 1), (pad, pad), (1, 1), 1, "NCHW", np.dtype("float32"))
+        for direction in args.directions.split(","):
+            t_start = time.time()
+            a0 = x if direction == "forward" else dy
+            sets = [(a0, w)] + [(a0.copy(), w.copy())
+                                for _ in range(timing.rotation_count(a0.nbytes + w.nbytes) - 1)]
+            t_sets = [(torch.from_dlpack(a), torch.from_dlpack(b)) for a, b in sets]
+            out = cp.empty(problem.y_shape if direction == "forward" else problem.x_shape, cp.float32)
+            if direction == "forward":
+                ours = lambda a, b: dp.conv2d_forward(a, b, padding=pad, algo="dft")  # noqa: E731
+                theirs = lambda a, b: F.conv2d(a, b, padding=pad)  # noqa: E731
+            else:
+                ours = lambda a, b: dp.conv2d_backward_data(a, b, (N, C, H, H), padding=pad, algo="dft")  # noqa
+                theirs = lambda a, b: torch.nn.grad.conv2d_input((N, C, H, H), b, a, padding=pad)  # noqa: E731
+            generic = lambda a, b: REGISTRY["dft"]._run(cp, problem, direction, a, b, out)  # noqa: E731
+            res = {"mode": args.mode, "problem": name, "direction": direction}
 
-    def measure_ours(tag):
-        ours(*sets[0])
-        res[f"b2b_{tag}"] = timing.measure(ours, sets, xp=cp, warmup=3, repeat=args.repeat).median_ms
-        res[f"host_us_{tag}"], res[f"queued_{tag}"] = host_and_queued(ours, sets)
+            def measure(fn, tag, s):
+                fn(*s[0])
+                cp.cuda.Device().synchronize()
+                res[f"b2b_{tag}"] = timing.measure(fn, s, xp=cp, warmup=3, repeat=args.repeat).median_ms
+                res[f"host_us_{tag}"], res[f"queued_{tag}"] = host_and_queued(fn, s)
 
-    def measure_theirs():
-        theirs(*t_sets[0])
-        torch.cuda.synchronize()
-        res["cudnn_b2b"] = timing.measure(theirs, t_sets, xp=cp, warmup=3, repeat=args.repeat).median_ms
-        res["cudnn_host_us"], res["cudnn_queued"] = host_and_queued(theirs, t_sets)
-
-    if args.mode == "dft_first":
-        measure_ours("1")
-        measure_theirs()
-    else:
-        measure_theirs()
-        measure_ours("1")
-    measure_ours("2")           # again, after cuDNN / the other measurements
-    got = ours(*sets[0])
-    want = theirs(*t_sets[0])
-    res["rel_err_vs_cudnn"] = float(torch.linalg.norm(torch.from_dlpack(got) - want) / torch.linalg.norm(want))
-    stages, gargs = stage_profile(lambda: ours(*sets[0]))
-    res["stages"] = stages
-    res["stage_sum"] = sum(ms for _, ms in stages)
-    res["gemm_args"] = gargs
-    pool = cp.get_default_memory_pool()
-    free, total = cp.cuda.runtime.memGetInfo()
-    res["pool_used_MB"], res["pool_total_MB"] = pool.used_bytes() / 2**20, pool.total_bytes() / 2**20
-    res["gpu_free_GB"] = free / 2**30
-    res["torch_reserved_MB"] = torch.cuda.memory_reserved() / 2**20
-    if args.profile:
-        try:
-            res["kernels"] = cupti_kernels(lambda: ours(*sets[0]))
-        except Exception as e:   # the profiler is a diagnosis aid only
-            res["kernels_error"] = repr(e)[:200]
-    res["seconds"] = time.time() - t_start
-    print(f"[{args.mode} {args.direction}] b2b {res['b2b_1']:.3f}/{res['b2b_2']:.3f} ms, host "
-          f"{res['host_us_1']:.0f}/{res['host_us_2']:.0f} us, queued {res['queued_1']:.3f}/{res['queued_2']:.3f}; "
-          f"cuDNN b2b {res['cudnn_b2b']:.3f} host {res['cudnn_host_us']:.0f} us queued {res['cudnn_queued']:.3f}; "
-          f"err {res['rel_err_vs_cudnn']:.1e}", flush=True)
-    for label, ms in stages:
-        print(f"   {label:36s} {ms:.4f}")
-    print(f"   {'sum of stages':36s} {res['stage_sum']:.4f}")
-    for g in gargs:
-        print("   cuBLAS", json.dumps(g))
-    for k in res.get("kernels", []):
-        print(f"   kernel {k[1]:3d} x {k[2]:8.1f} us  {k[0]}")
-    print("RESULT " + json.dumps({k: v for k, v in res.items() if k not in ("stages", "gemm_args", "kernels")}),
-          flush=True)
+            if args.mode == "dft_first":
+                measure(ours, "1", sets)
+                measure(theirs, "cudnn", t_sets)
+            else:
+                measure(theirs, "cudnn", t_sets)
+                measure(ours, "1", sets)
+            measure(generic, "generic", sets)
+            measure(ours, "2", sets)
+            got, want = ours(*sets[0]), theirs(*t_sets[0])
+            res["rel_err_vs_cudnn"] = float(torch.linalg.norm(torch.from_dlpack(got) - want)
+                                            / torch.linalg.norm(want))
+            if args.stages:
+                stages, gargs = stage_profile(lambda: generic(*sets[0]))
+                for label, ms in stages:
+                    print(f"   {label:36s} {ms:.4f}")
+                print(f"   {'sum of stages':36s} {sum(ms for _, ms in stages):.4f}")
+                for g in gargs:
+                    print("   cuBLAS", json.dumps(g))
+            if args.profile:
+                try:
+                    for k in cupti_kernels(lambda: ours(*sets[0])):
+                        print(f"   kernel {k[1]:3d} x {k[2]:8.1f} us  {k[0]}")
+                except Exception as e:   # the profiler is a diagnosis aid only
+                    print("   profiler failed:", repr(e)[:200])
+            res["seconds"] = time.time() - t_start
+            print(f"[{args.mode} {name} {direction}] dft b2b {res['b2b_1']:.3f}/{res['b2b_2']:.3f} ms, host "
+                  f"{res['host_us_1']:.0f}/{res['host_us_2']:.0f} us, queued {res['queued_1']:.3f}; generic path b2b "
+                  f"{res['b2b_generic']:.3f} host {res['host_us_generic']:.0f} us; cuDNN b2b {res['b2b_cudnn']:.3f} "
+                  f"host {res['host_us_cudnn']:.0f} us queued {res['queued_cudnn']:.3f}; "
+                  f"err {res['rel_err_vs_cudnn']:.1e}", flush=True)
+            print("RESULT " + json.dumps(res), flush=True)
+            del sets, t_sets, out
+        del x, w, dy
+        cp.get_default_memory_pool().free_all_blocks()
     return 0
 
 
