@@ -219,7 +219,6 @@ def main():
                   f"host {res['host_us_cudnn']:.0f} us queued {res['queued_cudnn']:.3f}; "
                   f"err {res['rel_err_vs_cudnn']:.1e}", flush=True)
             print("RESULT " + json.dumps(res), flush=True)
-            del sets, t_sets, out
         del x, w, dy
         cp.get_default_memory_pool().free_all_blocks()
     return 0
