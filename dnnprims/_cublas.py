@@ -86,3 +86,26 @@ def _matmul(xp, op_a, op_b, c, beta):
         c *= beta
         c += xp.matmul(op_a, op_b)
     return c
+
+
+def prepare(dtype, M, N, K, batch=1, a_batched=True, b_batched=True):
+    """The cuBLAS call of :func:`gemm` for C-contiguous row-major operands, fixed
+    but for the three pointers: returns ``call(handle, a_ptr, b_ptr, c_ptr)``.
+
+    ``c`` is (batch, M, N), ``a`` (M, K) and ``b`` (K, N), each batched (entries
+    M K / K N elements apart) or, with ``a_batched`` / ``b_batched`` False, one
+    matrix shared by every entry.  For a caller whose shapes are fixed per
+    problem and whose buffers are regions of one workspace: no array views, no
+    layout checks per call (the prepared "dft" path, notes/dft7c.md)."""
+    from cupy_backends.cuda.libs import cublas
+    dtype = np.dtype(dtype)
+    run = getattr(cublas, _RUN[dtype])
+    many = batch > 1
+    head = (_OP_N, _OP_N, N, M, K, _scalar(dtype, 1.0).ctypes.data)
+    mid = (N, K * N if many and b_batched else 0)
+    tail = (K, M * K if many and a_batched else 0, _scalar(dtype, 0.0).ctypes.data)
+    last = (N, M * N if many else 0, batch)
+
+    def call(handle, a_ptr, b_ptr, c_ptr):
+        run(handle, *head, b_ptr, *mid, a_ptr, *tail, c_ptr, *last)
+    return call

@@ -46,23 +46,21 @@ __global__ void dft_transpose(const T* __restrict__ in, T* __restrict__ out, ind
 // dft_rows_forward: out[(r, v), (nb, c)] = sum_col a[nb, c, r, col] * (dw[col, 2v]
 // + i dw[col, 2v + 1]) -- the real W-axis DFT of every image row, written straight
 // in the (Hi, h, NB, J) complex layout the H-axis GEMM reads.
-// Block: R image rows r0 = R blockIdx.y .. + R - 1 (template R, 1 or 2) of one sample nb
-// (grid.z) for 64 channels (grid.x); 256 threads = 8 warps x 32 lanes; lane l owns
-// channels c0 + l and c0 + 32 + l of each row (so a warp's writes are 32 consecutive
-// complex values), warp w the frequencies v0 = 4 g .. v0 + 3 of the groups g = w,
-// w + 8, ..  A thread keeps R x 2 x 4 complex sums.  The DFT matrix (Wi x dpitch,
-// dpitch = 2 * round_up(h, 4), zero-filled past 2h, so four frequencies are two
-// aligned 16-byte loads, broadcast to the warp) is either staged in shared memory
-// (L1 false) or read from a zero-padded copy in global memory through L1 (L1 true:
-// one copy an SM serves all its blocks; helper dft7b).  Shared memory: the R 64
-// image rows (R 64 x xpitch, xpitch = Wi | 1: odd, so the lanes' column reads hit
-// distinct banks), after the matrix when it is staged.  Per column a thread does
-// 2 R row loads + 2 vector loads for 16 R FMAs.  Staging has no divisions and 8
-// independent loads in flight a thread.  (Helper dft7 tried ceil(h / 4) warps, up
-// to 16, with __launch_bounds__(512): 0.084 ms against 0.055 on big_7x7_s1 on the
-// H100, most likely the 128-register cap of the 512-thread bound; reverted.
-// Helper dft7b: R = 2 with the matrix staged, 43.5 KB a block, measured 0.068 ms
-// against 0.061 for R = 1.)
+// Block: one image row r (grid.y) of one sample nb (grid.z) for 64 channels
+// (grid.x); 256 threads = 8 warps x 32 lanes; lane l owns channels c0 + l and
+// c0 + 32 + l (so a warp's writes are 32 consecutive complex values), warp w the
+// frequencies v0 = 4 g .. v0 + 3 of the groups g = w, w + 8, ..  A thread keeps
+// 2 x 4 complex sums.  Shared memory: the DFT matrix (Wi x dpitch, dpitch =
+// 2 * round_up(h, 4), zero-filled past 2h, so four frequencies are two aligned
+// 16-byte loads, broadcast to the warp), then the 64 image rows (64 x xpitch,
+// xpitch = Wi | 1: odd, so the lanes' column reads hit distinct banks).  Per column
+// a thread does 2 row loads + 2 vector loads for 16 FMAs.  Staging has no
+// divisions and 8 independent loads in flight a thread.  Measured and dropped on
+// the H100 (big_7x7_s1): ceil(h / 4) warps, up to 16, with __launch_bounds__(512)
+// (helper dft7: 0.084 ms against 0.055, most likely the 128-register cap);
+// 2 image rows a block with the matrix staged (dft7b: 0.068 against 0.061 ms,
+// 43.5 KB a block), and the matrix read through L1 from a zero-padded global copy
+// instead of staged, 1 or 2 rows (dft7b: whole call 0.318 / 0.316 against 0.297).
 template <typename T>
 __device__ __forceinline__ void dft_load4(const T* p, T (&r)[4]);
 template <>
@@ -89,19 +87,18 @@ struct dft_vec2<double> {
     typedef double2 type;
 };
 
-template <typename T, typename index_t, int R, bool L1>
+template <typename T, typename index_t>
 __global__ void __launch_bounds__(256) dft_rows_forward(const T* __restrict__ a, const T* __restrict__ dw,
                                                         T* __restrict__ out, int NB, int J, int Hi, int Wi,
                                                         int h, int dpitch, int xpitch) {
     typedef typename dft_vec2<T>::type V;
     extern __shared__ __align__(16) unsigned char dft_smem[];
-    T* dws = reinterpret_cast<T*>(dft_smem);           // Wi x dpitch (not with L1)
-    T* xs = L1 ? dws : dws + Wi * dpitch;               // R 64 x xpitch: (rr, cc) -> (64 rr + cc) xpitch
-    const T* dm = L1 ? dw : dws;                        // the DFT matrix, Wi x dpitch
-    const int c0 = blockIdx.x * 64, r0 = blockIdx.y * R, nb = blockIdx.z;
+    T* dws = reinterpret_cast<T*>(dft_smem);           // Wi x dpitch
+    T* xs = dws + Wi * dpitch;                          // 64 x xpitch: channel cc -> row cc
+    const int c0 = blockIdx.x * 64, r = blockIdx.y, nb = blockIdx.z;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     // Staging without divisions, 8 independent loads in flight a thread before their stores.
-    for (int k0 = 0; k0 < (L1 ? 0 : dpitch); k0 += 32) {
+    for (int k0 = 0; k0 < dpitch; k0 += 32) {
         const int k = k0 + lane;
         for (int col0 = warp; col0 < Wi; col0 += 64) {
             T val[8];
@@ -119,18 +116,17 @@ __global__ void __launch_bounds__(256) dft_rows_forward(const T* __restrict__ a,
     }
     for (int col0 = 0; col0 < Wi; col0 += 32) {
         const int col = col0 + lane;
-        for (int row0 = warp; row0 < 64 * R; row0 += 64) {
+        for (int row0 = warp; row0 < 64; row0 += 64) {
             T val[8];
 #pragma unroll
             for (int q = 0; q < 8; ++q) {
-                const int row = row0 + 8 * q, rr = row >> 6, c = c0 + (row & 63), r = r0 + rr;
-                val[q] = (row < 64 * R && col < Wi && c < J && r < Hi)
-                             ? a[(((index_t)nb * J + c) * Hi + r) * Wi + col] : T(0);
+                const int row = row0 + 8 * q, c = c0 + row;
+                val[q] = (row < 64 && col < Wi && c < J) ? a[(((index_t)nb * J + c) * Hi + r) * Wi + col] : T(0);
             }
 #pragma unroll
             for (int q = 0; q < 8; ++q) {
                 const int row = row0 + 8 * q;
-                if (row < 64 * R && col < Wi) xs[row * xpitch + col] = val[q];
+                if (row < 64 && col < Wi) xs[row * xpitch + col] = val[q];
             }
         }
     }
@@ -138,49 +134,40 @@ __global__ void __launch_bounds__(256) dft_rows_forward(const T* __restrict__ a,
     const int groups = (h + 3) >> 2;
     for (int grp = warp; grp < groups; grp += 8) {
         const int v0 = 4 * grp;
-        T re[R][2][4], im[R][2][4];
+        T re[2][4], im[2][4];
 #pragma unroll
-        for (int rr = 0; rr < R; ++rr)
+        for (int half = 0; half < 2; ++half)
 #pragma unroll
-            for (int half = 0; half < 2; ++half)
-#pragma unroll
-                for (int u = 0; u < 4; ++u) {
-                    re[rr][half][u] = T(0);
-                    im[rr][half][u] = T(0);
-                }
+            for (int u = 0; u < 4; ++u) {
+                re[half][u] = T(0);
+                im[half][u] = T(0);
+            }
         const T* xl = xs + lane * xpitch;
         for (int col = 0; col < Wi; ++col) {
             T d0[4], d1[4];
-            dft_load4(dm + col * dpitch + 2 * v0, d0);
-            dft_load4(dm + col * dpitch + 2 * v0 + 4, d1);
+            dft_load4(dws + col * dpitch + 2 * v0, d0);
+            dft_load4(dws + col * dpitch + 2 * v0 + 4, d1);
 #pragma unroll
-            for (int rr = 0; rr < R; ++rr)
-#pragma unroll
-                for (int half = 0; half < 2; ++half) {
-                    const T x = xl[(64 * rr + 32 * half) * xpitch + col];
-                    re[rr][half][0] += x * d0[0]; im[rr][half][0] += x * d0[1];
-                    re[rr][half][1] += x * d0[2]; im[rr][half][1] += x * d0[3];
-                    re[rr][half][2] += x * d1[0]; im[rr][half][2] += x * d1[1];
-                    re[rr][half][3] += x * d1[2]; im[rr][half][3] += x * d1[3];
-                }
+            for (int half = 0; half < 2; ++half) {
+                const T x = xl[32 * half * xpitch + col];
+                re[half][0] += x * d0[0]; im[half][0] += x * d0[1];
+                re[half][1] += x * d0[2]; im[half][1] += x * d0[3];
+                re[half][2] += x * d1[0]; im[half][2] += x * d1[1];
+                re[half][3] += x * d1[2]; im[half][3] += x * d1[3];
+            }
         }
 #pragma unroll
-        for (int rr = 0; rr < R; ++rr) {
-            const int r = r0 + rr;
-            if (r >= Hi) continue;
+        for (int u = 0; u < 4; ++u) {
+            const int v = v0 + u;
+            if (v >= h) continue;
+            V* o = reinterpret_cast<V*>(out) + (((index_t)r * h + v) * NB + nb) * J + c0 + lane;
 #pragma unroll
-            for (int u = 0; u < 4; ++u) {
-                const int v = v0 + u;
-                if (v >= h) continue;
-                V* o = reinterpret_cast<V*>(out) + (((index_t)r * h + v) * NB + nb) * J + c0 + lane;
-#pragma unroll
-                for (int half = 0; half < 2; ++half) {
-                    if (c0 + 32 * half + lane < J) {
-                        V val;
-                        val.x = re[rr][half][u];
-                        val.y = im[rr][half][u];
-                        o[32 * half] = val;   // one 2-vector store a value, 32 consecutive a warp
-                    }
+            for (int half = 0; half < 2; ++half) {
+                if (c0 + 32 * half + lane < J) {
+                    V val;
+                    val.x = re[half][u];
+                    val.y = im[half][u];
+                    o[32 * half] = val;   // one 2-vector store a value, 32 consecutive a warp
                 }
             }
         }

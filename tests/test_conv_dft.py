@@ -170,33 +170,60 @@ def test_fused_filter_launch_follows_the_measured_rule(rng, monkeypatch, case, d
     assert (dft_algo.fused_filter_launch(st, g) is None) == (case[6] == 3)
 
 
-@pytest.mark.parametrize("layer,dtype,rows,staged,b", [
-    ((56, 56, 30, 56), np.float32, 2, 1, 64),   # big_7x7_s1: 2 rows 29 KB; staged matrix: 1 row 29 KB
-    ((64, 64, 35, 64), np.float32, 2, 1, 64),   # big_11x11_s1: 2 rows 33 KB; staged: 1 row 35 KB
-    ((56, 56, 30, 56), np.float64, 1, None, 32),
+@pytest.mark.parametrize("layer,dtype,b", [
+    ((56, 56, 30, 56), np.float32, 64),   # big_7x7_s1: 29 KB a dft_rows_forward block
+    ((64, 64, 35, 64), np.float32, 64),   # big_11x11_s1: 35 KB
+    ((56, 56, 30, 56), np.float64, 32),   # 58 KB: the cuBLAS path forward
 ])
-def test_rows_kernels_launch_within_the_shared_memory(monkeypatch, layer, dtype, rows, staged, b):
-    # dft_rows_forward takes 2 image rows a block where they fit (with the DFT matrix
-    # read through L1), else 1, else the cuBLAS path; staging the matrix in shared
-    # memory (ROWS_FORWARD_L1 off) 1 row; the inverse 64 b (dft_rows_inverse64), else
-    # 32, else cuBLAS.
+def test_rows_kernels_launch_within_the_shared_memory(monkeypatch, layer, dtype, b):
+    # dft_rows_forward (the DFT matrix and 64 image rows staged) where its shared
+    # memory fits, else the cuBLAS path; the inverse 64 b (dft_rows_inverse64),
+    # else 32, else cuBLAS.
     Hi, Wi, h, n1 = layer
     size = np.dtype(dtype).itemsize
-    monkeypatch.setattr(dft_algo, "ROWS_FORWARD", 2)
-    monkeypatch.setattr(dft_algo, "ROWS_FORWARD_L1", True)
+    fwd = dft_algo.rows_forward_launch(Hi, Wi, h, 32, 64, size)
+    if size == 8:
+        assert fwd is None
+    else:
+        grid, args, smem = fwd
+        dpitch, xpitch = int(args[5]), int(args[6])
+        assert grid == (1, Hi, 32) and all(a.dtype == np.int32 for a in args)
+        assert smem == (Wi * dpitch + 64 * xpitch) * size <= 48 * 1024
+        assert dpitch % 8 == 0 and dpitch >= 2 * h and xpitch % 2 == 1   # 16-byte loads, odd pitch
     monkeypatch.setattr(dft_algo, "INVERSE_B64", True)
-    fwd = dft_algo.rows_forward_launch(Hi, Wi, h, 32, size)
-    assert fwd[0] == rows
-    assert fwd[3] <= 48 * 1024 and fwd[1] % 8 == 0 and fwd[2] % 2 == 1   # 16-byte loads, odd pitch
     inv = dft_algo.rows_inverse_launch(32 * 64, Hi, n1, h, size)
     assert inv[0] == b and inv[1] <= 48 * 1024
-    monkeypatch.setattr(dft_algo, "ROWS_FORWARD", 1)
-    assert dft_algo.rows_forward_launch(Hi, Wi, h, 32, size)[0] == 1
-    monkeypatch.setattr(dft_algo, "ROWS_FORWARD", 2)
-    monkeypatch.setattr(dft_algo, "ROWS_FORWARD_L1", False)
-    assert (dft_algo.rows_forward_launch(Hi, Wi, h, 32, size) or [None])[0] == staged
     monkeypatch.setattr(dft_algo, "INVERSE_B64", False)
     assert dft_algo.rows_inverse_launch(32 * 64, Hi, n1, h, size)[0] == 32
+
+
+@pytest.mark.parametrize("case", DFT_CASES + [
+    pytest.param((32, 64, 56, 56, 64, 7, 7, 1, 3, 1, 1), id="big_7x7_s1"),
+    pytest.param((32, 32, 64, 64, 32, 11, 11, 1, 5, 1, 1), id="big_11x11_s1"),
+    pytest.param((3, 70, 9, 66, 5, 3, 3, 1, 1, 1, 1), id="70ch-T67")])
+@pytest.mark.parametrize("direction", ["forward", "backward_data"])
+@pytest.mark.parametrize("itemsize", [4, 8])
+def test_prepared_workspace_regions_fit_the_reported_bound(rng, case, direction, itemsize):
+    # The prepared path's workspace (helper dft7c): regions on 256-byte boundaries,
+    # no two regions alive at once overlap, the whole within workspace_bytes, for
+    # the cuBLAS and fused filter paths and one row u or all rows a chunk.
+    x, w, _, opts = _random_problem(rng, case, "NCHW", {4: np.float32, 8: F64}[itemsize])
+    p = _problem_of(x, w, opts)
+    g = dft_algo.Geometry(p, direction)
+    J, Ko, h, F, N = g.channels_in, g.channels_out, g.half, g.frequencies, p.N
+    for by_gemm in (True, False):
+        for rows in (1, g.T[0]):
+            off, total = dft_algo.correlate_layout(g, N, itemsize, by_gemm, rows)
+            size = {"wc": g.extent[0] * g.extent[1] * J * Ko, "A": g.extent[0] * h * J * Ko,
+                    "G": rows * h * J * Ko, "Z": F * N * J, "A1t": g.size_in[0] * h * N * J,
+                    "Y": F * N * Ko, "Yp": g.out[0] * h * N * Ko}
+            assert set(off) == set(size) - (set() if by_gemm else {"wc", "A"})
+            assert all(o * 2 * itemsize % 256 == 0 and o + size[k] <= total for k, o in off.items())
+            alive = [("A1t", "Z"), ("wc", "A", "Z"), ("A", "G", "Z"), ("G", "Z", "Y"), ("Y", "Yp")]
+            for group in alive:
+                spans = sorted((off[k], off[k] + size[k]) for k in group if k in off)
+                assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:])), group
+            assert total * 2 * itemsize <= DFT.workspace_bytes(p, direction)
 
 
 def test_float32_error_within_the_table_row(rng):
@@ -280,25 +307,18 @@ FUSED_PUBLIC = [  # float64 NumPy references of ~1-4 s each: the shipped flags o
     pytest.param((2, 64, 56, 56, 64, 7, 7, 1, 3, 1, 1), id="7x7-batch2"),
     pytest.param((2, 32, 64, 64, 32, 11, 11, 1, 5, 1, 1), id="11x11-batch2")]
 ALL_FLAGS = [(), ("FUSED_ROWS",), ("FUSED_FILTER",), ("FUSED_ROWS", "FUSED_FILTER"),
-             ("FUSED_ROWS", "FUSED_FILTER", "CHUNKS"), ("CHUNKS",), ("FUSED_ROWS", "ROWS1"),
-             ("FUSED_ROWS", "R1L1"), ("FUSED_ROWS", "R2L1")]
-# Helper dft7b's rows kernels: "ROWS1": dft_rows_forward one image row a block with
-# the DFT matrix staged in shared memory, and dft_rows_inverse (32 b a block), the
-# kernels before dft7b, the fallbacks where the others do not fit; "R1L1" / "R2L1":
-# one / two image rows a block, the matrix read through L1, dft_rows_inverse64.
-# The other flag sets run the shipped ROWS_FORWARD / ROWS_FORWARD_L1 / INVERSE_B64.
+             ("FUSED_ROWS", "FUSED_FILTER", "CHUNKS"), ("CHUNKS",), ("FUSED_ROWS", "INV32")]
+# "INV32": dft_rows_inverse (32 b a block), the fallback where dft_rows_inverse64
+# does not fit; the other flag sets run the shipped INVERSE_B64.  Every flag set
+# with FUSED_ROWS runs the prepared forward / backward-data path
+# (DFTConvolution.prepare) where the row kernels fit.
 
 
 def _check_with_flags(gpu, rng, monkeypatch, case, dtype, flags):
     for flag in ("FUSED_ROWS", "FUSED_FILTER"):
         monkeypatch.setattr(dft_algo, flag, flag in flags)
     monkeypatch.setattr(dft_algo, "FILTER_CHUNK_BYTES", 1 if "CHUNKS" in flags else 0)
-    rows = {"ROWS1": (1, False, False), "R1L1": (1, True, True), "R2L1": (2, True, True)}
-    for name, (r, l1, b64) in rows.items():
-        if name in flags:
-            monkeypatch.setattr(dft_algo, "ROWS_FORWARD", r)
-            monkeypatch.setattr(dft_algo, "ROWS_FORWARD_L1", l1)
-            monkeypatch.setattr(dft_algo, "INVERSE_B64", b64)
+    monkeypatch.setattr(dft_algo, "INVERSE_B64", "INV32" not in flags)
     monkeypatch.setattr(dft_algo, "FUSED_FILTER_MIN_TAPS", 0)   # the kernel on every filter it fits
     x, w, b, opts = _random_problem(rng, case, "NCHW", dtype)
     _check_all_directions(gpu, rng, x, w, b, opts, "dft")

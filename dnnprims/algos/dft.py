@@ -65,10 +65,9 @@ from . import fft as _fft
 # smallest of FILTER_SMAX that holds E', sizes them (E' > 32: the cuBLAS path).
 FILTER_SMAX = (8, 12, 16, 32)
 FAMILY = KernelFamily("conv_dft.cu", [f"{k}<{t}, {i}>"
-                                      for k in ("dft_transpose", "dft_rows_inverse", "dft_rows_inverse64")
+                                      for k in ("dft_transpose", "dft_rows_forward", "dft_rows_inverse",
+                                                "dft_rows_inverse64")
                                       for t in ("float", "double") for i in ("int", "long long")]
-                      + [f"dft_rows_forward<{t}, {i}, {r}, {l}>" for t in ("float", "double")
-                         for i in ("int", "long long") for r, l in ((1, "false"), (1, "true"), (2, "true"))]
                       + [f"dft_filter_spectrum<{t}, {i}, {m}>" for t in ("float", "double")
                          for i in ("int", "long long") for m in FILTER_SMAX])
 
@@ -107,18 +106,12 @@ FUSED_FILTER_MIN_TAPS = 64
 FILTER_CHUNK_BYTES = 0
 # Helper dft7b (notes/dft7b.md) measured the W-axis row kernels on the H100 (batch 32,
 # whole calls, each setting in turn with cuDNN, median of 3 rounds).  big_7x7_s1
-# forward / backward data, ms: dft7's kernels 0.313 / 0.314; shipped below 0.297 / 0.299
-# (cuDNN 0.306 / 0.310); matrix through L1, 1 row 0.318 / 0.316, 2 rows 0.316 / 0.315.
+# forward / backward data, ms: dft7's kernels 0.313 / 0.314; shipped 0.297 / 0.299
+# (cuDNN 0.306 / 0.310).  Its variants of dft_rows_forward with 2 image rows a block
+# or the matrix read through L1 measured slower and were removed by helper dft7c.
 # INVERSE_B64: dft_rows_inverse64 (64 b a block, 8 consecutive b a warp: broadcast
 # 16-byte loads of y; stage 0.058 -> 0.043 ms on big_7x7_s1, 0.041 -> 0.031 on 11x11)
 # where it fits, else dft_rows_inverse.
-# ROWS_FORWARD: image rows a dft_rows_forward block (2: 4 row loads + 2 broadcast
-# loads of the matrix for 32 FMAs instead of 2 + 2 for 16, but fewer, fatter blocks:
-# 0.068 against 0.061 ms with the matrix staged, so 2 rows are only offered with L1).
-# ROWS_FORWARD_L1: the DFT matrix read through L1 from a zero-padded copy instead of
-# staged in every block's shared memory (slower, above).  Both off; the code stays, tested.
-ROWS_FORWARD = 1
-ROWS_FORWARD_L1 = False
 INVERSE_B64 = True
 _SMEM_LIMIT = 48 * 1024
 
@@ -204,16 +197,6 @@ def _inverse_w(n_out, T1, scale):
 class _Setup:
     """The transform matrices of one (device, geometry, batch, dtype, direction)."""
 
-    def padded(self, xp, DW, dpitch):
-        """DW (Wi, 2 h) with zero columns up to dpitch (dft_rows_forward reads it
-        through L1 as aligned 16-byte vectors of 4 frequencies), made once."""
-        hit = self._padded.get(id(DW))
-        if hit is None or hit[0] is not DW or hit[1].shape[1] != dpitch:
-            pad = xp.zeros((DW.shape[0], dpitch), dtype=DW.dtype)
-            pad[:, :DW.shape[1]] = DW
-            hit = self._padded[id(DW)] = (DW, pad)
-        return hit[1]
-
     def __init__(self, xp, g, N, dtype, direction):
         self.dtype = np.dtype(dtype)
         self.cdtype = np.result_type(self.dtype, np.complex64)
@@ -238,9 +221,7 @@ class _Setup:
                         N * J * g.size_in[0] * g.size_in[1], N * Ko * g.out[0] * g.out[1])
         ct = _dtypes.cuda_type(self.dtype)
         self.transpose = f"dft_transpose<{ct}, {it}>"
-        self.rows_forward = {(r, l): f"dft_rows_forward<{ct}, {it}, {r}, {'true' if l else 'false'}>"
-                             for r, l in ((1, False), (1, True), (2, True))}
-        self._padded = {}
+        self.rows_forward = f"dft_rows_forward<{ct}, {it}>"
         self.rows_inverse = f"dft_rows_inverse<{ct}, {it}>"
         self.rows_inverse64 = f"dft_rows_inverse64<{ct}, {it}>"
         smax = next((m for m in FILTER_SMAX if g.extent[1] <= m), None)
@@ -278,14 +259,11 @@ def _spectra(xp, st, a, DW, DH):
     NB, J, Hi, Wi = a.shape
     h = DW.shape[1] // 2
     T0 = DH.shape[0]
-    launch = rows_forward_launch(Hi, Wi, h, NB, a.itemsize) if FUSED_ROWS and xp is not np else None
+    launch = rows_forward_launch(Hi, Wi, h, NB, J, a.itemsize) if FUSED_ROWS and xp is not np else None
     if launch is not None:
-        rows, dpitch, xpitch, smem = launch
+        grid, args, smem = launch
         A1t = xp.empty((Hi * h, NB * J), dtype=st.cdtype)
-        FAMILY.launch(st.rows_forward[rows, ROWS_FORWARD_L1], (ceil_div(J, 64), ceil_div(Hi, rows), NB), (256,),
-                      (a, st.padded(xp, DW, dpitch) if ROWS_FORWARD_L1 else DW, A1t, np.int32(NB), np.int32(J),
-                       np.int32(Hi), np.int32(Wi), np.int32(h),
-                       np.int32(dpitch), np.int32(xpitch)), shared_mem=smem)
+        FAMILY.launch(st.rows_forward, grid, (256,), (a, DW, A1t, *args), shared_mem=smem)
         Z = _cublas.gemm(xp, DH, A1t.reshape(Hi, h * NB * J), xp.empty((T0, h * NB * J), dtype=st.cdtype))
         return Z.reshape(T0 * h, NB, J)
     A1 = _cublas.gemm(xp, a.reshape(NB * J * Hi, Wi), DW, xp.empty((NB * J * Hi, 2 * h), dtype=a.dtype))
@@ -296,18 +274,16 @@ def _spectra(xp, st, a, DW, DH):
     return Z.reshape(T0 * h, NB, J)
 
 
-def rows_forward_launch(Hi, Wi, h, NB, itemsize):
-    """(image rows a block, dpitch, xpitch, shared-memory bytes) of dft_rows_forward,
-    or None where its shared memory or grid does not fit (the cuBLAS path): the
-    most rows, up to ROWS_FORWARD, that fit."""
+def rows_forward_launch(Hi, Wi, h, NB, J, itemsize):
+    """(grid, the int32 arguments after the three arrays, shared-memory bytes) of
+    dft_rows_forward, or None where its shared memory or grid does not fit (the
+    cuBLAS path)."""
     dpitch, xpitch = 2 * (-(-h // 4) * 4), Wi | 1
-    if NB > 65535:
+    smem = (Wi * dpitch + 64 * xpitch) * itemsize
+    if NB > 65535 or Hi > 65535 or smem > _SMEM_LIMIT:
         return None
-    for rows in ((2, 1) if ROWS_FORWARD_L1 else (1,)):   # 2 rows only with the matrix in L1
-        smem = ((0 if ROWS_FORWARD_L1 else Wi * dpitch) + rows * 64 * xpitch) * itemsize
-        if rows <= ROWS_FORWARD and smem <= _SMEM_LIMIT and ceil_div(Hi, rows) <= 65535:
-            return rows, dpitch, xpitch, smem
-    return None
+    args = tuple(np.int32(v) for v in (NB, J, Hi, Wi, h, dpitch, xpitch))
+    return (ceil_div(J, 64), Hi, NB), args, smem
 
 
 def rows_inverse_launch(B, n0, n1, h, itemsize):
@@ -449,6 +425,145 @@ def correlate(xp, g, a, f, out, bias, dilation, flip):
     return _inverse(xp, st, Y.reshape(g.frequencies, N * Ko), st.DHi, st.DWi, out.reshape(N * Ko, *g.out))
 
 
+# The prepared path (helper dft7c, notes/dft7c.md).  On the H100 the whole
+# forward of big_7x7_s1 takes 0.30 ms of GPU time but took 0.39-0.53 ms of host
+# time through correlate(): ~30 CuPy views, 7 allocations and 8 Python-level
+# launches a call.  A benchmark that issues calls back to back measures the larger
+# of the two, so the call read 0.37-0.51 ms in one process and 0.30 in another,
+# as fast or slow as the host.  The prepared path makes the same launches from
+# arguments fixed once per problem: one workspace allocation, raw cuBLAS calls on
+# pointer offsets, prepared kernel launches.
+_ALIGN = 256   # bytes: where every region of the prepared workspace starts
+
+
+def _options():
+    """The module flags a prepared plan was made under (tests change them)."""
+    return FUSED_ROWS, FUSED_FILTER, FUSED_FILTER_MIN_TAPS, FILTER_CHUNK_BYTES, INVERSE_B64
+
+
+def correlate_layout(g, N, itemsize, filter_by_gemm, chunk_rows):
+    """(offsets, total) of the prepared forward / backward-data workspace, in complex
+    elements: regions "wc" and "A" (filter_by_gemm: the converted filter and its
+    W-axis spectrum), "G" (chunk_rows rows u of the filter spectrum), "Z" (the
+    input spectra), "A1t" (the W-axis spectra), "Y" (the output spectra), "Yp"
+    (after the H-axis inverse).  A1t dies with Z made and Y takes its place; the
+    filter region and Z die with Y made, and Yp takes their place where it fits."""
+    J, Ko, h = g.channels_in, g.channels_out, g.half
+    unit = _ALIGN // (2 * itemsize)
+    up = lambda n: -(-n // unit) * unit  # noqa: E731
+    off, end = {}, 0
+    if filter_by_gemm:
+        off["wc"], off["A"] = 0, up(g.extent[0] * g.extent[1] * J * Ko)
+        end = off["A"] + up(g.extent[0] * h * J * Ko)
+    off["G"] = end
+    off["Z"] = end = end + up(chunk_rows * h * J * Ko)
+    off["A1t"] = off["Y"] = end = end + up(g.frequencies * N * J)
+    y_size = up(g.frequencies * N * Ko)
+    inv = g.out[0] * h * N * Ko
+    off["Yp"] = 0 if inv <= off["Y"] else end + y_size
+    return off, max(end + max(up(g.size_in[0] * h * N * J), y_size), off["Yp"] + inv)
+
+
+def prepared_correlate(p, g, direction):
+    """``run(a, b, out, bias)``: correlate() of this problem on the GPU as fixed
+    launches (NCHW, contiguous operands; others take correlate()), or None where
+    the row kernels do not fit (FUSED_ROWS off, or their shared memory or grid)."""
+    import cupy
+    from cupy.cuda import device
+    from .._kernels import ARRAY0, ARRAY1, ARRAY2, ARRAY3, ARRAY4, ARRAY5
+
+    N, flip = p.N, direction == "backward_data"
+    J, Ko, h, T0 = g.channels_in, g.channels_out, g.half, g.T[0]
+    (Hi, Wi), (n0, n1), (E0, E1) = g.size_in, g.out, g.extent
+    st = _setup(cupy, g, N, p.dtype, "forward")
+    itemsize = st.dtype.itemsize
+    rows = rows_forward_launch(Hi, Wi, h, N, J, itemsize)
+    inverse = rows_inverse_launch(N * Ko, n0, n1, h, itemsize)
+    if not FUSED_ROWS or rows is None or inverse is None or p.layout != "NCHW":
+        return None
+    fused = fused_filter_launch(st, g)
+    chunks = filter_chunks(g, itemsize)
+    off, total = correlate_layout(g, N, itemsize, fused is None, max(u1 - u0 for u0, u1 in chunks))
+    cd, csize = st.cdtype, 2 * itemsize
+    at = {k: v * csize for k, v in off.items()}   # byte offsets
+    i32, i64 = np.int32, np.int64
+    # Arrays of a launch: ARRAY0 = a, ARRAY1 = the filter, ARRAY2 = out, then views
+    # of the workspace made per call: ARRAY3 = A1t, ARRAY4 = wc or G (what the
+    # filter kernel writes), ARRAY5 = Yp.
+    grid, args, smem = rows
+    launches = [FAMILY.prepare(st.rows_forward, grid, (256,), (ARRAY0, st.DWf, ARRAY3, *args), smem)]
+    steps = [(_cublas.prepare(cd, T0, h * N * J, Hi), st.DHf.data.ptr, at["A1t"], at["Z"])]
+    R, S = p.w_shape[2:]
+    fs = (p.w_shape[1] * R * S, R * S, S, 1)     # a C-contiguous filter's element strides
+    sk, sj = (fs[1], fs[0]) if flip else (fs[0], fs[1])
+    filter_args = (i32(E0), i32(E1), i32(J), i32(Ko), i32(p.dilation[0]), i32(p.dilation[1]), i32(flip),
+                   i64(sk), i64(sj), i64(fs[2]), i64(fs[3]))
+    filter_launches = []
+    if fused is None:
+        count = E0 * E1 * J * Ko
+        filter_launches.append(_fft.FAMILY.prepare(st.filter_complex, (ceil_div(count, 256),), (256,),
+                                                   (ARRAY1, ARRAY4, st.index(count), *filter_args)))
+        filter_gemm = (_cublas.prepare(cd, h, J * Ko, E1, batch=E0, a_batched=False), st.Ds.data.ptr,
+                       at["wc"], at["A"])
+    chunk_steps = []
+    for u0, u1 in chunks:
+        dr = st.Dr[u0:u1]
+        if fused is None:
+            rows_gemm = (_cublas.prepare(cd, u1 - u0, h * J * Ko, E0), dr.data.ptr, at["A"], at["G"])
+            kernel = None
+        else:
+            npairs, fsmem = fused
+            pair_blocks = ceil_div(J * Ko, npairs)
+            per_block = max(ceil_div(u1 - u0, 65535), 2 if pair_blocks * ceil_div(u1 - u0, 2) >= 768 else 1)
+            kernel = FAMILY.prepare(st.filter_spectrum, (pair_blocks, ceil_div(u1 - u0, per_block)), (npairs,),
+                                    (ARRAY1, st.Ds, dr, ARRAY4, i32(u1 - u0), i32(h), *filter_args), fsmem)
+            rows_gemm = None
+        chunk_steps.append((kernel, rows_gemm, (_cublas.prepare(cd, N, Ko, J, batch=(u1 - u0) * h),
+                                                at["Z"] + u0 * h * N * J * csize, at["G"],
+                                                at["Y"] + u0 * h * N * Ko * csize)))
+    nb, ismem = inverse
+    expression = st.rows_inverse64 if nb == 64 else st.rows_inverse
+    inverse_gemm = (_cublas.prepare(cd, n0, h * N * Ko, T0), st.DHi.data.ptr, at["Y"], at["Yp"])
+    launch_inverse = FAMILY.prepare(expression, (ceil_div(N * Ko, nb), n0), (256,),
+                                    (ARRAY5, st.DWi, ARRAY2, i32(N * Ko), i32(n0), i32(n1), i32(h)), ismem)
+    regions = ((at["A1t"], Hi * h * N * J), (at["wc"], E0 * E1 * J * Ko) if fused is None else (at["G"], 1),
+               (at["Yp"], n0 * h * N * Ko))
+    empty, ndarray, handle = cupy.empty, cupy.ndarray, device.get_cublas_handle
+
+    def run(a, b, out, bias=None):
+        if not (a._c_contiguous and b._c_contiguous and out._c_contiguous):
+            return correlate(cupy, g, _nchw_contiguous(cupy, a, "NCHW"), _nchw_contiguous(cupy, b, "NCHW"),
+                             out, bias, p.dilation, flip)
+        ws = empty(total, dtype=cd)
+        mem = ws.data
+        base = mem.ptr
+        arrays = (a, b, out) + tuple(ndarray((n,), cd, memptr=mem + o) for o, n in regions)
+        cublas = handle()
+        launches[0](*arrays)
+        gemm, a_ptr, b_at, c_at = steps[0]
+        gemm(cublas, a_ptr, base + b_at, base + c_at)
+        if fused is None:
+            filter_launches[0](*arrays)
+            gemm, a_ptr, b_at, c_at = filter_gemm
+            gemm(cublas, a_ptr, base + b_at, base + c_at)
+        for kernel, rows_gemm, (gemm, a_at, b_at, c_at) in chunk_steps:
+            if kernel is None:
+                g_gemm, g_a, g_b, g_c = rows_gemm
+                g_gemm(cublas, g_a, base + g_b, base + g_c)
+            else:
+                kernel(*arrays)
+            gemm(cublas, base + a_at, base + b_at, base + c_at)
+        if bias is not None:   # the zero frequency of a constant (see correlate)
+            y0 = ndarray((N, Ko), cd, memptr=mem + at["Y"])
+            cupy.add(y0, bias.reshape(1, Ko), out=y0)
+        gemm, a_ptr, b_at, c_at = inverse_gemm
+        gemm(cublas, a_ptr, base + b_at, base + c_at)
+        launch_inverse(*arrays)
+        return out
+    run.setup = st   # the transform matrices whose pointers the cuBLAS calls hold
+    return run
+
+
 def filter_gradient(xp, g, a, d, N):
     """The dilated filter gradient (K, C, E, E'): a = x (N, C, H, W), d = dy
     (N, K, P, Q), both contiguous."""
@@ -474,6 +589,7 @@ class DFTConvolution(ConvAlgorithm):
 
     def __init__(self):
         self._geometries = {}
+        self._runners = {}
 
     def supports(self, problem, direction):
         ok, reason = super().supports(problem, direction)
@@ -512,12 +628,38 @@ class DFTConvolution(ConvAlgorithm):
         inv = N * Ko * g.out[0] * h * cplx
         copies = 0 if p.layout == "NCHW" else (N * J * g.size_in[0] * g.size_in[1]
                                                 + N * Ko * g.out[0] * g.out[1]) * real
+        # + 8 _ALIGN: the prepared path starts each region of its workspace on _ALIGN bytes
         return spectrum_filter + max(2 * a1 + spectrum_in, spectrum_in + out_spectrum,
-                                     out_spectrum + 2 * inv) + copies
+                                     out_spectrum + 2 * inv) + copies + 8 * _ALIGN
+
+    def _runner(self, problem, direction, has_bias):
+        """The call on the current device under the current flags: the prepared
+        path where it applies (forward, backward data), else :meth:`_run`."""
+        import cupy
+        key = (cupy.cuda.runtime.getDevice(), problem, direction, has_bias, _options())
+        runner = self._runners.get(key)
+        if runner is None:
+            if len(self._runners) >= 4 * SETUP_CACHE_SIZE:
+                self._runners.clear()
+            runner = None if direction == "backward_filter" else prepared_correlate(
+                problem, self.geometry(problem, direction), direction)
+            if runner is None:
+                def runner(a, b, out, bias=None):
+                    return self._run(cupy, problem, direction, a, b, out, bias)
+            self._runners[key] = runner
+        return runner
+
+    def prepare(self, problem, direction, has_bias=False, activation=None):
+        runner, options = self._runner(problem, direction, has_bias), _options()
+
+        def run(a, b, out, bias=None):
+            if _options() != options:   # the module's flags changed since (tests do that)
+                return self.run(problem, direction, a, b, out, bias)
+            return runner(a, b, out, bias)
+        return run
 
     def run(self, problem, direction, a, b, out, bias=None, activation=None):
-        import cupy
-        return self._run(cupy, problem, direction, a, b, out, bias)
+        return self._runner(problem, direction, bias is not None)(a, b, out, bias)
 
     def _run(self, xp, p, direction, a, b, out, bias=None):
         g = self.geometry(p, direction)
