@@ -3,7 +3,7 @@
     python -m dnnprims.tune [--grid default|quick] [--quick] [--directions D ...]
                             [--dtypes T ...] [--layouts L ...] [--out PATH] [--holdout FRACTION]
                             [--max-seconds S] [--repeat R] [--final-repeat F]
-                            [--skip NAME ...] [--list]
+                            [--skip NAME ...] [--filters R ...] [--update] [--list]
 
 For every point of a grid of problems (batch, channels, image size, filter
 size, stride, groups, dtype, direction, layout: NCHW unless --layouts says more) it times every registered
@@ -54,6 +54,13 @@ table is rewritten every ``SAVE_EVERY`` points, so a run killed midway still
 leaves a usable table.  The finalists' extra samples are taken only while the
 pace of the recent points says the whole grid ends within PACE_MARGIN x
 --max-seconds: they never cost grid points.
+
+Updating part of a table: ``--filters 5 7 --update`` re-measures only the grid
+points with those filter sizes and replaces their entries in the table at
+``--out``, keeping every other entry as it was (the grid's metadata records
+the update): a new algorithm that applies only there (say a 5x5 Winograd
+tile) costs a minute of GPU time, not the whole grid.  The holdout figures
+are recomputed over the merged table.
 
 Holdout: a point is held out when ``crc32(point key) / 2^32 < --holdout``
 (deterministic; independent of the grid's order and of which other points
@@ -561,7 +568,7 @@ PACE_MARGIN = 0.9      # finalist samples only while the projected end is within
 
 
 def tune(points, *, out, holdout=0.2, max_seconds=None, repeat=REPEAT, final_repeat=FINAL_REPEAT,
-         grid_info=None, meta=None, measure=measure_point, log=print, skip=()):
+         grid_info=None, meta=None, measure=measure_point, log=print, skip=(), keep=()):
     """Measure ``points`` ([(direction, problem)]), write the table to ``out``,
     return it.  ``measure(problem, direction, names, repeat, final_repeat)`` ->
     (ms, failed[, probed[, samples]]) is injectable so the bookkeeping can be
@@ -572,8 +579,14 @@ def tune(points, *, out, holdout=0.2, max_seconds=None, repeat=REPEAT, final_rep
     the points left out are counted per block in the log and in
     ``grid.unmeasured``); the finalists' extra samples are taken only while
     the pace of the last PACE_WINDOW points says the whole grid still ends
-    within PACE_MARGIN x max_seconds, so the extra samples never cost points."""
+    within PACE_MARGIN x max_seconds, so the extra samples never cost points.
+
+    ``keep``: entries of an earlier table kept as they are (``--update``);
+    they are written with the measured ones and count in the holdout.  A kept
+    entry whose point is measured again is replaced."""
     meta = dict(meta if meta is not None else metadata())
+    measured_keys = {point_key(d, q) for d, q in points}
+    keep = [e for e in keep if point_key(e["direction"], entry_problem(e)) not in measured_keys]
     start = time.perf_counter()
     entries, stopped, broken, unmeasured = [], False, None, {}
     extras = {"points": 0, "off": 0}
@@ -582,6 +595,7 @@ def tune(points, *, out, holdout=0.2, max_seconds=None, repeat=REPEAT, final_rep
 
     def snapshot():
         data.update(grid=dict(grid_info or {}, points_total=len(points), points_measured=len(entries),
+                              points_kept=len(keep),
                               seconds=round(time.perf_counter() - start, 1), stopped_early=stopped,
                               unmeasured=unmeasured, repeat=repeat, final_repeat=final_repeat,
                               finalist_points=extras["points"], finalist_samples_off=extras["off"],
@@ -593,7 +607,7 @@ def tune(points, *, out, holdout=0.2, max_seconds=None, repeat=REPEAT, final_rep
                                      "untimed call, round-robin over the candidates; candidates within "
                                      f"{FINALIST} x the best get `final_repeat` more (entry's 'finalists'); "
                                      "median"),
-                    entries=entries)
+                    entries=keep + entries)
         return data
 
     for i, (direction, p) in enumerate(points):
@@ -643,13 +657,13 @@ def tune(points, *, out, holdout=0.2, max_seconds=None, repeat=REPEAT, final_rep
         if (i + 1) % SAVE_EVERY == 0:
             write(out, snapshot())
     data = snapshot()
-    data["holdout"] = dict(evaluate_holdout(entries, (grid_info or {}).get("spec")), fraction=holdout,
+    data["holdout"] = dict(evaluate_holdout(keep + entries, (grid_info or {}).get("spec")), fraction=holdout,
                            split="a point is held out when crc32(its key) / 2^32 < fraction; "
                                  "held-out points are looked up in a table of the other points")
-    data["grid"]["noise"] = noise_report(entries)
+    data["grid"]["noise"] = noise_report(keep + entries)
     write(out, data)
     h, noise = data["holdout"], data["grid"]["noise"]
-    log(f"wrote {out}: {len(entries)} entries in {data['grid']['seconds']} s; finalist samples at "
+    log(f"wrote {out}: {len(entries)} entries measured, {len(keep)} kept, in {data['grid']['seconds']} s; finalist samples at "
         f"{extras['points']} points (off at {extras['off']} points to keep within --max-seconds)")
     log(f"holdout: {h['points']} points; table pick within 10 % of the fastest on "
         f"{h['table_within_10pct']} ({100 * h['table_fraction']:.1f} %), the rule's on "
@@ -683,6 +697,10 @@ def main(argv=None):
                         help="more samples for the candidates within FINALIST x the best")
     parser.add_argument("--skip", nargs="+", default=[], metavar="NAME",
                         help="registered algorithms not to time (e.g. one that is broken)")
+    parser.add_argument("--filters", nargs="+", type=int, default=None, metavar="R",
+                        help="only the grid points with these filter sizes (R = S)")
+    parser.add_argument("--update", action="store_true",
+                        help="keep the other entries of the table at --out; replace only the points measured")
     parser.add_argument("--list", action="store_true", help="print the grid and exit (no GPU needed)")
     import dnnprims  # noqa: F401 -- every public module imported: whatever registers algorithms has run
     args = parser.parse_args(argv)
@@ -693,6 +711,16 @@ def main(argv=None):
         parser.error("--holdout must be in [0, 1)")
     name = "quick" if args.quick else args.grid
     points = grid_points(GRIDS[name], args.directions, args.dtypes, args.layouts)
+    if args.filters is not None:
+        points = [(d, q) for d, q in points if q.R in args.filters]
+    keep, grid_info = [], None
+    if args.update:
+        try:
+            with open(args.out) as f:
+                old = json.load(f)
+        except (OSError, ValueError) as e:
+            parser.error(f"--update: cannot read the table at --out {args.out}: {e}")
+        keep, grid_info = old.get("entries", []), old.get("grid")
     if args.list:
         for direction, p in points:
             print(point_key(direction, p))
@@ -709,12 +737,19 @@ def main(argv=None):
     print(f"tuning {len(points)} points of grid {name!r} ({', '.join(args.directions)}; "
           f"{', '.join(args.dtypes)}) over {len(timed)} registered algorithms on {gpu_name()}: "
           f"{', '.join(timed)}", flush=True)
-    grid_info = {"name": name, "spec": GRIDS[name], "directions": args.directions, "dtypes": args.dtypes,
-                 "layouts": args.layouts, "padding": "R // 2, S // 2", "dilation": 1,
-                 "command": "python -m dnnprims.tune " + " ".join(sys.argv[1:] if argv is None else argv)}
+    command = "python -m dnnprims.tune " + " ".join(sys.argv[1:] if argv is None else argv)
+    if grid_info is None:
+        grid_info = {"name": name, "spec": GRIDS[name], "directions": args.directions, "dtypes": args.dtypes,
+                     "layouts": args.layouts, "padding": "R // 2, S // 2", "dilation": 1, "command": command}
+    else:   # --update: the grid is the earlier table's; say what was measured again
+        grid_info = {k: v for k, v in grid_info.items() if k in ("name", "spec", "directions", "dtypes", "layouts",
+                                                                 "padding", "dilation", "command", "updates")}
+        grid_info["updates"] = grid_info.get("updates", []) + [
+            {"command": command, "points": len(points),
+             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}]
     data = tune(points, out=args.out, holdout=args.holdout, max_seconds=args.max_seconds, repeat=args.repeat,
                 final_repeat=args.final_repeat,
-                grid_info=grid_info, log=lambda s: print(s, flush=True), skip=args.skip)
+                grid_info=grid_info, log=lambda s: print(s, flush=True), skip=args.skip, keep=keep)
     return 3 if data["grid"]["broken"] else 0
 
 

@@ -232,6 +232,41 @@ def test_tuner_stops_at_max_seconds(tmp_path):
     assert data["grid"]["stopped_early"] and data["grid"]["points_measured"] <= 1
 
 
+def test_tuner_update_replaces_the_measured_points_and_keeps_the_rest(tmp_path):
+    points = tune.grid_points(tune.GRIDS["quick"], ["forward"], ["float32"])
+    meta = {"version": table.VERSION, "gpu": "fake"}
+    first = tune.tune(points, out=tmp_path / "a.json", holdout=0.3, meta=meta, measure=_fake_measure,
+                      log=lambda s: None)
+    redo = [(d, p) for d, p in points if p.R == 3]
+    assert 0 < len(redo) < len(points)
+
+    def slower(problem, direction, names, repeat, final_repeat=None):
+        ms, failed = _fake_measure(problem, direction, names, repeat, final_repeat)
+        return {n: 2 * t for n, t in ms.items()}, failed
+
+    data = tune.tune(redo, out=tmp_path / "b.json", holdout=0.3, meta=meta, measure=slower,
+                     log=lambda s: None, keep=first["entries"])
+    keys = lambda entries: sorted(tune.point_key(e["direction"], tune.entry_problem(e)) for e in entries)
+    assert keys(data["entries"]) == keys(first["entries"])      # every point once
+    assert data["grid"]["points_measured"] == len(redo)
+    assert data["grid"]["points_kept"] == len(points) - len(redo)
+    old = {tune.point_key(e["direction"], tune.entry_problem(e)): e for e in first["entries"]}
+    for e in data["entries"]:
+        before = old[tune.point_key(e["direction"], tune.entry_problem(e))]
+        factor = 2 if e["R"] == 3 else 1
+        assert e["ms"] == {n: pytest.approx(factor * t, rel=1e-2) for n, t in before["ms"].items()}  # 5 decimals kept
+    assert data["holdout"]["points"] == first["holdout"]["points"]   # the merged table's holdout
+
+
+def test_tuner_filters_the_grid_by_filter_size(capsys, tmp_path):
+    assert tune.main(["--quick", "--filters", "1", "--list"]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out) > 1 and all("|1x1|" in line for line in out[:-1])
+    with pytest.raises(SystemExit):   # nothing to update
+        tune.main(["--quick", "--update", "--out", str(tmp_path / "missing.json"), "--list"])
+    assert "--update" in capsys.readouterr().err
+
+
 def test_tuner_lists_its_grid_without_a_gpu(capsys):
     assert tune.main(["--quick", "--directions", "forward", "--dtypes", "float32", "--list"]) == 0
     out = capsys.readouterr().out.strip().splitlines()

@@ -1,0 +1,948 @@
+"""Batch normalization, forward (training and inference) and backward (PyTorch semantics).
+
+NumPy arrays run ``dnnprims.reference.normalization``; CuPy arrays run
+``kernels/batchnorm.cu``.  ``x`` is (N, C), (N, C, L), (N, C, H, W) or
+(N, C, D, H, W) with ``layout="NCHW"`` (channel axis 1), or channel-last with
+``layout="NHWC"``.  Parameters (gamma, beta, running statistics) have x's
+dtype, or float32 when x is float16/bfloat16 (the cuDNN rule); the saved
+``mean``/``invstd`` are in the accumulation dtype (float32 for half x).
+"""
+import math
+
+import numpy as np
+
+from . import _dtypes, _kernels, _validate
+from ._kernels import KernelFamily, ceil_div, index_type
+from .reference import normalization as reference
+
+LAYOUTS = ("NCHW", "NHWC")
+
+# (storage type of x, storage type of the parameters)
+_TYPE_PAIRS = (("half_t", "half_t"), ("half_t", "float"), ("bfloat16_t", "bfloat16_t"),
+               ("bfloat16_t", "float"), ("float", "float"), ("double", "double"))
+_X_TYPES = ("half_t", "bfloat16_t", "float", "double")
+_INDEX_TYPES = ("int", "long long")
+# Values per 16-byte vector access, by storage type (kernels/batchnorm.cu: VEC).
+_VECTOR = {"half_t": 8, "bfloat16_t": 8, "float": 4, "double": 2}
+_CHUNK = 4096  # values of one channel per block: BN_CHUNK in kernels/batchnorm.cu
+_BOOL = ("false", "true")
+
+FAMILY = KernelFamily("batchnorm.cu", [
+    *(f"batchnorm_{k}<{t}, {p}, {i}, {v}>" for k in ("statistics", "backward_reduce")
+      for t, p in _TYPE_PAIRS for i in _INDEX_TYPES for v in (1, _VECTOR[t])),
+    *(f"batchnorm_normalize<{t}, {p}, {i}, {v}, {m}>"
+      for t, p in _TYPE_PAIRS for i in _INDEX_TYPES for v in (1, _VECTOR[t]) for m in _BOOL),
+    *(f"batchnorm_backward_data<{t}, {p}, {i}, {v}>"
+      for t, p in _TYPE_PAIRS for i in _INDEX_TYPES for v in (1, _VECTOR[t])),
+    *(f"batchnorm_infer_flat<{t}, {p}, {i}, {v}>"
+      for t, p in _TYPE_PAIRS for i in _INDEX_TYPES for v in (1, _VECTOR[t])),
+    *(f"batchnorm_train_fused<{t}, {p}, {i}, {v}, {f}>"
+      for t, p in _TYPE_PAIRS for i in _INDEX_TYPES for v in (1, _VECTOR[t]) for f in _BOOL),
+    *(f"batchnorm_backward_fused<{t}, {p}, {i}, {v}>"
+      for t, p in _TYPE_PAIRS for i in _INDEX_TYPES for v in (1, _VECTOR[t])),
+    *(f"batchnorm_{k}_grouped<{t}, {p}, {i}, {_VECTOR[t]}, {g}>" for k in ("train", "backward")
+      for t, p in _TYPE_PAIRS for i in _INDEX_TYPES for g in (2, 4, 8) if g <= _VECTOR[t]),
+    # channel-last (inner == 1) paths
+    *(f"batchnorm_rows_{k}<{t}, {i}, {v}>" for k in ("statistics", "backward_reduce")
+      for t in _X_TYPES for i in _INDEX_TYPES for v in (1, _VECTOR[t])),
+    *(f"batchnorm_rows_{k}<{t}, {p}>" for k in ("merge_statistics", "backward_merge")
+      for t, p in _TYPE_PAIRS),
+    *(f"batchnorm_rows_normalize<{t}, {p}, {i}, {v}, {m}>"
+      for t, p in _TYPE_PAIRS for i in _INDEX_TYPES for v in (1, _VECTOR[t]) for m in _BOOL),
+    *(f"batchnorm_rows_backward_data<{t}, {p}, {i}, {v}>"
+      for t, p in _TYPE_PAIRS for i in _INDEX_TYPES for v in (1, _VECTOR[t])),
+    *(f"batchnorm_rows_{k}_fused<{t}, {p}, {i}, {v}>" for k in ("train", "backward")
+      for t, p in _TYPE_PAIRS for i in _INDEX_TYPES for v in (1, _VECTOR[t])),
+])
+
+_BLOCK = 256  # BN_THREADS in kernels/batchnorm.cu
+
+
+# Validated GPU calls: (parameter dtype, channels, outer, inner) per kind of call.
+# _MEMO.fast: the fast path's table (CallMemo.fast): the key of a call whose arrays
+# are C-contiguous CuPy arrays (x, dy 16-byte aligned) -> _Fast (the prepared
+# launches of its _Plan); made by the validated path, so a call that differs in
+# anything validated (an option's value or exact type, a vector's shape, dtype
+# or device, a view) misses and is validated as before.
+_MEMO = _validate.CallMemo()
+_NDARRAY = _validate.NDARRAY
+_current_device = _validate.current_device
+
+
+def _shape(x, layout):
+    """(channels, outer, inner): x viewed as (outer, C, inner)."""
+    _validate.check_layout(layout, LAYOUTS)
+    _validate.check_float_dtype("x", x)
+    if not 2 <= x.ndim <= 5:
+        raise ValueError(f"x must be 2-D to 5-D ((N, C), (N, C, L), (N, C, H, W) or (N, C, D, H, W), "
+                         f"channel-last for NHWC), got shape {tuple(x.shape)}")
+    axis = reference.channel_axis(x.ndim, layout)
+    channels = x.shape[axis]
+    outer = int(np.prod(x.shape[:axis], dtype=np.int64))
+    inner = int(np.prod(x.shape[axis + 1:], dtype=np.int64))
+    return channels, outer, inner
+
+
+def _check_vectors(channels, **vectors):
+    for name, v in vectors.items():
+        if v is not None:
+            _validate.check_shape(name, v, (channels,), "one value per channel")
+
+
+def _vector_key(v):
+    """A parameter vector's part of a fast key: None, (shape, dtype, device) of a
+    C-contiguous CuPy array, else False (no entry has it: the validated path)."""
+    if v is None:
+        return None
+    if type(v) is _NDARRAY and v._c_contiguous:
+        return (v.shape, v.dtype, v.data.device_id)
+    return False
+
+
+def _forward_key(x, gamma, beta, running_mean, running_var, training, momentum, eps, layout):
+    """The fast table's key of a forward call, or None when x is not a
+    C-contiguous 16-byte-aligned CuPy array.  Options with their exact types
+    (``1`` is not ``1.0`` nor ``True``), the switches, the current device and
+    stream (the fused kernels' workspace is per stream)."""
+    if type(x) is not _NDARRAY or not x._c_contiguous:
+        return None
+    data = x.data
+    if data.ptr & 15:
+        return None
+    return (x.shape, x.dtype, data.device_id, _vector_key(gamma), _vector_key(beta),
+            _vector_key(running_mean), _vector_key(running_var), type(training), training,
+            type(momentum), momentum, type(eps), eps, layout, FUSED, FUSED_PREFETCH,
+            FUSED_FORWARD_MIN_BYTES, FLAT_INFERENCE, GROUPED, ROWS_FUSED, ROWS_FUSED_MIN_ROWS,
+            _current_device(), _current_stream().ptr)
+
+
+def _backward_key(dy, x, gamma, mean, invstd, eps, layout):
+    """The fast table's key of a backward call, or None (see _forward_key)."""
+    if type(x) is not _NDARRAY or type(dy) is not _NDARRAY or not (x._c_contiguous and dy._c_contiguous):
+        return None
+    x_data, dy_data = x.data, dy.data
+    if (x_data.ptr | dy_data.ptr) & 15:
+        return None
+    return ("backward", dy.shape, dy.dtype, dy_data.device_id, x.shape, x.dtype, x_data.device_id,
+            _vector_key(gamma), _vector_key(mean), _vector_key(invstd), type(eps), eps, layout, FUSED,
+            FUSED_BACKWARD_16BIT_SPLITS, GROUPED, ROWS_FUSED, ROWS_FUSED_MIN_ROWS, _current_device(),
+            _current_stream().ptr)
+
+
+def batchnorm(x, gamma, beta, running_mean=None, running_var=None, *, training=True, momentum=0.1,
+              eps=1e-5, layout="NCHW", return_stats=False):
+    """Batch normalization.  ``training=True`` normalizes with batch statistics and,
+    when given, updates ``running_mean``/``running_var`` in place; ``training=False``
+    uses them (then required).  ``return_stats=True`` returns ``(y, mean, invstd)``."""
+    try:
+        fast_key = _forward_key(x, gamma, beta, running_mean, running_var, training, momentum, eps,
+                                layout)
+        fast = _MEMO.fast.get(fast_key) if fast_key is not None else None
+    except TypeError:  # an unhashable option: validation says what is wrong with it
+        fast_key = fast = None
+    if fast is not None:
+        y = fast.output()
+        if not y.data.ptr & 15:
+            plan = fast.plan
+            if return_stats:
+                mean, invstd = fast.first(), fast.second()
+                plan.run(x, y, mean, invstd, running_mean, running_var, gamma, beta)
+                return y, mean, invstd
+            plan.run(x, y, *plan.stats, running_mean, running_var, gamma, beta)
+            return y
+    key = _MEMO.key("batchnorm", (x, gamma, beta, running_mean, running_var),
+                    (training, momentum, eps, layout))
+    checked = _MEMO.get(key)
+    if checked is None:
+        xp = _validate.array_module(x=x, gamma=gamma, beta=beta, running_mean=running_mean,
+                                    running_var=running_var)
+        channels, outer, inner = _shape(x, layout)
+        if not isinstance(training, (bool, np.bool_)):
+            raise TypeError(f"training must be a bool, got {training!r}")
+        _validate.real_number("momentum", momentum, 0.0, 1.0)
+        _validate.real_number("eps", eps, 0.0)
+        pdtype = _validate.parameter_dtype(x.dtype, gamma=gamma, beta=beta, running_mean=running_mean,
+                                           running_var=running_var)
+        _check_vectors(channels, gamma=gamma, beta=beta, running_mean=running_mean,
+                       running_var=running_var)
+        _validate.check_pair("running_mean", running_mean, "running_var", running_var)
+        n = outer * inner
+        if not training and running_mean is None:
+            raise ValueError("running_mean and running_var are required when training=False")
+        if training and n == 1:
+            raise ValueError(f"x must have more than 1 value per channel when training, got shape "
+                             f"{tuple(x.shape)}")
+        if xp is np:
+            y, mean, invstd = reference.batchnorm(x, gamma, beta, running_mean, running_var,
+                                                  bool(training), float(momentum), float(eps), layout)
+            return (y, mean, invstd) if return_stats else y
+        checked = _MEMO.put(key, (pdtype, channels, outer, inner))
+    y, mean, invstd, plan = _batchnorm_gpu(_validate._cupy, x, gamma, beta, running_mean, running_var,
+                                           bool(training), momentum, eps, return_stats, *checked)
+    if fast_key is not None and plan is not None and plan.aligned and all(
+            _vector_key(v) is not False for v in (gamma, beta, running_mean, running_var)):
+        _MEMO.put_fast(fast_key, _Fast(plan, checked[1], _dtypes.accumulate_dtype(x.dtype), x))
+    return (y, mean, invstd) if return_stats else y
+
+
+def batchnorm_backward(dy, x, gamma, *, eps=1e-5, mean=None, invstd=None, layout="NCHW"):
+    """Training-mode gradients ``(dx, dgamma, dbeta)``.  ``mean``/``invstd`` are the
+    saved statistics (``batchnorm(..., return_stats=True)``); None recomputes them
+    from ``x``.  ``dy=None`` is a zero gradient.  dgamma/dbeta have gamma's dtype
+    (x's when gamma is None)."""
+    try:
+        fast_key = _backward_key(dy, x, gamma, mean, invstd, eps, layout)
+        fast = _MEMO.fast.get(fast_key) if fast_key is not None else None
+    except TypeError:
+        fast_key = fast = None
+    if fast is not None:
+        dx = fast.output()
+        if not dx.data.ptr & 15:
+            dgamma, dbeta = fast.first(), fast.second()
+            fast.plan.run(x, dy, mean, invstd, gamma, dx, dgamma, dbeta)
+            return dx, dgamma, dbeta
+    key = _MEMO.key("batchnorm_backward", (dy, x, gamma, mean, invstd), (eps, layout))
+    checked = _MEMO.get(key) if dy is not None else None
+    if checked is None:
+        xp = _validate.array_module(dy=dy, x=x, gamma=gamma, mean=mean, invstd=invstd)
+        channels, outer, inner = _shape(x, layout)
+        _validate.real_number("eps", eps, 0.0)
+        _validate.check_same_dtype(x=x, dy=dy)
+        if dy is not None:
+            _validate.check_shape("dy", dy, x.shape, "x's shape")
+        pdtype = _validate.parameter_dtype(x.dtype, gamma=gamma)
+        _check_vectors(channels, gamma=gamma, mean=mean, invstd=invstd)
+        _validate.check_pair("mean", mean, "invstd", invstd)
+        acc = _dtypes.accumulate_dtype(x.dtype)
+        for name, v in (("mean", mean), ("invstd", invstd)):
+            if v is not None and v.dtype != acc:
+                raise TypeError(f"{name} must have dtype {acc} (the accumulation dtype of x's "
+                                f"{x.dtype}), got {v.dtype}")
+        if dy is None:
+            return (xp.zeros(x.shape, x.dtype), xp.zeros(channels, pdtype), xp.zeros(channels, pdtype))
+        if xp is np:
+            return reference.batchnorm_backward(dy, x, gamma, mean, invstd, float(eps), layout, pdtype)
+        checked = _MEMO.put(key, (pdtype, channels, outer, inner))
+    dx, dgamma, dbeta, plan = _batchnorm_backward_gpu(_validate._cupy, dy, x, gamma, mean, invstd, eps,
+                                                      *checked)
+    if fast_key is not None and plan is not None and plan.aligned and all(
+            _vector_key(v) is not False for v in (gamma, mean, invstd)):
+        _MEMO.put_fast(fast_key, _Fast(plan, checked[1], checked[0], x))
+    return dx, dgamma, dbeta
+
+
+# ---------------------------------------------------------------------- GPU path
+# kernels/batchnorm.cu: one block per chunk of _CHUNK values of one channel;
+# training forward = statistics + normalize (2 launches), backward = reduce +
+# data (2, or 3 when the statistics must be recomputed).  Each pass 1 finishes
+# its channels' statistics (resp. sums) in the channel's last block, through
+# the stream workspace's arrival counters (_counters).
+
+def _scalar(acc):
+    return np.float32 if acc == np.float32 else np.float64
+
+
+_LAUNCHES = {}  # (shape, dtype, channels, inner, 16-byte aligned) -> _Launch
+
+
+def _launch_of(x, channels, outer, inner, arrays):
+    """The _Launch of one call, built once per kind of call (specs memoised inside)."""
+    aligned = all(a.data.ptr % 16 == 0 for a in arrays)
+    key = (x.shape, x.dtype, channels, inner, aligned)
+    launch = _LAUNCHES.get(key)
+    if launch is None:
+        if len(_LAUNCHES) >= 4096:
+            _LAUNCHES.clear()
+        launch = _LAUNCHES[key] = _Launch(x, channels, outer, inner, arrays)
+    return launch
+
+
+class _Launch:
+    """Grid, index type and vector width shared by every kernel of one call."""
+
+    def __init__(self, x, channels, outer, inner, arrays):
+        t = _dtypes.cuda_type(x.dtype)
+        self.t = t
+        self.splits = ceil_div(outer * inner, _CHUNK)
+        self.grid = (channels * self.splits,)
+        # +_CHUNK: a chunk's last thread forms indices up to a chunk past n.
+        self.index_t = index_type(x.size + _CHUNK)
+        self.it = np.int32 if self.index_t == "int" else np.int64
+        vec = _VECTOR[t]
+        aligned = all(a.data.ptr % 16 == 0 for a in arrays)
+        self.vec = vec if inner % vec == 0 and aligned else 1
+        self.shape = (self.it(outer), self.it(channels), self.it(inner), np.int32(self.splits))
+        self._specs = {}
+
+    def spec(self, kernel, param_type=None, flag=None):
+        """`kernel<T, [P,] index_t, VEC[, flag]>`."""
+        key = (kernel, param_type, flag)
+        spec = self._specs.get(key)
+        if spec is None:
+            args = [self.t, param_type, self.index_t, str(self.vec), flag]
+            spec = self._specs[key] = f"{kernel}<{', '.join(a for a in args if a is not None)}>"
+        return spec
+
+
+# Single-read kernels (batchnorm_*_fused): a persistent grid of at most the
+# blocks resident at once, rounds of whole channels, a per-channel barrier in
+# global memory (kernels/batchnorm.cu).  Every kernel with a grid barrier (these
+# and batchnorm_rows_*_fused) is launched cooperatively (_kernels: all blocks
+# resident at once, or the driver refuses and the call takes the multi-launch
+# path, never a barrier that waits for a block that cannot run).  FUSED = False
+# forces the two-pass path.
+FUSED = True
+# Training forward: measured on the H100 (notes/mem_poolbn.md), the fused
+# kernel LOSES to the two-pass path wherever a channel spans several chunks
+# (bn_big 0.238 vs 0.218 ms, bn_big float16 0.207 vs 0.123, bn_r50_early 0.151
+# vs 0.114): the per-round barrier latency costs more than the second read,
+# which the two-pass path partly takes from L2.  So the forward uses it only
+# where a channel is one chunk (no barrier; one launch instead of two), unless
+# x is at least FUSED_FORWARD_MIN_BYTES (tests set 0 to reach the kernel).
+# The backward's fused kernel wins in float32 (bn_big 0.269-0.275 vs 0.346 ms)
+# and is used when the saved statistics are given -- except for 16-bit x whose
+# channels span several chunks, unless FUSED_BACKWARD_16BIT_SPLITS: a 16-bit
+# chunk is half the bytes of a float32 one, so the fused kernel's per-round
+# latency (load, block sums, barrier, merge) weighs twice as much; H100
+# (notes/bnf16.md), bn_big float16 0.208 fused vs 0.190 ms two-pass, bfloat16
+# 0.206-0.213 vs 0.191.  One chunk a channel (no barrier) stays fused.
+FUSED_BACKWARD_16BIT_SPLITS = False
+FUSED_FORWARD_MIN_BYTES = 1 << 62
+FUSED_PREFETCH = True  # the variant that loads the next round's chunk during the barrier
+# Training forward and backward (saved statistics) of small channels whose
+# inner size is not a multiple of the vector width (a 7x7 plane):
+# batchnorm_{train,backward}_grouped, G = VEC / gcd(inner, VEC) channels per
+# block so that each sample's G channels are whole 16-byte vectors, one launch
+# that reads x (and dy) once (instead of the fused kernels' 4-byte accesses).
+# Used when C % G == 0, the tensors are 16-byte aligned and a block's G * N *
+# inner values fit its registers (_GROUP_VALUES).  False: the fused / two-pass
+# paths.  H100, 32x2048x7x7 fp32: training 0.020 ms against 0.036 for the fused
+# one-chunk kernel (notes/norms3.md); backward: notes/bnorm.md.
+GROUPED = True
+# BN_THREADS * group_items<T>() * VEC in kernels/batchnorm.cu
+_GROUP_VALUES = {"half_t": 8192, "bfloat16_t": 8192, "float": 8192, "double": 4096}
+
+
+def _group(t, channels, outer, inner, aligned):
+    """G of batchnorm_{train,backward}_grouped for this call, or 0 when they do not apply."""
+    vec = _VECTOR[t]
+    if not (GROUPED and aligned) or inner % vec == 0:
+        return 0
+    group = vec // math.gcd(inner, vec)
+    if channels % group or group * outer * inner > _GROUP_VALUES[t]:
+        return 0
+    return group
+
+
+_RESIDENT = {}  # (device, expression) -> blocks of that kernel resident at once
+_WORKSPACES = {}  # (device, stream) -> _Workspace
+
+
+class _Workspace:
+    """Barrier counters (zero between launches: the kernels reset them) and the
+    partials of one stream; grown, never shrunk."""
+
+    def __init__(self, cp):
+        self.arrive = cp.zeros(0, np.uint32)
+        self._parts = {}
+        self._views = {}
+
+    def partials(self, cp, acc, count, slot=0):
+        """Two scratch vectors of ``count`` values, reused by every call on this
+        stream (the kernel that reads them runs before the next call's writes);
+        ``slot`` 1 is a second pair, for the backward's gradient partials while
+        slot 0 holds the statistics partials.  A prepared launch that holds a
+        pair keeps it alive when the buffer grows."""
+        key = (acc, count, slot)
+        views = self._views.get(key)
+        if views is None:
+            buf = self._parts.get((acc, slot))
+            if buf is None or buf.size < 2 * count:
+                buf = self._parts[(acc, slot)] = cp.empty(2 * count, acc)
+                self._views = {}
+            views = self._views[key] = (buf[:count], buf[count:2 * count])
+        return views
+
+    def scratch(self, cp, acc, count, slot):
+        """One scratch vector of ``count`` values in slot ``slot`` (2: the rows
+        kernels' statistics partials, 3: their gradient partials, 4: the chunk
+        backward's channel sums), shared and grown like :meth:`partials`."""
+        key = ("flat", acc, count, slot)
+        view = self._views.get(key)
+        if view is None:
+            buf = self._parts.get((acc, slot))
+            if buf is None or buf.size < count:
+                buf = self._parts[(acc, slot)] = cp.empty(max(count, 1), acc)
+                self._views = {}
+            view = self._views[key] = buf[:count]
+        return view
+
+
+def _fused_grid(cp, launch, spec, channels):
+    """(grid, channels per round, workspace) for a fused kernel, or None when a
+    channel's chunks do not all fit on the device at once."""
+    device = cp.cuda.runtime.getDevice()
+    resident = _RESIDENT.get((device, spec))
+    if resident is None:
+        resident = _RESIDENT[(device, spec)] = _resident_blocks(cp, FAMILY.function(spec))
+    if launch.splits > resident:
+        return None
+    per_round = min(channels, resident // launch.splits)
+    _counters(cp, channels)
+    return (per_round * launch.splits,), per_round, _stream_workspace(cp)
+
+
+def _resident_blocks(cp, kernel):
+    """Blocks of `kernel` (BN_THREADS threads, static shared memory only) that
+    the device runs at once: the occupancy API times the SM count, the most a
+    cooperative launch may have; 0 without the occupancy API or cooperative
+    launch (never risk a barrier: the multi-launch paths)."""
+    return _kernels.co_resident_blocks(kernel.kernel, _BLOCK)
+
+
+class _Deferred:
+    """A plan's multi-launch path, built on first use from the call's arrays:
+    what a cooperative launch runs instead when the driver refuses its grid
+    (built lazily: the fused call never compiles kernels it does not use, and
+    the plan holds no array of the call that built it)."""
+
+    __slots__ = ("_build", "_run")
+
+    def __init__(self, build):
+        self._build, self._run = build, None
+
+    def __call__(self, *arrays):
+        if self._run is None:
+            self._run = self._build(arrays).run
+        self._run(*arrays)
+
+
+ROWS_REDUCE_PER_SM = 4  # blocks per SM of the rows kernels when the occupancy API is missing
+
+
+class _Rows:
+    """Launch shape of the channel-last kernels (kernels/batchnorm.cu, RowLanes):
+    x as M rows of C channels, VEC channels per thread when C and the pointers allow."""
+
+    def __init__(self, cp, x, channels, rows, arrays=(), aligned=None):
+        t = _dtypes.cuda_type(x.dtype)
+        vec = _VECTOR[t]
+        if aligned is None:
+            aligned = all(a.data.ptr % 16 == 0 for a in arrays)
+        if channels % vec or not aligned:
+            vec = 1
+        vectors = channels // vec
+        self.cols = min(vectors, _BLOCK)
+        self.block_lanes = _BLOCK // self.cols
+        self.groups = ceil_div(vectors, self.cols)
+        self.rows = rows
+        self.sms = _sm_count(cp)
+        # A grid has at most 8 blocks of 256 threads per SM in x (grid()); a lane
+        # forms row indices up to one batch of 8 rows past the last one.
+        lanes = 8 * self.sms * self.block_lanes
+        self.index_t = index_type(x.size + (8 * lanes + 8) * channels)
+        it = np.int32 if self.index_t == "int" else np.int64
+        self.t, self.vec = t, vec
+        self.shape = (it(rows), np.int32(channels), np.int32(self.cols))
+        self.merge_grid = (ceil_div(channels, _BLOCK // 32),)
+
+    def grid(self, cp, spec, rows_per_lane):
+        """(grid, L) of one rows kernel: no more blocks than are resident at once
+        (a grid-stride loop over a grid of 1.3 waves left one block per SM for the
+        last third of the rows), fewer when there are few rows; L = row lanes."""
+        device = cp.cuda.runtime.getDevice()
+        resident = _RESIDENT.get((device, spec))
+        if resident is None:
+            resident = _RESIDENT[(device, spec)] = _resident_blocks(cp, FAMILY.function(spec))
+        cap = resident // self.groups if resident else ROWS_REDUCE_PER_SM * self.sms // self.groups
+        cap = min(max(1, cap), 8 * self.sms)
+        gx = max(1, min(ceil_div(self.rows, self.block_lanes * rows_per_lane), cap))
+        return (gx, self.groups), gx * self.block_lanes
+
+    def spec(self, kernel, *middle, flag=None):
+        args = [self.t, *middle, self.index_t, str(self.vec), flag]
+        return f"batchnorm_rows_{kernel}<{', '.join(a for a in args if a is not None)}>"
+
+
+_SMS = {}
+
+
+def _sm_count(cp):
+    device = cp.cuda.runtime.getDevice()
+    sms = _SMS.get(device)
+    if sms is None:
+        sms = _SMS[device] = int(cp.cuda.Device(device).attributes["MultiProcessorCount"])
+    return sms
+
+
+# Channel-last training forward and backward in one launch each
+# (batchnorm_rows_{train,backward}_fused: a persistent grid, two grid barriers,
+# the last rows each thread read kept in registers and shared memory for the
+# second pass).  False: statistics / sums, merge and map launches.  H100,
+# 64x56x56x256 fp32 (notes/norms3.md): forward 0.235 vs 0.236 ms, backward 0.352
+# vs 0.366 ms.
+ROWS_FUSED = True
+# Rows a lane of the fused rows kernels owns at least (fewer blocks on a small
+# tensor: fewer lane partials C * L to write and merge; 1 = as many lanes as
+# rows, the grid of norms3).  Part of the plan and fast keys.  H100 (notes/bnf16.md),
+# 32x7x7x256 fp32 train / backward 0.0282 / 0.0212 ms at 8 against 0.0324-0.0336
+# / 0.0224-0.0237 at 1 and 0.068 / 0.047 at 32; 32x14x14x256 0.0324 / 0.0248 at 8
+# against 0.0351 / 0.0287 at 1.  bn_big_nhwc is resident-bound either way.
+ROWS_FUSED_MIN_ROWS = 8
+
+
+_REFUSED = set()  # (device, expression, grid) of rows fused launches the driver refused
+
+
+def _rows_fused_grid(cp, rows, spec, channels):
+    """(grid, lanes, workspace) of a rows fused kernel, or None when the
+    occupancy API cannot say that its whole grid is resident (or the driver
+    refused that grid's cooperative launch before)."""
+    device = cp.cuda.runtime.getDevice()
+    resident = _RESIDENT.get((device, spec))
+    if resident is None:
+        resident = _RESIDENT[(device, spec)] = _resident_blocks(cp, FAMILY.function(spec))
+    gx = min(resident // rows.groups, ceil_div(rows.rows, rows.block_lanes * ROWS_FUSED_MIN_ROWS))
+    if gx < 1 or (device, spec, (gx, rows.groups)) in _REFUSED:
+        return None
+    work = _stream_workspace(cp)
+    if work.arrive.size < 4:
+        work.arrive = cp.zeros(max(4, 2 * channels), np.uint32)
+    return (gx, rows.groups), gx * rows.block_lanes, work
+
+
+def _stream_workspace(cp):
+    key = (cp.cuda.runtime.getDevice(), cp.cuda.get_current_stream().ptr)
+    work = _WORKSPACES.get(key)
+    if work is None:
+        work = _WORKSPACES[key] = _Workspace(cp)
+    return work
+
+
+# Inference with an inner size that is not a multiple of the vector width (a
+# 7x7 plane) runs batchnorm_infer_flat: x as one flat array of 16-byte vectors,
+# instead of the per-channel chunk kernel's 4-byte accesses.  False forces the
+# chunk kernel (tests compare both).
+FLAT_INFERENCE = True
+_FLAT_UNROLL = 4  # BN_FLAT_UNROLL in kernels/batchnorm.cu
+_FLAT = {}  # (shape, dtype, channels, param type, aligned) -> (spec, grid, scalars)
+
+
+def _flat_launch(x, y, channels, inner, pt):
+    t = _dtypes.cuda_type(x.dtype)
+    aligned = x.data.ptr % 16 == 0 and y.data.ptr % 16 == 0
+    key = (x.shape, x.dtype, channels, pt, aligned)
+    plan = _FLAT.get(key)
+    if plan is None:
+        vec = _VECTOR[t] if aligned and x.size % _VECTOR[t] == 0 else 1
+        per_block = _FLAT_UNROLL * _BLOCK
+        index_t = index_type(x.size + per_block * vec, channels + _BLOCK)
+        it = np.int32 if index_t == "int" else np.int64
+        grid = (max(ceil_div(x.size // vec, per_block), ceil_div(channels, _BLOCK)),)
+        if len(_FLAT) >= 4096:
+            _FLAT.clear()
+        plan = _FLAT[key] = (f"batchnorm_infer_flat<{t}, {pt}, {index_t}, {vec}>", grid,
+                             (it(x.size), it(channels), it(inner)))
+    return plan
+
+
+_CONSTANTS = {}  # (device, value, channels, dtype) -> a vector the kernels only read
+
+
+def _constant(cp, value, channels, dtype):
+    """gamma = 1 / beta = 0 when not given: one vector per kind, never written."""
+    key = (cp.cuda.runtime.getDevice(), value, channels, dtype)
+    v = _CONSTANTS.get(key)
+    if v is None:
+        v = _CONSTANTS[key] = cp.full(channels, value, dtype)
+    return v
+
+
+def _current_stream():
+    return _validate._cupy.cuda.get_current_stream()
+
+
+class _Plan:
+    """The prepared launches of one kind of NCHW (inner > 1) GPU call, built once
+    per (device, stream, shapes, dtypes, options, alignment, switches): ``run``
+    takes the call's eight arrays -- forward ``(x, y, mean, invstd, running_mean,
+    running_var, gamma, beta)``, backward ``(x, dy, mean, invstd, gamma, dx,
+    dgamma, dbeta)``; an absent vector (None) has a constant or a scratch vector
+    fixed in the launch instead.  ``stats``: the forward's scratch mean/invstd
+    for a call that does not return them (the plan is per stream: stream order
+    keeps two calls' uses apart)."""
+    __slots__ = ("launches", "aligned", "stats", "run")
+
+    def __init__(self, launches, aligned, stats=None):
+        self.launches, self.aligned, self.stats = tuple(launches), aligned, stats
+        if len(self.launches) == 1:
+            self.run = self.launches[0]
+        else:
+            self.run = self._run_all
+
+    def _run_all(self, *arrays):
+        for launch in self.launches:
+            launch(*arrays)
+
+
+class _Fast:
+    """A fast-table entry: the plan, the small outputs' shape and dtype
+    (mean/invstd, or dgamma/dbeta) and the slot of the output shaped like x
+    (y, or dx), and of the two small ones."""
+    __slots__ = ("plan", "stats_shape", "acc", "output", "first", "second")
+
+    def __init__(self, plan, channels, dtype, x):
+        self.plan, self.stats_shape, self.acc = plan, (channels,), np.dtype(dtype)
+        self.output = _kernels.OutputSlot(x.shape, x.dtype)
+        self.first = _kernels.OutputSlot(self.stats_shape, self.acc)
+        self.second = _kernels.OutputSlot(self.stats_shape, self.acc)
+
+
+_PLANS = {}  # see _Plan; emptied when full
+
+
+def _cached_plan(key, build):
+    plan = _PLANS.get(key)
+    if plan is None:
+        if len(_PLANS) >= 4096:
+            _PLANS.clear()
+        plan = _PLANS[key] = build()
+    return plan
+
+
+def _forward_plan(cp, x, y, pdtype, channels, outer, inner, training, update, momentum, eps, no_gamma,
+                  no_beta):
+    aligned = not (x.data.ptr | y.data.ptr) & 15
+    key = (cp.cuda.runtime.getDevice(), cp.cuda.get_current_stream().ptr, x.shape, x.dtype,
+           np.dtype(pdtype), channels, inner, aligned, training, update, float(momentum), float(eps),
+           no_gamma, no_beta, FUSED, FUSED_PREFETCH, FUSED_FORWARD_MIN_BYTES, FLAT_INFERENCE,
+           GROUPED)
+    return _cached_plan(key, lambda: _build_forward_plan(
+        cp, x, y, pdtype, channels, outer, inner, training, update, float(momentum), float(eps),
+        no_gamma, no_beta, aligned))
+
+
+def _build_forward_plan(cp, x, y, pdtype, channels, outer, inner, training, update, momentum, eps,
+                        no_gamma, no_beta, aligned, fused_allowed=True):
+    A = _kernels
+    acc = _dtypes.accumulate_dtype(x.dtype)
+    real = _scalar(acc)
+    pt = _dtypes.cuda_type(pdtype)
+    n = outer * inner
+    X, Y, MEAN, INVSTD = A.ARRAY0, A.ARRAY1, A.ARRAY2, A.ARRAY3
+    gamma = _constant(cp, 1, channels, pdtype) if no_gamma else A.ARRAY6
+    beta = _constant(cp, 0, channels, pdtype) if no_beta else A.ARRAY7
+    rm, rv = (A.ARRAY4, A.ARRAY5) if update or not training else (gamma, gamma)  # unread placeholders
+    stats = (cp.empty(channels, acc), cp.empty(channels, acc))
+    launches = []
+    t = _dtypes.cuda_type(x.dtype)
+    group = _group(t, channels, outer, inner, aligned) if training else 0
+    if group:
+        index_t = index_type(x.size + _BLOCK * _GROUP_VALUES[t])
+        it = np.int32 if index_t == "int" else np.int64
+        launches.append(FAMILY.prepare(
+            f"batchnorm_train_grouped<{t}, {pt}, {index_t}, {_VECTOR[t]}, {group}>", (channels // group,),
+            (_BLOCK,), (X, Y, MEAN, INVSTD, rm, rv, gamma, beta, it(outer), it(channels), it(inner),
+                        real(eps), real(momentum), real(n / (n - 1)), np.int32(update))))
+    elif training:
+        launch = _launch_of(x, channels, outer, inner, (x, y))
+        spec = launch.spec("batchnorm_train_fused", pt, _BOOL[FUSED_PREFETCH])
+        use = fused_allowed and FUSED and (launch.splits == 1 or x.nbytes >= FUSED_FORWARD_MIN_BYTES)
+        fused = _fused_grid(cp, launch, spec, channels) if use else None
+        if fused is not None:
+            grid, per_round, work = fused
+            part_mean, part_m2 = work.partials(cp, acc, launch.grid[0])
+            two_pass = _Deferred(lambda arrays: _build_forward_plan(
+                cp, arrays[0], arrays[1], pdtype, channels, outer, inner, training, update, momentum, eps, no_gamma, no_beta,
+                aligned, fused_allowed=False))
+            launches.append(FAMILY.prepare(
+                spec, grid, (_BLOCK,),
+                (X, Y, part_mean, part_m2, MEAN, INVSTD, rm, rv, gamma, beta, *launch.shape,
+                 np.int32(per_round), work.arrive, real(eps), real(momentum), real(n / (n - 1)),
+                 np.int32(update)), cooperative=True, fallback=two_pass))
+        else:
+            launches.append(_statistics_launch(cp, launch, acc, pt, channels, X, MEAN, INVSTD, rm, rv, update,
+                                               real(eps), real(momentum), real(n / (n - 1))))
+            launches.append(FAMILY.prepare(
+                launch.spec("batchnorm_normalize", pt, "true"), launch.grid, (_BLOCK,),
+                (X, Y, MEAN, INVSTD, rm, rv, gamma, beta, *launch.shape, real(eps), np.int32(1))))
+    elif FLAT_INFERENCE and inner % _VECTOR[t]:
+        spec, grid, shape = _flat_launch(x, y, channels, inner, pt)
+        launches.append(FAMILY.prepare(spec, grid, (_BLOCK,),
+                                       (X, Y, MEAN, INVSTD, rm, rv, gamma, beta, *shape, real(eps))))
+    else:
+        launch = _launch_of(x, channels, outer, inner, (x, y))
+        launches.append(FAMILY.prepare(
+            launch.spec("batchnorm_normalize", pt, "false"), launch.grid, (_BLOCK,),
+            (X, Y, MEAN, INVSTD, rm, rv, gamma, beta, *launch.shape, real(eps), np.int32(0))))
+    return _Plan(launches, aligned, stats)
+
+
+def _counters(cp, channels):
+    """The stream's arrival counters (zero between launches), at least 2 * channels."""
+    work = _stream_workspace(cp)
+    if work.arrive.size < 2 * channels:
+        work.arrive = cp.zeros(2 * channels, np.uint32)
+    return work.arrive
+
+
+def _statistics_launch(cp, launch, acc, pt, channels, x, mean, invstd, rm, rv, update, eps, momentum, unbias):
+    """Pass 1 of the two-pass training statistics: chunk partials, merged by each
+    channel's last block into mean / invstd (and the running statistics)."""
+    part_mean, part_m2 = _stream_workspace(cp).partials(cp, acc, launch.grid[0])
+    return FAMILY.prepare(launch.spec("batchnorm_statistics", pt), launch.grid, (_BLOCK,),
+                          (x, part_mean, part_m2, mean, invstd, rm, rv, *launch.shape, eps, momentum, unbias,
+                           np.int32(update), _counters(cp, channels)))
+
+
+def _batchnorm_gpu(cp, x, gamma, beta, running_mean, running_var, training, momentum, eps, return_stats,
+                   pdtype, channels, outer, inner):
+    """(y, mean, invstd, the _Plan run or None) of a validated call."""
+    acc = _dtypes.accumulate_dtype(x.dtype)
+    y = cp.empty(x.shape, x.dtype)
+    if x.size == 0:
+        nan = cp.full(channels, np.nan, dtype=acc)
+        return y, nan, nan.copy(), None
+    x = _validate.contiguous(cp, x)
+    gamma = None if gamma is None else _validate.contiguous(cp, gamma)
+    beta = None if beta is None else _validate.contiguous(cp, beta)
+    update = training and running_mean is not None
+    rm = None if running_mean is None else _validate.contiguous(cp, running_mean)
+    rv = None if running_var is None else _validate.contiguous(cp, running_var)
+    make = _rows_forward_plan if inner == 1 else _forward_plan  # channel-last: the rows kernels
+    plan = make(cp, x, y, pdtype, channels, outer, inner, training, update, momentum, eps, gamma is None,
+                beta is None)
+    if return_stats:
+        mean, invstd = cp.empty(channels, acc), cp.empty(channels, acc)
+    else:
+        mean, invstd = plan.stats
+    plan.run(x, y, mean, invstd, rm, rv, gamma, beta)
+    if update:  # the kernels updated contiguous copies: write them back
+        if rm is not running_mean:
+            running_mean[...] = rm
+        if rv is not running_var:
+            running_var[...] = rv
+    return y, mean, invstd, plan
+
+
+def _backward_plan(cp, x, dy, dx, pdtype, channels, outer, inner, recompute, eps, no_gamma):
+    aligned = not (x.data.ptr | dy.data.ptr | dx.data.ptr) & 15
+    key = ("backward", cp.cuda.runtime.getDevice(), cp.cuda.get_current_stream().ptr, x.shape, x.dtype,
+           np.dtype(pdtype), channels, inner, aligned, recompute, float(eps), no_gamma, FUSED,
+           FUSED_BACKWARD_16BIT_SPLITS, GROUPED)
+    return _cached_plan(key, lambda: _build_backward_plan(
+        cp, x, dy, dx, pdtype, channels, outer, inner, recompute, float(eps), no_gamma, aligned))
+
+
+def _build_backward_plan(cp, x, dy, dx, pdtype, channels, outer, inner, recompute, eps, no_gamma, aligned,
+                         fused_allowed=True):
+    A = _kernels
+    acc = _dtypes.accumulate_dtype(x.dtype)
+    X, DY, DX, DGAMMA, DBETA = A.ARRAY0, A.ARRAY1, A.ARRAY5, A.ARRAY6, A.ARRAY7
+    gamma = _constant(cp, 1, channels, pdtype) if no_gamma else A.ARRAY4
+    pt = _dtypes.cuda_type(pdtype)
+    launch = _launch_of(x, channels, outer, inner, (x, dy, dx))
+    work = _stream_workspace(cp)
+    launches = []
+    t = _dtypes.cuda_type(x.dtype)
+    group = 0 if recompute else _group(t, channels, outer, inner, aligned)
+    if group:
+        index_t = index_type(x.size + _BLOCK * _GROUP_VALUES[t])
+        it = np.int32 if index_t == "int" else np.int64
+        launches.append(FAMILY.prepare(
+            f"batchnorm_backward_grouped<{t}, {pt}, {index_t}, {_VECTOR[t]}, {group}>", (channels // group,),
+            (_BLOCK,), (X, DY, A.ARRAY2, A.ARRAY3, gamma, DX, DGAMMA, DBETA, it(outer), it(channels), it(inner))))
+        return _Plan(launches, aligned)
+    sixteen = x.dtype.itemsize == 2 and launch.splits > 1 and not FUSED_BACKWARD_16BIT_SPLITS
+    if not recompute and FUSED and fused_allowed and not sixteen:
+        spec = launch.spec("batchnorm_backward_fused", pt)
+        fused = _fused_grid(cp, launch, spec, channels)
+        if fused is not None:
+            grid, per_round, work = fused
+            part_dy, part_dy_xhat = work.partials(cp, acc, launch.grid[0])
+            two_pass = _Deferred(lambda arrays: _build_backward_plan(
+                cp, arrays[0], arrays[1], arrays[5], pdtype, channels, outer, inner, recompute, eps, no_gamma, aligned,
+                fused_allowed=False))
+            launches.append(FAMILY.prepare(
+                spec, grid, (_BLOCK,),
+                (X, DY, A.ARRAY2, A.ARRAY3, gamma, part_dy, part_dy_xhat, DX, DGAMMA, DBETA,
+                 *launch.shape, np.int32(per_round), work.arrive), cooperative=True, fallback=two_pass))
+            return _Plan(launches, aligned)
+    if recompute:  # statistics first, into the plan's own vectors (stream order)
+        mean, invstd = cp.empty(channels, acc), cp.empty(channels, acc)
+        real = _scalar(acc)
+        launches.append(_statistics_launch(cp, launch, acc, pt, channels, X, mean, invstd, mean, mean, False,
+                                           real(eps), real(0), real(1)))
+    else:
+        mean, invstd = A.ARRAY2, A.ARRAY3
+    part_dy, part_dy_xhat = work.partials(cp, acc, launch.grid[0], slot=1)
+    sums = work.scratch(cp, acc, 2 * channels, 4)
+    # Alternate the grid's direction from launch to launch (L2 reuse, see the .cu header).
+    reverse = 1 if recompute else 0
+    launches.append(FAMILY.prepare(
+        launch.spec("batchnorm_backward_reduce", pt), launch.grid, (_BLOCK,),
+        (X, DY, mean, invstd, part_dy, part_dy_xhat, sums, DGAMMA, DBETA, *launch.shape, np.int32(reverse),
+         _counters(cp, channels))))
+    launches.append(FAMILY.prepare(
+        launch.spec("batchnorm_backward_data", pt), launch.grid, (_BLOCK,),
+        (X, DY, mean, invstd, gamma, sums, DX, *launch.shape, np.int32(1 - reverse))))
+    return _Plan(launches, aligned)
+
+
+def _batchnorm_backward_gpu(cp, dy, x, gamma, mean, invstd, eps, pdtype, channels, outer, inner):
+    """(dx, dgamma, dbeta, the _Plan run or None) of a validated call."""
+    dx = cp.empty(x.shape, x.dtype)
+    if x.size == 0:
+        return dx, cp.zeros(channels, pdtype), cp.zeros(channels, pdtype), None
+    dgamma = cp.empty(channels, pdtype)  # written by the kernels
+    dbeta = cp.empty(channels, pdtype)
+    x = _validate.contiguous(cp, x)
+    dy = _validate.contiguous(cp, dy)
+    if mean is not None:
+        mean = _validate.contiguous(cp, mean)
+        invstd = _validate.contiguous(cp, invstd)
+    gamma = None if gamma is None else _validate.contiguous(cp, gamma)
+    make = _rows_backward_plan if inner == 1 else _backward_plan  # channel-last: the rows kernels
+    plan = make(cp, x, dy, dx, pdtype, channels, outer, inner, mean is None, eps, gamma is None)
+    plan.run(x, dy, mean, invstd, gamma, dx, dgamma, dbeta)
+    return dx, dgamma, dbeta, plan
+
+
+# ---------------------------------------------------------------------- channel-last plans
+# Channel-last (inner == 1) calls run prepared plans like the NCHW ones (a
+# _Plan per device, stream, shapes, dtypes, options, alignment and switch; the
+# fast table then skips validation): the single-read rows kernel (a
+# CooperativeLaunch whose fallback is the multi-launch plan), or statistics +
+# merge + normalize (resp. [statistics + merge +] reduce + merge + data).
+# Partials live in the stream's workspace (slots 2 and 3).  Before these
+# plans every channel-last call built its launches anew: ~70 us of Python on
+# a 2-core host for 32x7x7x256 training (notes/bnf16.md) against ~5 for NCHW.
+
+def _unbias(n):
+    return n / (n - 1) if n > 1 else 1.0
+
+
+def _rows_refused(cp, spec, grid, build):
+    """A rows fused launch's fallback: remembers the refused grid (later plans
+    of it skip the attempt) and builds the multi-launch plan on first use."""
+    def fallback(arrays):
+        _REFUSED.add((cp.cuda.runtime.getDevice(), spec, grid))
+        return build(arrays)
+    return _Deferred(fallback)
+
+
+def _rows_forward_plan(cp, x, y, pdtype, channels, rows_count, inner, training, update, momentum, eps, no_gamma,
+                       no_beta):
+    aligned = not (x.data.ptr | y.data.ptr) & 15
+    key = ("rows", cp.cuda.runtime.getDevice(), cp.cuda.get_current_stream().ptr, x.shape, x.dtype,
+           np.dtype(pdtype), channels, aligned, training, update, float(momentum), float(eps), no_gamma, no_beta,
+           ROWS_FUSED, ROWS_FUSED_MIN_ROWS)
+    return _cached_plan(key, lambda: _build_rows_forward_plan(
+        cp, x, pdtype, channels, rows_count, training, update, float(momentum), float(eps), no_gamma, no_beta,
+        aligned))
+
+
+def _build_rows_forward_plan(cp, x, pdtype, channels, rows_count, training, update, momentum, eps, no_gamma,
+                             no_beta, aligned, fused_allowed=True):
+    A = _kernels
+    acc = _dtypes.accumulate_dtype(x.dtype)
+    real = _scalar(acc)
+    pt = _dtypes.cuda_type(pdtype)
+    X, Y, MEAN, INVSTD = A.ARRAY0, A.ARRAY1, A.ARRAY2, A.ARRAY3
+    gamma = _constant(cp, 1, channels, pdtype) if no_gamma else A.ARRAY6
+    beta = _constant(cp, 0, channels, pdtype) if no_beta else A.ARRAY7
+    rm, rv = (A.ARRAY4, A.ARRAY5) if update or not training else (gamma, gamma)  # unread placeholders
+    stats = (cp.empty(channels, acc), cp.empty(channels, acc))
+    rows = _Rows(cp, x, channels, rows_count, aligned=aligned)
+    unbias = real(_unbias(rows_count))
+    work = _stream_workspace(cp)
+    launches = []
+    if training:
+        spec = rows.spec("train_fused", pt)
+        fused = _rows_fused_grid(cp, rows, spec, channels) if fused_allowed and ROWS_FUSED else None
+        if fused is not None:
+            grid, lanes, work = fused
+            size = channels * lanes
+            parts = work.scratch(cp, acc, 3 * size, 2)
+            fallback = _rows_refused(cp, spec, grid, lambda arrays: _build_rows_forward_plan(
+                cp, arrays[0], pdtype, channels, rows_count, training, update, momentum, eps, no_gamma, no_beta,
+                aligned, fused_allowed=False))
+            launches.append(FAMILY.prepare(
+                spec, grid, (_BLOCK,),
+                (X, Y, parts[:size], parts[size:2 * size], parts[2 * size:], MEAN, INVSTD, rm, rv, gamma, beta,
+                 *rows.shape, real(eps), real(momentum), unbias, np.int32(update), work.arrive),
+                cooperative=True, fallback=fallback))
+            return _Plan(launches, aligned, stats)
+        launches.extend(_rows_statistics_launches(cp, rows, acc, pt, channels, X, MEAN, INVSTD, rm, rv, update,
+                                                  real(eps), real(momentum), unbias))
+    spec = rows.spec("normalize", pt, flag=_BOOL[training])
+    launches.append(FAMILY.prepare(spec, rows.grid(cp, spec, 4)[0], (_BLOCK,),
+                                   (X, Y, MEAN, INVSTD, rm, rv, gamma, beta, *rows.shape, real(eps))))
+    return _Plan(launches, aligned, stats)
+
+
+def _rows_statistics_launches(cp, rows, acc, pt, channels, x, mean, invstd, rm, rv, update, eps, momentum,
+                              unbias):
+    """Training statistics of channel-last x: lane partials, then a warp per channel."""
+    spec = rows.spec("statistics")
+    grid, lanes = rows.grid(cp, spec, 8)
+    size = channels * lanes
+    parts = _stream_workspace(cp).scratch(cp, acc, 3 * size, 2)
+    part_n, part_mean, part_m2 = parts[:size], parts[size:2 * size], parts[2 * size:]
+    return (FAMILY.prepare(spec, grid, (_BLOCK,), (x, part_n, part_mean, part_m2, *rows.shape)),
+            FAMILY.prepare(f"batchnorm_rows_merge_statistics<{rows.t}, {pt}>", rows.merge_grid, (_BLOCK,),
+                           (part_n, part_mean, part_m2, np.int32(lanes), np.int32(channels), mean, invstd,
+                            rm, rv, eps, momentum, unbias, np.int32(update))))
+
+
+def _rows_backward_plan(cp, x, dy, dx, pdtype, channels, rows_count, inner, recompute, eps, no_gamma):
+    aligned = not (x.data.ptr | dy.data.ptr | dx.data.ptr) & 15
+    key = ("rows backward", cp.cuda.runtime.getDevice(), cp.cuda.get_current_stream().ptr, x.shape, x.dtype,
+           np.dtype(pdtype), channels, aligned, recompute, float(eps), no_gamma, ROWS_FUSED,
+           ROWS_FUSED_MIN_ROWS)
+    return _cached_plan(key, lambda: _build_rows_backward_plan(
+        cp, x, pdtype, channels, rows_count, recompute, float(eps), no_gamma, aligned))
+
+
+def _build_rows_backward_plan(cp, x, pdtype, channels, rows_count, recompute, eps, no_gamma, aligned,
+                              fused_allowed=True):
+    A = _kernels
+    acc = _dtypes.accumulate_dtype(x.dtype)
+    real = _scalar(acc)
+    pt = _dtypes.cuda_type(pdtype)
+    X, DY, DX, DGAMMA, DBETA = A.ARRAY0, A.ARRAY1, A.ARRAY5, A.ARRAY6, A.ARRAY7
+    gamma = _constant(cp, 1, channels, pdtype) if no_gamma else A.ARRAY4
+    rows = _Rows(cp, x, channels, rows_count, aligned=aligned)
+    launches = []
+    if recompute:  # statistics first, into the plan's own vectors (stream order)
+        mean, invstd = cp.empty(channels, acc), cp.empty(channels, acc)
+        launches.extend(_rows_statistics_launches(cp, rows, acc, pt, channels, X, mean, invstd, mean, mean, False,
+                                                  real(eps), real(0), real(1)))
+    else:
+        mean, invstd = A.ARRAY2, A.ARRAY3
+    spec = rows.spec("backward_fused", pt)
+    fused = _rows_fused_grid(cp, rows, spec, channels) if fused_allowed and ROWS_FUSED else None
+    if fused is not None:
+        grid, lanes, work = fused
+        size = channels * lanes
+        parts = work.scratch(cp, acc, 2 * size + 2 * channels, 3)
+        fallback = _rows_refused(cp, spec, grid, lambda arrays: _build_rows_backward_plan(
+            cp, arrays[0], pdtype, channels, rows_count, recompute, eps, no_gamma, aligned, fused_allowed=False))
+        launches.append(FAMILY.prepare(
+            spec, grid, (_BLOCK,),
+            (X, DY, mean, invstd, gamma, parts[:size], parts[size:2 * size], parts[2 * size:], DX, DGAMMA, DBETA,
+             *rows.shape, work.arrive), cooperative=True, fallback=fallback))
+        return _Plan(launches, aligned)
+    spec = rows.spec("backward_reduce")
+    grid, lanes = rows.grid(cp, spec, 8)
+    size = channels * lanes
+    parts = _stream_workspace(cp).scratch(cp, acc, 2 * size + 2 * channels, 3)
+    part_g, part_gx, sums = parts[:size], parts[size:2 * size], parts[2 * size:]
+    launches.append(FAMILY.prepare(spec, grid, (_BLOCK,), (X, DY, mean, part_g, part_gx, *rows.shape)))
+    launches.append(FAMILY.prepare(f"batchnorm_rows_backward_merge<{rows.t}, {pt}>", rows.merge_grid, (_BLOCK,),
+                                   (part_g, part_gx, np.int32(lanes), np.int32(channels), invstd, sums, DGAMMA,
+                                    DBETA)))
+    spec = rows.spec("backward_data", pt)
+    launches.append(FAMILY.prepare(spec, rows.grid(cp, spec, 4)[0], (_BLOCK,),
+                                   (X, DY, mean, invstd, gamma, sums, DX, *rows.shape)))
+    return _Plan(launches, aligned)

@@ -1,0 +1,819 @@
+// Row normalizations: layer norm, RMS norm, group norm, instance norm.
+//
+// A *row* is the set of values that share one mean and one variance: row r =
+// (sample n, group g), r = n * G + g, with K channels per group and S spatial
+// positions per channel, M = K * S values.  Element j of a row:
+//   NCHW (also layer norm: a (rows, L) matrix is G = 1, K = L, S = 1):
+//     offset r * M + j,                 channel g * K + j / S
+//   NHWC: j = s * K + k,
+//     offset (n * S + s) * G * K + g * K + k,   channel g * K + k
+// gamma/beta (storage P) have one value per channel (per column for layer norm).
+//
+// T is the storage type of x, y, dy, dx; P that of gamma, beta, dgamma, dbeta
+// (T, or float for a half T); A = acc_t<T> holds every intermediate and the
+// saved mean / rstd (one per row).
+//
+// Forward and backward: one block per row (blockDim a power of two chosen on
+// the host so that each thread holds about two 16-byte vectors).  Thread t
+// handles vectors t, t + blockDim, ... of VEC values; VEC > 1 only when a
+// vector stays in one row and maps to one channel (NCHW: S % VEC == 0) or to
+// VEC consecutive channels (NCHW with S == 1, NHWC with K % VEC == 0), and the
+// pointers are 16-byte aligned.  UNROLL vectors are loaded before any is
+// used, so each thread keeps several loads in flight.
+//
+// Single read: when the row (forward) or the rows of x and dy (backward) fit in
+// the dynamic shared memory the host grants (`cache`), pass 1 copies them
+// there and the later passes read shared memory: x is read from DRAM once.
+// Otherwise the later passes read global memory again (mostly L2 hits).
+// Statistics are two-pass exact (mean, then the sum of squared deviations),
+// in A, reduced in a fixed order (bitwise reproducible).
+//
+// Parameter gradients (dgamma = sum dy * xhat, dbeta = sum dy per channel) are
+// reduced over every row, so they cannot come from the row blocks without
+// atomics.  x is viewed as (outer, P, inner) with the row statistics of
+// element (o, p, i) at index (o / ostep) * G + p / K:
+//   layer norm (R, L, 1), ostep 1;  group NCHW (N, C, S), ostep 1;
+//   group NHWC (N * S, C, 1), ostep S.
+// norm_param_grads_columns (inner == 1) gives each thread one column p and a
+// range of rows o (32 columns x 8 row lanes per block, grid.y splits the rows);
+// norm_param_grads_planes (inner > 1) gives one block to each (o, p) plane.
+// Both write partial sums per (split, p); norm_param_grads_finish adds them in
+// order.  No atomics: results are deterministic.  Layer and RMS norm instead
+// run norm_rows_backward_fused (dx and the gradient partials from one read of
+// x and dy; see there) when a row fits NORM_FUSED_ITEMS vectors a thread.
+//
+// Group / instance norm NCHW forward with 16-byte rows runs
+// gn_rows_forward_pipelined instead (persistent blocks, two row buffers, the
+// next row's cp.async copies overlap this row's reduction and stores); see
+// there.  gn_rows_backward is an alternative backward kept behind a switch.
+#include "common.cuh"
+
+#define NORM_UNROLL 4
+
+template <typename T, int VEC>
+struct alignas(sizeof(T) * VEC) NormPack {
+    T v[VEC];
+};
+
+template <typename index_t>
+struct RowGeometry {
+    index_t K, S, M;   // channels per group, spatial size, values per row
+    int G;
+    int nhwc;
+
+    // Offset of vector `v` (VEC values starting at j = v * VEC) of row `row`.
+    template <int VEC>
+    __device__ __forceinline__ index_t offset(index_t row, index_t v) const {
+        const index_t j = v * VEC;
+        if (!nhwc) return row * M + j;
+        const index_t n = row / G, g = row - n * G;
+        const index_t s = j / K, k = j - s * K;
+        return (n * S + s) * (index_t)G * K + g * K + k;
+    }
+
+    // Channel (parameter index) of the first value of vector v; later values of
+    // the vector are at +1 (when `step`) or the same channel.
+    template <int VEC>
+    __device__ __forceinline__ index_t channel(index_t row, index_t v) const {
+        const index_t g = row % G, j = v * VEC;
+        if (nhwc) return g * K + j % K;
+        return g * K + (S == 1 ? j : j / S);
+    }
+
+    __device__ __forceinline__ int step() const { return nhwc || S == 1; }
+};
+
+template <typename T, int VEC, typename index_t>
+__device__ __forceinline__ void norm_load(const T* __restrict__ p, index_t off, acc_t<T> (&out)[VEC]) {
+    const NormPack<T, VEC> pk = *reinterpret_cast<const NormPack<T, VEC>*>(p + off);
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) out[e] = load(pk.v[e]);
+}
+
+template <typename T, int VEC, typename index_t>
+__device__ __forceinline__ void norm_store(T* __restrict__ p, index_t off, const acc_t<T> (&in)[VEC]) {
+    NormPack<T, VEC> pk;
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) pk.v[e] = store<T>(in[e]);
+    *reinterpret_cast<NormPack<T, VEC>*>(p + off) = pk;
+}
+
+// Vector v of the row: from the shared-memory copy when cached, else global.
+template <typename T, int VEC, typename index_t>
+__device__ __forceinline__ void row_vector(const T* __restrict__ global, const T* cached, int cache,
+                                           const RowGeometry<index_t>& geo, index_t row, index_t v,
+                                           acc_t<T> (&out)[VEC]) {
+    if (cache) norm_load<T, VEC>(cached, v * VEC, out);
+    else norm_load<T, VEC>(global, geo.template offset<VEC>(row, v), out);
+}
+
+template <typename P, typename A>
+__device__ __forceinline__ A param_or(const P* __restrict__ p, long long i, A otherwise) {
+    return p != nullptr ? A(load(p[i])) : otherwise;
+}
+
+// y = (x - mean) * rstd * gamma + beta per row (RMS: mean = 0, rstd from
+// mean(x^2)).  Writes mean/rstd per row (mean_out is unused for RMS).
+// write_y == 0 computes the statistics only (backward without saved ones).
+template <typename T, typename P, typename index_t, int VEC>
+__global__ void norm_rows_forward(const T* __restrict__ x, T* __restrict__ y,
+                                  const P* __restrict__ gamma, const P* __restrict__ beta,
+                                  acc_t<T>* __restrict__ mean_out, acc_t<T>* __restrict__ rstd_out,
+                                  index_t K, index_t S, int G, int nhwc, acc_t<T> eps, int rms,
+                                  int cache, int write_y) {
+    typedef acc_t<T> A;
+    extern __shared__ __align__(16) unsigned char norm_smem[];
+    __shared__ A scratch[32];
+    T* row_cache = reinterpret_cast<T*>(norm_smem);
+    const RowGeometry<index_t> geo{K, S, K * S, G, nhwc};
+    const index_t row = blockIdx.x;
+    const index_t Mv = geo.M / VEC;
+    const index_t T_ = blockDim.x;
+    const A count = A(geo.M);
+
+    // Pass 1: read the row (and cache it); sum of x, or of x^2 for RMS.
+    A s1 = 0;
+    for (index_t base = threadIdx.x; base < Mv; base += NORM_UNROLL * T_) {
+        A v[NORM_UNROLL][VEC];
+#pragma unroll
+        for (int u = 0; u < NORM_UNROLL; ++u) {
+            const index_t vi = base + u * T_;
+            if (vi < Mv) norm_load<T, VEC>(x, geo.template offset<VEC>(row, vi), v[u]);
+        }
+#pragma unroll
+        for (int u = 0; u < NORM_UNROLL; ++u) {
+            const index_t vi = base + u * T_;
+            if (vi < Mv) {
+                if (cache) norm_store<T, VEC>(row_cache, vi * VEC, v[u]);
+#pragma unroll
+                for (int e = 0; e < VEC; ++e) s1 += rms ? v[u][e] * v[u][e] : v[u][e];
+            }
+        }
+    }
+    s1 = block_sum(s1, scratch);  // its barrier also publishes the cache
+    A mean = 0, rstd;
+    if (rms) {
+        rstd = A(1) / sqrt(s1 / count + eps);
+    } else {
+        mean = s1 / count;
+        A s2 = 0;
+        for (index_t vi = threadIdx.x; vi < Mv; vi += T_) {
+            A v[VEC];
+            row_vector<T, VEC>(x, row_cache, cache, geo, row, vi, v);
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) s2 += (v[e] - mean) * (v[e] - mean);
+        }
+        s2 = block_sum(s2, scratch);
+        rstd = A(1) / sqrt(s2 / count + eps);
+    }
+    if (threadIdx.x == 0) {
+        if (!rms) mean_out[row] = mean;
+        rstd_out[row] = rstd;
+    }
+    if (!write_y) return;
+    const int step = geo.step();
+    for (index_t vi = threadIdx.x; vi < Mv; vi += T_) {
+        A v[VEC];
+        row_vector<T, VEC>(x, row_cache, cache, geo, row, vi, v);
+        const index_t c0 = geo.template channel<VEC>(row, vi);
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) {
+            const index_t c = c0 + (step ? e : 0);
+            v[e] = (v[e] - mean) * rstd * param_or(gamma, c, A(1)) + param_or(beta, c, A(0));
+        }
+        norm_store<T, VEC>(y, geo.template offset<VEC>(row, vi), v);
+    }
+}
+
+// Per-channel sums of dy and dy * (x - mean) of one NCHW row (K planes of S
+// values) for the parameter gradients, deterministic without atomics: the 32
+// vectors a warp reads at once are consecutive, so with S / VEC >= 32 they lie
+// in at most two planes (k0 = the plane of lane 0's vector, and k0 + 1); two
+// warp sums per quantity, and lane 0 adds them to its warp's own slice
+// acc[warp][k][2] of shared memory (no other thread writes it).  After the
+// block's barriers, thread k < K adds plane k's slices in warp order.
+template <int VEC, typename A, typename index_t>
+__device__ __forceinline__ void plane_sums_add(A* acc, index_t vi, index_t Mv, index_t S, index_t K,
+                                               const A (&xv)[VEC],
+                                               const A (&dv)[VEC], A mean) {
+    const int lane = threadIdx.x & 31;
+    const index_t first = vi - lane;  // lane 0's vector
+    const index_t k0 = first * VEC / S;
+    A d = 0, dx = 0;
+    bool hi = false;
+    if (vi < Mv) {
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) {
+            d += dv[e];
+            dx += dv[e] * (xv[e] - mean);
+        }
+        hi = vi * VEC / S != k0;
+    }
+    const A lo_d = warp_sum(hi ? A(0) : d), lo_dx = warp_sum(hi ? A(0) : dx);
+    const A hi_d = warp_sum(hi ? d : A(0)), hi_dx = warp_sum(hi ? dx : A(0));
+    if (lane == 0 && first < Mv) {
+        A* slot = acc + 2 * k0;
+        slot[0] += lo_d;
+        slot[1] += lo_dx;
+        if (k0 + 1 < K) {  // zeros when no lane of the warp is in plane k0 + 1
+            slot[2] += hi_d;
+            slot[3] += hi_dx;
+        }
+    }
+}
+
+// dx = rstd * (g*dy - mean(g*dy) - xhat * mean(g*dy*xhat)) per row, g = gamma
+// of each value's channel (RMS: without the mean(g*dy) term, xhat = x * rstd).
+// plane_sums (NCHW group norm, S / VEC >= 32): also the per-(sample, channel)
+// parameter-gradient partials part_dgamma / part_dbeta [row * K + k] = sums
+// of dy * xhat and dy over plane k of the row (plane_sums_add), so the
+// gradient needs no second read of x and dy; the warp slices take
+// 2 * K * warps values of dynamic shared memory after the caches.
+template <typename T, typename P, typename index_t, int VEC>
+__global__ void norm_rows_backward(const T* __restrict__ dy, const T* __restrict__ x,
+                                   const P* __restrict__ gamma, const acc_t<T>* __restrict__ mean_in,
+                                   const acc_t<T>* __restrict__ rstd_in, T* __restrict__ dx,
+                                   index_t K, index_t S, int G, int nhwc, int rms, int cache,
+                                   acc_t<T>* __restrict__ part_dgamma, acc_t<T>* __restrict__ part_dbeta,
+                                   int plane_sums) {
+    typedef acc_t<T> A;
+    extern __shared__ __align__(16) unsigned char norm_smem[];
+    __shared__ A scratch[32];
+    const RowGeometry<index_t> geo{K, S, K * S, G, nhwc};
+    T* x_cache = reinterpret_cast<T*>(norm_smem);
+    T* dy_cache = x_cache + geo.M;  // M * sizeof(T) is a multiple of 16 when cached with VEC > 1
+    const index_t row = blockIdx.x;
+    const index_t Mv = geo.M / VEC;
+    const index_t T_ = blockDim.x;
+    const A count = A(geo.M);
+    const A mean = rms ? A(0) : mean_in[row];
+    const A rstd = rstd_in[row];
+    const int step = geo.step();
+    const int warp = threadIdx.x >> 5;
+    // This warp's slice of the plane sums, after the caches (16-byte aligned).
+    A* plane_acc = reinterpret_cast<A*>(norm_smem + (cache ? (2 * geo.M * sizeof(T) + 15) / 16 * 16 : 0)) +
+                   (index_t)warp * 2 * K;
+    if (plane_sums) {
+        for (index_t i = threadIdx.x & 31; i < 2 * K; i += 32) plane_acc[i] = A(0);
+        __syncwarp();
+    }
+
+    A sum_g = 0, sum_gx = 0;  // sum g*dy, sum g*dy*xhat
+    // The loop runs while the warp's first lane has vectors left, so that every
+    // lane takes part in plane_sums_add's shuffles (blockDim is a multiple of 32).
+    for (index_t base = threadIdx.x; base - (threadIdx.x & 31) < Mv; base += NORM_UNROLL * T_) {
+        A xv[NORM_UNROLL][VEC], dv[NORM_UNROLL][VEC];
+#pragma unroll
+        for (int u = 0; u < NORM_UNROLL; ++u) {
+            const index_t vi = base + u * T_;
+            if (vi < Mv) {
+                const index_t off = geo.template offset<VEC>(row, vi);
+                norm_load<T, VEC>(x, off, xv[u]);
+                norm_load<T, VEC>(dy, off, dv[u]);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < NORM_UNROLL; ++u) {
+            const index_t vi = base + u * T_;
+            if (vi < Mv) {
+                if (cache) {
+                    norm_store<T, VEC>(x_cache, vi * VEC, xv[u]);
+                    norm_store<T, VEC>(dy_cache, vi * VEC, dv[u]);
+                }
+                const index_t c0 = geo.template channel<VEC>(row, vi);
+#pragma unroll
+                for (int e = 0; e < VEC; ++e) {
+                    const A gdy = dv[u][e] * param_or(gamma, c0 + (step ? e : 0), A(1));
+                    sum_g += gdy;
+                    sum_gx += gdy * (xv[u][e] - mean) * rstd;
+                }
+            }
+        }
+        if (plane_sums) {
+#pragma unroll
+            for (int u = 0; u < NORM_UNROLL; ++u) {
+                // every lane of the warp takes part (its vector may be past the row)
+                plane_sums_add<VEC>(plane_acc, base + u * T_, Mv, geo.S, geo.K, xv[u], dv[u], mean);
+            }
+        }
+    }
+    sum_g = block_sum(sum_g, scratch);
+    sum_gx = block_sum(sum_gx, scratch);  // its barriers also publish the plane sums
+    if (plane_sums) {
+        const int warps = (int)(T_ >> 5);
+        A* acc0 = plane_acc - (index_t)warp * 2 * K;
+        for (index_t k = threadIdx.x; k < K; k += T_) {
+            A d = 0, dxs = 0;
+            for (int w = 0; w < warps; ++w) {
+                d += acc0[(index_t)w * 2 * K + 2 * k];
+                dxs += acc0[(index_t)w * 2 * K + 2 * k + 1];
+            }
+            part_dbeta[row * K + k] = d;
+            part_dgamma[row * K + k] = dxs * rstd;
+        }
+    }
+    const A mean_g = rms ? A(0) : sum_g / count;
+    const A mean_gx = sum_gx / count;
+    for (index_t vi = threadIdx.x; vi < Mv; vi += T_) {
+        A xv[VEC], dv[VEC];
+        row_vector<T, VEC>(x, x_cache, cache, geo, row, vi, xv);
+        row_vector<T, VEC>(dy, dy_cache, cache, geo, row, vi, dv);
+        const index_t c0 = geo.template channel<VEC>(row, vi);
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) {
+            const A gdy = dv[e] * param_or(gamma, c0 + (step ? e : 0), A(1));
+            xv[e] = rstd * (gdy - mean_g - (xv[e] - mean) * rstd * mean_gx);
+        }
+        norm_store<T, VEC>(dx, geo.template offset<VEC>(row, vi), xv);
+    }
+}
+
+// Two block sums with one pair of barriers (scratch holds 64 values).
+template <typename A>
+__device__ __forceinline__ void block_sum2(A& a, A& b, A* scratch) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int warps = (blockDim.x + 31) >> 5;
+    a = warp_sum(a);
+    b = warp_sum(b);
+    __syncthreads();  // scratch may still be read by a previous call
+    if (lane == 0) {
+        scratch[warp] = a;
+        scratch[32 + warp] = b;
+    }
+    __syncthreads();
+    a = warp_sum(lane < warps ? scratch[lane] : A(0));
+    b = warp_sum(lane < warps ? scratch[32 + lane] : A(0));
+}
+
+// Layer / RMS norm backward with the parameter gradients fused (G == 1, S == 1,
+// NCHW: element j of every row is column j).  A persistent grid (the blocks
+// resident at once) walks rows blockIdx.x, + gridDim.x, ...; thread t owns
+// vectors t and t + blockDim (NORM_FUSED_ITEMS; the host picks blockDim >= M /
+// (2 VEC)), so its columns are the same in every row and it accumulates
+// dgamma = sum dy * xhat and dbeta = sum dy for them in registers while the
+// row's x and dy, also in registers, give dx.  x and dy are read once (the
+// separate gradient kernels re-read both: 5 tensors' traffic instead of 3).
+// Each block writes its column partials at [blockIdx.x * M + column];
+// norm_param_grads_finish_wide adds them in block order.
+#define NORM_FUSED_ITEMS 2
+template <typename T, typename P, typename index_t, int VEC>
+__global__ void norm_rows_backward_fused(const T* __restrict__ dy, const T* __restrict__ x,
+                                         const P* __restrict__ gamma, const acc_t<T>* __restrict__ mean_in,
+                                         const acc_t<T>* __restrict__ rstd_in, T* __restrict__ dx,
+                                         acc_t<T>* __restrict__ part_dgamma, acc_t<T>* __restrict__ part_dbeta,
+                                         index_t rows, index_t M, int rms) {
+    typedef acc_t<T> A;
+    __shared__ A scratch[64];
+    const index_t Mv = M / VEC;
+    const index_t T_ = blockDim.x;
+    const A count = A(M);
+    A dg[NORM_FUSED_ITEMS][VEC], db[NORM_FUSED_ITEMS][VEC], g[NORM_FUSED_ITEMS][VEC];
+#pragma unroll
+    for (int u = 0; u < NORM_FUSED_ITEMS; ++u) {
+        const index_t vi = threadIdx.x + u * T_;
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) {
+            dg[u][e] = db[u][e] = A(0);
+            g[u][e] = vi < Mv ? param_or(gamma, vi * VEC + e, A(1)) : A(0);
+        }
+    }
+    for (index_t row = blockIdx.x; row < rows; row += gridDim.x) {
+        const A mean = rms ? A(0) : mean_in[row];
+        const A rstd = rstd_in[row];
+        A xv[NORM_FUSED_ITEMS][VEC], dv[NORM_FUSED_ITEMS][VEC];
+#pragma unroll
+        for (int u = 0; u < NORM_FUSED_ITEMS; ++u) {
+            const index_t vi = threadIdx.x + u * T_;
+            if (vi < Mv) {
+                norm_load<T, VEC>(x, row * M + vi * VEC, xv[u]);
+                norm_load<T, VEC>(dy, row * M + vi * VEC, dv[u]);
+            }
+        }
+        A sum_g = 0, sum_gx = 0;
+#pragma unroll
+        for (int u = 0; u < NORM_FUSED_ITEMS; ++u) {
+            const index_t vi = threadIdx.x + u * T_;
+            if (vi < Mv) {
+#pragma unroll
+                for (int e = 0; e < VEC; ++e) {
+                    const A gdy = dv[u][e] * g[u][e];
+                    sum_g += gdy;
+                    sum_gx += gdy * (xv[u][e] - mean) * rstd;
+                }
+            }
+        }
+        block_sum2(sum_g, sum_gx, scratch);
+        const A mean_g = rms ? A(0) : sum_g / count;
+        const A mean_gx = sum_gx / count;
+#pragma unroll
+        for (int u = 0; u < NORM_FUSED_ITEMS; ++u) {
+            const index_t vi = threadIdx.x + u * T_;
+            if (vi < Mv) {
+#pragma unroll
+                for (int e = 0; e < VEC; ++e) {
+                    const A xhat = (xv[u][e] - mean) * rstd;
+                    dg[u][e] += dv[u][e] * xhat;
+                    db[u][e] += dv[u][e];
+                    xv[u][e] = rstd * (dv[u][e] * g[u][e] - mean_g - xhat * mean_gx);
+                }
+                norm_store<T, VEC>(dx, row * M + vi * VEC, xv[u]);
+            }
+        }
+    }
+#pragma unroll
+    for (int u = 0; u < NORM_FUSED_ITEMS; ++u) {
+        const index_t vi = threadIdx.x + u * T_;
+        if (vi < Mv) {
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) {
+                part_dgamma[(index_t)blockIdx.x * M + vi * VEC + e] = dg[u][e];
+                part_dbeta[(index_t)blockIdx.x * M + vi * VEC + e] = db[u][e];
+            }
+        }
+    }
+}
+
+// dgamma[p] = sum over splits s of part[s * count + p], many splits: block (32,
+// 8) per 32 columns, row lane ty adds splits ty, ty + 8, ... (4 loads ahead),
+// then lane 0 adds the 8 lane sums in order.  Deterministic.
+template <typename A, typename P>
+__global__ void norm_param_grads_finish_wide(const A* __restrict__ part_dgamma, const A* __restrict__ part_dbeta,
+                                             P* __restrict__ dgamma, P* __restrict__ dbeta, long long splits,
+                                             long long count) {
+    __shared__ A red_g[8][33], red_b[8][33];
+    const long long p = (long long)blockIdx.x * 32 + threadIdx.x;
+    A sg = 0, sb = 0;
+    if (p < count) {
+        for (long long s0 = threadIdx.y; s0 < splits; s0 += 8 * 4) {
+            A vg[4], vb[4];
+#pragma unroll
+            for (int u = 0; u < 4; ++u) {
+                const long long s = s0 + 8 * u;
+                vg[u] = s < splits ? part_dgamma[s * count + p] : A(0);
+                vb[u] = s < splits ? part_dbeta[s * count + p] : A(0);
+            }
+#pragma unroll
+            for (int u = 0; u < 4; ++u) {
+                sg += vg[u];
+                sb += vb[u];
+            }
+        }
+    }
+    red_g[threadIdx.y][threadIdx.x] = sg;
+    red_b[threadIdx.y][threadIdx.x] = sb;
+    __syncthreads();
+    if (threadIdx.y == 0 && p < count) {
+        for (int k = 1; k < 8; ++k) {
+            sg += red_g[k][threadIdx.x];
+            sb += red_b[k][threadIdx.x];
+        }
+        dgamma[p] = store<P>(sg);
+        if (dbeta != nullptr) dbeta[p] = store<P>(sb);
+    }
+}
+
+// Statistics of element (o, p, *): row (o / ostep) * G + p / K.
+template <typename index_t>
+__device__ __forceinline__ index_t stats_row(index_t o, index_t p, index_t ostep, int G, index_t K) {
+    return (o / ostep) * (index_t)G + p / K;
+}
+
+// inner == 1: block (32, 8) covers 32 columns; blockIdx.y is a split of the rows.
+template <typename T, typename index_t>
+__global__ void norm_param_grads_columns(const T* __restrict__ dy, const T* __restrict__ x,
+                                         const acc_t<T>* __restrict__ mean, const acc_t<T>* __restrict__ rstd,
+                                         acc_t<T>* __restrict__ part_dgamma, acc_t<T>* __restrict__ part_dbeta,
+                                         index_t outer, index_t P, index_t ostep, int G, index_t K,
+                                         index_t rows_per_split, int rms) {
+    typedef acc_t<T> A;
+    __shared__ A red_g[8][33], red_b[8][33];
+    const index_t p = (index_t)blockIdx.x * 32 + threadIdx.x;
+    const index_t o0 = (index_t)blockIdx.y * rows_per_split;
+    const index_t o1 = o0 + rows_per_split < outer ? o0 + rows_per_split : outer;
+    A dg = 0, db = 0;
+    if (p < P) {
+        for (index_t o = o0 + threadIdx.y; o < o1; o += 8 * NORM_UNROLL) {
+            A xv[NORM_UNROLL], dv[NORM_UNROLL];
+#pragma unroll
+            for (int u = 0; u < NORM_UNROLL; ++u) {
+                const index_t oo = o + u * 8;
+                if (oo < o1) {
+                    xv[u] = load(x[oo * P + p]);
+                    dv[u] = load(dy[oo * P + p]);
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < NORM_UNROLL; ++u) {
+                const index_t oo = o + u * 8;
+                if (oo < o1) {
+                    const index_t r = stats_row(oo, p, ostep, G, K);
+                    const A xhat = (xv[u] - (rms ? A(0) : mean[r])) * rstd[r];
+                    dg += dv[u] * xhat;
+                    db += dv[u];
+                }
+            }
+        }
+    }
+    red_g[threadIdx.y][threadIdx.x] = dg;
+    red_b[threadIdx.y][threadIdx.x] = db;
+    __syncthreads();
+    if (threadIdx.y == 0 && p < P) {
+        for (int k = 1; k < 8; ++k) {
+            dg += red_g[k][threadIdx.x];
+            db += red_b[k][threadIdx.x];
+        }
+        part_dgamma[(index_t)blockIdx.y * P + p] = dg;
+        part_dbeta[(index_t)blockIdx.y * P + p] = db;
+    }
+}
+
+// inner > 1: block per (o, p) plane of `inner` contiguous values; writes partials at o * P + p.
+template <typename T, typename index_t>
+__global__ void norm_param_grads_planes(const T* __restrict__ dy, const T* __restrict__ x,
+                                        const acc_t<T>* __restrict__ mean, const acc_t<T>* __restrict__ rstd,
+                                        acc_t<T>* __restrict__ part_dgamma, acc_t<T>* __restrict__ part_dbeta,
+                                        index_t P, index_t inner, int G, index_t K) {
+    typedef acc_t<T> A;
+    __shared__ A scratch[32];
+    const index_t plane = blockIdx.x;
+    const index_t o = plane / P, p = plane - o * P;
+    const index_t r = stats_row(o, p, (index_t)1, G, K);
+    const A m = mean[r], s = rstd[r];
+    const T* xp = x + plane * inner;
+    const T* dp = dy + plane * inner;
+    A dg = 0, db = 0;
+    for (index_t i = threadIdx.x; i < inner; i += blockDim.x) {
+        const A d = load(dp[i]);
+        dg += d * (load(xp[i]) - m) * s;
+        db += d;
+    }
+    dg = block_sum(dg, scratch);
+    db = block_sum(db, scratch);
+    if (threadIdx.x == 0) {
+        part_dgamma[plane] = dg;
+        part_dbeta[plane] = db;
+    }
+}
+
+// dgamma[p] = sum over splits of the partials, in split order.
+template <typename A, typename P>
+__global__ void norm_param_grads_finish(const A* __restrict__ part_dgamma, const A* __restrict__ part_dbeta,
+                                        P* __restrict__ dgamma, P* __restrict__ dbeta, long long splits,
+                                        long long count) {
+    const long long p = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (p >= count) return;
+    A g = 0, b = 0;
+    for (long long s = 0; s < splits; ++s) {
+        g += part_dgamma[s * count + p];
+        b += part_dbeta[s * count + p];
+    }
+    dgamma[p] = store<P>(g);
+    if (dbeta != nullptr) dbeta[p] = store<P>(b);
+}
+
+// ---------------------------------------------------------------------------
+// Group / instance norm, NCHW (rows of K contiguous planes of S values).
+//
+// gn_rows_forward_pipelined: a persistent block (one per SM when a row is
+// ~100 KB) walks rows blockIdx.x, + gridDim.x, ... with two row buffers in
+// dynamic shared memory: while row r is reduced (two-pass exact statistics
+// from shared memory) and normalized to global memory, the 16-byte cp.async
+// copies of row r + gridDim.x into the other buffer are already in flight,
+// so the SM's loads overlap its stores (one block per row per launch ran
+// load, reduce, store one after another).  Needs VEC > 1 (16-byte aligned
+// rows).  cp.async needs sm_80; older devices copy synchronously.
+template <typename T, int VEC>
+__device__ __forceinline__ void copy16_async(T* smem, const T* __restrict__ gmem) {
+#if __CUDA_ARCH__ >= 800
+    unsigned s;
+    asm volatile("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(s) : "l"(smem));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
+#else
+    *reinterpret_cast<NormPack<T, VEC>*>(smem) = *reinterpret_cast<const NormPack<T, VEC>*>(gmem);
+#endif
+}
+
+__device__ __forceinline__ void copy_async_commit() {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
+}
+
+// Wait until at most one committed group (the most recent) is still in flight.
+__device__ __forceinline__ void copy_async_wait_all_but_one() {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_group 1;" ::: "memory");
+#endif
+}
+
+template <typename T, typename P, typename index_t, int VEC>
+__global__ void __launch_bounds__(1024) gn_rows_forward_pipelined(
+        const T* __restrict__ x, T* __restrict__ y, const P* __restrict__ gamma, const P* __restrict__ beta,
+        acc_t<T>* __restrict__ mean_out, acc_t<T>* __restrict__ rstd_out, index_t K, index_t S, int G,
+        index_t rows, acc_t<T> eps) {
+    typedef acc_t<T> A;
+    extern __shared__ __align__(16) unsigned char norm_smem[];
+    __shared__ A scratch[32];
+    const index_t M = K * S;
+    const index_t Mv = M / VEC;
+    const index_t T_ = blockDim.x;
+    const index_t stride = (M * (index_t)sizeof(T) + 15) / 16 * 16 / (index_t)sizeof(T);
+    T* const buf0 = reinterpret_cast<T*>(norm_smem);  // buffer b at buf0 + b * stride
+    const A count = A(M);
+    index_t row = blockIdx.x;
+    if (row >= rows) return;
+    for (index_t v = threadIdx.x; v < Mv; v += T_) copy16_async<T, VEC>(buf0 + v * VEC, x + row * M + v * VEC);
+    copy_async_commit();
+    for (int it = 0; row < rows; row += gridDim.x, ++it) {
+        const T* cur = buf0 + (it & 1) * stride;
+        const index_t next = row + gridDim.x;
+        if (next < rows) {  // the other buffer was last read before the previous iteration's final barrier
+            T* nb = buf0 + ((it + 1) & 1) * stride;
+            for (index_t v = threadIdx.x; v < Mv; v += T_) copy16_async<T, VEC>(nb + v * VEC, x + next * M + v * VEC);
+        }
+        copy_async_commit();  // possibly empty: the wait below then still leaves only this group
+        copy_async_wait_all_but_one();
+        __syncthreads();  // every thread's copies of the current row have landed
+        A s1 = 0;
+        for (index_t v = threadIdx.x; v < Mv; v += T_) {
+            A xv[VEC];
+            norm_load<T, VEC>(cur, v * VEC, xv);
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) s1 += xv[e];
+        }
+        const A mean = block_sum(s1, scratch) / count;
+        A s2 = 0;
+        for (index_t v = threadIdx.x; v < Mv; v += T_) {
+            A xv[VEC];
+            norm_load<T, VEC>(cur, v * VEC, xv);
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) s2 += (xv[e] - mean) * (xv[e] - mean);
+        }
+        const A rstd = A(1) / sqrt(block_sum(s2, scratch) / count + eps);
+        if (threadIdx.x == 0) {
+            mean_out[row] = mean;
+            rstd_out[row] = rstd;
+        }
+        const index_t cbase = (row % G) * K;
+        for (index_t v = threadIdx.x; v < Mv; v += T_) {
+            A xv[VEC];
+            norm_load<T, VEC>(cur, v * VEC, xv);
+            const index_t c = cbase + v * VEC / S;  // S % VEC == 0: one channel per vector
+            const A scale = rstd * param_or(gamma, c, A(1));
+            const A shift = param_or(beta, c, A(0));
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) xv[e] = (xv[e] - mean) * scale + shift;
+            norm_store<T, VEC>(y, row * M + v * VEC, xv);
+        }
+        __syncthreads();  // the buffer just read is the next iteration's copy target
+    }
+}
+
+// gn_rows_backward: dx and the per-(sample, channel) dgamma/dbeta partials of
+// one NCHW row per block, with cheap plane sums.  Warp w owns the contiguous
+// vectors [w R, (w + 1) R) of the row (R = ceil(Mv / warps), lanes 32 apart;
+// the host checks R <= S / VEC, so a warp's range lies in at most two planes
+// k0 = w R VEC / S and k0 + 1).  Each lane sums dy and dy * (x - mean) for
+// the two planes in 4 registers (a compare picks the plane, no shuffles in
+// the loop); at the end 4 warp sums per warp go to shared memory and thread k
+// adds plane k's warp values in warp order (deterministic).  The row's
+// sum g*dy and sum g*dy*xhat (gamma per channel) then follow from the K
+// plane sums, so the loop loads no gamma.  cache: 2 = x and dy kept in
+// dynamic shared memory (200 KB fp32 rows at 8x56x56: one block per SM),
+// 1 = x only (dy re-read, mostly from L2: the dx pass walks each warp's
+// range last to first), 0 = neither.  Shared memory after the caches (16-
+// byte aligned): 4 values per warp, then 2 per plane.  Measured (H100,
+// 64x256x56x56 / 32 groups): slower than norm_rows_backward (0.308 ms with
+// cache 1 at 2 blocks/SM, 0.337 with cache 2, vs 0.301): the 32 warps of a
+// block stream 32 separate 3 KB ranges instead of one contiguous 16 KB run
+// per step.  Off by default (row_normalization.GN_BACKWARD); tested.
+template <typename T, typename P, typename index_t, int VEC>
+__global__ void __launch_bounds__(1024) gn_rows_backward(
+        const T* __restrict__ dy, const T* __restrict__ x, const P* __restrict__ gamma,
+        const acc_t<T>* __restrict__ mean_in, const acc_t<T>* __restrict__ rstd_in, T* __restrict__ dx,
+        index_t K, index_t S, int G, int cache, acc_t<T>* __restrict__ part_dgamma,
+        acc_t<T>* __restrict__ part_dbeta) {
+    typedef acc_t<T> A;
+    extern __shared__ __align__(16) unsigned char norm_smem[];
+    const index_t M = K * S;
+    const index_t Mv = M / VEC, PV = S / VEC;
+    const index_t row = blockIdx.x;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int warps = blockDim.x >> 5;
+    const index_t R = (Mv + warps - 1) / warps;
+    const index_t bytes = (M * (index_t)sizeof(T) + 15) / 16 * 16;
+    T* x_cache = reinterpret_cast<T*>(norm_smem);
+    T* dy_cache = reinterpret_cast<T*>(norm_smem + bytes);
+    A* warp_acc = reinterpret_cast<A*>(norm_smem + (cache == 2 ? 2 * bytes : cache == 1 ? bytes : 0));
+    A* plane_acc = warp_acc + 4 * warps;
+    const A mean = mean_in[row], rstd = rstd_in[row];
+    const A count = A(M);
+    const index_t first = (index_t)warp * R;
+    const index_t end = first + R < Mv ? first + R : Mv;
+    const index_t k0 = first < Mv ? first / PV : 0;
+    const index_t hi_from = (k0 + 1) * PV;  // first vector of plane k0 + 1
+    const T* xr = x + row * M;
+    const T* dyr = dy + row * M;
+
+    A d_lo = 0, t_lo = 0, d_hi = 0, t_hi = 0;
+    for (index_t base = first + lane; base < end; base += 32 * NORM_UNROLL) {
+        A xv[NORM_UNROLL][VEC], dv[NORM_UNROLL][VEC];
+#pragma unroll
+        for (int u = 0; u < NORM_UNROLL; ++u) {
+            const index_t vi = base + 32 * u;
+            if (vi < end) {
+                norm_load<T, VEC>(xr, vi * VEC, xv[u]);
+                norm_load<T, VEC>(dyr, vi * VEC, dv[u]);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < NORM_UNROLL; ++u) {
+            const index_t vi = base + 32 * u;
+            if (vi < end) {
+                if (cache >= 1) norm_store<T, VEC>(x_cache, vi * VEC, xv[u]);
+                if (cache == 2) norm_store<T, VEC>(dy_cache, vi * VEC, dv[u]);
+                A d = 0, t = 0;
+#pragma unroll
+                for (int e = 0; e < VEC; ++e) {
+                    d += dv[u][e];
+                    t += dv[u][e] * (xv[u][e] - mean);
+                }
+                if (vi >= hi_from) {
+                    d_hi += d;
+                    t_hi += t;
+                } else {
+                    d_lo += d;
+                    t_lo += t;
+                }
+            }
+        }
+    }
+    d_lo = warp_sum(d_lo);
+    t_lo = warp_sum(t_lo);
+    d_hi = warp_sum(d_hi);
+    t_hi = warp_sum(t_hi);
+    if (lane == 0) {
+        warp_acc[4 * warp + 0] = d_lo;
+        warp_acc[4 * warp + 1] = t_lo;
+        warp_acc[4 * warp + 2] = d_hi;
+        warp_acc[4 * warp + 3] = t_hi;
+    }
+    __syncthreads();  // also publishes the caches
+    for (index_t k = threadIdx.x; k < K; k += blockDim.x) {
+        A d = 0, t = 0;
+        for (int w = 0; w < warps; ++w) {
+            const index_t f = (index_t)w * R;
+            if (f >= Mv) break;
+            const index_t kw = f / PV;
+            if (kw == k) {
+                d += warp_acc[4 * w + 0];
+                t += warp_acc[4 * w + 1];
+            } else if (kw + 1 == k) {
+                d += warp_acc[4 * w + 2];
+                t += warp_acc[4 * w + 3];
+            }
+        }
+        plane_acc[2 * k] = d;
+        plane_acc[2 * k + 1] = t;
+        part_dbeta[row * K + k] = d;
+        part_dgamma[row * K + k] = t * rstd;
+    }
+    __syncthreads();
+    const index_t cbase = (row % G) * K;
+    A sum_g = 0, sum_t = 0;  // sum g*dy, sum g*dy*(x - mean)
+    for (index_t k = 0; k < K; ++k) {
+        const A g = param_or(gamma, cbase + k, A(1));
+        sum_g += g * plane_acc[2 * k];
+        sum_t += g * plane_acc[2 * k + 1];
+    }
+    const A mean_g = sum_g / count;
+    const A mean_gx = sum_t * rstd / count;
+    const A g_lo = param_or(gamma, cbase + k0, A(1));
+    const A g_hi = k0 + 1 < K ? param_or(gamma, cbase + k0 + 1, A(1)) : A(0);
+    // dx, each warp's range last to first (the most recently read vectors first).
+    const index_t steps = (R + 31) / 32;
+    for (index_t s0 = steps - 1; s0 >= 0; s0 -= NORM_UNROLL) {
+        A xv[NORM_UNROLL][VEC], dv[NORM_UNROLL][VEC];
+#pragma unroll
+        for (int u = 0; u < NORM_UNROLL; ++u) {
+            const index_t vi = first + lane + 32 * (s0 - u);
+            if (s0 - u >= 0 && vi < end) {
+                if (cache >= 1) norm_load<T, VEC>(x_cache, vi * VEC, xv[u]);
+                else norm_load<T, VEC>(xr, vi * VEC, xv[u]);
+                if (cache == 2) norm_load<T, VEC>(dy_cache, vi * VEC, dv[u]);
+                else norm_load<T, VEC>(dyr, vi * VEC, dv[u]);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < NORM_UNROLL; ++u) {
+            const index_t vi = first + lane + 32 * (s0 - u);
+            if (s0 - u >= 0 && vi < end) {
+                const A g = vi >= hi_from ? g_hi : g_lo;
+#pragma unroll
+                for (int e = 0; e < VEC; ++e)
+                    xv[u][e] = rstd * (g * dv[u][e] - mean_g - (xv[u][e] - mean) * rstd * mean_gx);
+                norm_store<T, VEC>(dx + row * M, vi * VEC, xv[u]);
+            }
+        }
+    }
+}

@@ -1,0 +1,1 @@
+"""Benchmarks against PyTorch/cuDNN: ``python -m dnnprims.bench [conv|memory|rnn|all]``."""

@@ -1,0 +1,658 @@
+"""Row normalizations, forward and backward (PyTorch semantics): layer norm, RMS
+norm, group norm, instance norm.
+
+They differ from batch norm (``normalization.py``) in what shares a mean and a
+variance: a *row* of one sample -- the trailing ``normalized_shape`` axes
+(layer norm, RMS norm), or one group of channels with all their positions
+(group norm; instance norm is group norm with one channel per group).  NumPy
+arrays run ``dnnprims.reference.row_normalization``; CuPy arrays run
+``kernels/row_normalization.cu`` (one block per row, the row kept in shared
+memory when it fits).
+
+gamma/beta have x's dtype, or float32 when x is float16/bfloat16 (the cuDNN
+rule); saved statistics (``return_stats=True``) are ``mean`` and ``rstd`` =
+1 / sqrt(var + eps) per row, in the accumulation dtype.  Backward functions
+return gradients for every parameter (dtype of gamma, x's when gamma is None).
+"""
+import numpy as np
+
+from . import _dtypes, _validate
+from ._kernels import KernelFamily, ceil_div, index_type
+from .reference import row_normalization as reference
+
+LAYOUTS = ("NCHW", "NHWC")
+
+_TYPE_PAIRS = (("half_t", "half_t"), ("half_t", "float"), ("bfloat16_t", "bfloat16_t"),
+               ("bfloat16_t", "float"), ("float", "float"), ("double", "double"))
+_X_TYPES = ("half_t", "bfloat16_t", "float", "double")
+_INDEX_TYPES = ("int", "long long")
+_VECTOR = {"half_t": 8, "bfloat16_t": 8, "float": 4, "double": 2}  # values per 16 bytes
+_ACC = {"half_t": "float", "bfloat16_t": "float", "float": "float", "double": "double"}
+
+FAMILY = KernelFamily("row_normalization.cu", [
+    *(f"norm_rows_{d}<{t}, {p}, {i}, {v}>" for d in ("forward", "backward")
+      for t, p in _TYPE_PAIRS for i in _INDEX_TYPES for v in sorted({1, _VECTOR[t]})),
+    *(f"norm_param_grads_{k}<{t}, {i}>" for k in ("columns", "planes")
+      for t in _X_TYPES for i in _INDEX_TYPES),
+    *sorted({f"norm_param_grads_finish<{_ACC[t]}, {p}>" for t, p in _TYPE_PAIRS}),
+    *(f"norm_rows_backward_fused<{t}, {p}, {i}, {v}>"
+      for t, p in _TYPE_PAIRS for i in _INDEX_TYPES for v in sorted({1, _VECTOR[t]})),
+    *sorted({f"norm_param_grads_finish_wide<{_ACC[t]}, {p}>" for t, p in _TYPE_PAIRS}),
+    *(f"gn_rows_forward_pipelined<{t}, {p}, {i}, {_VECTOR[t]}>" for t, p in _TYPE_PAIRS for i in _INDEX_TYPES),
+    *(f"gn_rows_backward<{t}, {p}, {i}, {v}>"
+      for t, p in _TYPE_PAIRS for i in _INDEX_TYPES for v in sorted({1, _VECTOR[t]})),
+])
+
+# Dynamic shared memory a row block may hold (the single-read path): two blocks
+# of this size still fit one H100 SM (228 KB).
+CACHE_BYTES = 112 * 1024
+_SM_TARGET = 132 * 8  # blocks for the parameter-gradient column reduction
+# Layer / RMS norm backward: dx and the dgamma/dbeta partials in one kernel
+# (norm_rows_backward_fused) when a row is at most 2 vectors a thread of a block
+# the kernel's registers allow.  False: the row kernel + the column kernel.
+FUSED_BACKWARD = True
+_FUSED_ITEMS = 2  # NORM_FUSED_ITEMS in kernels/row_normalization.cu
+# Group norm backward, NCHW: the per-(sample, channel) dgamma/dbeta partials come
+# from the row kernel's own read of x and dy (norm_rows_backward `plane_sums`)
+# instead of norm_param_grads_planes reading both again.  Needs S >= 32 vectors
+# (a warp's vectors span at most two planes) and warp slices of at most
+# _PLANE_SUMS_BYTES.  False: the separate planes kernel.  H100, 64x256x56x56 /
+# 32 groups: 0.300 ms with BIG_CACHE, 0.312 without, 0.420 with neither.
+PLANE_SUMS = True
+_PLANE_SUMS_BYTES = 16 * 1024
+# Group norm backward rows whose x and dy exceed CACHE_BYTES but fit the
+# device's per-block shared-memory opt-in (227 KB on the H100; 64x256x56x56 with
+# 32 groups: 2 x 100 KB) are cached anyway, one block per SM, so x and dy are
+# read from DRAM once.  False: such rows re-read global memory in pass 2.
+BIG_CACHE = True
+_OPTIN = {}  # device -> the largest dynamic shared memory a block may opt in to
+# Group / instance norm forward, NCHW, 16-byte rows: gn_rows_forward_pipelined
+# (persistent blocks, two row buffers, the next row's cp.async copies in flight
+# while this row is reduced and stored) when two rows fit the per-block opt-in.
+# False: norm_rows_forward (one block per row).  H100, 64x256x56x56 / 32 groups:
+# 0.1557 ms (0.89 of copy) vs 0.1699 ms (0.82).
+PIPELINED_FORWARD = True
+_PIPELINE_GRID_CAP = None  # tests: at most this many persistent blocks (each then walks many rows)
+# Group / instance norm backward, NCHW: gn_rows_backward (contiguous warp ranges,
+# plane sums in registers).  "x": x cached, dy re-read (mostly L2), blocks of at
+# most 512 threads and rows within CACHE_BYTES, so two blocks share an SM;
+# "both": x and dy cached up to the per-block opt-in (one block per SM for
+# 100 KB rows).  None: norm_rows_backward (PLANE_SUMS / BIG_CACHE below it).
+# H100, 64x256x56x56 / 32 groups: "x" 0.3084 ms, "both" 0.3374, None 0.3008 --
+# the warp-contiguous ranges lose to the block-contiguous mapping, so None.
+GN_BACKWARD = None
+GN_BACKWARD_MODES = ("x", "both", None)
+
+
+# ---------------------------------------------------------------------- validation
+
+def _check_params(shape, what, **params):
+    for name, v in params.items():
+        if v is not None:
+            _validate.check_shape(name, v, shape, what)
+
+
+def _check_stats(x_dtype, shape, **stats):
+    acc = _dtypes.accumulate_dtype(x_dtype)
+    for name, v in stats.items():
+        if v is None:
+            continue
+        if v.dtype != acc:
+            raise TypeError(f"{name} must have dtype {acc} (the accumulation dtype of x's "
+                            f"{x_dtype}), got {v.dtype}")
+        _validate.check_shape(name, v, shape, "one value per normalized row")
+
+
+def _check_dy(dy, x):
+    _validate.check_same_dtype(x=x, dy=dy)
+    _validate.check_shape("dy", dy, x.shape, "x's shape")
+
+
+def _normalized_shape(x, normalized_shape):
+    """PyTorch's rule: an int or a tuple of ints equal to x's trailing axes."""
+    if isinstance(normalized_shape, (int, np.integer)) and not isinstance(normalized_shape, bool):
+        shape = (int(normalized_shape),)
+    else:
+        try:
+            shape = tuple(normalized_shape)
+        except TypeError:
+            raise TypeError(f"normalized_shape must be an int or a tuple of ints, "
+                            f"got {normalized_shape!r}") from None
+        if not all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in shape):
+            raise TypeError(f"normalized_shape must be an int or a tuple of ints, got {normalized_shape!r}")
+        shape = tuple(int(v) for v in shape)
+    if not shape or len(shape) > x.ndim or tuple(x.shape[x.ndim - len(shape):]) != shape:
+        raise ValueError(f"normalized_shape must be a non-empty tuple equal to x's trailing axes, "
+                         f"got {normalized_shape!r} for x of shape {tuple(x.shape)}")
+    if int(np.prod(shape)) == 0:
+        raise ValueError(f"normalized_shape must have no zero-sized axis, got {shape}")
+    return shape
+
+
+def _row_problem(x, normalized_shape):
+    """(normalized shape, batch shape): x is (*batch, *normalized shape)."""
+    _validate.check_float_dtype("x", x)
+    shape = _normalized_shape(x, normalized_shape)
+    batch = tuple(x.shape[:x.ndim - len(shape)])
+    return shape, batch
+
+
+def _group_problem(x, num_groups, layout):
+    _validate.check_layout(layout, LAYOUTS)
+    _validate.check_float_dtype("x", x)
+    if not 2 <= x.ndim <= 5:
+        raise ValueError(f"x must be 2-D to 5-D ((N, C), (N, C, L), (N, C, H, W) or (N, C, D, H, W), "
+                         f"channel-last for NHWC), got shape {tuple(x.shape)}")
+    channels = x.shape[1 if layout == "NCHW" else -1]
+    if isinstance(num_groups, bool) or not isinstance(num_groups, (int, np.integer)):
+        raise TypeError(f"num_groups must be an int, got {num_groups!r}")
+    if num_groups < 1 or channels % num_groups:
+        raise ValueError(f"num_groups must be positive and divide the {channels} channels, got {num_groups}")
+    return channels, int(num_groups)
+
+
+# ---------------------------------------------------------------------- layer norm
+
+def layer_norm(x, normalized_shape, gamma=None, beta=None, eps=1e-5, return_stats=False):
+    """Normalize over the trailing ``normalized_shape`` axes (``F.layer_norm``).
+    gamma/beta have ``normalized_shape``; ``return_stats=True`` returns
+    ``(y, mean, rstd)`` with the batch (leading) shape."""
+    xp = _validate.array_module(x=x, gamma=gamma, beta=beta)
+    shape, batch = _row_problem(x, normalized_shape)
+    eps = _validate.real_number("eps", eps, 0.0)
+    _validate.parameter_dtype(x.dtype, gamma=gamma, beta=beta)
+    _check_params(shape, "normalized_shape", gamma=gamma, beta=beta)
+    y, mean, rstd = _rows_forward(xp, x.reshape(-1, int(np.prod(shape))),
+                                  1, _flat(gamma), _flat(beta), eps, "NCHW", False)
+    y = y.reshape(x.shape)
+    return (y, mean.reshape(batch), rstd.reshape(batch)) if return_stats else y
+
+
+def layer_norm_backward(dy, x, normalized_shape, gamma=None, *, eps=1e-5, mean=None, rstd=None):
+    """``(dx, dgamma, dbeta)``; ``mean``/``rstd`` are the saved statistics (None:
+    recomputed from x).  dgamma/dbeta have ``normalized_shape``."""
+    xp = _validate.array_module(dy=dy, x=x, gamma=gamma, mean=mean, rstd=rstd)
+    shape, batch = _row_problem(x, normalized_shape)
+    eps = _validate.real_number("eps", eps, 0.0)
+    _check_dy(dy, x)
+    pdtype = _validate.parameter_dtype(x.dtype, gamma=gamma)
+    _check_params(shape, "normalized_shape", gamma=gamma)
+    _validate.check_pair("mean", mean, "rstd", rstd)
+    _check_stats(x.dtype, batch, mean=mean, rstd=rstd)
+    L = int(np.prod(shape))
+    dx, dgamma, dbeta = _rows_backward(xp, dy.reshape(-1, L), x.reshape(-1, L), 1, _flat(gamma),
+                                       _flat(mean), _flat(rstd), eps, "NCHW", pdtype, False)
+    return dx.reshape(x.shape), dgamma.reshape(shape), dbeta.reshape(shape)
+
+
+def _default_rms_eps(dtype, eps):
+    """PyTorch's default: the machine epsilon of the type it computes in -- float32 for
+    float16/bfloat16 x (checked against torch 2.11 on the H100: 1.19e-7, not 9.8e-4)."""
+    if eps is None:
+        return float(np.finfo(_dtypes.accumulate_dtype(dtype)).eps)
+    return _validate.real_number("eps", eps, 0.0)
+
+
+def rms_norm(x, normalized_shape, gamma=None, eps=None, return_stats=False):
+    """``x / sqrt(mean(x^2) + eps) * gamma`` over the trailing ``normalized_shape``
+    axes (``F.rms_norm``; eps None = the machine epsilon of the accumulation
+    dtype, float32's for half x, as PyTorch).
+    ``return_stats=True`` returns ``(y, rstd)``."""
+    xp = _validate.array_module(x=x, gamma=gamma)
+    shape, batch = _row_problem(x, normalized_shape)
+    eps = _default_rms_eps(x.dtype, eps)
+    _validate.parameter_dtype(x.dtype, gamma=gamma)
+    _check_params(shape, "normalized_shape", gamma=gamma)
+    y, _, rstd = _rows_forward(xp, x.reshape(-1, int(np.prod(shape))),
+                               1, _flat(gamma), None, eps, "NCHW", True)
+    y = y.reshape(x.shape)
+    return (y, rstd.reshape(batch)) if return_stats else y
+
+
+def rms_norm_backward(dy, x, normalized_shape, gamma=None, *, eps=None, rstd=None):
+    """``(dx, dgamma)``; ``rstd`` is the saved statistic (None: recomputed)."""
+    xp = _validate.array_module(dy=dy, x=x, gamma=gamma, rstd=rstd)
+    shape, batch = _row_problem(x, normalized_shape)
+    eps = _default_rms_eps(x.dtype, eps)
+    _check_dy(dy, x)
+    pdtype = _validate.parameter_dtype(x.dtype, gamma=gamma)
+    _check_params(shape, "normalized_shape", gamma=gamma)
+    _check_stats(x.dtype, batch, rstd=rstd)
+    L = int(np.prod(shape))
+    dx, dgamma, _ = _rows_backward(xp, dy.reshape(-1, L), x.reshape(-1, L), 1, _flat(gamma), None,
+                                   _flat(rstd), eps, "NCHW", pdtype, True)
+    return dx.reshape(x.shape), dgamma.reshape(shape)
+
+
+# ---------------------------------------------------------------------- group and instance norm
+
+def group_norm(x, num_groups, gamma=None, beta=None, eps=1e-5, layout="NCHW", return_stats=False):
+    """Normalize each group of ``C / num_groups`` channels of each sample over the
+    group's channels and positions (``F.group_norm``); gamma/beta per channel.
+    ``return_stats=True`` returns ``(y, mean, rstd)`` of shape (N, num_groups)."""
+    xp = _validate.array_module(x=x, gamma=gamma, beta=beta)
+    channels, groups = _group_problem(x, num_groups, layout)
+    eps = _validate.real_number("eps", eps, 0.0)
+    _validate.parameter_dtype(x.dtype, gamma=gamma, beta=beta)
+    _check_params((channels,), "one value per channel", gamma=gamma, beta=beta)
+    y, mean, rstd = _rows_forward(xp, x, groups, gamma, beta, eps, layout, False)
+    return (y, mean, rstd) if return_stats else y
+
+
+def group_norm_backward(dy, x, num_groups, gamma=None, *, eps=1e-5, mean=None, rstd=None, layout="NCHW"):
+    """``(dx, dgamma, dbeta)``; ``mean``/``rstd`` (N, num_groups) saved, or None."""
+    xp = _validate.array_module(dy=dy, x=x, gamma=gamma, mean=mean, rstd=rstd)
+    channels, groups = _group_problem(x, num_groups, layout)
+    eps = _validate.real_number("eps", eps, 0.0)
+    _check_dy(dy, x)
+    pdtype = _validate.parameter_dtype(x.dtype, gamma=gamma)
+    _check_params((channels,), "one value per channel", gamma=gamma)
+    _validate.check_pair("mean", mean, "rstd", rstd)
+    _check_stats(x.dtype, (x.shape[0], groups), mean=mean, rstd=rstd)
+    return _rows_backward(xp, dy, x, groups, gamma, mean, rstd, eps, layout, pdtype, False)
+
+
+def _instance_problem(x, layout):
+    _validate.check_layout(layout, LAYOUTS)
+    _validate.check_float_dtype("x", x)
+    if not 3 <= x.ndim <= 5:
+        raise ValueError(f"x must be 3-D to 5-D ((N, C, L), (N, C, H, W) or (N, C, D, H, W), "
+                         f"channel-last for NHWC), got shape {tuple(x.shape)}")
+    return x.shape[1 if layout == "NCHW" else -1]
+
+
+def instance_norm(x, gamma=None, beta=None, running_mean=None, running_var=None, use_input_stats=True,
+                  momentum=0.1, eps=1e-5, layout="NCHW", return_stats=False):
+    """``F.instance_norm``: each (sample, channel) normalized over its positions.
+    With ``use_input_stats`` the running statistics (when given) are updated in
+    place with the batch average of the per-instance mean and unbiased variance;
+    without it they normalize (then required; this is batch-norm inference).
+    ``return_stats=True`` returns ``(y, mean, rstd)``, (N, C) with input
+    statistics, (C,) from the running ones."""
+    xp = _validate.array_module(x=x, gamma=gamma, beta=beta, running_mean=running_mean,
+                                running_var=running_var)
+    channels = _instance_problem(x, layout)
+    if not isinstance(use_input_stats, (bool, np.bool_)):
+        raise TypeError(f"use_input_stats must be a bool, got {use_input_stats!r}")
+    momentum = _validate.real_number("momentum", momentum, 0.0, 1.0)
+    eps = _validate.real_number("eps", eps, 0.0)
+    _validate.parameter_dtype(x.dtype, gamma=gamma, beta=beta, running_mean=running_mean, running_var=running_var)
+    _check_params((channels,), "one value per channel", gamma=gamma, beta=beta,
+                  running_mean=running_mean, running_var=running_var)
+    _validate.check_pair("running_mean", running_mean, "running_var", running_var)
+    spatial = x.size // max(1, x.shape[0] * channels)
+    if not use_input_stats:
+        if running_mean is None:
+            raise ValueError("running_mean and running_var are required when use_input_stats=False")
+        from .normalization import batchnorm
+        return batchnorm(x, gamma, beta, running_mean, running_var, training=False, eps=eps,
+                         layout=layout, return_stats=return_stats)
+    if running_mean is not None and spatial <= 1:
+        raise ValueError(f"x must have more than 1 spatial value per channel to update the running "
+                         f"statistics, got shape {tuple(x.shape)}")
+    y, mean, rstd = _rows_forward(xp, x, channels, gamma, beta, eps, layout, False)
+    if running_mean is not None and x.size:
+        acc = mean.dtype
+        var = 1 / (rstd * rstd) - acc.type(eps)  # the biased per-instance variance
+        unbiased = var * acc.type(spatial / (spatial - 1))
+        m = acc.type(momentum)
+        running_mean[...] = ((1 - m) * running_mean.astype(acc) + m * mean.mean(axis=0)).astype(running_mean.dtype)
+        running_var[...] = ((1 - m) * running_var.astype(acc) + m * unbiased.mean(axis=0)).astype(running_var.dtype)
+    return (y, mean, rstd) if return_stats else y
+
+
+def instance_norm_backward(dy, x, gamma=None, *, running_mean=None, running_var=None, use_input_stats=True,
+                           eps=1e-5, mean=None, rstd=None, layout="NCHW"):
+    """``(dx, dgamma, dbeta)``.  With input statistics this is group norm's backward
+    with one channel per group (``mean``/``rstd`` (N, C) saved, or None);
+    without, the running statistics are constants: dx = dy * gamma / sqrt(running_var + eps)."""
+    xp = _validate.array_module(dy=dy, x=x, gamma=gamma, running_mean=running_mean, running_var=running_var,
+                                mean=mean, rstd=rstd)
+    channels = _instance_problem(x, layout)
+    eps = _validate.real_number("eps", eps, 0.0)
+    _check_dy(dy, x)
+    pdtype = _validate.parameter_dtype(x.dtype, gamma=gamma)
+    _check_params((channels,), "one value per channel", gamma=gamma)
+    if use_input_stats:
+        _validate.check_pair("mean", mean, "rstd", rstd)
+        _check_stats(x.dtype, (x.shape[0], channels), mean=mean, rstd=rstd)
+        return _rows_backward(xp, dy, x, channels, gamma, mean, rstd, eps, layout, pdtype, False)
+    if running_mean is None or running_var is None:
+        raise ValueError("running_mean and running_var are required when use_input_stats=False")
+    _validate.parameter_dtype(x.dtype, running_mean=running_mean, running_var=running_var)
+    _check_params((channels,), "one value per channel", running_mean=running_mean, running_var=running_var)
+    return _constant_stats_backward(xp, dy, x, gamma, running_mean, running_var, eps, layout, pdtype)
+
+
+def _constant_stats_backward(xp, dy, x, gamma, running_mean, running_var, eps, layout, pdtype):
+    """Gradients of y = (x - rm) / sqrt(rv + eps) * gamma + beta (the statistics are
+    constants): an elementwise formula and two per-channel sums, in array code."""
+    acc = _dtypes.accumulate_dtype(x.dtype)
+    shape = [1] * x.ndim
+    shape[1 if layout == "NCHW" else -1] = -1
+    axes = tuple(a for a in range(x.ndim) if a != (1 if layout == "NCHW" else x.ndim - 1))
+    invstd = (1 / xp.sqrt(running_var.astype(acc) + acc.type(eps))).reshape(shape)
+    d = dy.astype(acc)
+    xhat = (x.astype(acc) - running_mean.astype(acc).reshape(shape)) * invstd
+    scale = invstd if gamma is None else invstd * gamma.astype(acc).reshape(shape)
+    return ((d * scale).astype(x.dtype), (d * xhat).sum(axis=axes).astype(pdtype),
+            d.sum(axis=axes).astype(pdtype))
+
+
+def _flat(a):
+    return None if a is None else a.reshape(-1)
+
+
+# ---------------------------------------------------------------------- dispatch
+# `x` is (N, ...) with rows (n, g); layer norm passes x as 2-D (rows, L) with one group.
+
+def _rows_forward(xp, x, groups, gamma, beta, eps, layout, rms):
+    if xp is np:
+        if x.size == 0:
+            return _empty_forward(np, x, groups, rms)
+        y, mean, rstd = reference.normalize_rows(x, groups, gamma, beta, eps, layout, rms)
+        return y, (np.zeros_like(rstd) if rms else mean), rstd
+    if x.size == 0:
+        return _empty_forward(xp, x, groups, rms)
+    return _forward_gpu(xp, x, groups, gamma, beta, eps, layout, rms)
+
+
+def _empty_forward(xp, x, groups, rms):
+    acc = _dtypes.accumulate_dtype(x.dtype)
+    nan = xp.full((x.shape[0], groups), np.nan, dtype=acc)
+    return xp.empty(x.shape, x.dtype), nan, nan.copy()
+
+
+def _rows_backward(xp, dy, x, groups, gamma, mean, rstd, eps, layout, pdtype, rms):
+    channels = x.shape[1 if layout == "NCHW" else -1]
+    if x.size == 0:
+        zeros = xp.zeros(channels, pdtype)
+        return xp.empty(x.shape, x.dtype), zeros, zeros.copy()
+    if xp is np:
+        return reference.normalize_rows_backward(dy, x, groups, gamma, mean, rstd, eps, layout, pdtype, rms)
+    return _backward_gpu(xp, dy, x, groups, gamma, mean, rstd, eps, layout, pdtype, rms)
+
+
+class _Rows:
+    """Row geometry, vector width, block size and cache decision for one call."""
+
+    def __init__(self, x, groups, layout, arrays, cached_tensors, cache_limit=CACHE_BYTES):
+        self.t = _dtypes.cuda_type(x.dtype)
+        self.nhwc = layout == "NHWC"
+        n = x.shape[0]
+        channels = x.shape[-1] if self.nhwc else x.shape[1]
+        self.rows = n * groups
+        self.K = channels // groups
+        self.S = x.size // (n * channels)
+        self.M = self.K * self.S
+        self.groups = groups
+        vec = _VECTOR[self.t]
+        fits = (self.K % vec == 0) if self.nhwc else (self.S == 1 or self.S % vec == 0)
+        aligned = all(a.data.ptr % 16 == 0 for a in arrays if a is not None)
+        self.vec = vec if fits and self.M % vec == 0 and aligned else 1
+        self.index_t = index_type(x.size + self.M)
+        self.it = np.int32 if self.index_t == "int" else np.int64
+        vectors = self.M // self.vec
+        self.block = int(min(1024, max(32, 1 << max(0, (ceil_div(vectors, 2) - 1).bit_length()))))
+        cache_bytes = cached_tensors * self.M * x.itemsize
+        self.cache = cache_bytes <= cache_limit
+        self.shared = cache_bytes if self.cache else 0
+
+    def spec(self, kernel, param_type):
+        return f"{kernel}<{self.t}, {param_type}, {self.index_t}, {self.vec}>"
+
+    def geometry(self):
+        return (self.it(self.K), self.it(self.S), np.int32(self.groups), np.int32(self.nhwc))
+
+
+_RAISED = {}  # (device, expression) -> the dynamic shared memory limit set on it
+_MAX_BLOCK = {}  # (device, expression) -> the largest block its registers allow
+
+
+def _launch_rows(expr, rows, args, per_warp_bytes=0):
+    """One block per row; `per_warp_bytes` of dynamic shared memory per warp
+    after the (16-byte rounded) row cache."""
+    import cupy
+    kernel = FAMILY.function(expr)
+    key = (cupy.cuda.runtime.getDevice(), expr)
+    most = _MAX_BLOCK.get(key)
+    if most is None:  # a half-type backward at 1024 threads needs more than 64 registers each
+        most = _MAX_BLOCK[key] = kernel.max_threads_per_block // 32 * 32
+    block = min(rows.block, most)
+    shared = rows.shared
+    if per_warp_bytes:
+        shared = ceil_div(shared, 16) * 16 + block // 32 * per_warp_bytes
+    _raise_shared(kernel, key, shared)
+    kernel((rows.rows,), (block,), args, shared_mem=shared)
+
+
+def _cache_limit(cp):
+    """Row-cache bytes of the group-norm backward: BIG_CACHE lets a row block
+    take what the device allows one block (less the plane sums and static data)."""
+    if not BIG_CACHE:
+        return CACHE_BYTES
+    return max(CACHE_BYTES, _optin(cp) - _PLANE_SUMS_BYTES - 1024)
+
+
+_NULL = np.uint64(0)  # a null pointer argument
+
+
+def _param_or_null(cp, a):
+    return _NULL if a is None else _validate.contiguous(cp, a)
+
+
+def _optin(cp):
+    device = cp.cuda.runtime.getDevice()
+    optin = _OPTIN.get(device)
+    if optin is None:
+        try:
+            optin = int(cp.cuda.Device(device).attributes["MaxSharedMemoryPerBlockOptin"])
+        except Exception:  # attribute unknown: the default limit
+            optin = 48 * 1024
+        _OPTIN[device] = optin
+    return optin
+
+
+_PERSISTENT = {}  # (device, expression, block, shared) -> blocks resident at once, 0 if unknown
+
+
+def _resident_blocks(cp, kernel, expr, block, shared):
+    key = (cp.cuda.runtime.getDevice(), expr, block, shared)
+    resident = _PERSISTENT.get(key)
+    if resident is None:
+        resident = 0
+        if block <= kernel.max_threads_per_block:
+            try:
+                from cupy_backends.cuda.api import driver
+                per_sm = driver.occupancyMaxActiveBlocksPerMultiprocessor(kernel.kernel.ptr, block, shared)
+                resident = int(per_sm) * int(cp.cuda.Device().attributes["MultiProcessorCount"])
+            except Exception:  # no occupancy API: the one-block-per-row kernel
+                resident = 0
+        _PERSISTENT[key] = resident
+    return resident
+
+
+def _raise_shared(kernel, key, shared):
+    if shared > 48 * 1024 and _RAISED.get(key, 0) < shared:  # opt in above the default
+        kernel.max_dynamic_shared_size_bytes = shared
+        _RAISED[key] = shared
+
+
+def _pipelined_forward(cp, x, y, gamma, beta, mean, rstd, rows, pt, eps):
+    """Launch gn_rows_forward_pipelined and return True, or False when it does not apply."""
+    if not (PIPELINED_FORWARD and not rows.nhwc and rows.S > 1 and rows.vec > 1):
+        return False
+    row_bytes = ceil_div(rows.M * x.itemsize, 16) * 16
+    shared = 2 * row_bytes
+    if shared > _optin(cp) - 1024:
+        return False
+    expr = f"gn_rows_forward_pipelined<{rows.t}, {pt}, {rows.index_t}, {rows.vec}>"
+    kernel = FAMILY.function(expr)
+    key = (cp.cuda.runtime.getDevice(), expr)
+    block = min(rows.block, kernel.max_threads_per_block // 32 * 32)
+    _raise_shared(kernel, key, shared)
+    resident = _resident_blocks(cp, kernel, expr, block, shared)
+    if resident <= 0:
+        return False
+    grid = min(rows.rows, resident, _PIPELINE_GRID_CAP or resident)
+    kernel((grid,), (block,),
+           (x, y, _param_or_null(cp, gamma), _param_or_null(cp, beta), mean, rstd, rows.it(rows.K),
+            rows.it(rows.S), np.int32(rows.groups), rows.it(rows.rows), eps), shared_mem=shared)
+    return True
+
+
+def _forward_gpu(cp, x, groups, gamma, beta, eps, layout, rms, write_y=True):
+    acc = _dtypes.accumulate_dtype(x.dtype)
+    x = _validate.contiguous(cp, x)
+    y = cp.empty(x.shape, x.dtype) if write_y else None
+    rows = _Rows(x, groups, layout, (x, y), 1)
+    mean = cp.empty((x.shape[0], groups), acc)
+    rstd = cp.empty((x.shape[0], groups), acc)
+    pdtype = next((p.dtype for p in (gamma, beta) if p is not None), x.dtype)
+    real = np.float32 if acc == np.float32 else np.float64
+    if write_y and not rms and _pipelined_forward(cp, x, y, gamma, beta, mean, rstd, rows,
+                                                  _dtypes.cuda_type(pdtype), real(eps)):
+        return y, mean, rstd
+    _launch_rows(rows.spec("norm_rows_forward", _dtypes.cuda_type(pdtype)), rows,
+                 (x, _NULL if y is None else y, _param_or_null(cp, gamma), _param_or_null(cp, beta), mean, rstd,
+                  *rows.geometry(), real(eps), np.int32(rms), np.int32(rows.cache), np.int32(write_y)))
+    if rms:
+        mean[...] = 0
+    return y, mean, rstd
+
+
+def _backward_gpu(cp, dy, x, groups, gamma, mean, rstd, eps, layout, pdtype, rms):
+    acc = _dtypes.accumulate_dtype(x.dtype)
+    x = _validate.contiguous(cp, x)
+    dy = _validate.contiguous(cp, dy)
+    if rstd is None:
+        _, mean, rstd = _forward_gpu(cp, x, groups, None, None, eps, layout, rms, write_y=False)
+    else:
+        rstd = _validate.contiguous(cp, rstd)
+        mean = rstd if rms else _validate.contiguous(cp, mean)  # unread for RMS
+    dx = cp.empty(x.shape, x.dtype)
+    planes = not rms and layout != "NHWC" and x.ndim > 2 and x.size // (x.shape[0] * x.shape[1]) > 1
+    rows = _Rows(x, groups, layout, (x, dy, dx), 2, _cache_limit(cp) if planes else CACHE_BYTES)
+    pt = _dtypes.cuda_type(pdtype)
+    if FUSED_BACKWARD and not rows.nhwc and rows.S == 1 and rows.groups == 1:
+        fused = _fused_backward(cp, dy, x, gamma, mean, rstd, dx, rows, pt, pdtype, acc, rms)
+        if fused is not None:
+            return (dx, *fused)
+    if planes and GN_BACKWARD is not None:
+        done = _gn_backward(cp, dy, x, gamma, mean, rstd, dx, rows, pt, pdtype, acc)
+        if done is not None:
+            return (dx, *done)
+    per_warp = 2 * rows.K * np.dtype(acc).itemsize  # plane sums: one slice per warp
+    if (PLANE_SUMS and planes and rows.S >= 32 * rows.vec and
+            rows.block // 32 * per_warp <= _PLANE_SUMS_BYTES):
+        n, channels = x.shape[0], rows.groups * rows.K
+        part = cp.empty((2, n, channels), acc)
+        _launch_rows(rows.spec("norm_rows_backward", pt), rows,
+                     (dy, x, _param_or_null(cp, gamma), mean, rstd, dx, *rows.geometry(), np.int32(rms),
+                      np.int32(rows.cache), part[0], part[1], np.int32(1)), per_warp)
+        return (dx, *_finish_param_grads(cp, part[0], part[1], n, channels, rows.t, pdtype))
+    _launch_rows(rows.spec("norm_rows_backward", pt), rows,
+                 (dy, x, _param_or_null(cp, gamma), mean, rstd, dx, *rows.geometry(), np.int32(rms),
+                  np.int32(rows.cache), _NULL, _NULL, np.int32(0)))
+    dgamma, dbeta = _param_grads(cp, dy, x, mean, rstd, rows, layout, pdtype, acc, rms)
+    return dx, dgamma, dbeta
+
+
+def _gn_backward(cp, dy, x, gamma, mean, rstd, dx, rows, pt, pdtype, acc):
+    """(dgamma, dbeta) after gn_rows_backward wrote dx, or None when no block size
+    keeps a warp's range within two planes (then nothing was launched)."""
+    expr = rows.spec("gn_rows_backward", pt)
+    kernel = FAMILY.function(expr)
+    most = kernel.max_threads_per_block // 32 * 32
+    if GN_BACKWARD == "x":
+        candidates = (min(rows.block, 512, most), min(rows.block, most))
+        both_limit, x_limit = CACHE_BYTES, CACHE_BYTES
+    else:
+        candidates = (min(rows.block, most),)
+        both_limit = x_limit = _cache_limit(cp)
+    plane_vectors = rows.S // rows.vec
+    vectors = rows.M // rows.vec
+    block = next((b for b in candidates if ceil_div(vectors, b // 32) <= plane_vectors), None)
+    if block is None:
+        return None
+    row_bytes = ceil_div(rows.M * x.itemsize, 16) * 16
+    cache = 2 if 2 * row_bytes <= both_limit else 1 if row_bytes <= x_limit else 0
+    shared = cache * row_bytes + (4 * (block // 32) + 2 * rows.K) * np.dtype(acc).itemsize
+    _raise_shared(kernel, (cp.cuda.runtime.getDevice(), expr), shared)
+    n, channels = x.shape[0], rows.groups * rows.K
+    part = cp.empty((2, n, channels), acc)
+    kernel((rows.rows,), (block,), (dy, x, _param_or_null(cp, gamma), mean, rstd, dx, rows.it(rows.K),
+                                    rows.it(rows.S), np.int32(rows.groups), np.int32(cache), part[0], part[1]),
+           shared_mem=shared)
+    return _finish_param_grads(cp, part[0], part[1], n, channels, rows.t, pdtype)
+
+
+_FUSED_GRID = {}  # (device, expression, block) -> blocks resident at once, 0 if unknown
+
+
+def _fused_backward(cp, dy, x, gamma, mean, rstd, dx, rows, pt, pdtype, acc, rms):
+    """(dgamma, dbeta) after norm_rows_backward_fused wrote dx, or None when the
+    row does not fit its registers (then nothing was launched)."""
+    if rows.block * _FUSED_ITEMS * rows.vec < rows.M:
+        return None
+    expr = rows.spec("norm_rows_backward_fused", pt)
+    kernel = FAMILY.function(expr)
+    key = (cp.cuda.runtime.getDevice(), expr, rows.block)
+    resident = _FUSED_GRID.get(key)
+    if resident is None:
+        resident = 0
+        if rows.block <= kernel.max_threads_per_block:
+            try:
+                from cupy_backends.cuda.api import driver
+                per_sm = driver.occupancyMaxActiveBlocksPerMultiprocessor(kernel.kernel.ptr, rows.block, 0)
+                resident = int(per_sm) * int(cp.cuda.Device().attributes["MultiProcessorCount"])
+            except Exception:  # no occupancy API: the unfused kernels
+                resident = 0
+        _FUSED_GRID[key] = resident
+    if resident <= 0:
+        return None
+    grid = min(rows.rows, resident)
+    channels = rows.M
+    part = cp.empty((2, grid, channels), acc)
+    kernel((grid,), (rows.block,), (dy, x, _param_or_null(cp, gamma), mean, rstd, dx, part[0], part[1],
+                                    rows.it(rows.rows), rows.it(channels), np.int32(rms)))
+    dgamma = cp.empty(channels, pdtype)
+    dbeta = cp.empty(channels, pdtype)
+    FAMILY.launch(f"norm_param_grads_finish_wide<{_ACC[rows.t]}, {pt}>", (ceil_div(channels, 32),), (32, 8),
+                  (part[0], part[1], dgamma, dbeta, np.int64(grid), np.int64(channels)))
+    return dgamma, dbeta
+
+
+def _param_grads(cp, dy, x, mean, rstd, rows, layout, pdtype, acc, rms):
+    """dgamma/dbeta: x as (outer, P, inner) (see the .cu header), partials, then finish."""
+    channels = rows.groups * rows.K
+    it, t = rows.it, rows.t
+    n = x.shape[0]
+    if not rows.nhwc and rows.S > 1:  # group norm NCHW: one block per (n, c) plane
+        splits = n
+        part_g, part_b = cp.empty((splits, channels), acc), cp.empty((splits, channels), acc)
+        FAMILY.launch(f"norm_param_grads_planes<{t}, {rows.index_t}>", (n * channels,), (256,),
+                      (dy, x, mean, rstd, part_g, part_b, it(channels), it(rows.S), np.int32(rows.groups),
+                       it(rows.K)))
+    else:
+        outer = n * rows.S  # layer norm: S == 1; NHWC: (N * S, C, 1)
+        ostep = rows.S if rows.nhwc else 1
+        col_blocks = ceil_div(channels, 32)
+        splits = max(1, min(ceil_div(_SM_TARGET, col_blocks), ceil_div(outer, 64)))
+        per_split = ceil_div(outer, splits)
+        splits = ceil_div(outer, per_split)
+        part_g, part_b = cp.empty((splits, channels), acc), cp.empty((splits, channels), acc)
+        FAMILY.launch(f"norm_param_grads_columns<{t}, {rows.index_t}>", (col_blocks, splits), (32, 8),
+                      (dy, x, mean, rstd, part_g, part_b, it(outer), it(channels), it(ostep),
+                       np.int32(rows.groups), it(rows.K), it(per_split), np.int32(rms)))
+    return _finish_param_grads(cp, part_g, part_b, splits, channels, t, pdtype)
+
+
+def _finish_param_grads(cp, part_g, part_b, splits, channels, t, pdtype):
+    """(dgamma, dbeta): the (splits, channels) partials added in split order."""
+    dgamma = cp.empty(channels, pdtype)
+    dbeta = cp.empty(channels, pdtype)
+    FAMILY.launch(f"norm_param_grads_finish<{_ACC[t]}, {_dtypes.cuda_type(pdtype)}>",
+                  (ceil_div(channels, 256),), (256,),
+                  (part_g, part_b, dgamma, dbeta, np.int64(splits), np.int64(channels)))
+    return dgamma, dbeta

@@ -1,0 +1,1588 @@
+// Batch normalization: statistics, normalize + affine, backward.
+//
+// x is viewed as (outer, C, inner): NCHW is (N, C, H*W), NHWC is (N*H*W, C, 1),
+// a 2-D (N, C) input is (N, C, 1).  Element j of channel c's n = outer*inner
+// values lives at (j / inner * C + c) * inner + j % inner.
+//
+// T is the storage type of x, y, dy, dx; P that of gamma, beta, the running
+// statistics, dgamma and dbeta (T, or float when T is a half type -- the cuDNN
+// rule); A = acc_t<T> holds every intermediate, the saved mean and invstd.
+//
+// Work split.  Every kernel runs one block of BN_THREADS threads per *chunk*:
+// BN_CHUNK consecutive values j of one channel (the last chunk of a channel
+// may be short), so a channel of 200k values gets ~50 blocks and the grid
+// fills the 132 SMs for any C.  Block id = channel * splits + chunk.  Thread t
+// handles values j = start + (k * BN_THREADS + t) * VEC + v: each warp reads
+// 32 * VEC consecutive values, VEC values (16 bytes) per load when inner is a
+// multiple of VEC and the pointers are 16-byte aligned (then a vector never
+// crosses an (outer) segment), else VEC = 1.
+//
+// Statistics (training): pass 1 (batchnorm_partial_statistics) keeps its
+// chunk in registers and computes the chunk's mean, then the sum of squared
+// deviations from it -- two-pass exact per chunk; chunks are merged with
+// Chan's pairwise formula in a fixed order (warp 0, lane-strided then a
+// shuffle tree), so results are bitwise reproducible and exact enough for any
+// data, unlike E[x^2] - E[x]^2.  The merge is redone by every block of pass 2
+// (a few dozen values from L2) instead of a separate launch; the block of chunk
+// 0 writes mean/invstd and the running statistics.
+//
+// The floor is: read x twice, write y once (forward); read x and dy twice,
+// write dx once (backward).  Pass 2 walks the chunks in the reverse order of
+// pass 1 (`reverse`), so its first blocks find the data pass 1 read last still
+// in L2 (50 MB on the H100).
+//
+// Channel-last x (inner == 1: NHWC, 2-D) runs the rows kernels at the end of
+// this file instead (vectorised along C).  Small channels whose inner size is
+// not a multiple of VEC (7x7 planes) keep 16-byte accesses through
+// batchnorm_train_grouped (training: G channels per block, one launch) and
+// batchnorm_infer_flat (inference: x as one flat array).
+//
+// The chunk kernels share their passes through the device helpers below
+// (load_chunk[_pair], chunk_mean_m2, chunk_grad_sums, store_chunk_normalized,
+// store_chunk_dx, merge_statistics / merge_sums, write_statistics): the
+// two-pass and the single-read (fused) kernels run the same code per chunk.
+#include "common.cuh"
+
+#define BN_THREADS 256
+#define BN_PER_THREAD 16
+#define BN_CHUNK (BN_THREADS * BN_PER_THREAD)
+
+template <typename T, int VEC>
+struct alignas(sizeof(T) * VEC) Pack {
+    T v[VEC];
+};
+
+template <typename index_t>
+__device__ __forceinline__ index_t channel_offset(index_t j, index_t c, index_t C, index_t inner) {
+    const index_t o = j / inner;
+    return (o * C + c) * inner + (j - o * inner);
+}
+
+template <typename T, int VEC, typename index_t>
+__device__ __forceinline__ void load_pack(const T* __restrict__ p, index_t off, acc_t<T> (&out)[VEC]) {
+    const Pack<T, VEC> pk = *reinterpret_cast<const Pack<T, VEC>*>(p + off);
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) out[v] = load(pk.v[v]);
+}
+
+template <typename T, int VEC, typename index_t>
+__device__ __forceinline__ void store_pack(T* __restrict__ p, index_t off, const acc_t<T> (&in)[VEC]) {
+    Pack<T, VEC> pk;
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) pk.v[v] = store<T>(in[v]);
+    *reinterpret_cast<Pack<T, VEC>*>(p + off) = pk;
+}
+
+// The block's (channel, chunk) pair; pass 2 may walk the grid backwards.
+__device__ __forceinline__ void chunk_of_block(int splits, int reverse, int& c, int& split) {
+    const int id = reverse ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x;
+    c = id / splits;
+    split = id - c * splits;
+}
+
+// Number of values in chunk `split` of a channel of n values.
+template <typename A, typename index_t>
+__device__ __forceinline__ A chunk_count(int split, index_t n) {
+    const index_t rest = n - (index_t)split * BN_CHUNK;
+    return A(rest < BN_CHUNK ? rest : (index_t)BN_CHUNK);
+}
+
+// Chan et al.: merge (count, mean, M2) of b into a.
+template <typename A>
+__device__ __forceinline__ void chan_merge(A& na, A& ma, A& m2a, A nb, A mb, A m2b) {
+    if (nb == A(0)) return;
+    if (na == A(0)) {
+        na = nb; ma = mb; m2a = m2b;
+        return;
+    }
+    const A n = na + nb, delta = mb - ma, f = nb / n;
+    ma = ma + delta * f;
+    m2a = m2a + m2b + delta * delta * na * f;
+    na = n;
+}
+
+// Fixed-order Chan merge of the 32 lanes' (count, mean, M2): lane 0 gets the result.
+template <typename A>
+__device__ __forceinline__ void warp_chan_merge(A& cnt, A& mu, A& m2) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1) {
+        const A ob = __shfl_down_sync(0xffffffffu, cnt, offset);
+        const A om = __shfl_down_sync(0xffffffffu, mu, offset);
+        const A o2 = __shfl_down_sync(0xffffffffu, m2, offset);
+        if (lane + offset < 32) chan_merge(cnt, mu, m2, ob, om, o2);
+    }
+}
+
+// Fixed-order sum of the 32 lanes' values: lane 0 gets the result.
+template <typename A>
+__device__ __forceinline__ A warp_down_sum(A v) {
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_down_sync(0xffffffffu, v, offset);
+    return v;
+}
+
+// Writes channel c's mean / invstd and, when update_running is set, running =
+// (1 - momentum) * running + momentum * batch (variance made unbiased by
+// `unbias` = n / (n - 1)).  One thread per channel calls it.
+template <typename A, typename P>
+__device__ __forceinline__ void write_statistics(int c, A mean, A var, A invstd, A* __restrict__ mean_out,
+                                                 A* __restrict__ invstd_out, P* __restrict__ running_mean,
+                                                 P* __restrict__ running_var, A momentum, A unbias,
+                                                 int update_running) {
+    mean_out[c] = mean;
+    invstd_out[c] = invstd;
+    if (update_running) {
+        running_mean[c] = store<P>((A(1) - momentum) * A(load(running_mean[c])) + momentum * mean);
+        running_var[c] = store<P>((A(1) - momentum) * A(load(running_var[c])) + momentum * (var * unbias));
+    }
+}
+
+// What a fused kernel's block writes instead of a result it could not compute
+// (a grid barrier that timed out, see channel_barrier): a quiet NaN, never a
+// plausible wrong value.
+template <typename A> __device__ __forceinline__ A barrier_failed();
+template <> __device__ __forceinline__ float barrier_failed<float>() {
+    return __int_as_float(0x7fc00000);
+}
+template <> __device__ __forceinline__ double barrier_failed<double>() {
+    return __longlong_as_double(0x7ff8000000000000ULL);
+}
+
+// Mean and biased variance of channel c from its `splits` chunk partials, in a
+// fixed order.  Called by every thread of the block; every thread gets the
+// result.  Ptr is `const A*`, or `const volatile A*` for partials written by
+// other blocks of the same launch (the fused kernels: never a stale L1 line).
+template <typename A, typename Ptr, typename index_t>
+__device__ __forceinline__ void merge_statistics(Ptr part_mean, Ptr part_m2, int c, int splits, index_t n,
+                                                 A& mean, A& var) {
+    __shared__ A result[2];
+    if (threadIdx.x < 32) {
+        A cnt = 0, mu = 0, m2 = 0;
+        for (int b = threadIdx.x; b < splits; b += 32) {
+            chan_merge(cnt, mu, m2, chunk_count<A>(b, n), A(part_mean[c * splits + b]),
+                       A(part_m2[c * splits + b]));
+        }
+        warp_chan_merge(cnt, mu, m2);
+        if (threadIdx.x == 0) {
+            result[0] = mu;
+            result[1] = m2 / cnt;
+        }
+    }
+    __syncthreads();
+    mean = result[0];
+    var = result[1];
+}
+
+// Channel c's mean and invstd from its chunk partials (merge_statistics);
+// the block of chunk 0 writes them and updates the running statistics
+// (write_statistics; update_running 0 leaves running_* unread).
+template <typename A, typename Ptr, typename P, typename index_t>
+__device__ __forceinline__ void channel_statistics(Ptr part_mean, Ptr part_m2, int c, int split, int splits,
+                                                   index_t n, A eps, A* __restrict__ mean_out,
+                                                   A* __restrict__ invstd_out, P* __restrict__ running_mean,
+                                                   P* __restrict__ running_var, A momentum, A unbias,
+                                                   int update_running, A& mean, A& invstd, bool valid = true) {
+    A var;
+    merge_statistics(part_mean, part_m2, c, splits, n, mean, var);
+    if (!valid) mean = var = barrier_failed<A>();
+    invstd = A(1) / sqrt(var + eps);
+    if (split == 0 && threadIdx.x == 0) {
+        write_statistics(c, mean, var, invstd, mean_out, invstd_out, running_mean, running_var, momentum, unbias,
+                         update_running);
+    }
+}
+
+// Sums of two per-chunk partials of channel c, in a fixed order, to every
+// thread (Ptr as in merge_statistics).
+template <typename A, typename Ptr>
+__device__ __forceinline__ void merge_sums(Ptr part_a, Ptr part_b, int c, int splits, A& a, A& b) {
+    __shared__ A result[2];
+    if (threadIdx.x < 32) {
+        A sa = 0, sb = 0;
+        for (int k = threadIdx.x; k < splits; k += 32) {
+            sa += part_a[c * splits + k];
+            sb += part_b[c * splits + k];
+        }
+        sa = warp_down_sum(sa);
+        sb = warp_down_sum(sb);
+        if (threadIdx.x == 0) {
+            result[0] = sa;
+            result[1] = sb;
+        }
+    }
+    __syncthreads();
+    a = result[0];
+    b = result[1];
+}
+
+// ---- One chunk in registers (every chunk kernel): thread t holds values
+// j = start + (k * BN_THREADS + t) * VEC + v, k < ITEMS, of channel c.
+
+// Load chunk values of channel c into registers, zeros past n.
+template <typename T, int VEC, int ITEMS, typename index_t>
+__device__ __forceinline__ void load_chunk(const T* __restrict__ x, index_t start, index_t n, int c,
+                                           index_t C, index_t inner, acc_t<T> (&vals)[ITEMS][VEC]) {
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k) {
+        const index_t j = start + (index_t)(k * BN_THREADS + threadIdx.x) * VEC;
+        if (j < n) {
+            load_pack<T, VEC>(x, channel_offset(j, (index_t)c, C, inner), vals[k]);
+        } else {
+#pragma unroll
+            for (int v = 0; v < VEC; ++v) vals[k][v] = 0;
+        }
+    }
+}
+
+// load_chunk of x and dy at once (all loads before any use).
+template <typename T, int VEC, int ITEMS, typename index_t>
+__device__ __forceinline__ void load_chunk_pair(const T* __restrict__ x, const T* __restrict__ dy,
+                                                index_t start, index_t n, int c, index_t C, index_t inner,
+                                                acc_t<T> (&xs)[ITEMS][VEC], acc_t<T> (&ds)[ITEMS][VEC]) {
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k) {
+        const index_t j = start + (index_t)(k * BN_THREADS + threadIdx.x) * VEC;
+        if (j < n) {
+            const index_t off = channel_offset(j, (index_t)c, C, inner);
+            load_pack<T, VEC>(x, off, xs[k]);
+            load_pack<T, VEC>(dy, off, ds[k]);
+        } else {
+#pragma unroll
+            for (int v = 0; v < VEC; ++v) xs[k][v] = ds[k][v] = 0;
+        }
+    }
+}
+
+// The chunk's mean (of `count` values) and sum of squared deviations from it,
+// two-pass exact, to every thread.
+template <int VEC, int ITEMS, typename A, typename index_t>
+__device__ __forceinline__ void chunk_mean_m2(const A (&vals)[ITEMS][VEC], index_t start, index_t n, A count,
+                                              A* scratch, A& mean, A& m2) {
+    A sum = 0;
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k)
+#pragma unroll
+        for (int v = 0; v < VEC; ++v) sum += vals[k][v];
+    mean = block_sum(sum, scratch) / count;
+    A q = 0;
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k) {
+        const index_t j = start + (index_t)(k * BN_THREADS + threadIdx.x) * VEC;
+        if (j < n) {
+#pragma unroll
+            for (int v = 0; v < VEC; ++v) {
+                const A d = vals[k][v] - mean;
+                q += d * d;
+            }
+        }
+    }
+    m2 = block_sum(q, scratch);
+}
+
+// The chunk's sum(dy) and sum(dy * (x - m)), to every thread.
+template <int VEC, int ITEMS, typename A, typename index_t>
+__device__ __forceinline__ void chunk_grad_sums(const A (&xs)[ITEMS][VEC], const A (&ds)[ITEMS][VEC],
+                                                index_t start, index_t n, A m, A* scratch, A& g, A& gx) {
+    A sg = 0, sgx = 0;
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k) {
+        const index_t j = start + (index_t)(k * BN_THREADS + threadIdx.x) * VEC;
+        if (j < n) {
+#pragma unroll
+            for (int v = 0; v < VEC; ++v) {
+                sg += ds[k][v];
+                sgx += ds[k][v] * (xs[k][v] - m);
+            }
+        }
+    }
+    g = block_sum(sg, scratch);
+    gx = block_sum(sgx, scratch);
+}
+
+// y = (x - mean) * scale + shift for the chunk in registers.
+template <typename T, int VEC, int ITEMS, typename A, typename index_t>
+__device__ __forceinline__ void store_chunk_normalized(T* __restrict__ y, const A (&vals)[ITEMS][VEC],
+                                                       index_t start, index_t n, int c, index_t C,
+                                                       index_t inner, A mean, A scale, A shift) {
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k) {
+        const index_t j = start + (index_t)(k * BN_THREADS + threadIdx.x) * VEC;
+        if (j < n) {
+            A out[VEC];
+#pragma unroll
+            for (int v = 0; v < VEC; ++v) out[v] = (vals[k][v] - mean) * scale + shift;
+            store_pack<T, VEC>(y, channel_offset(j, (index_t)c, C, inner), out);
+        }
+    }
+}
+
+// dx = scale * (dy - mean_dy - xhat * mean_dy_xhat), xhat = (x - m) * s, scale
+// = gamma * s, for the chunk in registers.
+template <typename T, int VEC, int ITEMS, typename A, typename index_t>
+__device__ __forceinline__ void store_chunk_dx(T* __restrict__ dx, const A (&xs)[ITEMS][VEC],
+                                               const A (&ds)[ITEMS][VEC], index_t start, index_t n, int c,
+                                               index_t C, index_t inner, A m, A s, A scale, A mean_dy,
+                                               A mean_dy_xhat) {
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k) {
+        const index_t j = start + (index_t)(k * BN_THREADS + threadIdx.x) * VEC;
+        if (j < n) {
+            A out[VEC];
+#pragma unroll
+            for (int v = 0; v < VEC; ++v) {
+                const A xhat = (xs[k][v] - m) * s;
+                out[v] = scale * (ds[k][v] - mean_dy - xhat * mean_dy_xhat);
+            }
+            store_pack<T, VEC>(dx, channel_offset(j, (index_t)c, C, inner), out);
+        }
+    }
+}
+
+#define BN_SHAPE index_t outer, index_t C, index_t inner, int splits
+
+// Pass 1 of the training statistics: each block's chunk mean and sum of
+// squared deviations from it, into part_mean / part_m2 [C * splits].
+template <typename T, typename index_t, int VEC>
+__global__ void __launch_bounds__(BN_THREADS)
+batchnorm_partial_statistics(const T* __restrict__ x, acc_t<T>* __restrict__ part_mean,
+                             acc_t<T>* __restrict__ part_m2, BN_SHAPE) {
+    typedef acc_t<T> A;
+    constexpr int ITEMS = BN_PER_THREAD / VEC;
+    __shared__ A scratch[32];
+    int c, split;
+    chunk_of_block(splits, 0, c, split);
+    const index_t n = outer * inner;
+    const index_t start = (index_t)split * BN_CHUNK;
+    A vals[ITEMS][VEC];
+    load_chunk<T, VEC, ITEMS>(x, start, n, c, C, inner, vals);
+    A mean, m2;
+    chunk_mean_m2(vals, start, n, chunk_count<A>(split, n), scratch, mean, m2);
+    if (threadIdx.x == 0) {
+        part_mean[blockIdx.x] = mean;
+        part_m2[blockIdx.x] = m2;
+    }
+}
+
+// y = (x - mean[c]) * invstd[c] * gamma[c] + beta[c].
+// TRAINING: the statistics come from pass 1's partials; the block of chunk 0
+// writes mean/invstd and, when update_running is set, the running statistics
+// (write_statistics).  Inference: mean/invstd come from the running
+// statistics; chunk 0 writes them out.
+template <typename T, typename P, typename index_t, int VEC, bool TRAINING>
+__global__ void __launch_bounds__(BN_THREADS)
+batchnorm_normalize(const T* __restrict__ x, T* __restrict__ y, const acc_t<T>* __restrict__ part_mean,
+                    const acc_t<T>* __restrict__ part_m2, acc_t<T>* __restrict__ mean_out,
+                    acc_t<T>* __restrict__ invstd_out, P* __restrict__ running_mean,
+                    P* __restrict__ running_var, const P* __restrict__ gamma,
+                    const P* __restrict__ beta, BN_SHAPE, acc_t<T> eps, acc_t<T> momentum,
+                    acc_t<T> unbias, int update_running, int reverse) {
+    typedef acc_t<T> A;
+    constexpr int ITEMS = BN_PER_THREAD / VEC;
+    int c, split;
+    chunk_of_block(splits, reverse, c, split);
+    const index_t n = outer * inner;
+    A mean, invstd;
+    if (TRAINING) {
+        channel_statistics(part_mean, part_m2, c, split, splits, n, eps, mean_out, invstd_out, running_mean,
+                           running_var, momentum, unbias, update_running, mean, invstd);
+    } else {
+        mean = load(running_mean[c]);
+        invstd = A(1) / sqrt(A(load(running_var[c])) + eps);
+        if (split == 0 && threadIdx.x == 0) {
+            mean_out[c] = mean;
+            invstd_out[c] = invstd;
+        }
+    }
+    const index_t start = (index_t)split * BN_CHUNK;
+    A vals[ITEMS][VEC];
+    load_chunk<T, VEC, ITEMS>(x, start, n, c, C, inner, vals);
+    store_chunk_normalized(y, vals, start, n, c, C, inner, mean, invstd * A(load(gamma[c])),
+                           A(load(beta[c])));
+}
+
+// Inference over x viewed flat, for inner sizes that are not a multiple of VEC
+// (ResNet's 7x7 = 49: the chunk kernel above would fall back to 4-byte
+// accesses and a block per channel of 1568 values).  Thread t of block b
+// handles vectors (b * BN_FLAT_UNROLL + u) * BN_THREADS + t of VEC values (16
+// bytes when x.size % VEC == 0 and the pointers are aligned), all loads first;
+// the channel of a vector's first value costs two divisions, the following
+// values step (position, channel) by one, and a channel's scale/shift are
+// recomputed only when it changes (from L1: C * 4 parameters).  Threads
+// 0..C-1 of the grid write mean/invstd (the running statistics, in A).
+#define BN_FLAT_UNROLL 4
+template <typename T, typename P, typename index_t, int VEC>
+__global__ void __launch_bounds__(BN_THREADS)
+batchnorm_infer_flat(const T* __restrict__ x, T* __restrict__ y, acc_t<T>* __restrict__ mean_out,
+                     acc_t<T>* __restrict__ invstd_out, const P* __restrict__ running_mean,
+                     const P* __restrict__ running_var, const P* __restrict__ gamma,
+                     const P* __restrict__ beta, index_t size, index_t C, index_t inner, acc_t<T> eps) {
+    typedef acc_t<T> A;
+    const index_t tid = (index_t)blockIdx.x * BN_THREADS + threadIdx.x;
+    if (tid < C) {
+        mean_out[tid] = A(load(running_mean[tid]));
+        invstd_out[tid] = A(1) / sqrt(A(load(running_var[tid])) + eps);
+    }
+    const index_t first = (index_t)blockIdx.x * (BN_FLAT_UNROLL * BN_THREADS) + threadIdx.x;
+    A vals[BN_FLAT_UNROLL][VEC];
+#pragma unroll
+    for (int u = 0; u < BN_FLAT_UNROLL; ++u) {
+        const index_t e = (first + (index_t)u * BN_THREADS) * VEC;
+        if (e < size) {
+            if (VEC > 1) {
+                load_pack<T, VEC>(x, e, vals[u]);
+            } else {
+                vals[u][0] = load(x[e]);
+            }
+        }
+    }
+#pragma unroll
+    for (int u = 0; u < BN_FLAT_UNROLL; ++u) {
+        const index_t e = (first + (index_t)u * BN_THREADS) * VEC;
+        if (e < size) {
+            const index_t o = e / inner;
+            index_t r = e - o * inner;
+            index_t c = o % C;
+            index_t current = -1;
+            A mean = 0, scale = 0, shift = 0;
+#pragma unroll
+            for (int v = 0; v < VEC; ++v) {
+                if (c != current) {
+                    current = c;
+                    mean = A(load(running_mean[c]));
+                    scale = (A(1) / sqrt(A(load(running_var[c])) + eps)) * A(load(gamma[c]));
+                    shift = A(load(beta[c]));
+                }
+                vals[u][v] = (vals[u][v] - mean) * scale + shift;
+                if (++r == inner) {
+                    r = 0;
+                    if (++c == C) c = 0;
+                }
+            }
+            if (VEC > 1) {
+                store_pack<T, VEC>(y, e, vals[u]);
+            } else {
+                y[e] = store<T>(vals[u][0]);
+            }
+        }
+    }
+}
+
+// Training forward in ONE launch with 16-byte accesses for small channels
+// whose inner size is not a multiple of VEC (ResNet's 7x7 = 49: the chunk and
+// fused kernels fall back to 4-byte accesses there).  Block b owns the G
+// channels c0 = b * G .. c0 + G - 1, with G * inner % VEC == 0 (the host picks
+// G = VEC / gcd(inner, VEC) and needs C % G == 0 and 16-byte aligned x, y), so
+// for each outer index o those channels are one contiguous, aligned segment of
+// SV = G * inner / VEC vectors.  Thread t loads vectors q = k * BN_THREADS + t
+// (k < ITEMS) of the block's outer * SV, all before any use: o = q / SV, p =
+// q % SV, offset (o * C + c0) * inner + p * VEC.  A vector's values may belong
+// to two channels (several when inner < VEC): value v of vector p is in local
+// channel (p * VEC + v) / inner, stepped as in batchnorm_infer_flat.  Per-
+// thread sums per local channel -> G block sums with one pair of barriers ->
+// means; the squared deviations the same way (two-pass exact, like a one-chunk
+// channel of the chunk path) -> invstd; y from the registers: x is read once.
+// The host uses it only when the block's G * outer * inner values fit
+// (BN_THREADS * ITEMS * VEC, ITEMS = group_items<T>()).
+template <typename T>
+__host__ __device__ constexpr int group_items() {
+    return sizeof(T) == 8 ? 8 : 32 / (16 / (int)sizeof(T));
+}
+
+// G block sums at once (every thread gets them); scratch holds 32 * G values.
+template <int G, typename A>
+__device__ __forceinline__ void block_sums(A (&v)[G], A* scratch) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    constexpr int warps = BN_THREADS / 32;
+#pragma unroll
+    for (int g = 0; g < G; ++g) v[g] = warp_sum(v[g]);
+    __syncthreads();  // scratch may still be read by a previous call
+    if (lane == 0) {
+#pragma unroll
+        for (int g = 0; g < G; ++g) scratch[g * 32 + warp] = v[g];
+    }
+    __syncthreads();
+#pragma unroll
+    for (int g = 0; g < G; ++g) v[g] = warp_sum(lane < warps ? scratch[g * 32 + lane] : A(0));
+}
+
+// v[ch] for a runtime ch < G without local memory.
+template <int G, typename A>
+__device__ __forceinline__ A pick(const A (&v)[G], int ch) {
+    A r = v[0];
+#pragma unroll
+    for (int g = 1; g < G; ++g)
+        if (ch == g) r = v[g];
+    return r;
+}
+
+template <typename T, typename P, typename index_t, int VEC, int G>
+__global__ void __launch_bounds__(BN_THREADS)
+batchnorm_train_grouped(const T* __restrict__ x, T* __restrict__ y, acc_t<T>* __restrict__ mean_out,
+                        acc_t<T>* __restrict__ invstd_out, P* __restrict__ running_mean,
+                        P* __restrict__ running_var, const P* __restrict__ gamma, const P* __restrict__ beta,
+                        index_t outer, index_t C, index_t inner, acc_t<T> eps, acc_t<T> momentum,
+                        acc_t<T> unbias, int update_running) {
+    typedef acc_t<T> A;
+    constexpr int ITEMS = group_items<T>();
+    __shared__ A scratch[32 * G];
+    const int c0 = (int)blockIdx.x * G;
+    const index_t SV = (index_t)G * inner / VEC;
+    const index_t total = outer * SV;
+    const index_t base = (index_t)c0 * inner;
+    A vals[ITEMS][VEC];
+    int ch0[ITEMS], r0[ITEMS];  // local channel and position in it of each vector's first value
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k) {
+        const index_t q = (index_t)(k * BN_THREADS + threadIdx.x);
+        ch0[k] = 0;
+        r0[k] = 0;
+        if (q < total) {
+            const index_t o = q / SV, p = q - o * SV;
+            load_pack<T, VEC>(x, o * C * inner + base + p * VEC, vals[k]);
+            const index_t e = p * VEC, ch = e / inner;
+            ch0[k] = (int)ch;
+            r0[k] = (int)(e - ch * inner);
+        }
+    }
+    A sum[G];
+#pragma unroll
+    for (int g = 0; g < G; ++g) sum[g] = 0;
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k) {
+        if ((index_t)(k * BN_THREADS + threadIdx.x) < total) {
+            int ch = ch0[k], r = r0[k];
+#pragma unroll
+            for (int v = 0; v < VEC; ++v) {
+#pragma unroll
+                for (int g = 0; g < G; ++g)
+                    if (ch == g) sum[g] += vals[k][v];
+                if (++r == (int)inner) {
+                    r = 0;
+                    ++ch;
+                }
+            }
+        }
+    }
+    block_sums<G>(sum, scratch);
+    const A count = A(outer * inner);
+    A mean[G], m2[G];
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+        mean[g] = sum[g] / count;
+        m2[g] = 0;
+    }
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k) {
+        if ((index_t)(k * BN_THREADS + threadIdx.x) < total) {
+            int ch = ch0[k], r = r0[k];
+#pragma unroll
+            for (int v = 0; v < VEC; ++v) {
+                const A d = vals[k][v] - pick<G>(mean, ch);
+#pragma unroll
+                for (int g = 0; g < G; ++g)
+                    if (ch == g) m2[g] += d * d;
+                if (++r == (int)inner) {
+                    r = 0;
+                    ++ch;
+                }
+            }
+        }
+    }
+    block_sums<G>(m2, scratch);
+    A scale[G], shift[G];
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+        const A var = m2[g] / count;
+        const A invstd = A(1) / sqrt(var + eps);
+        if ((int)threadIdx.x == g) {
+            write_statistics(c0 + g, mean[g], var, invstd, mean_out, invstd_out, running_mean, running_var,
+                             momentum, unbias, update_running);
+        }
+        scale[g] = invstd * A(load(gamma[c0 + g]));
+        shift[g] = A(load(beta[c0 + g]));
+    }
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k) {
+        const index_t q = (index_t)(k * BN_THREADS + threadIdx.x);
+        if (q < total) {
+            int ch = ch0[k], r = r0[k];
+            A out[VEC];
+#pragma unroll
+            for (int v = 0; v < VEC; ++v) {
+                out[v] = (vals[k][v] - pick<G>(mean, ch)) * pick<G>(scale, ch) + pick<G>(shift, ch);
+                if (++r == (int)inner) {
+                    r = 0;
+                    ++ch;
+                }
+            }
+            const index_t o = q / SV, p = q - o * SV;
+            store_pack<T, VEC>(y, o * C * inner + base + p * VEC, out);
+        }
+    }
+}
+
+// Pass 1 of the backward: per chunk, sum(dy) and sum(dy * xhat) into
+// part_dy / part_dy_xhat.  MERGE: mean/invstd are not given -- merge pass-0
+// statistics partials here, and chunk 0 writes them to mean / invstd for pass 2.
+template <typename T, typename index_t, int VEC, bool MERGE>
+__global__ void __launch_bounds__(BN_THREADS)
+batchnorm_backward_reduce(const T* __restrict__ x, const T* __restrict__ dy,
+                          acc_t<T>* __restrict__ mean_io, acc_t<T>* __restrict__ invstd_io,
+                          const acc_t<T>* __restrict__ part_mean, const acc_t<T>* __restrict__ part_m2,
+                          acc_t<T>* __restrict__ part_dy, acc_t<T>* __restrict__ part_dy_xhat,
+                          BN_SHAPE, acc_t<T> eps, int reverse) {
+    typedef acc_t<T> A;
+    constexpr int ITEMS = BN_PER_THREAD / VEC;
+    __shared__ A scratch[32];
+    int c, split;
+    chunk_of_block(splits, reverse, c, split);
+    const index_t n = outer * inner;
+    A m, s;
+    if (MERGE) {
+        channel_statistics(part_mean, part_m2, c, split, splits, n, eps, mean_io, invstd_io, mean_io, mean_io,
+                           A(0), A(1), 0, m, s);
+    } else {
+        m = mean_io[c];
+        s = invstd_io[c];
+    }
+    const index_t start = (index_t)split * BN_CHUNK;
+    A xs[ITEMS][VEC], ds[ITEMS][VEC];
+    load_chunk_pair<T, VEC, ITEMS>(x, dy, start, n, c, C, inner, xs, ds);
+    A g, gx;
+    chunk_grad_sums(xs, ds, start, n, m, scratch, g, gx);
+    if (threadIdx.x == 0) {
+        part_dy[c * splits + split] = g;  // by (c, split): the grid may run backwards
+        part_dy_xhat[c * splits + split] = gx * s;
+    }
+}
+
+// Pass 2 of the backward: dbeta = sum(dy), dgamma = sum(dy * xhat) (written by
+// chunk 0), dx = gamma * invstd * (dy - sum(dy) / n - xhat * sum(dy * xhat) / n).
+template <typename T, typename P, typename index_t, int VEC>
+__global__ void __launch_bounds__(BN_THREADS)
+batchnorm_backward_data(const T* __restrict__ x, const T* __restrict__ dy,
+                        const acc_t<T>* __restrict__ mean, const acc_t<T>* __restrict__ invstd,
+                        const P* __restrict__ gamma, const acc_t<T>* __restrict__ part_dy,
+                        const acc_t<T>* __restrict__ part_dy_xhat, T* __restrict__ dx,
+                        P* __restrict__ dgamma, P* __restrict__ dbeta, BN_SHAPE, int reverse) {
+    typedef acc_t<T> A;
+    constexpr int ITEMS = BN_PER_THREAD / VEC;
+    int c, split;
+    chunk_of_block(splits, reverse, c, split);
+    const index_t n = outer * inner;
+    A g, gx;
+    merge_sums(part_dy, part_dy_xhat, c, splits, g, gx);
+    if (split == 0 && threadIdx.x == 0) {
+        dbeta[c] = store<P>(g);
+        dgamma[c] = store<P>(gx);
+    }
+    const A m = mean[c], s = invstd[c];
+    const index_t start = (index_t)split * BN_CHUNK;
+    A xs[ITEMS][VEC], ds[ITEMS][VEC];
+    load_chunk_pair<T, VEC, ITEMS>(x, dy, start, n, c, C, inner, xs, ds);
+    store_chunk_dx(dx, xs, ds, start, n, c, C, inner, m, s, A(load(gamma[c])) * s, g / A(n), gx / A(n));
+}
+
+// ---------------------------------------------------------------------------
+// Single-read paths (issue 5, v3): training forward and backward (saved
+// statistics given) in ONE launch that reads x (and dy) once.  Measured on the
+// H100 the backward wins (bn_big 0.28 vs 0.35 ms) and is the default; the
+// forward loses to the two-pass path when a channel spans several chunks
+// (round barrier latency > the second read), so Python uses it only for
+// one-chunk channels (dnnprims/normalization.py: FUSED_FORWARD_MIN_BYTES).
+//
+// A persistent grid of G blocks, G = the number of blocks of this kernel that
+// are resident at once on the device (Python asks the occupancy API), so
+// every block runs concurrently.  The grid works in rounds of `per_round`
+// whole channels: block b takes chunk b % splits of channel round * per_round
+// + b / splits (blocks past per_round * splits exit).  A block loads its chunk
+// into registers (the same BN_CHUNK-value chunks and thread mapping as the
+// two-pass kernels), writes its partials (chunk mean and M2; or sum(dy) and
+// sum(dy * xhat)), then waits at a per-channel barrier in global memory
+// (channel_barrier: arrival and departure counters, reset by the last block
+// to leave, so no zeroing launch is needed).  After the barrier every block merges its channel's
+// partials in the same fixed order as the two-pass path (bitwise the same
+// statistics) and writes its outputs from the registers: x never comes back
+// from memory.  The floor drops from 3 passes over the tensor to 2 (forward)
+// and from 5 to 3 (backward).
+//
+// Deadlock freedom needs every block of a channel resident while it waits.
+// The host launches every kernel with a grid barrier through the driver's
+// COOPERATIVE launch (cuLaunchCooperativeKernel, dnnprims/_kernels.py), which
+// guarantees that all blocks of the grid are resident at once -- whatever
+// else runs on the device (other streams, MPS clients, a smaller partition)
+// -- or refuses the launch (the host then takes the multi-launch path).  So a
+// barrier cannot wait forever.  As a last guard (a debugger stopping a
+// block, a driver that breaks the guarantee) a block waits at most ~2^21
+// polls (~1 s) and then goes on WITHOUT the other blocks' partials:
+// channel_barrier returns false and everything that block computes from the
+// merged values -- its outputs, the statistics and gradients it writes -- is
+// NaN (barrier_failed), never a plausible wrong value.  The counters still
+// come back to zero: the late block arrives (the count reaches `splits`, it
+// does not wait), departs, and the last departure resets both.  No flag
+// outlives the launch (the result is the block's own), so nothing needs a reset.
+//
+// Partials are read after the barrier with volatile loads (L2, never a stale L1 line).
+
+// Arrive at channel c's barrier and wait for all `splits` blocks of it.
+// arrive[c] counts arrivals, arrive[C + c] departures; the last block to
+// depart sets both back to zero, so the next launch finds them zeroed.
+// Returns (to every thread of the block) false when the wait timed out.
+__device__ __forceinline__ bool channel_barrier(unsigned* __restrict__ arrive, int c, int C, int splits) {
+    __syncthreads();  // thread 0 stored the partials; its fence below orders them before the arrival
+    int arrived = 1;
+    if (threadIdx.x == 0 && splits > 1) {
+        __threadfence();
+        atomicAdd(arrive + c, 1u);
+        const volatile unsigned* a = arrive + c;
+        int polls = 0;
+        while ((int)*a < splits) {
+            __nanosleep(64);
+            if (++polls > (1 << 21)) {
+                arrived = 0;
+                break;
+            }
+        }
+        __threadfence();
+        if (atomicAdd(arrive + C + c, 1u) == (unsigned)(splits - 1)) {
+            arrive[c] = 0u;
+            arrive[C + c] = 0u;
+        }
+    }
+    return __syncthreads_and(arrived) != 0;
+}
+
+// A fused block's first channel and its chunk; false for blocks past the
+// per_round * splits that a round uses.
+__device__ __forceinline__ bool fused_block(int per_round, int splits, int& local_c, int& split) {
+    if ((int)blockIdx.x >= per_round * splits) return false;
+    local_c = (int)blockIdx.x / splits;
+    split = (int)blockIdx.x - local_c * splits;
+    return true;
+}
+
+#define BN_FUSED_PARAMS BN_SHAPE, int per_round, unsigned* __restrict__ arrive
+
+// PREFETCH: the next round's chunk is loaded into a second register set right
+// after this round's partials are stored, so its load overlaps the barrier wait
+// and this round's stores (more registers: fewer resident blocks).
+template <typename T, typename P, typename index_t, int VEC, bool PREFETCH>
+__global__ void __launch_bounds__(BN_THREADS)
+batchnorm_train_fused(const T* __restrict__ x, T* __restrict__ y, acc_t<T>* __restrict__ part_mean,
+                      acc_t<T>* __restrict__ part_m2, acc_t<T>* __restrict__ mean_out,
+                      acc_t<T>* __restrict__ invstd_out, P* __restrict__ running_mean,
+                      P* __restrict__ running_var, const P* __restrict__ gamma,
+                      const P* __restrict__ beta, BN_FUSED_PARAMS, acc_t<T> eps, acc_t<T> momentum,
+                      acc_t<T> unbias, int update_running) {
+    typedef acc_t<T> A;
+    constexpr int ITEMS = BN_PER_THREAD / VEC;
+    __shared__ A scratch[32];
+    int local_c, split;
+    if (!fused_block(per_round, splits, local_c, split)) return;
+    const index_t n = outer * inner;
+    const index_t start = (index_t)split * BN_CHUNK;
+    const A count = chunk_count<A>(split, n);
+    A vals[ITEMS][VEC];
+    if (PREFETCH && local_c < (int)C) load_chunk<T, VEC, ITEMS>(x, start, n, local_c, C, inner, vals);
+    for (int c = local_c; c < (int)C; c += per_round) {
+        if (!PREFETCH) load_chunk<T, VEC, ITEMS>(x, start, n, c, C, inner, vals);
+        A chunk_mean, m2;
+        chunk_mean_m2(vals, start, n, count, scratch, chunk_mean, m2);
+        if (threadIdx.x == 0) {
+            part_mean[c * splits + split] = chunk_mean;
+            part_m2[c * splits + split] = m2;
+        }
+        A next[PREFETCH ? ITEMS : 1][VEC];
+        if (PREFETCH && c + per_round < (int)C) {
+            load_chunk<T, VEC, PREFETCH ? ITEMS : 1>(x, start, n, c + per_round, C, inner, next);
+        }
+        const bool arrived = channel_barrier(arrive, c, (int)C, splits);
+        A mean, invstd;
+        channel_statistics((const volatile A*)part_mean, (const volatile A*)part_m2, c, split, splits, n, eps,
+                           mean_out, invstd_out, running_mean, running_var, momentum, unbias, update_running,
+                           mean, invstd, arrived);
+        store_chunk_normalized(y, vals, start, n, c, C, inner, mean, invstd * A(load(gamma[c])),
+                               A(load(beta[c])));
+        if (PREFETCH) {
+#pragma unroll
+            for (int k = 0; k < ITEMS; ++k)
+#pragma unroll
+                for (int v = 0; v < VEC; ++v) vals[k][v] = next[k < (PREFETCH ? ITEMS : 1) ? k : 0][v];
+        }
+    }
+}
+
+template <typename T, typename P, typename index_t, int VEC>
+__global__ void __launch_bounds__(BN_THREADS)
+batchnorm_backward_fused(const T* __restrict__ x, const T* __restrict__ dy,
+                         const acc_t<T>* __restrict__ mean, const acc_t<T>* __restrict__ invstd,
+                         const P* __restrict__ gamma, acc_t<T>* __restrict__ part_dy,
+                         acc_t<T>* __restrict__ part_dy_xhat, T* __restrict__ dx,
+                         P* __restrict__ dgamma, P* __restrict__ dbeta, BN_FUSED_PARAMS) {
+    typedef acc_t<T> A;
+    constexpr int ITEMS = BN_PER_THREAD / VEC;
+    __shared__ A scratch[32];
+    int local_c, split;
+    if (!fused_block(per_round, splits, local_c, split)) return;
+    const index_t n = outer * inner;
+    const index_t start = (index_t)split * BN_CHUNK;
+    for (int c = local_c; c < (int)C; c += per_round) {
+        const A m = mean[c], s = invstd[c];
+        A xs[ITEMS][VEC], ds[ITEMS][VEC];
+        load_chunk_pair<T, VEC, ITEMS>(x, dy, start, n, c, C, inner, xs, ds);
+        A g, gx;
+        chunk_grad_sums(xs, ds, start, n, m, scratch, g, gx);
+        if (threadIdx.x == 0) {
+            part_dy[c * splits + split] = g;
+            part_dy_xhat[c * splits + split] = gx * s;
+        }
+        const bool arrived = channel_barrier(arrive, c, (int)C, splits);
+        A sg, sgx;
+        merge_sums((const volatile A*)part_dy, (const volatile A*)part_dy_xhat, c, splits, sg, sgx);
+        if (!arrived) sg = sgx = barrier_failed<A>();
+        if (split == 0 && threadIdx.x == 0) {
+            dbeta[c] = store<P>(sg);
+            dgamma[c] = store<P>(sgx);
+        }
+        store_chunk_dx(dx, xs, ds, start, n, c, C, inner, m, s, A(load(gamma[c])) * s, sg / A(n), sgx / A(n));
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Channel-last paths (issue 5, v3): inner == 1, i.e. NHWC (and 2-D (N, C)):
+// x is M rows of C contiguous channels.  A thread owns VEC consecutive
+// channels (one 16-byte vector when C % VEC == 0 and the pointers are
+// aligned) and walks rows, so a warp reads 32 consecutive vectors of a row
+// (coalesced) and per-channel parameters are loaded once per thread.
+//
+// Mapping (every rows kernel): a block is `lanes` row lanes x `cols` vector
+// columns (lanes * cols <= BN_THREADS); blockIdx.y picks the column group
+// (C / VEC > cols).  Row lane g = blockIdx.x * lanes + t / cols of L =
+// gridDim.x * lanes lanes; vector column cv = blockIdx.y * cols + t % cols.
+//
+// Training forward: rows_statistics (lane g takes batches of B contiguous
+// rows, rows [(k * L + g) * B, +B); each batch exact two-pass in registers,
+// Chan-merged into the lane's (count, mean, M2) per channel; one partial per
+// (channel, lane) at [c * L + g]), rows_merge_statistics (a warp per channel,
+// the fixed-order merge of merge_statistics: mean, invstd, running stats),
+// rows_normalize.  Backward: rows_backward_reduce (per lane sums of dy and
+// dy * (x - mean)), rows_backward_merge (a warp per channel: dbeta, dgamma
+// and the two sums for dx), rows_backward_data.  The map kernels (normalize,
+// backward data) walk the rows last to first: the reductions read the last
+// rows last, so the first tens of MB they need are still in L2.  The host sizes
+// every rows grid to the blocks resident at once (occupancy API): a grid of
+// 1.3 waves left a tail of one block per SM for the last third of the rows.
+// By default training forward and backward run instead as one launch each
+// (batchnorm_rows_train_fused / batchnorm_rows_backward_fused, end of file).
+
+#define ROWS_MERGE_AHEAD 8
+
+struct RowLanes {
+    int cols, lanes, lane, cv, L;
+    __device__ __forceinline__ RowLanes(int cols_) {
+        cols = cols_;
+        lanes = BN_THREADS / cols;
+        const int t = threadIdx.x;
+        lane = (int)blockIdx.x * lanes + t / cols;
+        cv = (int)blockIdx.y * cols + t % cols;
+        L = (int)gridDim.x * lanes;
+    }
+    __device__ __forceinline__ bool active(int CV) const {
+        return (int)threadIdx.x < lanes * cols && cv < CV;
+    }
+};
+
+// Rows per register batch of rows_statistics: 8, fewer when a row's vector
+// takes more than 4 registers (half types: VEC = 8 floats), so that a batch
+// holds at most 32 registers of values.
+template <typename T, int VEC>
+__host__ __device__ constexpr int rows_batch() {
+    constexpr int words = VEC * (int)sizeof(acc_t<T>) / 4;
+    return words > 0 && 32 / words < 8 ? 32 / words : 8;
+}
+
+template <typename T, typename index_t, int VEC>
+__global__ void __launch_bounds__(BN_THREADS)
+batchnorm_rows_statistics(const T* __restrict__ x, acc_t<T>* __restrict__ part_n,
+                          acc_t<T>* __restrict__ part_mean, acc_t<T>* __restrict__ part_m2,
+                          index_t M, int C, int cols) {
+    typedef acc_t<T> A;
+    constexpr int B = rows_batch<T, VEC>();
+    const RowLanes rl(cols);
+    const int CV = C / VEC;
+    if (!rl.active(CV)) return;
+    A cnt[VEC], mu[VEC], m2[VEC];
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) cnt[v] = mu[v] = m2[v] = 0;
+    for (index_t r0 = (index_t)rl.lane * B; r0 < M; r0 += (index_t)rl.L * B) {
+        A vals[B][VEC];
+        const int rows = (int)(M - r0 < (index_t)B ? M - r0 : (index_t)B);
+#pragma unroll
+        for (int i = 0; i < B; ++i) {
+            if (i < rows) {
+                load_pack<T, VEC>(x, (r0 + i) * C + (index_t)rl.cv * VEC, vals[i]);
+            } else {
+#pragma unroll
+                for (int v = 0; v < VEC; ++v) vals[i][v] = 0;
+            }
+        }
+        const A nb = A(rows);
+#pragma unroll
+        for (int v = 0; v < VEC; ++v) {
+            A s = 0;
+#pragma unroll
+            for (int i = 0; i < B; ++i) s += vals[i][v];
+            const A mb = s / nb;
+            A q = 0;
+#pragma unroll
+            for (int i = 0; i < B; ++i) {
+                const A d = vals[i][v] - mb;
+                if (i < rows) q += d * d;
+            }
+            chan_merge(cnt[v], mu[v], m2[v], nb, mb, q);
+        }
+    }
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) {
+        const index_t o = (index_t)(rl.cv * VEC + v) * rl.L + rl.lane;
+        part_n[o] = cnt[v];
+        part_mean[o] = mu[v];
+        part_m2[o] = m2[v];
+    }
+}
+
+// One warp per channel: the fixed-order Chan merge of the L lane partials.
+template <typename T, typename P>
+__global__ void __launch_bounds__(BN_THREADS)
+batchnorm_rows_merge_statistics(const acc_t<T>* __restrict__ part_n, const acc_t<T>* __restrict__ part_mean,
+                                const acc_t<T>* __restrict__ part_m2, int L, int C,
+                                acc_t<T>* __restrict__ mean_out, acc_t<T>* __restrict__ invstd_out,
+                                P* __restrict__ running_mean, P* __restrict__ running_var, acc_t<T> eps,
+                                acc_t<T> momentum, acc_t<T> unbias, int update_running) {
+    typedef acc_t<T> A;
+    const int c = (int)blockIdx.x * (BN_THREADS / 32) + (int)(threadIdx.x >> 5);
+    const int lane = threadIdx.x & 31;
+    if (c >= C) return;
+    A cnt = 0, mu = 0, m2 = 0;
+    // ROWS_MERGE_AHEAD partials loaded before they are merged (a serial chain of
+    // L / 32 dependent loads took ~20 us at L = 2112); same lane-strided order.
+    for (int b0 = lane; b0 < L; b0 += 32 * ROWS_MERGE_AHEAD) {
+        A pn[ROWS_MERGE_AHEAD], pm[ROWS_MERGE_AHEAD], p2[ROWS_MERGE_AHEAD];
+#pragma unroll
+        for (int u = 0; u < ROWS_MERGE_AHEAD; ++u) {
+            const int b = b0 + 32 * u;
+            const long long o = (long long)c * L + b;
+            pn[u] = b < L ? part_n[o] : A(0);
+            pm[u] = b < L ? part_mean[o] : A(0);
+            p2[u] = b < L ? part_m2[o] : A(0);
+        }
+#pragma unroll
+        for (int u = 0; u < ROWS_MERGE_AHEAD; ++u) chan_merge(cnt, mu, m2, pn[u], pm[u], p2[u]);
+    }
+    warp_chan_merge(cnt, mu, m2);
+    if (lane == 0) {
+        const A var = m2 / cnt;
+        write_statistics(c, mu, var, A(1) / sqrt(var + eps), mean_out, invstd_out, running_mean, running_var,
+                         momentum, unbias, update_running);
+    }
+}
+
+// y = (x - mean) * invstd * gamma + beta.  TRAINING: mean/invstd from
+// rows_merge_statistics; else from the running statistics (lane 0 writes them out).
+template <typename T, typename P, typename index_t, int VEC, bool TRAINING>
+__global__ void __launch_bounds__(BN_THREADS)
+batchnorm_rows_normalize(const T* __restrict__ x, T* __restrict__ y, acc_t<T>* __restrict__ mean_io,
+                         acc_t<T>* __restrict__ invstd_io, const P* __restrict__ running_mean,
+                         const P* __restrict__ running_var, const P* __restrict__ gamma,
+                         const P* __restrict__ beta, index_t M, int C, int cols, acc_t<T> eps) {
+    typedef acc_t<T> A;
+    const RowLanes rl(cols);
+    const int CV = C / VEC;
+    if (!rl.active(CV)) return;
+    A mean[VEC], scale[VEC], shift[VEC];
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) {
+        const int c = rl.cv * VEC + v;
+        A s;
+        if (TRAINING) {
+            mean[v] = mean_io[c];
+            s = invstd_io[c];
+        } else {
+            mean[v] = load(running_mean[c]);
+            s = A(1) / sqrt(A(load(running_var[c])) + eps);
+            if (rl.lane == 0) {
+                mean_io[c] = mean[v];
+                invstd_io[c] = s;
+            }
+        }
+        scale[v] = s * A(load(gamma[c]));
+        shift[v] = A(load(beta[c]));
+    }
+    constexpr int U = 4;
+    for (index_t r0 = rl.lane; r0 < M; r0 += (index_t)rl.L * U) {
+        A vals[U][VEC];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const index_t r = r0 + (index_t)u * rl.L;
+            if (r < M) load_pack<T, VEC>(x, (M - 1 - r) * C + (index_t)rl.cv * VEC, vals[u]);
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const index_t r = r0 + (index_t)u * rl.L;
+            if (r < M) {
+#pragma unroll
+                for (int v = 0; v < VEC; ++v) vals[u][v] = (vals[u][v] - mean[v]) * scale[v] + shift[v];
+                store_pack<T, VEC>(y, (M - 1 - r) * C + (index_t)rl.cv * VEC, vals[u]);
+            }
+        }
+    }
+}
+
+// Per lane: sum(dy) and sum(dy * (x - mean)) per channel, at [c * L + lane].
+template <typename T, typename index_t, int VEC>
+__global__ void __launch_bounds__(BN_THREADS)
+batchnorm_rows_backward_reduce(const T* __restrict__ x, const T* __restrict__ dy,
+                               const acc_t<T>* __restrict__ mean, acc_t<T>* __restrict__ part_g,
+                               acc_t<T>* __restrict__ part_gx, index_t M, int C, int cols) {
+    typedef acc_t<T> A;
+    const RowLanes rl(cols);
+    const int CV = C / VEC;
+    if (!rl.active(CV)) return;
+    A m[VEC], g[VEC], gx[VEC];
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) {
+        m[v] = mean[rl.cv * VEC + v];
+        g[v] = gx[v] = 0;
+    }
+    constexpr int U = 4;
+    for (index_t r0 = rl.lane; r0 < M; r0 += (index_t)rl.L * U) {
+        A xs[U][VEC], ds[U][VEC];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const index_t r = r0 + (index_t)u * rl.L;
+            if (r < M) {
+                load_pack<T, VEC>(x, r * C + (index_t)rl.cv * VEC, xs[u]);
+                load_pack<T, VEC>(dy, r * C + (index_t)rl.cv * VEC, ds[u]);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const index_t r = r0 + (index_t)u * rl.L;
+            if (r < M) {
+#pragma unroll
+                for (int v = 0; v < VEC; ++v) {
+                    g[v] += ds[u][v];
+                    gx[v] += ds[u][v] * (xs[u][v] - m[v]);
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) {
+        const index_t o = (index_t)(rl.cv * VEC + v) * rl.L + rl.lane;
+        part_g[o] = g[v];
+        part_gx[o] = gx[v];
+    }
+}
+
+// One warp per channel: sums in a fixed order; dbeta, dgamma, and into
+// sums[c] / sums[C + c] the sum(dy) and sum(dy * xhat) the data kernel needs.
+template <typename T, typename P>
+__global__ void __launch_bounds__(BN_THREADS)
+batchnorm_rows_backward_merge(const acc_t<T>* __restrict__ part_g, const acc_t<T>* __restrict__ part_gx,
+                              int L, int C, const acc_t<T>* __restrict__ invstd,
+                              acc_t<T>* __restrict__ sums, P* __restrict__ dgamma, P* __restrict__ dbeta) {
+    typedef acc_t<T> A;
+    const int c = (int)blockIdx.x * (BN_THREADS / 32) + (int)(threadIdx.x >> 5);
+    const int lane = threadIdx.x & 31;
+    if (c >= C) return;
+    A sg = 0, sgx = 0;
+    for (int b0 = lane; b0 < L; b0 += 32 * ROWS_MERGE_AHEAD) {
+        A pg[ROWS_MERGE_AHEAD], pgx[ROWS_MERGE_AHEAD];
+#pragma unroll
+        for (int u = 0; u < ROWS_MERGE_AHEAD; ++u) {
+            const int b = b0 + 32 * u;
+            const long long o = (long long)c * L + b;
+            pg[u] = b < L ? part_g[o] : A(0);
+            pgx[u] = b < L ? part_gx[o] : A(0);
+        }
+#pragma unroll
+        for (int u = 0; u < ROWS_MERGE_AHEAD; ++u) {
+            sg += pg[u];
+            sgx += pgx[u];
+        }
+    }
+    sg = warp_down_sum(sg);
+    sgx = warp_down_sum(sgx);
+    if (lane == 0) {
+        sgx *= invstd[c];
+        sums[c] = sg;
+        sums[C + c] = sgx;
+        dbeta[c] = store<P>(sg);
+        dgamma[c] = store<P>(sgx);
+    }
+}
+
+template <typename T, typename P, typename index_t, int VEC>
+__global__ void __launch_bounds__(BN_THREADS)
+batchnorm_rows_backward_data(const T* __restrict__ x, const T* __restrict__ dy,
+                             const acc_t<T>* __restrict__ mean, const acc_t<T>* __restrict__ invstd,
+                             const P* __restrict__ gamma, const acc_t<T>* __restrict__ sums,
+                             T* __restrict__ dx, index_t M, int C, int cols) {
+    typedef acc_t<T> A;
+    const RowLanes rl(cols);
+    const int CV = C / VEC;
+    if (!rl.active(CV)) return;
+    A m[VEC], s[VEC], scale[VEC], mean_dy[VEC], mean_dy_xhat[VEC];
+    const A n = A(M);
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) {
+        const int c = rl.cv * VEC + v;
+        m[v] = mean[c];
+        s[v] = invstd[c];
+        scale[v] = A(load(gamma[c])) * s[v];
+        mean_dy[v] = sums[c] / n;
+        mean_dy_xhat[v] = sums[C + c] / n;
+    }
+    constexpr int U = 4;
+    for (index_t r0 = rl.lane; r0 < M; r0 += (index_t)rl.L * U) {
+        A xs[U][VEC], ds[U][VEC];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const index_t r = r0 + (index_t)u * rl.L;
+            if (r < M) {
+                load_pack<T, VEC>(x, (M - 1 - r) * C + (index_t)rl.cv * VEC, xs[u]);
+                load_pack<T, VEC>(dy, (M - 1 - r) * C + (index_t)rl.cv * VEC, ds[u]);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const index_t r = r0 + (index_t)u * rl.L;
+            if (r < M) {
+#pragma unroll
+                for (int v = 0; v < VEC; ++v) {
+                    const A xhat = (xs[u][v] - m[v]) * s[v];
+                    xs[u][v] = scale[v] * (ds[u][v] - mean_dy[v] - xhat * mean_dy_xhat[v]);
+                }
+                store_pack<T, VEC>(dx, (M - 1 - r) * C + (index_t)rl.cv * VEC, xs[u]);
+            }
+        }
+    }
+}
+
+// Channel-last training forward in ONE launch that keeps the last rows it
+// reads on chip (issue 5, v4).  A persistent grid (every block resident: the
+// host sizes it with the occupancy API and launches it cooperatively, as the
+// fused chunk kernels) with
+// the RowLanes mapping; lane g reads batches j = 0, 1, ... of B rows, rows
+// [(j * L + g) * B, + B) (as rows_statistics: at any time the lanes read one
+// contiguous stretch of rows):
+//   - every batch: exact two-pass batch statistics, Chan-merged into the
+//     lane's (count, mean, M2) per channel (as rows_statistics);
+//   - the lane's last batch stays in registers (`keep`), the ROWS_SMEM_ROWS
+//     rows of the batches before it in a static shared-memory cache (one
+//     16-byte vector per row and thread).
+// Grid barrier 1 (channel_barrier over all blocks); block b merges channels
+// b, b + blocks, ... from the L lane partials (its 8 warps lane-strided, then
+// the 8 warp results in order: fixed order, bitwise reproducible) and writes
+// mean / invstd / running statistics; grid barrier 2; then every thread
+// normalizes its register rows, its cached rows, and its other batches last
+// to first (what the grid read last comes first: L2 hits).  DRAM traffic: x
+// once, plus x less what is on chip and in L2, plus y; no merge launch.
+// (A first version gave each lane one contiguous range of rows: 0.246 ms on
+// bn_big_nhwc against 0.236 for the three launches -- scattered streams.)
+#define ROWS_SMEM_ROWS 8
+
+// Number of batches of B rows lane rl.lane owns: j with (j * L + lane) * B < M.
+template <int B, typename index_t>
+__device__ __forceinline__ index_t lane_batches(const RowLanes& rl, index_t M) {
+    const index_t first = (index_t)rl.lane * B, step = (index_t)rl.L * B;
+    return first < M ? (M - first + step - 1) / step : 0;
+}
+
+// Block and block count of the (x, y) grid, for the grid barriers and the merge.
+__device__ __forceinline__ void grid_block(int& block, int& blocks) {
+    blocks = (int)(gridDim.x * gridDim.y);
+    block = (int)(blockIdx.y * gridDim.x + blockIdx.x);
+}
+
+template <typename T, typename P, typename index_t, int VEC>
+__global__ void __launch_bounds__(BN_THREADS)
+batchnorm_rows_train_fused(const T* __restrict__ x, T* __restrict__ y, acc_t<T>* __restrict__ part_n,
+                           acc_t<T>* __restrict__ part_mean, acc_t<T>* __restrict__ part_m2,
+                           acc_t<T>* __restrict__ mean_out, acc_t<T>* __restrict__ invstd_out,
+                           P* __restrict__ running_mean, P* __restrict__ running_var,
+                           const P* __restrict__ gamma, const P* __restrict__ beta, index_t M, int C, int cols,
+                           acc_t<T> eps, acc_t<T> momentum, acc_t<T> unbias, int update_running,
+                           unsigned* __restrict__ arrive) {
+    typedef acc_t<T> A;
+    constexpr int B = rows_batch<T, VEC>();
+    constexpr int SB = ROWS_SMEM_ROWS / B;  // cached batches
+    __shared__ Pack<T, VEC> cache[SB * B][BN_THREADS];
+    __shared__ A merged[3][BN_THREADS / 32];
+    const RowLanes rl(cols);
+    const int CV = C / VEC;
+    const bool active = rl.active(CV);
+    const index_t col = (index_t)rl.cv * VEC;
+    const index_t batches = active ? lane_batches<B>(rl, M) : 0;
+    A cnt[VEC], mu[VEC], m2[VEC];
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) cnt[v] = mu[v] = m2[v] = 0;
+    A keep[B][VEC];
+    for (index_t j = 0; j < batches; ++j) {
+        const index_t first = (j * rl.L + rl.lane) * B;
+        A vals[B][VEC];
+#pragma unroll
+        for (int i = 0; i < B; ++i) {
+            if (first + i < M) {
+                load_pack<T, VEC>(x, (first + i) * C + col, vals[i]);
+            } else {
+#pragma unroll
+                for (int v = 0; v < VEC; ++v) vals[i][v] = 0;
+            }
+        }
+        const int rows = (int)(M - first < (index_t)B ? M - first : (index_t)B);
+        const A nb = A(rows);
+#pragma unroll
+        for (int v = 0; v < VEC; ++v) {
+            A s = 0;
+#pragma unroll
+            for (int i = 0; i < B; ++i) s += vals[i][v];
+            const A mb = s / nb;
+            A q = 0;
+#pragma unroll
+            for (int i = 0; i < B; ++i) {
+                const A d = vals[i][v] - mb;
+                if (i < rows) q += d * d;
+            }
+            chan_merge(cnt[v], mu[v], m2[v], nb, mb, q);
+        }
+        const index_t back = batches - 1 - j;  // 0: the last batch
+        if (back == 0) {
+#pragma unroll
+            for (int i = 0; i < B; ++i)
+#pragma unroll
+                for (int v = 0; v < VEC; ++v) keep[i][v] = vals[i][v];
+        } else if (back <= SB) {
+#pragma unroll
+            for (int i = 0; i < B; ++i) {
+                Pack<T, VEC> pk;
+#pragma unroll
+                for (int v = 0; v < VEC; ++v) pk.v[v] = store<T>(vals[i][v]);
+                cache[(back - 1) * B + i][threadIdx.x] = pk;
+            }
+        }
+    }
+    if (active) {
+#pragma unroll
+        for (int v = 0; v < VEC; ++v) {
+            const index_t o = (index_t)(rl.cv * VEC + v) * rl.L + rl.lane;
+            part_n[o] = cnt[v];
+            part_mean[o] = mu[v];
+            part_m2[o] = m2[v];
+        }
+        __threadfence();
+    }
+    int block, blocks;
+    grid_block(block, blocks);
+    const bool gathered = channel_barrier(arrive, 0, 2, blocks);
+    // Merge: block b takes channels b, b + blocks, ...
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const volatile A* pn = part_n;
+    const volatile A* pm = part_mean;
+    const volatile A* p2 = part_m2;
+    for (int c = block; c < C; c += blocks) {
+        A n_ = 0, u_ = 0, q_ = 0;
+        for (int b0 = threadIdx.x; b0 < rl.L; b0 += BN_THREADS * ROWS_MERGE_AHEAD) {
+            A an[ROWS_MERGE_AHEAD], am[ROWS_MERGE_AHEAD], a2[ROWS_MERGE_AHEAD];
+#pragma unroll
+            for (int u = 0; u < ROWS_MERGE_AHEAD; ++u) {
+                const int b = b0 + BN_THREADS * u;
+                const long long o = (long long)c * rl.L + b;
+                an[u] = b < rl.L ? A(pn[o]) : A(0);
+                am[u] = b < rl.L ? A(pm[o]) : A(0);
+                a2[u] = b < rl.L ? A(p2[o]) : A(0);
+            }
+#pragma unroll
+            for (int u = 0; u < ROWS_MERGE_AHEAD; ++u) chan_merge(n_, u_, q_, an[u], am[u], a2[u]);
+        }
+        warp_chan_merge(n_, u_, q_);
+        if (lane == 0) {
+            merged[0][warp] = n_;
+            merged[1][warp] = u_;
+            merged[2][warp] = q_;
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            A tn = 0, tu = 0, tq = 0;
+            for (int w = 0; w < BN_THREADS / 32; ++w) chan_merge(tn, tu, tq, merged[0][w], merged[1][w], merged[2][w]);
+            const A var = gathered ? tq / tn : barrier_failed<A>();
+            if (!gathered) tu = var;
+            write_statistics(c, tu, var, A(1) / sqrt(var + eps), mean_out, invstd_out, running_mean, running_var,
+                             momentum, unbias, update_running);
+            __threadfence();
+        }
+        __syncthreads();
+    }
+    const bool merged_all = channel_barrier(arrive, 1, 2, blocks);
+    if (!active) return;
+    const volatile A* mo = mean_out;
+    const volatile A* io = invstd_out;
+    A mean[VEC], scale[VEC], shift[VEC];
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) {
+        const int c = rl.cv * VEC + v;
+        mean[v] = merged_all ? A(mo[c]) : barrier_failed<A>();
+        scale[v] = A(io[c]) * A(load(gamma[c]));
+        shift[v] = A(load(beta[c]));
+    }
+    if (batches == 0) return;
+    {  // the last batch, from registers
+        const index_t first = ((batches - 1) * rl.L + rl.lane) * B;
+#pragma unroll
+        for (int i = 0; i < B; ++i) {
+            if (first + i < M) {
+#pragma unroll
+                for (int v = 0; v < VEC; ++v) keep[i][v] = (keep[i][v] - mean[v]) * scale[v] + shift[v];
+                store_pack<T, VEC>(y, (first + i) * C + col, keep[i]);
+            }
+        }
+    }
+#pragma unroll
+    for (int back = 1; back <= SB; ++back) {  // the cached batches
+        const index_t j = batches - 1 - back;
+        if (j >= 0) {
+            const index_t first = (j * rl.L + rl.lane) * B;
+#pragma unroll
+            for (int i = 0; i < B; ++i) {
+                if (first + i < M) {
+                    const Pack<T, VEC> pk = cache[(back - 1) * B + i][threadIdx.x];
+                    A out[VEC];
+#pragma unroll
+                    for (int v = 0; v < VEC; ++v) out[v] = (A(load(pk.v[v])) - mean[v]) * scale[v] + shift[v];
+                    store_pack<T, VEC>(y, (first + i) * C + col, out);
+                }
+            }
+        }
+    }
+    for (index_t j = batches - 2 - SB; j >= 0; --j) {  // the rest, last to first
+        const index_t first = (j * rl.L + rl.lane) * B;
+        A vals[B][VEC];
+#pragma unroll
+        for (int i = 0; i < B; ++i)
+            if (first + i < M) load_pack<T, VEC>(x, (first + i) * C + col, vals[i]);
+#pragma unroll
+        for (int i = 0; i < B; ++i) {
+            if (first + i < M) {
+#pragma unroll
+                for (int v = 0; v < VEC; ++v) vals[i][v] = (vals[i][v] - mean[v]) * scale[v] + shift[v];
+                store_pack<T, VEC>(y, (first + i) * C + col, vals[i]);
+            }
+        }
+    }
+}
+
+// Channel-last backward (saved statistics) in ONE launch, the same scheme as
+// batchnorm_rows_train_fused: batches of B rows of x and dy (half the
+// forward's batch: two tensors), sums of dy and dy * (x - mean) per channel;
+// the last batch in registers, ROWS_SMEM_ROWS / 2 rows of each tensor before
+// it in shared memory; grid barrier; block b sums channels b, b + blocks, ...
+// in a fixed order (dbeta, dgamma, and sums[c] / sums[C + c] for dx); grid
+// barrier; dx from registers, cache, then the other batches last to first.
+template <typename T, typename P, typename index_t, int VEC>
+__global__ void __launch_bounds__(BN_THREADS)
+batchnorm_rows_backward_fused(const T* __restrict__ x, const T* __restrict__ dy,
+                              const acc_t<T>* __restrict__ mean, const acc_t<T>* __restrict__ invstd,
+                              const P* __restrict__ gamma, acc_t<T>* __restrict__ part_g,
+                              acc_t<T>* __restrict__ part_gx, acc_t<T>* __restrict__ sums, T* __restrict__ dx,
+                              P* __restrict__ dgamma, P* __restrict__ dbeta, index_t M, int C, int cols,
+                              unsigned* __restrict__ arrive) {
+    typedef acc_t<T> A;
+    constexpr int B = rows_batch<T, VEC>() / 2 > 0 ? rows_batch<T, VEC>() / 2 : 1;
+    constexpr int SB = ROWS_SMEM_ROWS / 2 / B;  // cached batches
+    __shared__ Pack<T, VEC> xcache[SB * B][BN_THREADS], dcache[SB * B][BN_THREADS];
+    __shared__ A merged[2][BN_THREADS / 32];
+    const RowLanes rl(cols);
+    const int CV = C / VEC;
+    const bool active = rl.active(CV);
+    const index_t col = (index_t)rl.cv * VEC;
+    const index_t batches = active ? lane_batches<B>(rl, M) : 0;
+    A m[VEC], g[VEC], gx[VEC];
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) {
+        m[v] = active ? mean[rl.cv * VEC + v] : A(0);
+        g[v] = gx[v] = 0;
+    }
+    A keep_x[B][VEC], keep_d[B][VEC];
+    for (index_t j = 0; j < batches; ++j) {
+        const index_t first = (j * rl.L + rl.lane) * B;
+        A xs[B][VEC], ds[B][VEC];
+#pragma unroll
+        for (int i = 0; i < B; ++i) {
+            if (first + i < M) {
+                load_pack<T, VEC>(x, (first + i) * C + col, xs[i]);
+                load_pack<T, VEC>(dy, (first + i) * C + col, ds[i]);
+            } else {
+#pragma unroll
+                for (int v = 0; v < VEC; ++v) xs[i][v] = ds[i][v] = 0;
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < B; ++i) {
+#pragma unroll
+            for (int v = 0; v < VEC; ++v) {  // zeros past M add nothing
+                g[v] += ds[i][v];
+                gx[v] += ds[i][v] * (xs[i][v] - m[v]);
+            }
+        }
+        const index_t back = batches - 1 - j;
+        if (back == 0) {
+#pragma unroll
+            for (int i = 0; i < B; ++i)
+#pragma unroll
+                for (int v = 0; v < VEC; ++v) {
+                    keep_x[i][v] = xs[i][v];
+                    keep_d[i][v] = ds[i][v];
+                }
+        } else if (back <= SB) {
+#pragma unroll
+            for (int i = 0; i < B; ++i) {
+                Pack<T, VEC> px, pd;
+#pragma unroll
+                for (int v = 0; v < VEC; ++v) {
+                    px.v[v] = store<T>(xs[i][v]);
+                    pd.v[v] = store<T>(ds[i][v]);
+                }
+                xcache[(back - 1) * B + i][threadIdx.x] = px;
+                dcache[(back - 1) * B + i][threadIdx.x] = pd;
+            }
+        }
+    }
+    if (active) {
+#pragma unroll
+        for (int v = 0; v < VEC; ++v) {
+            const index_t o = (index_t)(rl.cv * VEC + v) * rl.L + rl.lane;
+            part_g[o] = g[v];
+            part_gx[o] = gx[v];
+        }
+        __threadfence();
+    }
+    int block, blocks;
+    grid_block(block, blocks);
+    const bool gathered = channel_barrier(arrive, 0, 2, blocks);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const volatile A* pg = part_g;
+    const volatile A* pgx = part_gx;
+    for (int c = block; c < C; c += blocks) {
+        A sg = 0, sgx = 0;
+        for (int b0 = threadIdx.x; b0 < rl.L; b0 += BN_THREADS * ROWS_MERGE_AHEAD) {
+            A ag[ROWS_MERGE_AHEAD], agx[ROWS_MERGE_AHEAD];
+#pragma unroll
+            for (int u = 0; u < ROWS_MERGE_AHEAD; ++u) {
+                const int b = b0 + BN_THREADS * u;
+                const long long o = (long long)c * rl.L + b;
+                ag[u] = b < rl.L ? A(pg[o]) : A(0);
+                agx[u] = b < rl.L ? A(pgx[o]) : A(0);
+            }
+#pragma unroll
+            for (int u = 0; u < ROWS_MERGE_AHEAD; ++u) {
+                sg += ag[u];
+                sgx += agx[u];
+            }
+        }
+        sg = warp_down_sum(sg);
+        sgx = warp_down_sum(sgx);
+        if (lane == 0) {
+            merged[0][warp] = sg;
+            merged[1][warp] = sgx;
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            A tg = 0, tgx = 0;
+            for (int w = 0; w < BN_THREADS / 32; ++w) {
+                tg += merged[0][w];
+                tgx += merged[1][w];
+            }
+            tgx *= invstd[c];
+            if (!gathered) tg = tgx = barrier_failed<A>();
+            sums[c] = tg;
+            sums[C + c] = tgx;
+            dbeta[c] = store<P>(tg);
+            dgamma[c] = store<P>(tgx);
+            __threadfence();
+        }
+        __syncthreads();
+    }
+    const bool merged_all = channel_barrier(arrive, 1, 2, blocks);
+    if (!active || batches == 0) return;
+    const volatile A* vs = sums;
+    A s[VEC], scale[VEC], mean_dy[VEC], mean_dy_xhat[VEC];
+    const A n = A(M);
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) {
+        const int c = rl.cv * VEC + v;
+        s[v] = invstd[c];
+        scale[v] = A(load(gamma[c])) * s[v];
+        mean_dy[v] = merged_all ? A(vs[c]) / n : barrier_failed<A>();
+        mean_dy_xhat[v] = A(vs[C + c]) / n;
+    }
+    {  // the last batch, from registers
+        const index_t first = ((batches - 1) * rl.L + rl.lane) * B;
+#pragma unroll
+        for (int i = 0; i < B; ++i) {
+            if (first + i < M) {
+                A out[VEC];
+#pragma unroll
+                for (int v = 0; v < VEC; ++v) {
+                    const A xhat = (keep_x[i][v] - m[v]) * s[v];
+                    out[v] = scale[v] * (keep_d[i][v] - mean_dy[v] - xhat * mean_dy_xhat[v]);
+                }
+                store_pack<T, VEC>(dx, (first + i) * C + col, out);
+            }
+        }
+    }
+#pragma unroll
+    for (int back = 1; back <= SB; ++back) {  // the cached batches
+        const index_t j = batches - 1 - back;
+        if (j >= 0) {
+            const index_t first = (j * rl.L + rl.lane) * B;
+#pragma unroll
+            for (int i = 0; i < B; ++i) {
+                if (first + i < M) {
+                    const Pack<T, VEC> px = xcache[(back - 1) * B + i][threadIdx.x];
+                    const Pack<T, VEC> pd = dcache[(back - 1) * B + i][threadIdx.x];
+                    A out[VEC];
+#pragma unroll
+                    for (int v = 0; v < VEC; ++v) {
+                        const A xhat = (A(load(px.v[v])) - m[v]) * s[v];
+                        out[v] = scale[v] * (A(load(pd.v[v])) - mean_dy[v] - xhat * mean_dy_xhat[v]);
+                    }
+                    store_pack<T, VEC>(dx, (first + i) * C + col, out);
+                }
+            }
+        }
+    }
+    for (index_t j = batches - 2 - SB; j >= 0; --j) {  // the rest, last to first
+        const index_t first = (j * rl.L + rl.lane) * B;
+        A xs[B][VEC], ds[B][VEC];
+#pragma unroll
+        for (int i = 0; i < B; ++i) {
+            if (first + i < M) {
+                load_pack<T, VEC>(x, (first + i) * C + col, xs[i]);
+                load_pack<T, VEC>(dy, (first + i) * C + col, ds[i]);
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < B; ++i) {
+            if (first + i < M) {
+#pragma unroll
+                for (int v = 0; v < VEC; ++v) {
+                    const A xhat = (xs[i][v] - m[v]) * s[v];
+                    xs[i][v] = scale[v] * (ds[i][v] - mean_dy[v] - xhat * mean_dy_xhat[v]);
+                }
+                store_pack<T, VEC>(dx, (first + i) * C + col, xs[i]);
+            }
+        }
+    }
+}

@@ -1,0 +1,932 @@
+"""Batch normalization: the reference against the formula and loops, finite
+differences; both paths against the reference; running statistics; bad inputs."""
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+
+import dnnprims
+from dnnprims import _dtypes, batchnorm, batchnorm_backward
+from dnnprims.testing.strategies import batchnorm_problems
+from dnnprims.testing.tolerances import assert_close
+
+from conftest import FLOAT_DTYPES, random_array
+
+HYPOTHESIS = settings(max_examples=30, deadline=None,
+                      suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+def _host(a):
+    return a.get() if hasattr(a, "get") else np.asarray(a)
+
+
+def _channel_axis(x, layout):
+    return 1 if layout == "NCHW" else x.ndim - 1
+
+
+def loop_batchnorm(x, gamma, beta, eps, layout):
+    """Channel by channel, straight from the formula; also the biased variance."""
+    axis = _channel_axis(x, layout)
+    y = np.empty_like(x)
+    means, variances = [], []
+    for c in range(x.shape[axis]):
+        v = np.take(x, c, axis=axis)
+        mean = v.sum() / v.size
+        var = ((v - mean) ** 2).sum() / v.size
+        out = (v - mean) / np.sqrt(var + eps) * gamma[c] + beta[c]
+        idx = [slice(None)] * x.ndim
+        idx[axis] = c
+        y[tuple(idx)] = out
+        means.append(mean)
+        variances.append(var)
+    return y, np.array(means), np.array(variances)
+
+
+SHAPES = [((4, 3), "NCHW"), ((3, 5), "NHWC"), ((2, 3, 7, 5), "NCHW"), ((3, 13, 1, 4), "NHWC"),
+          ((1, 3, 3, 7), "NCHW"), ((2, 7, 3, 1), "NHWC"), ((2, 4, 6), "NCHW")]
+
+
+def _params(rng, x_shape, layout, dtype=np.float64):
+    c = x_shape[1 if layout == "NCHW" else -1]
+    return random_array(rng, (c,), dtype, 0.5, 1.5), random_array(rng, (c,), dtype)
+
+
+# ---------------------------------------------------------------------- reference vs formula
+
+@pytest.mark.parametrize("x_shape,layout", SHAPES)
+def test_training_forward_and_running_stats_match_formula(rng, x_shape, layout):
+    x = random_array(rng, x_shape, low=-2, high=3)
+    gamma, beta = _params(rng, x_shape, layout)
+    c = gamma.size
+    rm0, rv0 = random_array(rng, (c,)), random_array(rng, (c,), low=0.5, high=2)
+    rm, rv = rm0.copy(), rv0.copy()
+    y, mean, invstd = batchnorm(x, gamma, beta, rm, rv, momentum=0.3, eps=1e-3, layout=layout,
+                                return_stats=True)
+    expect, mean_loop, var_loop = loop_batchnorm(x, gamma, beta, 1e-3, layout)
+    np.testing.assert_allclose(y, expect, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(mean, mean_loop, rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(invstd, 1 / np.sqrt(var_loop + 1e-3), rtol=1e-12)
+    n = x.size // c
+    np.testing.assert_allclose(rm, 0.7 * rm0 + 0.3 * mean_loop, rtol=1e-12)
+    np.testing.assert_allclose(rv, 0.7 * rv0 + 0.3 * var_loop * n / (n - 1), rtol=1e-12)
+
+
+def test_by_hand():
+    x = np.array([[1.0, 10.0], [3.0, 20.0]])  # (N=2, C=2)
+    rm, rv = np.zeros(2), np.ones(2)
+    y = batchnorm(x, None, None, rm, rv, eps=0.0, momentum=0.5)
+    np.testing.assert_allclose(y, [[-1, -1], [1, 1]])
+    np.testing.assert_allclose(rm, [1.0, 7.5])             # 0.5 * 0 + 0.5 * mean
+    np.testing.assert_allclose(rv, [0.5 + 1.0, 0.5 + 25])  # unbiased var of (1, 3) is 2, of (10, 20) is 50
+
+
+@pytest.mark.parametrize("x_shape,layout", SHAPES)
+def test_inference_uses_running_stats(rng, x_shape, layout):
+    x = random_array(rng, x_shape)
+    gamma, beta = _params(rng, x_shape, layout)
+    rm, rv = random_array(rng, gamma.shape), random_array(rng, gamma.shape, low=0.5, high=2)
+    rm0, rv0 = rm.copy(), rv.copy()
+    y = batchnorm(x, gamma, beta, rm, rv, training=False, eps=0.01, layout=layout)
+    shape = [1] * x.ndim
+    shape[_channel_axis(x, layout)] = -1
+    r = lambda v: v.reshape(shape)  # noqa: E731
+    scaled = (x - r(rm)) / np.sqrt(r(rv) + 0.01) * r(gamma)
+    # y can cancel to ~0 (scaled ~ -beta): rounding is relative to the terms, not to y.
+    np.testing.assert_allclose(y, scaled + r(beta), rtol=1e-12, atol=1e-12 * np.max(np.abs(scaled) + np.abs(r(beta))))
+    np.testing.assert_array_equal(rm, rm0)
+    np.testing.assert_array_equal(rv, rv0)
+
+
+@pytest.mark.parametrize("x_shape,layout", SHAPES[:5])
+@pytest.mark.parametrize("saved", [False, True])
+def test_backward_by_finite_differences(rng, x_shape, layout, saved):
+    x = random_array(rng, x_shape)
+    gamma, beta = _params(rng, x_shape, layout)
+    dy = random_array(rng, x_shape)
+    _, mean, invstd = batchnorm(x, gamma, beta, eps=1e-3, layout=layout, return_stats=True)
+    stats = dict(mean=mean, invstd=invstd) if saved else {}
+    dx, dgamma, dbeta = batchnorm_backward(dy, x, gamma, eps=1e-3, layout=layout, **stats)
+
+    def loss(x_, g_, b_):
+        return np.vdot(batchnorm(x_, g_, b_, eps=1e-3, layout=layout), dy)
+
+    def numeric(a, which):
+        h, out = 1e-6, np.zeros_like(a)
+        for idx in np.ndindex(a.shape):
+            args_p, args_m = [x.copy(), gamma.copy(), beta.copy()], [x.copy(), gamma.copy(), beta.copy()]
+            args_p[which][idx] += h
+            args_m[which][idx] -= h
+            out[idx] = (loss(*args_p) - loss(*args_m)) / (2 * h)
+        return out
+
+    np.testing.assert_allclose(dx, numeric(x, 0), rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(dgamma, numeric(gamma, 1), rtol=1e-6, atol=1e-8)
+    np.testing.assert_allclose(dbeta, numeric(beta, 2), rtol=1e-6, atol=1e-8)
+
+
+@HYPOTHESIS
+@given(problem=batchnorm_problems())
+def test_reference_matches_loops_hypothesis(problem):
+    rng = np.random.default_rng(0)
+    x = random_array(rng, problem["x_shape"])
+    gamma, beta = _params(rng, problem["x_shape"], problem["layout"])
+    y = batchnorm(x, gamma, beta, eps=problem["eps"], layout=problem["layout"])
+    expect, _, _ = loop_batchnorm(x, gamma, beta, problem["eps"], problem["layout"])
+    np.testing.assert_allclose(y, expect, rtol=1e-10, atol=1e-10)
+
+
+# ---------------------------------------------------------------------- both paths vs the reference
+
+def _param_dtypes():
+    """(x dtype, parameter dtype) pairs: x's own, and float32 for half x."""
+    pairs = [pytest.param(d, d, id=d.name) for d in _dtypes.SUPPORTED]
+    pairs += [pytest.param(d, _dtypes.FLOAT32, id=f"{d.name}-float32-params")
+              for d in _dtypes.SUPPORTED if _dtypes.is_half(d)]
+    return pairs
+
+
+@pytest.mark.parametrize("dtype,pdtype", _param_dtypes())
+@pytest.mark.parametrize("x_shape,layout", SHAPES)
+@pytest.mark.parametrize("affine", [True, False])
+def test_matches_reference(xp, rng, dtype, pdtype, x_shape, layout, affine):
+    x = random_array(rng, x_shape, dtype, low=-1, high=3)
+    gamma, beta = _params(rng, x_shape, layout, pdtype)
+    if not affine:
+        gamma = beta = None
+    c = x_shape[_channel_axis(x, layout)]
+    rm, rv = random_array(rng, (c,), pdtype), random_array(rng, (c,), pdtype, 0.5, 2)
+    dy = random_array(rng, x_shape, dtype)
+    on = lambda a: None if a is None else xp.array(a)  # noqa: E731  (a copy)
+    f64 = lambda a: None if a is None else a.astype(np.float64)  # noqa: E731
+    rm_x, rv_x = on(rm), on(rv)
+    y, mean, invstd = batchnorm(on(x), on(gamma), on(beta), rm_x, rv_x, momentum=0.2, layout=layout,
+                                return_stats=True)
+    rm64, rv64 = f64(rm), f64(rv)
+    y64, mean64, invstd64 = batchnorm(f64(x), f64(gamma), f64(beta), rm64, rv64, momentum=0.2,
+                                      layout=layout, return_stats=True)
+    acc = _dtypes.accumulate_dtype(dtype)
+    assert y.dtype == dtype and mean.dtype == acc and invstd.dtype == acc
+    assert rm_x.dtype == pdtype and rv_x.dtype == pdtype
+    assert_close(y, y64, dtype, what="y")
+    assert_close(mean, mean64, dtype, what="mean")
+    assert_close(invstd, invstd64, dtype, what="invstd")
+    assert_close(rm_x, rm64, pdtype, what="running_mean")
+    assert_close(rv_x, rv64, pdtype, what="running_var")
+
+    y_inf = batchnorm(on(x), on(gamma), on(beta), rm_x, rv_x, training=False, layout=layout)
+    assert_close(y_inf, batchnorm(f64(x), f64(gamma), f64(beta), f64(_host(rm_x)), f64(_host(rv_x)),
+                                  training=False, layout=layout), dtype, what="inference y")
+
+    for stats in ({}, dict(mean=mean, invstd=invstd)):
+        dx, dgamma, dbeta = batchnorm_backward(on(dy), on(x), on(gamma), layout=layout, **stats)
+        dx64, dgamma64, dbeta64 = batchnorm_backward(f64(dy), f64(x), f64(gamma), layout=layout)
+        assert dx.dtype == dtype and dgamma.dtype == (pdtype if affine else dtype)
+        assert_close(dx, dx64, dtype, what="dx")
+        assert_close(dgamma, dgamma64, dtype, what="dgamma")
+        assert_close(dbeta, dbeta64, dtype, what="dbeta")
+
+
+@HYPOTHESIS
+@given(problem=batchnorm_problems())
+def test_matches_reference_hypothesis(xp, problem):
+    rng = np.random.default_rng(2)
+    layout = problem["layout"]
+    x = random_array(rng, problem["x_shape"], np.float32)
+    gamma, beta = _params(rng, x.shape, layout, np.float32)
+    if not problem["affine"]:
+        gamma = beta = None
+    c = x.shape[_channel_axis(x, layout)]
+    rm, rv = np.zeros(c, np.float32), np.ones(c, np.float32)
+    rm_x, rv_x = xp.array(rm), xp.array(rv)
+    on = lambda a: None if a is None else xp.array(a)  # noqa: E731  (a copy)
+    f64 = lambda a: None if a is None else a.astype(np.float64)  # noqa: E731
+    opts = dict(momentum=problem["momentum"], eps=problem["eps"], layout=layout)
+    y = batchnorm(on(x), on(gamma), on(beta), rm_x, rv_x, **opts)
+    rm64, rv64 = f64(rm), f64(rv)
+    assert_close(y, batchnorm(f64(x), f64(gamma), f64(beta), rm64, rv64, **opts), np.float32)
+    assert_close(rm_x, rm64, np.float32, what="running_mean")
+    assert_close(rv_x, rv64, np.float32, what="running_var")
+    dy = random_array(rng, x.shape, np.float32)
+    dx, dgamma, dbeta = batchnorm_backward(on(dy), on(x), on(gamma), eps=problem["eps"], layout=layout)
+    dx64, dgamma64, dbeta64 = batchnorm_backward(f64(dy), f64(x), f64(gamma), eps=problem["eps"],
+                                                 layout=layout)
+    assert_close(dx, dx64, np.float32, what="dx")
+    assert_close(dgamma, dgamma64, np.float32, what="dgamma")
+    assert_close(dbeta, dbeta64, np.float32, what="dbeta")
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.float64])
+@pytest.mark.parametrize("x_shape,offset", [((3, 4, 40, 48), 0), ((3, 4, 40, 48), 1),
+                                            ((5, 3, 7, 7), 0), ((9000, 3), 0)])
+def test_several_chunks_per_channel(xp, rng, dtype, x_shape, offset):
+    """More values per channel than one block's chunk (4096), 16-byte vector loads
+    (inner % 8 == 0), and the same data at a misaligned address (offset)."""
+    x_host = random_array(rng, x_shape, dtype, low=-1, high=3)
+    dy_host = random_array(rng, x_shape, dtype)
+    gamma, beta = _params(rng, x_shape, "NCHW", np.float32 if dtype == np.float16 else dtype)
+
+    def placed(a):  # a copy of a whose data starts `offset` elements into a buffer
+        buf = xp.empty(a.size + offset, a.dtype)
+        buf[offset:] = xp.asarray(a).ravel()
+        return buf[offset:].reshape(a.shape)
+
+    c = x_shape[1]
+    rm, rv = np.zeros(c, gamma.dtype), np.ones(c, gamma.dtype)
+    rm_x, rv_x = xp.array(rm), xp.array(rv)
+    f64 = lambda a: a.astype(np.float64)  # noqa: E731
+    rm64, rv64 = f64(rm), f64(rv)
+    y, mean, invstd = batchnorm(placed(x_host), xp.asarray(gamma), xp.asarray(beta), rm_x, rv_x,
+                                return_stats=True)
+    y64 = batchnorm(f64(x_host), f64(gamma), f64(beta), rm64, rv64)
+    assert_close(y, y64, dtype, what="y")
+    assert_close(rm_x, rm64, gamma.dtype, what="running_mean")
+    assert_close(rv_x, rv64, gamma.dtype, what="running_var")
+    expect = batchnorm_backward(f64(dy_host), f64(x_host), f64(gamma))
+    for stats in ({}, dict(mean=mean, invstd=invstd)):
+        got = batchnorm_backward(placed(dy_host), placed(x_host), xp.asarray(gamma), **stats)
+        for a, b, what in zip(got, expect, ("dx", "dgamma", "dbeta")):
+            assert_close(a, b, dtype, what=what)
+
+
+def _fresh_plans(monkeypatch):
+    """Forget the memoised GPU calls and their prepared plans (grids sized by a patched
+    _RESIDENT).  The switches FUSED, FUSED_PREFETCH, FUSED_FORWARD_MIN_BYTES and
+    FLAT_INFERENCE need not: they are part of the plan and fast-table keys."""
+    from dnnprims import _validate, normalization
+    monkeypatch.setattr(normalization, "_MEMO", _validate.CallMemo())
+    monkeypatch.setattr(normalization, "_PLANS", {})
+
+
+@pytest.mark.parametrize("prefetch", [False, True])
+@pytest.mark.parametrize("resident", [None, "small"])
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("x_shape,layout", [((3, 5, 40, 48), "NCHW"), ((2, 7, 13, 13), "NCHW"),
+                                            ((9000, 3), "NCHW"), ((5, 1, 3, 7), "NCHW"),
+                                            ((2, 3, 5, 11), "NHWC")])
+def test_single_read_path_matches_two_pass_path(xp, rng, monkeypatch, prefetch, resident, dtype, x_shape,
+                                                layout):
+    """The fused (single-read) training forward and backward give bitwise the
+    two-pass results (the same partials merged in the same order), also with few
+    resident blocks (many rounds of channels; `small` = two channels' chunks)."""
+    from dnnprims import normalization
+    monkeypatch.setattr(normalization, "FUSED_PREFETCH", prefetch)
+    monkeypatch.setattr(normalization, "FUSED_FORWARD_MIN_BYTES", 0)
+    monkeypatch.setattr(normalization, "FUSED_BACKWARD_16BIT_SPLITS", True)  # the fused 16-bit backward too
+    if xp is not np and resident == "small":
+        _fresh_plans(monkeypatch)  # the prepared plans hold grids sized by _RESIDENT
+        monkeypatch.setattr(normalization, "_RESIDENT", {})
+        splits = -(-int(np.prod(x_shape)) // x_shape[1 if layout == "NCHW" else -1] // 4096)
+        monkeypatch.setattr(normalization, "_resident_blocks", lambda cp, kernel: 2 * splits)
+    pdtype = np.float32 if dtype in (np.float16, _dtypes.BFLOAT16) else dtype
+    x = xp.asarray(random_array(rng, x_shape, dtype, low=-1, high=3))
+    dy = xp.asarray(random_array(rng, x_shape, dtype))
+    gamma, beta = (xp.asarray(a) for a in _params(rng, x_shape, layout, pdtype))
+    c = gamma.shape[0]
+    results = []
+    for fused in (True, False):
+        monkeypatch.setattr(normalization, "FUSED", fused)
+        rm, rv = xp.zeros(c, pdtype), xp.ones(c, pdtype)
+        y, mean, invstd = batchnorm(x, gamma, beta, rm, rv, layout=layout, return_stats=True)
+        grads = batchnorm_backward(dy, x, gamma, mean=mean, invstd=invstd, layout=layout)
+        results.append([_host(a) for a in (y, mean, invstd, rm, rv, *grads)])
+    for a, b in zip(*results):
+        np.testing.assert_array_equal(a, b)
+    f64 = lambda a: _host(a).astype(np.float64)  # noqa: E731
+    y64 = batchnorm(f64(x), f64(gamma), f64(beta), layout=layout)
+    assert_close(results[0][0], y64, dtype, what="y")
+    expect = batchnorm_backward(f64(dy), f64(x), f64(gamma), layout=layout)
+    # dgamma / dbeta are sums over N*H*W that may cancel to ~0 (105 values a channel in one
+    # case): rounding is relative to the sums of the terms' magnitudes.
+    axes = (0, 2, 3)[:x.ndim - 1] if layout == "NCHW" else tuple(range(x.ndim - 1))
+    x64, dy64 = f64(x), f64(dy)
+    centred = np.abs(x64 - x64.mean(axis=axes, keepdims=True))
+    magnitudes = dict(dgamma=(np.abs(dy64) * centred).sum(axis=axes) / np.sqrt(x64.var(axis=axes) + 1e-5),
+                      dbeta=np.abs(dy64).sum(axis=axes))
+    for a, b, what in zip(results[0][5:], expect, ("dx", "dgamma", "dbeta")):
+        assert_close(a, b, dtype, what=what, magnitude=magnitudes.get(what))
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("x_shape,offset", [((3, 5, 7, 16), 0), ((3, 5, 7, 16), 1), ((2, 3, 3, 1100), 0),
+                                            ((5000, 8), 0), ((1, 13, 3, 24), 0), ((7, 1, 1, 3), 0)])
+def test_channel_last_paths(xp, rng, dtype, x_shape, offset):
+    """The channel-last (rows) kernels: vectors along C (C % VEC == 0), more than 256
+    vectors per row (two column groups), many rows, and a misaligned copy (offset)."""
+    layout = "NHWC" if len(x_shape) == 4 else "NCHW"
+    pdtype = np.float32 if dtype in (np.float16, _dtypes.BFLOAT16) else dtype
+    x_host = random_array(rng, x_shape, dtype, low=-1, high=3)
+    dy_host = random_array(rng, x_shape, dtype)
+    gamma, beta = _params(rng, x_shape, layout, pdtype)
+
+    def placed(a):
+        buf = xp.empty(a.size + offset, a.dtype)
+        buf[offset:] = xp.asarray(a).ravel()
+        return buf[offset:].reshape(a.shape)
+
+    c = gamma.shape[0]
+    f64 = lambda a: _host(a).astype(np.float64)  # noqa: E731
+    rm, rv = xp.zeros(c, pdtype), xp.ones(c, pdtype)
+    rm64, rv64 = np.zeros(c), np.ones(c)
+    y, mean, invstd = batchnorm(placed(x_host), xp.asarray(gamma), xp.asarray(beta), rm, rv,
+                                layout=layout, return_stats=True)
+    assert_close(y, batchnorm(f64(x_host), f64(gamma), f64(beta), rm64, rv64, layout=layout), dtype,
+                 what="y")
+    assert_close(rm, rm64, pdtype, what="running_mean")
+    assert_close(rv, rv64, pdtype, what="running_var")
+    y_inf = batchnorm(placed(x_host), xp.asarray(gamma), xp.asarray(beta), rm, rv, training=False,
+                      layout=layout)
+    assert_close(y_inf, batchnorm(f64(x_host), f64(gamma), f64(beta), rm64, rv64, training=False,
+                                  layout=layout), dtype, what="y (inference)")
+    expect = batchnorm_backward(f64(dy_host), f64(x_host), f64(gamma), layout=layout)
+    for stats in ({}, dict(mean=mean, invstd=invstd)):
+        got = batchnorm_backward(placed(dy_host), placed(x_host), xp.asarray(gamma), layout=layout,
+                                 **stats)
+        for a, b, what in zip(got, expect, ("dx", "dgamma", "dbeta")):
+            assert_close(a, b, dtype, what=what)
+
+
+def _placed(xp, a, offset):
+    """A copy of host array a whose data starts `offset` elements into a buffer."""
+    buf = xp.empty(a.size + offset, a.dtype)
+    buf[offset:] = xp.asarray(a).ravel()
+    return buf[offset:].reshape(a.shape)
+
+
+def _small_channel_problem(xp, rng, dtype, x_shape, offset):
+    """(parameter dtype, x on the host, x placed at `offset`, gamma, beta, running
+    mean, running var) of an NCHW problem; the vectors on the host."""
+    pdtype = np.float32 if dtype in (np.float16, _dtypes.BFLOAT16) else dtype
+    x_host = random_array(rng, x_shape, dtype, low=-1, high=3)
+    gamma, beta = _params(rng, x_shape, "NCHW", pdtype)
+    c = x_shape[1]
+    rm, rv = random_array(rng, (c,), pdtype), random_array(rng, (c,), pdtype, 0.5, 2)
+    return pdtype, x_host, _placed(xp, x_host, offset), gamma, beta, rm, rv
+
+
+@pytest.mark.parametrize("flat", [True, False])
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("x_shape,offset", [((2, 5, 7, 7), 0), ((2, 5, 7, 7), 1), ((3, 4, 3), 0),
+                                            ((2, 3, 13), 0), ((2, 3, 1, 3, 7), 0), ((3, 5, 7), 0),
+                                            ((1, 1, 1, 3), 0), ((4, 3, 1, 2), 1), ((1, 2, 5, 5), 3)])
+def test_inference_flat_path(xp, rng, monkeypatch, flat, dtype, x_shape, offset):
+    """Inference with an inner size not a multiple of the vector width: the flat
+    kernel (16-byte vectors that cross channel boundaries; 4-byte accesses when
+    x.size % VEC != 0 or the data is misaligned) against the chunk kernel and the
+    float64 reference; the returned mean/invstd are the running statistics."""
+    from dnnprims import normalization
+    monkeypatch.setattr(normalization, "FLAT_INFERENCE", flat)
+    pdtype, x_host, x, gamma, beta, rm, rv = _small_channel_problem(xp, rng, dtype, x_shape, offset)
+    y, mean, invstd = batchnorm(x, xp.asarray(gamma), xp.asarray(beta), xp.asarray(rm), xp.asarray(rv),
+                                training=False, return_stats=True)
+    f64 = lambda a: _host(a).astype(np.float64)  # noqa: E731
+    y64, mean64, invstd64 = batchnorm(f64(x_host), f64(gamma), f64(beta), f64(rm), f64(rv), training=False,
+                                      return_stats=True)
+    assert y.dtype == dtype and y.shape == x_shape
+    assert_close(y, y64, dtype, what="y")
+    assert_close(mean, mean64, dtype, what="mean")
+    assert_close(invstd, invstd64, dtype, what="invstd")
+
+
+@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("resident", [None, 1, 6])
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("x_shape,offset", [((8, 5, 7, 32), 0), ((8, 5, 7, 32), 1), ((3, 4, 4, 13), 0),
+                                            ((3, 1, 1, 8), 0), ((16, 7, 7, 520), 0), ((4, 4, 4, 2100), 0),
+                                            ((3000, 24), 0)])
+def test_channel_last_fused_paths(xp, rng, monkeypatch, fused, resident, dtype, x_shape, offset):
+    """batchnorm_rows_train_fused / batchnorm_rows_backward_fused (one launch each,
+    grid barriers, the last rows of each lane kept in registers and shared
+    memory) against the three-launch rows paths and the float64 reference,
+    running statistics included; the backward with recomputed and (twice)
+    saved statistics.  `resident` fakes
+    the occupancy API: 1 or 6 blocks make each lane own hundreds of rows (every
+    batch, the cache and the reverse walk run; a block merges many channels);
+    1 block with several column groups (2100 channels) falls back."""
+    from dnnprims import normalization
+    monkeypatch.setattr(normalization, "ROWS_FUSED", fused)
+    _fresh_plans(monkeypatch)  # the prepared plans hold grids sized by _RESIDENT
+    monkeypatch.setattr(normalization, "_RESIDENT", {})
+    if resident is not None:
+        monkeypatch.setattr(normalization, "_resident_blocks", lambda cp, kernel: resident)
+    layout = "NHWC" if len(x_shape) == 4 else "NCHW"
+    pdtype = np.float32 if dtype in (np.float16, _dtypes.BFLOAT16) else dtype
+    x_host = random_array(rng, x_shape, dtype, low=-1, high=3)
+    gamma, beta = _params(rng, x_shape, layout, pdtype)
+    x = _placed(xp, x_host, offset)
+    c = gamma.shape[0]
+    f64 = lambda a: _host(a).astype(np.float64)  # noqa: E731
+    rm, rv = xp.asarray(random_array(rng, (c,), pdtype)), xp.asarray(random_array(rng, (c,), pdtype, 0.5, 2))
+    rm64, rv64 = f64(rm), f64(rv)
+    for _ in range(2):  # the barrier counters are back at zero for the second launch
+        y, mean, invstd = batchnorm(x, xp.asarray(gamma), xp.asarray(beta), rm, rv, momentum=0.3, layout=layout,
+                                    return_stats=True)
+        y64, mean64, invstd64 = batchnorm(f64(x_host), f64(gamma), f64(beta), rm64, rv64, momentum=0.3,
+                                          layout=layout, return_stats=True)
+        assert_close(y, y64, dtype, what="y")
+        assert_close(mean, mean64, dtype, what="mean")
+        assert_close(invstd, invstd64, dtype, what="invstd")
+        assert_close(rm, rm64, pdtype, what="running_mean")
+        assert_close(rv, rv64, pdtype, what="running_var")
+    y = batchnorm(x, None, None, layout=layout)
+    assert_close(y, batchnorm(f64(x_host), None, None, layout=layout), dtype, what="y")
+    dy_host = random_array(rng, x_shape, dtype)
+    dy = _placed(xp, dy_host, offset)
+    expect = batchnorm_backward(f64(dy_host), f64(x_host), f64(gamma), layout=layout)
+    for stats in ({}, dict(mean=mean, invstd=invstd), dict(mean=mean, invstd=invstd)):
+        got = batchnorm_backward(dy, x, xp.asarray(gamma), layout=layout, **stats)
+        for a, b, what in zip(got, expect, ("dx", "dgamma", "dbeta")):
+            assert_close(a, b, dtype, what=what)
+
+
+@pytest.mark.parametrize("min_rows", [1, 5, 64])
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("x_shape", [(32, 7, 7, 64), (3, 5, 7, 24), (2, 3, 2, 13)])
+def test_channel_last_plans_and_rows_per_lane(gpu, rng, monkeypatch, min_rows, dtype, x_shape):
+    """Channel-last calls run prepared plans (the second call takes the fast
+    table) with the fused rows kernels' lanes owning at least ROWS_FUSED_MIN_ROWS
+    rows (fewer blocks, more batches a lane): forward with running statistics,
+    inference, backward with saved and recomputed statistics, against float64."""
+    from dnnprims import normalization
+    monkeypatch.setattr(normalization, "ROWS_FUSED_MIN_ROWS", min_rows)
+    _fresh_plans(monkeypatch)
+    pdtype = np.float32 if dtype in (np.float16, _dtypes.BFLOAT16) else dtype
+    x_host = random_array(rng, x_shape, dtype, low=-1, high=3)
+    dy_host = random_array(rng, x_shape, dtype)
+    gamma, beta = _params(rng, x_shape, "NHWC", pdtype)
+    c = gamma.shape[0]
+    f64 = lambda a: _host(a).astype(np.float64)  # noqa: E731
+    x, dy, g, b = (gpu.asarray(a) for a in (x_host, dy_host, gamma, beta))
+    rm, rv = gpu.asarray(random_array(rng, (c,), pdtype)), gpu.asarray(random_array(rng, (c,), pdtype, 0.5, 2))
+    rm64, rv64 = f64(rm), f64(rv)
+    expect = batchnorm_backward(f64(dy_host), f64(x_host), f64(gamma), layout="NHWC")
+    for _ in range(2):
+        y, mean, invstd = batchnorm(x, g, b, rm, rv, momentum=0.3, layout="NHWC", return_stats=True)
+        y64 = batchnorm(f64(x_host), f64(gamma), f64(beta), rm64, rv64, momentum=0.3, layout="NHWC")
+        assert_close(y, y64, dtype, what="y")
+        assert_close(rm, rm64, pdtype, what="running_mean")
+        assert_close(rv, rv64, pdtype, what="running_var")
+        y = batchnorm(x, g, b, rm, rv, training=False, layout="NHWC")
+        assert_close(y, batchnorm(f64(x_host), f64(gamma), f64(beta), rm64, rv64, training=False, layout="NHWC"),
+                     dtype, what="inference y")
+        for stats in ({}, dict(mean=mean, invstd=invstd)):
+            got = batchnorm_backward(dy, x, g, layout="NHWC", **stats)
+            for a, e, what in zip(got, expect, ("dx", "dgamma", "dbeta")):
+                assert_close(a, e, dtype, what=what)
+    assert len(normalization._PLANS) == 4  # training, inference, backward saved / recomputed
+
+
+# ---------------------------------------------------------------------- grid-barrier kernels:
+# cooperative launches (dnnprims/_kernels.py: every block resident at once, or refused)
+
+_C_TYPES = {"half_t": np.float16, "bfloat16_t": _dtypes.BFLOAT16, "float": np.float32, "double": np.float64}
+_COOPERATIVE_KERNELS = ("batchnorm_train_fused", "batchnorm_backward_fused", "batchnorm_rows_train_fused",
+                        "batchnorm_rows_backward_fused")
+
+
+def _kernel_signature(name):
+    """(template parameter names, [(C type, parameter name)]) of a __global__ kernel
+    of kernels/batchnorm.cu, its macros (BN_SHAPE, BN_FUSED_PARAMS) expanded."""
+    import re
+    from dnnprims import normalization
+    source = normalization.FAMILY.source
+    macros = dict(re.findall(r"^#define (BN_[A-Z_]+) (.+)$", source, re.M))
+    match = re.search(r"template <([^>]*)>\s*__global__ void __launch_bounds__\([^)]*\)\s*" + name
+                      + r"\((.*?)\)\s*\{", source, re.S)
+    template = [t.split()[-1] for t in match.group(1).split(",")]
+    text = match.group(2)
+    for _ in range(3):
+        for macro, body in macros.items():
+            text = re.sub(r"\b" + macro + r"\b", body, text)
+    params = []
+    for p in text.split(","):
+        words = p.replace("*", " * ").replace("__restrict__", "").replace("const", "").split()
+        params.append(("".join(words[:-1]), words[-1]))
+    return template, params
+
+
+def _fake_device_array(shape, dtype):
+    """A CuPy ndarray over host memory: the argument builders only read pointers."""
+    cupy = pytest.importorskip("cupy")
+    from cupy.cuda.memory import MemoryPointer, UnownedMemory
+    size = int(np.prod(shape)) * np.dtype(dtype).itemsize
+    host = np.zeros(size + 256, np.uint8)
+    start = -host.ctypes.data % 256  # 16-byte (here 256) aligned, as CuPy's pool
+    memory = UnownedMemory(host.ctypes.data + start, size, host, device_id=0)
+    return cupy.ndarray(shape, dtype, memptr=MemoryPointer(memory, 0))
+
+
+class _FakeCupy:
+    """What the launch builders of dnnprims.normalization call on the cupy module."""
+
+    class cuda:
+        class runtime:
+            getDevice = staticmethod(lambda: 0)
+
+        get_current_stream = staticmethod(lambda: type("Stream", (), {"ptr": 77})())
+        Device = staticmethod(lambda *a: type("Device", (), {"attributes": {"MultiProcessorCount": 4}})())
+
+    @staticmethod
+    def empty(shape, dtype):
+        return _fake_device_array(shape, dtype)
+
+    zeros = empty
+
+    @staticmethod
+    def full(shape, value, dtype):
+        return _fake_device_array(shape, dtype)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_grid_barrier_kernels_are_launched_cooperatively_with_arguments_of_their_signature(monkeypatch, dtype):
+    """CPU: every kernel with a grid barrier is launched (or prepared) with
+    cooperative=True, and its argument list matches the C signature parameter by
+    parameter: a CuPy array of the pointee's dtype for a pointer (unsigned* the
+    uint32 barrier counters), the exact NumPy scalar type for int / index_t /
+    acc_t<T>; its kernelParams then hold each value with the C type's size."""
+    from dnnprims import _kernels, normalization
+    captured = []
+
+    def capture(expression, grid, block, args, shared_mem=0, cooperative=False, fallback=None):
+        captured.append((expression, tuple(args), cooperative))
+
+    for name in ("_RESIDENT", "_WORKSPACES", "_SMS", "_LAUNCHES", "_CONSTANTS", "_PLANS"):
+        monkeypatch.setattr(normalization, name, {})
+    monkeypatch.setattr(normalization, "_REFUSED", set())
+    monkeypatch.setattr(normalization.FAMILY, "prepare", capture)
+    monkeypatch.setattr(normalization.FAMILY, "launch", capture)
+    monkeypatch.setattr(normalization.FAMILY, "function", lambda expression: None)
+    monkeypatch.setattr(normalization, "_resident_blocks", lambda cp, kernel: 64)
+    monkeypatch.setattr(normalization, "FUSED_FORWARD_MIN_BYTES", 0)
+    cp = _FakeCupy
+    pdtype = np.dtype(np.float32 if dtype in (np.float16, _dtypes.BFLOAT16) else dtype)
+    acc = np.dtype(_dtypes.accumulate_dtype(np.dtype(dtype)))
+    c, outer, inner = 8, 3, 40
+    x, y = (_fake_device_array((outer, c, inner), dtype) for _ in range(2))
+    normalization._build_forward_plan(cp, x, y, pdtype, c, outer, inner, True, True, 0.1, 1e-5, False, False,
+                                      True)
+    normalization._build_backward_plan(cp, x, y, y, pdtype, c, outer, inner, False, 1e-5, False, True)
+    rows_x = _fake_device_array((outer * inner, c), dtype)
+    normalization._build_rows_forward_plan(cp, rows_x, pdtype, c, outer * inner, True, True, 0.1, 1e-5, False,
+                                           False, True)
+    normalization._build_rows_backward_plan(cp, rows_x, pdtype, c, outer * inner, False, 1e-5, False, True)
+    # The call's arrays (ARRAY0...) of a prepared forward / backward plan, by dtype.
+    marked = {"batchnorm_train_fused": (dtype, dtype, acc, acc, pdtype, pdtype, pdtype, pdtype),
+              "batchnorm_backward_fused": (dtype, dtype, acc, acc, pdtype, dtype, pdtype, pdtype)}
+    marked["batchnorm_rows_train_fused"] = marked["batchnorm_train_fused"]
+    marked["batchnorm_rows_backward_fused"] = marked["batchnorm_backward_fused"]
+    seen = set()
+    for expression, args, cooperative in captured:
+        name, inside = expression.rstrip(">").split("<", 1)
+        if name not in _COOPERATIVE_KERNELS:
+            assert not cooperative, expression
+            continue
+        seen.add(name)
+        assert cooperative, expression
+        template, params = _kernel_signature(name)
+        bound = dict(zip(template, (a.strip() for a in inside.split(","))))
+        ctype = {"T": _C_TYPES[bound["T"]], "P": _C_TYPES[bound["P"]], "acc_t<T>": acc.type,
+                 "index_t": np.int32 if bound["index_t"] == "int" else np.int64, "int": np.int32,
+                 "unsigned": np.uint32}
+        args = tuple(_fake_device_array((1,), marked[name][a.index]) if isinstance(a, _kernels._ArrayArgument)
+                     else a for a in args)
+        assert len(args) == len(params), expression
+        sizes = []
+        for (c_type, param), a in zip(params, args):
+            if c_type.endswith("*"):
+                assert isinstance(a, _kernels._NDARRAY), (expression, param)
+                assert a.dtype == np.dtype(ctype[c_type[:-1]]), (expression, param, a.dtype)
+                sizes.append(8)
+            else:
+                assert type(a) is ctype[c_type], (expression, param, type(a))
+                sizes.append(np.dtype(ctype[c_type]).itemsize)
+        values, kernel_params, _ = _kernels.kernel_parameters(args, expression)
+        import ctypes
+        addresses = list(kernel_params)
+        assert addresses == [values.buffer_info()[0] + 8 * i for i in range(len(args))]
+        for address, size, a in zip(addresses, sizes, args):
+            expect = (a.data.ptr.to_bytes(8, "little") if isinstance(a, _kernels._NDARRAY)
+                      else np.asarray(a).tobytes())
+            assert ctypes.string_at(address, size) == expect, expression
+    assert seen == set(_COOPERATIVE_KERNELS)
+
+
+def _count_cooperative_launches(monkeypatch):
+    """A list that grows by one per cuLaunchCooperativeKernel call (the real one runs)."""
+    from dnnprims import _kernels
+    calls, real = [], _kernels._launch_cooperative_kernel
+
+    def counted(*args):
+        calls.append(args[1:4])
+        return real(*args)
+
+    monkeypatch.setattr(_kernels, "_launch_cooperative_kernel", counted)
+    return calls
+
+
+def _barrier_problem(xp, rng, dtype, x_shape, layout):
+    pdtype = np.float32 if dtype in (np.float16, _dtypes.BFLOAT16) else dtype
+    x_host = random_array(rng, x_shape, dtype, low=-1, high=3)
+    dy_host = random_array(rng, x_shape, dtype)
+    gamma, beta = _params(rng, x_shape, layout, pdtype)
+    return pdtype, x_host, dy_host, gamma, beta
+
+
+def _check_barrier_paths(xp, rng, dtype, x_shape, layout):
+    """Training forward (running statistics, twice: the second call takes the fast
+    path) and backward with saved statistics (twice) against the float64 reference."""
+    pdtype, x_host, dy_host, gamma, beta = _barrier_problem(xp, rng, dtype, x_shape, layout)
+    c = gamma.shape[0]
+    f64 = lambda a: _host(a).astype(np.float64)  # noqa: E731
+    x, dy = xp.asarray(x_host), xp.asarray(dy_host)
+    rm, rv = xp.asarray(random_array(rng, (c,), pdtype)), xp.asarray(random_array(rng, (c,), pdtype, 0.5, 2))
+    rm64, rv64 = f64(rm), f64(rv)
+    expect = batchnorm_backward(f64(dy_host), f64(x_host), f64(gamma), layout=layout)
+    for _ in range(2):
+        y, mean, invstd = batchnorm(x, xp.asarray(gamma), xp.asarray(beta), rm, rv, momentum=0.3, layout=layout,
+                                    return_stats=True)
+        y64 = batchnorm(f64(x_host), f64(gamma), f64(beta), rm64, rv64, momentum=0.3, layout=layout)
+        assert_close(y, y64, dtype, what="y")
+        assert_close(rm, rm64, pdtype, what="running_mean")
+        assert_close(rv, rv64, pdtype, what="running_var")
+        got = batchnorm_backward(dy, x, xp.asarray(gamma), mean=mean, invstd=invstd, layout=layout)
+        for a, b, what in zip(got, expect, ("dx", "dgamma", "dbeta")):
+            assert_close(a, b, dtype, what=what)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("x_shape,layout", [((6, 5, 40, 48), "NCHW"), ((4, 3, 16, 16), "NCHW"),
+                                            ((8, 5, 7, 32), "NHWC"), ((3000, 24), "NHWC")])
+def test_grid_barrier_kernels_run_cooperatively(gpu, rng, monkeypatch, dtype, x_shape, layout):
+    """The fused kernels (a barrier across blocks) run through the cooperative
+    launch -- none refused -- and match the float64 reference, NCHW (several chunks
+    a channel, and one) and NHWC, every dtype."""
+    from dnnprims import _kernels, normalization
+    monkeypatch.setattr(normalization, "FUSED_FORWARD_MIN_BYTES", 0)
+    monkeypatch.setattr(normalization, "FUSED_BACKWARD_16BIT_SPLITS", True)
+    _fresh_plans(monkeypatch)
+    calls = _count_cooperative_launches(monkeypatch)
+    refused = _kernels.cooperative_refusals
+    _check_barrier_paths(gpu, rng, dtype, x_shape, layout)
+    assert len(calls) == 4  # 2 forward + 2 backward calls, one fused launch each
+    assert _kernels.cooperative_refusals == refused
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("kind", ["chunks", "rows"])
+def test_refused_cooperative_launch_takes_the_multi_launch_path(gpu, rng, monkeypatch, dtype, kind):
+    """A grid larger than the device holds at once (the occupancy helper faked to
+    say a million blocks are resident, as when the SMs are shared and the sizing
+    was wrong): the driver refuses the cooperative launch, the call takes the
+    multi-launch path and the result is right -- never a barrier waiting on a
+    block that cannot run, never a wrong answer; later calls (the fast path) too."""
+    from dnnprims import _kernels, normalization
+    monkeypatch.setattr(normalization, "FUSED_FORWARD_MIN_BYTES", 0)
+    monkeypatch.setattr(normalization, "_RESIDENT", {})
+    monkeypatch.setattr(normalization, "_REFUSED", set())
+    _fresh_plans(monkeypatch)
+    vec = normalization._VECTOR[_dtypes.cuda_type(np.dtype(dtype))]
+    # No SM holds more than 2048 / 256 = 8 blocks of 256 threads: grids over 8 per SM.
+    sms = int(gpu.cuda.Device().attributes["MultiProcessorCount"])
+    if kind == "chunks":  # one chunk a channel: a block per channel
+        x_shape, layout = (2, 8 * sms + 64, 1, 8), "NCHW"
+    else:  # 8 column groups of 256 vectors, one row lane a block: a block per row and group
+        x_shape, layout = (sms + 16, 8 * 256 * vec), "NHWC"
+    monkeypatch.setattr(normalization, "_resident_blocks", lambda cp, kernel: 1 << 20)
+    # One row a lane, so the grid really is a block per row and group (ROWS_FUSED_MIN_ROWS = 8
+    # would give 8 rows a lane: a grid small enough for the driver to accept).
+    monkeypatch.setattr(normalization, "ROWS_FUSED_MIN_ROWS", 1)
+    calls = _count_cooperative_launches(monkeypatch)
+    refused = _kernels.cooperative_refusals
+    _check_barrier_paths(gpu, rng, dtype, x_shape, layout)
+    # Forward and backward each refused once; their fast-path calls go straight to the fallback.
+    assert len(calls) == 2 and _kernels.cooperative_refusals == refused + 2
+
+
+def test_barrier_timeout_writes_nan_not_a_wrong_value(gpu):
+    """The last guard: a block whose grid barrier times out (here the kernel is
+    launched by hand, NOT cooperatively, with one block for a channel of two
+    chunks: the second block never comes) writes NaN -- its outputs, the statistics
+    and running statistics or parameter gradients it owns -- instead of values
+    merged from a partial set of partials.  (~1 s of spinning per launch.)"""
+    from dnnprims import normalization
+    cp, f32, i32 = gpu, np.float32, np.int32
+    n = 2 * normalization._CHUNK  # one channel, two chunks: splits = 2
+    x = cp.asarray(np.linspace(-1, 2, n, dtype=f32))
+    dy = cp.asarray(np.linspace(1, -1, n, dtype=f32))
+    ones, part = cp.ones(1, f32), cp.zeros(4, f32)
+    shape = (i32(1), i32(1), i32(n), i32(2), i32(1))  # outer, C, inner, splits, per_round
+    arrive = cp.zeros(2, np.uint32)
+    y, mean, invstd, rm, rv = cp.zeros(n, f32), cp.zeros(1, f32), cp.zeros(1, f32), cp.zeros(1, f32), cp.ones(1, f32)
+    normalization.FAMILY.launch("batchnorm_train_fused<float, float, int, 4, true>", (1,), (256,),
+                                (x, y, part[:2], part[2:], mean, invstd, rm, rv, ones, ones * 0, *shape, arrive,
+                                 f32(1e-5), f32(0.1), f32(n / (n - 1)), i32(1)))
+    for name, a in (("y", y[:n // 2]), ("mean", mean), ("invstd", invstd), ("running_mean", rm),
+                    ("running_var", rv)):
+        assert bool(cp.isnan(a).all()), name
+    assert not bool(cp.isnan(y[n // 2:]).any())  # the missing block's chunk: never written
+    arrive[...] = 0  # the missing block never departs here: no reset
+    dx, dgamma, dbeta = cp.zeros(n, f32), cp.zeros(1, f32), cp.zeros(1, f32)
+    normalization.FAMILY.launch("batchnorm_backward_fused<float, float, int, 4>", (1,), (256,),
+                                (x, dy, ones * 0, ones, ones, part[:2], part[2:], dx, dgamma, dbeta, *shape, arrive))
+    for name, a in (("dx", dx[:n // 2]), ("dgamma", dgamma), ("dbeta", dbeta)):
+        assert bool(cp.isnan(a).all()), name
+
+
+@pytest.mark.parametrize("grouped", [True, False])
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("x_shape,offset", [((32, 8, 7, 7), 0), ((40, 4, 7, 7), 0), ((32, 8, 7, 7), 1),
+                                            ((3, 8, 2, 3), 0), ((5, 16, 1, 5), 0), ((2, 4, 1, 2), 0),
+                                            ((4, 6, 3, 3), 0), ((7, 16, 13), 0), ((1, 8, 3), 0)])
+def test_grouped_training_path(xp, rng, monkeypatch, grouped, dtype, x_shape, offset):
+    """Training forward of small channels with an inner size not a multiple of the
+    vector width: batchnorm_train_grouped (G channels a block, 16-byte vectors
+    that cross channel boundaries; inner 2 < VEC puts several channels in one
+    vector) against the fused / two-pass kernels and the float64 reference, with
+    running statistics; C % G != 0 (6 channels), misaligned data and channels
+    too large for a block fall back to the other kernels."""
+    from dnnprims import normalization
+    monkeypatch.setattr(normalization, "GROUPED_TRAINING", grouped)
+    pdtype, x_host, x, gamma, beta, rm, rv = _small_channel_problem(xp, rng, dtype, x_shape, offset)
+    f64 = lambda a: _host(a).astype(np.float64)  # noqa: E731
+    rm64, rv64 = f64(rm), f64(rv)
+    rm_x, rv_x = xp.asarray(rm), xp.asarray(rv)
+    for _ in range(2):  # the second call takes the fast path
+        y, mean, invstd = batchnorm(x, xp.asarray(gamma), xp.asarray(beta), rm_x, rv_x, momentum=0.3,
+                                    return_stats=True)
+        y64, mean64, invstd64 = batchnorm(f64(x_host), f64(gamma), f64(beta), rm64, rv64, momentum=0.3,
+                                          return_stats=True)
+        assert y.dtype == dtype and y.shape == x_shape
+        assert_close(y, y64, dtype, what="y")
+        assert_close(mean, mean64, dtype, what="mean")
+        assert_close(invstd, invstd64, dtype, what="invstd")
+        assert_close(rm_x, rm64, pdtype, what="running_mean")
+        assert_close(rv_x, rv64, pdtype, what="running_var")
+    y = batchnorm(x, None, None)  # no parameters, no running statistics
+    assert_close(y, batchnorm(f64(x_host), None, None), dtype, what="y")
+
+
+def test_non_contiguous_inputs(xp, rng):
+    base = random_array(rng, (2, 5, 7, 3), np.float32)
+    x = xp.asarray(base).transpose(0, 3, 1, 2)  # NCHW view of NHWC memory
+    gamma_base = random_array(rng, (6,), np.float32)
+    gamma = xp.asarray(gamma_base)[::2]
+    rm_base, rv_base = np.zeros(6, np.float32), np.ones(6, np.float32)
+    rm_x, rv_x = xp.array(rm_base), xp.array(rv_base)
+    y = batchnorm(x, gamma, None, rm_x[::2], rv_x[::2])
+    x64 = np.ascontiguousarray(base.transpose(0, 3, 1, 2)).astype(np.float64)
+    rm64, rv64 = np.zeros(3), np.ones(3)
+    assert_close(y, batchnorm(x64, gamma_base[::2].astype(np.float64), None, rm64, rv64), np.float32)
+    assert_close(_host(rm_x)[::2], rm64, np.float32, what="running_mean (strided, in place)")
+    assert_close(_host(rv_x)[::2], rv64, np.float32, what="running_var (strided, in place)")
+    np.testing.assert_array_equal(_host(rm_x)[1::2], 0)
+    dy = xp.asarray(random_array(rng, (2, 5, 7, 3), np.float32)).transpose(0, 3, 1, 2)
+    dx, dgamma, dbeta = batchnorm_backward(dy, x, gamma)
+    expect = batchnorm_backward(_host(dy).astype(np.float64), x64, gamma_base[::2].astype(np.float64))
+    for got, want, what in zip((dx, dgamma, dbeta), expect, ("dx", "dgamma", "dbeta")):
+        assert_close(got, want, np.float32, what=what)
+
+
+def test_empty_batch(xp):
+    x = xp.zeros((0, 3, 4, 4), np.float32)
+    rm, rv = xp.zeros(3, np.float32), xp.ones(3, np.float32)
+    y = batchnorm(x, None, None, rm, rv)
+    assert y.shape == x.shape
+    np.testing.assert_array_equal(_host(rm), 0)
+    dx, dgamma, dbeta = batchnorm_backward(x, x, None)
+    assert dx.shape == x.shape and not _host(dgamma).any() and not _host(dbeta).any()
+
+
+def test_dy_none_is_zero_gradient(xp, rng):
+    x = xp.asarray(random_array(rng, (2, 3, 4, 4)))
+    gamma = xp.asarray(random_array(rng, (3,)))
+    dx, dgamma, dbeta = batchnorm_backward(None, x, gamma)
+    assert dx.shape == x.shape and dgamma.shape == (3,) and dbeta.shape == (3,)
+    assert not (_host(dx).any() or _host(dgamma).any() or _host(dbeta).any())
+
+
+# ---------------------------------------------------------------------- bad inputs
+
+def _bn_args():
+    x = np.ones((2, 3, 4, 4), np.float32)
+    return x, np.ones(3, np.float32), np.zeros(3, np.float32)
+
+
+@pytest.mark.parametrize("change,error,match", [
+    (dict(x=np.ones((2, 3, 4, 4), np.int32)), TypeError, "x must have a floating dtype"),
+    (dict(x=np.ones(3, np.float32)), ValueError, "x must be 2-D to 5-D"),
+    (dict(gamma=np.ones(4, np.float32)), ValueError, "gamma must have shape"),
+    (dict(beta=np.ones((3, 1), np.float32)), ValueError, "beta must have shape"),
+    (dict(gamma=np.ones(3, np.float64)), TypeError, "gamma"),
+    (dict(beta=np.ones(3, np.int64)), TypeError, "beta must have a floating dtype"),
+    (dict(running_mean=np.zeros(2, np.float32), running_var=np.ones(2, np.float32)), ValueError,
+     "running_mean must have shape"),
+    (dict(running_mean=np.zeros(3, np.float32), running_var=np.ones(4, np.float32)), ValueError,
+     "running_var must have shape"),
+    (dict(running_mean=np.zeros(3, np.float32)), ValueError, "running_mean was given without running_var"),
+    (dict(running_mean=np.zeros(3, np.float64), running_var=np.ones(3, np.float64)), TypeError,
+     "running_mean"),
+    (dict(training=False), ValueError, "running_mean and running_var are required"),
+    (dict(training="yes"), TypeError, "training"),
+    (dict(momentum=1.5), ValueError, "momentum"),
+    (dict(momentum=None), TypeError, "momentum"),
+    (dict(eps=-1.0), ValueError, "eps"),
+    (dict(eps="small"), TypeError, "eps"),
+    (dict(layout="NWHC"), ValueError, "layout"),
+    (dict(x=np.ones((1, 3, 1, 1), np.float32)), ValueError, "more than 1 value per channel"),
+    (dict(gamma=[1.0, 1.0, 1.0]), TypeError, "gamma must be a numpy.ndarray"),
+])
+def test_bad_batchnorm_inputs(change, error, match):
+    x, gamma, beta = _bn_args()
+    args = dict(x=x, gamma=gamma, beta=beta)
+    args.update(change)
+    with pytest.raises(error, match=match):
+        batchnorm(**args)
+
+
+def test_float16_x_rejects_float64_params():
+    x = np.ones((2, 3), np.float16)
+    with pytest.raises(TypeError, match="gamma, beta must have dtype float16 or float32"):
+        batchnorm(x, np.ones(3), np.ones(3))
+    with pytest.raises(TypeError, match="beta has dtype float16 but gamma has dtype float32"):
+        batchnorm(x, np.ones(3, np.float32), np.ones(3, np.float16))
+
+
+@pytest.mark.parametrize("change,error,match", [
+    (dict(dy=np.ones((2, 3, 4, 5), np.float32)), ValueError, "dy must have shape"),
+    (dict(dy=np.ones((2, 3, 4, 4), np.float64)), TypeError, "dy has dtype float64"),
+    (dict(gamma=np.ones(2, np.float32)), ValueError, "gamma must have shape"),
+    (dict(mean=np.zeros(3, np.float32)), ValueError, "mean was given without invstd"),
+    (dict(mean=np.zeros(4, np.float32), invstd=np.ones(4, np.float32)), ValueError, "mean must have shape"),
+    (dict(mean=np.zeros(3, np.float32), invstd=np.ones(3, np.float64)), TypeError, "invstd must have dtype"),
+    (dict(eps=-1e-5), ValueError, "eps"),
+    (dict(layout="CHWN"), ValueError, "layout"),
+])
+def test_bad_backward_inputs(change, error, match):
+    x, gamma, _ = _bn_args()
+    args = dict(dy=np.ones_like(x), x=x, gamma=gamma)
+    args.update(change)
+    dy, x, gamma = args.pop("dy"), args.pop("x"), args.pop("gamma")
+    with pytest.raises(error, match=match):
+        batchnorm_backward(dy, x, gamma, **args)
+
+
+def test_mixing_numpy_and_cupy(gpu):
+    x, gamma, beta = _bn_args()
+    with pytest.raises(TypeError, match="cannot mix NumPy and CuPy"):
+        batchnorm(gpu.asarray(x), gamma, beta)
+    with pytest.raises(TypeError, match="cannot mix NumPy and CuPy"):
+        batchnorm_backward(gpu.asarray(x), x, gamma)
+
+
+@pytest.mark.gpu
+def test_repeated_gpu_calls_reuse_the_validated_plan_and_still_check(gpu, rng):
+    from dnnprims import normalization
+    x = random_array(rng, (3, 5, 7, 7), np.float32)
+    g, b = random_array(rng, (5,), np.float32), random_array(rng, (5,), np.float32)
+    X, G, B = gpu.asarray(x), gpu.asarray(g), gpu.asarray(b)
+    rm, rv = gpu.zeros(5, np.float32), gpu.ones(5, np.float32)
+    first = dnnprims.batchnorm(X, G, B, rm, rv, training=True, return_stats=True)
+    entries = len(normalization._MEMO._entries)
+    again = dnnprims.batchnorm(X, G, B, rm, rv, training=True, return_stats=True)
+    assert len(normalization._MEMO._entries) == entries
+    for a, c in zip(first, again):
+        assert gpu.array_equal(a, c)
+    want = dnnprims.batchnorm(x.astype(np.float64), g.astype(np.float64), b.astype(np.float64),
+                              training=True)
+    assert_close(again[0], want, np.float32)
+    with pytest.raises(TypeError, match="training"):
+        dnnprims.batchnorm(X, G, B, rm, rv, training=1)
+    with pytest.raises(ValueError, match="momentum"):
+        dnnprims.batchnorm(X, G, B, rm, rv, momentum=2.0)
+    with pytest.raises(ValueError, match="gamma"):
+        dnnprims.batchnorm(X, G[:-1], B, rm, rv)
+    dy = gpu.asarray(random_array(rng, x.shape, np.float32))
+    for _ in range(2):
+        dx, dg, db = dnnprims.batchnorm_backward(dy, X, G, mean=first[1], invstd=first[2])
+    want = dnnprims.batchnorm_backward(dy.get().astype(np.float64), x.astype(np.float64), g.astype(np.float64))
+    for got, ref in zip((dx, dg, db), want):
+        assert_close(got, ref, np.float32)
+    with pytest.raises(ValueError, match="dy"):
+        dnnprims.batchnorm_backward(dy[:, :, :-1], X, G, mean=first[1], invstd=first[2])
+    # The fast table (a cached call straight to its prepared launches) still checks:
+    # options of another type, vectors of another shape / dtype, NumPy vectors.
+    fast = len(normalization._MEMO.fast)
+    assert fast >= 2
+    dnnprims.batchnorm(X, G, B, rm, rv, training=True)
+    assert len(normalization._MEMO.fast) == fast
+    with pytest.raises(TypeError, match="momentum"):
+        dnnprims.batchnorm(X, G, B, rm, rv, momentum=True)
+    with pytest.raises(TypeError, match="eps"):
+        dnnprims.batchnorm(X, G, B, rm, rv, eps=[1e-5])
+    with pytest.raises(TypeError, match="training"):
+        dnnprims.batchnorm(X, G, B, rm, rv, training=np.float64(1))
+    with pytest.raises(TypeError, match="dtype"):
+        dnnprims.batchnorm(X, G.astype(np.float64), B, rm, rv)
+    with pytest.raises(TypeError, match="cannot mix"):
+        dnnprims.batchnorm(X, g, B, rm, rv)
+    with pytest.raises(ValueError, match="layout"):
+        dnnprims.batchnorm(X, G, B, rm, rv, layout="NCWH")
+    with pytest.raises(TypeError, match="mean must have dtype"):
+        dnnprims.batchnorm_backward(dy, X, G, mean=first[1].astype(np.float64), invstd=first[2])
+    with pytest.raises(TypeError, match="eps"):
+        dnnprims.batchnorm_backward(dy, X, G, mean=first[1], invstd=first[2], eps=True)
+    assert len(normalization._MEMO.fast) == fast

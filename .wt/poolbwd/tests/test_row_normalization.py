@@ -1,0 +1,595 @@
+"""Layer, RMS, group and instance norm: the reference against loops over rows and
+hand cases, backward by the adjoint identity and finite differences (float64),
+both paths against the reference in every dtype, bad inputs."""
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+
+from dnnprims import (_dtypes, group_norm, group_norm_backward, instance_norm, instance_norm_backward,
+                      layer_norm, layer_norm_backward, rms_norm, rms_norm_backward)
+from dnnprims.testing.gradcheck import numerical_gradient
+from dnnprims.testing.strategies import group_norm_problems, layer_norm_problems
+from dnnprims.testing.tolerances import assert_close
+
+from conftest import random_array
+
+HYPOTHESIS = settings(max_examples=30, deadline=None,
+                      suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+def _host(a):
+    return a.get() if hasattr(a, "get") else np.asarray(a)
+
+
+def _f64(a):
+    return None if a is None else _host(a).astype(np.float64)
+
+
+def _param_dtypes():
+    """(x dtype, parameter dtype): x's own, and float32 for half x."""
+    pairs = [pytest.param(d, d, id=d.name) for d in _dtypes.SUPPORTED]
+    pairs += [pytest.param(d, _dtypes.FLOAT32, id=f"{d.name}-float32-params")
+              for d in _dtypes.SUPPORTED if _dtypes.is_half(d)]
+    return pairs
+
+
+# ---------------------------------------------------------------------- loops (independent of the reference)
+
+def loop_layer_norm(x, k, gamma, beta, eps, rms=False):
+    """Row by row over the last k axes, straight from the formula."""
+    lead = x.shape[:x.ndim - k]
+    y, means, rstds = np.empty_like(x), np.empty(lead), np.empty(lead)
+    for idx in np.ndindex(*lead):
+        v = x[idx]
+        mean = 0.0 if rms else v.sum() / v.size
+        var = ((v - mean) ** 2).sum() / v.size
+        rstd = 1 / np.sqrt(var + eps)
+        out = (v - mean) * rstd
+        out = out * (1 if gamma is None else gamma) + (0 if beta is None else beta)
+        y[idx], means[idx], rstds[idx] = out, mean, rstd
+    return y, means, rstds
+
+
+def loop_group_norm(x, groups, gamma, beta, eps, layout):
+    """Group by group: collect the group's channels by index."""
+    c_axis = 1 if layout == "NCHW" else x.ndim - 1
+    C = x.shape[c_axis]
+    y = np.empty_like(x)
+    means, rstds = np.empty((x.shape[0], groups)), np.empty((x.shape[0], groups))
+    for n in range(x.shape[0]):
+        for g in range(groups):
+            chans = range(g * C // groups, (g + 1) * C // groups)
+            vals = np.concatenate([np.take(x[n], c, axis=c_axis - 1).ravel() for c in chans])
+            mean = vals.mean()
+            rstd = 1 / np.sqrt(((vals - mean) ** 2).mean() + eps)
+            for c in chans:
+                sl = [n] + [slice(None)] * (x.ndim - 1)
+                sl[c_axis] = c
+                gm = 1 if gamma is None else gamma[c]
+                bt = 0 if beta is None else beta[c]
+                y[tuple(sl)] = (x[tuple(sl)] - mean) * rstd * gm + bt
+            means[n, g], rstds[n, g] = mean, rstd
+    return y, means, rstds
+
+
+def _nhwc(x):
+    return np.ascontiguousarray(np.moveaxis(x, 1, -1))
+
+
+# ---------------------------------------------------------------------- reference vs loops and by hand
+
+@pytest.mark.parametrize("x_shape,k", [((4, 5), 1), ((3, 2, 7), 2), ((2, 3, 1, 13), 1), ((7,), 1),
+                                       ((2, 3, 4), 3)])
+def test_layer_and_rms_norm_match_loops(rng, x_shape, k):
+    x = random_array(rng, x_shape, low=-2, high=3)
+    gamma, beta = random_array(rng, x_shape[-k:], low=0.5, high=1.5), random_array(rng, x_shape[-k:])
+    y, mean, rstd = layer_norm(x, x_shape[-k:], gamma, beta, eps=1e-3, return_stats=True)
+    ey, emean, erstd = loop_layer_norm(x, k, gamma, beta, 1e-3)
+    np.testing.assert_allclose(y, ey, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(mean, emean, rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(rstd, erstd, rtol=1e-12)
+    y, rstd = rms_norm(x, x_shape[-k:], gamma, eps=1e-3, return_stats=True)
+    ey, _, erstd = loop_layer_norm(x, k, gamma, None, 1e-3, rms=True)
+    np.testing.assert_allclose(y, ey, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(rstd, erstd, rtol=1e-12)
+
+
+def test_layer_norm_by_hand():
+    x = np.array([[1.0, 3.0], [10.0, 30.0]])
+    np.testing.assert_allclose(layer_norm(x, 2, eps=0.0), [[-1, 1], [-1, 1]])
+    np.testing.assert_allclose(rms_norm(np.array([3.0, 4.0]), 2, eps=0.0), np.array([3, 4]) / np.sqrt(12.5))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_rms_norm_default_eps_is_the_accumulation_epsilon(dtype):
+    """PyTorch (2.11, probed on the H100) adds float32's epsilon for float16 x too."""
+    x = np.zeros((2, 3), dtype)
+    x[0, 0] = 1e-3  # mean(x^2) ~ 3.3e-7: eps = 1.19e-7 matters
+    y = rms_norm(x, 3)
+    want = float(x[0, 0]) / np.sqrt(float(x[0, 0]) ** 2 / 3 + np.finfo(np.float32).eps)
+    np.testing.assert_allclose(float(y[0, 0]), want, rtol=1e-3)
+
+
+@pytest.mark.parametrize("x_shape,groups,layout", [((2, 6, 3, 4), 3, "NCHW"), ((2, 3, 4, 6), 2, "NHWC"),
+                                                   ((3, 4, 5), 4, "NCHW"), ((1, 7, 1), 1, "NHWC"),
+                                                   ((2, 4), 2, "NCHW")])
+def test_group_norm_matches_loops(rng, x_shape, groups, layout):
+    x = random_array(rng, x_shape, low=-1, high=2)
+    C = x_shape[1 if layout == "NCHW" else -1]
+    gamma, beta = random_array(rng, (C,), low=0.5, high=1.5), random_array(rng, (C,))
+    y, mean, rstd = group_norm(x, groups, gamma, beta, eps=1e-3, layout=layout, return_stats=True)
+    ey, emean, erstd = loop_group_norm(x, groups, gamma, beta, 1e-3, layout)
+    np.testing.assert_allclose(y, ey, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(mean, emean, rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(rstd, erstd, rtol=1e-12)
+
+
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_instance_norm_and_running_stats_match_loops(rng, layout):
+    x = random_array(rng, (3, 4, 5, 2), low=-1, high=2)
+    if layout == "NHWC":
+        x = _nhwc(x)
+    gamma, beta = random_array(rng, (4,), low=0.5, high=1.5), random_array(rng, (4,))
+    rm0, rv0 = random_array(rng, (4,)), random_array(rng, (4,), low=0.5, high=2)
+    rm, rv = rm0.copy(), rv0.copy()
+    y = instance_norm(x, gamma, beta, rm, rv, momentum=0.3, eps=1e-3, layout=layout)
+    ey, emean, erstd = loop_group_norm(x, 4, gamma, beta, 1e-3, layout)
+    np.testing.assert_allclose(y, ey, rtol=1e-12, atol=1e-12)
+    var = 1 / erstd ** 2 - 1e-3
+    np.testing.assert_allclose(rm, 0.7 * rm0 + 0.3 * emean.mean(axis=0), rtol=1e-12)
+    np.testing.assert_allclose(rv, 0.7 * rv0 + 0.3 * (var * 10 / 9).mean(axis=0), rtol=1e-10)
+    # Running statistics: batch-norm inference, the running values left alone.
+    y2 = instance_norm(x, gamma, beta, rm, rv, use_input_stats=False, eps=1e-3, layout=layout)
+    shape = [1, -1, 1, 1] if layout == "NCHW" else [1, 1, 1, -1]
+    r = lambda v: v.reshape(shape)  # noqa: E731
+    np.testing.assert_allclose(y2, (x - r(rm)) / np.sqrt(r(rv) + 1e-3) * r(gamma) + r(beta), rtol=1e-12)
+
+
+# ---------------------------------------------------------------------- backward in float64
+
+def _norm_cases():
+    """(name, forward(x, gamma, beta), backward(dy, x, gamma, saved) -> (dx, dgamma[, dbeta]), x, C-shape)."""
+    cases = []
+    for saved in (False, True):
+        def ln_f(x, g, b):
+            return layer_norm(x, (3, 4), g, b, eps=1e-3)
+
+        def ln_b(dy, x, g, saved=saved):
+            stats = {}
+            if saved:
+                _, m, r = layer_norm(x, (3, 4), g, None, eps=1e-3, return_stats=True)
+                stats = dict(mean=m, rstd=r)
+            return layer_norm_backward(dy, x, (3, 4), g, eps=1e-3, **stats)
+        cases.append((f"layer_norm saved={saved}", ln_f, ln_b, (2, 3, 4), (3, 4)))
+
+        def rms_f(x, g, b):
+            return rms_norm(x, 4, g, eps=1e-3)
+
+        def rms_b(dy, x, g, saved=saved):
+            stats = dict(rstd=rms_norm(x, 4, g, eps=1e-3, return_stats=True)[1]) if saved else {}
+            return rms_norm_backward(dy, x, 4, g, eps=1e-3, **stats)
+        cases.append((f"rms_norm saved={saved}", rms_f, rms_b, (3, 4), (4,)))
+        for layout in ("NCHW", "NHWC"):
+            shape = (2, 4, 3, 2) if layout == "NCHW" else (2, 3, 2, 4)
+
+            def gn_f(x, g, b, layout=layout):
+                return group_norm(x, 2, g, b, eps=1e-3, layout=layout)
+
+            def gn_b(dy, x, g, saved=saved, layout=layout):
+                stats = {}
+                if saved:
+                    _, m, r = group_norm(x, 2, g, None, eps=1e-3, layout=layout, return_stats=True)
+                    stats = dict(mean=m, rstd=r)
+                return group_norm_backward(dy, x, 2, g, eps=1e-3, layout=layout, **stats)
+            cases.append((f"group_norm {layout} saved={saved}", gn_f, gn_b, shape, (4,)))
+
+            def in_f(x, g, b, layout=layout):
+                return instance_norm(x, g, b, eps=1e-3, layout=layout)
+
+            def in_b(dy, x, g, saved=saved, layout=layout):
+                stats = {}
+                if saved:
+                    _, m, r = instance_norm(x, g, None, eps=1e-3, layout=layout, return_stats=True)
+                    stats = dict(mean=m, rstd=r)
+                return instance_norm_backward(dy, x, g, eps=1e-3, layout=layout, **stats)
+            cases.append((f"instance_norm {layout} saved={saved}", in_f, in_b, shape, (4,)))
+    return cases
+
+
+NORM_CASES = _norm_cases()
+
+
+@pytest.mark.parametrize("case", NORM_CASES, ids=[c[0] for c in NORM_CASES])
+def test_backward_by_finite_differences(rng, case):
+    _, forward, backward, x_shape, p_shape = case
+    x = random_array(rng, x_shape)
+    gamma, beta = random_array(rng, p_shape, low=0.5, high=1.5), random_array(rng, p_shape)
+    dy = random_array(rng, x_shape)
+    grads = backward(dy, x, gamma)
+    loss = lambda: np.vdot(forward(x, gamma, beta), dy)  # noqa: E731
+    np.testing.assert_allclose(grads[0], numerical_gradient(loss, x), rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(grads[1], numerical_gradient(loss, gamma), rtol=1e-6, atol=1e-8)
+    if len(grads) == 3:
+        np.testing.assert_allclose(grads[2], numerical_gradient(loss, beta), rtol=1e-6, atol=1e-8)
+
+
+@pytest.mark.parametrize("case", NORM_CASES[::2], ids=[c[0] for c in NORM_CASES[::2]])
+def test_backward_adjoint_identity(rng, case):
+    """<dy, J v> = <J^T dy, v> with J v by a central difference along a random v."""
+    _, forward, backward, x_shape, p_shape = case
+    x = random_array(rng, x_shape)
+    gamma, beta = random_array(rng, p_shape, low=0.5, high=1.5), random_array(rng, p_shape)
+    dy, v = random_array(rng, x_shape), random_array(rng, x_shape)
+    h = 1e-6
+    jv = (forward(x + h * v, gamma, beta) - forward(x - h * v, gamma, beta)) / (2 * h)
+    np.testing.assert_allclose(np.vdot(dy, jv), np.vdot(backward(dy, x, gamma)[0], v), rtol=1e-6)
+
+
+def test_instance_norm_backward_with_running_stats(rng):
+    x = random_array(rng, (2, 3, 4, 2))
+    gamma, beta = random_array(rng, (3,), low=0.5, high=1.5), random_array(rng, (3,))
+    rm, rv = random_array(rng, (3,)), random_array(rng, (3,), low=0.5, high=2)
+    dy = random_array(rng, x.shape)
+    dx, dgamma, dbeta = instance_norm_backward(dy, x, gamma, running_mean=rm, running_var=rv,
+                                               use_input_stats=False, eps=1e-3)
+    loss = lambda: np.vdot(instance_norm(x, gamma, beta, rm, rv, use_input_stats=False, eps=1e-3), dy)  # noqa
+    np.testing.assert_allclose(dx, numerical_gradient(loss, x), rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(dgamma, numerical_gradient(loss, gamma), rtol=1e-6, atol=1e-8)
+    np.testing.assert_allclose(dbeta, numerical_gradient(loss, beta), rtol=1e-6, atol=1e-8)
+
+
+# ---------------------------------------------------------------------- both paths vs the reference
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_instance_norm_with_running_stats_matches_float64(xp, rng, dtype, layout):
+    shape = (2, 3, 4, 5) if layout == "NCHW" else (2, 4, 5, 3)
+    x, dy = random_array(rng, shape, dtype), random_array(rng, shape, dtype)
+    gamma, beta = random_array(rng, (3,), np.float32, 0.5, 1.5), random_array(rng, (3,), np.float32)
+    rm, rv = random_array(rng, (3,), np.float32), random_array(rng, (3,), np.float32, 0.5, 2)
+    on = xp.asarray
+    opts = dict(use_input_stats=False, eps=1e-3, layout=layout)
+    y = instance_norm(on(x), on(gamma), on(beta), on(rm), on(rv), **opts)
+    assert_close(y, instance_norm(_f64(x), _f64(gamma), _f64(beta), _f64(rm), _f64(rv), **opts), dtype)
+    got = instance_norm_backward(on(dy), on(x), on(gamma), running_mean=on(rm), running_var=on(rv), **opts)
+    want = instance_norm_backward(_f64(dy), _f64(x), _f64(gamma), running_mean=_f64(rm), running_var=_f64(rv),
+                                  **opts)
+    _compare(got, want, dtype, ("dx", "dgamma", "dbeta"))
+
+
+def _placed(xp, a, offset):
+    """A copy of a whose data starts `offset` elements into a buffer (misaligned for offset 1)."""
+    buf = xp.empty(a.size + offset, a.dtype)
+    buf[offset:] = xp.asarray(a).ravel()
+    return buf[offset:].reshape(a.shape)
+
+
+def _compare(got, want, dtype, names, magnitudes=None):
+    """Results in x's dtype; parameter gradients in their own (gamma's, or x's without gamma).
+    ``magnitudes``: name -> the size of the terms a result is rounded from, where it cancels to ~0."""
+    for g, w, what in zip(got, want, names):
+        assert_close(g, w, g.dtype if what in ("dgamma", "dbeta") else dtype, what=what,
+                     magnitude=(magnitudes or {}).get(what))
+
+
+def _layer_norm_magnitudes(dy, x, eps=1e-5):
+    """Layer norm over one value a row: x - mean = 0, so dgamma = sum dy * xhat is 0 up to the
+    rounding of x * rstd and mean * rstd with rstd = 1/sqrt(eps) ~ 316 (a kernel may form xhat as
+    x * rstd - mean * rstd).  Its error scales with sum |dy| (|x| + |mean|) rstd, not with the exact
+    0; rows of 2 or more values have |xhat| ~ 1 and need no magnitude."""
+    if x.shape[-1] != 1:
+        return None
+    dy64, x64 = (np.asarray(a, np.float64).reshape(-1, 1) for a in (dy, x))
+    return {"dgamma": (np.abs(dy64) * 2 * np.abs(x64)).sum(axis=0) / np.sqrt(eps)}
+
+
+# Rows for the warp kernels (<= 256 vectors: 7, 64, 48, 1, 1024 values) and the block kernels (1032, 2056).
+LAYER_SHAPES = [((5, 7), (7,)), ((3, 64), (64,)), ((2, 3, 16), (3, 16)), ((4, 1), (1,)), ((6, 1032), (1032,)),
+                ((9, 1024), (1024,)), ((3, 2056), (2056,))]
+
+
+@pytest.mark.parametrize("dtype,pdtype", _param_dtypes())
+@pytest.mark.parametrize("x_shape,norm_shape", LAYER_SHAPES)
+@pytest.mark.parametrize("affine", [True, False])
+def test_layer_and_rms_norm_match_reference(xp, rng, dtype, pdtype, x_shape, norm_shape, affine):
+    x = random_array(rng, x_shape, dtype, low=-1, high=3)
+    dy = random_array(rng, x_shape, dtype)
+    gamma = random_array(rng, norm_shape, pdtype, 0.5, 1.5) if affine else None
+    beta = random_array(rng, norm_shape, pdtype) if affine else None
+    on = lambda a: None if a is None else xp.asarray(a)  # noqa: E731
+    acc = _dtypes.accumulate_dtype(dtype)
+    y, mean, rstd = layer_norm(on(x), norm_shape, on(gamma), on(beta), return_stats=True)
+    y64, mean64, rstd64 = layer_norm(_f64(x), norm_shape, _f64(gamma), _f64(beta), return_stats=True)
+    assert y.dtype == dtype and mean.dtype == acc and rstd.dtype == acc
+    _compare((y, mean, rstd), (y64, mean64, rstd64), dtype, ("y", "mean", "rstd"))
+    # With 1 or 2 values per row dx is ~0 up to eps terms (cancellation): no relative error to compare.
+    big = int(np.prod(norm_shape)) >= 3
+    want = layer_norm_backward(_f64(dy), _f64(x), norm_shape, _f64(gamma))
+    for stats in ({}, dict(mean=mean, rstd=rstd)):
+        got = layer_norm_backward(on(dy), on(x), norm_shape, on(gamma), **stats)
+        assert got[0].dtype == dtype and got[1].dtype == (pdtype if affine else dtype)
+        _compare(got[int(not big):], want[int(not big):], dtype, ("dx", "dgamma", "dbeta")[int(not big):],
+                 _layer_norm_magnitudes(dy, x))
+
+    eps = float(np.finfo(_dtypes.accumulate_dtype(dtype)).eps)  # eps=None: PyTorch's default
+    y, rstd = rms_norm(on(x), norm_shape, on(gamma), return_stats=True)
+    y64, rstd64 = rms_norm(_f64(x), norm_shape, _f64(gamma), eps=eps, return_stats=True)
+    _compare((y, rstd), (y64, rstd64), dtype, ("y", "rstd"))
+    want = rms_norm_backward(_f64(dy), _f64(x), norm_shape, _f64(gamma), eps=eps)
+    for stats in ({}, dict(rstd=rstd)):
+        got = rms_norm_backward(on(dy), on(x), norm_shape, on(gamma), **stats)
+        _compare(got[int(not big):], want[int(not big):], dtype, ("dx", "dgamma")[int(not big):])
+
+
+@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("dtype,pdtype", _param_dtypes())
+@pytest.mark.parametrize("x_shape,offset", [((3, 1), 0), ((5, 3), 0), ((4, 7), 0), ((6, 13), 1), ((3000, 8), 0),
+                                            ((700, 96), 1), ((5, 1024), 0), ((3, 5000), 0), ((2, 40000), 0)])
+@pytest.mark.parametrize("affine", [True, False])
+def test_layer_and_rms_norm_fused_backward(xp, rng, monkeypatch, fused, dtype, pdtype, x_shape, offset, affine):
+    """dx and dgamma/dbeta from one read of x and dy (norm_rows_backward_fused:
+    rows of 1 to 5000 values, more rows than the resident blocks so a block
+    walks many rows, misaligned data) against the separate kernels (fused off)
+    and the float64 reference; a row too long for the registers (40000) falls
+    back to the separate kernels."""
+    from dnnprims import row_normalization
+    monkeypatch.setattr(row_normalization, "FUSED_BACKWARD", fused)
+    L = x_shape[-1]
+    x = random_array(rng, x_shape, dtype, low=-1, high=3)
+    dy = random_array(rng, x_shape, dtype)
+    gamma = random_array(rng, (L,), pdtype, 0.5, 1.5) if affine else None
+    on = lambda a: None if a is None else _placed(xp, a, offset)  # noqa: E731
+    big = L >= 3  # 1 or 2 values a row: dx ~0 up to eps terms, no relative error to compare
+    names = ("dx", "dgamma", "dbeta")[int(not big):]
+    want = layer_norm_backward(_f64(dy), _f64(x), L, _f64(gamma))
+    _, mean, rstd = layer_norm(on(x), L, on(gamma), return_stats=True)
+    for stats in ({}, dict(mean=mean, rstd=rstd)):
+        got = layer_norm_backward(on(dy), on(x), L, on(gamma), **stats)
+        assert got[0].dtype == dtype and got[1].dtype == (pdtype if affine else dtype)
+        _compare(got[int(not big):], want[int(not big):], dtype, names, _layer_norm_magnitudes(dy, x))
+    eps = float(np.finfo(_dtypes.accumulate_dtype(dtype)).eps)
+    want = rms_norm_backward(_f64(dy), _f64(x), L, _f64(gamma), eps=eps)
+    got = rms_norm_backward(on(dy), on(x), L, on(gamma))
+    _compare(got[int(not big):], want[int(not big):], dtype, ("dx", "dgamma")[int(not big):])
+
+
+GROUP_SHAPES = [((2, 6, 3, 5), 3, "NCHW"), ((2, 8, 4, 4), 2, "NCHW"), ((3, 4, 7), 4, "NCHW"),
+                ((2, 3, 5, 6), 2, "NHWC"), ((2, 4, 4, 16), 2, "NHWC"), ((1, 13, 4), 4, "NHWC"),
+                ((2, 4, 40, 40), 2, "NCHW")]
+
+
+@pytest.mark.parametrize("dtype,pdtype", _param_dtypes())
+@pytest.mark.parametrize("x_shape,groups,layout", GROUP_SHAPES)
+def test_group_and_instance_norm_match_reference(xp, rng, dtype, pdtype, x_shape, groups, layout):
+    x = random_array(rng, x_shape, dtype, low=-1, high=3)
+    dy = random_array(rng, x_shape, dtype)
+    C = x_shape[1 if layout == "NCHW" else -1]
+    gamma, beta = random_array(rng, (C,), pdtype, 0.5, 1.5), random_array(rng, (C,), pdtype)
+    on = lambda a: None if a is None else xp.asarray(a)  # noqa: E731
+    opts = dict(layout=layout, eps=1e-4)
+    y, mean, rstd = group_norm(on(x), groups, on(gamma), on(beta), return_stats=True, **opts)
+    want = group_norm(_f64(x), groups, _f64(gamma), _f64(beta), return_stats=True, **opts)
+    _compare((y, mean, rstd), want, dtype, ("y", "mean", "rstd"))
+    want = group_norm_backward(_f64(dy), _f64(x), groups, _f64(gamma), **opts)
+    for stats in ({}, dict(mean=mean, rstd=rstd)):
+        got = group_norm_backward(on(dy), on(x), groups, on(gamma), **stats, **opts)
+        _compare(got, want, dtype, ("dx", "dgamma", "dbeta"))
+
+    rm, rv = np.zeros(C, pdtype), np.ones(C, pdtype)
+    rm_x, rv_x = xp.array(rm), xp.array(rv)
+    rm64, rv64 = _f64(rm), _f64(rv)
+    y = instance_norm(on(x), on(gamma), on(beta), rm_x, rv_x, **opts)
+    _compare((y,), (instance_norm(_f64(x), _f64(gamma), _f64(beta), rm64, rv64, **opts),), dtype, ("y",))
+    assert_close(rm_x, rm64, pdtype, what="running_mean")
+    assert_close(rv_x, rv64, pdtype, what="running_var")
+    got = instance_norm_backward(on(dy), on(x), on(gamma), **opts)
+    _compare(got, instance_norm_backward(_f64(dy), _f64(x), _f64(gamma), **opts), dtype,
+             ("dx", "dgamma", "dbeta"))
+
+
+@pytest.mark.parametrize("gn_backward,plane_sums", [("x", True), ("both", True), (None, True), (None, False)])
+@pytest.mark.parametrize("cache", ["default", "none"])
+@pytest.mark.parametrize("dtype", _dtypes.SUPPORTED, ids=lambda d: d.name)
+@pytest.mark.parametrize("x_shape,groups,offset", [
+    ((2, 6, 12, 12), 3, 0), ((2, 6, 12, 12), 3, 1), ((2, 4, 20, 20), 2, 0), ((3, 5, 33), 5, 0),
+    ((2, 64, 16, 16), 2, 0), ((1, 8, 56, 56), 1, 0), ((3, 8, 7, 7), 2, 0)])
+def test_group_norm_backward_plane_sums_and_caches(xp, rng, monkeypatch, gn_backward, plane_sums, cache, dtype,
+                                                   x_shape, groups, offset):
+    """Group norm NCHW backward with the parameter-gradient partials from the row
+    kernel's own read (plane_sums: a warp's vectors straddle two planes at 12x12,
+    one plane per group at 33 values, 32 planes a group, planes of 49 values too
+    short for it) against the separate planes kernel and the float64 reference;
+    rows cached in shared memory (200 KB fp32 rows at 8x56x56 take the
+    one-block-per-SM cache) and not cached (cache "none").  gn_backward "x" /
+    "both": gn_rows_backward (contiguous warp ranges; "x" caches x only at
+    8x56x56, both tensors for the small rows, and falls back at 32 planes a
+    group when 512 threads would put a warp across three planes)."""
+    from dnnprims import row_normalization
+    monkeypatch.setattr(row_normalization, "GN_BACKWARD", gn_backward)
+    monkeypatch.setattr(row_normalization, "PLANE_SUMS", plane_sums)
+    if cache == "none":
+        monkeypatch.setattr(row_normalization, "CACHE_BYTES", 0)
+        monkeypatch.setattr(row_normalization, "BIG_CACHE", False)
+    x = random_array(rng, x_shape, dtype, low=-1, high=3)
+    dy = random_array(rng, x_shape, dtype)
+    pdtype = np.float32 if _dtypes.is_half(dtype) else dtype
+    gamma = random_array(rng, (x_shape[1],), pdtype, 0.5, 1.5)
+    want = group_norm_backward(_f64(dy), _f64(x), groups, _f64(gamma), eps=1e-4)
+    _, mean, rstd = group_norm(_placed(xp, x, offset), groups, xp.asarray(gamma), eps=1e-4, return_stats=True)
+    for stats in ({}, dict(mean=mean, rstd=rstd)):
+        got = group_norm_backward(_placed(xp, dy, offset), _placed(xp, x, offset), groups, xp.asarray(gamma),
+                                  eps=1e-4, **stats)
+        _compare(got, want, dtype, ("dx", "dgamma", "dbeta"))
+
+
+@pytest.mark.parametrize("pipelined", [True, False])
+@pytest.mark.parametrize("grid_cap", [None, 3])
+@pytest.mark.parametrize("dtype", _dtypes.SUPPORTED, ids=lambda d: d.name)
+@pytest.mark.parametrize("x_shape,groups,offset,affine", [
+    ((2, 6, 12, 12), 3, 0, True), ((2, 6, 12, 12), 3, 1, True), ((5, 8, 56, 56), 1, 0, True),
+    ((7, 12, 8, 8), 12, 0, False), ((3, 4, 2, 4), 2, 0, True), ((13, 6, 4, 6), 3, 0, True)])
+def test_group_norm_pipelined_forward(xp, rng, monkeypatch, pipelined, grid_cap, dtype, x_shape, groups, offset,
+                                      affine):
+    """Group / instance norm NCHW forward through gn_rows_forward_pipelined (two
+    row buffers, the next row's copies in flight): a 100 KB fp32 row (8x56x56,
+    two buffers take the per-block opt-in), instance norm, 8-value planes, a
+    grid capped at 3 blocks so each walks many rows (odd row counts: the last
+    block has fewer), misaligned data (falls back), against the float64
+    reference and the saved statistics."""
+    from dnnprims import row_normalization
+    monkeypatch.setattr(row_normalization, "PIPELINED_FORWARD", pipelined)
+    monkeypatch.setattr(row_normalization, "_PIPELINE_GRID_CAP", grid_cap)
+    x = random_array(rng, x_shape, dtype, low=-1, high=3)
+    pdtype = np.float32 if _dtypes.is_half(dtype) else dtype
+    gamma = random_array(rng, (x_shape[1],), pdtype, 0.5, 1.5) if affine else None
+    beta = random_array(rng, (x_shape[1],), pdtype) if affine else None
+    want = group_norm(_f64(x), groups, None if gamma is None else _f64(gamma),
+                      None if beta is None else _f64(beta), eps=1e-4, return_stats=True)
+    got = group_norm(_placed(xp, x, offset), groups, None if gamma is None else xp.asarray(gamma),
+                     None if beta is None else xp.asarray(beta), eps=1e-4, return_stats=True)
+    _compare(got, want, dtype, ("y", "mean", "rstd"))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.float64])
+@pytest.mark.parametrize("offset", [0, 1])
+def test_vector_paths_and_misaligned_data(xp, rng, dtype, offset):
+    """Rows of 16-byte vectors (and the same data at a misaligned address), a row
+    too large for the shared-memory cache (the re-reading path), NHWC vectors."""
+    cases = [((4, 256), None, "rows"), ((2, 4, 72, 72), 1, "NCHW"), ((2, 6, 6, 16), 2, "NHWC"),
+             ((3, 40000), None, "rows")]
+    for x_shape, groups, kind in cases:
+        x = random_array(rng, x_shape, dtype, low=-1, high=3)
+        dy = random_array(rng, x_shape, dtype)
+        C = x_shape[-1] if kind != "NCHW" else x_shape[1]
+        pdtype = np.float32 if dtype == np.float16 else dtype
+        gamma, beta = random_array(rng, (C,), pdtype, 0.5, 1.5), random_array(rng, (C,), pdtype)
+        xs, dys = _placed(xp, x, offset), _placed(xp, dy, offset)
+        if kind == "rows":
+            got = (layer_norm(xs, C, xp.asarray(gamma), xp.asarray(beta)),
+                   *layer_norm_backward(dys, xs, C, xp.asarray(gamma)))
+            want = (layer_norm(_f64(x), C, _f64(gamma), _f64(beta)),
+                    *layer_norm_backward(_f64(dy), _f64(x), C, _f64(gamma)))
+        else:
+            got = (group_norm(xs, groups, xp.asarray(gamma), xp.asarray(beta), layout=kind),
+                   *group_norm_backward(dys, xs, groups, xp.asarray(gamma), layout=kind))
+            want = (group_norm(_f64(x), groups, _f64(gamma), _f64(beta), layout=kind),
+                    *group_norm_backward(_f64(dy), _f64(x), groups, _f64(gamma), layout=kind))
+        _compare(got, want, dtype, ("y", "dx", "dgamma", "dbeta"))
+
+
+@HYPOTHESIS
+@given(problem=layer_norm_problems())
+def test_layer_norm_hypothesis(xp, problem):
+    rng = np.random.default_rng(3)
+    x = random_array(rng, problem["x_shape"], np.float32)
+    ns = problem["normalized_shape"]
+    gamma = random_array(rng, ns, np.float32, 0.5, 1.5) if problem["affine"] else None
+    beta = random_array(rng, ns, np.float32) if problem["affine"] else None
+    on = lambda a: None if a is None else xp.asarray(a)  # noqa: E731
+    eps = problem["eps"]
+    assert_close(layer_norm(on(x), ns, on(gamma), on(beta), eps=eps),
+                 loop_layer_norm(_f64(x), len(ns), _f64(gamma), _f64(beta), eps)[0], np.float32)
+    assert_close(rms_norm(on(x), ns, on(gamma), eps=eps),
+                 loop_layer_norm(_f64(x), len(ns), _f64(gamma), None, eps, rms=True)[0], np.float32)
+    dy = random_array(rng, x.shape, np.float32)
+    if int(np.prod(ns)) >= 3:
+        got = layer_norm_backward(on(dy), on(x), ns, on(gamma), eps=eps)
+        want = layer_norm_backward(_f64(dy), _f64(x), ns, _f64(gamma), eps=eps)
+        _compare(got, want, np.float32, ("dx", "dgamma", "dbeta"))
+        got = rms_norm_backward(on(dy), on(x), ns, on(gamma), eps=eps)
+        want = rms_norm_backward(_f64(dy), _f64(x), ns, _f64(gamma), eps=eps)
+        _compare(got, want, np.float32, ("dx", "dgamma"))
+
+
+@HYPOTHESIS
+@given(problem=group_norm_problems())
+def test_group_norm_hypothesis(xp, problem):
+    rng = np.random.default_rng(4)
+    x = random_array(rng, problem["x_shape"], np.float32)
+    layout, groups, eps = problem["layout"], problem["num_groups"], problem["eps"]
+    C = x.shape[1 if layout == "NCHW" else -1]
+    gamma = random_array(rng, (C,), np.float32, 0.5, 1.5) if problem["affine"] else None
+    beta = random_array(rng, (C,), np.float32) if problem["affine"] else None
+    on = lambda a: None if a is None else xp.asarray(a)  # noqa: E731
+    y = group_norm(on(x), groups, on(gamma), on(beta), eps=eps, layout=layout)
+    assert_close(y, loop_group_norm(_f64(x), groups, _f64(gamma), _f64(beta), eps, layout)[0], np.float32)
+    if x.size // (x.shape[0] * groups) >= 3:
+        dy = random_array(rng, x.shape, np.float32)
+        got = group_norm_backward(on(dy), on(x), groups, on(gamma), eps=eps, layout=layout)
+        want = group_norm_backward(_f64(dy), _f64(x), groups, _f64(gamma), eps=eps, layout=layout)
+        _compare(got, want, np.float32, ("dx", "dgamma", "dbeta"))
+
+
+def test_empty_batch(xp):
+    x = xp.zeros((0, 4, 3), np.float32)
+    y, mean, rstd = layer_norm(x, 3, return_stats=True)
+    assert y.shape == x.shape and mean.shape == (0, 4)
+    dx, dgamma, dbeta = layer_norm_backward(x, x, 3)
+    assert dx.shape == x.shape and dgamma.shape == (3,) and not _host(dgamma).any()
+    y = group_norm(x, 2)
+    assert y.shape == x.shape
+    dx, dgamma, _ = group_norm_backward(x, x, 2)
+    assert dx.shape == x.shape and dgamma.shape == (4,)
+
+
+def test_non_contiguous_inputs(xp, rng):
+    base = random_array(rng, (3, 8, 5), np.float32)
+    x = xp.asarray(base).transpose(0, 2, 1)  # (3, 5, 8) view
+    y = layer_norm(x, 8)
+    assert_close(y, layer_norm(np.ascontiguousarray(base.transpose(0, 2, 1)).astype(np.float64), 8), np.float32)
+
+
+# ---------------------------------------------------------------------- bad inputs
+
+@pytest.mark.parametrize("call,error,match", [
+    (lambda x: layer_norm(x, 5), ValueError, "normalized_shape"),
+    (lambda x: layer_norm(x, (3, 4, 5, 6)), ValueError, "normalized_shape"),
+    (lambda x: layer_norm(x, "4"), TypeError, "normalized_shape"),
+    (lambda x: layer_norm(x, 4, gamma=np.ones(3, np.float32)), ValueError, "gamma must have shape"),
+    (lambda x: layer_norm(x, 4, beta=np.ones(4, np.float64)), TypeError, "beta"),
+    (lambda x: layer_norm(x, 4, eps=-1.0), ValueError, "eps"),
+    (lambda x: layer_norm(x.astype(np.int32), 4), TypeError, "x must have a floating dtype"),
+    (lambda x: layer_norm(x, 4, gamma=[1.0] * 4), TypeError, "gamma must be a numpy.ndarray"),
+    (lambda x: layer_norm_backward(x[:1], x, 4), ValueError, "dy must have shape"),
+    (lambda x: layer_norm_backward(x.astype(np.float64), x, 4), TypeError, "dy has dtype"),
+    (lambda x: layer_norm_backward(x, x, 4, mean=np.zeros((2, 3), np.float32)), ValueError,
+     "mean was given without rstd"),
+    (lambda x: layer_norm_backward(x, x, 4, mean=np.zeros(2, np.float32), rstd=np.ones(2, np.float32)),
+     ValueError, "mean must have shape"),
+    (lambda x: layer_norm_backward(x, x, 4, mean=np.zeros((2, 3)), rstd=np.ones((2, 3))), TypeError,
+     "mean must have dtype"),
+    (lambda x: rms_norm(x, 4, eps="tiny"), TypeError, "eps"),
+    (lambda x: rms_norm(x, 4, gamma=np.ones((2, 2), np.float32)), ValueError, "gamma must have shape"),
+    (lambda x: rms_norm_backward(x, x, 4, rstd=np.ones(3, np.float32)), ValueError, "rstd must have shape"),
+    (lambda x: group_norm(x, 2), ValueError, "num_groups"),
+    (lambda x: group_norm(x, 1.5), TypeError, "num_groups"),
+    (lambda x: group_norm(x, 3, layout="NWHC"), ValueError, "layout"),
+    (lambda x: group_norm(x, 3, gamma=np.ones(4, np.float32)), ValueError, "gamma must have shape"),
+    (lambda x: group_norm(x[0, 0], 1), ValueError, "x must be 2-D to 5-D"),
+    (lambda x: group_norm_backward(x, x, 3, mean=np.zeros((2, 2), np.float32),
+                                   rstd=np.ones((2, 2), np.float32)), ValueError, "mean must have shape"),
+    (lambda x: instance_norm(x[0]), ValueError, "x must be 3-D to 5-D"),
+    (lambda x: instance_norm(x, running_mean=np.zeros(3, np.float32)), ValueError,
+     "running_mean was given without running_var"),
+    (lambda x: instance_norm(x, use_input_stats=False), ValueError, "running_mean and running_var are required"),
+    (lambda x: instance_norm(x, use_input_stats=1), TypeError, "use_input_stats"),
+    (lambda x: instance_norm(x, momentum=2.0), ValueError, "momentum"),
+    (lambda x: instance_norm(x[:, :, :1], running_mean=np.zeros(3, np.float32),
+                             running_var=np.ones(3, np.float32)), ValueError, "more than 1 spatial value"),
+    (lambda x: instance_norm_backward(x, x, use_input_stats=False), ValueError,
+     "running_mean and running_var are required"),
+    (lambda x: instance_norm_backward(x, x, running_mean=np.zeros(4, np.float32), running_var=np.ones(4, np.float32),
+                                      use_input_stats=False), ValueError, "running_mean must have shape"),
+])
+def test_bad_inputs(call, error, match):
+    x = np.ones((2, 3, 4), np.float32)
+    with pytest.raises(error, match=match):
+        call(x)
+
+
+def test_mixing_numpy_and_cupy(gpu):
+    x = np.ones((2, 3, 4), np.float32)
+    with pytest.raises(TypeError, match="cannot mix NumPy and CuPy"):
+        layer_norm(gpu.asarray(x), 4, gamma=np.ones(4, np.float32))
+    with pytest.raises(TypeError, match="cannot mix NumPy and CuPy"):
+        group_norm_backward(gpu.asarray(x), x, 3)

@@ -1,0 +1,321 @@
+"""The "dft" convolution (dnnprims/algos/dft.py): transform matrices against
+their definition, the whole bookkeeping on NumPy in float64, the GPU against
+the float64 reference, refusals, workspace and the auto rule.  (The registry
+test in test_conv.py runs it on every generic case, dtype and layout too.)"""
+import numpy as np
+import pytest
+from hypothesis import given, strategies as st
+
+import dnnprims
+from dnnprims import algos
+from dnnprims.algos import dft as dft_algo
+from dnnprims.conv import conv2d_backward_data, conv2d_backward_filter, conv2d_forward
+from dnnprims.testing.strategies import fft_conv_problems
+
+from conftest import random_array
+from test_conv import (CASES, FFT_CASES, HYPOTHESIS, _check_all_directions, _options, _problem_of,
+                       _random_problem)
+
+F64 = np.float64
+DFT = algos.REGISTRY["dft"]
+
+# Extra shapes for "dft": the two public large-filter layers at a small batch
+# (T = 59 and 29: odd transform lengths), a filter larger than the image,
+# negative backward-data padding (padding > E - 1), a 1-pixel image.
+DFT_CASES = FFT_CASES + [
+    pytest.param((2, 3, 27, 27, 5, 5, 5, 1, 2, 1, 1), id="alex-5x5-shape"),
+    pytest.param((1, 2, 20, 17, 3, 7, 7, 1, 3, 1, 1), id="7x7-odd-T"),
+    pytest.param((2, 2, 7, 9, 3, 3, 3, 1, (4, 3), 1, 1), id="3x3-pad4-negative-bwd-pad"),
+    pytest.param((1, 2, 1, 1, 3, 1, 1, 1, 0, 1, 1), id="one-pixel"),
+]
+
+
+def _run_on_numpy(rng, case, layout):
+    x, w, b, opts = _random_problem(rng, case, layout, F64)
+    p = _problem_of(x, w, opts)
+    y = DFT._run(np, p, "forward", x, w, np.empty(p.y_shape), b)
+    np.testing.assert_allclose(y, conv2d_forward(x, w, b, **opts), rtol=1e-11, atol=1e-11)
+    dy = random_array(rng, p.y_shape, F64)
+    dx = DFT._run(np, p, "backward_data", dy, w, np.empty(p.x_shape))
+    np.testing.assert_allclose(dx, conv2d_backward_data(dy, w, x.shape, **opts), rtol=1e-11, atol=1e-11)
+    dw = DFT._run(np, p, "backward_filter", x, dy, np.empty(p.w_shape))
+    np.testing.assert_allclose(dw, conv2d_backward_filter(x, dy, w.shape, **opts), rtol=1e-11,
+                               atol=1e-11)
+    return p
+
+
+# --- transform matrices against their definition ---------------------------------
+
+@pytest.mark.parametrize("size,pad,T", [(7, 2, 10), (5, 0, 5), (6, -2, 6), (4, 3, 9), (1, 0, 1)])
+@pytest.mark.parametrize("conj", [False, True])
+def test_forward_matrices_are_the_dft_of_the_placed_input(rng, size, pad, T, conj):
+    # The dense DFT of a length-T buffer holding v at positions c + pad
+    # (dropped outside [0, T)), against numpy.fft.
+    v = rng.standard_normal(size)
+    buf = np.zeros(T)
+    for c in range(size):
+        if 0 <= c + pad < T:
+            buf[c + pad] = v[c]
+    full = np.fft.fft(buf)
+    expected = np.conj(full) if conj else full
+    half = (v @ dft_algo._forward_w(size, pad, T, conj)).view(np.complex128)
+    np.testing.assert_allclose(half, expected[:T // 2 + 1], atol=1e-12)
+    np.testing.assert_allclose(dft_algo._forward_h(size, pad, T, conj) @ v, expected, atol=1e-12)
+
+
+@pytest.mark.parametrize("T,n_out", [(8, 5), (9, 9), (1, 1), (59, 56)])
+def test_inverse_matrices_are_the_inverse_dft_of_the_kept_outputs(rng, T, n_out):
+    c = rng.standard_normal(T)
+    spectrum = np.fft.fft(c)
+    np.testing.assert_allclose(dft_algo._inverse_h(n_out, T) @ spectrum / T, c[:n_out], atol=1e-12)
+    half = np.ascontiguousarray(spectrum[:T // 2 + 1]).view(np.float64)
+    np.testing.assert_allclose(half @ dft_algo._inverse_w(n_out, T, 1.0 / T), c[:n_out], atol=1e-12)
+
+
+def test_transform_sizes():
+    # big_7x7_s1 (56, pad 3): 59 (cuFFT's "fft" uses 60); alex_conv2_5x5 (27, pad 2): 29.
+    assert dft_algo.transform_size(56, 7, 3) == 59
+    assert dft_algo.transform_size(27, 5, 2) == 29
+    assert dft_algo.transform_size(11, 7, 5) == 12     # 7x7 image, 7x7 filter, pad 5: 11 outputs
+    assert dft_algo.transform_size(9, 3, -2) == 11     # negative padding: no wrap at all
+    p = _problem_of(np.empty((32, 64, 56, 56), np.float32), np.empty((64, 64, 7, 7), np.float32),
+                    _options(1, 3, 1, 1))
+    for d in algos.DIRECTIONS:
+        assert DFT.geometry(p, d).T == (59, 59)
+
+
+# --- the bookkeeping on NumPy, float64 -------------------------------------------
+
+@pytest.mark.parametrize("case", DFT_CASES + [CASES[0], CASES[1], CASES[6], CASES[9]])
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_dft_bookkeeping_on_numpy(rng, case, layout):
+    _run_on_numpy(rng, case, layout)
+
+
+@HYPOTHESIS
+@given(problem=fft_conv_problems(), seed=st.integers(0, 2**32 - 1))
+def test_dft_bookkeeping_on_numpy_drawn(problem, seed):
+    rng = np.random.default_rng(seed)
+    (N, *rest), (K, C, R, S) = problem["x_shape"], problem["w_shape"]
+    H, W = rest[1:] if problem["layout"] == "NCHW" else rest[:2]
+    _run_on_numpy(rng, (N, C, H, W, K, R, S, 1, problem["padding"], problem["dilation"], 1),
+                  problem["layout"])
+
+
+def test_dft_setup_is_cached(rng, monkeypatch):
+    monkeypatch.setattr(dft_algo, "_setups", {})
+    _run_on_numpy(rng, FFT_CASES[1].values[0], "NCHW")
+    _run_on_numpy(rng, FFT_CASES[1].values[0], "NCHW")
+    assert len(dft_algo._setups) == 3      # forward, backward data, backward filter
+
+
+def _forward_geometry(rng, case):
+    x, w, _, opts = _random_problem(rng, case, "NCHW", F64)
+    return dft_algo.Geometry(_problem_of(x, w, opts), "forward")
+
+
+def test_filter_chunks_cover_the_rows_evenly(rng, monkeypatch):
+    # The filter spectrum's row ranges (helper dft7): contiguous, covering [0, T),
+    # each within FILTER_CHUNK_BYTES (at least one row), sizes differing by <= 1.
+    g = _forward_geometry(rng, (1, 64, 56, 56, 64, 7, 7, 1, 3, 1, 1))
+    assert g.T[0] == 59
+    row_bytes = g.half * 64 * 64 * 8                         # complex64 rows
+    for limit in (0, 1, row_bytes, 2 * row_bytes + 5, 16 << 20, 1 << 40):
+        monkeypatch.setattr(dft_algo, "FILTER_CHUNK_BYTES", limit)
+        chunks = dft_algo.filter_chunks(g, 4)
+        assert chunks[0][0] == 0 and chunks[-1][1] == 59
+        assert all(a[1] == b[0] for a, b in zip(chunks, chunks[1:]))
+        sizes = [u1 - u0 for u0, u1 in chunks]
+        assert max(sizes) - min(sizes) <= 1 and min(sizes) >= 1
+        if limit == 0 or limit >= 59 * row_bytes:
+            assert len(chunks) == 1
+        elif limit >= row_bytes:
+            assert max(sizes) * row_bytes <= limit
+        else:
+            assert max(sizes) == 1
+
+
+@pytest.mark.parametrize("rows", [1, 2.5])
+def test_dft_bookkeeping_in_filter_chunks_on_numpy(rng, monkeypatch, rows):
+    # The filter spectrum made and multiplied in chunks of rows u: one row a
+    # chunk, and 2.5 rows' bytes of the forward geometry (ragged ranges); all
+    # directions (backward data has its own rows, so other splits).
+    for case in (FFT_CASES[2].values[0], FFT_CASES[4].values[0], DFT_CASES[-3].values[0]):
+        g = _forward_geometry(rng, case)
+        monkeypatch.setattr(dft_algo, "FILTER_CHUNK_BYTES",
+                            int(rows * g.half * g.channels_in * g.channels_out * 16))
+        assert len(dft_algo.filter_chunks(g, 8)) == (g.T[0] if rows == 1 else -(-g.T[0] // 2))
+        _run_on_numpy(rng, case, "NCHW")
+
+
+@pytest.mark.parametrize("case,dtype,expected", [
+    ((2, 64, 56, 56, 64, 7, 7, 1, 3, 1, 1), np.float32, None),        # 49 taps: the cuBLAS path
+    ((2, 32, 64, 64, 32, 11, 11, 1, 5, 1, 1), np.float32, 64),        # 121 taps: 64 pairs fit 48 KB
+    ((2, 32, 64, 64, 32, 11, 11, 1, 5, 1, 1), np.float64, 32),
+    ((1, 3, 9, 40, 2, 3, 3, 1, (1, 17), (1, 17), 1), np.float32, None),   # E' = 35 > 32
+])
+def test_fused_filter_launch_follows_the_measured_rule(rng, monkeypatch, case, dtype, expected):
+    # Which filters the fused kernel makes the spectrum of, and its block size
+    # (the GPU tests force FUSED_FILTER_MIN_TAPS = 0 to run it on every shape).
+    g = _forward_geometry(rng, case)
+    st = dft_algo._Setup(np, g, case[0], dtype, "forward")
+    launch = dft_algo.fused_filter_launch(st, g)
+    assert (launch and launch[0]) == expected
+    if launch:
+        assert launch[1] <= 48 * 1024
+    monkeypatch.setattr(dft_algo, "FUSED_FILTER", False)
+    assert dft_algo.fused_filter_launch(st, g) is None
+    monkeypatch.setattr(dft_algo, "FUSED_FILTER", True)
+    monkeypatch.setattr(dft_algo, "FUSED_FILTER_MIN_TAPS", 0)
+    assert (dft_algo.fused_filter_launch(st, g) is None) == (case[6] == 3)
+
+
+@pytest.mark.parametrize("layer,dtype,rows,staged,b", [
+    ((56, 56, 30, 56), np.float32, 2, 1, 64),   # big_7x7_s1: 2 rows 29 KB; staged matrix: 1 row 29 KB
+    ((64, 64, 35, 64), np.float32, 2, 1, 64),   # big_11x11_s1: 2 rows 33 KB; staged: 1 row 35 KB
+    ((56, 56, 30, 56), np.float64, 1, None, 32),
+])
+def test_rows_kernels_launch_within_the_shared_memory(monkeypatch, layer, dtype, rows, staged, b):
+    # dft_rows_forward takes 2 image rows a block where they fit (with the DFT matrix
+    # read through L1), else 1, else the cuBLAS path; staging the matrix in shared
+    # memory (ROWS_FORWARD_L1 off) 1 row; the inverse 64 b (dft_rows_inverse64), else
+    # 32, else cuBLAS.
+    Hi, Wi, h, n1 = layer
+    size = np.dtype(dtype).itemsize
+    monkeypatch.setattr(dft_algo, "ROWS_FORWARD", 2)
+    monkeypatch.setattr(dft_algo, "ROWS_FORWARD_L1", True)
+    monkeypatch.setattr(dft_algo, "INVERSE_B64", True)
+    fwd = dft_algo.rows_forward_launch(Hi, Wi, h, 32, size)
+    assert fwd[0] == rows
+    assert fwd[3] <= 48 * 1024 and fwd[1] % 8 == 0 and fwd[2] % 2 == 1   # 16-byte loads, odd pitch
+    inv = dft_algo.rows_inverse_launch(32 * 64, Hi, n1, h, size)
+    assert inv[0] == b and inv[1] <= 48 * 1024
+    monkeypatch.setattr(dft_algo, "ROWS_FORWARD", 1)
+    assert dft_algo.rows_forward_launch(Hi, Wi, h, 32, size)[0] == 1
+    monkeypatch.setattr(dft_algo, "ROWS_FORWARD", 2)
+    monkeypatch.setattr(dft_algo, "ROWS_FORWARD_L1", False)
+    assert (dft_algo.rows_forward_launch(Hi, Wi, h, 32, size) or [None])[0] == staged
+    monkeypatch.setattr(dft_algo, "INVERSE_B64", False)
+    assert dft_algo.rows_inverse_launch(32 * 64, Hi, n1, h, size)[0] == 32
+
+
+def test_float32_error_within_the_table_row(rng):
+    # The same GEMMs in float32 on NumPy (the GPU runs them on cuBLAS): 64
+    # channels, the 7x7 layer's transform length, N(0, 1) data.
+    from dnnprims.testing.tolerances import tolerance
+    case = (1, 64, 30, 30, 16, 7, 7, 1, 3, 1, 1)
+    x, w, b, opts = _random_problem(rng, case, "NCHW", np.float32)
+    p = _problem_of(x, w, opts)
+    y = DFT._run(np, p, "forward", x, w, np.empty(p.y_shape, np.float32), b)
+    ref = conv2d_forward(x.astype(F64), w.astype(F64), b.astype(F64), **opts)
+    err = np.linalg.norm(y - ref) / np.linalg.norm(ref)
+    assert err <= tolerance(np.float32, "dft") / 2
+
+
+# --- GPU (and NumPy through the public API) against the reference -----------------
+
+@pytest.mark.parametrize("case", DFT_CASES)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_dft_matches_reference(xp, rng, case, dtype, layout):
+    x, w, b, opts = _random_problem(rng, case, layout, dtype)
+    _check_all_directions(xp, rng, x, w, b, opts, "dft")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("direction", algos.DIRECTIONS)
+def test_dft_on_a_public_shape_at_small_batch(gpu, rng, direction):
+    # alex_conv2_5x5 / big_7x7_s1 channel counts, batch 2: transposes of
+    # many tiles (64 x 192 channels), int indexing.
+    for case in [(2, 64, 27, 27, 192, 5, 5, 1, 2, 1, 1), (2, 64, 56, 56, 64, 7, 7, 1, 3, 1, 1)]:
+        x, w, b, opts = _random_problem(rng, case, "NCHW", np.float32)
+        _check_all_directions(gpu, rng, x, w, b, opts, "dft", (direction,))
+
+
+@pytest.mark.parametrize("kwargs,dtype,match", [
+    (dict(stride=2), np.float32, "stride 1 only"),
+    (dict(groups=2), np.float32, "ungrouped"),
+    ({}, np.float16, "float32 and float64 only"),
+])
+def test_dft_refuses_what_it_does_not_compute(xp, kwargs, dtype, match):
+    x, w = np.ones((1, 4, 9, 9), dtype), np.ones((4, 4 // kwargs.get("groups", 1), 5, 5), dtype)
+    with pytest.raises(ValueError, match=match):
+        conv2d_forward(xp.asarray(x), xp.asarray(w), algo="dft", **kwargs)
+
+
+def test_dft_workspace_is_reported_and_limits_it():
+    p = _problem_of(np.empty((32, 64, 56, 56), np.float32), np.empty((64, 64, 7, 7), np.float32),
+                    _options(1, 3, 1, 1))
+    for d in algos.DIRECTIONS:
+        need = DFT.workspace_bytes(p, d)
+        assert 100 * 2**20 < need < 1 << 30
+        ok, reason = algos.admits(DFT, p, d, algos.ConvOptions(workspace_limit=need - 1))
+        assert not ok and "workspace" in reason
+        assert dnnprims.conv2d_choose((32, 64, 56, 56), (64, 64, 7, 7), padding=3,
+                                      workspace_limit=need - 1, direction=d)[0] != "dft"
+
+
+# --- the fused kernels (dft.FUSED_ROWS and dft.FUSED_FILTER on) ---------------------
+# Their index arithmetic was checked against the cuBLAS path by a line-by-line
+# NumPy port (notes/conv_large_emulate.py); this GPU check passed on the H100 (helper
+# wino5, 84 of 84) before FUSED_ROWS was turned on.  Helper dft7 rewrote
+# dft_filter_spectrum (offset table, warp-per-pair staging, SMAX registers, 128 / 64
+# / 32 pairs a block) and made the filter spectrum in chunks of rows u
+# (FILTER_CHUNK_BYTES; "CHUNKS" below: one row u a chunk, the most launches).
+# Each combination sets every flag, so the unfused cuBLAS path (the fallback for
+# shapes the kernels do not fit) stays tested too.  Shapes: channel counts over
+# one 64-chunk (70), half spectra over 32 frequencies (T' = 67), batch not a
+# multiple of 32, float64 (twice the shared memory), the public layers at batch 2
+# (11x11: 121 taps, 64 pairs a block in float32, the cuBLAS path in float64),
+# E' = 13 (SMAX 16), 15x15 (32 pairs a block in float32) and E' = 35 (over 32: the
+# cuBLAS path).
+
+FUSED_SMALL = DFT_CASES + [
+    pytest.param((3, 70, 9, 66, 5, 3, 3, 1, 1, 1, 1), id="70ch-T67"),
+    pytest.param((2, 5, 16, 20, 3, 5, 5, 1, 6, 3, 1), id="5x5-dilation3-E13"),
+    pytest.param((1, 3, 20, 20, 2, 15, 15, 1, 7, 1, 1), id="15x15-32-pairs"),
+    pytest.param((1, 3, 9, 40, 2, 3, 3, 1, (1, 17), (1, 17), 1), id="E35")]
+FUSED_PUBLIC = [  # float64 NumPy references of ~1-4 s each: the shipped flags only
+    pytest.param((2, 64, 27, 27, 192, 5, 5, 1, 2, 1, 1), id="alex-batch2"),
+    pytest.param((2, 64, 56, 56, 64, 7, 7, 1, 3, 1, 1), id="7x7-batch2"),
+    pytest.param((2, 32, 64, 64, 32, 11, 11, 1, 5, 1, 1), id="11x11-batch2")]
+ALL_FLAGS = [(), ("FUSED_ROWS",), ("FUSED_FILTER",), ("FUSED_ROWS", "FUSED_FILTER"),
+             ("FUSED_ROWS", "FUSED_FILTER", "CHUNKS"), ("CHUNKS",), ("FUSED_ROWS", "ROWS1"),
+             ("FUSED_ROWS", "R1L1"), ("FUSED_ROWS", "R2L1")]
+# Helper dft7b's rows kernels: "ROWS1": dft_rows_forward one image row a block with
+# the DFT matrix staged in shared memory, and dft_rows_inverse (32 b a block), the
+# kernels before dft7b, the fallbacks where the others do not fit; "R1L1" / "R2L1":
+# one / two image rows a block, the matrix read through L1, dft_rows_inverse64.
+# The other flag sets run the shipped ROWS_FORWARD / ROWS_FORWARD_L1 / INVERSE_B64.
+
+
+def _check_with_flags(gpu, rng, monkeypatch, case, dtype, flags):
+    for flag in ("FUSED_ROWS", "FUSED_FILTER"):
+        monkeypatch.setattr(dft_algo, flag, flag in flags)
+    monkeypatch.setattr(dft_algo, "FILTER_CHUNK_BYTES", 1 if "CHUNKS" in flags else 0)
+    rows = {"ROWS1": (1, False, False), "R1L1": (1, True, True), "R2L1": (2, True, True)}
+    for name, (r, l1, b64) in rows.items():
+        if name in flags:
+            monkeypatch.setattr(dft_algo, "ROWS_FORWARD", r)
+            monkeypatch.setattr(dft_algo, "ROWS_FORWARD_L1", l1)
+            monkeypatch.setattr(dft_algo, "INVERSE_B64", b64)
+    monkeypatch.setattr(dft_algo, "FUSED_FILTER_MIN_TAPS", 0)   # the kernel on every filter it fits
+    x, w, b, opts = _random_problem(rng, case, "NCHW", dtype)
+    _check_all_directions(gpu, rng, x, w, b, opts, "dft")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", FUSED_SMALL)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("flags", ALL_FLAGS, ids=lambda f: "+".join(f) or "unfused")
+def test_dft_fused_rows_match_reference(gpu, rng, monkeypatch, case, dtype, flags):
+    _check_with_flags(gpu, rng, monkeypatch, case, dtype, flags)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", FUSED_PUBLIC)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("flags", [("FUSED_ROWS", "FUSED_FILTER"), ("FUSED_ROWS", "FUSED_FILTER", "CHUNKS")],
+                         ids=lambda f: "+".join(f))
+def test_dft_fused_public_shapes_match_reference(gpu, rng, monkeypatch, case, dtype, flags):
+    _check_with_flags(gpu, rng, monkeypatch, case, dtype, flags)
