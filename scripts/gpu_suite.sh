@@ -13,6 +13,7 @@
 #   bash scripts/gpu_suite.sh overhead         # per-call host overhead against PyTorch only
 #   bash scripts/gpu_suite.sh tune [tune options]  # re-measure the heuristic table: written to
 #                                                  # $OUT/conv_table.json and installed in the tree
+#                                                  # (tune --filters 5 7 --update: only those points)
 #
 # Logs and bench.json (+ bench.png) go to $OUT when it is set, else ./out.
 set -uo pipefail
@@ -88,6 +89,8 @@ fi
 tune_summary=""
 if [ "$run_tune" = 1 ]; then
     echo "== tuning: python -m dnnprims.tune ${tune_args[*]:-}"
+    # --update re-measures part of the grid into the shipped table: start from a copy of it.
+    case " ${tune_args[*]:-} " in *" --update "*) cp dnnprims/algos/conv_table.json "$OUTDIR/conv_table.json" ;; esac
     "$PY" -m dnnprims.tune "${tune_args[@]}" --out "$OUTDIR/conv_table.json" 2>&1 | tee "$OUTDIR/tune.log"
     if [ "${PIPESTATUS[0]}" -eq 0 ] && [ -s "$OUTDIR/conv_table.json" ]; then
         cp "$OUTDIR/conv_table.json" dnnprims/algos/conv_table.json
