@@ -28,10 +28,8 @@ _CHUNK = 4096  # values of one channel per block: BN_CHUNK in kernels/batchnorm.
 _BOOL = ("false", "true")
 
 FAMILY = KernelFamily("batchnorm.cu", [
-    *(f"batchnorm_partial_statistics<{t}, {i}, {v}>"
-      for t in _X_TYPES for i in _INDEX_TYPES for v in (1, _VECTOR[t])),
-    *(f"batchnorm_backward_reduce<{t}, {i}, {v}, {m}>"
-      for t in _X_TYPES for i in _INDEX_TYPES for v in (1, _VECTOR[t]) for m in _BOOL),
+    *(f"batchnorm_{k}<{t}, {p}, {i}, {v}>" for k in ("statistics", "backward_reduce")
+      for t, p in _TYPE_PAIRS for i in _INDEX_TYPES for v in (1, _VECTOR[t])),
     *(f"batchnorm_normalize<{t}, {p}, {i}, {v}, {m}>"
       for t, p in _TYPE_PAIRS for i in _INDEX_TYPES for v in (1, _VECTOR[t]) for m in _BOOL),
     *(f"batchnorm_backward_data<{t}, {p}, {i}, {v}>"
@@ -235,8 +233,10 @@ def batchnorm_backward(dy, x, gamma, *, eps=1e-5, mean=None, invstd=None, layout
 
 # ---------------------------------------------------------------------- GPU path
 # kernels/batchnorm.cu: one block per chunk of _CHUNK values of one channel;
-# training forward = partial statistics + normalize (2 launches), backward =
-# reduce + data (2, or 3 when the statistics must be recomputed).
+# training forward = statistics + normalize (2 launches), backward = reduce +
+# data (2, or 3 when the statistics must be recomputed).  Each pass 1 finishes
+# its channels' statistics (resp. sums) in the channel's last block, through
+# the stream workspace's arrival counters (_counters).
 
 def _scalar(acc):
     return np.float32 if acc == np.float32 else np.float64
@@ -363,8 +363,8 @@ class _Workspace:
 
     def scratch(self, cp, acc, count, slot):
         """One scratch vector of ``count`` values in slot ``slot`` (2: the rows
-        kernels' statistics partials, 3: their gradient partials), shared and
-        grown like :meth:`partials`."""
+        kernels' statistics partials, 3: their gradient partials, 4: the chunk
+        backward's channel sums), shared and grown like :meth:`partials`."""
         key = ("flat", acc, count, slot)
         view = self._views.get(key)
         if view is None:
@@ -386,10 +386,8 @@ def _fused_grid(cp, launch, spec, channels):
     if launch.splits > resident:
         return None
     per_round = min(channels, resident // launch.splits)
-    work = _stream_workspace(cp)
-    if work.arrive.size < 2 * channels:
-        work.arrive = cp.zeros(2 * channels, np.uint32)
-    return (per_round * launch.splits,), per_round, work
+    _counters(cp, channels)
+    return (per_round * launch.splits,), per_round, _stream_workspace(cp)
 
 
 def _resident_blocks(cp, kernel):
@@ -661,13 +659,11 @@ def _build_forward_plan(cp, x, y, pdtype, channels, outer, inner, training, upda
                  np.int32(per_round), work.arrive, real(eps), real(momentum), real(n / (n - 1)),
                  np.int32(update)), cooperative=True, fallback=two_pass))
         else:
-            part_mean, part_m2 = _stream_workspace(cp).partials(cp, acc, launch.grid[0])
-            launches.append(FAMILY.prepare(launch.spec("batchnorm_partial_statistics"), launch.grid,
-                                           (_BLOCK,), (X, part_mean, part_m2, *launch.shape)))
+            launches.append(_statistics_launch(cp, launch, acc, pt, channels, X, MEAN, INVSTD, rm, rv, update,
+                                               real(eps), real(momentum), real(n / (n - 1))))
             launches.append(FAMILY.prepare(
                 launch.spec("batchnorm_normalize", pt, "true"), launch.grid, (_BLOCK,),
-                (X, Y, part_mean, part_m2, MEAN, INVSTD, rm, rv, gamma, beta, *launch.shape, real(eps),
-                 real(momentum), real(n / (n - 1)), np.int32(update), np.int32(1))))
+                (X, Y, MEAN, INVSTD, rm, rv, gamma, beta, *launch.shape, real(eps), np.int32(1))))
     elif FLAT_INFERENCE and inner % _VECTOR[t]:
         spec, grid, shape = _flat_launch(x, y, channels, inner, pt)
         launches.append(FAMILY.prepare(spec, grid, (_BLOCK,),
@@ -676,9 +672,25 @@ def _build_forward_plan(cp, x, y, pdtype, channels, outer, inner, training, upda
         launch = _launch_of(x, channels, outer, inner, (x, y))
         launches.append(FAMILY.prepare(
             launch.spec("batchnorm_normalize", pt, "false"), launch.grid, (_BLOCK,),
-            (X, Y, MEAN, INVSTD, MEAN, INVSTD, rm, rv, gamma, beta, *launch.shape, real(eps), real(0),
-             real(1), np.int32(0), np.int32(0))))
+            (X, Y, MEAN, INVSTD, rm, rv, gamma, beta, *launch.shape, real(eps), np.int32(0))))
     return _Plan(launches, aligned, stats)
+
+
+def _counters(cp, channels):
+    """The stream's arrival counters (zero between launches), at least 2 * channels."""
+    work = _stream_workspace(cp)
+    if work.arrive.size < 2 * channels:
+        work.arrive = cp.zeros(2 * channels, np.uint32)
+    return work.arrive
+
+
+def _statistics_launch(cp, launch, acc, pt, channels, x, mean, invstd, rm, rv, update, eps, momentum, unbias):
+    """Pass 1 of the two-pass training statistics: chunk partials, merged by each
+    channel's last block into mean / invstd (and the running statistics)."""
+    part_mean, part_m2 = _stream_workspace(cp).partials(cp, acc, launch.grid[0])
+    return FAMILY.prepare(launch.spec("batchnorm_statistics", pt), launch.grid, (_BLOCK,),
+                          (x, part_mean, part_m2, mean, invstd, rm, rv, *launch.shape, eps, momentum, unbias,
+                           np.int32(update), _counters(cp, channels)))
 
 
 def _batchnorm_gpu(cp, x, gamma, beta, running_mean, running_var, training, momentum, eps, return_stats,
@@ -745,25 +757,24 @@ def _build_backward_plan(cp, x, dy, dx, pdtype, channels, outer, inner, recomput
                 (X, DY, A.ARRAY2, A.ARRAY3, gamma, part_dy, part_dy_xhat, DX, DGAMMA, DBETA,
                  *launch.shape, np.int32(per_round), work.arrive), cooperative=True, fallback=two_pass))
             return _Plan(launches, aligned)
-    if recompute:  # statistics first, into the plan's own scratch (stream order)
+    if recompute:  # statistics first, into the plan's own vectors (stream order)
         mean, invstd = cp.empty(channels, acc), cp.empty(channels, acc)
-        part_mean, part_m2 = work.partials(cp, acc, launch.grid[0])
-        launches.append(FAMILY.prepare(launch.spec("batchnorm_partial_statistics"), launch.grid,
-                                       (_BLOCK,), (X, part_mean, part_m2, *launch.shape)))
+        real = _scalar(acc)
+        launches.append(_statistics_launch(cp, launch, acc, pt, channels, X, mean, invstd, mean, mean, False,
+                                           real(eps), real(0), real(1)))
     else:
         mean, invstd = A.ARRAY2, A.ARRAY3
-        part_mean = part_m2 = A.ARRAY2  # unread
     part_dy, part_dy_xhat = work.partials(cp, acc, launch.grid[0], slot=1)
+    sums = work.scratch(cp, acc, 2 * channels, 4)
     # Alternate the grid's direction from launch to launch (L2 reuse, see the .cu header).
     reverse = 1 if recompute else 0
     launches.append(FAMILY.prepare(
-        launch.spec("batchnorm_backward_reduce", flag=_BOOL[recompute]), launch.grid, (_BLOCK,),
-        (X, DY, mean, invstd, part_mean, part_m2, part_dy, part_dy_xhat, *launch.shape,
-         _scalar(acc)(eps), np.int32(reverse))))
+        launch.spec("batchnorm_backward_reduce", pt), launch.grid, (_BLOCK,),
+        (X, DY, mean, invstd, part_dy, part_dy_xhat, sums, DGAMMA, DBETA, *launch.shape, np.int32(reverse),
+         _counters(cp, channels))))
     launches.append(FAMILY.prepare(
         launch.spec("batchnorm_backward_data", pt), launch.grid, (_BLOCK,),
-        (X, DY, mean, invstd, gamma, part_dy, part_dy_xhat, DX, DGAMMA, DBETA, *launch.shape,
-         np.int32(1 - reverse))))
+        (X, DY, mean, invstd, gamma, sums, DX, *launch.shape, np.int32(1 - reverse))))
     return _Plan(launches, aligned)
 
 

@@ -17,14 +17,17 @@
 // multiple of VEC and the pointers are 16-byte aligned (then a vector never
 // crosses an (outer) segment), else VEC = 1.
 //
-// Statistics (training): pass 1 (batchnorm_partial_statistics) keeps its
-// chunk in registers and computes the chunk's mean, then the sum of squared
-// deviations from it -- two-pass exact per chunk; chunks are merged with
-// Chan's pairwise formula in a fixed order (warp 0, lane-strided then a
-// shuffle tree), so results are bitwise reproducible and exact enough for any
-// data, unlike E[x^2] - E[x]^2.  The merge is redone by every block of pass 2
-// (a few dozen values from L2) instead of a separate launch; the block of chunk
-// 0 writes mean/invstd and the running statistics.
+// Statistics (training): pass 1 (batchnorm_statistics) keeps its chunk in
+// registers and computes the chunk's mean, then the sum of squared deviations
+// from it -- two-pass exact per chunk; chunks are merged with Chan's pairwise
+// formula in a fixed order (warp 0, lane-strided then a shuffle tree), so
+// results are bitwise reproducible and exact enough for any data, unlike
+// E[x^2] - E[x]^2.  The merge runs once per channel, in the last block of the
+// channel to finish pass 1 (an arrival counter: last_to_arrive), which writes
+// mean/invstd and the running statistics; pass 2 reads two values.  (Before,
+// every block of pass 2 redid the merge: a chain of L2 loads and shuffles
+// before its first load, which a 16-bit chunk -- 16 KB of traffic -- could
+// not hide.)  The backward's pass 1 finishes its sums the same way.
 //
 // The floor is: read x twice, write y once (forward); read x and dy twice,
 // write dx once (backward).  Pass 2 walks the chunks in the reverse order of
@@ -341,12 +344,37 @@ __device__ __forceinline__ void store_chunk_dx(T* __restrict__ dx, const A (&xs)
 
 #define BN_SHAPE index_t outer, index_t C, index_t inner, int splits
 
+// Whether this block is the last of `count` blocks to arrive at *counter
+// (to every thread of the block).  Thread 0 stored the block's partials before
+// the call; its fence orders them before the arrival, and the last block's
+// fence orders its reads of the others' partials (volatile: L2) after it.  The
+// last block zeroes the counter for the next launch.  No block waits for
+// another, so unlike channel_barrier this needs no co-residency.
+__device__ __forceinline__ bool last_to_arrive(unsigned* __restrict__ counter, int count) {
+    __shared__ int last;
+    if (threadIdx.x == 0) {
+        __threadfence();
+        last = atomicAdd(counter, 1u) == (unsigned)(count - 1);
+        if (last) {
+            *counter = 0u;
+            __threadfence();
+        }
+    }
+    __syncthreads();
+    return last != 0;
+}
+
 // Pass 1 of the training statistics: each block's chunk mean and sum of
-// squared deviations from it, into part_mean / part_m2 [C * splits].
-template <typename T, typename index_t, int VEC>
+// squared deviations from it into part_mean / part_m2 [C * splits]; the last
+// block of channel c to finish (arrive[c]) merges them (channel_statistics,
+// the fixed order: the result does not depend on which block is last) and
+// writes mean / invstd and, when update_running is set, the running statistics.
+template <typename T, typename P, typename index_t, int VEC>
 __global__ void __launch_bounds__(BN_THREADS)
-batchnorm_partial_statistics(const T* __restrict__ x, acc_t<T>* __restrict__ part_mean,
-                             acc_t<T>* __restrict__ part_m2, BN_SHAPE) {
+batchnorm_statistics(const T* __restrict__ x, acc_t<T>* __restrict__ part_mean, acc_t<T>* __restrict__ part_m2,
+                     acc_t<T>* __restrict__ mean_out, acc_t<T>* __restrict__ invstd_out,
+                     P* __restrict__ running_mean, P* __restrict__ running_var, BN_SHAPE, acc_t<T> eps,
+                     acc_t<T> momentum, acc_t<T> unbias, int update_running, unsigned* __restrict__ arrive) {
     typedef acc_t<T> A;
     constexpr int ITEMS = BN_PER_THREAD / VEC;
     __shared__ A scratch[32];
@@ -362,21 +390,23 @@ batchnorm_partial_statistics(const T* __restrict__ x, acc_t<T>* __restrict__ par
         part_mean[blockIdx.x] = mean;
         part_m2[blockIdx.x] = m2;
     }
+    if (last_to_arrive(arrive + c, splits)) {
+        A invstd;
+        channel_statistics((const volatile A*)part_mean, (const volatile A*)part_m2, c, 0, splits, n, eps,
+                           mean_out, invstd_out, running_mean, running_var, momentum, unbias, update_running,
+                           mean, invstd);
+    }
 }
 
-// y = (x - mean[c]) * invstd[c] * gamma[c] + beta[c].
-// TRAINING: the statistics come from pass 1's partials; the block of chunk 0
-// writes mean/invstd and, when update_running is set, the running statistics
-// (write_statistics).  Inference: mean/invstd come from the running
-// statistics; chunk 0 writes them out.
+// y = (x - mean[c]) * invstd[c] * gamma[c] + beta[c].  TRAINING: mean / invstd
+// are batchnorm_statistics' (mean_io / invstd_io).  Inference: they come from
+// the running statistics; chunk 0 writes them to mean_io / invstd_io.
 template <typename T, typename P, typename index_t, int VEC, bool TRAINING>
 __global__ void __launch_bounds__(BN_THREADS)
-batchnorm_normalize(const T* __restrict__ x, T* __restrict__ y, const acc_t<T>* __restrict__ part_mean,
-                    const acc_t<T>* __restrict__ part_m2, acc_t<T>* __restrict__ mean_out,
-                    acc_t<T>* __restrict__ invstd_out, P* __restrict__ running_mean,
-                    P* __restrict__ running_var, const P* __restrict__ gamma,
-                    const P* __restrict__ beta, BN_SHAPE, acc_t<T> eps, acc_t<T> momentum,
-                    acc_t<T> unbias, int update_running, int reverse) {
+batchnorm_normalize(const T* __restrict__ x, T* __restrict__ y, acc_t<T>* __restrict__ mean_io,
+                    acc_t<T>* __restrict__ invstd_io, const P* __restrict__ running_mean,
+                    const P* __restrict__ running_var, const P* __restrict__ gamma,
+                    const P* __restrict__ beta, BN_SHAPE, acc_t<T> eps, int reverse) {
     typedef acc_t<T> A;
     constexpr int ITEMS = BN_PER_THREAD / VEC;
     int c, split;
@@ -384,14 +414,14 @@ batchnorm_normalize(const T* __restrict__ x, T* __restrict__ y, const acc_t<T>* 
     const index_t n = outer * inner;
     A mean, invstd;
     if (TRAINING) {
-        channel_statistics(part_mean, part_m2, c, split, splits, n, eps, mean_out, invstd_out, running_mean,
-                           running_var, momentum, unbias, update_running, mean, invstd);
+        mean = mean_io[c];
+        invstd = invstd_io[c];
     } else {
         mean = load(running_mean[c]);
         invstd = A(1) / sqrt(A(load(running_var[c])) + eps);
         if (split == 0 && threadIdx.x == 0) {
-            mean_out[c] = mean;
-            invstd_out[c] = invstd;
+            mean_io[c] = mean;
+            invstd_io[c] = invstd;
         }
     }
     const index_t start = (index_t)split * BN_CHUNK;
@@ -622,30 +652,24 @@ batchnorm_train_grouped(const T* __restrict__ x, T* __restrict__ y, acc_t<T>* __
     }
 }
 
-// Pass 1 of the backward: per chunk, sum(dy) and sum(dy * xhat) into
-// part_dy / part_dy_xhat.  MERGE: mean/invstd are not given -- merge pass-0
-// statistics partials here, and chunk 0 writes them to mean / invstd for pass 2.
-template <typename T, typename index_t, int VEC, bool MERGE>
+// Pass 1 of the backward: per chunk, sum(dy) and sum(dy * xhat) into part_dy /
+// part_dy_xhat; the last block of channel c to finish (arrive[c]) sums them in
+// a fixed order (merge_sums) into sums[c] / sums[C + c] and writes dbeta[c] /
+// dgamma[c].
+template <typename T, typename P, typename index_t, int VEC>
 __global__ void __launch_bounds__(BN_THREADS)
 batchnorm_backward_reduce(const T* __restrict__ x, const T* __restrict__ dy,
-                          acc_t<T>* __restrict__ mean_io, acc_t<T>* __restrict__ invstd_io,
-                          const acc_t<T>* __restrict__ part_mean, const acc_t<T>* __restrict__ part_m2,
+                          const acc_t<T>* __restrict__ mean, const acc_t<T>* __restrict__ invstd,
                           acc_t<T>* __restrict__ part_dy, acc_t<T>* __restrict__ part_dy_xhat,
-                          BN_SHAPE, acc_t<T> eps, int reverse) {
+                          acc_t<T>* __restrict__ sums, P* __restrict__ dgamma, P* __restrict__ dbeta,
+                          BN_SHAPE, int reverse, unsigned* __restrict__ arrive) {
     typedef acc_t<T> A;
     constexpr int ITEMS = BN_PER_THREAD / VEC;
     __shared__ A scratch[32];
     int c, split;
     chunk_of_block(splits, reverse, c, split);
     const index_t n = outer * inner;
-    A m, s;
-    if (MERGE) {
-        channel_statistics(part_mean, part_m2, c, split, splits, n, eps, mean_io, invstd_io, mean_io, mean_io,
-                           A(0), A(1), 0, m, s);
-    } else {
-        m = mean_io[c];
-        s = invstd_io[c];
-    }
+    const A m = mean[c], s = invstd[c];
     const index_t start = (index_t)split * BN_CHUNK;
     A xs[ITEMS][VEC], ds[ITEMS][VEC];
     load_chunk_pair<T, VEC, ITEMS>(x, dy, start, n, c, C, inner, xs, ds);
@@ -655,33 +679,36 @@ batchnorm_backward_reduce(const T* __restrict__ x, const T* __restrict__ dy,
         part_dy[c * splits + split] = g;  // by (c, split): the grid may run backwards
         part_dy_xhat[c * splits + split] = gx * s;
     }
+    if (last_to_arrive(arrive + c, splits)) {
+        merge_sums((const volatile A*)part_dy, (const volatile A*)part_dy_xhat, c, splits, g, gx);
+        if (threadIdx.x == 0) {
+            sums[c] = g;
+            sums[C + c] = gx;
+            dbeta[c] = store<P>(g);
+            dgamma[c] = store<P>(gx);
+        }
+    }
 }
 
-// Pass 2 of the backward: dbeta = sum(dy), dgamma = sum(dy * xhat) (written by
-// chunk 0), dx = gamma * invstd * (dy - sum(dy) / n - xhat * sum(dy * xhat) / n).
+// Pass 2 of the backward: dx = gamma * invstd * (dy - sum(dy) / n - xhat *
+// sum(dy * xhat) / n), the sums from pass 1 (sums[c], sums[C + c]).
 template <typename T, typename P, typename index_t, int VEC>
 __global__ void __launch_bounds__(BN_THREADS)
 batchnorm_backward_data(const T* __restrict__ x, const T* __restrict__ dy,
                         const acc_t<T>* __restrict__ mean, const acc_t<T>* __restrict__ invstd,
-                        const P* __restrict__ gamma, const acc_t<T>* __restrict__ part_dy,
-                        const acc_t<T>* __restrict__ part_dy_xhat, T* __restrict__ dx,
-                        P* __restrict__ dgamma, P* __restrict__ dbeta, BN_SHAPE, int reverse) {
+                        const P* __restrict__ gamma, const acc_t<T>* __restrict__ sums, T* __restrict__ dx,
+                        BN_SHAPE, int reverse) {
     typedef acc_t<T> A;
     constexpr int ITEMS = BN_PER_THREAD / VEC;
     int c, split;
     chunk_of_block(splits, reverse, c, split);
     const index_t n = outer * inner;
-    A g, gx;
-    merge_sums(part_dy, part_dy_xhat, c, splits, g, gx);
-    if (split == 0 && threadIdx.x == 0) {
-        dbeta[c] = store<P>(g);
-        dgamma[c] = store<P>(gx);
-    }
     const A m = mean[c], s = invstd[c];
     const index_t start = (index_t)split * BN_CHUNK;
     A xs[ITEMS][VEC], ds[ITEMS][VEC];
     load_chunk_pair<T, VEC, ITEMS>(x, dy, start, n, c, C, inner, xs, ds);
-    store_chunk_dx(dx, xs, ds, start, n, c, C, inner, m, s, A(load(gamma[c])) * s, g / A(n), gx / A(n));
+    store_chunk_dx(dx, xs, ds, start, n, c, C, inner, m, s, A(load(gamma[c])) * s, sums[c] / A(n),
+                   sums[C + c] / A(n));
 }
 
 // ---------------------------------------------------------------------------
