@@ -1198,28 +1198,43 @@ batchnorm_rows_backward_data(const T* __restrict__ x, const T* __restrict__ dy,
     }
 }
 
-// Channel-last training forward in ONE launch that keeps the last rows it
-// reads on chip (issue 5, v4).  A persistent grid (every block resident: the
-// host sizes it with the occupancy API and launches it cooperatively, as the
-// fused chunk kernels) with
-// the RowLanes mapping; lane g reads batches j = 0, 1, ... of B rows, rows
-// [(j * L + g) * B, + B) (as rows_statistics: at any time the lanes read one
-// contiguous stretch of rows):
-//   - every batch: exact two-pass batch statistics, Chan-merged into the
-//     lane's (count, mean, M2) per channel (as rows_statistics);
-//   - the lane's last batch stays in registers (`keep`), the ROWS_SMEM_ROWS
-//     rows of the batches before it in a static shared-memory cache (one
-//     16-byte vector per row and thread).
+// Channel-last training forward and backward (saved statistics) in ONE launch
+// each (issue 5, v4) that keep the last rows they read on chip:
+// batchnorm_rows_train_fused (reads x) and batchnorm_rows_backward_fused (x
+// and dy) run the same passes (rows_fused and the helpers before it) and
+// differ only in their op (RowsTrainOp / RowsBackwardOp: what a batch adds to
+// the lane's partials, how partials merge, what the merged channel writes,
+// and the value each row maps to).
+//
+// A persistent grid (every block resident: the host sizes it with the
+// occupancy API and launches it cooperatively, as the fused chunk kernels)
+// with the RowLanes mapping; lane g reads batches j = 0, 1, ... of B rows of
+// its K tensors, rows [(j * L + g) * B, + B) (as rows_statistics: at any time
+// the lanes read one contiguous stretch of rows):
+//   - every batch goes into the lane's Q partials per channel (forward: exact
+//     two-pass batch statistics Chan-merged into (count, mean, M2), as
+//     rows_statistics; backward: sums of dy and dy * (x - mean));
+//   - the lane's last batch stays in registers (`keep`), the ROWS_SMEM_ROWS / K
+//     rows of each tensor before it in a static shared-memory cache (one
+//     16-byte vector per row, tensor and thread).  B = rows_batch / K rows.
 // Grid barrier 1 (channel_barrier over all blocks); block b merges channels
 // b, b + blocks, ... from the L lane partials (its 8 warps lane-strided, then
 // the 8 warp results in order: fixed order, bitwise reproducible) and writes
-// mean / invstd / running statistics; grid barrier 2; then every thread
-// normalizes its register rows, its cached rows, and its other batches last
-// to first (what the grid read last comes first: L2 hits).  DRAM traffic: x
-// once, plus x less what is on chip and in L2, plus y; no merge launch.
-// (A first version gave each lane one contiguous range of rows: 0.246 ms on
-// bn_big_nhwc against 0.236 for the three launches -- scattered streams.)
+// them (forward: mean / invstd / running statistics; backward: dbeta, dgamma
+// and sums[c] / sums[C + c] for dx); grid barrier 2; then every thread maps
+// its register rows, its cached rows, and its other batches last to first
+// (what the grid read last comes first: L2 hits) to y / dx.  DRAM traffic:
+// the tensors once, plus once less what is on chip and in L2, plus the
+// output; no merge launch.  (A first version gave each lane one contiguous
+// range of rows: 0.246 ms on bn_big_nhwc against 0.236 for the three
+// launches -- scattered streams.)
 #define ROWS_SMEM_ROWS 8
+
+// Rows per batch of a fused rows kernel reading K tensors.
+template <typename T, int VEC, int K>
+__host__ __device__ constexpr int fused_rows_batch() {
+    return rows_batch<T, VEC>() / K > 0 ? rows_batch<T, VEC>() / K : 1;
+}
 
 // Number of batches of B rows lane rl.lane owns: j with (j * L + lane) * B < M.
 template <int B, typename index_t>
@@ -1234,6 +1249,346 @@ __device__ __forceinline__ void grid_block(int& block, int& blocks) {
     block = (int)(blockIdx.y * gridDim.x + blockIdx.x);
 }
 
+// Pass 1: every batch of the lane's rows of the K tensors (all loads first,
+// zeros past M) into op.accumulate; the last batch kept in `keep`, the SB
+// batches before it in `cache` (as T).
+template <int B, int SB, typename Op, typename T, int VEC, typename index_t>
+__device__ __forceinline__ void rows_first_pass(Op& op, const T* const (&src)[Op::K], const RowLanes& rl,
+                                                index_t M, int C, index_t col, index_t batches,
+                                                acc_t<T> (&keep)[Op::K][B][VEC],
+                                                Pack<T, VEC> (&cache)[Op::K][SB * B][BN_THREADS]) {
+    typedef acc_t<T> A;
+    constexpr int K = Op::K;
+    for (index_t j = 0; j < batches; ++j) {
+        const index_t first = (j * rl.L + rl.lane) * B;
+        A vals[K][B][VEC];
+#pragma unroll
+        for (int i = 0; i < B; ++i) {
+#pragma unroll
+            for (int k = 0; k < K; ++k) {
+                if (first + i < M) {
+                    load_pack<T, VEC>(src[k], (first + i) * C + col, vals[k][i]);
+                } else {
+#pragma unroll
+                    for (int v = 0; v < VEC; ++v) vals[k][i][v] = 0;
+                }
+            }
+        }
+        op.accumulate(vals, (int)(M - first < (index_t)B ? M - first : (index_t)B));
+        const index_t back = batches - 1 - j;  // 0: the last batch
+        if (back == 0) {
+#pragma unroll
+            for (int k = 0; k < K; ++k)
+#pragma unroll
+                for (int i = 0; i < B; ++i)
+#pragma unroll
+                    for (int v = 0; v < VEC; ++v) keep[k][i][v] = vals[k][i][v];
+        } else if (back <= SB) {
+#pragma unroll
+            for (int i = 0; i < B; ++i) {
+#pragma unroll
+                for (int k = 0; k < K; ++k) {
+                    Pack<T, VEC> pk;
+#pragma unroll
+                    for (int v = 0; v < VEC; ++v) pk.v[v] = store<T>(vals[k][i][v]);
+                    cache[k][(back - 1) * B + i][threadIdx.x] = pk;
+                }
+            }
+        }
+    }
+}
+
+// The merge between the grid barriers: block `block` of `blocks` takes
+// channels block, block + blocks, ...: the Q quantities of the L lane partials
+// (parts[q][c * L + lane], volatile: written by other blocks of this launch),
+// lane-strided over the block's threads (ROWS_MERGE_AHEAD loads in flight),
+// combined by Op::combine per thread, per warp (shuffle tree), then over the
+// warps in order; thread 0 hands the channel's result to op.finish.
+template <typename Op, typename A>
+__device__ __forceinline__ void rows_merge_channels(Op& op, A* const (&parts)[Op::Q], int L, int C, int block,
+                                                    int blocks, bool gathered) {
+    constexpr int Q = Op::Q;
+    __shared__ A merged[Q][BN_THREADS / 32];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    for (int c = block; c < C; c += blocks) {
+        A acc[Q];
+#pragma unroll
+        for (int q = 0; q < Q; ++q) acc[q] = 0;
+        for (int b0 = threadIdx.x; b0 < L; b0 += BN_THREADS * ROWS_MERGE_AHEAD) {
+            A got[ROWS_MERGE_AHEAD][Q];
+#pragma unroll
+            for (int u = 0; u < ROWS_MERGE_AHEAD; ++u) {
+                const int b = b0 + BN_THREADS * u;
+                const long long o = (long long)c * L + b;
+#pragma unroll
+                for (int q = 0; q < Q; ++q) got[u][q] = b < L ? A(((const volatile A*)parts[q])[o]) : A(0);
+            }
+#pragma unroll
+            for (int u = 0; u < ROWS_MERGE_AHEAD; ++u) Op::combine(acc, got[u]);
+        }
+#pragma unroll
+        for (int offset = 16; offset > 0; offset >>= 1) {
+            A other[Q];
+#pragma unroll
+            for (int q = 0; q < Q; ++q) other[q] = __shfl_down_sync(0xffffffffu, acc[q], offset);
+            if (lane + offset < 32) Op::combine(acc, other);
+        }
+        if (lane == 0) {
+#pragma unroll
+            for (int q = 0; q < Q; ++q) merged[q][warp] = acc[q];
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            A total[Q];
+#pragma unroll
+            for (int q = 0; q < Q; ++q) total[q] = 0;
+            for (int w = 0; w < BN_THREADS / 32; ++w) {
+                A part[Q];
+#pragma unroll
+                for (int q = 0; q < Q; ++q) part[q] = merged[q][w];
+                Op::combine(total, part);
+            }
+            op.finish(c, total, gathered);
+            __threadfence();
+        }
+        __syncthreads();
+    }
+}
+
+// Pass 2: op.map of the register rows, the cached rows, then the other
+// batches last to first (all loads of a batch first) into dst.
+template <int B, int SB, typename Op, typename T, int VEC, typename index_t>
+__device__ __forceinline__ void rows_second_pass(const Op& op, const T* const (&src)[Op::K], T* __restrict__ dst,
+                                                 const RowLanes& rl, index_t M, int C, index_t col,
+                                                 index_t batches, const acc_t<T> (&keep)[Op::K][B][VEC],
+                                                 const Pack<T, VEC> (&cache)[Op::K][SB * B][BN_THREADS]) {
+    typedef acc_t<T> A;
+    constexpr int K = Op::K;
+    {  // the last batch, from registers
+        const index_t first = ((batches - 1) * rl.L + rl.lane) * B;
+#pragma unroll
+        for (int i = 0; i < B; ++i) {
+            if (first + i < M) {
+                A out[VEC];
+                op.map(keep, i, out);
+                store_pack<T, VEC>(dst, (first + i) * C + col, out);
+            }
+        }
+    }
+#pragma unroll
+    for (int back = 1; back <= SB; ++back) {  // the cached batches
+        const index_t j = batches - 1 - back;
+        if (j >= 0) {
+            const index_t first = (j * rl.L + rl.lane) * B;
+#pragma unroll
+            for (int i = 0; i < B; ++i) {
+                if (first + i < M) {
+                    A row[K][1][VEC], out[VEC];
+#pragma unroll
+                    for (int k = 0; k < K; ++k) {
+                        const Pack<T, VEC> pk = cache[k][(back - 1) * B + i][threadIdx.x];
+#pragma unroll
+                        for (int v = 0; v < VEC; ++v) row[k][0][v] = A(load(pk.v[v]));
+                    }
+                    op.map(row, 0, out);
+                    store_pack<T, VEC>(dst, (first + i) * C + col, out);
+                }
+            }
+        }
+    }
+    for (index_t j = batches - 2 - SB; j >= 0; --j) {  // the rest, last to first
+        const index_t first = (j * rl.L + rl.lane) * B;
+        A vals[K][B][VEC];
+#pragma unroll
+        for (int i = 0; i < B; ++i)
+#pragma unroll
+            for (int k = 0; k < K; ++k)
+                if (first + i < M) load_pack<T, VEC>(src[k], (first + i) * C + col, vals[k][i]);
+#pragma unroll
+        for (int i = 0; i < B; ++i) {
+            if (first + i < M) {
+                A out[VEC];
+                op.map(vals, i, out);
+                store_pack<T, VEC>(dst, (first + i) * C + col, out);
+            }
+        }
+    }
+}
+
+// The whole fused rows kernel for an op: pass 1, the lane partials, grid
+// barrier 1, the merge, grid barrier 2, pass 2.
+template <typename T, int VEC, typename Op, typename index_t>
+__device__ __forceinline__ void rows_fused(Op& op, const T* const (&src)[Op::K], T* __restrict__ dst,
+                                           acc_t<T>* const (&parts)[Op::Q], index_t M, int C, int cols,
+                                           unsigned* __restrict__ arrive) {
+    typedef acc_t<T> A;
+    constexpr int K = Op::K, Q = Op::Q;
+    constexpr int B = fused_rows_batch<T, VEC, K>();
+    constexpr int SB = ROWS_SMEM_ROWS / K / B;  // cached batches
+    __shared__ Pack<T, VEC> cache[K][SB * B][BN_THREADS];
+    const RowLanes rl(cols);
+    const bool active = rl.active(C / VEC);
+    const index_t col = (index_t)rl.cv * VEC;
+    const index_t batches = active ? lane_batches<B>(rl, M) : 0;
+    op.start(rl, active);
+    A keep[K][B][VEC];
+    rows_first_pass<B, SB>(op, src, rl, M, C, col, batches, keep, cache);
+    if (active) {
+#pragma unroll
+        for (int v = 0; v < VEC; ++v) {
+            const index_t o = (index_t)(rl.cv * VEC + v) * rl.L + rl.lane;
+#pragma unroll
+            for (int q = 0; q < Q; ++q) parts[q][o] = op.part[q][v];
+        }
+        __threadfence();
+    }
+    int block, blocks;
+    grid_block(block, blocks);
+    const bool gathered = channel_barrier(arrive, 0, 2, blocks);
+    rows_merge_channels(op, parts, rl.L, C, block, blocks, gathered);
+    const bool merged_all = channel_barrier(arrive, 1, 2, blocks);
+    if (!active || batches == 0) return;
+    op.prepare(rl, M, C, merged_all);
+    rows_second_pass<B, SB>(op, src, dst, rl, M, C, col, batches, keep, cache);
+}
+
+// Training forward: partials (count, mean, M2) per channel; the merged channel
+// writes mean / invstd / running statistics; y = (x - mean) * scale + shift.
+template <typename T, typename P, int VEC>
+struct RowsTrainOp {
+    typedef acc_t<T> A;
+    static constexpr int K = 1, Q = 3;
+    A part[Q][VEC];
+    A mean[VEC], scale[VEC], shift[VEC];
+    A* mean_out;
+    A* invstd_out;
+    P* running_mean;
+    P* running_var;
+    const P* gamma;
+    const P* beta;
+    A eps, momentum, unbias;
+    int update_running;
+
+    __device__ __forceinline__ void start(const RowLanes&, bool) {
+#pragma unroll
+        for (int v = 0; v < VEC; ++v) part[0][v] = part[1][v] = part[2][v] = 0;
+    }
+    // Exact two-pass statistics of the batch's `rows` rows, Chan-merged in.
+    template <int B>
+    __device__ __forceinline__ void accumulate(const A (&vals)[K][B][VEC], int rows) {
+        const A nb = A(rows);
+#pragma unroll
+        for (int v = 0; v < VEC; ++v) {
+            A s = 0;
+#pragma unroll
+            for (int i = 0; i < B; ++i) s += vals[0][i][v];
+            const A mb = s / nb;
+            A q = 0;
+#pragma unroll
+            for (int i = 0; i < B; ++i) {
+                const A d = vals[0][i][v] - mb;
+                if (i < rows) q += d * d;
+            }
+            chan_merge(part[0][v], part[1][v], part[2][v], nb, mb, q);
+        }
+    }
+    __device__ __forceinline__ static void combine(A (&a)[Q], const A (&b)[Q]) {
+        chan_merge(a[0], a[1], a[2], b[0], b[1], b[2]);
+    }
+    __device__ __forceinline__ void finish(int c, const A (&r)[Q], bool gathered) const {
+        const A var = gathered ? r[2] / r[0] : barrier_failed<A>();
+        write_statistics(c, gathered ? r[1] : var, var, A(1) / sqrt(var + eps), mean_out, invstd_out, running_mean,
+                         running_var, momentum, unbias, update_running);
+    }
+    template <typename index_t>
+    __device__ __forceinline__ void prepare(const RowLanes& rl, index_t, int, bool merged_all) {
+        const volatile A* mo = mean_out;
+        const volatile A* io = invstd_out;
+#pragma unroll
+        for (int v = 0; v < VEC; ++v) {
+            const int c = rl.cv * VEC + v;
+            mean[v] = merged_all ? A(mo[c]) : barrier_failed<A>();
+            scale[v] = A(io[c]) * A(load(gamma[c]));
+            shift[v] = A(load(beta[c]));
+        }
+    }
+    template <int B>
+    __device__ __forceinline__ void map(const A (&rows)[K][B][VEC], int i, A (&out)[VEC]) const {
+#pragma unroll
+        for (int v = 0; v < VEC; ++v) out[v] = (rows[0][i][v] - mean[v]) * scale[v] + shift[v];
+    }
+};
+
+// Backward: partials sum(dy), sum(dy * (x - mean)) per channel; the merged
+// channel writes dbeta, dgamma (the second sum times invstd) and sums[c] /
+// sums[C + c]; dx = scale * (dy - mean_dy - xhat * mean_dy_xhat).
+template <typename T, typename P, int VEC>
+struct RowsBackwardOp {
+    typedef acc_t<T> A;
+    static constexpr int K = 2, Q = 2;  // tensors x, dy
+    A part[Q][VEC];
+    A m[VEC], s[VEC], scale[VEC], mean_dy[VEC], mean_dy_xhat[VEC];
+    const A* mean;
+    const A* invstd;
+    const P* gamma;
+    A* sums;
+    P* dgamma;
+    P* dbeta;
+    int C;
+
+    __device__ __forceinline__ void start(const RowLanes& rl, bool active) {
+#pragma unroll
+        for (int v = 0; v < VEC; ++v) {
+            m[v] = active ? mean[rl.cv * VEC + v] : A(0);
+            part[0][v] = part[1][v] = 0;
+        }
+    }
+    template <int B>
+    __device__ __forceinline__ void accumulate(const A (&vals)[K][B][VEC], int) {
+#pragma unroll
+        for (int i = 0; i < B; ++i) {
+#pragma unroll
+            for (int v = 0; v < VEC; ++v) {  // zeros past M add nothing
+                part[0][v] += vals[1][i][v];
+                part[1][v] += vals[1][i][v] * (vals[0][i][v] - m[v]);
+            }
+        }
+    }
+    __device__ __forceinline__ static void combine(A (&a)[Q], const A (&b)[Q]) {
+        a[0] += b[0];
+        a[1] += b[1];
+    }
+    __device__ __forceinline__ void finish(int c, const A (&r)[Q], bool gathered) const {
+        A g = r[0], gx = r[1] * invstd[c];
+        if (!gathered) g = gx = barrier_failed<A>();
+        sums[c] = g;
+        sums[C + c] = gx;
+        dbeta[c] = store<P>(g);
+        dgamma[c] = store<P>(gx);
+    }
+    template <typename index_t>
+    __device__ __forceinline__ void prepare(const RowLanes& rl, index_t M, int, bool merged_all) {
+        const volatile A* vs = sums;
+        const A n = A(M);
+#pragma unroll
+        for (int v = 0; v < VEC; ++v) {
+            const int c = rl.cv * VEC + v;
+            s[v] = invstd[c];
+            scale[v] = A(load(gamma[c])) * s[v];
+            mean_dy[v] = merged_all ? A(vs[c]) / n : barrier_failed<A>();
+            mean_dy_xhat[v] = A(vs[C + c]) / n;
+        }
+    }
+    template <int B>
+    __device__ __forceinline__ void map(const A (&rows)[K][B][VEC], int i, A (&out)[VEC]) const {
+#pragma unroll
+        for (int v = 0; v < VEC; ++v) {
+            const A xhat = (rows[0][i][v] - m[v]) * s[v];
+            out[v] = scale[v] * (rows[1][i][v] - mean_dy[v] - xhat * mean_dy_xhat[v]);
+        }
+    }
+};
+
 template <typename T, typename P, typename index_t, int VEC>
 __global__ void __launch_bounds__(BN_THREADS)
 batchnorm_rows_train_fused(const T* __restrict__ x, T* __restrict__ y, acc_t<T>* __restrict__ part_n,
@@ -1243,180 +1598,22 @@ batchnorm_rows_train_fused(const T* __restrict__ x, T* __restrict__ y, acc_t<T>*
                            const P* __restrict__ gamma, const P* __restrict__ beta, index_t M, int C, int cols,
                            acc_t<T> eps, acc_t<T> momentum, acc_t<T> unbias, int update_running,
                            unsigned* __restrict__ arrive) {
-    typedef acc_t<T> A;
-    constexpr int B = rows_batch<T, VEC>();
-    constexpr int SB = ROWS_SMEM_ROWS / B;  // cached batches
-    __shared__ Pack<T, VEC> cache[SB * B][BN_THREADS];
-    __shared__ A merged[3][BN_THREADS / 32];
-    const RowLanes rl(cols);
-    const int CV = C / VEC;
-    const bool active = rl.active(CV);
-    const index_t col = (index_t)rl.cv * VEC;
-    const index_t batches = active ? lane_batches<B>(rl, M) : 0;
-    A cnt[VEC], mu[VEC], m2[VEC];
-#pragma unroll
-    for (int v = 0; v < VEC; ++v) cnt[v] = mu[v] = m2[v] = 0;
-    A keep[B][VEC];
-    for (index_t j = 0; j < batches; ++j) {
-        const index_t first = (j * rl.L + rl.lane) * B;
-        A vals[B][VEC];
-#pragma unroll
-        for (int i = 0; i < B; ++i) {
-            if (first + i < M) {
-                load_pack<T, VEC>(x, (first + i) * C + col, vals[i]);
-            } else {
-#pragma unroll
-                for (int v = 0; v < VEC; ++v) vals[i][v] = 0;
-            }
-        }
-        const int rows = (int)(M - first < (index_t)B ? M - first : (index_t)B);
-        const A nb = A(rows);
-#pragma unroll
-        for (int v = 0; v < VEC; ++v) {
-            A s = 0;
-#pragma unroll
-            for (int i = 0; i < B; ++i) s += vals[i][v];
-            const A mb = s / nb;
-            A q = 0;
-#pragma unroll
-            for (int i = 0; i < B; ++i) {
-                const A d = vals[i][v] - mb;
-                if (i < rows) q += d * d;
-            }
-            chan_merge(cnt[v], mu[v], m2[v], nb, mb, q);
-        }
-        const index_t back = batches - 1 - j;  // 0: the last batch
-        if (back == 0) {
-#pragma unroll
-            for (int i = 0; i < B; ++i)
-#pragma unroll
-                for (int v = 0; v < VEC; ++v) keep[i][v] = vals[i][v];
-        } else if (back <= SB) {
-#pragma unroll
-            for (int i = 0; i < B; ++i) {
-                Pack<T, VEC> pk;
-#pragma unroll
-                for (int v = 0; v < VEC; ++v) pk.v[v] = store<T>(vals[i][v]);
-                cache[(back - 1) * B + i][threadIdx.x] = pk;
-            }
-        }
-    }
-    if (active) {
-#pragma unroll
-        for (int v = 0; v < VEC; ++v) {
-            const index_t o = (index_t)(rl.cv * VEC + v) * rl.L + rl.lane;
-            part_n[o] = cnt[v];
-            part_mean[o] = mu[v];
-            part_m2[o] = m2[v];
-        }
-        __threadfence();
-    }
-    int block, blocks;
-    grid_block(block, blocks);
-    const bool gathered = channel_barrier(arrive, 0, 2, blocks);
-    // Merge: block b takes channels b, b + blocks, ...
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const volatile A* pn = part_n;
-    const volatile A* pm = part_mean;
-    const volatile A* p2 = part_m2;
-    for (int c = block; c < C; c += blocks) {
-        A n_ = 0, u_ = 0, q_ = 0;
-        for (int b0 = threadIdx.x; b0 < rl.L; b0 += BN_THREADS * ROWS_MERGE_AHEAD) {
-            A an[ROWS_MERGE_AHEAD], am[ROWS_MERGE_AHEAD], a2[ROWS_MERGE_AHEAD];
-#pragma unroll
-            for (int u = 0; u < ROWS_MERGE_AHEAD; ++u) {
-                const int b = b0 + BN_THREADS * u;
-                const long long o = (long long)c * rl.L + b;
-                an[u] = b < rl.L ? A(pn[o]) : A(0);
-                am[u] = b < rl.L ? A(pm[o]) : A(0);
-                a2[u] = b < rl.L ? A(p2[o]) : A(0);
-            }
-#pragma unroll
-            for (int u = 0; u < ROWS_MERGE_AHEAD; ++u) chan_merge(n_, u_, q_, an[u], am[u], a2[u]);
-        }
-        warp_chan_merge(n_, u_, q_);
-        if (lane == 0) {
-            merged[0][warp] = n_;
-            merged[1][warp] = u_;
-            merged[2][warp] = q_;
-        }
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            A tn = 0, tu = 0, tq = 0;
-            for (int w = 0; w < BN_THREADS / 32; ++w) chan_merge(tn, tu, tq, merged[0][w], merged[1][w], merged[2][w]);
-            const A var = gathered ? tq / tn : barrier_failed<A>();
-            if (!gathered) tu = var;
-            write_statistics(c, tu, var, A(1) / sqrt(var + eps), mean_out, invstd_out, running_mean, running_var,
-                             momentum, unbias, update_running);
-            __threadfence();
-        }
-        __syncthreads();
-    }
-    const bool merged_all = channel_barrier(arrive, 1, 2, blocks);
-    if (!active) return;
-    const volatile A* mo = mean_out;
-    const volatile A* io = invstd_out;
-    A mean[VEC], scale[VEC], shift[VEC];
-#pragma unroll
-    for (int v = 0; v < VEC; ++v) {
-        const int c = rl.cv * VEC + v;
-        mean[v] = merged_all ? A(mo[c]) : barrier_failed<A>();
-        scale[v] = A(io[c]) * A(load(gamma[c]));
-        shift[v] = A(load(beta[c]));
-    }
-    if (batches == 0) return;
-    {  // the last batch, from registers
-        const index_t first = ((batches - 1) * rl.L + rl.lane) * B;
-#pragma unroll
-        for (int i = 0; i < B; ++i) {
-            if (first + i < M) {
-#pragma unroll
-                for (int v = 0; v < VEC; ++v) keep[i][v] = (keep[i][v] - mean[v]) * scale[v] + shift[v];
-                store_pack<T, VEC>(y, (first + i) * C + col, keep[i]);
-            }
-        }
-    }
-#pragma unroll
-    for (int back = 1; back <= SB; ++back) {  // the cached batches
-        const index_t j = batches - 1 - back;
-        if (j >= 0) {
-            const index_t first = (j * rl.L + rl.lane) * B;
-#pragma unroll
-            for (int i = 0; i < B; ++i) {
-                if (first + i < M) {
-                    const Pack<T, VEC> pk = cache[(back - 1) * B + i][threadIdx.x];
-                    A out[VEC];
-#pragma unroll
-                    for (int v = 0; v < VEC; ++v) out[v] = (A(load(pk.v[v])) - mean[v]) * scale[v] + shift[v];
-                    store_pack<T, VEC>(y, (first + i) * C + col, out);
-                }
-            }
-        }
-    }
-    for (index_t j = batches - 2 - SB; j >= 0; --j) {  // the rest, last to first
-        const index_t first = (j * rl.L + rl.lane) * B;
-        A vals[B][VEC];
-#pragma unroll
-        for (int i = 0; i < B; ++i)
-            if (first + i < M) load_pack<T, VEC>(x, (first + i) * C + col, vals[i]);
-#pragma unroll
-        for (int i = 0; i < B; ++i) {
-            if (first + i < M) {
-#pragma unroll
-                for (int v = 0; v < VEC; ++v) vals[i][v] = (vals[i][v] - mean[v]) * scale[v] + shift[v];
-                store_pack<T, VEC>(y, (first + i) * C + col, vals[i]);
-            }
-        }
-    }
+    RowsTrainOp<T, P, VEC> op;
+    op.mean_out = mean_out;
+    op.invstd_out = invstd_out;
+    op.running_mean = running_mean;
+    op.running_var = running_var;
+    op.gamma = gamma;
+    op.beta = beta;
+    op.eps = eps;
+    op.momentum = momentum;
+    op.unbias = unbias;
+    op.update_running = update_running;
+    const T* const src[1] = {x};
+    acc_t<T>* const parts[3] = {part_n, part_mean, part_m2};
+    rows_fused<T, VEC>(op, src, y, parts, M, C, cols, arrive);
 }
 
-// Channel-last backward (saved statistics) in ONE launch, the same scheme as
-// batchnorm_rows_train_fused: batches of B rows of x and dy (half the
-// forward's batch: two tensors), sums of dy and dy * (x - mean) per channel;
-// the last batch in registers, ROWS_SMEM_ROWS / 2 rows of each tensor before
-// it in shared memory; grid barrier; block b sums channels b, b + blocks, ...
-// in a fixed order (dbeta, dgamma, and sums[c] / sums[C + c] for dx); grid
-// barrier; dx from registers, cache, then the other batches last to first.
 template <typename T, typename P, typename index_t, int VEC>
 __global__ void __launch_bounds__(BN_THREADS)
 batchnorm_rows_backward_fused(const T* __restrict__ x, const T* __restrict__ dy,
@@ -1425,191 +1622,15 @@ batchnorm_rows_backward_fused(const T* __restrict__ x, const T* __restrict__ dy,
                               acc_t<T>* __restrict__ part_gx, acc_t<T>* __restrict__ sums, T* __restrict__ dx,
                               P* __restrict__ dgamma, P* __restrict__ dbeta, index_t M, int C, int cols,
                               unsigned* __restrict__ arrive) {
-    typedef acc_t<T> A;
-    constexpr int B = rows_batch<T, VEC>() / 2 > 0 ? rows_batch<T, VEC>() / 2 : 1;
-    constexpr int SB = ROWS_SMEM_ROWS / 2 / B;  // cached batches
-    __shared__ Pack<T, VEC> xcache[SB * B][BN_THREADS], dcache[SB * B][BN_THREADS];
-    __shared__ A merged[2][BN_THREADS / 32];
-    const RowLanes rl(cols);
-    const int CV = C / VEC;
-    const bool active = rl.active(CV);
-    const index_t col = (index_t)rl.cv * VEC;
-    const index_t batches = active ? lane_batches<B>(rl, M) : 0;
-    A m[VEC], g[VEC], gx[VEC];
-#pragma unroll
-    for (int v = 0; v < VEC; ++v) {
-        m[v] = active ? mean[rl.cv * VEC + v] : A(0);
-        g[v] = gx[v] = 0;
-    }
-    A keep_x[B][VEC], keep_d[B][VEC];
-    for (index_t j = 0; j < batches; ++j) {
-        const index_t first = (j * rl.L + rl.lane) * B;
-        A xs[B][VEC], ds[B][VEC];
-#pragma unroll
-        for (int i = 0; i < B; ++i) {
-            if (first + i < M) {
-                load_pack<T, VEC>(x, (first + i) * C + col, xs[i]);
-                load_pack<T, VEC>(dy, (first + i) * C + col, ds[i]);
-            } else {
-#pragma unroll
-                for (int v = 0; v < VEC; ++v) xs[i][v] = ds[i][v] = 0;
-            }
-        }
-#pragma unroll
-        for (int i = 0; i < B; ++i) {
-#pragma unroll
-            for (int v = 0; v < VEC; ++v) {  // zeros past M add nothing
-                g[v] += ds[i][v];
-                gx[v] += ds[i][v] * (xs[i][v] - m[v]);
-            }
-        }
-        const index_t back = batches - 1 - j;
-        if (back == 0) {
-#pragma unroll
-            for (int i = 0; i < B; ++i)
-#pragma unroll
-                for (int v = 0; v < VEC; ++v) {
-                    keep_x[i][v] = xs[i][v];
-                    keep_d[i][v] = ds[i][v];
-                }
-        } else if (back <= SB) {
-#pragma unroll
-            for (int i = 0; i < B; ++i) {
-                Pack<T, VEC> px, pd;
-#pragma unroll
-                for (int v = 0; v < VEC; ++v) {
-                    px.v[v] = store<T>(xs[i][v]);
-                    pd.v[v] = store<T>(ds[i][v]);
-                }
-                xcache[(back - 1) * B + i][threadIdx.x] = px;
-                dcache[(back - 1) * B + i][threadIdx.x] = pd;
-            }
-        }
-    }
-    if (active) {
-#pragma unroll
-        for (int v = 0; v < VEC; ++v) {
-            const index_t o = (index_t)(rl.cv * VEC + v) * rl.L + rl.lane;
-            part_g[o] = g[v];
-            part_gx[o] = gx[v];
-        }
-        __threadfence();
-    }
-    int block, blocks;
-    grid_block(block, blocks);
-    const bool gathered = channel_barrier(arrive, 0, 2, blocks);
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const volatile A* pg = part_g;
-    const volatile A* pgx = part_gx;
-    for (int c = block; c < C; c += blocks) {
-        A sg = 0, sgx = 0;
-        for (int b0 = threadIdx.x; b0 < rl.L; b0 += BN_THREADS * ROWS_MERGE_AHEAD) {
-            A ag[ROWS_MERGE_AHEAD], agx[ROWS_MERGE_AHEAD];
-#pragma unroll
-            for (int u = 0; u < ROWS_MERGE_AHEAD; ++u) {
-                const int b = b0 + BN_THREADS * u;
-                const long long o = (long long)c * rl.L + b;
-                ag[u] = b < rl.L ? A(pg[o]) : A(0);
-                agx[u] = b < rl.L ? A(pgx[o]) : A(0);
-            }
-#pragma unroll
-            for (int u = 0; u < ROWS_MERGE_AHEAD; ++u) {
-                sg += ag[u];
-                sgx += agx[u];
-            }
-        }
-        sg = warp_down_sum(sg);
-        sgx = warp_down_sum(sgx);
-        if (lane == 0) {
-            merged[0][warp] = sg;
-            merged[1][warp] = sgx;
-        }
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            A tg = 0, tgx = 0;
-            for (int w = 0; w < BN_THREADS / 32; ++w) {
-                tg += merged[0][w];
-                tgx += merged[1][w];
-            }
-            tgx *= invstd[c];
-            if (!gathered) tg = tgx = barrier_failed<A>();
-            sums[c] = tg;
-            sums[C + c] = tgx;
-            dbeta[c] = store<P>(tg);
-            dgamma[c] = store<P>(tgx);
-            __threadfence();
-        }
-        __syncthreads();
-    }
-    const bool merged_all = channel_barrier(arrive, 1, 2, blocks);
-    if (!active || batches == 0) return;
-    const volatile A* vs = sums;
-    A s[VEC], scale[VEC], mean_dy[VEC], mean_dy_xhat[VEC];
-    const A n = A(M);
-#pragma unroll
-    for (int v = 0; v < VEC; ++v) {
-        const int c = rl.cv * VEC + v;
-        s[v] = invstd[c];
-        scale[v] = A(load(gamma[c])) * s[v];
-        mean_dy[v] = merged_all ? A(vs[c]) / n : barrier_failed<A>();
-        mean_dy_xhat[v] = A(vs[C + c]) / n;
-    }
-    {  // the last batch, from registers
-        const index_t first = ((batches - 1) * rl.L + rl.lane) * B;
-#pragma unroll
-        for (int i = 0; i < B; ++i) {
-            if (first + i < M) {
-                A out[VEC];
-#pragma unroll
-                for (int v = 0; v < VEC; ++v) {
-                    const A xhat = (keep_x[i][v] - m[v]) * s[v];
-                    out[v] = scale[v] * (keep_d[i][v] - mean_dy[v] - xhat * mean_dy_xhat[v]);
-                }
-                store_pack<T, VEC>(dx, (first + i) * C + col, out);
-            }
-        }
-    }
-#pragma unroll
-    for (int back = 1; back <= SB; ++back) {  // the cached batches
-        const index_t j = batches - 1 - back;
-        if (j >= 0) {
-            const index_t first = (j * rl.L + rl.lane) * B;
-#pragma unroll
-            for (int i = 0; i < B; ++i) {
-                if (first + i < M) {
-                    const Pack<T, VEC> px = xcache[(back - 1) * B + i][threadIdx.x];
-                    const Pack<T, VEC> pd = dcache[(back - 1) * B + i][threadIdx.x];
-                    A out[VEC];
-#pragma unroll
-                    for (int v = 0; v < VEC; ++v) {
-                        const A xhat = (A(load(px.v[v])) - m[v]) * s[v];
-                        out[v] = scale[v] * (A(load(pd.v[v])) - mean_dy[v] - xhat * mean_dy_xhat[v]);
-                    }
-                    store_pack<T, VEC>(dx, (first + i) * C + col, out);
-                }
-            }
-        }
-    }
-    for (index_t j = batches - 2 - SB; j >= 0; --j) {  // the rest, last to first
-        const index_t first = (j * rl.L + rl.lane) * B;
-        A xs[B][VEC], ds[B][VEC];
-#pragma unroll
-        for (int i = 0; i < B; ++i) {
-            if (first + i < M) {
-                load_pack<T, VEC>(x, (first + i) * C + col, xs[i]);
-                load_pack<T, VEC>(dy, (first + i) * C + col, ds[i]);
-            }
-        }
-#pragma unroll
-        for (int i = 0; i < B; ++i) {
-            if (first + i < M) {
-#pragma unroll
-                for (int v = 0; v < VEC; ++v) {
-                    const A xhat = (xs[i][v] - m[v]) * s[v];
-                    xs[i][v] = scale[v] * (ds[i][v] - mean_dy[v] - xhat * mean_dy_xhat[v]);
-                }
-                store_pack<T, VEC>(dx, (first + i) * C + col, xs[i]);
-            }
-        }
-    }
+    RowsBackwardOp<T, P, VEC> op;
+    op.mean = mean;
+    op.invstd = invstd;
+    op.gamma = gamma;
+    op.sums = sums;
+    op.dgamma = dgamma;
+    op.dbeta = dbeta;
+    op.C = C;
+    const T* const src[2] = {x, dy};
+    acc_t<T>* const parts[2] = {part_g, part_gx};
+    rows_fused<T, VEC>(op, src, dx, parts, M, C, cols, arrive);
 }
