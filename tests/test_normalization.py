@@ -306,6 +306,49 @@ def test_single_read_path_matches_two_pass_path(xp, rng, monkeypatch, prefetch, 
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_two_pass_finishes_each_channel_in_its_last_block(gpu, rng, monkeypatch, dtype):
+    """The two-pass kernels' pass 1 (batchnorm_statistics, batchnorm_backward_reduce)
+    finishes each channel in the last of its blocks to arrive (arrival counters):
+    statistics, running statistics and gradients (saved and recomputed statistics)
+    match the float64 reference, bitwise the same on every repeat (the counters are
+    back to zero after every launch), for channels of 1, 2 and 5 chunks."""
+    from dnnprims import normalization
+    monkeypatch.setattr(normalization, "FUSED", False)
+    cp = gpu
+    pdtype = np.float32 if dtype in (np.float16, _dtypes.BFLOAT16) else dtype
+    f64 = lambda a: _host(a).astype(np.float64)  # noqa: E731
+    for x_shape in ((3, 4, 7, 9), (2, 3, 64, 64), (5, 2, 64, 64)):
+        x = cp.asarray(random_array(rng, x_shape, dtype, low=-1, high=3))
+        dy = cp.asarray(random_array(rng, x_shape, dtype))
+        gamma, beta = (cp.asarray(a) for a in _params(rng, x_shape, "NCHW", pdtype))
+        c = x_shape[1]
+        results = []
+        for _ in range(3):
+            rm, rv = cp.zeros(c, pdtype), cp.ones(c, pdtype)
+            y, mean, invstd = batchnorm(x, gamma, beta, rm, rv, return_stats=True)
+            saved = batchnorm_backward(dy, x, gamma, mean=mean, invstd=invstd)
+            recomputed = batchnorm_backward(dy, x, gamma)
+            assert not _host(normalization._stream_workspace(cp).arrive).any()
+            results.append([_host(a) for a in (y, mean, invstd, rm, rv, *saved, *recomputed)])
+        for later in results[1:]:
+            for a, b in zip(results[0], later):
+                np.testing.assert_array_equal(a, b)
+        rm64, rv64 = np.zeros(c), np.ones(c)
+        y64 = batchnorm(f64(x), f64(gamma), f64(beta), rm64, rv64)
+        assert_close(results[0][0], y64, dtype, what="y")
+        assert_close(results[0][3], rm64, pdtype, what="running_mean")
+        assert_close(results[0][4], rv64, pdtype, what="running_var")
+        expect = batchnorm_backward(f64(dy), f64(x), f64(gamma))
+        x64, dy64 = f64(x), f64(dy)
+        centred = np.abs(x64 - x64.mean(axis=(0, 2, 3), keepdims=True))
+        magnitudes = dict(dgamma=(np.abs(dy64) * centred).sum(axis=(0, 2, 3)) / np.sqrt(x64.var(axis=(0, 2, 3)) + 1e-5),
+                          dbeta=np.abs(dy64).sum(axis=(0, 2, 3)))
+        for got in (results[0][5:8], results[0][8:11]):
+            for a, b, what in zip(got, expect, ("dx", "dgamma", "dbeta")):
+                assert_close(a, b, dtype, what=what, magnitude=magnitudes.get(what))
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 @pytest.mark.parametrize("x_shape,offset", [((3, 5, 7, 16), 0), ((3, 5, 7, 16), 1), ((2, 3, 3, 1100), 0),
                                             ((5000, 8), 0), ((1, 13, 3, 24), 0), ((7, 1, 1, 3), 0)])
 def test_channel_last_paths(xp, rng, dtype, x_shape, offset):
