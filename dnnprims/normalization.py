@@ -40,7 +40,7 @@ FAMILY = KernelFamily("batchnorm.cu", [
       for t, p in _TYPE_PAIRS for i in _INDEX_TYPES for v in (1, _VECTOR[t]) for f in _BOOL),
     *(f"batchnorm_backward_fused<{t}, {p}, {i}, {v}>"
       for t, p in _TYPE_PAIRS for i in _INDEX_TYPES for v in (1, _VECTOR[t])),
-    *(f"batchnorm_train_grouped<{t}, {p}, {i}, {_VECTOR[t]}, {g}>"
+    *(f"batchnorm_{k}_grouped<{t}, {p}, {i}, {_VECTOR[t]}, {g}>" for k in ("train", "backward")
       for t, p in _TYPE_PAIRS for i in _INDEX_TYPES for g in (2, 4, 8) if g <= _VECTOR[t]),
     # channel-last (inner == 1) paths
     *(f"batchnorm_rows_{k}<{t}, {i}, {v}>" for k in ("statistics", "backward_reduce")
@@ -112,7 +112,7 @@ def _forward_key(x, gamma, beta, running_mean, running_var, training, momentum, 
     return (x.shape, x.dtype, data.device_id, _vector_key(gamma), _vector_key(beta),
             _vector_key(running_mean), _vector_key(running_var), type(training), training,
             type(momentum), momentum, type(eps), eps, layout, FUSED, FUSED_PREFETCH,
-            FUSED_FORWARD_MIN_BYTES, FLAT_INFERENCE, GROUPED_TRAINING, ROWS_FUSED, ROWS_FUSED_MIN_ROWS,
+            FUSED_FORWARD_MIN_BYTES, FLAT_INFERENCE, GROUPED, ROWS_FUSED, ROWS_FUSED_MIN_ROWS,
             _current_device(), _current_stream().ptr)
 
 
@@ -125,7 +125,7 @@ def _backward_key(dy, x, gamma, mean, invstd, eps, layout):
         return None
     return ("backward", dy.shape, dy.dtype, dy_data.device_id, x.shape, x.dtype, x_data.device_id,
             _vector_key(gamma), _vector_key(mean), _vector_key(invstd), type(eps), eps, layout, FUSED,
-            FUSED_BACKWARD_16BIT_SPLITS, ROWS_FUSED, ROWS_FUSED_MIN_ROWS, _current_device(),
+            FUSED_BACKWARD_16BIT_SPLITS, GROUPED, ROWS_FUSED, ROWS_FUSED_MIN_ROWS, _current_device(),
             _current_stream().ptr)
 
 
@@ -309,22 +309,24 @@ FUSED = True
 FUSED_BACKWARD_16BIT_SPLITS = False
 FUSED_FORWARD_MIN_BYTES = 1 << 62
 FUSED_PREFETCH = True  # the variant that loads the next round's chunk during the barrier
-# Training forward of small channels whose inner size is not a multiple of the
-# vector width (a 7x7 plane): batchnorm_train_grouped, G = VEC / gcd(inner, VEC)
-# channels per block so that each sample's G channels are whole 16-byte vectors,
-# one launch that reads x once (instead of the fused kernel's 4-byte accesses).
-# Used when C % G == 0, x and y are 16-byte aligned and a block's G * N * inner
-# values fit its registers (_GROUP_VALUES).  False: the fused / two-pass paths.
-# H100, 32x2048x7x7 fp32: 0.020 ms against 0.036 for the fused one-chunk kernel.
-GROUPED_TRAINING = True
+# Training forward and backward (saved statistics) of small channels whose
+# inner size is not a multiple of the vector width (a 7x7 plane):
+# batchnorm_{train,backward}_grouped, G = VEC / gcd(inner, VEC) channels per
+# block so that each sample's G channels are whole 16-byte vectors, one launch
+# that reads x (and dy) once (instead of the fused kernels' 4-byte accesses).
+# Used when C % G == 0, the tensors are 16-byte aligned and a block's G * N *
+# inner values fit its registers (_GROUP_VALUES).  False: the fused / two-pass
+# paths.  H100, 32x2048x7x7 fp32: training 0.020 ms against 0.036 for the fused
+# one-chunk kernel (notes/norms3.md); backward: notes/bnorm.md.
+GROUPED = True
 # BN_THREADS * group_items<T>() * VEC in kernels/batchnorm.cu
 _GROUP_VALUES = {"half_t": 8192, "bfloat16_t": 8192, "float": 8192, "double": 4096}
 
 
-def _train_group(t, channels, outer, inner, aligned):
-    """G of batchnorm_train_grouped for this call, or 0 when it does not apply."""
+def _group(t, channels, outer, inner, aligned):
+    """G of batchnorm_{train,backward}_grouped for this call, or 0 when they do not apply."""
     vec = _VECTOR[t]
-    if not (GROUPED_TRAINING and aligned) or inner % vec == 0:
+    if not (GROUPED and aligned) or inner % vec == 0:
         return 0
     group = vec // math.gcd(inner, vec)
     if channels % group or group * outer * inner > _GROUP_VALUES[t]:
@@ -614,7 +616,7 @@ def _forward_plan(cp, x, y, pdtype, channels, outer, inner, training, update, mo
     key = (cp.cuda.runtime.getDevice(), cp.cuda.get_current_stream().ptr, x.shape, x.dtype,
            np.dtype(pdtype), channels, inner, aligned, training, update, float(momentum), float(eps),
            no_gamma, no_beta, FUSED, FUSED_PREFETCH, FUSED_FORWARD_MIN_BYTES, FLAT_INFERENCE,
-           GROUPED_TRAINING)
+           GROUPED)
     return _cached_plan(key, lambda: _build_forward_plan(
         cp, x, y, pdtype, channels, outer, inner, training, update, float(momentum), float(eps),
         no_gamma, no_beta, aligned))
@@ -634,7 +636,7 @@ def _build_forward_plan(cp, x, y, pdtype, channels, outer, inner, training, upda
     stats = (cp.empty(channels, acc), cp.empty(channels, acc))
     launches = []
     t = _dtypes.cuda_type(x.dtype)
-    group = _train_group(t, channels, outer, inner, aligned) if training else 0
+    group = _group(t, channels, outer, inner, aligned) if training else 0
     if group:
         index_t = index_type(x.size + _BLOCK * _GROUP_VALUES[t])
         it = np.int32 if index_t == "int" else np.int64
@@ -727,7 +729,7 @@ def _backward_plan(cp, x, dy, dx, pdtype, channels, outer, inner, recompute, eps
     aligned = not (x.data.ptr | dy.data.ptr | dx.data.ptr) & 15
     key = ("backward", cp.cuda.runtime.getDevice(), cp.cuda.get_current_stream().ptr, x.shape, x.dtype,
            np.dtype(pdtype), channels, inner, aligned, recompute, float(eps), no_gamma, FUSED,
-           FUSED_BACKWARD_16BIT_SPLITS)
+           FUSED_BACKWARD_16BIT_SPLITS, GROUPED)
     return _cached_plan(key, lambda: _build_backward_plan(
         cp, x, dy, dx, pdtype, channels, outer, inner, recompute, float(eps), no_gamma, aligned))
 
@@ -742,6 +744,15 @@ def _build_backward_plan(cp, x, dy, dx, pdtype, channels, outer, inner, recomput
     launch = _launch_of(x, channels, outer, inner, (x, dy, dx))
     work = _stream_workspace(cp)
     launches = []
+    t = _dtypes.cuda_type(x.dtype)
+    group = 0 if recompute else _group(t, channels, outer, inner, aligned)
+    if group:
+        index_t = index_type(x.size + _BLOCK * _GROUP_VALUES[t])
+        it = np.int32 if index_t == "int" else np.int64
+        launches.append(FAMILY.prepare(
+            f"batchnorm_backward_grouped<{t}, {pt}, {index_t}, {_VECTOR[t]}, {group}>", (channels // group,),
+            (_BLOCK,), (X, DY, A.ARRAY2, A.ARRAY3, gamma, DX, DGAMMA, DBETA, it(outer), it(channels), it(inner))))
+        return _Plan(launches, aligned)
     sixteen = x.dtype.itemsize == 2 and launch.splits > 1 and not FUSED_BACKWARD_16BIT_SPLITS
     if not recompute and FUSED and fused_allowed and not sixteen:
         spec = launch.spec("batchnorm_backward_fused", pt)

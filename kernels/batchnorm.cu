@@ -37,7 +37,8 @@
 // Channel-last x (inner == 1: NHWC, 2-D) runs the rows kernels at the end of
 // this file instead (vectorised along C).  Small channels whose inner size is
 // not a multiple of VEC (7x7 planes) keep 16-byte accesses through
-// batchnorm_train_grouped (training: G channels per block, one launch) and
+// batchnorm_train_grouped / batchnorm_backward_grouped (training forward /
+// backward with saved statistics: G channels per block, one launch) and
 // batchnorm_infer_flat (inference: x as one flat array).
 //
 // The chunk kernels share their passes through the device helpers below
@@ -498,22 +499,26 @@ batchnorm_infer_flat(const T* __restrict__ x, T* __restrict__ y, acc_t<T>* __res
     }
 }
 
-// Training forward in ONE launch with 16-byte accesses for small channels
-// whose inner size is not a multiple of VEC (ResNet's 7x7 = 49: the chunk and
-// fused kernels fall back to 4-byte accesses there).  Block b owns the G
-// channels c0 = b * G .. c0 + G - 1, with G * inner % VEC == 0 (the host picks
-// G = VEC / gcd(inner, VEC) and needs C % G == 0 and 16-byte aligned x, y), so
-// for each outer index o those channels are one contiguous, aligned segment of
-// SV = G * inner / VEC vectors.  Thread t loads vectors q = k * BN_THREADS + t
-// (k < ITEMS) of the block's outer * SV, all before any use: o = q / SV, p =
-// q % SV, offset (o * C + c0) * inner + p * VEC.  A vector's values may belong
-// to two channels (several when inner < VEC): value v of vector p is in local
-// channel (p * VEC + v) / inner, stepped as in batchnorm_infer_flat.  Per-
-// thread sums per local channel -> G block sums with one pair of barriers ->
-// means; the squared deviations the same way (two-pass exact, like a one-chunk
-// channel of the chunk path) -> invstd; y from the registers: x is read once.
-// The host uses it only when the block's G * outer * inner values fit
-// (BN_THREADS * ITEMS * VEC, ITEMS = group_items<T>()).
+// Training forward and backward (saved statistics) in ONE launch with 16-byte
+// accesses for small channels whose inner size is not a multiple of VEC
+// (ResNet's 7x7 = 49: the chunk and fused kernels fall back to 4-byte
+// accesses there).  Block b owns the G channels c0 = b * G .. c0 + G - 1, with
+// G * inner % VEC == 0 (the host picks G = VEC / gcd(inner, VEC) and needs
+// C % G == 0 and 16-byte aligned tensors), so for each outer index o those
+// channels are one contiguous, aligned segment of SV = G * inner / VEC
+// vectors.  Thread t loads vectors q = k * BN_THREADS + t (k < ITEMS) of the
+// block's outer * SV, all before any use: o = q / SV, p = q % SV, offset
+// (o * C + c0) * inner + p * VEC.  A vector's values may belong to two
+// channels (several when inner < VEC): value v of vector p is in local
+// channel (p * VEC + v) / inner, stepped as in batchnorm_infer_flat
+// (GroupTile::each).  Per-thread sums per local channel -> G block sums with
+// one pair of barriers.  Forward: the means, then the squared deviations the
+// same way (two-pass exact, like a one-chunk channel of the chunk path) ->
+// invstd; y from the registers: x is read once.  Backward: sum(dy) and
+// sum(dy * (x - mean)) per channel at once -> dbeta, dgamma; dx from the
+// registers: x and dy are read once.  The host uses them only when the
+// block's G * outer * inner values fit (BN_THREADS * ITEMS * VEC, ITEMS =
+// group_items<T>()).
 template <typename T>
 __host__ __device__ constexpr int group_items() {
     return sizeof(T) == 8 ? 8 : 32 / (16 / (int)sizeof(T));
@@ -546,6 +551,86 @@ __device__ __forceinline__ A pick(const A (&v)[G], int ch) {
     return r;
 }
 
+// The block's vectors of a grouped kernel (see above): where vector k of this
+// thread lives and the local channel / position of its first value.
+template <int VEC, int ITEMS, int G, typename index_t>
+struct GroupTile {
+    index_t SV, total, base, C, inner;
+    int ch0[ITEMS], r0[ITEMS];
+
+    __device__ __forceinline__ GroupTile(index_t outer, index_t C_, index_t inner_) {
+        C = C_;
+        inner = inner_;
+        SV = (index_t)G * inner / VEC;
+        total = outer * SV;
+        base = (index_t)blockIdx.x * G * inner;
+#pragma unroll
+        for (int k = 0; k < ITEMS; ++k) {
+            const index_t q = (index_t)(k * BN_THREADS + threadIdx.x);
+            ch0[k] = 0;
+            r0[k] = 0;
+            if (q < total) {
+                const index_t e = (q - q / SV * SV) * VEC, ch = e / inner;
+                ch0[k] = (int)ch;
+                r0[k] = (int)(e - ch * inner);
+            }
+        }
+    }
+    __device__ __forceinline__ bool has(int k) const {
+        return (index_t)(k * BN_THREADS + threadIdx.x) < total;
+    }
+    __device__ __forceinline__ index_t offset(int k) const {
+        const index_t q = (index_t)(k * BN_THREADS + threadIdx.x);
+        const index_t o = q / SV;
+        return o * C * inner + base + (q - o * SV) * VEC;
+    }
+    template <typename T, typename A>
+    __device__ __forceinline__ void load(const T* __restrict__ p, A (&vals)[ITEMS][VEC]) const {
+#pragma unroll
+        for (int k = 0; k < ITEMS; ++k)
+            if (has(k)) load_pack<T, VEC>(p, offset(k), vals[k]);
+    }
+    // f(k, v, ch) for every value this thread holds: vector k, value v, local channel ch.
+    template <typename F>
+    __device__ __forceinline__ void each(F f) const {
+#pragma unroll
+        for (int k = 0; k < ITEMS; ++k) {
+            if (has(k)) {
+                int ch = ch0[k], r = r0[k];
+#pragma unroll
+                for (int v = 0; v < VEC; ++v) {
+                    f(k, v, ch);
+                    if (++r == (int)inner) {
+                        r = 0;
+                        ++ch;
+                    }
+                }
+            }
+        }
+    }
+    // p[vector k] = f(k, v, ch) for every vector this thread holds.
+    template <typename T, typename F>
+    __device__ __forceinline__ void store(T* __restrict__ p, F f) const {
+#pragma unroll
+        for (int k = 0; k < ITEMS; ++k) {
+            if (has(k)) {
+                typedef decltype(f(0, 0, 0)) A;
+                A out[VEC];
+                int ch = ch0[k], r = r0[k];
+#pragma unroll
+                for (int v = 0; v < VEC; ++v) {
+                    out[v] = f(k, v, ch);
+                    if (++r == (int)inner) {
+                        r = 0;
+                        ++ch;
+                    }
+                }
+                store_pack<T, VEC>(p, offset(k), out);
+            }
+        }
+    }
+};
+
 template <typename T, typename P, typename index_t, int VEC, int G>
 __global__ void __launch_bounds__(BN_THREADS)
 batchnorm_train_grouped(const T* __restrict__ x, T* __restrict__ y, acc_t<T>* __restrict__ mean_out,
@@ -557,43 +642,17 @@ batchnorm_train_grouped(const T* __restrict__ x, T* __restrict__ y, acc_t<T>* __
     constexpr int ITEMS = group_items<T>();
     __shared__ A scratch[32 * G];
     const int c0 = (int)blockIdx.x * G;
-    const index_t SV = (index_t)G * inner / VEC;
-    const index_t total = outer * SV;
-    const index_t base = (index_t)c0 * inner;
+    const GroupTile<VEC, ITEMS, G, index_t> tile(outer, C, inner);
     A vals[ITEMS][VEC];
-    int ch0[ITEMS], r0[ITEMS];  // local channel and position in it of each vector's first value
-#pragma unroll
-    for (int k = 0; k < ITEMS; ++k) {
-        const index_t q = (index_t)(k * BN_THREADS + threadIdx.x);
-        ch0[k] = 0;
-        r0[k] = 0;
-        if (q < total) {
-            const index_t o = q / SV, p = q - o * SV;
-            load_pack<T, VEC>(x, o * C * inner + base + p * VEC, vals[k]);
-            const index_t e = p * VEC, ch = e / inner;
-            ch0[k] = (int)ch;
-            r0[k] = (int)(e - ch * inner);
-        }
-    }
+    tile.load(x, vals);
     A sum[G];
 #pragma unroll
     for (int g = 0; g < G; ++g) sum[g] = 0;
+    tile.each([&](int k, int v, int ch) {
 #pragma unroll
-    for (int k = 0; k < ITEMS; ++k) {
-        if ((index_t)(k * BN_THREADS + threadIdx.x) < total) {
-            int ch = ch0[k], r = r0[k];
-#pragma unroll
-            for (int v = 0; v < VEC; ++v) {
-#pragma unroll
-                for (int g = 0; g < G; ++g)
-                    if (ch == g) sum[g] += vals[k][v];
-                if (++r == (int)inner) {
-                    r = 0;
-                    ++ch;
-                }
-            }
-        }
-    }
+        for (int g = 0; g < G; ++g)
+            if (ch == g) sum[g] += vals[k][v];
+    });
     block_sums<G>(sum, scratch);
     const A count = A(outer * inner);
     A mean[G], m2[G];
@@ -602,23 +661,12 @@ batchnorm_train_grouped(const T* __restrict__ x, T* __restrict__ y, acc_t<T>* __
         mean[g] = sum[g] / count;
         m2[g] = 0;
     }
+    tile.each([&](int k, int v, int ch) {
+        const A d = vals[k][v] - pick<G>(mean, ch);
 #pragma unroll
-    for (int k = 0; k < ITEMS; ++k) {
-        if ((index_t)(k * BN_THREADS + threadIdx.x) < total) {
-            int ch = ch0[k], r = r0[k];
-#pragma unroll
-            for (int v = 0; v < VEC; ++v) {
-                const A d = vals[k][v] - pick<G>(mean, ch);
-#pragma unroll
-                for (int g = 0; g < G; ++g)
-                    if (ch == g) m2[g] += d * d;
-                if (++r == (int)inner) {
-                    r = 0;
-                    ++ch;
-                }
-            }
-        }
-    }
+        for (int g = 0; g < G; ++g)
+            if (ch == g) m2[g] += d * d;
+    });
     block_sums<G>(m2, scratch);
     A scale[G], shift[G];
 #pragma unroll
@@ -632,24 +680,60 @@ batchnorm_train_grouped(const T* __restrict__ x, T* __restrict__ y, acc_t<T>* __
         scale[g] = invstd * A(load(gamma[c0 + g]));
         shift[g] = A(load(beta[c0 + g]));
     }
+    tile.store(y, [&](int k, int v, int ch) {
+        return (vals[k][v] - pick<G>(mean, ch)) * pick<G>(scale, ch) + pick<G>(shift, ch);
+    });
+}
+
+template <typename T, typename P, typename index_t, int VEC, int G>
+__global__ void __launch_bounds__(BN_THREADS)
+batchnorm_backward_grouped(const T* __restrict__ x, const T* __restrict__ dy, const acc_t<T>* __restrict__ mean,
+                           const acc_t<T>* __restrict__ invstd, const P* __restrict__ gamma, T* __restrict__ dx,
+                           P* __restrict__ dgamma, P* __restrict__ dbeta, index_t outer, index_t C,
+                           index_t inner) {
+    typedef acc_t<T> A;
+    constexpr int ITEMS = group_items<T>();
+    __shared__ A scratch[32 * 2 * G];
+    const int c0 = (int)blockIdx.x * G;
+    const GroupTile<VEC, ITEMS, G, index_t> tile(outer, C, inner);
+    A xs[ITEMS][VEC], ds[ITEMS][VEC];
+    tile.load(x, xs);
+    tile.load(dy, ds);
+    A m[G], s[G], sums[2 * G];  // sums: sum(dy) per channel, then sum(dy * (x - mean))
 #pragma unroll
-    for (int k = 0; k < ITEMS; ++k) {
-        const index_t q = (index_t)(k * BN_THREADS + threadIdx.x);
-        if (q < total) {
-            int ch = ch0[k], r = r0[k];
-            A out[VEC];
-#pragma unroll
-            for (int v = 0; v < VEC; ++v) {
-                out[v] = (vals[k][v] - pick<G>(mean, ch)) * pick<G>(scale, ch) + pick<G>(shift, ch);
-                if (++r == (int)inner) {
-                    r = 0;
-                    ++ch;
-                }
-            }
-            const index_t o = q / SV, p = q - o * SV;
-            store_pack<T, VEC>(y, o * C * inner + base + p * VEC, out);
-        }
+    for (int g = 0; g < G; ++g) {
+        m[g] = mean[c0 + g];
+        s[g] = invstd[c0 + g];
+        sums[g] = sums[G + g] = 0;
     }
+    tile.each([&](int k, int v, int ch) {
+        const A d = ds[k][v], xc = xs[k][v] - pick<G>(m, ch);
+#pragma unroll
+        for (int g = 0; g < G; ++g) {
+            if (ch == g) {
+                sums[g] += d;
+                sums[G + g] += d * xc;
+            }
+        }
+    });
+    block_sums<2 * G>(sums, scratch);
+    const A n = A(outer * inner);
+    A scale[G], mean_dy[G], mean_dy_xhat[G];
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+        const A gx = sums[G + g] * s[g];
+        if ((int)threadIdx.x == g) {
+            dbeta[c0 + g] = store<P>(sums[g]);
+            dgamma[c0 + g] = store<P>(gx);
+        }
+        scale[g] = A(load(gamma[c0 + g])) * s[g];
+        mean_dy[g] = sums[g] / n;
+        mean_dy_xhat[g] = gx / n;
+    }
+    tile.store(dx, [&](int k, int v, int ch) {
+        const A xhat = (xs[k][v] - pick<G>(m, ch)) * pick<G>(s, ch);
+        return pick<G>(scale, ch) * (ds[k][v] - pick<G>(mean_dy, ch) - xhat * pick<G>(mean_dy_xhat, ch));
+    });
 }
 
 // Pass 1 of the backward: per chunk, sum(dy) and sum(dy * xhat) into part_dy /
