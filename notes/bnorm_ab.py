@@ -113,3 +113,43 @@ for r in rows:
           f" {'-' if d is None else f'{d:.1e}':>8s}")
 if len(sys.argv) > 3 and sys.argv[2] == "--json":
     json.dump(rows, open(sys.argv[3], "w"), indent=1)
+
+
+def kernel_profile(label, fn, calls=5):
+    """GPU kernels of `fn` (CUPTI through torch.profiler: CuPy's launches too), us per call."""
+    from torch.profiler import ProfilerActivity, profile
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    for e in prof.key_averages():
+        total = getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0)
+        if total:
+            print(f"  {label:22s} {e.count // calls:2d}x {total / calls:8.1f} us/call  {e.key[:90]}")
+
+
+print("\nkernels per call (torch.profiler), bn_big_nhwc fp32 and bn_big_f16:")
+try:
+    for name, shape, layout, dtype in PROBLEMS[:2]:
+        x = cp.asarray(rng.uniform(-1, 3, shape).astype(dtype))
+        dy = cp.asarray(rng.uniform(-1, 1, shape).astype(dtype))
+        c = shape[1] if layout == "NCHW" else shape[-1]
+        gamma, beta = cp.ones(c, np.float32), cp.zeros(c, np.float32)
+        _, mean, invstd = new.batchnorm(x, gamma, beta, layout=layout, return_stats=True)
+        tx, tdy = torch.as_tensor(x, device="cuda"), torch.as_tensor(dy, device="cuda")
+        if layout == "NHWC":
+            tx, tdy = tx.permute(0, 3, 1, 2), tdy.permute(0, 3, 1, 2)
+        tg, tb = torch.as_tensor(gamma, device="cuda"), torch.as_tensor(beta, device="cuda")
+        txg = tx.detach().clone().requires_grad_()
+        ty = F.batch_norm(txg, None, None, tg, tb, training=True)
+        kernel_profile(f"{name} new train", lambda: new.batchnorm(x, gamma, beta, layout=layout))
+        kernel_profile(f"{name} torch train", lambda: F.batch_norm(tx, None, None, tg, tb, training=True))
+        kernel_profile(f"{name} new backward",
+                       lambda: new.batchnorm_backward(dy, x, gamma, mean=mean, invstd=invstd, layout=layout))
+        kernel_profile(f"{name} torch backward", lambda: torch.autograd.grad(ty, (txg,), tdy, retain_graph=True))
+        del x, dy, tx, tdy, txg, ty
+        cp.get_default_memory_pool().free_all_blocks()
+except Exception as e:  # the A/B table above is what matters
+    print("profile failed:", type(e).__name__, e)

@@ -1,6 +1,6 @@
-"""Compile the batch-norm kernels of another checkout (the A/B's "old" tree) in
-parallel, filling CuPy's on-disk cache before notes/bnorm_ab.py imports that tree.
-    python notes/bnorm_warm_old.py ROOT [processes]"""
+"""Compile the batch-norm kernels of a checkout (this tree, or the A/B's "old"
+tree) in parallel, filling CuPy's on-disk cache before tests / notes/bnorm_ab.py.
+    python notes/bnorm_warm.py ROOT [processes]"""
 import multiprocessing
 import sys
 from concurrent.futures import ProcessPoolExecutor
@@ -24,4 +24,4 @@ if __name__ == "__main__":
     names = sorted({e.split("<", 1)[0] for e in normalization.FAMILY.name_expressions})
     with ProcessPoolExecutor(int(sys.argv[2]) if len(sys.argv) > 2 else 8,
                              mp_context=multiprocessing.get_context("spawn")) as pool:
-        print("warm old:", " ".join(pool.map(_compile, [(root, n) for n in names])), flush=True)
+        print(f"warm {root}:", " ".join(pool.map(_compile, [(root, n) for n in names])), flush=True)
