@@ -28,7 +28,9 @@ _CHUNK = 4096  # values of one channel per block: BN_CHUNK in kernels/batchnorm.
 _BOOL = ("false", "true")
 
 FAMILY = KernelFamily("batchnorm.cu", [
-    *(f"batchnorm_{k}<{t}, {p}, {i}, {v}>" for k in ("statistics", "backward_reduce")
+    *(f"batchnorm_statistics<{t}, {p}, {i}, {v}, {f}>"
+      for t, p in _TYPE_PAIRS for i in _INDEX_TYPES for v in (1, _VECTOR[t]) for f in _BOOL),
+    *(f"batchnorm_backward_reduce<{t}, {p}, {i}, {v}>"
       for t, p in _TYPE_PAIRS for i in _INDEX_TYPES for v in (1, _VECTOR[t])),
     *(f"batchnorm_normalize<{t}, {p}, {i}, {v}, {m}>"
       for t, p in _TYPE_PAIRS for i in _INDEX_TYPES for v in (1, _VECTOR[t]) for m in _BOOL),
@@ -233,10 +235,11 @@ def batchnorm_backward(dy, x, gamma, *, eps=1e-5, mean=None, invstd=None, layout
 
 # ---------------------------------------------------------------------- GPU path
 # kernels/batchnorm.cu: one block per chunk of _CHUNK values of one channel;
-# training forward = statistics + normalize (2 launches), backward = reduce +
-# data (2, or 3 when the statistics must be recomputed).  Each pass 1 finishes
-# its channels' statistics (resp. sums) in the channel's last block, through
-# the stream workspace's arrival counters (_counters).
+# training forward = statistics + normalize (2 launches, every normalize block
+# merges its channel's partials), backward = reduce + data (2, or 3 when the
+# statistics must be recomputed); the backward's pass 1 finishes its channels'
+# sums (and recomputed statistics) in the channel's last block, through the
+# stream workspace's arrival counters (_counters).
 
 def _scalar(acc):
     return np.float32 if acc == np.float32 else np.float64
@@ -660,12 +663,16 @@ def _build_forward_plan(cp, x, y, pdtype, channels, outer, inner, training, upda
                 (X, Y, part_mean, part_m2, MEAN, INVSTD, rm, rv, gamma, beta, *launch.shape,
                  np.int32(per_round), work.arrive, real(eps), real(momentum), real(n / (n - 1)),
                  np.int32(update)), cooperative=True, fallback=two_pass))
-        else:
-            launches.append(_statistics_launch(cp, launch, acc, pt, channels, X, MEAN, INVSTD, rm, rv, update,
-                                               real(eps), real(momentum), real(n / (n - 1))))
+        else:  # pass 2 merges the partials in every block (faster here than finishing in pass 1)
+            part_mean, part_m2 = _stream_workspace(cp).partials(cp, acc, launch.grid[0])
+            launches.append(FAMILY.prepare(
+                launch.spec("batchnorm_statistics", pt, "false"), launch.grid, (_BLOCK,),
+                (X, part_mean, part_m2, MEAN, INVSTD, rm, rv, *launch.shape, real(eps), real(momentum),
+                 real(n / (n - 1)), np.int32(update), _counters(cp, channels))))
             launches.append(FAMILY.prepare(
                 launch.spec("batchnorm_normalize", pt, "true"), launch.grid, (_BLOCK,),
-                (X, Y, MEAN, INVSTD, rm, rv, gamma, beta, *launch.shape, real(eps), np.int32(1))))
+                (X, Y, part_mean, part_m2, MEAN, INVSTD, rm, rv, gamma, beta, *launch.shape, real(eps),
+                 real(momentum), real(n / (n - 1)), np.int32(update), np.int32(1))))
     elif FLAT_INFERENCE and inner % _VECTOR[t]:
         spec, grid, shape = _flat_launch(x, y, channels, inner, pt)
         launches.append(FAMILY.prepare(spec, grid, (_BLOCK,),
@@ -674,7 +681,8 @@ def _build_forward_plan(cp, x, y, pdtype, channels, outer, inner, training, upda
         launch = _launch_of(x, channels, outer, inner, (x, y))
         launches.append(FAMILY.prepare(
             launch.spec("batchnorm_normalize", pt, "false"), launch.grid, (_BLOCK,),
-            (X, Y, MEAN, INVSTD, rm, rv, gamma, beta, *launch.shape, real(eps), np.int32(0))))
+            (X, Y, MEAN, INVSTD, MEAN, INVSTD, rm, rv, gamma, beta, *launch.shape, real(eps), real(0),
+             real(1), np.int32(0), np.int32(0))))
     return _Plan(launches, aligned, stats)
 
 
@@ -686,13 +694,6 @@ def _counters(cp, channels):
     return work.arrive
 
 
-def _statistics_launch(cp, launch, acc, pt, channels, x, mean, invstd, rm, rv, update, eps, momentum, unbias):
-    """Pass 1 of the two-pass training statistics: chunk partials, merged by each
-    channel's last block into mean / invstd (and the running statistics)."""
-    part_mean, part_m2 = _stream_workspace(cp).partials(cp, acc, launch.grid[0])
-    return FAMILY.prepare(launch.spec("batchnorm_statistics", pt), launch.grid, (_BLOCK,),
-                          (x, part_mean, part_m2, mean, invstd, rm, rv, *launch.shape, eps, momentum, unbias,
-                           np.int32(update), _counters(cp, channels)))
 
 
 def _batchnorm_gpu(cp, x, gamma, beta, running_mean, running_var, training, momentum, eps, return_stats,
@@ -771,8 +772,11 @@ def _build_backward_plan(cp, x, dy, dx, pdtype, channels, outer, inner, recomput
     if recompute:  # statistics first, into the plan's own vectors (stream order)
         mean, invstd = cp.empty(channels, acc), cp.empty(channels, acc)
         real = _scalar(acc)
-        launches.append(_statistics_launch(cp, launch, acc, pt, channels, X, mean, invstd, mean, mean, False,
-                                           real(eps), real(0), real(1)))
+        part_mean, part_m2 = work.partials(cp, acc, launch.grid[0])
+        launches.append(FAMILY.prepare(
+            launch.spec("batchnorm_statistics", pt, "true"), launch.grid, (_BLOCK,),
+            (X, part_mean, part_m2, mean, invstd, mean, mean, *launch.shape, real(eps), real(0), real(1),
+             np.int32(0), _counters(cp, channels))))
     else:
         mean, invstd = A.ARRAY2, A.ARRAY3
     part_dy, part_dy_xhat = work.partials(cp, acc, launch.grid[0], slot=1)

@@ -22,12 +22,16 @@
 // from it -- two-pass exact per chunk; chunks are merged with Chan's pairwise
 // formula in a fixed order (warp 0, lane-strided then a shuffle tree), so
 // results are bitwise reproducible and exact enough for any data, unlike
-// E[x^2] - E[x]^2.  The merge runs once per channel, in the last block of the
-// channel to finish pass 1 (an arrival counter: last_to_arrive), which writes
-// mean/invstd and the running statistics; pass 2 reads two values.  (Before,
-// every block of pass 2 redid the merge: a chain of L2 loads and shuffles
-// before its first load, which a 16-bit chunk -- 16 KB of traffic -- could
-// not hide.)  The backward's pass 1 finishes its sums the same way.
+// E[x^2] - E[x]^2.  The merge is redone by every block of pass 2 (a few
+// dozen values from L2) instead of a separate launch; the block of chunk 0
+// writes mean/invstd and the running statistics.  The backward's pass 1
+// (batchnorm_backward_reduce, and batchnorm_statistics when it recomputes the
+// statistics) instead finishes each channel in the last of its blocks to
+// arrive (an arrival counter: last_to_arrive), so its pass 2 reads two values.
+// H100 (notes/bnorm.md): that finish is a win in the backward (bn_big float16
+// 0.1875 against 0.1896 ms) and a loss in the training forward (0.1265 against
+// 0.1233: the statistics kernel, latency-bound at 1.9 TB/s, pays the fence and
+// atomic; the normalize pass runs at copy speed either way).
 //
 // The floor is: read x twice, write y once (forward); read x and dy twice,
 // write dx once (backward).  Pass 2 walks the chunks in the reverse order of
@@ -366,11 +370,14 @@ __device__ __forceinline__ bool last_to_arrive(unsigned* __restrict__ counter, i
 }
 
 // Pass 1 of the training statistics: each block's chunk mean and sum of
-// squared deviations from it into part_mean / part_m2 [C * splits]; the last
-// block of channel c to finish (arrive[c]) merges them (channel_statistics,
-// the fixed order: the result does not depend on which block is last) and
-// writes mean / invstd and, when update_running is set, the running statistics.
-template <typename T, typename P, typename index_t, int VEC>
+// squared deviations from it into part_mean / part_m2 [C * splits].  FINISH
+// (the backward's recomputed statistics): the last block of channel c to
+// finish (arrive[c]) merges them (channel_statistics, the fixed order: the
+// result does not depend on which block is last) and writes mean / invstd
+// (and the running statistics when update_running is set).  The training
+// forward does not finish here: its pass 2 (batchnorm_normalize) merges in
+// every block, which measured faster (see the file header).
+template <typename T, typename P, typename index_t, int VEC, bool FINISH>
 __global__ void __launch_bounds__(BN_THREADS)
 batchnorm_statistics(const T* __restrict__ x, acc_t<T>* __restrict__ part_mean, acc_t<T>* __restrict__ part_m2,
                      acc_t<T>* __restrict__ mean_out, acc_t<T>* __restrict__ invstd_out,
@@ -391,7 +398,7 @@ batchnorm_statistics(const T* __restrict__ x, acc_t<T>* __restrict__ part_mean, 
         part_mean[blockIdx.x] = mean;
         part_m2[blockIdx.x] = m2;
     }
-    if (last_to_arrive(arrive + c, splits)) {
+    if (FINISH && last_to_arrive(arrive + c, splits)) {
         A invstd;
         channel_statistics((const volatile A*)part_mean, (const volatile A*)part_m2, c, 0, splits, n, eps,
                            mean_out, invstd_out, running_mean, running_var, momentum, unbias, update_running,
@@ -399,15 +406,19 @@ batchnorm_statistics(const T* __restrict__ x, acc_t<T>* __restrict__ part_mean, 
     }
 }
 
-// y = (x - mean[c]) * invstd[c] * gamma[c] + beta[c].  TRAINING: mean / invstd
-// are batchnorm_statistics' (mean_io / invstd_io).  Inference: they come from
-// the running statistics; chunk 0 writes them to mean_io / invstd_io.
+// y = (x - mean[c]) * invstd[c] * gamma[c] + beta[c].
+// TRAINING: the statistics come from pass 1's partials; the block of chunk 0
+// writes mean/invstd and, when update_running is set, the running statistics
+// (write_statistics).  Inference: mean/invstd come from the running
+// statistics; chunk 0 writes them out.
 template <typename T, typename P, typename index_t, int VEC, bool TRAINING>
 __global__ void __launch_bounds__(BN_THREADS)
-batchnorm_normalize(const T* __restrict__ x, T* __restrict__ y, acc_t<T>* __restrict__ mean_io,
-                    acc_t<T>* __restrict__ invstd_io, const P* __restrict__ running_mean,
-                    const P* __restrict__ running_var, const P* __restrict__ gamma,
-                    const P* __restrict__ beta, BN_SHAPE, acc_t<T> eps, int reverse) {
+batchnorm_normalize(const T* __restrict__ x, T* __restrict__ y, const acc_t<T>* __restrict__ part_mean,
+                    const acc_t<T>* __restrict__ part_m2, acc_t<T>* __restrict__ mean_out,
+                    acc_t<T>* __restrict__ invstd_out, P* __restrict__ running_mean,
+                    P* __restrict__ running_var, const P* __restrict__ gamma,
+                    const P* __restrict__ beta, BN_SHAPE, acc_t<T> eps, acc_t<T> momentum,
+                    acc_t<T> unbias, int update_running, int reverse) {
     typedef acc_t<T> A;
     constexpr int ITEMS = BN_PER_THREAD / VEC;
     int c, split;
@@ -415,14 +426,14 @@ batchnorm_normalize(const T* __restrict__ x, T* __restrict__ y, acc_t<T>* __rest
     const index_t n = outer * inner;
     A mean, invstd;
     if (TRAINING) {
-        mean = mean_io[c];
-        invstd = invstd_io[c];
+        channel_statistics(part_mean, part_m2, c, split, splits, n, eps, mean_out, invstd_out, running_mean,
+                           running_var, momentum, unbias, update_running, mean, invstd);
     } else {
         mean = load(running_mean[c]);
         invstd = A(1) / sqrt(A(load(running_var[c])) + eps);
         if (split == 0 && threadIdx.x == 0) {
-            mean_io[c] = mean;
-            invstd_io[c] = invstd;
+            mean_out[c] = mean;
+            invstd_out[c] = invstd;
         }
     }
     const index_t start = (index_t)split * BN_CHUNK;
@@ -552,10 +563,11 @@ __device__ __forceinline__ A pick(const A (&v)[G], int ch) {
 }
 
 // The block's vectors of a grouped kernel (see above): where vector k of this
-// thread lives and the local channel / position of its first value.
+// thread lives (off) and the local channel / position of its first value.
 template <int VEC, int ITEMS, int G, typename index_t>
 struct GroupTile {
     index_t SV, total, base, C, inner;
+    index_t off[ITEMS];
     int ch0[ITEMS], r0[ITEMS];
 
     __device__ __forceinline__ GroupTile(index_t outer, index_t C_, index_t inner_) {
@@ -564,31 +576,36 @@ struct GroupTile {
         SV = (index_t)G * inner / VEC;
         total = outer * SV;
         base = (index_t)blockIdx.x * G * inner;
+    }
+    __device__ __forceinline__ bool has(int k) const {
+        return (index_t)(k * BN_THREADS + threadIdx.x) < total;
+    }
+    // Loads the first tensor and works out off / ch0 / r0 as the loads issue
+    // (the divisions of vector k after its load, not all before the first).
+    template <typename T, typename A>
+    __device__ __forceinline__ void load_first(const T* __restrict__ p, A (&vals)[ITEMS][VEC]) {
 #pragma unroll
         for (int k = 0; k < ITEMS; ++k) {
             const index_t q = (index_t)(k * BN_THREADS + threadIdx.x);
+            off[k] = 0;
             ch0[k] = 0;
             r0[k] = 0;
             if (q < total) {
-                const index_t e = (q - q / SV * SV) * VEC, ch = e / inner;
+                const index_t o = q / SV, pv = q - o * SV;
+                off[k] = o * C * inner + base + pv * VEC;
+                load_pack<T, VEC>(p, off[k], vals[k]);
+                const index_t e = pv * VEC, ch = e / inner;
                 ch0[k] = (int)ch;
                 r0[k] = (int)(e - ch * inner);
             }
         }
     }
-    __device__ __forceinline__ bool has(int k) const {
-        return (index_t)(k * BN_THREADS + threadIdx.x) < total;
-    }
-    __device__ __forceinline__ index_t offset(int k) const {
-        const index_t q = (index_t)(k * BN_THREADS + threadIdx.x);
-        const index_t o = q / SV;
-        return o * C * inner + base + (q - o * SV) * VEC;
-    }
+    // Another tensor of the same shape, after load_first.
     template <typename T, typename A>
     __device__ __forceinline__ void load(const T* __restrict__ p, A (&vals)[ITEMS][VEC]) const {
 #pragma unroll
         for (int k = 0; k < ITEMS; ++k)
-            if (has(k)) load_pack<T, VEC>(p, offset(k), vals[k]);
+            if (has(k)) load_pack<T, VEC>(p, off[k], vals[k]);
     }
     // f(k, v, ch) for every value this thread holds: vector k, value v, local channel ch.
     template <typename F>
@@ -625,7 +642,7 @@ struct GroupTile {
                         ++ch;
                     }
                 }
-                store_pack<T, VEC>(p, offset(k), out);
+                store_pack<T, VEC>(p, off[k], out);
             }
         }
     }
@@ -642,9 +659,9 @@ batchnorm_train_grouped(const T* __restrict__ x, T* __restrict__ y, acc_t<T>* __
     constexpr int ITEMS = group_items<T>();
     __shared__ A scratch[32 * G];
     const int c0 = (int)blockIdx.x * G;
-    const GroupTile<VEC, ITEMS, G, index_t> tile(outer, C, inner);
+    GroupTile<VEC, ITEMS, G, index_t> tile(outer, C, inner);
     A vals[ITEMS][VEC];
-    tile.load(x, vals);
+    tile.load_first(x, vals);
     A sum[G];
 #pragma unroll
     for (int g = 0; g < G; ++g) sum[g] = 0;
@@ -695,9 +712,9 @@ batchnorm_backward_grouped(const T* __restrict__ x, const T* __restrict__ dy, co
     constexpr int ITEMS = group_items<T>();
     __shared__ A scratch[32 * 2 * G];
     const int c0 = (int)blockIdx.x * G;
-    const GroupTile<VEC, ITEMS, G, index_t> tile(outer, C, inner);
+    GroupTile<VEC, ITEMS, G, index_t> tile(outer, C, inner);
     A xs[ITEMS][VEC], ds[ITEMS][VEC];
-    tile.load(x, xs);
+    tile.load_first(x, xs);
     tile.load(dy, ds);
     A m[G], s[G], sums[2 * G];  // sums: sum(dy) per channel, then sum(dy * (x - mean))
 #pragma unroll

@@ -307,11 +307,13 @@ def test_single_read_path_matches_two_pass_path(xp, rng, monkeypatch, prefetch, 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 def test_two_pass_finishes_each_channel_in_its_last_block(gpu, rng, monkeypatch, dtype):
-    """The two-pass kernels' pass 1 (batchnorm_statistics, batchnorm_backward_reduce)
-    finishes each channel in the last of its blocks to arrive (arrival counters):
-    statistics, running statistics and gradients (saved and recomputed statistics)
-    match the float64 reference, bitwise the same on every repeat (the counters are
-    back to zero after every launch), for channels of 1, 2 and 5 chunks."""
+    """The two-pass backward's pass 1 (batchnorm_backward_reduce, and
+    batchnorm_statistics<FINISH> when the statistics are recomputed) finishes each
+    channel in the last of its blocks to arrive (arrival counters); the forward's
+    pass 2 merges in every block: statistics, running statistics and gradients
+    (saved and recomputed statistics) match the float64 reference, bitwise the same
+    on every repeat (the counters are back to zero after every launch), for
+    channels of 1, 2 and 5 chunks."""
     from dnnprims import normalization
     monkeypatch.setattr(normalization, "FUSED", False)
     cp = gpu
