@@ -28,10 +28,10 @@ _CHUNK = 4096  # values of one channel per block: BN_CHUNK in kernels/batchnorm.
 _BOOL = ("false", "true")
 
 FAMILY = KernelFamily("batchnorm.cu", [
-    *(f"batchnorm_partial_statistics<{t}, {i}, {v}>"
-      for t in _X_TYPES for i in _INDEX_TYPES for v in (1, _VECTOR[t])),
-    *(f"batchnorm_backward_reduce<{t}, {i}, {v}, {m}>"
-      for t in _X_TYPES for i in _INDEX_TYPES for v in (1, _VECTOR[t]) for m in _BOOL),
+    *(f"batchnorm_statistics<{t}, {p}, {i}, {v}, {f}>"
+      for t, p in _TYPE_PAIRS for i in _INDEX_TYPES for v in (1, _VECTOR[t]) for f in _BOOL),
+    *(f"batchnorm_backward_reduce<{t}, {p}, {i}, {v}>"
+      for t, p in _TYPE_PAIRS for i in _INDEX_TYPES for v in (1, _VECTOR[t])),
     *(f"batchnorm_normalize<{t}, {p}, {i}, {v}, {m}>"
       for t, p in _TYPE_PAIRS for i in _INDEX_TYPES for v in (1, _VECTOR[t]) for m in _BOOL),
     *(f"batchnorm_backward_data<{t}, {p}, {i}, {v}>"
@@ -42,7 +42,7 @@ FAMILY = KernelFamily("batchnorm.cu", [
       for t, p in _TYPE_PAIRS for i in _INDEX_TYPES for v in (1, _VECTOR[t]) for f in _BOOL),
     *(f"batchnorm_backward_fused<{t}, {p}, {i}, {v}>"
       for t, p in _TYPE_PAIRS for i in _INDEX_TYPES for v in (1, _VECTOR[t])),
-    *(f"batchnorm_train_grouped<{t}, {p}, {i}, {_VECTOR[t]}, {g}>"
+    *(f"batchnorm_{k}_grouped<{t}, {p}, {i}, {_VECTOR[t]}, {g}>" for k in ("train", "backward")
       for t, p in _TYPE_PAIRS for i in _INDEX_TYPES for g in (2, 4, 8) if g <= _VECTOR[t]),
     # channel-last (inner == 1) paths
     *(f"batchnorm_rows_{k}<{t}, {i}, {v}>" for k in ("statistics", "backward_reduce")
@@ -114,7 +114,7 @@ def _forward_key(x, gamma, beta, running_mean, running_var, training, momentum, 
     return (x.shape, x.dtype, data.device_id, _vector_key(gamma), _vector_key(beta),
             _vector_key(running_mean), _vector_key(running_var), type(training), training,
             type(momentum), momentum, type(eps), eps, layout, FUSED, FUSED_PREFETCH,
-            FUSED_FORWARD_MIN_BYTES, FLAT_INFERENCE, GROUPED_TRAINING, ROWS_FUSED, ROWS_FUSED_MIN_ROWS,
+            FUSED_FORWARD_MIN_BYTES, FLAT_INFERENCE, GROUPED, ROWS_FUSED, ROWS_FUSED_MIN_ROWS,
             _current_device(), _current_stream().ptr)
 
 
@@ -127,7 +127,7 @@ def _backward_key(dy, x, gamma, mean, invstd, eps, layout):
         return None
     return ("backward", dy.shape, dy.dtype, dy_data.device_id, x.shape, x.dtype, x_data.device_id,
             _vector_key(gamma), _vector_key(mean), _vector_key(invstd), type(eps), eps, layout, FUSED,
-            FUSED_BACKWARD_16BIT_SPLITS, ROWS_FUSED, ROWS_FUSED_MIN_ROWS, _current_device(),
+            FUSED_BACKWARD_16BIT_SPLITS, GROUPED, ROWS_FUSED, ROWS_FUSED_MIN_ROWS, _current_device(),
             _current_stream().ptr)
 
 
@@ -235,8 +235,11 @@ def batchnorm_backward(dy, x, gamma, *, eps=1e-5, mean=None, invstd=None, layout
 
 # ---------------------------------------------------------------------- GPU path
 # kernels/batchnorm.cu: one block per chunk of _CHUNK values of one channel;
-# training forward = partial statistics + normalize (2 launches), backward =
-# reduce + data (2, or 3 when the statistics must be recomputed).
+# training forward = statistics + normalize (2 launches, every normalize block
+# merges its channel's partials), backward = reduce + data (2, or 3 when the
+# statistics must be recomputed); the backward's pass 1 finishes its channels'
+# sums (and recomputed statistics) in the channel's last block, through the
+# stream workspace's arrival counters (_counters).
 
 def _scalar(acc):
     return np.float32 if acc == np.float32 else np.float64
@@ -309,22 +312,24 @@ FUSED = True
 FUSED_BACKWARD_16BIT_SPLITS = False
 FUSED_FORWARD_MIN_BYTES = 1 << 62
 FUSED_PREFETCH = True  # the variant that loads the next round's chunk during the barrier
-# Training forward of small channels whose inner size is not a multiple of the
-# vector width (a 7x7 plane): batchnorm_train_grouped, G = VEC / gcd(inner, VEC)
-# channels per block so that each sample's G channels are whole 16-byte vectors,
-# one launch that reads x once (instead of the fused kernel's 4-byte accesses).
-# Used when C % G == 0, x and y are 16-byte aligned and a block's G * N * inner
-# values fit its registers (_GROUP_VALUES).  False: the fused / two-pass paths.
-# H100, 32x2048x7x7 fp32: 0.020 ms against 0.036 for the fused one-chunk kernel.
-GROUPED_TRAINING = True
+# Training forward and backward (saved statistics) of small channels whose
+# inner size is not a multiple of the vector width (a 7x7 plane):
+# batchnorm_{train,backward}_grouped, G = VEC / gcd(inner, VEC) channels per
+# block so that each sample's G channels are whole 16-byte vectors, one launch
+# that reads x (and dy) once (instead of the fused kernels' 4-byte accesses).
+# Used when C % G == 0, the tensors are 16-byte aligned and a block's G * N *
+# inner values fit its registers (_GROUP_VALUES).  False: the fused / two-pass
+# paths.  H100, 32x2048x7x7 fp32: training 0.020 ms against 0.036 for the fused
+# one-chunk kernel (notes/norms3.md); backward: notes/bnorm.md.
+GROUPED = True
 # BN_THREADS * group_items<T>() * VEC in kernels/batchnorm.cu
 _GROUP_VALUES = {"half_t": 8192, "bfloat16_t": 8192, "float": 8192, "double": 4096}
 
 
-def _train_group(t, channels, outer, inner, aligned):
-    """G of batchnorm_train_grouped for this call, or 0 when it does not apply."""
+def _group(t, channels, outer, inner, aligned):
+    """G of batchnorm_{train,backward}_grouped for this call, or 0 when they do not apply."""
     vec = _VECTOR[t]
-    if not (GROUPED_TRAINING and aligned) or inner % vec == 0:
+    if not (GROUPED and aligned) or inner % vec == 0:
         return 0
     group = vec // math.gcd(inner, vec)
     if channels % group or group * outer * inner > _GROUP_VALUES[t]:
@@ -363,8 +368,8 @@ class _Workspace:
 
     def scratch(self, cp, acc, count, slot):
         """One scratch vector of ``count`` values in slot ``slot`` (2: the rows
-        kernels' statistics partials, 3: their gradient partials), shared and
-        grown like :meth:`partials`."""
+        kernels' statistics partials, 3: their gradient partials, 4: the chunk
+        backward's channel sums), shared and grown like :meth:`partials`."""
         key = ("flat", acc, count, slot)
         view = self._views.get(key)
         if view is None:
@@ -386,10 +391,8 @@ def _fused_grid(cp, launch, spec, channels):
     if launch.splits > resident:
         return None
     per_round = min(channels, resident // launch.splits)
-    work = _stream_workspace(cp)
-    if work.arrive.size < 2 * channels:
-        work.arrive = cp.zeros(2 * channels, np.uint32)
-    return (per_round * launch.splits,), per_round, work
+    _counters(cp, channels)
+    return (per_round * launch.splits,), per_round, _stream_workspace(cp)
 
 
 def _resident_blocks(cp, kernel):
@@ -616,7 +619,7 @@ def _forward_plan(cp, x, y, pdtype, channels, outer, inner, training, update, mo
     key = (cp.cuda.runtime.getDevice(), cp.cuda.get_current_stream().ptr, x.shape, x.dtype,
            np.dtype(pdtype), channels, inner, aligned, training, update, float(momentum), float(eps),
            no_gamma, no_beta, FUSED, FUSED_PREFETCH, FUSED_FORWARD_MIN_BYTES, FLAT_INFERENCE,
-           GROUPED_TRAINING)
+           GROUPED)
     return _cached_plan(key, lambda: _build_forward_plan(
         cp, x, y, pdtype, channels, outer, inner, training, update, float(momentum), float(eps),
         no_gamma, no_beta, aligned))
@@ -636,7 +639,7 @@ def _build_forward_plan(cp, x, y, pdtype, channels, outer, inner, training, upda
     stats = (cp.empty(channels, acc), cp.empty(channels, acc))
     launches = []
     t = _dtypes.cuda_type(x.dtype)
-    group = _train_group(t, channels, outer, inner, aligned) if training else 0
+    group = _group(t, channels, outer, inner, aligned) if training else 0
     if group:
         index_t = index_type(x.size + _BLOCK * _GROUP_VALUES[t])
         it = np.int32 if index_t == "int" else np.int64
@@ -660,10 +663,12 @@ def _build_forward_plan(cp, x, y, pdtype, channels, outer, inner, training, upda
                 (X, Y, part_mean, part_m2, MEAN, INVSTD, rm, rv, gamma, beta, *launch.shape,
                  np.int32(per_round), work.arrive, real(eps), real(momentum), real(n / (n - 1)),
                  np.int32(update)), cooperative=True, fallback=two_pass))
-        else:
+        else:  # pass 2 merges the partials in every block (faster here than finishing in pass 1)
             part_mean, part_m2 = _stream_workspace(cp).partials(cp, acc, launch.grid[0])
-            launches.append(FAMILY.prepare(launch.spec("batchnorm_partial_statistics"), launch.grid,
-                                           (_BLOCK,), (X, part_mean, part_m2, *launch.shape)))
+            launches.append(FAMILY.prepare(
+                launch.spec("batchnorm_statistics", pt, "false"), launch.grid, (_BLOCK,),
+                (X, part_mean, part_m2, MEAN, INVSTD, rm, rv, *launch.shape, real(eps), real(momentum),
+                 real(n / (n - 1)), np.int32(update), _counters(cp, channels))))
             launches.append(FAMILY.prepare(
                 launch.spec("batchnorm_normalize", pt, "true"), launch.grid, (_BLOCK,),
                 (X, Y, part_mean, part_m2, MEAN, INVSTD, rm, rv, gamma, beta, *launch.shape, real(eps),
@@ -679,6 +684,16 @@ def _build_forward_plan(cp, x, y, pdtype, channels, outer, inner, training, upda
             (X, Y, MEAN, INVSTD, MEAN, INVSTD, rm, rv, gamma, beta, *launch.shape, real(eps), real(0),
              real(1), np.int32(0), np.int32(0))))
     return _Plan(launches, aligned, stats)
+
+
+def _counters(cp, channels):
+    """The stream's arrival counters (zero between launches), at least 2 * channels."""
+    work = _stream_workspace(cp)
+    if work.arrive.size < 2 * channels:
+        work.arrive = cp.zeros(2 * channels, np.uint32)
+    return work.arrive
+
+
 
 
 def _batchnorm_gpu(cp, x, gamma, beta, running_mean, running_var, training, momentum, eps, return_stats,
@@ -715,7 +730,7 @@ def _backward_plan(cp, x, dy, dx, pdtype, channels, outer, inner, recompute, eps
     aligned = not (x.data.ptr | dy.data.ptr | dx.data.ptr) & 15
     key = ("backward", cp.cuda.runtime.getDevice(), cp.cuda.get_current_stream().ptr, x.shape, x.dtype,
            np.dtype(pdtype), channels, inner, aligned, recompute, float(eps), no_gamma, FUSED,
-           FUSED_BACKWARD_16BIT_SPLITS)
+           FUSED_BACKWARD_16BIT_SPLITS, GROUPED)
     return _cached_plan(key, lambda: _build_backward_plan(
         cp, x, dy, dx, pdtype, channels, outer, inner, recompute, float(eps), no_gamma, aligned))
 
@@ -730,6 +745,15 @@ def _build_backward_plan(cp, x, dy, dx, pdtype, channels, outer, inner, recomput
     launch = _launch_of(x, channels, outer, inner, (x, dy, dx))
     work = _stream_workspace(cp)
     launches = []
+    t = _dtypes.cuda_type(x.dtype)
+    group = 0 if recompute else _group(t, channels, outer, inner, aligned)
+    if group:
+        index_t = index_type(x.size + _BLOCK * _GROUP_VALUES[t])
+        it = np.int32 if index_t == "int" else np.int64
+        launches.append(FAMILY.prepare(
+            f"batchnorm_backward_grouped<{t}, {pt}, {index_t}, {_VECTOR[t]}, {group}>", (channels // group,),
+            (_BLOCK,), (X, DY, A.ARRAY2, A.ARRAY3, gamma, DX, DGAMMA, DBETA, it(outer), it(channels), it(inner))))
+        return _Plan(launches, aligned)
     sixteen = x.dtype.itemsize == 2 and launch.splits > 1 and not FUSED_BACKWARD_16BIT_SPLITS
     if not recompute and FUSED and fused_allowed and not sixteen:
         spec = launch.spec("batchnorm_backward_fused", pt)
@@ -745,25 +769,27 @@ def _build_backward_plan(cp, x, dy, dx, pdtype, channels, outer, inner, recomput
                 (X, DY, A.ARRAY2, A.ARRAY3, gamma, part_dy, part_dy_xhat, DX, DGAMMA, DBETA,
                  *launch.shape, np.int32(per_round), work.arrive), cooperative=True, fallback=two_pass))
             return _Plan(launches, aligned)
-    if recompute:  # statistics first, into the plan's own scratch (stream order)
+    if recompute:  # statistics first, into the plan's own vectors (stream order)
         mean, invstd = cp.empty(channels, acc), cp.empty(channels, acc)
+        real = _scalar(acc)
         part_mean, part_m2 = work.partials(cp, acc, launch.grid[0])
-        launches.append(FAMILY.prepare(launch.spec("batchnorm_partial_statistics"), launch.grid,
-                                       (_BLOCK,), (X, part_mean, part_m2, *launch.shape)))
+        launches.append(FAMILY.prepare(
+            launch.spec("batchnorm_statistics", pt, "true"), launch.grid, (_BLOCK,),
+            (X, part_mean, part_m2, mean, invstd, mean, mean, *launch.shape, real(eps), real(0), real(1),
+             np.int32(0), _counters(cp, channels))))
     else:
         mean, invstd = A.ARRAY2, A.ARRAY3
-        part_mean = part_m2 = A.ARRAY2  # unread
     part_dy, part_dy_xhat = work.partials(cp, acc, launch.grid[0], slot=1)
+    sums = work.scratch(cp, acc, 2 * channels, 4)
     # Alternate the grid's direction from launch to launch (L2 reuse, see the .cu header).
     reverse = 1 if recompute else 0
     launches.append(FAMILY.prepare(
-        launch.spec("batchnorm_backward_reduce", flag=_BOOL[recompute]), launch.grid, (_BLOCK,),
-        (X, DY, mean, invstd, part_mean, part_m2, part_dy, part_dy_xhat, *launch.shape,
-         _scalar(acc)(eps), np.int32(reverse))))
+        launch.spec("batchnorm_backward_reduce", pt), launch.grid, (_BLOCK,),
+        (X, DY, mean, invstd, part_dy, part_dy_xhat, sums, DGAMMA, DBETA, *launch.shape, np.int32(reverse),
+         _counters(cp, channels))))
     launches.append(FAMILY.prepare(
         launch.spec("batchnorm_backward_data", pt), launch.grid, (_BLOCK,),
-        (X, DY, mean, invstd, gamma, part_dy, part_dy_xhat, DX, DGAMMA, DBETA, *launch.shape,
-         np.int32(1 - reverse))))
+        (X, DY, mean, invstd, gamma, sums, DX, *launch.shape, np.int32(1 - reverse))))
     return _Plan(launches, aligned)
 
 

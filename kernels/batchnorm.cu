@@ -17,14 +17,21 @@
 // multiple of VEC and the pointers are 16-byte aligned (then a vector never
 // crosses an (outer) segment), else VEC = 1.
 //
-// Statistics (training): pass 1 (batchnorm_partial_statistics) keeps its
-// chunk in registers and computes the chunk's mean, then the sum of squared
-// deviations from it -- two-pass exact per chunk; chunks are merged with
-// Chan's pairwise formula in a fixed order (warp 0, lane-strided then a
-// shuffle tree), so results are bitwise reproducible and exact enough for any
-// data, unlike E[x^2] - E[x]^2.  The merge is redone by every block of pass 2
-// (a few dozen values from L2) instead of a separate launch; the block of chunk
-// 0 writes mean/invstd and the running statistics.
+// Statistics (training): pass 1 (batchnorm_statistics) keeps its chunk in
+// registers and computes the chunk's mean, then the sum of squared deviations
+// from it -- two-pass exact per chunk; chunks are merged with Chan's pairwise
+// formula in a fixed order (warp 0, lane-strided then a shuffle tree), so
+// results are bitwise reproducible and exact enough for any data, unlike
+// E[x^2] - E[x]^2.  The merge is redone by every block of pass 2 (a few
+// dozen values from L2) instead of a separate launch; the block of chunk 0
+// writes mean/invstd and the running statistics.  The backward's pass 1
+// (batchnorm_backward_reduce, and batchnorm_statistics when it recomputes the
+// statistics) instead finishes each channel in the last of its blocks to
+// arrive (an arrival counter: last_to_arrive), so its pass 2 reads two values.
+// H100 (notes/bnorm.md): that finish is a win in the backward (bn_big float16
+// 0.1875 against 0.1896 ms) and a loss in the training forward (0.1265 against
+// 0.1233: the statistics kernel, latency-bound at 1.9 TB/s, pays the fence and
+// atomic; the normalize pass runs at copy speed either way).
 //
 // The floor is: read x twice, write y once (forward); read x and dy twice,
 // write dx once (backward).  Pass 2 walks the chunks in the reverse order of
@@ -34,7 +41,8 @@
 // Channel-last x (inner == 1: NHWC, 2-D) runs the rows kernels at the end of
 // this file instead (vectorised along C).  Small channels whose inner size is
 // not a multiple of VEC (7x7 planes) keep 16-byte accesses through
-// batchnorm_train_grouped (training: G channels per block, one launch) and
+// batchnorm_train_grouped / batchnorm_backward_grouped (training forward /
+// backward with saved statistics: G channels per block, one launch) and
 // batchnorm_infer_flat (inference: x as one flat array).
 //
 // The chunk kernels share their passes through the device helpers below
@@ -341,12 +349,40 @@ __device__ __forceinline__ void store_chunk_dx(T* __restrict__ dx, const A (&xs)
 
 #define BN_SHAPE index_t outer, index_t C, index_t inner, int splits
 
+// Whether this block is the last of `count` blocks to arrive at *counter
+// (to every thread of the block).  Thread 0 stored the block's partials before
+// the call; its fence orders them before the arrival, and the last block's
+// fence orders its reads of the others' partials (volatile: L2) after it.  The
+// last block zeroes the counter for the next launch.  No block waits for
+// another, so unlike channel_barrier this needs no co-residency.
+__device__ __forceinline__ bool last_to_arrive(unsigned* __restrict__ counter, int count) {
+    __shared__ int last;
+    if (threadIdx.x == 0) {
+        __threadfence();
+        last = atomicAdd(counter, 1u) == (unsigned)(count - 1);
+        if (last) {
+            *counter = 0u;
+            __threadfence();
+        }
+    }
+    __syncthreads();
+    return last != 0;
+}
+
 // Pass 1 of the training statistics: each block's chunk mean and sum of
-// squared deviations from it, into part_mean / part_m2 [C * splits].
-template <typename T, typename index_t, int VEC>
+// squared deviations from it into part_mean / part_m2 [C * splits].  FINISH
+// (the backward's recomputed statistics): the last block of channel c to
+// finish (arrive[c]) merges them (channel_statistics, the fixed order: the
+// result does not depend on which block is last) and writes mean / invstd
+// (and the running statistics when update_running is set).  The training
+// forward does not finish here: its pass 2 (batchnorm_normalize) merges in
+// every block, which measured faster (see the file header).
+template <typename T, typename P, typename index_t, int VEC, bool FINISH>
 __global__ void __launch_bounds__(BN_THREADS)
-batchnorm_partial_statistics(const T* __restrict__ x, acc_t<T>* __restrict__ part_mean,
-                             acc_t<T>* __restrict__ part_m2, BN_SHAPE) {
+batchnorm_statistics(const T* __restrict__ x, acc_t<T>* __restrict__ part_mean, acc_t<T>* __restrict__ part_m2,
+                     acc_t<T>* __restrict__ mean_out, acc_t<T>* __restrict__ invstd_out,
+                     P* __restrict__ running_mean, P* __restrict__ running_var, BN_SHAPE, acc_t<T> eps,
+                     acc_t<T> momentum, acc_t<T> unbias, int update_running, unsigned* __restrict__ arrive) {
     typedef acc_t<T> A;
     constexpr int ITEMS = BN_PER_THREAD / VEC;
     __shared__ A scratch[32];
@@ -361,6 +397,12 @@ batchnorm_partial_statistics(const T* __restrict__ x, acc_t<T>* __restrict__ par
     if (threadIdx.x == 0) {
         part_mean[blockIdx.x] = mean;
         part_m2[blockIdx.x] = m2;
+    }
+    if (FINISH && last_to_arrive(arrive + c, splits)) {
+        A invstd;
+        channel_statistics((const volatile A*)part_mean, (const volatile A*)part_m2, c, 0, splits, n, eps,
+                           mean_out, invstd_out, running_mean, running_var, momentum, unbias, update_running,
+                           mean, invstd);
     }
 }
 
@@ -468,22 +510,26 @@ batchnorm_infer_flat(const T* __restrict__ x, T* __restrict__ y, acc_t<T>* __res
     }
 }
 
-// Training forward in ONE launch with 16-byte accesses for small channels
-// whose inner size is not a multiple of VEC (ResNet's 7x7 = 49: the chunk and
-// fused kernels fall back to 4-byte accesses there).  Block b owns the G
-// channels c0 = b * G .. c0 + G - 1, with G * inner % VEC == 0 (the host picks
-// G = VEC / gcd(inner, VEC) and needs C % G == 0 and 16-byte aligned x, y), so
-// for each outer index o those channels are one contiguous, aligned segment of
-// SV = G * inner / VEC vectors.  Thread t loads vectors q = k * BN_THREADS + t
-// (k < ITEMS) of the block's outer * SV, all before any use: o = q / SV, p =
-// q % SV, offset (o * C + c0) * inner + p * VEC.  A vector's values may belong
-// to two channels (several when inner < VEC): value v of vector p is in local
-// channel (p * VEC + v) / inner, stepped as in batchnorm_infer_flat.  Per-
-// thread sums per local channel -> G block sums with one pair of barriers ->
-// means; the squared deviations the same way (two-pass exact, like a one-chunk
-// channel of the chunk path) -> invstd; y from the registers: x is read once.
-// The host uses it only when the block's G * outer * inner values fit
-// (BN_THREADS * ITEMS * VEC, ITEMS = group_items<T>()).
+// Training forward and backward (saved statistics) in ONE launch with 16-byte
+// accesses for small channels whose inner size is not a multiple of VEC
+// (ResNet's 7x7 = 49: the chunk and fused kernels fall back to 4-byte
+// accesses there).  Block b owns the G channels c0 = b * G .. c0 + G - 1, with
+// G * inner % VEC == 0 (the host picks G = VEC / gcd(inner, VEC) and needs
+// C % G == 0 and 16-byte aligned tensors), so for each outer index o those
+// channels are one contiguous, aligned segment of SV = G * inner / VEC
+// vectors.  Thread t loads vectors q = k * BN_THREADS + t (k < ITEMS) of the
+// block's outer * SV, all before any use: o = q / SV, p = q % SV, offset
+// (o * C + c0) * inner + p * VEC.  A vector's values may belong to two
+// channels (several when inner < VEC): value v of vector p is in local
+// channel (p * VEC + v) / inner, stepped as in batchnorm_infer_flat
+// (GroupTile::each).  Per-thread sums per local channel -> G block sums with
+// one pair of barriers.  Forward: the means, then the squared deviations the
+// same way (two-pass exact, like a one-chunk channel of the chunk path) ->
+// invstd; y from the registers: x is read once.  Backward: sum(dy) and
+// sum(dy * (x - mean)) per channel at once -> dbeta, dgamma; dx from the
+// registers: x and dy are read once.  The host uses them only when the
+// block's G * outer * inner values fit (BN_THREADS * ITEMS * VEC, ITEMS =
+// group_items<T>()).
 template <typename T>
 __host__ __device__ constexpr int group_items() {
     return sizeof(T) == 8 ? 8 : 32 / (16 / (int)sizeof(T));
@@ -516,6 +562,92 @@ __device__ __forceinline__ A pick(const A (&v)[G], int ch) {
     return r;
 }
 
+// The block's vectors of a grouped kernel (see above): where vector k of this
+// thread lives (off) and the local channel / position of its first value.
+template <int VEC, int ITEMS, int G, typename index_t>
+struct GroupTile {
+    index_t SV, total, base, C, inner;
+    index_t off[ITEMS];
+    int ch0[ITEMS], r0[ITEMS];
+
+    __device__ __forceinline__ GroupTile(index_t outer, index_t C_, index_t inner_) {
+        C = C_;
+        inner = inner_;
+        SV = (index_t)G * inner / VEC;
+        total = outer * SV;
+        base = (index_t)blockIdx.x * G * inner;
+    }
+    __device__ __forceinline__ bool has(int k) const {
+        return (index_t)(k * BN_THREADS + threadIdx.x) < total;
+    }
+    // Loads the first tensor and works out off / ch0 / r0 as the loads issue
+    // (the divisions of vector k after its load, not all before the first).
+    template <typename T, typename A>
+    __device__ __forceinline__ void load_first(const T* __restrict__ p, A (&vals)[ITEMS][VEC]) {
+#pragma unroll
+        for (int k = 0; k < ITEMS; ++k) {
+            const index_t q = (index_t)(k * BN_THREADS + threadIdx.x);
+            off[k] = 0;
+            ch0[k] = 0;
+            r0[k] = 0;
+            if (q < total) {
+                const index_t o = q / SV, pv = q - o * SV;
+                off[k] = o * C * inner + base + pv * VEC;
+                load_pack<T, VEC>(p, off[k], vals[k]);
+                const index_t e = pv * VEC, ch = e / inner;
+                ch0[k] = (int)ch;
+                r0[k] = (int)(e - ch * inner);
+            }
+        }
+    }
+    // Another tensor of the same shape, after load_first.
+    template <typename T, typename A>
+    __device__ __forceinline__ void load(const T* __restrict__ p, A (&vals)[ITEMS][VEC]) const {
+#pragma unroll
+        for (int k = 0; k < ITEMS; ++k)
+            if (has(k)) load_pack<T, VEC>(p, off[k], vals[k]);
+    }
+    // f(k, v, ch) for every value this thread holds: vector k, value v, local channel ch.
+    template <typename F>
+    __device__ __forceinline__ void each(F f) const {
+#pragma unroll
+        for (int k = 0; k < ITEMS; ++k) {
+            if (has(k)) {
+                int ch = ch0[k], r = r0[k];
+#pragma unroll
+                for (int v = 0; v < VEC; ++v) {
+                    f(k, v, ch);
+                    if (++r == (int)inner) {
+                        r = 0;
+                        ++ch;
+                    }
+                }
+            }
+        }
+    }
+    // p[vector k] = f(k, v, ch) for every vector this thread holds.
+    template <typename T, typename F>
+    __device__ __forceinline__ void store(T* __restrict__ p, F f) const {
+#pragma unroll
+        for (int k = 0; k < ITEMS; ++k) {
+            if (has(k)) {
+                typedef decltype(f(0, 0, 0)) A;
+                A out[VEC];
+                int ch = ch0[k], r = r0[k];
+#pragma unroll
+                for (int v = 0; v < VEC; ++v) {
+                    out[v] = f(k, v, ch);
+                    if (++r == (int)inner) {
+                        r = 0;
+                        ++ch;
+                    }
+                }
+                store_pack<T, VEC>(p, off[k], out);
+            }
+        }
+    }
+};
+
 template <typename T, typename P, typename index_t, int VEC, int G>
 __global__ void __launch_bounds__(BN_THREADS)
 batchnorm_train_grouped(const T* __restrict__ x, T* __restrict__ y, acc_t<T>* __restrict__ mean_out,
@@ -527,43 +659,17 @@ batchnorm_train_grouped(const T* __restrict__ x, T* __restrict__ y, acc_t<T>* __
     constexpr int ITEMS = group_items<T>();
     __shared__ A scratch[32 * G];
     const int c0 = (int)blockIdx.x * G;
-    const index_t SV = (index_t)G * inner / VEC;
-    const index_t total = outer * SV;
-    const index_t base = (index_t)c0 * inner;
+    GroupTile<VEC, ITEMS, G, index_t> tile(outer, C, inner);
     A vals[ITEMS][VEC];
-    int ch0[ITEMS], r0[ITEMS];  // local channel and position in it of each vector's first value
-#pragma unroll
-    for (int k = 0; k < ITEMS; ++k) {
-        const index_t q = (index_t)(k * BN_THREADS + threadIdx.x);
-        ch0[k] = 0;
-        r0[k] = 0;
-        if (q < total) {
-            const index_t o = q / SV, p = q - o * SV;
-            load_pack<T, VEC>(x, o * C * inner + base + p * VEC, vals[k]);
-            const index_t e = p * VEC, ch = e / inner;
-            ch0[k] = (int)ch;
-            r0[k] = (int)(e - ch * inner);
-        }
-    }
+    tile.load_first(x, vals);
     A sum[G];
 #pragma unroll
     for (int g = 0; g < G; ++g) sum[g] = 0;
+    tile.each([&](int k, int v, int ch) {
 #pragma unroll
-    for (int k = 0; k < ITEMS; ++k) {
-        if ((index_t)(k * BN_THREADS + threadIdx.x) < total) {
-            int ch = ch0[k], r = r0[k];
-#pragma unroll
-            for (int v = 0; v < VEC; ++v) {
-#pragma unroll
-                for (int g = 0; g < G; ++g)
-                    if (ch == g) sum[g] += vals[k][v];
-                if (++r == (int)inner) {
-                    r = 0;
-                    ++ch;
-                }
-            }
-        }
-    }
+        for (int g = 0; g < G; ++g)
+            if (ch == g) sum[g] += vals[k][v];
+    });
     block_sums<G>(sum, scratch);
     const A count = A(outer * inner);
     A mean[G], m2[G];
@@ -572,23 +678,12 @@ batchnorm_train_grouped(const T* __restrict__ x, T* __restrict__ y, acc_t<T>* __
         mean[g] = sum[g] / count;
         m2[g] = 0;
     }
+    tile.each([&](int k, int v, int ch) {
+        const A d = vals[k][v] - pick<G>(mean, ch);
 #pragma unroll
-    for (int k = 0; k < ITEMS; ++k) {
-        if ((index_t)(k * BN_THREADS + threadIdx.x) < total) {
-            int ch = ch0[k], r = r0[k];
-#pragma unroll
-            for (int v = 0; v < VEC; ++v) {
-                const A d = vals[k][v] - pick<G>(mean, ch);
-#pragma unroll
-                for (int g = 0; g < G; ++g)
-                    if (ch == g) m2[g] += d * d;
-                if (++r == (int)inner) {
-                    r = 0;
-                    ++ch;
-                }
-            }
-        }
-    }
+        for (int g = 0; g < G; ++g)
+            if (ch == g) m2[g] += d * d;
+    });
     block_sums<G>(m2, scratch);
     A scale[G], shift[G];
 #pragma unroll
@@ -602,50 +697,80 @@ batchnorm_train_grouped(const T* __restrict__ x, T* __restrict__ y, acc_t<T>* __
         scale[g] = invstd * A(load(gamma[c0 + g]));
         shift[g] = A(load(beta[c0 + g]));
     }
-#pragma unroll
-    for (int k = 0; k < ITEMS; ++k) {
-        const index_t q = (index_t)(k * BN_THREADS + threadIdx.x);
-        if (q < total) {
-            int ch = ch0[k], r = r0[k];
-            A out[VEC];
-#pragma unroll
-            for (int v = 0; v < VEC; ++v) {
-                out[v] = (vals[k][v] - pick<G>(mean, ch)) * pick<G>(scale, ch) + pick<G>(shift, ch);
-                if (++r == (int)inner) {
-                    r = 0;
-                    ++ch;
-                }
-            }
-            const index_t o = q / SV, p = q - o * SV;
-            store_pack<T, VEC>(y, o * C * inner + base + p * VEC, out);
-        }
-    }
+    tile.store(y, [&](int k, int v, int ch) {
+        return (vals[k][v] - pick<G>(mean, ch)) * pick<G>(scale, ch) + pick<G>(shift, ch);
+    });
 }
 
-// Pass 1 of the backward: per chunk, sum(dy) and sum(dy * xhat) into
-// part_dy / part_dy_xhat.  MERGE: mean/invstd are not given -- merge pass-0
-// statistics partials here, and chunk 0 writes them to mean / invstd for pass 2.
-template <typename T, typename index_t, int VEC, bool MERGE>
+template <typename T, typename P, typename index_t, int VEC, int G>
+__global__ void __launch_bounds__(BN_THREADS)
+batchnorm_backward_grouped(const T* __restrict__ x, const T* __restrict__ dy, const acc_t<T>* __restrict__ mean,
+                           const acc_t<T>* __restrict__ invstd, const P* __restrict__ gamma, T* __restrict__ dx,
+                           P* __restrict__ dgamma, P* __restrict__ dbeta, index_t outer, index_t C,
+                           index_t inner) {
+    typedef acc_t<T> A;
+    constexpr int ITEMS = group_items<T>();
+    __shared__ A scratch[32 * 2 * G];
+    const int c0 = (int)blockIdx.x * G;
+    GroupTile<VEC, ITEMS, G, index_t> tile(outer, C, inner);
+    A xs[ITEMS][VEC], ds[ITEMS][VEC];
+    tile.load_first(x, xs);
+    tile.load(dy, ds);
+    A m[G], s[G], sums[2 * G];  // sums: sum(dy) per channel, then sum(dy * (x - mean))
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+        m[g] = mean[c0 + g];
+        s[g] = invstd[c0 + g];
+        sums[g] = sums[G + g] = 0;
+    }
+    tile.each([&](int k, int v, int ch) {
+        const A d = ds[k][v], xc = xs[k][v] - pick<G>(m, ch);
+#pragma unroll
+        for (int g = 0; g < G; ++g) {
+            if (ch == g) {
+                sums[g] += d;
+                sums[G + g] += d * xc;
+            }
+        }
+    });
+    block_sums<2 * G>(sums, scratch);
+    const A n = A(outer * inner);
+    A scale[G], mean_dy[G], mean_dy_xhat[G];
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+        const A gx = sums[G + g] * s[g];
+        if ((int)threadIdx.x == g) {
+            dbeta[c0 + g] = store<P>(sums[g]);
+            dgamma[c0 + g] = store<P>(gx);
+        }
+        scale[g] = A(load(gamma[c0 + g])) * s[g];
+        mean_dy[g] = sums[g] / n;
+        mean_dy_xhat[g] = gx / n;
+    }
+    tile.store(dx, [&](int k, int v, int ch) {
+        const A xhat = (xs[k][v] - pick<G>(m, ch)) * pick<G>(s, ch);
+        return pick<G>(scale, ch) * (ds[k][v] - pick<G>(mean_dy, ch) - xhat * pick<G>(mean_dy_xhat, ch));
+    });
+}
+
+// Pass 1 of the backward: per chunk, sum(dy) and sum(dy * xhat) into part_dy /
+// part_dy_xhat; the last block of channel c to finish (arrive[c]) sums them in
+// a fixed order (merge_sums) into sums[c] / sums[C + c] and writes dbeta[c] /
+// dgamma[c].
+template <typename T, typename P, typename index_t, int VEC>
 __global__ void __launch_bounds__(BN_THREADS)
 batchnorm_backward_reduce(const T* __restrict__ x, const T* __restrict__ dy,
-                          acc_t<T>* __restrict__ mean_io, acc_t<T>* __restrict__ invstd_io,
-                          const acc_t<T>* __restrict__ part_mean, const acc_t<T>* __restrict__ part_m2,
+                          const acc_t<T>* __restrict__ mean, const acc_t<T>* __restrict__ invstd,
                           acc_t<T>* __restrict__ part_dy, acc_t<T>* __restrict__ part_dy_xhat,
-                          BN_SHAPE, acc_t<T> eps, int reverse) {
+                          acc_t<T>* __restrict__ sums, P* __restrict__ dgamma, P* __restrict__ dbeta,
+                          BN_SHAPE, int reverse, unsigned* __restrict__ arrive) {
     typedef acc_t<T> A;
     constexpr int ITEMS = BN_PER_THREAD / VEC;
     __shared__ A scratch[32];
     int c, split;
     chunk_of_block(splits, reverse, c, split);
     const index_t n = outer * inner;
-    A m, s;
-    if (MERGE) {
-        channel_statistics(part_mean, part_m2, c, split, splits, n, eps, mean_io, invstd_io, mean_io, mean_io,
-                           A(0), A(1), 0, m, s);
-    } else {
-        m = mean_io[c];
-        s = invstd_io[c];
-    }
+    const A m = mean[c], s = invstd[c];
     const index_t start = (index_t)split * BN_CHUNK;
     A xs[ITEMS][VEC], ds[ITEMS][VEC];
     load_chunk_pair<T, VEC, ITEMS>(x, dy, start, n, c, C, inner, xs, ds);
@@ -655,33 +780,36 @@ batchnorm_backward_reduce(const T* __restrict__ x, const T* __restrict__ dy,
         part_dy[c * splits + split] = g;  // by (c, split): the grid may run backwards
         part_dy_xhat[c * splits + split] = gx * s;
     }
+    if (last_to_arrive(arrive + c, splits)) {
+        merge_sums((const volatile A*)part_dy, (const volatile A*)part_dy_xhat, c, splits, g, gx);
+        if (threadIdx.x == 0) {
+            sums[c] = g;
+            sums[C + c] = gx;
+            dbeta[c] = store<P>(g);
+            dgamma[c] = store<P>(gx);
+        }
+    }
 }
 
-// Pass 2 of the backward: dbeta = sum(dy), dgamma = sum(dy * xhat) (written by
-// chunk 0), dx = gamma * invstd * (dy - sum(dy) / n - xhat * sum(dy * xhat) / n).
+// Pass 2 of the backward: dx = gamma * invstd * (dy - sum(dy) / n - xhat *
+// sum(dy * xhat) / n), the sums from pass 1 (sums[c], sums[C + c]).
 template <typename T, typename P, typename index_t, int VEC>
 __global__ void __launch_bounds__(BN_THREADS)
 batchnorm_backward_data(const T* __restrict__ x, const T* __restrict__ dy,
                         const acc_t<T>* __restrict__ mean, const acc_t<T>* __restrict__ invstd,
-                        const P* __restrict__ gamma, const acc_t<T>* __restrict__ part_dy,
-                        const acc_t<T>* __restrict__ part_dy_xhat, T* __restrict__ dx,
-                        P* __restrict__ dgamma, P* __restrict__ dbeta, BN_SHAPE, int reverse) {
+                        const P* __restrict__ gamma, const acc_t<T>* __restrict__ sums, T* __restrict__ dx,
+                        BN_SHAPE, int reverse) {
     typedef acc_t<T> A;
     constexpr int ITEMS = BN_PER_THREAD / VEC;
     int c, split;
     chunk_of_block(splits, reverse, c, split);
     const index_t n = outer * inner;
-    A g, gx;
-    merge_sums(part_dy, part_dy_xhat, c, splits, g, gx);
-    if (split == 0 && threadIdx.x == 0) {
-        dbeta[c] = store<P>(g);
-        dgamma[c] = store<P>(gx);
-    }
     const A m = mean[c], s = invstd[c];
     const index_t start = (index_t)split * BN_CHUNK;
     A xs[ITEMS][VEC], ds[ITEMS][VEC];
     load_chunk_pair<T, VEC, ITEMS>(x, dy, start, n, c, C, inner, xs, ds);
-    store_chunk_dx(dx, xs, ds, start, n, c, C, inner, m, s, A(load(gamma[c])) * s, g / A(n), gx / A(n));
+    store_chunk_dx(dx, xs, ds, start, n, c, C, inner, m, s, A(load(gamma[c])) * s, sums[c] / A(n),
+                   sums[C + c] / A(n));
 }
 
 // ---------------------------------------------------------------------------
@@ -1171,28 +1299,43 @@ batchnorm_rows_backward_data(const T* __restrict__ x, const T* __restrict__ dy,
     }
 }
 
-// Channel-last training forward in ONE launch that keeps the last rows it
-// reads on chip (issue 5, v4).  A persistent grid (every block resident: the
-// host sizes it with the occupancy API and launches it cooperatively, as the
-// fused chunk kernels) with
-// the RowLanes mapping; lane g reads batches j = 0, 1, ... of B rows, rows
-// [(j * L + g) * B, + B) (as rows_statistics: at any time the lanes read one
-// contiguous stretch of rows):
-//   - every batch: exact two-pass batch statistics, Chan-merged into the
-//     lane's (count, mean, M2) per channel (as rows_statistics);
-//   - the lane's last batch stays in registers (`keep`), the ROWS_SMEM_ROWS
-//     rows of the batches before it in a static shared-memory cache (one
-//     16-byte vector per row and thread).
+// Channel-last training forward and backward (saved statistics) in ONE launch
+// each (issue 5, v4) that keep the last rows they read on chip:
+// batchnorm_rows_train_fused (reads x) and batchnorm_rows_backward_fused (x
+// and dy) run the same passes (rows_fused and the helpers before it) and
+// differ only in their op (RowsTrainOp / RowsBackwardOp: what a batch adds to
+// the lane's partials, how partials merge, what the merged channel writes,
+// and the value each row maps to).
+//
+// A persistent grid (every block resident: the host sizes it with the
+// occupancy API and launches it cooperatively, as the fused chunk kernels)
+// with the RowLanes mapping; lane g reads batches j = 0, 1, ... of B rows of
+// its K tensors, rows [(j * L + g) * B, + B) (as rows_statistics: at any time
+// the lanes read one contiguous stretch of rows):
+//   - every batch goes into the lane's Q partials per channel (forward: exact
+//     two-pass batch statistics Chan-merged into (count, mean, M2), as
+//     rows_statistics; backward: sums of dy and dy * (x - mean));
+//   - the lane's last batch stays in registers (`keep`), the ROWS_SMEM_ROWS / K
+//     rows of each tensor before it in a static shared-memory cache (one
+//     16-byte vector per row, tensor and thread).  B = rows_batch / K rows.
 // Grid barrier 1 (channel_barrier over all blocks); block b merges channels
 // b, b + blocks, ... from the L lane partials (its 8 warps lane-strided, then
 // the 8 warp results in order: fixed order, bitwise reproducible) and writes
-// mean / invstd / running statistics; grid barrier 2; then every thread
-// normalizes its register rows, its cached rows, and its other batches last
-// to first (what the grid read last comes first: L2 hits).  DRAM traffic: x
-// once, plus x less what is on chip and in L2, plus y; no merge launch.
-// (A first version gave each lane one contiguous range of rows: 0.246 ms on
-// bn_big_nhwc against 0.236 for the three launches -- scattered streams.)
+// them (forward: mean / invstd / running statistics; backward: dbeta, dgamma
+// and sums[c] / sums[C + c] for dx); grid barrier 2; then every thread maps
+// its register rows, its cached rows, and its other batches last to first
+// (what the grid read last comes first: L2 hits) to y / dx.  DRAM traffic:
+// the tensors once, plus once less what is on chip and in L2, plus the
+// output; no merge launch.  (A first version gave each lane one contiguous
+// range of rows: 0.246 ms on bn_big_nhwc against 0.236 for the three
+// launches -- scattered streams.)
 #define ROWS_SMEM_ROWS 8
+
+// Rows per batch of a fused rows kernel reading K tensors.
+template <typename T, int VEC, int K>
+__host__ __device__ constexpr int fused_rows_batch() {
+    return rows_batch<T, VEC>() / K > 0 ? rows_batch<T, VEC>() / K : 1;
+}
 
 // Number of batches of B rows lane rl.lane owns: j with (j * L + lane) * B < M.
 template <int B, typename index_t>
@@ -1207,6 +1350,346 @@ __device__ __forceinline__ void grid_block(int& block, int& blocks) {
     block = (int)(blockIdx.y * gridDim.x + blockIdx.x);
 }
 
+// Pass 1: every batch of the lane's rows of the K tensors (all loads first,
+// zeros past M) into op.accumulate; the last batch kept in `keep`, the SB
+// batches before it in `cache` (as T).
+template <int B, int SB, typename Op, typename T, int VEC, typename index_t>
+__device__ __forceinline__ void rows_first_pass(Op& op, const T* const (&src)[Op::K], const RowLanes& rl,
+                                                index_t M, int C, index_t col, index_t batches,
+                                                acc_t<T> (&keep)[Op::K][B][VEC],
+                                                Pack<T, VEC> (&cache)[Op::K][SB * B][BN_THREADS]) {
+    typedef acc_t<T> A;
+    constexpr int K = Op::K;
+    for (index_t j = 0; j < batches; ++j) {
+        const index_t first = (j * rl.L + rl.lane) * B;
+        A vals[K][B][VEC];
+#pragma unroll
+        for (int i = 0; i < B; ++i) {
+#pragma unroll
+            for (int k = 0; k < K; ++k) {
+                if (first + i < M) {
+                    load_pack<T, VEC>(src[k], (first + i) * C + col, vals[k][i]);
+                } else {
+#pragma unroll
+                    for (int v = 0; v < VEC; ++v) vals[k][i][v] = 0;
+                }
+            }
+        }
+        op.accumulate(vals, (int)(M - first < (index_t)B ? M - first : (index_t)B));
+        const index_t back = batches - 1 - j;  // 0: the last batch
+        if (back == 0) {
+#pragma unroll
+            for (int k = 0; k < K; ++k)
+#pragma unroll
+                for (int i = 0; i < B; ++i)
+#pragma unroll
+                    for (int v = 0; v < VEC; ++v) keep[k][i][v] = vals[k][i][v];
+        } else if (back <= SB) {
+#pragma unroll
+            for (int i = 0; i < B; ++i) {
+#pragma unroll
+                for (int k = 0; k < K; ++k) {
+                    Pack<T, VEC> pk;
+#pragma unroll
+                    for (int v = 0; v < VEC; ++v) pk.v[v] = store<T>(vals[k][i][v]);
+                    cache[k][(back - 1) * B + i][threadIdx.x] = pk;
+                }
+            }
+        }
+    }
+}
+
+// The merge between the grid barriers: block `block` of `blocks` takes
+// channels block, block + blocks, ...: the Q quantities of the L lane partials
+// (parts[q][c * L + lane], volatile: written by other blocks of this launch),
+// lane-strided over the block's threads (ROWS_MERGE_AHEAD loads in flight),
+// combined by Op::combine per thread, per warp (shuffle tree), then over the
+// warps in order; thread 0 hands the channel's result to op.finish.
+template <typename Op, typename A>
+__device__ __forceinline__ void rows_merge_channels(Op& op, A* const (&parts)[Op::Q], int L, int C, int block,
+                                                    int blocks, bool gathered) {
+    constexpr int Q = Op::Q;
+    __shared__ A merged[Q][BN_THREADS / 32];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    for (int c = block; c < C; c += blocks) {
+        A acc[Q];
+#pragma unroll
+        for (int q = 0; q < Q; ++q) acc[q] = 0;
+        for (int b0 = threadIdx.x; b0 < L; b0 += BN_THREADS * ROWS_MERGE_AHEAD) {
+            A got[ROWS_MERGE_AHEAD][Q];
+#pragma unroll
+            for (int u = 0; u < ROWS_MERGE_AHEAD; ++u) {
+                const int b = b0 + BN_THREADS * u;
+                const long long o = (long long)c * L + b;
+#pragma unroll
+                for (int q = 0; q < Q; ++q) got[u][q] = b < L ? A(((const volatile A*)parts[q])[o]) : A(0);
+            }
+#pragma unroll
+            for (int u = 0; u < ROWS_MERGE_AHEAD; ++u) Op::combine(acc, got[u]);
+        }
+#pragma unroll
+        for (int offset = 16; offset > 0; offset >>= 1) {
+            A other[Q];
+#pragma unroll
+            for (int q = 0; q < Q; ++q) other[q] = __shfl_down_sync(0xffffffffu, acc[q], offset);
+            if (lane + offset < 32) Op::combine(acc, other);
+        }
+        if (lane == 0) {
+#pragma unroll
+            for (int q = 0; q < Q; ++q) merged[q][warp] = acc[q];
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            A total[Q];
+#pragma unroll
+            for (int q = 0; q < Q; ++q) total[q] = 0;
+            for (int w = 0; w < BN_THREADS / 32; ++w) {
+                A part[Q];
+#pragma unroll
+                for (int q = 0; q < Q; ++q) part[q] = merged[q][w];
+                Op::combine(total, part);
+            }
+            op.finish(c, total, gathered);
+            __threadfence();
+        }
+        __syncthreads();
+    }
+}
+
+// Pass 2: op.map of the register rows, the cached rows, then the other
+// batches last to first (all loads of a batch first) into dst.
+template <int B, int SB, typename Op, typename T, int VEC, typename index_t>
+__device__ __forceinline__ void rows_second_pass(const Op& op, const T* const (&src)[Op::K], T* __restrict__ dst,
+                                                 const RowLanes& rl, index_t M, int C, index_t col,
+                                                 index_t batches, const acc_t<T> (&keep)[Op::K][B][VEC],
+                                                 const Pack<T, VEC> (&cache)[Op::K][SB * B][BN_THREADS]) {
+    typedef acc_t<T> A;
+    constexpr int K = Op::K;
+    {  // the last batch, from registers
+        const index_t first = ((batches - 1) * rl.L + rl.lane) * B;
+#pragma unroll
+        for (int i = 0; i < B; ++i) {
+            if (first + i < M) {
+                A out[VEC];
+                op.map(keep, i, out);
+                store_pack<T, VEC>(dst, (first + i) * C + col, out);
+            }
+        }
+    }
+#pragma unroll
+    for (int back = 1; back <= SB; ++back) {  // the cached batches
+        const index_t j = batches - 1 - back;
+        if (j >= 0) {
+            const index_t first = (j * rl.L + rl.lane) * B;
+#pragma unroll
+            for (int i = 0; i < B; ++i) {
+                if (first + i < M) {
+                    A row[K][1][VEC], out[VEC];
+#pragma unroll
+                    for (int k = 0; k < K; ++k) {
+                        const Pack<T, VEC> pk = cache[k][(back - 1) * B + i][threadIdx.x];
+#pragma unroll
+                        for (int v = 0; v < VEC; ++v) row[k][0][v] = A(load(pk.v[v]));
+                    }
+                    op.map(row, 0, out);
+                    store_pack<T, VEC>(dst, (first + i) * C + col, out);
+                }
+            }
+        }
+    }
+    for (index_t j = batches - 2 - SB; j >= 0; --j) {  // the rest, last to first
+        const index_t first = (j * rl.L + rl.lane) * B;
+        A vals[K][B][VEC];
+#pragma unroll
+        for (int i = 0; i < B; ++i)
+#pragma unroll
+            for (int k = 0; k < K; ++k)
+                if (first + i < M) load_pack<T, VEC>(src[k], (first + i) * C + col, vals[k][i]);
+#pragma unroll
+        for (int i = 0; i < B; ++i) {
+            if (first + i < M) {
+                A out[VEC];
+                op.map(vals, i, out);
+                store_pack<T, VEC>(dst, (first + i) * C + col, out);
+            }
+        }
+    }
+}
+
+// The whole fused rows kernel for an op: pass 1, the lane partials, grid
+// barrier 1, the merge, grid barrier 2, pass 2.
+template <typename T, int VEC, typename Op, typename index_t>
+__device__ __forceinline__ void rows_fused(Op& op, const T* const (&src)[Op::K], T* __restrict__ dst,
+                                           acc_t<T>* const (&parts)[Op::Q], index_t M, int C, int cols,
+                                           unsigned* __restrict__ arrive) {
+    typedef acc_t<T> A;
+    constexpr int K = Op::K, Q = Op::Q;
+    constexpr int B = fused_rows_batch<T, VEC, K>();
+    constexpr int SB = ROWS_SMEM_ROWS / K / B;  // cached batches
+    __shared__ Pack<T, VEC> cache[K][SB * B][BN_THREADS];
+    const RowLanes rl(cols);
+    const bool active = rl.active(C / VEC);
+    const index_t col = (index_t)rl.cv * VEC;
+    const index_t batches = active ? lane_batches<B>(rl, M) : 0;
+    op.start(rl, active);
+    A keep[K][B][VEC];
+    rows_first_pass<B, SB>(op, src, rl, M, C, col, batches, keep, cache);
+    if (active) {
+#pragma unroll
+        for (int v = 0; v < VEC; ++v) {
+            const index_t o = (index_t)(rl.cv * VEC + v) * rl.L + rl.lane;
+#pragma unroll
+            for (int q = 0; q < Q; ++q) parts[q][o] = op.part[q][v];
+        }
+        __threadfence();
+    }
+    int block, blocks;
+    grid_block(block, blocks);
+    const bool gathered = channel_barrier(arrive, 0, 2, blocks);
+    rows_merge_channels(op, parts, rl.L, C, block, blocks, gathered);
+    const bool merged_all = channel_barrier(arrive, 1, 2, blocks);
+    if (!active || batches == 0) return;
+    op.prepare(rl, M, C, merged_all);
+    rows_second_pass<B, SB>(op, src, dst, rl, M, C, col, batches, keep, cache);
+}
+
+// Training forward: partials (count, mean, M2) per channel; the merged channel
+// writes mean / invstd / running statistics; y = (x - mean) * scale + shift.
+template <typename T, typename P, int VEC>
+struct RowsTrainOp {
+    typedef acc_t<T> A;
+    static constexpr int K = 1, Q = 3;
+    A part[Q][VEC];
+    A mean[VEC], scale[VEC], shift[VEC];
+    A* mean_out;
+    A* invstd_out;
+    P* running_mean;
+    P* running_var;
+    const P* gamma;
+    const P* beta;
+    A eps, momentum, unbias;
+    int update_running;
+
+    __device__ __forceinline__ void start(const RowLanes&, bool) {
+#pragma unroll
+        for (int v = 0; v < VEC; ++v) part[0][v] = part[1][v] = part[2][v] = 0;
+    }
+    // Exact two-pass statistics of the batch's `rows` rows, Chan-merged in.
+    template <int B>
+    __device__ __forceinline__ void accumulate(const A (&vals)[K][B][VEC], int rows) {
+        const A nb = A(rows);
+#pragma unroll
+        for (int v = 0; v < VEC; ++v) {
+            A s = 0;
+#pragma unroll
+            for (int i = 0; i < B; ++i) s += vals[0][i][v];
+            const A mb = s / nb;
+            A q = 0;
+#pragma unroll
+            for (int i = 0; i < B; ++i) {
+                const A d = vals[0][i][v] - mb;
+                if (i < rows) q += d * d;
+            }
+            chan_merge(part[0][v], part[1][v], part[2][v], nb, mb, q);
+        }
+    }
+    __device__ __forceinline__ static void combine(A (&a)[Q], const A (&b)[Q]) {
+        chan_merge(a[0], a[1], a[2], b[0], b[1], b[2]);
+    }
+    __device__ __forceinline__ void finish(int c, const A (&r)[Q], bool gathered) const {
+        const A var = gathered ? r[2] / r[0] : barrier_failed<A>();
+        write_statistics(c, gathered ? r[1] : var, var, A(1) / sqrt(var + eps), mean_out, invstd_out, running_mean,
+                         running_var, momentum, unbias, update_running);
+    }
+    template <typename index_t>
+    __device__ __forceinline__ void prepare(const RowLanes& rl, index_t, int, bool merged_all) {
+        const volatile A* mo = mean_out;
+        const volatile A* io = invstd_out;
+#pragma unroll
+        for (int v = 0; v < VEC; ++v) {
+            const int c = rl.cv * VEC + v;
+            mean[v] = merged_all ? A(mo[c]) : barrier_failed<A>();
+            scale[v] = A(io[c]) * A(load(gamma[c]));
+            shift[v] = A(load(beta[c]));
+        }
+    }
+    template <int B>
+    __device__ __forceinline__ void map(const A (&rows)[K][B][VEC], int i, A (&out)[VEC]) const {
+#pragma unroll
+        for (int v = 0; v < VEC; ++v) out[v] = (rows[0][i][v] - mean[v]) * scale[v] + shift[v];
+    }
+};
+
+// Backward: partials sum(dy), sum(dy * (x - mean)) per channel; the merged
+// channel writes dbeta, dgamma (the second sum times invstd) and sums[c] /
+// sums[C + c]; dx = scale * (dy - mean_dy - xhat * mean_dy_xhat).
+template <typename T, typename P, int VEC>
+struct RowsBackwardOp {
+    typedef acc_t<T> A;
+    static constexpr int K = 2, Q = 2;  // tensors x, dy
+    A part[Q][VEC];
+    A m[VEC], s[VEC], scale[VEC], mean_dy[VEC], mean_dy_xhat[VEC];
+    const A* mean;
+    const A* invstd;
+    const P* gamma;
+    A* sums;
+    P* dgamma;
+    P* dbeta;
+    int C;
+
+    __device__ __forceinline__ void start(const RowLanes& rl, bool active) {
+#pragma unroll
+        for (int v = 0; v < VEC; ++v) {
+            m[v] = active ? mean[rl.cv * VEC + v] : A(0);
+            part[0][v] = part[1][v] = 0;
+        }
+    }
+    template <int B>
+    __device__ __forceinline__ void accumulate(const A (&vals)[K][B][VEC], int) {
+#pragma unroll
+        for (int i = 0; i < B; ++i) {
+#pragma unroll
+            for (int v = 0; v < VEC; ++v) {  // zeros past M add nothing
+                part[0][v] += vals[1][i][v];
+                part[1][v] += vals[1][i][v] * (vals[0][i][v] - m[v]);
+            }
+        }
+    }
+    __device__ __forceinline__ static void combine(A (&a)[Q], const A (&b)[Q]) {
+        a[0] += b[0];
+        a[1] += b[1];
+    }
+    __device__ __forceinline__ void finish(int c, const A (&r)[Q], bool gathered) const {
+        A g = r[0], gx = r[1] * invstd[c];
+        if (!gathered) g = gx = barrier_failed<A>();
+        sums[c] = g;
+        sums[C + c] = gx;
+        dbeta[c] = store<P>(g);
+        dgamma[c] = store<P>(gx);
+    }
+    template <typename index_t>
+    __device__ __forceinline__ void prepare(const RowLanes& rl, index_t M, int, bool merged_all) {
+        const volatile A* vs = sums;
+        const A n = A(M);
+#pragma unroll
+        for (int v = 0; v < VEC; ++v) {
+            const int c = rl.cv * VEC + v;
+            s[v] = invstd[c];
+            scale[v] = A(load(gamma[c])) * s[v];
+            mean_dy[v] = merged_all ? A(vs[c]) / n : barrier_failed<A>();
+            mean_dy_xhat[v] = A(vs[C + c]) / n;
+        }
+    }
+    template <int B>
+    __device__ __forceinline__ void map(const A (&rows)[K][B][VEC], int i, A (&out)[VEC]) const {
+#pragma unroll
+        for (int v = 0; v < VEC; ++v) {
+            const A xhat = (rows[0][i][v] - m[v]) * s[v];
+            out[v] = scale[v] * (rows[1][i][v] - mean_dy[v] - xhat * mean_dy_xhat[v]);
+        }
+    }
+};
+
 template <typename T, typename P, typename index_t, int VEC>
 __global__ void __launch_bounds__(BN_THREADS)
 batchnorm_rows_train_fused(const T* __restrict__ x, T* __restrict__ y, acc_t<T>* __restrict__ part_n,
@@ -1216,180 +1699,22 @@ batchnorm_rows_train_fused(const T* __restrict__ x, T* __restrict__ y, acc_t<T>*
                            const P* __restrict__ gamma, const P* __restrict__ beta, index_t M, int C, int cols,
                            acc_t<T> eps, acc_t<T> momentum, acc_t<T> unbias, int update_running,
                            unsigned* __restrict__ arrive) {
-    typedef acc_t<T> A;
-    constexpr int B = rows_batch<T, VEC>();
-    constexpr int SB = ROWS_SMEM_ROWS / B;  // cached batches
-    __shared__ Pack<T, VEC> cache[SB * B][BN_THREADS];
-    __shared__ A merged[3][BN_THREADS / 32];
-    const RowLanes rl(cols);
-    const int CV = C / VEC;
-    const bool active = rl.active(CV);
-    const index_t col = (index_t)rl.cv * VEC;
-    const index_t batches = active ? lane_batches<B>(rl, M) : 0;
-    A cnt[VEC], mu[VEC], m2[VEC];
-#pragma unroll
-    for (int v = 0; v < VEC; ++v) cnt[v] = mu[v] = m2[v] = 0;
-    A keep[B][VEC];
-    for (index_t j = 0; j < batches; ++j) {
-        const index_t first = (j * rl.L + rl.lane) * B;
-        A vals[B][VEC];
-#pragma unroll
-        for (int i = 0; i < B; ++i) {
-            if (first + i < M) {
-                load_pack<T, VEC>(x, (first + i) * C + col, vals[i]);
-            } else {
-#pragma unroll
-                for (int v = 0; v < VEC; ++v) vals[i][v] = 0;
-            }
-        }
-        const int rows = (int)(M - first < (index_t)B ? M - first : (index_t)B);
-        const A nb = A(rows);
-#pragma unroll
-        for (int v = 0; v < VEC; ++v) {
-            A s = 0;
-#pragma unroll
-            for (int i = 0; i < B; ++i) s += vals[i][v];
-            const A mb = s / nb;
-            A q = 0;
-#pragma unroll
-            for (int i = 0; i < B; ++i) {
-                const A d = vals[i][v] - mb;
-                if (i < rows) q += d * d;
-            }
-            chan_merge(cnt[v], mu[v], m2[v], nb, mb, q);
-        }
-        const index_t back = batches - 1 - j;  // 0: the last batch
-        if (back == 0) {
-#pragma unroll
-            for (int i = 0; i < B; ++i)
-#pragma unroll
-                for (int v = 0; v < VEC; ++v) keep[i][v] = vals[i][v];
-        } else if (back <= SB) {
-#pragma unroll
-            for (int i = 0; i < B; ++i) {
-                Pack<T, VEC> pk;
-#pragma unroll
-                for (int v = 0; v < VEC; ++v) pk.v[v] = store<T>(vals[i][v]);
-                cache[(back - 1) * B + i][threadIdx.x] = pk;
-            }
-        }
-    }
-    if (active) {
-#pragma unroll
-        for (int v = 0; v < VEC; ++v) {
-            const index_t o = (index_t)(rl.cv * VEC + v) * rl.L + rl.lane;
-            part_n[o] = cnt[v];
-            part_mean[o] = mu[v];
-            part_m2[o] = m2[v];
-        }
-        __threadfence();
-    }
-    int block, blocks;
-    grid_block(block, blocks);
-    const bool gathered = channel_barrier(arrive, 0, 2, blocks);
-    // Merge: block b takes channels b, b + blocks, ...
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const volatile A* pn = part_n;
-    const volatile A* pm = part_mean;
-    const volatile A* p2 = part_m2;
-    for (int c = block; c < C; c += blocks) {
-        A n_ = 0, u_ = 0, q_ = 0;
-        for (int b0 = threadIdx.x; b0 < rl.L; b0 += BN_THREADS * ROWS_MERGE_AHEAD) {
-            A an[ROWS_MERGE_AHEAD], am[ROWS_MERGE_AHEAD], a2[ROWS_MERGE_AHEAD];
-#pragma unroll
-            for (int u = 0; u < ROWS_MERGE_AHEAD; ++u) {
-                const int b = b0 + BN_THREADS * u;
-                const long long o = (long long)c * rl.L + b;
-                an[u] = b < rl.L ? A(pn[o]) : A(0);
-                am[u] = b < rl.L ? A(pm[o]) : A(0);
-                a2[u] = b < rl.L ? A(p2[o]) : A(0);
-            }
-#pragma unroll
-            for (int u = 0; u < ROWS_MERGE_AHEAD; ++u) chan_merge(n_, u_, q_, an[u], am[u], a2[u]);
-        }
-        warp_chan_merge(n_, u_, q_);
-        if (lane == 0) {
-            merged[0][warp] = n_;
-            merged[1][warp] = u_;
-            merged[2][warp] = q_;
-        }
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            A tn = 0, tu = 0, tq = 0;
-            for (int w = 0; w < BN_THREADS / 32; ++w) chan_merge(tn, tu, tq, merged[0][w], merged[1][w], merged[2][w]);
-            const A var = gathered ? tq / tn : barrier_failed<A>();
-            if (!gathered) tu = var;
-            write_statistics(c, tu, var, A(1) / sqrt(var + eps), mean_out, invstd_out, running_mean, running_var,
-                             momentum, unbias, update_running);
-            __threadfence();
-        }
-        __syncthreads();
-    }
-    const bool merged_all = channel_barrier(arrive, 1, 2, blocks);
-    if (!active) return;
-    const volatile A* mo = mean_out;
-    const volatile A* io = invstd_out;
-    A mean[VEC], scale[VEC], shift[VEC];
-#pragma unroll
-    for (int v = 0; v < VEC; ++v) {
-        const int c = rl.cv * VEC + v;
-        mean[v] = merged_all ? A(mo[c]) : barrier_failed<A>();
-        scale[v] = A(io[c]) * A(load(gamma[c]));
-        shift[v] = A(load(beta[c]));
-    }
-    if (batches == 0) return;
-    {  // the last batch, from registers
-        const index_t first = ((batches - 1) * rl.L + rl.lane) * B;
-#pragma unroll
-        for (int i = 0; i < B; ++i) {
-            if (first + i < M) {
-#pragma unroll
-                for (int v = 0; v < VEC; ++v) keep[i][v] = (keep[i][v] - mean[v]) * scale[v] + shift[v];
-                store_pack<T, VEC>(y, (first + i) * C + col, keep[i]);
-            }
-        }
-    }
-#pragma unroll
-    for (int back = 1; back <= SB; ++back) {  // the cached batches
-        const index_t j = batches - 1 - back;
-        if (j >= 0) {
-            const index_t first = (j * rl.L + rl.lane) * B;
-#pragma unroll
-            for (int i = 0; i < B; ++i) {
-                if (first + i < M) {
-                    const Pack<T, VEC> pk = cache[(back - 1) * B + i][threadIdx.x];
-                    A out[VEC];
-#pragma unroll
-                    for (int v = 0; v < VEC; ++v) out[v] = (A(load(pk.v[v])) - mean[v]) * scale[v] + shift[v];
-                    store_pack<T, VEC>(y, (first + i) * C + col, out);
-                }
-            }
-        }
-    }
-    for (index_t j = batches - 2 - SB; j >= 0; --j) {  // the rest, last to first
-        const index_t first = (j * rl.L + rl.lane) * B;
-        A vals[B][VEC];
-#pragma unroll
-        for (int i = 0; i < B; ++i)
-            if (first + i < M) load_pack<T, VEC>(x, (first + i) * C + col, vals[i]);
-#pragma unroll
-        for (int i = 0; i < B; ++i) {
-            if (first + i < M) {
-#pragma unroll
-                for (int v = 0; v < VEC; ++v) vals[i][v] = (vals[i][v] - mean[v]) * scale[v] + shift[v];
-                store_pack<T, VEC>(y, (first + i) * C + col, vals[i]);
-            }
-        }
-    }
+    RowsTrainOp<T, P, VEC> op;
+    op.mean_out = mean_out;
+    op.invstd_out = invstd_out;
+    op.running_mean = running_mean;
+    op.running_var = running_var;
+    op.gamma = gamma;
+    op.beta = beta;
+    op.eps = eps;
+    op.momentum = momentum;
+    op.unbias = unbias;
+    op.update_running = update_running;
+    const T* const src[1] = {x};
+    acc_t<T>* const parts[3] = {part_n, part_mean, part_m2};
+    rows_fused<T, VEC>(op, src, y, parts, M, C, cols, arrive);
 }
 
-// Channel-last backward (saved statistics) in ONE launch, the same scheme as
-// batchnorm_rows_train_fused: batches of B rows of x and dy (half the
-// forward's batch: two tensors), sums of dy and dy * (x - mean) per channel;
-// the last batch in registers, ROWS_SMEM_ROWS / 2 rows of each tensor before
-// it in shared memory; grid barrier; block b sums channels b, b + blocks, ...
-// in a fixed order (dbeta, dgamma, and sums[c] / sums[C + c] for dx); grid
-// barrier; dx from registers, cache, then the other batches last to first.
 template <typename T, typename P, typename index_t, int VEC>
 __global__ void __launch_bounds__(BN_THREADS)
 batchnorm_rows_backward_fused(const T* __restrict__ x, const T* __restrict__ dy,
@@ -1398,191 +1723,15 @@ batchnorm_rows_backward_fused(const T* __restrict__ x, const T* __restrict__ dy,
                               acc_t<T>* __restrict__ part_gx, acc_t<T>* __restrict__ sums, T* __restrict__ dx,
                               P* __restrict__ dgamma, P* __restrict__ dbeta, index_t M, int C, int cols,
                               unsigned* __restrict__ arrive) {
-    typedef acc_t<T> A;
-    constexpr int B = rows_batch<T, VEC>() / 2 > 0 ? rows_batch<T, VEC>() / 2 : 1;
-    constexpr int SB = ROWS_SMEM_ROWS / 2 / B;  // cached batches
-    __shared__ Pack<T, VEC> xcache[SB * B][BN_THREADS], dcache[SB * B][BN_THREADS];
-    __shared__ A merged[2][BN_THREADS / 32];
-    const RowLanes rl(cols);
-    const int CV = C / VEC;
-    const bool active = rl.active(CV);
-    const index_t col = (index_t)rl.cv * VEC;
-    const index_t batches = active ? lane_batches<B>(rl, M) : 0;
-    A m[VEC], g[VEC], gx[VEC];
-#pragma unroll
-    for (int v = 0; v < VEC; ++v) {
-        m[v] = active ? mean[rl.cv * VEC + v] : A(0);
-        g[v] = gx[v] = 0;
-    }
-    A keep_x[B][VEC], keep_d[B][VEC];
-    for (index_t j = 0; j < batches; ++j) {
-        const index_t first = (j * rl.L + rl.lane) * B;
-        A xs[B][VEC], ds[B][VEC];
-#pragma unroll
-        for (int i = 0; i < B; ++i) {
-            if (first + i < M) {
-                load_pack<T, VEC>(x, (first + i) * C + col, xs[i]);
-                load_pack<T, VEC>(dy, (first + i) * C + col, ds[i]);
-            } else {
-#pragma unroll
-                for (int v = 0; v < VEC; ++v) xs[i][v] = ds[i][v] = 0;
-            }
-        }
-#pragma unroll
-        for (int i = 0; i < B; ++i) {
-#pragma unroll
-            for (int v = 0; v < VEC; ++v) {  // zeros past M add nothing
-                g[v] += ds[i][v];
-                gx[v] += ds[i][v] * (xs[i][v] - m[v]);
-            }
-        }
-        const index_t back = batches - 1 - j;
-        if (back == 0) {
-#pragma unroll
-            for (int i = 0; i < B; ++i)
-#pragma unroll
-                for (int v = 0; v < VEC; ++v) {
-                    keep_x[i][v] = xs[i][v];
-                    keep_d[i][v] = ds[i][v];
-                }
-        } else if (back <= SB) {
-#pragma unroll
-            for (int i = 0; i < B; ++i) {
-                Pack<T, VEC> px, pd;
-#pragma unroll
-                for (int v = 0; v < VEC; ++v) {
-                    px.v[v] = store<T>(xs[i][v]);
-                    pd.v[v] = store<T>(ds[i][v]);
-                }
-                xcache[(back - 1) * B + i][threadIdx.x] = px;
-                dcache[(back - 1) * B + i][threadIdx.x] = pd;
-            }
-        }
-    }
-    if (active) {
-#pragma unroll
-        for (int v = 0; v < VEC; ++v) {
-            const index_t o = (index_t)(rl.cv * VEC + v) * rl.L + rl.lane;
-            part_g[o] = g[v];
-            part_gx[o] = gx[v];
-        }
-        __threadfence();
-    }
-    int block, blocks;
-    grid_block(block, blocks);
-    const bool gathered = channel_barrier(arrive, 0, 2, blocks);
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const volatile A* pg = part_g;
-    const volatile A* pgx = part_gx;
-    for (int c = block; c < C; c += blocks) {
-        A sg = 0, sgx = 0;
-        for (int b0 = threadIdx.x; b0 < rl.L; b0 += BN_THREADS * ROWS_MERGE_AHEAD) {
-            A ag[ROWS_MERGE_AHEAD], agx[ROWS_MERGE_AHEAD];
-#pragma unroll
-            for (int u = 0; u < ROWS_MERGE_AHEAD; ++u) {
-                const int b = b0 + BN_THREADS * u;
-                const long long o = (long long)c * rl.L + b;
-                ag[u] = b < rl.L ? A(pg[o]) : A(0);
-                agx[u] = b < rl.L ? A(pgx[o]) : A(0);
-            }
-#pragma unroll
-            for (int u = 0; u < ROWS_MERGE_AHEAD; ++u) {
-                sg += ag[u];
-                sgx += agx[u];
-            }
-        }
-        sg = warp_down_sum(sg);
-        sgx = warp_down_sum(sgx);
-        if (lane == 0) {
-            merged[0][warp] = sg;
-            merged[1][warp] = sgx;
-        }
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            A tg = 0, tgx = 0;
-            for (int w = 0; w < BN_THREADS / 32; ++w) {
-                tg += merged[0][w];
-                tgx += merged[1][w];
-            }
-            tgx *= invstd[c];
-            if (!gathered) tg = tgx = barrier_failed<A>();
-            sums[c] = tg;
-            sums[C + c] = tgx;
-            dbeta[c] = store<P>(tg);
-            dgamma[c] = store<P>(tgx);
-            __threadfence();
-        }
-        __syncthreads();
-    }
-    const bool merged_all = channel_barrier(arrive, 1, 2, blocks);
-    if (!active || batches == 0) return;
-    const volatile A* vs = sums;
-    A s[VEC], scale[VEC], mean_dy[VEC], mean_dy_xhat[VEC];
-    const A n = A(M);
-#pragma unroll
-    for (int v = 0; v < VEC; ++v) {
-        const int c = rl.cv * VEC + v;
-        s[v] = invstd[c];
-        scale[v] = A(load(gamma[c])) * s[v];
-        mean_dy[v] = merged_all ? A(vs[c]) / n : barrier_failed<A>();
-        mean_dy_xhat[v] = A(vs[C + c]) / n;
-    }
-    {  // the last batch, from registers
-        const index_t first = ((batches - 1) * rl.L + rl.lane) * B;
-#pragma unroll
-        for (int i = 0; i < B; ++i) {
-            if (first + i < M) {
-                A out[VEC];
-#pragma unroll
-                for (int v = 0; v < VEC; ++v) {
-                    const A xhat = (keep_x[i][v] - m[v]) * s[v];
-                    out[v] = scale[v] * (keep_d[i][v] - mean_dy[v] - xhat * mean_dy_xhat[v]);
-                }
-                store_pack<T, VEC>(dx, (first + i) * C + col, out);
-            }
-        }
-    }
-#pragma unroll
-    for (int back = 1; back <= SB; ++back) {  // the cached batches
-        const index_t j = batches - 1 - back;
-        if (j >= 0) {
-            const index_t first = (j * rl.L + rl.lane) * B;
-#pragma unroll
-            for (int i = 0; i < B; ++i) {
-                if (first + i < M) {
-                    const Pack<T, VEC> px = xcache[(back - 1) * B + i][threadIdx.x];
-                    const Pack<T, VEC> pd = dcache[(back - 1) * B + i][threadIdx.x];
-                    A out[VEC];
-#pragma unroll
-                    for (int v = 0; v < VEC; ++v) {
-                        const A xhat = (A(load(px.v[v])) - m[v]) * s[v];
-                        out[v] = scale[v] * (A(load(pd.v[v])) - mean_dy[v] - xhat * mean_dy_xhat[v]);
-                    }
-                    store_pack<T, VEC>(dx, (first + i) * C + col, out);
-                }
-            }
-        }
-    }
-    for (index_t j = batches - 2 - SB; j >= 0; --j) {  // the rest, last to first
-        const index_t first = (j * rl.L + rl.lane) * B;
-        A xs[B][VEC], ds[B][VEC];
-#pragma unroll
-        for (int i = 0; i < B; ++i) {
-            if (first + i < M) {
-                load_pack<T, VEC>(x, (first + i) * C + col, xs[i]);
-                load_pack<T, VEC>(dy, (first + i) * C + col, ds[i]);
-            }
-        }
-#pragma unroll
-        for (int i = 0; i < B; ++i) {
-            if (first + i < M) {
-#pragma unroll
-                for (int v = 0; v < VEC; ++v) {
-                    const A xhat = (xs[i][v] - m[v]) * s[v];
-                    xs[i][v] = scale[v] * (ds[i][v] - mean_dy[v] - xhat * mean_dy_xhat[v]);
-                }
-                store_pack<T, VEC>(dx, (first + i) * C + col, xs[i]);
-            }
-        }
-    }
+    RowsBackwardOp<T, P, VEC> op;
+    op.mean = mean;
+    op.invstd = invstd;
+    op.gamma = gamma;
+    op.sums = sums;
+    op.dgamma = dgamma;
+    op.dbeta = dbeta;
+    op.C = C;
+    const T* const src[2] = {x, dy};
+    acc_t<T>* const parts[2] = {part_g, part_gx};
+    rows_fused<T, VEC>(op, src, dx, parts, M, C, cols, arrive);
 }

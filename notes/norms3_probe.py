@@ -109,7 +109,7 @@ dy = data((32, 2048, 7, 7))
 g, b, rm, rv = params(2048)
 tf, tb_ = torch_bn(x, dy, g, b, rm, rv)
 case("bn_r50_late train", 3 * x.nbytes, lambda: dp.batchnorm(x, g, b, rm, rv, training=True), bn,
-     {"grouped": {"GROUPED_TRAINING": True}, "fused": {"GROUPED_TRAINING": False}}, tf)
+     {"grouped": {"GROUPED": True}, "fused": {"GROUPED": False}}, tf)
 # bn_big_nhwc: one-launch rows kernels vs three launches.
 x = data((64, 56, 56, 256))
 dy = data((64, 56, 56, 256))

@@ -306,6 +306,51 @@ def test_single_read_path_matches_two_pass_path(xp, rng, monkeypatch, prefetch, 
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_two_pass_finishes_each_channel_in_its_last_block(gpu, rng, monkeypatch, dtype):
+    """The two-pass backward's pass 1 (batchnorm_backward_reduce, and
+    batchnorm_statistics<FINISH> when the statistics are recomputed) finishes each
+    channel in the last of its blocks to arrive (arrival counters); the forward's
+    pass 2 merges in every block: statistics, running statistics and gradients
+    (saved and recomputed statistics) match the float64 reference, bitwise the same
+    on every repeat (the counters are back to zero after every launch), for
+    channels of 1, 2 and 5 chunks."""
+    from dnnprims import normalization
+    monkeypatch.setattr(normalization, "FUSED", False)
+    cp = gpu
+    pdtype = np.float32 if dtype in (np.float16, _dtypes.BFLOAT16) else dtype
+    f64 = lambda a: _host(a).astype(np.float64)  # noqa: E731
+    for x_shape in ((3, 4, 7, 9), (2, 3, 64, 64), (5, 2, 64, 64)):
+        x = cp.asarray(random_array(rng, x_shape, dtype, low=-1, high=3))
+        dy = cp.asarray(random_array(rng, x_shape, dtype))
+        gamma, beta = (cp.asarray(a) for a in _params(rng, x_shape, "NCHW", pdtype))
+        c = x_shape[1]
+        results = []
+        for _ in range(3):
+            rm, rv = cp.zeros(c, pdtype), cp.ones(c, pdtype)
+            y, mean, invstd = batchnorm(x, gamma, beta, rm, rv, return_stats=True)
+            saved = batchnorm_backward(dy, x, gamma, mean=mean, invstd=invstd)
+            recomputed = batchnorm_backward(dy, x, gamma)
+            assert not _host(normalization._stream_workspace(cp).arrive).any()
+            results.append([_host(a) for a in (y, mean, invstd, rm, rv, *saved, *recomputed)])
+        for later in results[1:]:
+            for a, b in zip(results[0], later):
+                np.testing.assert_array_equal(a, b)
+        rm64, rv64 = np.zeros(c), np.ones(c)
+        y64 = batchnorm(f64(x), f64(gamma), f64(beta), rm64, rv64)
+        assert_close(results[0][0], y64, dtype, what="y")
+        assert_close(results[0][3], rm64, pdtype, what="running_mean")
+        assert_close(results[0][4], rv64, pdtype, what="running_var")
+        expect = batchnorm_backward(f64(dy), f64(x), f64(gamma))
+        x64, dy64 = f64(x), f64(dy)
+        centred = np.abs(x64 - x64.mean(axis=(0, 2, 3), keepdims=True))
+        magnitudes = dict(dgamma=(np.abs(dy64) * centred).sum(axis=(0, 2, 3)) / np.sqrt(x64.var(axis=(0, 2, 3)) + 1e-5),
+                          dbeta=np.abs(dy64).sum(axis=(0, 2, 3)))
+        for got in (results[0][5:8], results[0][8:11]):
+            for a, b, what in zip(got, expect, ("dx", "dgamma", "dbeta")):
+                assert_close(a, b, dtype, what=what, magnitude=magnitudes.get(what))
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 @pytest.mark.parametrize("x_shape,offset", [((3, 5, 7, 16), 0), ((3, 5, 7, 16), 1), ((2, 3, 3, 1100), 0),
                                             ((5000, 8), 0), ((1, 13, 3, 24), 0), ((7, 1, 1, 3), 0)])
 def test_channel_last_paths(xp, rng, dtype, x_shape, offset):
@@ -609,6 +654,68 @@ def test_grid_barrier_kernels_are_launched_cooperatively_with_arguments_of_their
     assert seen == set(_COOPERATIVE_KERNELS)
 
 
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_multi_launch_and_grouped_kernels_get_arguments_of_their_signature(monkeypatch, dtype):
+    """CPU: the launches of the two-pass plans (statistics + normalize, inference,
+    reduce + data with saved and recomputed statistics) and of the grouped 7x7
+    plans match their kernels' C signatures parameter by parameter (pointer ->
+    array of the pointee dtype, scalars of the exact C type), none cooperative."""
+    from dnnprims import _kernels, normalization
+    captured = []
+
+    def capture(expression, grid, block, args, shared_mem=0, cooperative=False, fallback=None):
+        captured.append((expression, tuple(args), cooperative))
+
+    for name in ("_RESIDENT", "_WORKSPACES", "_SMS", "_LAUNCHES", "_CONSTANTS", "_PLANS"):
+        monkeypatch.setattr(normalization, name, {})
+    monkeypatch.setattr(normalization.FAMILY, "prepare", capture)
+    monkeypatch.setattr(normalization.FAMILY, "function", lambda expression: None)
+    monkeypatch.setattr(normalization, "FUSED", False)
+    cp = _FakeCupy
+    pdtype = np.dtype(np.float32 if dtype in (np.float16, _dtypes.BFLOAT16) else dtype)
+    acc = np.dtype(_dtypes.accumulate_dtype(np.dtype(dtype)))
+    forward_arrays = (dtype, dtype, acc, acc, pdtype, pdtype, pdtype, pdtype)
+    backward_arrays = (dtype, dtype, acc, acc, pdtype, dtype, pdtype, pdtype)
+    seen = set()
+    for c, outer, inner in ((8, 3, 40 * 120), (8, 16, 49)):  # two chunks a channel; a grouped 7x7 plane
+        x = _fake_device_array((outer, c, inner), dtype)
+        for training in (True, False):
+            start = len(captured)
+            normalization._build_forward_plan(cp, x, x, pdtype, c, outer, inner, training, training, 0.1, 1e-5,
+                                              False, False, True)
+            _check_arguments(captured[start:], forward_arrays, acc, seen)
+        for recompute in (False, True):
+            start = len(captured)
+            normalization._build_backward_plan(cp, x, x, x, pdtype, c, outer, inner, recompute, 1e-5, False, True)
+            _check_arguments(captured[start:], backward_arrays, acc, seen)
+    assert {"batchnorm_statistics", "batchnorm_normalize", "batchnorm_backward_reduce", "batchnorm_backward_data",
+            "batchnorm_train_grouped", "batchnorm_backward_grouped", "batchnorm_infer_flat"} <= seen, seen
+
+
+def _check_arguments(captured, arrays, acc, seen):
+    """Each captured (expression, args, cooperative) against its kernel's C signature;
+    `arrays`: the dtypes of the call's arrays ARRAY0, ARRAY1, ... of the plan."""
+    from dnnprims import _kernels
+    for expression, args, cooperative in captured:
+        assert not cooperative, expression
+        name, inside = expression.rstrip(">").split("<", 1)
+        seen.add(name)
+        template, params = _kernel_signature(name)
+        bound = dict(zip(template, (a.strip() for a in inside.split(","))))
+        ctype = {"T": _C_TYPES[bound["T"]], "P": _C_TYPES.get(bound.get("P")), "acc_t<T>": acc.type,
+                 "index_t": np.int32 if bound["index_t"] == "int" else np.int64, "int": np.int32,
+                 "unsigned": np.uint32}
+        args = tuple(_fake_device_array((1,), arrays[a.index]) if isinstance(a, _kernels._ArrayArgument) else a
+                     for a in args)
+        assert len(args) == len(params), expression
+        for (c_type, param), a in zip(params, args):
+            if c_type.endswith("*"):
+                assert isinstance(a, _kernels._NDARRAY), (expression, param)
+                assert a.dtype == np.dtype(ctype[c_type[:-1]]), (expression, param, a.dtype)
+            else:
+                assert type(a) is ctype[c_type], (expression, param, type(a))
+
+
 def _count_cooperative_launches(monkeypatch):
     """A list that grows by one per cuLaunchCooperativeKernel call (the real one runs)."""
     from dnnprims import _kernels
@@ -737,14 +844,15 @@ def test_barrier_timeout_writes_nan_not_a_wrong_value(gpu):
                                             ((3, 8, 2, 3), 0), ((5, 16, 1, 5), 0), ((2, 4, 1, 2), 0),
                                             ((4, 6, 3, 3), 0), ((7, 16, 13), 0), ((1, 8, 3), 0)])
 def test_grouped_training_path(xp, rng, monkeypatch, grouped, dtype, x_shape, offset):
-    """Training forward of small channels with an inner size not a multiple of the
-    vector width: batchnorm_train_grouped (G channels a block, 16-byte vectors
-    that cross channel boundaries; inner 2 < VEC puts several channels in one
-    vector) against the fused / two-pass kernels and the float64 reference, with
-    running statistics; C % G != 0 (6 channels), misaligned data and channels
-    too large for a block fall back to the other kernels."""
+    """Training forward and backward (saved statistics) of small channels with an
+    inner size not a multiple of the vector width: batchnorm_train_grouped /
+    batchnorm_backward_grouped (G channels a block, 16-byte vectors that cross
+    channel boundaries; inner 2 < VEC puts several channels in one vector) against
+    the fused / two-pass kernels and the float64 reference, with running
+    statistics; C % G != 0 (6 channels), misaligned data and channels too large
+    for a block fall back to the other kernels."""
     from dnnprims import normalization
-    monkeypatch.setattr(normalization, "GROUPED_TRAINING", grouped)
+    monkeypatch.setattr(normalization, "GROUPED", grouped)
     pdtype, x_host, x, gamma, beta, rm, rv = _small_channel_problem(xp, rng, dtype, x_shape, offset)
     f64 = lambda a: _host(a).astype(np.float64)  # noqa: E731
     rm64, rv64 = f64(rm), f64(rv)
@@ -762,6 +870,21 @@ def test_grouped_training_path(xp, rng, monkeypatch, grouped, dtype, x_shape, of
         assert_close(rv_x, rv64, pdtype, what="running_var")
     y = batchnorm(x, None, None)  # no parameters, no running statistics
     assert_close(y, batchnorm(f64(x_host), None, None), dtype, what="y")
+    dy_host = random_array(rng, x_shape, dtype)
+    dy = _placed(xp, dy_host, offset)
+    x64, dy64 = f64(x_host), f64(dy_host)
+    axes = (0,) + tuple(range(2, len(x_shape)))
+    expect = batchnorm_backward(dy64, x64, f64(gamma))
+    centred = np.abs(x64 - x64.mean(axis=axes, keepdims=True))
+    magnitudes = dict(dgamma=(np.abs(dy64) * centred).sum(axis=axes) / np.sqrt(x64.var(axis=axes) + 1e-5),
+                      dbeta=np.abs(dy64).sum(axis=axes))
+    for _ in range(2):  # the second call takes the fast path
+        got = batchnorm_backward(dy, x, xp.asarray(gamma), mean=mean, invstd=invstd)
+        for a, b, what in zip(got, expect, ("dx", "dgamma", "dbeta")):
+            assert a.shape == b.shape
+            assert_close(a, b, dtype, what=what, magnitude=magnitudes.get(what))
+    got = batchnorm_backward(dy, x, None, mean=mean, invstd=invstd)  # gamma None: ones
+    assert_close(got[0], batchnorm_backward(dy64, x64, None)[0], dtype, what="dx (no gamma)")
 
 
 def test_non_contiguous_inputs(xp, rng):
