@@ -49,13 +49,14 @@ the same stages on NumPy: the tests and the accuracy measurement use them.
 """
 import functools
 import math
+import os
 from fractions import Fraction
 
 import numpy as np
 
 from .. import _dtypes
 from .. import _cublas
-from .._kernels import KERNEL_DIR, KernelFamily, ceil_div
+from .._kernels import KERNEL_DIR, KernelFamily, WorkspaceSlot, capture_graph, ceil_div
 from .._validate import INT32_LIMIT
 from . import ConvAlgorithm, register
 
@@ -98,6 +99,9 @@ FILTER_IN_INPUT_LAUNCH = True
 # an m x m tile (m = 2 or 4) as one 8- / 16-byte store where Q % m == 0 and y is
 # aligned (else one store per value, as for every other dtype and NHWC).
 VECTOR_ROWS = True
+# Cached calls replay their cuBLAS GEMMs as CUDA graphs captured over their kept
+# workspace (_gemm_graphs; DNNPRIMS_WINOGRAD_GEMM_GRAPHS=0 in the environment: off).
+GEMM_GRAPHS = os.environ.get("DNNPRIMS_WINOGRAD_GEMM_GRAPHS", "1") != "0"
 _THREADS = 256
 _PLAN_CACHE_SIZE = 4096
 MATRICES_HEADER = "conv_winograd_matrices.cuh"
@@ -519,7 +523,6 @@ class WinogradConvolution(ConvAlgorithm):
         Arrays of a launch: ARRAY0 = a, ARRAY1 = b, ARRAY2 = out, ARRAY3 = bias
         (b stands in for an absent bias: the kernel does not read it),
         ARRAY4 = the workspace."""
-        import cupy
         from cupy.cuda import device
         from .._kernels import ARRAY0, ARRAY1, ARRAY2, ARRAY3, ARRAY4
 
@@ -544,26 +547,33 @@ class WinogradConvolution(ConvAlgorithm):
                                (ARRAY0, ARRAY4, plan["v_offset"], *in_args, *filter_args)),
                           gemm_args, outputs))
         first, steps = tuple(first), tuple(steps)
-        elements, acc, run_gemm = plan["elements"], plan["acc"], _GEMM_RUN[plan["acc"]]
-        empty, handle = cupy.empty, device.get_cublas_handle
+        run_gemm = _GEMM_RUN[plan["acc"]]
+        gemms = tuple(gemm_args for _, gemm_args, _ in steps)
+        handle = device.get_cublas_handle
+        slot = WorkspaceSlot(plan["elements"], plan["acc"])
 
         def run(a, b, out, bias=None):
             if options != (WORKSPACE_BOUND, FILTER_IN_INPUT_LAUNCH, VECTOR_ROWS):
                 # The module's options changed since this was prepared (tests do that).
                 return self.run(problem, direction, a, b, out, bias=bias, activation=activation)
-            workspace = empty(elements, dtype=acc)
-            arrays = (a, b, out, bias, workspace)
-            base = workspace.data.ptr
+            workspace = slot.take()
+            arrays = (a, b, out, bias, workspace.array)
+            base = workspace.array.data.ptr
             # Vector rows need 16-byte aligned rows (float4 for F(4x4), float2 for F(2x2)).
             vec = out.data.ptr % 16 == 0
             for launch in first:
                 launch(*arrays)
-            cublas = handle()
-            for launch_input, (head, b_offset, mid, a_offset, tail, c_offset, last), outputs in steps:
+            graphs = _gemm_graphs(workspace, run_gemm, gemms, base)
+            for i, (launch_input, (head, b_offset, mid, a_offset, tail, c_offset, last), outputs) \
+                    in enumerate(steps):
                 launch_input(*arrays)
-                run_gemm(cublas, *head, base + b_offset, *mid, base + a_offset, *tail, base + c_offset,
-                         *last)
+                if graphs:
+                    graphs[i]()
+                else:
+                    run_gemm(handle(), *head, base + b_offset, *mid, base + a_offset, *tail, base + c_offset,
+                             *last)
                 outputs[vec](*arrays)
+            slot.give_back(workspace)
             return out
         return run
 
@@ -591,6 +601,41 @@ def _gemm_arguments(nhwc, alpha2, Kout, Cin, tiles, itemsize, v_offset, m_offset
                 v_bytes, (Cin, tiles * Cin, zero), m_bytes, (Kout, tiles * Kout, alpha2))
     return ((_cublas._OP_N, _cublas._OP_N, tiles, Kout, Cin, one), v_bytes, (tiles, Cin * tiles),
             u_bytes, (Cin, Kout * Cin, zero), m_bytes, (tiles, Kout * tiles, alpha2))
+
+
+def _gemm_graphs(workspace, run_gemm, gemms, base):
+    """The GEMMs of a prepared call (per batch chunk: cuBLAS arguments split
+    around the operands' byte offsets, all inside the workspace at ``base``)
+    as captured graphs, one per chunk -- or () for the direct cuBLAS calls.
+
+    Every pointer of these GEMMs lies in the workspace, so once the workspace
+    is kept (:class:`WorkspaceSlot`) a graph captured over it replays the
+    same GEMMs on any later call: one ``cudaGraphLaunch`` instead of cuBLAS's
+    per-call host work.  Captured on the second call that uses a kept
+    workspace (the first warms cuBLAS up directly) and kept in its ``state``;
+    a failed capture leaves () there and the direct calls run.  Off with
+    GEMM_GRAPHS = False."""
+    graphs = workspace.state
+    if graphs is None:
+        if not (GEMM_GRAPHS and workspace.kept):
+            return ()
+        graphs = workspace.state = _capture_gemms(run_gemm, gemms, base)
+    return graphs if GEMM_GRAPHS else ()
+
+
+def _capture_gemms(run_gemm, gemms, base):
+    from cupy.cuda import device
+
+    graphs = []
+    for head, b_offset, mid, a_offset, tail, c_offset, last in gemms:
+        def work():
+            run_gemm(device.get_cublas_handle(), *head, base + b_offset, *mid, base + a_offset, *tail,
+                     base + c_offset, *last)
+        graph = capture_graph(work)
+        if graph is None:
+            return ()
+        graphs.append(graph)
+    return tuple(graphs)
 
 
 def _dtypes_acc(itemsize):
@@ -761,7 +806,6 @@ class WinogradBackwardFilter(ConvAlgorithm):
         """Prepared launches and a raw cuBLAS call per batch chunk over one
         workspace allocation (as WinogradConvolution.prepare). Arrays of a launch:
         ARRAY0 = x, ARRAY1 = dy, ARRAY2 = dw, ARRAY4 = the workspace."""
-        import cupy
         from cupy.cuda import device
         from .._kernels import ARRAY0, ARRAY1, ARRAY2, ARRAY4
 
@@ -776,22 +820,30 @@ class WinogradBackwardFilter(ConvAlgorithm):
             for (_, _, _, x_grid, x_args, dy_grid, dy_args), gemm_args in zip(plan["chunks"], plan["gemms"]))
         expr, grid, args = plan["output"]
         output = prep(expr, grid, block, (ARRAY4, ARRAY2, *args))
-        elements, acc, run_gemm = plan["elements"], plan["acc"], _GEMM_RUN[plan["acc"]]
-        empty, handle = cupy.empty, device.get_cublas_handle
+        run_gemm = _GEMM_RUN[plan["acc"]]
+        gemms = tuple(gemm_args for _, _, gemm_args in steps)
+        handle = device.get_cublas_handle
+        slot = WorkspaceSlot(plan["elements"], plan["acc"])
 
         def run(a, b, out, bias=None):
             if options != _wgrad_options():
                 # The module's options changed since this was prepared (tests do that).
                 return self.run(problem, direction, a, b, out)
-            workspace = empty(elements, dtype=acc)
-            arrays = (a, b, out, None, workspace)
-            base = workspace.data.ptr
-            cublas = handle()
-            for launch_x, launch_dy, (head, a_offset, mid, b_offset, tail, c_offset, last) in steps:
+            workspace = slot.take()
+            arrays = (a, b, out, None, workspace.array)
+            base = workspace.array.data.ptr
+            graphs = _gemm_graphs(workspace, run_gemm, gemms, base)
+            for i, (launch_x, launch_dy, (head, a_offset, mid, b_offset, tail, c_offset, last)) \
+                    in enumerate(steps):
                 launch_x(*arrays)
                 launch_dy(*arrays)
-                run_gemm(cublas, *head, base + a_offset, *mid, base + b_offset, *tail, base + c_offset, *last)
+                if graphs:
+                    graphs[i]()
+                else:
+                    run_gemm(handle(), *head, base + a_offset, *mid, base + b_offset, *tail, base + c_offset,
+                             *last)
             output(*arrays)
+            slot.give_back(workspace)
             return out
         return run
 
