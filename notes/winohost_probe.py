@@ -14,7 +14,6 @@ replayed with no pointer updates) shows what step 3 of the task would save.
 Correctness: every setting's result against the float64 reference.
 A short table is printed last.
 """
-import ctypes
 import sys
 import time
 
@@ -50,13 +49,14 @@ def main():
           dp.conv2d_choose(x.shape, w.shape, padding=1, direction="backward_data")[0])
 
     # -- A/B of the public calls, with a correctness check per setting
+    default_graphs = winograd.GRAPHS
     errors = {}
     # (off, off) is the code before this session (a workspace allocated per call, cuBLAS called).
-    for reuse, graphs in ((False, False), (True, False), (True, True)):
+    for reuse, graphs in ((False, "off"), (True, "off"), (True, "gemm"), (True, "full")):
         if True:
             _kernels.set_workspace_reuse(reuse)
-            winograd.GEMM_GRAPHS = graphs
-            tag = f"reuse={'on' if reuse else 'off'} graphs={'on' if graphs else 'off'}"
+            winograd.GRAPHS = graphs
+            tag = f"reuse={'on' if reuse else 'off'} graphs={graphs}"
             for name, fn, want in (("forward", fwd, want_f), ("backward_data", bwd, want_d)):
                 for _ in range(3):
                     got = fn()
@@ -65,7 +65,7 @@ def main():
                 errors[(tag, name)] = err
                 timed(f"public {name:13s} {tag}", fn)
     _kernels.set_workspace_reuse(True)
-    winograd.GEMM_GRAPHS = True
+    winograd.GRAPHS = default_graphs
     print("relative errors:", {f"{k[1]} {k[0]}": f"{v:.1e}" for k, v in errors.items()})
 
     # -- the pieces of one cached forward call
@@ -112,14 +112,12 @@ def main():
     if graph is not None:
         timed("piece: GEMM as a captured graph (CapturedGraph())", graph)
     # The floor of step 3: the whole sequence as one graph, no pointer updates.
-    winograd.GEMM_GRAPHS = False
 
     def whole():
         launch_in(*arrays)
         gemm_direct()
         launch_out(*arrays)
     full = _kernels.capture_graph(whole)
-    winograd.GEMM_GRAPHS = True
     if full is not None:
         timed("floor: input + GEMM + output as one graph", full)
         full()
@@ -139,27 +137,13 @@ def main():
     print("  errors:", ", ".join(f"{k[1]}/{k[0]}: {v:.1e}" for k, v in errors.items()))
 
 
-class _KernelNodeParams(ctypes.Structure):
-    """CUDA_KERNEL_NODE_PARAMS_v2 (cuda.h, CUDA 12+: what cuGraph*KernelNodeGetParams_v2 fill)."""
-    _fields_ = [("func", ctypes.c_void_p),
-                ("gridDimX", ctypes.c_uint), ("gridDimY", ctypes.c_uint), ("gridDimZ", ctypes.c_uint),
-                ("blockDimX", ctypes.c_uint), ("blockDimY", ctypes.c_uint), ("blockDimZ", ctypes.c_uint),
-                ("sharedMemBytes", ctypes.c_uint),
-                ("kernelParams", ctypes.c_void_p), ("extra", ctypes.c_void_p),
-                ("kern", ctypes.c_void_p), ("ctx", ctypes.c_void_p)]
-
-
 def full_graph_experiment():
-    """Step 3 of the task, measured but not wired in: the whole cached call
-    (input transform, cuBLAS GEMM, output transform) as one graph per kept
-    workspace, its two kernel nodes re-pointed per call through
-    cuGraphExecKernelNodeSetParams_v2 (ctypes) when x, w or y move."""
+    """The pieces of GRAPHS = "full" (step 3 of the task): the whole cached
+    call captured once, its two transform nodes re-pointed through
+    cuGraphExecKernelNodeSetParams (CapturedGraph.repoint) when x, w or y
+    move; checked against the direct launches."""
     f32 = np.float32
     rng = np.random.default_rng(1)
-    cuda = ctypes.CDLL("libcuda.so.1")
-    for name in ("cuGraphGetNodes", "cuGraphNodeGetType", "cuGraphKernelNodeGetParams_v2",
-                 "cuGraphExecKernelNodeSetParams_v2"):
-        getattr(cuda, name).restype = ctypes.c_int
     x, x2 = (cp.asarray(rng.standard_normal((1, 64, 56, 56), dtype=f32)) for _ in range(2))
     w = cp.asarray(rng.standard_normal((64, 64, 3, 3), dtype=f32))
     dp.conv2d_forward(x, w, padding=1)
@@ -177,83 +161,40 @@ def full_graph_experiment():
     ws = cp.empty(plan["elements"], plan["acc"])
     base = ws.data.ptr
     run_gemm = winograd._GEMM_RUN[plan["acc"]]
-    head, b_off, mid, a_off, tail, c_off, last = gemm
-    from cupy.cuda import device
-    y = cp.empty((1, 64, 56, 56), f32)
+    y, y2, ref = (cp.empty((1, 64, 56, 56), f32) for _ in range(3))
+    arrays_a, arrays_b = (x, w, y, None, ws), (x2, w, y2, None, ws)
+    copies = (launch_in.copy(), launch_out.copy())
 
-    def whole():
-        launch_in(x, w, y, None, ws)
-        run_gemm(device.get_cublas_handle(), *head, base + b_off, *mid, base + a_off, *tail, base + c_off,
-                 *last)
-        launch_out(x, w, y, None, ws)
-    graph = _kernels.capture_graph(whole)
+    def work():
+        copies[0](*arrays_a)
+        winograd._gemm_call(run_gemm, gemm, base)
+        copies[1](*arrays_a)
+    graph = _kernels.capture_graph(work, copies)
+    print("full graph captured and bound:", graph is not None, "| failures:", _kernels.graph_capture_failures)
     if graph is None:
-        print("full graph: capture failed")
         return
-    g = graph._graph
-    count = ctypes.c_size_t(0)
-    assert cuda.cuGraphGetNodes(ctypes.c_void_p(g.graph), None, ctypes.byref(count)) == 0
-    nodes = (ctypes.c_void_p * count.value)()
-    assert cuda.cuGraphGetNodes(ctypes.c_void_p(g.graph), nodes, ctypes.byref(count)) == 0
-    by_func = {}
-    for node in nodes:
-        kind = ctypes.c_int(-1)
-        cuda.cuGraphNodeGetType(ctypes.c_void_p(node), ctypes.byref(kind))
-        if kind.value != 0:              # CU_GRAPH_NODE_TYPE_KERNEL
-            continue
-        params = _KernelNodeParams()
-        rc = cuda.cuGraphKernelNodeGetParams_v2(ctypes.c_void_p(node), ctypes.byref(params))
-        by_func.setdefault(params.func, []).append((node, params, rc))
-    print(f"full graph: {count.value} nodes; kernel nodes by function:",
-          {hex(k or 0): len(v) for k, v in by_func.items()})
-    found = {}
-    for name, launch in (("input", launch_in), ("output", launch_out)):
-        entries = by_func.get(launch._ptr, [])
-        if len(entries) != 1 or entries[0][2] != 0:
-            print(f"full graph: {name} node not found by its function ({entries}); layout unknown, stop")
-            return
-        node, params, _ = entries[0]
-        dims = (params.gridDimX, params.gridDimY, params.gridDimZ, params.blockDimX, params.blockDimY,
-                params.blockDimZ)
-        if dims != launch._dims:
-            print(f"full graph: {name} node dims {dims} != {launch._dims}; struct layout wrong, stop")
-            return
-        params.kernelParams = launch._params_ptr
-        params.extra = None
-        found[name] = (ctypes.c_void_p(node), params, launch)
-    exec_handle = ctypes.c_void_p(g.graphExec)
-    set_params = cuda.cuGraphExecKernelNodeSetParams_v2
-    byref = ctypes.byref
-
-    def repoint(arrays):
-        for node, params, launch in found.values():
-            values = launch._values
-            for slot, index in launch._slots:
-                values[slot] = arrays[index].data.ptr
-            rc = set_params(exec_handle, node, byref(params))
-            if rc:
-                raise RuntimeError(f"cuGraphExecKernelNodeSetParams_v2: {rc}")
-    y2 = cp.empty_like(y)
-    repoint((x2, w, y2, None, ws))
+    graph.repoint(arrays_b)
     graph()
-    ref = cp.empty_like(y)
     launch_in(x2, w, ref, None, ws)
-    run_gemm(device.get_cublas_handle(), *head, base + b_off, *mid, base + a_off, *tail, base + c_off, *last)
+    winograd._gemm_call(run_gemm, gemm, base)
     launch_out(x2, w, ref, None, ws)
     cp.cuda.Device().synchronize()
-    print("full graph re-pointed to x2, y2 == direct:", bool(cp.array_equal(ref, y2)),
-          "| y untouched by it:", not bool(cp.array_equal(y, y2)))
-    arrays_a, arrays_b = (x, w, y, None, ws), (x2, w, y2, None, ws)
+    print("re-pointed to x2, y2 == direct:", bool(cp.array_equal(ref, y2)))
     flip = [0]
 
     def repoint_and_launch():
         flip[0] ^= 1
-        repoint(arrays_a if flip[0] else arrays_b)
+        graph.repoint(arrays_a if flip[0] else arrays_b)
         graph()
-    timed("full graph: launch only (pointers unchanged)", graph)
-    timed("full graph: re-point 2 kernel nodes + launch", repoint_and_launch)
-    timed("full graph: re-point 2 kernel nodes (no launch)", lambda: repoint(arrays_a))
-    print("\n== winohost full-graph experiment: host us per call")
+
+    def repoint_only():
+        flip[0] ^= 1
+        graph.repoint(arrays_a if flip[0] else arrays_b)
+    timed("full graph: launch only", graph)
+    timed("full graph: repoint (nothing moved) + launch", lambda: (graph.repoint(arrays_a), graph()))
+    timed("full graph: repoint 2 nodes (x, y moved) + launch", repoint_and_launch)
+    timed("full graph: repoint 2 nodes, no launch", repoint_only)
+    print("\n== winohost full-graph pieces: host us per call")
     for name, us in rows:
         print(f"  {name:58s} {us:7.2f}")
 

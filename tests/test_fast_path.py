@@ -870,16 +870,17 @@ def test_fast_paths_reuse_a_dropped_output_and_never_one_still_held(gpu, rng):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("graphs", [True, False])
+@pytest.mark.parametrize("graphs", ["full", "gemm", "off"])
 @pytest.mark.parametrize("direction", ["forward", "backward_data", "backward_filter"])
-def test_winograd_workspace_per_stream_and_gemm_graphs(gpu, rng, direction, graphs, monkeypatch):
+def test_winograd_workspace_per_stream_and_graphs(gpu, rng, direction, graphs, monkeypatch):
     """A cached Winograd call keeps its workspace per stream (same stream: the
-    same memory; another stream: its own), replays its GEMMs as captured graphs
-    (or calls cuBLAS, GEMM_GRAPHS off) with results equal to the reference
-    on every call and stream; release_outputs drops the workspaces."""
+    same memory; another stream: its own) and replays it as captured graphs
+    (GRAPHS: the whole call re-pointed at each call's arrays, the GEMMs only,
+    or none), with results equal to the reference on every call, stream and
+    pair of arrays; release_outputs drops the workspaces."""
     import dnnprims as dp
     from dnnprims.algos import winograd
-    monkeypatch.setattr(winograd, "GEMM_GRAPHS", graphs)
+    monkeypatch.setattr(winograd, "GRAPHS", graphs)
     _kernels.release_outputs()
     f32 = np.float32
     x = random_array(rng, (2, 8, 10, 10), f32)
@@ -888,19 +889,23 @@ def test_winograd_workspace_per_stream_and_gemm_graphs(gpu, rng, direction, grap
     if direction == "forward":
         algo = "winograd_f4x4_3x3"
         call = lambda a, b: dp.conv2d_forward(a, b, padding=1, algo=algo)   # noqa: E731
+        reference = lambda a, b: dp.conv2d_forward(a, b, padding=1)   # noqa: E731
         args = (x, w)
-        want = dp.conv2d_forward(x.astype(F64), w.astype(F64), padding=1)
     elif direction == "backward_data":
         algo = "winograd_f4x4_3x3"
         call = lambda a, b: dp.conv2d_backward_data(a, b, x.shape, padding=1, algo=algo)   # noqa: E731
+        reference = lambda a, b: dp.conv2d_backward_data(a, b, x.shape, padding=1)   # noqa: E731
         args = (dy, w)
-        want = dp.conv2d_backward_data(dy.astype(F64), w.astype(F64), x.shape, padding=1)
     else:
         algo = "winograd_wgrad_f3x3_2x2"
         call = lambda a, b: dp.conv2d_backward_filter(a, b, w.shape, padding=1, algo=algo)   # noqa: E731
+        reference = lambda a, b: dp.conv2d_backward_filter(a, b, w.shape, padding=1)   # noqa: E731
         args = (x, dy)
-        want = dp.conv2d_backward_filter(x.astype(F64), dy.astype(F64), w.shape, padding=1)
+    other = tuple(a[::-1].copy() * f32(0.5) + f32(0.25) for a in args)
+    want = reference(*(a.astype(F64) for a in args))
+    want_other = reference(*(a.astype(F64) for a in other))
     A, B = (gpu.asarray(a) for a in args)
+    A2, B2 = (gpu.asarray(a) for a in other)
     taken = []
     original_take = _kernels.WorkspaceSlot.take
 
@@ -909,13 +914,19 @@ def test_winograd_workspace_per_stream_and_gemm_graphs(gpu, rng, direction, grap
         taken.append((workspace, workspace.array.data.ptr, workspace.stream))
         return workspace
     monkeypatch.setattr(_kernels.WorkspaceSlot, "take", take)
-    for _ in range(4):
+    for _ in range(3):
         assert_close(call(A, B), want, np.float32)
+        assert_close(call(A2, B), reference(other[0].astype(F64), args[1].astype(F64)), np.float32)
+        assert_close(call(A2, B2), want_other, np.float32)     # every node re-pointed
     default = [(ws, ptr) for ws, ptr, s in taken]
     assert len({ptr for _, ptr in default[1:]}) == 1 and default[1][0] is default[-1][0]
     state = default[-1][0].state
-    assert (bool(state) and all(isinstance(g, _kernels.CapturedGraph) for g in state)) if graphs \
-        else state is None                            # captured on the second call (or off)
+    if graphs == "off":
+        assert state is None
+    elif graphs == "full":
+        assert state[0] == "full" and isinstance(state[1], _kernels.CapturedGraph)
+    else:
+        assert state[0] == "gemms" and state[1] and all(isinstance(g, _kernels.CapturedGraph) for g in state[1])
     side = gpu.cuda.Stream(non_blocking=True)
     taken.clear()
     with side:
@@ -924,7 +935,7 @@ def test_winograd_workspace_per_stream_and_gemm_graphs(gpu, rng, direction, grap
         side.synchronize()
     assert all(s == side.ptr for _, _, s in taken)
     assert not {ptr for _, ptr, _ in taken} & {ptr for _, ptr in default}
-    assert_close(call(A, B), want, np.float32)       # the default stream's workspace again
+    assert_close(call(A2, B2), want_other, np.float32)       # the default stream's workspace again
     slots = [s for s in _kernels._SLOTS if isinstance(s, _kernels.WorkspaceSlot) and s.kept_streams()]
     assert slots
     _kernels.release_outputs()

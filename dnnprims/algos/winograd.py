@@ -99,9 +99,10 @@ FILTER_IN_INPUT_LAUNCH = True
 # an m x m tile (m = 2 or 4) as one 8- / 16-byte store where Q % m == 0 and y is
 # aligned (else one store per value, as for every other dtype and NHWC).
 VECTOR_ROWS = True
-# Cached calls replay their cuBLAS GEMMs as CUDA graphs captured over their kept
-# workspace (_gemm_graphs; DNNPRIMS_WINOGRAD_GEMM_GRAPHS=0 in the environment: off).
-GEMM_GRAPHS = os.environ.get("DNNPRIMS_WINOGRAD_GEMM_GRAPHS", "1") != "0"
+# What a cached call (kept workspace) replays as CUDA graphs (_capture): "full"
+# (the whole call, re-pointed per call), "gemm" (the cuBLAS GEMMs only) or "off";
+# DNNPRIMS_WINOGRAD_GRAPHS in the environment sets it.
+GRAPHS = os.environ.get("DNNPRIMS_WINOGRAD_GRAPHS", "full")
 _THREADS = 256
 _PLAN_CACHE_SIZE = 4096
 MATRICES_HEADER = "conv_winograd_matrices.cuh"
@@ -517,9 +518,12 @@ class WinogradConvolution(ConvAlgorithm):
 
     def prepare(self, problem, direction, has_bias=False, activation=None):
         """The call as prepared launches and one raw cuBLAS call per batch chunk:
-        per call only the workspace allocation and the pointers are new (the
-        public path measured ~175 us of host time per call with per-call views,
-        over the GPU time of the ResNet-50 layers; notes/winobd.md).
+        per call only the pointers are new (the public path measured ~175 us
+        of host time per call with per-call views, over the GPU time of the
+        ResNet-50 layers; notes/winobd.md).  The workspace is kept per stream
+        (WorkspaceSlot: cupy.empty and its free cost ~4 us a call), and a
+        call that finds its stream's workspace kept replays graphs captured
+        over it (GRAPHS, _capture; notes/winohost.md).
         Arrays of a launch: ARRAY0 = a, ARRAY1 = b, ARRAY2 = out, ARRAY3 = bias
         (b stands in for an absent bias: the kernel does not read it),
         ARRAY4 = the workspace."""
@@ -552,18 +556,44 @@ class WinogradConvolution(ConvAlgorithm):
         handle = device.get_cublas_handle
         slot = WorkspaceSlot(plan["elements"], plan["acc"])
 
+        def whole(arrays, vec):
+            """(work, launches) of the full graph: one batch chunk, no separate filter launch."""
+            if first or len(steps) != 1:
+                return None
+            launch_input, gemm_args, outputs = steps[0]
+            launches = (launch_input.copy(), outputs[vec].copy())
+            base = arrays[4].data.ptr
+
+            def work():
+                launches[0](*arrays)
+                _gemm_call(run_gemm, gemm_args, base)
+                launches[1](*arrays)
+            return work, launches
+
         def run(a, b, out, bias=None):
             if options != (WORKSPACE_BOUND, FILTER_IN_INPUT_LAUNCH, VECTOR_ROWS):
                 # The module's options changed since this was prepared (tests do that).
                 return self.run(problem, direction, a, b, out, bias=bias, activation=activation)
             workspace = slot.take()
             arrays = (a, b, out, bias, workspace.array)
-            base = workspace.array.data.ptr
             # Vector rows need 16-byte aligned rows (float4 for F(4x4), float2 for F(2x2)).
             vec = out.data.ptr % 16 == 0
+            state = workspace.state
+            if state is None and workspace.kept and GRAPHS != "off":
+                state = workspace.state = _capture(whole(arrays, vec) if GRAPHS == "full" else None, vec,
+                                                   run_gemm, gemms, arrays[4].data.ptr)
+            graphs = ()
+            if state is not None and GRAPHS != "off":
+                if state[0] is _FULL and state[2] == vec and GRAPHS == "full":
+                    state[1].repoint(arrays)
+                    state[1]()
+                    slot.give_back(workspace)
+                    return out
+                if state[0] is _GEMMS:
+                    graphs = state[1]
+            base = workspace.array.data.ptr
             for launch in first:
                 launch(*arrays)
-            graphs = _gemm_graphs(workspace, run_gemm, gemms, base)
             for i, (launch_input, (head, b_offset, mid, a_offset, tail, c_offset, last), outputs) \
                     in enumerate(steps):
                 launch_input(*arrays)
@@ -603,39 +633,49 @@ def _gemm_arguments(nhwc, alpha2, Kout, Cin, tiles, itemsize, v_offset, m_offset
             u_bytes, (Cin, Kout * Cin, zero), m_bytes, (tiles, Kout * tiles, alpha2))
 
 
-def _gemm_graphs(workspace, run_gemm, gemms, base):
-    """The GEMMs of a prepared call (per batch chunk: cuBLAS arguments split
-    around the operands' byte offsets, all inside the workspace at ``base``)
-    as captured graphs, one per chunk -- or () for the direct cuBLAS calls.
-
-    Every pointer of these GEMMs lies in the workspace, so once the workspace
-    is kept (:class:`WorkspaceSlot`) a graph captured over it replays the
-    same GEMMs on any later call: one ``cudaGraphLaunch`` instead of cuBLAS's
-    per-call host work.  Captured on the second call that uses a kept
-    workspace (the first warms cuBLAS up directly) and kept in its ``state``;
-    a failed capture leaves () there and the direct calls run.  Off with
-    GEMM_GRAPHS = False."""
-    graphs = workspace.state
-    if graphs is None:
-        if not (GEMM_GRAPHS and workspace.kept):
-            return ()
-        graphs = workspace.state = _capture_gemms(run_gemm, gemms, base)
-    return graphs if GEMM_GRAPHS else ()
+# What a kept workspace's ``state`` holds (_capture): (_FULL, the graph of the
+# whole call, vec) or (_GEMMS, one graph per batch chunk's GEMM, or () for
+# the direct cuBLAS calls).
+_FULL, _GEMMS = "full", "gemms"
 
 
-def _capture_gemms(run_gemm, gemms, base):
+def _capture(whole, vec, run_gemm, gemms, base):
+    """The graphs a cached call replays over its kept workspace (at ``base``),
+    captured on the second call that uses it (the first warms cuBLAS up directly).
+
+    ``GRAPHS = "full"`` and ``whole`` = (work, launches) (a one-chunk plan):
+    the whole call -- transforms and GEMM -- as one graph, its transform
+    nodes re-pointed per call at the call's arrays (CapturedGraph.repoint:
+    ``cuGraphExecKernelNodeSetParams`` when a pointer moved), replayed with
+    one ``cudaGraphLaunch``; kept for the output alignment ``vec`` it was
+    captured with (another alignment runs the direct path).  Otherwise, or
+    when that capture fails: each GEMM as a graph -- every pointer of the
+    GEMMs lies in the workspace, so the graph replays as captured -- in place
+    of cuBLAS's per-call host work (cuBLAS's heuristics and launch).  A failed
+    capture leaves the direct calls."""
+    if whole is not None:
+        work, launches = whole
+        graph = capture_graph(work, launches)
+        if graph is not None:
+            return (_FULL, graph, vec)
     from cupy.cuda import device
 
     graphs = []
-    for head, b_offset, mid, a_offset, tail, c_offset, last in gemms:
-        def work():
-            run_gemm(device.get_cublas_handle(), *head, base + b_offset, *mid, base + a_offset, *tail,
-                     base + c_offset, *last)
-        graph = capture_graph(work)
+    for gemm_args in gemms:
+        graph = capture_graph(lambda args=gemm_args: _gemm_call(run_gemm, args, base, device))
         if graph is None:
-            return ()
+            return (_GEMMS, ())
         graphs.append(graph)
-    return tuple(graphs)
+    return (_GEMMS, tuple(graphs))
+
+
+def _gemm_call(run_gemm, gemm_args, base, device=None):
+    """One cuBLAS call of a plan's GEMM arguments (operand offsets from ``base``)."""
+    if device is None:
+        from cupy.cuda import device
+    head, b_offset, mid, a_offset, tail, c_offset, last = gemm_args
+    run_gemm(device.get_cublas_handle(), *head, base + b_offset, *mid, base + a_offset, *tail, base + c_offset,
+             *last)
 
 
 def _dtypes_acc(itemsize):
@@ -804,7 +844,8 @@ class WinogradBackwardFilter(ConvAlgorithm):
 
     def prepare(self, problem, direction, has_bias=False, activation=None):
         """Prepared launches and a raw cuBLAS call per batch chunk over one
-        workspace allocation (as WinogradConvolution.prepare). Arrays of a launch:
+        workspace, kept per stream, and graphs replayed over it (as
+        WinogradConvolution.prepare). Arrays of a launch:
         ARRAY0 = x, ARRAY1 = dy, ARRAY2 = dw, ARRAY4 = the workspace."""
         from cupy.cuda import device
         from .._kernels import ARRAY0, ARRAY1, ARRAY2, ARRAY4
@@ -825,14 +866,41 @@ class WinogradBackwardFilter(ConvAlgorithm):
         handle = device.get_cublas_handle
         slot = WorkspaceSlot(plan["elements"], plan["acc"])
 
+        def whole(arrays):
+            """(work, launches) of the full graph: one batch chunk."""
+            if len(steps) != 1:
+                return None
+            launch_x, launch_dy, gemm_args = steps[0]
+            launches = (launch_x.copy(), launch_dy.copy(), output.copy())
+            base = arrays[4].data.ptr
+
+            def work():
+                launches[0](*arrays)
+                launches[1](*arrays)
+                _gemm_call(run_gemm, gemm_args, base)
+                launches[2](*arrays)
+            return work, launches
+
         def run(a, b, out, bias=None):
             if options != _wgrad_options():
                 # The module's options changed since this was prepared (tests do that).
                 return self.run(problem, direction, a, b, out)
             workspace = slot.take()
             arrays = (a, b, out, None, workspace.array)
+            state = workspace.state
+            if state is None and workspace.kept and GRAPHS != "off":
+                state = workspace.state = _capture(whole(arrays) if GRAPHS == "full" else None, None,
+                                                   run_gemm, gemms, arrays[4].data.ptr)
+            graphs = ()
+            if state is not None and GRAPHS != "off":
+                if state[0] is _FULL and GRAPHS == "full":
+                    state[1].repoint(arrays)
+                    state[1]()
+                    slot.give_back(workspace)
+                    return out
+                if state[0] is _GEMMS:
+                    graphs = state[1]
             base = workspace.array.data.ptr
-            graphs = _gemm_graphs(workspace, run_gemm, gemms, base)
             for i, (launch_x, launch_dy, (head, a_offset, mid, b_offset, tail, c_offset, last)) \
                     in enumerate(steps):
                 launch_x(*arrays)
