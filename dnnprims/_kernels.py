@@ -695,7 +695,9 @@ class CapturedGraph:
     def repoint(self, arrays):
         """Point the re-pointable kernel nodes at ``arrays`` (indexed as the
         launches' ARRAY markers); only a node whose pointers change is
-        updated (cuGraphExecKernelNodeSetParams, which copies the values)."""
+        updated (cuGraphExecKernelNodeSetParams, which copies the values).
+        False when the driver refuses an update (then do not launch it)."""
+        global graph_failures
         for node, params, launch in self._nodes:
             values = launch._values
             changed = False
@@ -704,10 +706,10 @@ class CapturedGraph:
                 if values[slot] != ptr:
                     values[slot] = ptr
                     changed = True
-            if changed:
-                status = _DRIVER.set_kernel_node_params(self._exec_handle, node, params)
-                if status:
-                    raise RuntimeError(f"cuGraphExecKernelNodeSetParams of {launch.expression}: error {status}")
+            if changed and _DRIVER.set_kernel_node_params(self._exec_handle, node, params):
+                graph_failures += 1
+                return False
+        return True
 
     def _find_nodes(self, launches):
         """Bind each prepared launch to its kernel node (by its function, which
@@ -719,7 +721,7 @@ class CapturedGraph:
         for node in driver.kernel_nodes(self._graph):
             params = driver.KernelNodeParams()
             if driver.get_kernel_node_params(node, ctypes.byref(params)):
-                return False
+                continue         # not one of ours (a library's kernel node of another kind)
             by_function.setdefault(params.func, []).append((node, params))
         nodes = []
         for launch in launches:
@@ -798,7 +800,7 @@ class _GraphDriver:
 
 _DRIVER = None
 _CAPTURE_STREAMS = {}  # device -> the non-blocking stream that captures
-graph_capture_failures = 0
+graph_failures = 0     # captures and re-points that failed (the direct path ran instead)
 
 
 def capture_graph(work, launches=()):
@@ -810,7 +812,7 @@ def capture_graph(work, launches=()):
     :meth:`CapturedGraph.repoint` may re-point (give each graph its own
     :meth:`PreparedLaunch.copy`: a node's pointers live in its launch's slots);
     None when they cannot be bound."""
-    global graph_capture_failures, _DRIVER
+    global graph_failures, _DRIVER
     import cupy
 
     runtime = cupy.cuda.runtime
@@ -835,7 +837,7 @@ def capture_graph(work, launches=()):
             if not captured._find_nodes(launches):
                 raise RuntimeError("the graph's kernel nodes do not match the prepared launches")
     except Exception:
-        graph_capture_failures += 1
+        graph_failures += 1
         if graph or exec_:
             try:
                 _destroy_graph(graph, exec_)

@@ -56,6 +56,7 @@ def main():
         if True:
             _kernels.set_workspace_reuse(reuse)
             winograd.GRAPHS = graphs
+            _kernels.release_outputs()    # a kept workspace keeps the graphs it was captured with
             tag = f"reuse={'on' if reuse else 'off'} graphs={graphs}"
             for name, fn, want in (("forward", fwd, want_f), ("backward_data", bwd, want_d)):
                 for _ in range(3):
@@ -108,7 +109,7 @@ def main():
                  *last)
     timed("piece: raw cuBLAS sgemmStridedBatched (+ handle)", gemm_direct)
     graph = _kernels.capture_graph(gemm_direct)
-    print("GEMM graph captured:", graph is not None, "failures:", _kernels.graph_capture_failures)
+    print("GEMM graph captured:", graph is not None, "failures:", _kernels.graph_failures)
     if graph is not None:
         timed("piece: GEMM as a captured graph (CapturedGraph())", graph)
     # The floor of step 3: the whole sequence as one graph, no pointer updates.
@@ -170,7 +171,7 @@ def full_graph_experiment():
         winograd._gemm_call(run_gemm, gemm, base)
         copies[1](*arrays_a)
     graph = _kernels.capture_graph(work, copies)
-    print("full graph captured and bound:", graph is not None, "| failures:", _kernels.graph_capture_failures)
+    print("full graph captured and bound:", graph is not None, "| failures:", _kernels.graph_failures)
     if graph is None:
         return
     graph.repoint(arrays_b)

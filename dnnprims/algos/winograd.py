@@ -101,7 +101,9 @@ FILTER_IN_INPUT_LAUNCH = True
 VECTOR_ROWS = True
 # What a cached call (kept workspace) replays as CUDA graphs (_capture): "full"
 # (the whole call, re-pointed per call), "gemm" (the cuBLAS GEMMs only) or "off";
-# DNNPRIMS_WINOGRAD_GRAPHS in the environment sets it.
+# DNNPRIMS_WINOGRAD_GRAPHS in the environment sets it.  A kept workspace keeps
+# what it captured first ("off" always runs the direct calls; after changing it
+# at run time, dnnprims.release_outputs() makes the next calls capture anew).
 GRAPHS = os.environ.get("DNNPRIMS_WINOGRAD_GRAPHS", "full")
 _THREADS = 256
 _PLAN_CACHE_SIZE = 4096
@@ -585,10 +587,11 @@ class WinogradConvolution(ConvAlgorithm):
             graphs = ()
             if state is not None and GRAPHS != "off":
                 if state[0] is _FULL and state[2] == vec and GRAPHS == "full":
-                    state[1].repoint(arrays)
-                    state[1]()
-                    slot.give_back(workspace)
-                    return out
+                    if state[1].repoint(arrays):
+                        state[1]()
+                        slot.give_back(workspace)
+                        return out
+                    workspace.state = state = (_GEMMS, ())      # refused: the direct calls from now on
                 if state[0] is _GEMMS:
                     graphs = state[1]
             base = workspace.array.data.ptr
@@ -894,10 +897,11 @@ class WinogradBackwardFilter(ConvAlgorithm):
             graphs = ()
             if state is not None and GRAPHS != "off":
                 if state[0] is _FULL and GRAPHS == "full":
-                    state[1].repoint(arrays)
-                    state[1]()
-                    slot.give_back(workspace)
-                    return out
+                    if state[1].repoint(arrays):
+                        state[1]()
+                        slot.give_back(workspace)
+                        return out
+                    workspace.state = state = (_GEMMS, ())      # refused: the direct calls from now on
                 if state[0] is _GEMMS:
                     graphs = state[1]
             base = workspace.array.data.ptr
