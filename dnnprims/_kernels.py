@@ -386,11 +386,6 @@ class PreparedLaunch:
         finally:
             self._lock.release()
 
-    def copy(self):
-        """The same launch with slots of its own (kernelParams layout)."""
-        return PreparedLaunch(self._kernel, self._dims[:3], self._dims[3:], self._template, self._shared,
-                              self.expression)
-
     def _launch_with_cupy(self, arrays):
         self._function(self._dims[:3], self._dims[3:], self._arguments(arrays), shared_mem=self._shared)
 
@@ -560,15 +555,13 @@ def release_outputs():
 
 
 class Workspace:
-    """One workspace array of a :class:`WorkspaceSlot`, on one stream, and the
-    caller's ``state`` bound to its address (a captured graph that reads it)."""
+    """One workspace array of a :class:`WorkspaceSlot`, on one stream."""
 
-    __slots__ = ("array", "stream", "state", "kept")
+    __slots__ = ("array", "stream", "kept")
 
     def __init__(self, array, stream):
         self.array = array
         self.stream = stream
-        self.state = None
         self.kept = False        # counted against RECYCLE_BUDGET_BYTES, held by the slot between calls
 
 
@@ -672,181 +665,6 @@ def set_workspace_reuse(enabled):
     return previous
 
 
-class CapturedGraph:
-    """Work captured once into a CUDA graph and replayed on the current stream.
-
-    One ``cudaGraphLaunch`` replaces the launches (and library calls, with
-    their host-side work: cuBLAS's heuristics) the work enqueued.  The graph
-    holds addresses, not arrays: the caller keeps it with the memory it reads
-    and writes (a :class:`Workspace`'s ``state``).  :func:`capture_graph`
-    makes one; with ``launches`` its kernel nodes of those prepared launches
-    can be re-pointed at other arrays before a replay (:meth:`repoint`)."""
-
-    __slots__ = ("_graph", "_exec", "_exec_handle", "_nodes")
-
-    def __init__(self, graph, exec_):
-        self._graph, self._exec = graph, exec_
-        self._exec_handle = None
-        self._nodes = ()
-
-    def __call__(self):
-        _graph_launch(self._exec, _current_stream().ptr)
-
-    def repoint(self, arrays):
-        """Point the re-pointable kernel nodes at ``arrays`` (indexed as the
-        launches' ARRAY markers); only a node whose pointers change is
-        updated (cuGraphExecKernelNodeSetParams, which copies the values).
-        False when the driver refuses an update (then do not launch it)."""
-        global graph_failures
-        for node, params, launch in self._nodes:
-            values = launch._values
-            changed = False
-            for slot, index in launch._slots:
-                ptr = arrays[index].data.ptr
-                if values[slot] != ptr:
-                    values[slot] = ptr
-                    changed = True
-            if changed and _DRIVER.set_kernel_node_params(self._exec_handle, node, params):
-                graph_failures += 1
-                return False
-        return True
-
-    def _find_nodes(self, launches):
-        """Bind each prepared launch to its kernel node (by its function, which
-        must occur once); False when the graph does not have that shape."""
-        import ctypes
-
-        driver = _DRIVER
-        by_function = {}
-        for node in driver.kernel_nodes(self._graph):
-            params = driver.KernelNodeParams()
-            if driver.get_kernel_node_params(node, ctypes.byref(params)):
-                continue         # not one of ours (a library's kernel node of another kind)
-            by_function.setdefault(params.func, []).append((node, params))
-        nodes = []
-        for launch in launches:
-            found = by_function.get(launch._ptr, ())
-            if len(found) != 1:
-                return False
-            node, params = found[0]
-            if (params.gridDimX, params.gridDimY, params.gridDimZ, params.blockDimX, params.blockDimY,
-                    params.blockDimZ) != launch._dims:
-                return False     # not the struct layout this code assumes
-            params.kernelParams, params.extra = launch._params_ptr, None
-            nodes.append((node, ctypes.byref(params), launch))
-        self._exec_handle = ctypes.c_void_p(self._exec)
-        self._nodes = tuple(nodes)
-        return True
-
-    def __del__(self):
-        try:
-            _destroy_graph(self._graph, self._exec)
-        except Exception:  # interpreter shutdown
-            pass
-
-
-def _destroy_graph(graph, exec_):
-    import cupy
-
-    if exec_:
-        cupy.cuda.runtime.graphExecDestroy(exec_)
-    if graph:
-        cupy.cuda.runtime.graphDestroy(graph)
-
-
-class _GraphDriver:
-    """The driver entry points that re-point kernel nodes (ctypes; CuPy binds none)."""
-
-    def __init__(self):
-        import ctypes
-
-        class KernelNodeParams(ctypes.Structure):
-            """CUDA_KERNEL_NODE_PARAMS_v2 (cuda.h, CUDA 12 and 13), with room to spare."""
-            _fields_ = [("func", ctypes.c_void_p),
-                        ("gridDimX", ctypes.c_uint), ("gridDimY", ctypes.c_uint), ("gridDimZ", ctypes.c_uint),
-                        ("blockDimX", ctypes.c_uint), ("blockDimY", ctypes.c_uint),
-                        ("blockDimZ", ctypes.c_uint), ("sharedMemBytes", ctypes.c_uint),
-                        ("kernelParams", ctypes.c_void_p), ("extra", ctypes.c_void_p),
-                        ("kern", ctypes.c_void_p), ("ctx", ctypes.c_void_p),
-                        ("_spare", ctypes.c_uint64 * 8)]
-
-        self.KernelNodeParams = KernelNodeParams
-        cuda = ctypes.CDLL("libcuda.so.1")
-        self._get_nodes = cuda.cuGraphGetNodes
-        self._node_type = cuda.cuGraphNodeGetType
-        self.get_kernel_node_params = cuda.cuGraphKernelNodeGetParams_v2
-        self.set_kernel_node_params = cuda.cuGraphExecKernelNodeSetParams_v2
-        for f in (self._get_nodes, self._node_type, self.get_kernel_node_params, self.set_kernel_node_params):
-            f.restype = ctypes.c_int
-        self.get_kernel_node_params.argtypes = (ctypes.c_void_p, ctypes.c_void_p)
-        self.set_kernel_node_params.argtypes = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
-
-    def kernel_nodes(self, graph):
-        import ctypes
-
-        count = ctypes.c_size_t(0)
-        if self._get_nodes(ctypes.c_void_p(graph), None, ctypes.byref(count)):
-            return []
-        nodes = (ctypes.c_void_p * count.value)()
-        if self._get_nodes(ctypes.c_void_p(graph), nodes, ctypes.byref(count)):
-            return []
-        kernel = []
-        for node in nodes[:count.value]:
-            kind = ctypes.c_int(-1)
-            if not self._node_type(ctypes.c_void_p(node), ctypes.byref(kind)) and kind.value == 0:
-                kernel.append(ctypes.c_void_p(node))     # CU_GRAPH_NODE_TYPE_KERNEL
-        return kernel
-
-
-_DRIVER = None
-_CAPTURE_STREAMS = {}  # device -> the non-blocking stream that captures
-graph_failures = 0     # captures and re-points that failed (the direct path ran instead)
-
-
-def capture_graph(work, launches=()):
-    """A :class:`CapturedGraph` of what ``work()`` enqueues (it runs nothing
-    now), or None when the capture fails (the caller keeps its direct path).
-    ``work`` must enqueue on CuPy's current stream (kernel launches, cuBLAS
-    through CuPy's handle) and must not synchronise.  ``launches``: prepared
-    launches that ``work`` makes once each, of distinct kernels, whose nodes
-    :meth:`CapturedGraph.repoint` may re-point (give each graph its own
-    :meth:`PreparedLaunch.copy`: a node's pointers live in its launch's slots);
-    None when they cannot be bound."""
-    global graph_failures, _DRIVER
-    import cupy
-
-    runtime = cupy.cuda.runtime
-    device = runtime.getDevice()
-    stream = _CAPTURE_STREAMS.get(device)
-    if stream is None:
-        stream = _CAPTURE_STREAMS[device] = cupy.cuda.Stream(non_blocking=True)
-    graph = exec_ = 0
-    try:
-        with stream:
-            runtime.streamBeginCapture(stream.ptr, runtime.streamCaptureModeRelaxed)
-            try:
-                work()
-            finally:
-                graph = runtime.streamEndCapture(stream.ptr)
-        exec_ = runtime.graphInstantiate(graph)
-        captured = CapturedGraph(graph, exec_)
-        graph = exec_ = 0            # the CapturedGraph destroys them from now on
-        if launches:
-            if _DRIVER is None:
-                _DRIVER = _GraphDriver()
-            if not captured._find_nodes(launches):
-                raise RuntimeError("the graph's kernel nodes do not match the prepared launches")
-    except Exception:
-        graph_failures += 1
-        if graph or exec_:
-            try:
-                _destroy_graph(graph, exec_)
-            except Exception:
-                pass
-        return None
-    return captured
-
-
 # An output of at most this many bytes may be kept for reuse; all kept outputs
 # together at most RECYCLE_BUDGET_BYTES (memory the pool cannot hand to other sizes).
 RECYCLE_MAX_BYTES = 32 << 20
@@ -869,7 +687,6 @@ _NDARRAY = None
 def _bind_driver():
     """The driver entry points a prepared launch calls (CuPy's thin wrappers)."""
     global _launch_kernel, _launch_cooperative_kernel, _current_stream, _DriverError, RECYCLABLE, _NDARRAY
-    global _graph_launch
     try:
         import cupy
         from cupy.cuda import driver, get_current_stream, memory
@@ -877,12 +694,11 @@ def _bind_driver():
         return
     _launch_kernel, _current_stream, _DriverError = driver.launchKernel, get_current_stream, driver.CUDADriverError
     _launch_cooperative_kernel = driver.launchCooperativeKernel
-    _graph_launch = cupy.cuda.runtime.graphLaunch
     RECYCLABLE = (memory.PooledMemory,)
     _NDARRAY = cupy.ndarray
 
 
-_launch_kernel = _launch_cooperative_kernel = _current_stream = _graph_launch = None
+_launch_kernel = _launch_cooperative_kernel = _current_stream = None
 _DriverError = RuntimeError
 _bind_driver()
 

@@ -49,14 +49,13 @@ the same stages on NumPy: the tests and the accuracy measurement use them.
 """
 import functools
 import math
-import os
 from fractions import Fraction
 
 import numpy as np
 
 from .. import _dtypes
 from .. import _cublas
-from .._kernels import KERNEL_DIR, KernelFamily, WorkspaceSlot, capture_graph, ceil_div
+from .._kernels import KERNEL_DIR, KernelFamily, WorkspaceSlot, ceil_div
 from .._validate import INT32_LIMIT
 from . import ConvAlgorithm, register
 
@@ -99,12 +98,6 @@ FILTER_IN_INPUT_LAUNCH = True
 # an m x m tile (m = 2 or 4) as one 8- / 16-byte store where Q % m == 0 and y is
 # aligned (else one store per value, as for every other dtype and NHWC).
 VECTOR_ROWS = True
-# What a cached call (kept workspace) replays as CUDA graphs (_capture): "full"
-# (the whole call, re-pointed per call), "gemm" (the cuBLAS GEMMs only) or "off";
-# DNNPRIMS_WINOGRAD_GRAPHS in the environment sets it.  A kept workspace keeps
-# what it captured first ("off" always runs the direct calls; after changing it
-# at run time, dnnprims.release_outputs() makes the next calls capture anew).
-GRAPHS = os.environ.get("DNNPRIMS_WINOGRAD_GRAPHS", "full")
 _THREADS = 256
 _PLAN_CACHE_SIZE = 4096
 MATRICES_HEADER = "conv_winograd_matrices.cuh"
@@ -523,9 +516,8 @@ class WinogradConvolution(ConvAlgorithm):
         per call only the pointers are new (the public path measured ~175 us
         of host time per call with per-call views, over the GPU time of the
         ResNet-50 layers; notes/winobd.md).  The workspace is kept per stream
-        (WorkspaceSlot: cupy.empty and its free cost ~4 us a call), and a
-        call that finds its stream's workspace kept replays graphs captured
-        over it (GRAPHS, _capture; notes/winohost.md).
+        (WorkspaceSlot: cupy.empty and its free cost ~4 us a call;
+        notes/winohost.md).
         Arrays of a launch: ARRAY0 = a, ARRAY1 = b, ARRAY2 = out, ARRAY3 = bias
         (b stands in for an absent bias: the kernel does not read it),
         ARRAY4 = the workspace."""
@@ -553,24 +545,8 @@ class WinogradConvolution(ConvAlgorithm):
                                (ARRAY0, ARRAY4, plan["v_offset"], *in_args, *filter_args)),
                           gemm_args, outputs))
         first, steps = tuple(first), tuple(steps)
-        run_gemm = _GEMM_RUN[plan["acc"]]
-        gemms = tuple(gemm_args for _, gemm_args, _ in steps)
-        handle = device.get_cublas_handle
+        run_gemm, handle = _GEMM_RUN[plan["acc"]], device.get_cublas_handle
         slot = WorkspaceSlot(plan["elements"], plan["acc"])
-
-        def whole(arrays, vec):
-            """(work, launches) of the full graph: one batch chunk, no separate filter launch."""
-            if first or len(steps) != 1:
-                return None
-            launch_input, gemm_args, outputs = steps[0]
-            launches = (launch_input.copy(), outputs[vec].copy())
-            base = arrays[4].data.ptr
-
-            def work():
-                launches[0](*arrays)
-                _gemm_call(run_gemm, gemm_args, base)
-                launches[1](*arrays)
-            return work, launches
 
         def run(a, b, out, bias=None):
             if options != (WORKSPACE_BOUND, FILTER_IN_INPUT_LAUNCH, VECTOR_ROWS):
@@ -578,33 +554,16 @@ class WinogradConvolution(ConvAlgorithm):
                 return self.run(problem, direction, a, b, out, bias=bias, activation=activation)
             workspace = slot.take()
             arrays = (a, b, out, bias, workspace.array)
+            base = workspace.array.data.ptr
             # Vector rows need 16-byte aligned rows (float4 for F(4x4), float2 for F(2x2)).
             vec = out.data.ptr % 16 == 0
-            state = workspace.state
-            if state is None and workspace.kept and GRAPHS != "off":
-                state = workspace.state = _capture(whole(arrays, vec) if GRAPHS == "full" else None, vec,
-                                                   run_gemm, gemms, arrays[4].data.ptr)
-            graphs = ()
-            if state is not None and GRAPHS != "off":
-                if state[0] is _FULL and state[2] == vec and GRAPHS == "full":
-                    if state[1].repoint(arrays):
-                        state[1]()
-                        slot.give_back(workspace)
-                        return out
-                    workspace.state = state = (_GEMMS, ())      # refused: the direct calls from now on
-                if state[0] is _GEMMS:
-                    graphs = state[1]
-            base = workspace.array.data.ptr
             for launch in first:
                 launch(*arrays)
-            for i, (launch_input, (head, b_offset, mid, a_offset, tail, c_offset, last), outputs) \
-                    in enumerate(steps):
+            cublas = handle()
+            for launch_input, (head, b_offset, mid, a_offset, tail, c_offset, last), outputs in steps:
                 launch_input(*arrays)
-                if graphs:
-                    graphs[i]()
-                else:
-                    run_gemm(handle(), *head, base + b_offset, *mid, base + a_offset, *tail, base + c_offset,
-                             *last)
+                run_gemm(cublas, *head, base + b_offset, *mid, base + a_offset, *tail, base + c_offset,
+                         *last)
                 outputs[vec](*arrays)
             slot.give_back(workspace)
             return out
@@ -634,51 +593,6 @@ def _gemm_arguments(nhwc, alpha2, Kout, Cin, tiles, itemsize, v_offset, m_offset
                 v_bytes, (Cin, tiles * Cin, zero), m_bytes, (Kout, tiles * Kout, alpha2))
     return ((_cublas._OP_N, _cublas._OP_N, tiles, Kout, Cin, one), v_bytes, (tiles, Cin * tiles),
             u_bytes, (Cin, Kout * Cin, zero), m_bytes, (tiles, Kout * tiles, alpha2))
-
-
-# What a kept workspace's ``state`` holds (_capture): (_FULL, the graph of the
-# whole call, vec) or (_GEMMS, one graph per batch chunk's GEMM, or () for
-# the direct cuBLAS calls).
-_FULL, _GEMMS = "full", "gemms"
-
-
-def _capture(whole, vec, run_gemm, gemms, base):
-    """The graphs a cached call replays over its kept workspace (at ``base``),
-    captured on the second call that uses it (the first warms cuBLAS up directly).
-
-    ``GRAPHS = "full"`` and ``whole`` = (work, launches) (a one-chunk plan):
-    the whole call -- transforms and GEMM -- as one graph, its transform
-    nodes re-pointed per call at the call's arrays (CapturedGraph.repoint:
-    ``cuGraphExecKernelNodeSetParams`` when a pointer moved), replayed with
-    one ``cudaGraphLaunch``; kept for the output alignment ``vec`` it was
-    captured with (another alignment runs the direct path).  Otherwise, or
-    when that capture fails: each GEMM as a graph -- every pointer of the
-    GEMMs lies in the workspace, so the graph replays as captured -- in place
-    of cuBLAS's per-call host work (cuBLAS's heuristics and launch).  A failed
-    capture leaves the direct calls."""
-    if whole is not None:
-        work, launches = whole
-        graph = capture_graph(work, launches)
-        if graph is not None:
-            return (_FULL, graph, vec)
-    from cupy.cuda import device
-
-    graphs = []
-    for gemm_args in gemms:
-        graph = capture_graph(lambda args=gemm_args: _gemm_call(run_gemm, args, base, device))
-        if graph is None:
-            return (_GEMMS, ())
-        graphs.append(graph)
-    return (_GEMMS, tuple(graphs))
-
-
-def _gemm_call(run_gemm, gemm_args, base, device=None):
-    """One cuBLAS call of a plan's GEMM arguments (operand offsets from ``base``)."""
-    if device is None:
-        from cupy.cuda import device
-    head, b_offset, mid, a_offset, tail, c_offset, last = gemm_args
-    run_gemm(device.get_cublas_handle(), *head, base + b_offset, *mid, base + a_offset, *tail, base + c_offset,
-             *last)
 
 
 def _dtypes_acc(itemsize):
@@ -847,8 +761,7 @@ class WinogradBackwardFilter(ConvAlgorithm):
 
     def prepare(self, problem, direction, has_bias=False, activation=None):
         """Prepared launches and a raw cuBLAS call per batch chunk over one
-        workspace, kept per stream, and graphs replayed over it (as
-        WinogradConvolution.prepare). Arrays of a launch:
+        workspace, kept per stream (as WinogradConvolution.prepare). Arrays of a launch:
         ARRAY0 = x, ARRAY1 = dy, ARRAY2 = dw, ARRAY4 = the workspace."""
         from cupy.cuda import device
         from .._kernels import ARRAY0, ARRAY1, ARRAY2, ARRAY4
@@ -864,25 +777,8 @@ class WinogradBackwardFilter(ConvAlgorithm):
             for (_, _, _, x_grid, x_args, dy_grid, dy_args), gemm_args in zip(plan["chunks"], plan["gemms"]))
         expr, grid, args = plan["output"]
         output = prep(expr, grid, block, (ARRAY4, ARRAY2, *args))
-        run_gemm = _GEMM_RUN[plan["acc"]]
-        gemms = tuple(gemm_args for _, _, gemm_args in steps)
-        handle = device.get_cublas_handle
+        run_gemm, handle = _GEMM_RUN[plan["acc"]], device.get_cublas_handle
         slot = WorkspaceSlot(plan["elements"], plan["acc"])
-
-        def whole(arrays):
-            """(work, launches) of the full graph: one batch chunk."""
-            if len(steps) != 1:
-                return None
-            launch_x, launch_dy, gemm_args = steps[0]
-            launches = (launch_x.copy(), launch_dy.copy(), output.copy())
-            base = arrays[4].data.ptr
-
-            def work():
-                launches[0](*arrays)
-                launches[1](*arrays)
-                _gemm_call(run_gemm, gemm_args, base)
-                launches[2](*arrays)
-            return work, launches
 
         def run(a, b, out, bias=None):
             if options != _wgrad_options():
@@ -890,30 +786,12 @@ class WinogradBackwardFilter(ConvAlgorithm):
                 return self.run(problem, direction, a, b, out)
             workspace = slot.take()
             arrays = (a, b, out, None, workspace.array)
-            state = workspace.state
-            if state is None and workspace.kept and GRAPHS != "off":
-                state = workspace.state = _capture(whole(arrays) if GRAPHS == "full" else None, None,
-                                                   run_gemm, gemms, arrays[4].data.ptr)
-            graphs = ()
-            if state is not None and GRAPHS != "off":
-                if state[0] is _FULL and GRAPHS == "full":
-                    if state[1].repoint(arrays):
-                        state[1]()
-                        slot.give_back(workspace)
-                        return out
-                    workspace.state = state = (_GEMMS, ())      # refused: the direct calls from now on
-                if state[0] is _GEMMS:
-                    graphs = state[1]
             base = workspace.array.data.ptr
-            for i, (launch_x, launch_dy, (head, a_offset, mid, b_offset, tail, c_offset, last)) \
-                    in enumerate(steps):
+            cublas = handle()
+            for launch_x, launch_dy, (head, a_offset, mid, b_offset, tail, c_offset, last) in steps:
                 launch_x(*arrays)
                 launch_dy(*arrays)
-                if graphs:
-                    graphs[i]()
-                else:
-                    run_gemm(handle(), *head, base + a_offset, *mid, base + b_offset, *tail, base + c_offset,
-                             *last)
+                run_gemm(cublas, *head, base + a_offset, *mid, base + b_offset, *tail, base + c_offset, *last)
             output(*arrays)
             slot.give_back(workspace)
             return out
