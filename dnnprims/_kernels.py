@@ -547,10 +547,122 @@ def set_output_reuse(enabled):
 
 
 def release_outputs():
-    """Drop every output array the fast paths keep for reuse (their memory goes
-    back to CuPy's pool: call before ``free_all_blocks`` to return it all)."""
+    """Drop every output array and workspace the fast paths keep for reuse
+    (their memory goes back to CuPy's pool: call before ``free_all_blocks`` to
+    return it all)."""
     for slot in list(_SLOTS):
         slot.release()
+
+
+class Workspace:
+    """One workspace array of a :class:`WorkspaceSlot`, on one stream."""
+
+    __slots__ = ("array", "stream", "kept")
+
+    def __init__(self, array, stream):
+        self.array = array
+        self.stream = stream
+        self.kept = False        # counted against RECYCLE_BUDGET_BYTES, held by the slot between calls
+
+
+class WorkspaceSlot:
+    """The scratch memory of one prepared problem, kept per stream.
+
+    A prepared call whose kernels pass intermediate results through device
+    memory (Winograd's transformed tiles) would otherwise allocate it every
+    call: ``cupy.empty`` and the free cost 3-4 us of host time, as much as a
+    launch.  :meth:`take` returns the :class:`Workspace` kept for the current
+    stream, or a fresh one; :meth:`give_back` keeps it for the next call on
+    that stream.  Reuse on one stream is safe: the stream runs the next call's
+    kernels after this call's.  A call on another stream gets a workspace of
+    its own (at most :data:`MAX_STREAMS` kept), and a call that finds its
+    stream's workspace taken (another thread between take and give_back) a
+    fresh one that is then dropped.  Workspaces over :data:`RECYCLE_MAX_BYTES`
+    are never kept; kept ones count against :data:`RECYCLE_BUDGET_BYTES`
+    (shared with :class:`OutputSlot`); :func:`release_outputs` drops them and
+    ``set_workspace_reuse(False)`` (or ``DNNPRIMS_WORKSPACE_REUSE=0``) turns
+    keeping off.  ``allocate(size, dtype)`` makes a fresh array (CuPy's by
+    default)."""
+
+    MAX_STREAMS = 4
+
+    __slots__ = ("size", "dtype", "nbytes", "_kept", "_allocate", "__weakref__")
+
+    def __init__(self, size, dtype, allocate=None):
+        self.size = int(size)
+        self.dtype = np.dtype(dtype)
+        self.nbytes = self.size * self.dtype.itemsize
+        self._kept = {}          # stream pointer -> Workspace; dict.pop claims one atomically
+        self._allocate = allocate
+
+    def take(self):
+        stream = _current_stream().ptr
+        workspace = self._kept.pop(stream, None)
+        if workspace is None:
+            allocate = self._allocate
+            workspace = Workspace(_NDARRAY((self.size,), self.dtype) if allocate is None
+                                  else allocate(self.size, self.dtype), stream)
+        return workspace
+
+    def give_back(self, workspace):
+        """Keep ``workspace`` (from :meth:`take`) for the next call on its stream,
+        if reuse is on and the budget allows; else drop it."""
+        if _KEEP_WORKSPACES and (workspace.kept or self._reserve(workspace)):
+            kept = self._kept
+            if len(kept) < self.MAX_STREAMS and kept.setdefault(workspace.stream, workspace) is workspace:
+                return
+        if workspace.kept:
+            self._unreserve(workspace)
+
+    def _reserve(self, workspace):
+        global _recycle_left
+        if not (_KEEP_WORKSPACES and 0 < self.nbytes <= RECYCLE_MAX_BYTES and self.nbytes <= _recycle_left):
+            return False
+        with _recycle_lock:
+            if self.nbytes > _recycle_left:
+                return False
+            _recycle_left -= self.nbytes
+            workspace.kept = True
+            _SLOTS.add(self)
+        return True
+
+    def _unreserve(self, workspace):
+        global _recycle_left
+        with _recycle_lock:
+            if workspace.kept:
+                workspace.kept = False
+                _recycle_left += self.nbytes
+
+    def kept_streams(self):
+        """The streams (pointers) whose workspace the slot holds now."""
+        return tuple(self._kept)
+
+    def release(self):
+        """Drop every kept workspace and give its bytes back to the budget."""
+        while self._kept:
+            try:
+                _, workspace = self._kept.popitem()
+            except KeyError:     # another thread emptied it
+                break
+            self._unreserve(workspace)
+
+    def __del__(self):
+        try:
+            self.release()
+        except Exception:  # interpreter shutdown
+            pass
+
+
+def set_workspace_reuse(enabled):
+    """Turn keeping prepared calls' workspaces (:class:`WorkspaceSlot`) on or
+    off; off also drops every kept one.  Returns the previous setting."""
+    global _KEEP_WORKSPACES
+    previous = _KEEP_WORKSPACES
+    _KEEP_WORKSPACES = bool(enabled)
+    for slot in list(_SLOTS):
+        if isinstance(slot, WorkspaceSlot):
+            slot.release()
+    return previous
 
 
 # An output of at most this many bytes may be kept for reuse; all kept outputs
@@ -564,6 +676,8 @@ _SLOTS = weakref.WeakSet()
 # DNNPRIMS_OUTPUT_REUSE=0 in the environment (or set_output_reuse(False)) turns reuse off.
 _GIL = getattr(sys, "_is_gil_enabled", lambda: True)()
 _RECYCLING = _GIL and os.environ.get("DNNPRIMS_OUTPUT_REUSE", "1") != "0"
+# DNNPRIMS_WORKSPACE_REUSE=0 (or set_workspace_reuse(False)) allocates every workspace per call.
+_KEEP_WORKSPACES = os.environ.get("DNNPRIMS_WORKSPACE_REUSE", "1") != "0"
 _getrefcount = sys.getrefcount
 _getweakrefcount = weakref.getweakrefcount
 RECYCLABLE = ()   # memory types whose arrays may be kept: CuPy's pool (set in _bind_driver)

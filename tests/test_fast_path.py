@@ -381,6 +381,72 @@ def test_output_slot_budget_and_release(fake_pool, monkeypatch):
     assert len(buffers) == count + 1
 
 
+def _host_allocate(buffers):
+    """A WorkspaceSlot allocator over host memory (records each allocation)."""
+    def allocate(size, dtype):
+        a = _fake_array((size,), dtype)
+        buffers.append(a)
+        return a
+    return allocate
+
+
+def test_workspace_slot_reuses_on_its_stream_and_never_shares_streams(fake_pool):
+    stream, _ = fake_pool
+    made = []
+    slot = _kernels.WorkspaceSlot(100, np.float32, allocate=_host_allocate(made))
+    first = slot.take()
+    assert first.array.shape == (100,) and first.array.dtype == np.float32 and not first.kept
+    slot.give_back(first)
+    assert first.kept and slot.kept_streams() == (77,)
+    again = slot.take()                    # the same stream: the kept workspace
+    assert again is first and slot.kept_streams() == ()
+    stream.ptr = 78                        # another stream: one of its own
+    other = slot.take()
+    assert other is not first and other.array.data.ptr != first.array.data.ptr
+    stream.ptr = 77
+    busy = slot.take()                     # its stream's workspace is taken (another thread): fresh
+    assert busy is not first
+    slot.give_back(first)
+    slot.give_back(busy)                   # the stream already has one kept: busy is dropped
+    slot.give_back(other)
+    assert sorted(slot.kept_streams()) == [77, 78] and not busy.kept
+    assert slot._kept[77] is first and slot._kept[78] is other
+    assert len(made) == 3
+    assert _kernels._recycle_left == _kernels.RECYCLE_BUDGET_BYTES - 2 * 400
+
+
+def test_workspace_slot_bounds_release_and_switch(fake_pool, monkeypatch):
+    stream, _ = fake_pool
+    made = []
+    allocate = _host_allocate(made)
+    big = _kernels.WorkspaceSlot(_kernels.RECYCLE_MAX_BYTES // 4 + 1, np.float32, allocate=allocate)
+    monkeypatch.setattr(_kernels, "_recycle_left", _kernels.RECYCLE_BUDGET_BYTES)
+    assert not big._reserve(_kernels.Workspace(None, 0))    # over 32 MB: never kept
+    slot = _kernels.WorkspaceSlot(10, np.float64, allocate=allocate)
+    for ptr in range(1, 7):                # at most MAX_STREAMS streams kept
+        stream.ptr = ptr
+        slot.give_back(slot.take())
+    assert len(slot.kept_streams()) == _kernels.WorkspaceSlot.MAX_STREAMS
+    assert _kernels._recycle_left == _kernels.RECYCLE_BUDGET_BYTES - 80 * _kernels.WorkspaceSlot.MAX_STREAMS
+    _kernels.release_outputs()             # drops workspaces too, and gives the bytes back
+    assert slot.kept_streams() == () and _kernels._recycle_left == _kernels.RECYCLE_BUDGET_BYTES
+    monkeypatch.setattr(_kernels, "_recycle_left", 50)     # the budget is shared with OutputSlot
+    slot.give_back(slot.take())
+    assert slot.kept_streams() == ()
+    monkeypatch.setattr(_kernels, "_recycle_left", _kernels.RECYCLE_BUDGET_BYTES)
+    previous = _kernels.set_workspace_reuse(False)
+    try:
+        slot.give_back(slot.take())
+        assert slot.kept_streams() == ()
+    finally:
+        _kernels.set_workspace_reuse(previous)
+    kept = slot.take()
+    slot.give_back(kept)
+    _kernels.set_workspace_reuse(True)     # switching drops what is kept
+    assert slot.kept_streams() == () and not kept.kept
+    assert _kernels._recycle_left == _kernels.RECYCLE_BUDGET_BYTES
+
+
 # ---- the fast paths on the GPU -------------------------------------------------------
 
 def _unaligned_copy(gpu, a):
@@ -801,3 +867,67 @@ def test_fast_paths_reuse_a_dropped_output_and_never_one_still_held(gpu, rng):
         gpu.cuda.get_current_stream().synchronize()
         for got, want in ((kept, want_a), (again, want_b), (other, want_a)):   # atomics: not bitwise
             np.testing.assert_allclose(got.get(), want, rtol=1e-5, atol=1e-5, err_msg=name)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("direction", ["forward", "backward_data", "backward_filter"])
+def test_winograd_workspace_per_stream(gpu, rng, direction, monkeypatch):
+    """A cached Winograd call keeps its workspace per stream (same stream: the
+    same memory; another stream: its own), with results equal to the reference
+    on every call, stream and pair of arrays; release_outputs drops the
+    workspaces."""
+    import dnnprims as dp
+    _kernels.release_outputs()
+    f32 = np.float32
+    x = random_array(rng, (2, 8, 10, 10), f32)
+    w = random_array(rng, (8, 8, 3, 3), f32)
+    dy = random_array(rng, (2, 8, 10, 10), f32)
+    if direction == "forward":
+        algo = "winograd_f4x4_3x3"
+        call = lambda a, b: dp.conv2d_forward(a, b, padding=1, algo=algo)   # noqa: E731
+        reference = lambda a, b: dp.conv2d_forward(a, b, padding=1)   # noqa: E731
+        args = (x, w)
+    elif direction == "backward_data":
+        algo = "winograd_f4x4_3x3"
+        call = lambda a, b: dp.conv2d_backward_data(a, b, x.shape, padding=1, algo=algo)   # noqa: E731
+        reference = lambda a, b: dp.conv2d_backward_data(a, b, x.shape, padding=1)   # noqa: E731
+        args = (dy, w)
+    else:
+        algo = "winograd_wgrad_f3x3_2x2"
+        call = lambda a, b: dp.conv2d_backward_filter(a, b, w.shape, padding=1, algo=algo)   # noqa: E731
+        reference = lambda a, b: dp.conv2d_backward_filter(a, b, w.shape, padding=1)   # noqa: E731
+        args = (x, dy)
+    other = tuple(a[::-1].copy() * f32(0.5) + f32(0.25) for a in args)
+    want = reference(*(a.astype(F64) for a in args))
+    want_other = reference(*(a.astype(F64) for a in other))
+    A, B = (gpu.asarray(a) for a in args)
+    A2, B2 = (gpu.asarray(a) for a in other)
+    taken = []
+    original_take = _kernels.WorkspaceSlot.take
+
+    def take(self):
+        workspace = original_take(self)
+        taken.append((workspace, workspace.array.data.ptr, workspace.stream))
+        return workspace
+    monkeypatch.setattr(_kernels.WorkspaceSlot, "take", take)
+    for _ in range(3):
+        assert_close(call(A, B), want, np.float32)
+        assert_close(call(A2, B), reference(other[0].astype(F64), args[1].astype(F64)), np.float32)
+        assert_close(call(A2, B2), want_other, np.float32)
+    default = [(ws, ptr) for ws, ptr, s in taken]
+    assert len({ptr for _, ptr in default[1:]}) == 1 and default[1][0] is default[-1][0]
+    side = gpu.cuda.Stream(non_blocking=True)
+    taken.clear()
+    with side:
+        for _ in range(3):
+            assert_close(call(A, B), want, np.float32)
+        side.synchronize()
+    assert all(s == side.ptr for _, _, s in taken)
+    assert not {ptr for _, ptr, _ in taken} & {ptr for _, ptr in default}
+    assert_close(call(A2, B2), want_other, np.float32)       # the default stream's workspace again
+    slots = [s for s in _kernels._SLOTS if isinstance(s, _kernels.WorkspaceSlot) and s.kept_streams()]
+    assert slots
+    _kernels.release_outputs()
+    assert not any(s.kept_streams() for s in slots)
+    assert_close(call(A, B), want, np.float32)
+    gpu.cuda.Device().synchronize()

@@ -55,7 +55,7 @@ import numpy as np
 
 from .. import _dtypes
 from .. import _cublas
-from .._kernels import KERNEL_DIR, KernelFamily, ceil_div
+from .._kernels import KERNEL_DIR, KernelFamily, WorkspaceSlot, ceil_div
 from .._validate import INT32_LIMIT
 from . import ConvAlgorithm, register
 
@@ -531,13 +531,14 @@ class WinogradConvolution(ConvAlgorithm):
 
     def prepare(self, problem, direction, has_bias=False, activation=None):
         """The call as prepared launches and one raw cuBLAS call per batch chunk:
-        per call only the workspace allocation and the pointers are new (the
-        public path measured ~175 us of host time per call with per-call views,
-        over the GPU time of the ResNet-50 layers; notes/winobd.md).
+        per call only the pointers are new (the public path measured ~175 us
+        of host time per call with per-call views, over the GPU time of the
+        ResNet-50 layers; notes/winobd.md).  The workspace is kept per stream
+        (WorkspaceSlot: cupy.empty and its free cost ~4 us a call;
+        notes/winohost.md).
         Arrays of a launch: ARRAY0 = a, ARRAY1 = b, ARRAY2 = out, ARRAY3 = bias
         (b stands in for an absent bias: the kernel does not read it),
         ARRAY4 = the workspace."""
-        import cupy
         from cupy.cuda import device
         from .._kernels import ARRAY0, ARRAY1, ARRAY2, ARRAY3, ARRAY4
 
@@ -562,16 +563,16 @@ class WinogradConvolution(ConvAlgorithm):
                                (ARRAY0, ARRAY4, plan["v_offset"], *in_args, *filter_args)),
                           gemm_args, outputs))
         first, steps = tuple(first), tuple(steps)
-        elements, acc, run_gemm = plan["elements"], plan["acc"], _GEMM_RUN[plan["acc"]]
-        empty, handle = cupy.empty, device.get_cublas_handle
+        run_gemm, handle = _GEMM_RUN[plan["acc"]], device.get_cublas_handle
+        slot = WorkspaceSlot(plan["elements"], plan["acc"])
 
         def run(a, b, out, bias=None):
             if options != (WORKSPACE_BOUND, FILTER_IN_INPUT_LAUNCH, VECTOR_ROWS):
                 # The module's options changed since this was prepared (tests do that).
                 return self.run(problem, direction, a, b, out, bias=bias, activation=activation)
-            workspace = empty(elements, dtype=acc)
-            arrays = (a, b, out, bias, workspace)
-            base = workspace.data.ptr
+            workspace = slot.take()
+            arrays = (a, b, out, bias, workspace.array)
+            base = workspace.array.data.ptr
             # Vector rows need 16-byte aligned rows (float4 for F(4x4), float2 for F(2x2)).
             vec = out.data.ptr % 16 == 0
             for launch in first:
@@ -582,6 +583,7 @@ class WinogradConvolution(ConvAlgorithm):
                 run_gemm(cublas, *head, base + b_offset, *mid, base + a_offset, *tail, base + c_offset,
                          *last)
                 outputs[vec](*arrays)
+            slot.give_back(workspace)
             return out
         return run
 
@@ -779,9 +781,8 @@ class WinogradBackwardFilter(ConvAlgorithm):
 
     def prepare(self, problem, direction, has_bias=False, activation=None):
         """Prepared launches and a raw cuBLAS call per batch chunk over one
-        workspace allocation (as WinogradConvolution.prepare). Arrays of a launch:
+        workspace, kept per stream (as WinogradConvolution.prepare). Arrays of a launch:
         ARRAY0 = x, ARRAY1 = dy, ARRAY2 = dw, ARRAY4 = the workspace."""
-        import cupy
         from cupy.cuda import device
         from .._kernels import ARRAY0, ARRAY1, ARRAY2, ARRAY4
 
@@ -796,22 +797,23 @@ class WinogradBackwardFilter(ConvAlgorithm):
             for (_, _, _, x_grid, x_args, dy_grid, dy_args), gemm_args in zip(plan["chunks"], plan["gemms"]))
         expr, grid, args = plan["output"]
         output = prep(expr, grid, block, (ARRAY4, ARRAY2, *args))
-        elements, acc, run_gemm = plan["elements"], plan["acc"], _GEMM_RUN[plan["acc"]]
-        empty, handle = cupy.empty, device.get_cublas_handle
+        run_gemm, handle = _GEMM_RUN[plan["acc"]], device.get_cublas_handle
+        slot = WorkspaceSlot(plan["elements"], plan["acc"])
 
         def run(a, b, out, bias=None):
             if options != _wgrad_options():
                 # The module's options changed since this was prepared (tests do that).
                 return self.run(problem, direction, a, b, out)
-            workspace = empty(elements, dtype=acc)
-            arrays = (a, b, out, None, workspace)
-            base = workspace.data.ptr
+            workspace = slot.take()
+            arrays = (a, b, out, None, workspace.array)
+            base = workspace.array.data.ptr
             cublas = handle()
             for launch_x, launch_dy, (head, a_offset, mid, b_offset, tail, c_offset, last) in steps:
                 launch_x(*arrays)
                 launch_dy(*arrays)
                 run_gemm(cublas, *head, base + a_offset, *mid, base + b_offset, *tail, base + c_offset, *last)
             output(*arrays)
+            slot.give_back(workspace)
             return out
         return run
 
