@@ -59,6 +59,15 @@ _NHWC_K3S2_COLS = {"forward": 4, "backward": 32}  # a key (direction, size) over
 _K3S2_BACKWARD_BLOCKS = {2: 3, 4: 1, 8: 1}
 _NHWC_K3S2_BACKWARD_BLOCKS = {2: 2, 4: 2, 8: 2}
 _BACKWARD_BLOCKS_CHOICES = (1, 2, 3)
+# NCHW float16 / bfloat16 max 3x3 / 2 / 1 backward rolling down the plane
+# (pool_k3s2_backward_rolled <T, index_t, S, MINB>, sm_90+: packed compares):
+# S steps of two window rows a thread, MINB blocks of 256 per SM.
+# ROLLED_BACKWARD = False keeps pool_k3s2_backward (tests, benchmarks).
+ROLLED_BACKWARD = True
+_ROLLED_STEPS = 4
+_ROLLED_BLOCKS = 2
+_ROLLED_STEPS_CHOICES = (2, 4, 7)
+_ROLLED_BLOCKS_CHOICES = (1, 2, 3)
 # (kernels pool_k3s2_*)
 FAMILY = KernelFamily("pooling.cu", [
     *(f"pool_{mode}_{direction}<{t}, {i}, {nhwc}>"
@@ -86,6 +95,9 @@ FAMILY = KernelFamily("pooling.cu", [
     *(f"pool_k3s2_backward<{t}, {i}, {r}, {b}>"
       for t in _dtypes.CUDA_TYPES for i in ("int", "long long") for r in _K3S2_BACKWARD_ROWS_CHOICES
       for b in (_BACKWARD_BLOCKS_CHOICES if r == 1 else (1,))),
+    *(f"pool_k3s2_backward_rolled<{t}, {i}, {s}, {b}>"
+      for t in ("half_t", "bfloat16_t") for i in ("int", "long long") for s in _ROLLED_STEPS_CHOICES
+      for b in _ROLLED_BLOCKS_CHOICES),
     *(f"pool_k2s2_avg_backward<{t}, {i}, {_K2S2_ROWS}>"
       for t in _dtypes.CUDA_TYPES for i in ("int", "long long")),
     # NHWC 3x3 / 2 / 1, column-rolling: forward <T, index_t, MAX, R>, backward (max) <T, index_t, R, MINB>
@@ -408,7 +420,11 @@ def _vector_launch(problem, direction, aligned):
     if not VECTOR_KERNELS or not aligned or problem.w % (16 // size) or problem.stride != (2, 2):
         return None
     ho, _ = problem.out_hw
-    if problem.window == (3, 3) and problem.padding == (1, 1):
+    if (problem.window == (3, 3) and problem.padding == (1, 1) and direction == "backward"
+            and problem.mode == "max" and size == 2 and ROLLED_BACKWARD and _packed_compares()):
+        bands = ceil_div(ho, 2 * _ROLLED_STEPS)  # segments of 2 * _ROLLED_STEPS window rows
+        expr = f"pool_k3s2_backward_rolled<{t}, {{}}, {_ROLLED_STEPS}, {_ROLLED_BLOCKS}>"
+    elif problem.window == (3, 3) and problem.padding == (1, 1):
         kernel = _k3s2_kernel(problem, direction, "pool_k3s2", _K3S2_FORWARD_ROWS, _K3S2_BACKWARD_ROWS,
                               _K3S2_BACKWARD_BLOCKS)
         if kernel is None:
@@ -428,6 +444,23 @@ def _vector_launch(problem, direction, aligned):
     if expr.startswith("pool_k3s2_forward"):
         args += (np.int32(problem.count_include_pad),)
     return expr.format(index_t), (blocks,), args
+
+
+_PACKED_COMPARES = {}
+
+
+def _packed_compares():
+    """Whether the current GPU has the packed 16-bit compares of
+    pool_k3s2_backward_rolled (sm_90+); False without a GPU."""
+    try:
+        device = _current_device()
+        have = _PACKED_COMPARES.get(device)
+        if have is None:
+            cc = _validate._cupy.cuda.Device(device).compute_capability
+            have = _PACKED_COMPARES[device] = int(cc) >= 90
+        return have
+    except Exception:
+        return False
 
 
 def _k3s2_kernel(problem, direction, prefix, forward_rows, backward_rows, backward_blocks):

@@ -1971,3 +1971,208 @@ pool_nhwc_k3s2_backward(const T* __restrict__ x, const T* __restrict__ dy, T* __
         }
     }
 }
+
+// ---------------------------------------------------------------------------
+// NCHW float16 / bfloat16 max 3x3 / 2 / 1 backward rolling down the plane
+// (pool_k3s2_backward_rolled; packed pairs, sm_90+: Python launches it only
+// there, and it traps elsewhere).  Same requirements as pool_k3s2_backward.
+//
+// pool_k3s2_backward's R = 1 tile loads 5 x rows for 2 dx rows and computes two
+// window rows for them, the second again in the next band: 10 windows for 16 dx
+// elements, x through L1 / L2 2.5 times.  Here thread = (plane, segment of 2S
+// window rows, column vector j) walks down its segment two window rows (oh,
+// oh + 1) a step: it loads x rows 2oh .. 2oh + 3 (row 2oh - 1 is carried from
+// the previous step), pairs the two window rows in the halves of a word as the
+// pair path does (P[a][c] = (local row a, local row a + 2), local row 0 = x row
+// 2oh - 1), and finishes per step (a = the element's row in its window):
+//   dx 2oh - 1: carried window row oh - 1 (a = 2), then oh (a = 0, low halves);
+//   dx 2oh: low halves, a = 1;  dx 2oh + 1: low a = 2, then high a = 0;
+//   dx 2oh + 2: high a = 1;  dx 2oh + 3: high a = 2, carried (float) to the next step.
+// Each window row is computed once, plus one per segment (the step past the
+// segment's end finishes its last dx row: window row oh_end, a = 0); x goes
+// through L1 (4S + 1) / 4S times.  Sums are the gather's order (row-major
+// windows, from +0): dx rows 2oh and 2oh + 2 (at most two shares a column) by
+// add_pairs (the float sum rounded once), the others in float, so dx is bitwise
+// pool_k3s2_backward's.  A step whose windows hold a NaN or only -inf takes
+// the exact rule per element (argmax3x3<true>) for that step's shares.
+// Every dx element is written once by one thread: deterministic, no atomics.
+
+// x row h of the tile at xp as words (local columns 2i + 1, 2i + 2), i = 0..3,
+// [4] = the right halo (9, 10), and `halo` = local column 0; -inf outside.
+template <typename T>
+__device__ __forceinline__ void load_k3s2_words(unsigned (&q)[5], unsigned& halo, const T* __restrict__ xp,
+                                                int h, int H, int W, bool left, bool right, bool wanted) {
+    constexpr unsigned NINF = NegInfBits<T>::value, NINF2 = NINF * 0x10001u;
+    if (wanted && h >= 0 && h < H) {
+        const T* row = xp + (long long)h * W;
+        const PackN<unsigned, 4> pk = load_pack<unsigned, 4>(reinterpret_cast<const unsigned*>(row));
+#pragma unroll
+        for (int i = 0; i < 4; ++i) q[i] = pk.v[i];
+        q[4] = right ? *reinterpret_cast<const unsigned*>(row + 8) : NINF2;
+        halo = left ? (unsigned)row[-1].bits : NINF;
+    } else {
+#pragma unroll
+        for (int i = 0; i < 5; ++i) q[i] = NINF2;
+        halo = NINF;
+    }
+}
+
+template <typename T>
+__device__ __forceinline__ void store_float_row(T* __restrict__ p, const float (&v)[8]) {
+    PackN<T, 8> pk;
+#pragma unroll
+    for (int f = 0; f < 8; ++f) pk.v[f] = store<T>(v[f]);
+    *reinterpret_cast<PackN<T, 8>*>(p) = pk;
+}
+
+template <typename T, typename index_t, int S, int MINB>
+__global__ void __launch_bounds__(256, MINB)
+pool_k3s2_backward_rolled(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ dx,
+                          index_t items, int H, int W, int Ho, int segments) {
+#if PACKED_CMP_PAIRS
+    static_assert(sizeof(T) == 2, "16-bit types only");
+    constexpr unsigned NINF2 = NegInfBits<T>::value * 0x10001u;
+    constexpr int VEC = 8, OUT = 4;
+    const int lanes = W / VEC, Wo = W / 2;
+    for (index_t i = (index_t)blockIdx.x * blockDim.x + threadIdx.x; i < items;
+         i += (index_t)blockDim.x * gridDim.x) {
+        index_t plane;
+        int seg, j;
+        plane_band_lane<index_t>(i, lanes, segments, plane, seg, j);
+        const T* xp = x + (long long)plane * H * W + VEC * j;
+        const T* dyp = dy + (long long)plane * Ho * Wo + OUT * j;
+        T* dxp = dx + (long long)plane * H * W + VEC * j;
+        const bool left = j > 0, right = j + 1 < lanes;
+        const int oh_start = 2 * S * seg, oh_end = min(oh_start + 2 * S, Ho);
+        unsigned q[5][5], halo[5];
+        load_k3s2_words<T>(q[0], halo[0], xp, 2 * oh_start - 1, H, W, left, right, true);
+        float carry[8];  // dx row 2oh - 1 so far: window row oh - 1's shares (a = 2)
+#pragma unroll
+        for (int f = 0; f < 8; ++f) carry[f] = 0.0f;
+        for (int oh = oh_start;; oh += 2) {
+            const bool tail = oh >= oh_end;  // only dx row 2oh - 1 is left
+            if (tail && oh >= Ho) {
+                if (2 * oh - 1 < H) store_float_row<T>(dxp + (long long)(2 * oh - 1) * W, carry);
+                break;
+            }
+            const bool second = !tail && oh + 1 < Ho;  // window row oh + 1 is this step's
+            bool rok[5];
+#pragma unroll
+            for (int r = 0; r < 5; ++r) rok[r] = 2 * oh - 1 + r >= 0 && 2 * oh - 1 + r < H && (r <= 2 || second);
+#pragma unroll
+            for (int r = 1; r < 5; ++r)
+                load_k3s2_words<T>(q[r], halo[r], xp, 2 * oh - 1 + r, H, W, left, right, r <= 2 || second);
+            unsigned P[3][11];
+#pragma unroll
+            for (int a = 0; a < 3; ++a) {
+                P[a][0] = halo[a] | (halo[a + 2] << 16);
+#pragma unroll
+                for (int c = 0; c < 5; ++c) {
+                    P[a][2 * c + 1] = permute_bytes(q[a][c], q[a + 2][c], 0x5410u);
+                    P[a][2 * c + 2] = permute_bytes(q[a][c], q[a + 2][c], 0x7632u);
+                }
+            }
+            unsigned cm[11], M[5];
+#pragma unroll
+            for (int c = 0; c < 11; ++c) cm[c] = max_nan_pairs<T>(max_nan_pairs<T>(P[0][c], P[1][c]), P[2][c]);
+            const unsigned exists = second ? 0xffffffffu : 0x0000ffffu;
+            unsigned ok = 0xffffffffu;
+#pragma unroll
+            for (int m = 0; m < 5; ++m) {
+                M[m] = max_nan_pairs<T>(max_nan_pairs<T>(cm[2 * m], cm[2 * m + 1]), cm[2 * m + 2]);
+                ok &= gt_pairs<T>(M[m], NINF2) | ~(m < 4 || right ? exists : 0u);
+            }
+            const bool fast = ok == 0xffffffffu;
+            unsigned G[5];  // dy of window pairs m: (row oh, row oh + 1), 0 where no window
+            {
+                const PackN<unsigned, 2> d0 =
+                    load_pack<unsigned, 2>(reinterpret_cast<const unsigned*>(dyp + (long long)oh * Wo));
+                PackN<unsigned, 2> d1;
+                d1.v[0] = d1.v[1] = 0u;
+                if (second)
+                    d1 = load_pack<unsigned, 2>(reinterpret_cast<const unsigned*>(dyp + (long long)(oh + 1) * Wo));
+                G[0] = permute_bytes(d0.v[0], d1.v[0], 0x5410u);
+                G[1] = permute_bytes(d0.v[0], d1.v[0], 0x7632u);
+                G[2] = permute_bytes(d0.v[1], d1.v[1], 0x5410u);
+                G[3] = permute_bytes(d0.v[1], d1.v[1], 0x7632u);
+                const unsigned g0 = right ? (unsigned)dyp[(long long)oh * Wo + 4].bits : 0u;
+                const unsigned g1 = right && second ? (unsigned)dyp[(long long)(oh + 1) * Wo + 4].bits : 0u;
+                G[4] = g0 | (g1 << 16);
+            }
+            float row0[8], row2[8], row4[8];
+            unsigned mid[8];  // dx rows 2oh (low halves) and 2oh + 2 (high) by column
+#pragma unroll
+            for (int f = 0; f < 8; ++f) {
+                row0[f] = carry[f];
+                row2[f] = row4[f] = 0.0f;
+                mid[f] = 0u;
+            }
+            unsigned upper[5][3];  // high halves of a = 0: window row oh + 1 -> dx row 2oh + 1
+#pragma unroll
+            for (int m = 0; m < 5; ++m) {
+                unsigned share[3][3];
+                if (fast) {
+                    first_max_shares<T>([&](int a, int c) { return P[a][2 * m + c]; }, M[m], G[m], share);
+                } else {
+#pragma unroll
+                    for (int a = 0; a < 3; ++a)
+#pragma unroll
+                        for (int c = 0; c < 3; ++c) share[a][c] = 0u;
+#pragma unroll
+                    for (int k = 0; k < 2; ++k) {
+                        const bool w = (k == 0 || second) && (m < 4 || right);
+                        const bool row[3] = {w && rok[2 * k], w && rok[2 * k + 1], w && rok[2 * k + 2]};
+                        const bool col[3] = {m > 0 || left, true, true};
+                        const int pos = argmax3x3<true, float>([&](int a, int c) {
+                            return k == 0 ? half_of<T, false>(P[a][2 * m + c]) : half_of<T, true>(P[a][2 * m + c]);
+                        }, row, col);
+                        const unsigned gk = G[m] & (k == 0 ? 0x0000ffffu : 0xffff0000u);
+#pragma unroll
+                        for (int a = 0; a < 3; ++a)
+#pragma unroll
+                            for (int c = 0; c < 3; ++c)
+                                if (pos == a * 3 + c) share[a][c] |= gk;
+                    }
+                }
+#pragma unroll
+                for (int c = 0; c < 3; ++c) {
+                    upper[m][c] = share[0][c];
+                    const int f = 2 * m + c - 1;
+                    if (f < 0 || f >= 8) continue;
+                    row0[f] += half_of<T, false>(share[0][c]);
+                    mid[f] = add_pairs<T>(mid[f], share[1][c]);
+                    row2[f] += half_of<T, false>(share[2][c]);
+                    row4[f] += half_of<T, true>(share[2][c]);
+                }
+            }
+#pragma unroll
+            for (int m = 0; m < 5; ++m)
+#pragma unroll
+                for (int c = 0; c < 3; ++c) {
+                    const int f = 2 * m + c - 1;
+                    if (f >= 0 && f < 8) row2[f] += half_of<T, true>(upper[m][c]);
+                }
+            if (oh > oh_start) store_float_row<T>(dxp + (long long)(2 * oh - 1) * W, row0);
+            if (tail) break;
+            {
+                PackN<unsigned, 4> r1, r3;
+#pragma unroll
+                for (int w = 0; w < 4; ++w) {
+                    r1.v[w] = permute_bytes(mid[2 * w], mid[2 * w + 1], 0x5410u);
+                    r3.v[w] = permute_bytes(mid[2 * w], mid[2 * w + 1], 0x7632u);
+                }
+                *reinterpret_cast<PackN<unsigned, 4>*>(dxp + (long long)(2 * oh) * W) = r1;
+                if (2 * oh + 1 < H) store_float_row<T>(dxp + (long long)(2 * oh + 1) * W, row2);
+                if (2 * oh + 2 < H) *reinterpret_cast<PackN<unsigned, 4>*>(dxp + (long long)(2 * oh + 2) * W) = r3;
+            }
+#pragma unroll
+            for (int f = 0; f < 8; ++f) carry[f] = row4[f];
+#pragma unroll
+            for (int c = 0; c < 5; ++c) q[0][c] = q[4][c];
+            halo[0] = halo[4];
+        }
+    }
+#else
+    __trap();
+#endif
+}
