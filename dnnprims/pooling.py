@@ -68,6 +68,15 @@ _ROLLED_STEPS = 4
 _ROLLED_BLOCKS = 2
 _ROLLED_STEPS_CHOICES = (2, 4, 7)
 _ROLLED_BLOCKS_CHOICES = (1, 2, 3)
+# NHWC float32 max 3x3 / 2 / 1 backward with window rows exchanged by warp
+# shuffles (pool_nhwc_k3s2_backward_shfl <T, index_t, SLOTS, MINB>): SLOTS
+# vertically adjacent bands a warp (SLOTS - 1 own dx rows), MINB blocks per SM.
+# SHUFFLE_BACKWARD = False keeps pool_nhwc_k3s2_backward (tests, benchmarks).
+SHUFFLE_BACKWARD = True
+_SHFL_SLOTS = 8
+_SHFL_BLOCKS = 2
+_SHFL_SLOTS_CHOICES = (4, 8)
+_SHFL_BLOCKS_CHOICES = (1, 2, 3)
 # (kernels pool_k3s2_*)
 FAMILY = KernelFamily("pooling.cu", [
     *(f"pool_{mode}_{direction}<{t}, {i}, {nhwc}>"
@@ -107,6 +116,8 @@ FAMILY = KernelFamily("pooling.cu", [
     *(f"pool_nhwc_k3s2_backward<{t}, {i}, {r}, {b}>"
       for t in _dtypes.CUDA_TYPES for i in ("int", "long long") for r in _NHWC_K3S2_ROWS_CHOICES
       for b in (_BACKWARD_BLOCKS_CHOICES if r == 1 else (1,))),
+    *(f"pool_nhwc_k3s2_backward_shfl<float, {i}, {s}, {b}>"
+      for i in ("int", "long long") for s in _SHFL_SLOTS_CHOICES for b in _SHFL_BLOCKS_CHOICES),
     *(f"pool_global_avg_backward_flat<{t}, {i}>"
       for t in _dtypes.CUDA_TYPES for i in ("int", "long long"))])
 
@@ -491,6 +502,20 @@ def _nhwc_k3s2_launch(problem, direction, aligned):
             or problem.stride != (2, 2) or problem.padding != (1, 1)):
         return None
     ho, wo = problem.out_hw
+    lanes_per_slot = 32 // _SHFL_SLOTS  # channel vectors a warp takes per band
+    if (direction == "backward" and problem.mode == "max" and size == 4 and SHUFFLE_BACKWARD
+            and (problem.c // vec) % lanes_per_slot == 0):
+        cols = _NHWC_K3S2_COLS.get((direction, size), _NHWC_K3S2_COLS[direction])
+        segments = ceil_div(wo, cols)
+        groups = ceil_div(ho, _SHFL_SLOTS - 1)
+        items = problem.n * segments * groups * (problem.c // (vec * lanes_per_slot)) * 32
+        blocks = min(ceil_div(items, _BLOCK), _MAX_ITEMS_BLOCKS)
+        index_t = index_type(items + blocks * _BLOCK, problem.n * problem.c * max(problem.h * problem.w, ho * wo))
+        it = np.int32 if index_t == "int" else np.int64
+        expr = f"pool_nhwc_k3s2_backward_shfl<{t}, {index_t}, {_SHFL_SLOTS}, {_SHFL_BLOCKS}>"
+        args = (it(items), *(np.int32(v) for v in (problem.c, problem.h, problem.w, ho, wo, groups, segments,
+                                                    cols)))
+        return expr, (blocks,), args
     kernel = _k3s2_kernel(problem, direction, "pool_nhwc_k3s2", _NHWC_K3S2_FORWARD_ROWS,
                           _NHWC_K3S2_BACKWARD_ROWS, _NHWC_K3S2_BACKWARD_BLOCKS)
     if kernel is None:

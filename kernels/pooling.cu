@@ -2176,3 +2176,144 @@ pool_k3s2_backward_rolled(const T* __restrict__ x, const T* __restrict__ dy, T* 
     __trap();
 #endif
 }
+
+// ---------------------------------------------------------------------------
+// NHWC float32 max 3x3 / 2 / 1 backward with window rows exchanged by shuffles
+// (pool_nhwc_k3s2_backward_shfl; C a multiple of 4 * 32 / SLOTS).
+//
+// pool_nhwc_k3s2_backward's band (dx rows 2oh, 2oh + 1) computes window rows oh
+// and oh + 1 from x rows 2oh - 1 .. 2oh + 3: window row oh + 1 is computed again
+// by the next band, x goes through L1 / L2 2.5 times.  Here a warp is SLOTS
+// vertically adjacent bands x 32 / SLOTS channel vectors (lane = slot * CV + cv,
+// CV = 32 / SLOTS, consecutive cv: consecutive 16-byte vectors of one pixel):
+// slot s computes only window row oh = (SLOTS - 1) * group + s from x rows
+// 2oh - 1 .. 2oh + 1 and takes window row oh + 1's argmax positions and dy from
+// slot s + 1 (__shfl_down_sync by CV lanes, uniform code: every lane of a warp
+// walks the same columns).  Slots 0 .. SLOTS - 2 own their bands' dx rows; the
+// last slot computes its window row for the slot above only (the next group's
+// slot 0 computes it again): SLOTS / (SLOTS - 1) windows per window row, x
+// 1.5 SLOTS / (SLOTS - 1) times through L1.  Otherwise as pool_nhwc_k3s2_backward
+// (columns rolled, the same sums in the same order: dx is bitwise its).
+template <typename T, typename index_t, int SLOTS, int MINB>
+__global__ void __launch_bounds__(256, MINB)
+pool_nhwc_k3s2_backward_shfl(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ dx,
+                             index_t items, int C, int H, int W, int Ho, int Wo, int groups, int segments,
+                             int cols) {
+    typedef acc_t<T> A;
+    constexpr int VEC = 16 / sizeof(T), CV = 32 / SLOTS, XR = 3;
+    const int quads = C / (VEC * CV);  // warps across the channels
+    const T fill = store<T>(negative_infinity<A>());  // padding: argmax3x3's fast path
+    for (index_t i = (index_t)blockIdx.x * blockDim.x + threadIdx.x; i < items;
+         i += (index_t)blockDim.x * gridDim.x) {
+        // items is a multiple of 32: a warp's lanes stay together
+        const int lane = (int)(i & 31), slot = lane / CV, cv = lane - slot * CV;
+        const index_t wi = i >> 5;
+        index_t q = wi / quads;
+        const int cq = (int)(wi - q * quads);
+        index_t p = q / groups;
+        const int group = (int)(q - p * groups);
+        const index_t n = p / segments;
+        const int seg = (int)(p - n * segments);
+        const int c = (cq * CV + cv) * VEC;
+        const T* xn = x + n * H * W * C + c;
+        const T* dyn = dy + n * Ho * Wo * C + c;
+        T* dxn = dx + n * H * W * C + c;
+        const int oh0 = (SLOTS - 1) * group + slot, h0 = 2 * oh0 - 1;  // local x row r = input row h0 + r
+        const bool owner = slot < SLOTS - 1 && oh0 < Ho;
+        const int ow0 = seg * cols, ow1 = min(ow0 + cols, Wo);
+        bool row_ok[XR];
+#pragma unroll
+        for (int r = 0; r < XR; ++r) row_ok[r] = h0 + r >= 0 && h0 + r < H;
+        PackN<T, VEC> left[XR];  // input column 2ow - 1
+        load_nhwc_column<T, index_t, VEC, XR>(left, xn, h0, 2 * ow0 - 1, H, W, C, fill);
+        bool left_ok = ow0 > 0, left_nan = nhwc_column_nan<T, VEC, XR>(left);
+        // windows (oh0 + k, ow - 1) of the previous step: argmax position a * 3 + c and dy
+        int prev_pos[2][VEC];
+        A prev_g[2][VEC];
+#pragma unroll
+        for (int k = 0; k < 2; ++k)
+#pragma unroll
+            for (int v = 0; v < VEC; ++v) {
+                prev_pos[k][v] = -1;
+                prev_g[k][v] = A(0);
+            }
+        for (int ow = ow0; ow <= ow1; ++ow) {
+            PackN<T, VEC> mid[XR], right[XR];
+            load_nhwc_column<T, index_t, VEC, XR>(mid, xn, h0, 2 * ow, H, W, C, fill);
+            load_nhwc_column<T, index_t, VEC, XR>(right, xn, h0, 2 * ow + 1, H, W, C, fill);
+            const bool col_ok[3] = {left_ok, 2 * ow < W, 2 * ow + 1 < W};
+            const bool right_nan = nhwc_column_nan<T, VEC, XR>(right);
+            const bool exact = left_nan || right_nan || nhwc_column_nan<T, VEC, XR>(mid);
+            A g[2][VEC];
+            int pos[2][VEC];
+            const bool window = oh0 < Ho && ow < Wo;
+            if (window) {
+                const PackN<T, VEC> pk = load_pack<T, VEC>(dyn + ((index_t)oh0 * Wo + ow) * C);
+#pragma unroll
+                for (int v = 0; v < VEC; ++v) g[0][v] = load(pk.v[v]);
+            } else {
+#pragma unroll
+                for (int v = 0; v < VEC; ++v) g[0][v] = A(0);
+            }
+            const bool row[3] = {window && row_ok[0], window && row_ok[1], window && row_ok[2]};
+            auto argmaxes = [&](auto exact_rule) {
+#pragma unroll
+                for (int v = 0; v < VEC; ++v)
+                    pos[0][v] = argmax3x3<decltype(exact_rule)::value, A>([&](int a, int cc) {
+                        return load((cc == 0 ? left : cc == 1 ? mid : right)[a].v[v]);
+                    }, row, col_ok);
+            };
+            if (exact) {
+                argmaxes(Bool<true>());
+            } else {
+                argmaxes(Bool<false>());
+            }
+            // window row oh0 + 1: the slot below (the last slot's values are never used)
+#pragma unroll
+            for (int v = 0; v < VEC; ++v) {
+                pos[1][v] = __shfl_down_sync(0xffffffffu, pos[0][v], CV);
+                g[1][v] = __shfl_down_sync(0xffffffffu, g[0][v], CV);
+            }
+            // dx column 2ow - 1 (windows ow - 1 and ow) and 2ow (window ow); local rows 1, 2
+#pragma unroll
+            for (int side = 0; side < 2; ++side) {
+                const int w = 2 * ow - 1 + side;
+                if (!owner || (side == 0 ? !(ow > ow0 && w < W) : !(ow < ow0 + cols && w < W))) continue;
+#pragma unroll
+                for (int r = 1; r <= 2; ++r) {
+                    const int h = h0 + r;
+                    if (h >= H) break;
+                    PackN<T, VEC> pk;
+#pragma unroll
+                    for (int v = 0; v < VEC; ++v) {
+                        A s = A(0);
+#pragma unroll
+                        for (int k = 0; k < 2; ++k) {
+                            const int a = r - 2 * k;
+                            if (a < 0 || a > 2) continue;
+                            if (side == 0) {
+                                s += prev_pos[k][v] == a * 3 + 2 ? prev_g[k][v] : A(0);
+                                s += pos[k][v] == a * 3 ? g[k][v] : A(0);
+                            } else {
+                                s += pos[k][v] == a * 3 + 1 ? g[k][v] : A(0);
+                            }
+                        }
+                        pk.v[v] = store<T>(s);
+                    }
+                    *reinterpret_cast<PackN<T, VEC>*>(dxn + ((index_t)h * W + w) * C) = pk;
+                }
+            }
+#pragma unroll
+            for (int r = 0; r < XR; ++r) left[r] = right[r];
+            left_ok = col_ok[2];
+            left_nan = right_nan;
+#pragma unroll
+            for (int k = 0; k < 2; ++k)
+#pragma unroll
+                for (int v = 0; v < VEC; ++v) {
+                    prev_pos[k][v] = pos[k][v];
+                    prev_g[k][v] = g[k][v];
+                }
+        }
+    }
+}

@@ -5,7 +5,9 @@
 1. copy bandwidth (1 GiB device copy, same process);
 2. max 3x3 / 2 / 1 backward, NCHW 64x256x56x56 float16 / bfloat16: pool_k3s2_backward
    (ROLLED_BACKWARD = False) against pool_k3s2_backward_rolled for every steps x
-   blocks choice, dx compared bitwise with the old path; NHWC 64x56x56x256 float32 (as is);
+   blocks choice; NHWC 64x56x56x256 float32: pool_nhwc_k3s2_backward (SHUFFLE_BACKWARD =
+   False) against pool_nhwc_k3s2_backward_shfl for every slots x blocks choice; dx
+   compared bitwise with the old path, and with torch's;
 3. global_avg_r50 (32x2048x7x7 float32) forward / backward: benchmark-style time
    (events around each call, L2-resident x), host us per call, and kernel-only time
    (calls queued behind torch.cuda._sleep so the host is hidden), x resident in L2
@@ -66,12 +68,19 @@ def backward_rows(layout, dtype):
     if layout == "NCHW":
         variants += [(f"rolled S{s} B{b}", True, s, b) for s in pooling._ROLLED_STEPS_CHOICES
                      for b in pooling._ROLLED_BLOCKS_CHOICES]
-    saved = (pooling.ROLLED_BACKWARD, pooling._ROLLED_STEPS, pooling._ROLLED_BLOCKS)
+    else:
+        variants += [(f"shfl S{s} B{b}", True, s, b) for s in pooling._SHFL_SLOTS_CHOICES
+                     for b in pooling._SHFL_BLOCKS_CHOICES]
+    saved = (pooling.ROLLED_BACKWARD, pooling._ROLLED_STEPS, pooling._ROLLED_BLOCKS,
+             pooling.SHUFFLE_BACKWARD, pooling._SHFL_SLOTS, pooling._SHFL_BLOCKS)
     ref = None
-    for label, rolled, s, b in variants:
-        pooling.ROLLED_BACKWARD = rolled
+    for label, new, s, b in variants:
+        pooling.ROLLED_BACKWARD = pooling.SHUFFLE_BACKWARD = new
         if s is not None:
-            pooling._ROLLED_STEPS, pooling._ROLLED_BLOCKS = s, b
+            if layout == "NCHW":
+                pooling._ROLLED_STEPS, pooling._ROLLED_BLOCKS = s, b
+            else:
+                pooling._SHFL_SLOTS, pooling._SHFL_BLOCKS = s, b
         pooling._MEMO.clear()
         try:
             dx = dp.pool_backward(dy, x, y, 3, **opts)
@@ -92,7 +101,8 @@ def backward_rows(layout, dtype):
         rows.append(r)
         print(f"{name:18s} {label:14s} {t:.4f} ms torch {t_torch:.4f} ({t_torch / t:.2f}x) {frac:.3f} of copy "
               f"dx==old {same} |dx-torch| {diff:.3g} [{expr}]", flush=True)
-    pooling.ROLLED_BACKWARD, pooling._ROLLED_STEPS, pooling._ROLLED_BLOCKS = saved
+    (pooling.ROLLED_BACKWARD, pooling._ROLLED_STEPS, pooling._ROLLED_BLOCKS,
+     pooling.SHUFFLE_BACKWARD, pooling._SHFL_SLOTS, pooling._SHFL_BLOCKS) = saved
     pooling._MEMO.clear()
 
 
@@ -151,3 +161,16 @@ try:
 except Exception as e:
     print(f"global_avg: {type(e).__name__}: {e}", flush=True)
 json.dump(dict(copy_GBps=COPY, rows=rows), open(os.path.join(OUT, "poolbwd.json"), "w"), indent=1)
+print("== summary (ms, torch ms, x torch, of copy, dx == old path's)")
+for name in dict.fromkeys(r["name"] for r in rows if "variant" in r):
+    group = [r for r in rows if r.get("name") == name and "variant" in r]
+    old = next((r for r in group if r["variant"] == "old"), None)
+    best = min(group, key=lambda r: r["ms"])
+    for tag, r in (("old", old), ("best", best)):
+        if r is not None:
+            print(f"{name:18s} {tag:4s} {r['variant']:14s} {r['ms']:.4f} {r['torch_ms']:.4f} {r['x_torch']:.2f}x "
+                  f"{r['of_copy']:.3f} {r['same_as_old']}")
+for r in rows:
+    if r.get("name") == "global_avg_r50":
+        print(f"global_avg_r50 {r['direction']:8s} {r['who']:5s} bench {r['bench_ms'] * 1e3:.2f} us host "
+              f"{r['host_us']:.2f} us kernel L2 {r['kernel_us_L2']:.2f} us DRAM {r['kernel_us_dram']:.2f} us")

@@ -620,6 +620,7 @@ def test_k3s2_backward_blocks_variants(gpu, rng, monkeypatch, blocks, layout, dt
     nchw = layout == "NCHW"
     assert blocks in pooling._BACKWARD_BLOCKS_CHOICES
     monkeypatch.setattr(pooling, "ROLLED_BACKWARD", False)
+    monkeypatch.setattr(pooling, "SHUFFLE_BACKWARD", False)
     monkeypatch.setitem(pooling._K3S2_BACKWARD_ROWS if nchw else pooling._NHWC_K3S2_BACKWARD_ROWS, size, 1)
     monkeypatch.setitem(pooling._K3S2_BACKWARD_BLOCKS if nchw else pooling._NHWC_K3S2_BACKWARD_BLOCKS,
                         size, blocks)
@@ -670,6 +671,42 @@ def test_k3s2_backward_rolled_variants(gpu, rng, monkeypatch, blocks, steps, dty
         _fresh_plans(monkeypatch)
         want = _host(pool_backward(gpu.asarray(dy), gpu.asarray(x), None, 3, **opts))
         np.testing.assert_array_equal(got.view(np.uint16), want.view(np.uint16))
+
+
+@pytest.mark.parametrize("slots", [4, 8])
+@pytest.mark.parametrize("blocks", [1, 2, 3])
+def test_nhwc_k3s2_backward_shfl_variants(gpu, rng, monkeypatch, blocks, slots):
+    """pool_nhwc_k3s2_backward_shfl (NHWC float32 max 3x3 / 2 / 1 backward, window
+    rows exchanged by warp shuffles), every slots / blocks choice: edge sizes,
+    several slot groups (group seams), segment seams (cols 3 and 32), random data
+    against the reference, integer data (ties, NaN, +-inf, -0.0) exactly, and dx
+    bitwise equal to pool_nhwc_k3s2_backward's."""
+    from dnnprims import pooling
+    assert slots in pooling._SHFL_SLOTS_CHOICES and blocks in pooling._SHFL_BLOCKS_CHOICES
+    monkeypatch.setattr(pooling, "_SHFL_SLOTS", slots)
+    monkeypatch.setattr(pooling, "_SHFL_BLOCKS", blocks)
+    monkeypatch.setitem(pooling._NHWC_K3S2_BACKWARD_ROWS, 4, 1)
+    opts = dict(mode="max", stride=2, padding=1, layout="NHWC")
+    for cols in (3, 32):
+        monkeypatch.setattr(pooling, "_NHWC_K3S2_COLS", {"forward": cols, "backward": cols})
+        for hw, c in zip(NHWC_K3S2_SIZES + [(30, 9), (57, 16)], (32, 64, 32, 96, 32, 64, 32, 32, 64)):
+            shape = (2, *hw, c)
+            monkeypatch.setattr(pooling, "SHUFFLE_BACKWARD", True)
+            _fresh_plans(monkeypatch)
+            bwd = _k3s2_expressions(shape, np.float32, "max", "NHWC")[1]
+            assert bwd.startswith("pool_nhwc_k3s2_backward_shfl<") and bwd.endswith(f", {slots}, {blocks}>")
+            x = random_array(rng, shape, np.float32)
+            y_shape = pool(x.astype(np.float64), 3, **opts).shape
+            dy = random_array(rng, y_shape, np.float32)
+            _check_against_reference(gpu, x, dy, 3, {k: v for k, v in opts.items() if k != "layout"}, "NHWC")
+            data = np.concatenate([_nhwc_integer_data(rng, np.float32, hw)] * (c // 8), axis=-1)
+            _check_integer_data_exactly(gpu, rng, data, dict(stride=2, padding=1, layout="NHWC"))
+            got = _host(pool_backward(gpu.asarray(dy), gpu.asarray(x), None, 3, **opts))
+            monkeypatch.setattr(pooling, "SHUFFLE_BACKWARD", False)
+            _fresh_plans(monkeypatch)
+            assert _k3s2_expressions(shape, np.float32, "max", "NHWC")[1].startswith("pool_nhwc_k3s2_backward<")
+            want = _host(pool_backward(gpu.asarray(dy), gpu.asarray(x), None, 3, **opts))
+            np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
 
 
 @pytest.mark.parametrize("shape", [(3, 100, 7, 7), (2, 5, 8, 8), (1, 1, 1, 1), (2, 3, 1, 1),
