@@ -63,15 +63,22 @@ _BACKWARD_BLOCKS_CHOICES = (1, 2, 3)
 # (pool_k3s2_backward_rolled <T, index_t, S, MINB>, sm_90+: packed compares):
 # S steps of two window rows a thread, MINB blocks of 256 per SM.
 # ROLLED_BACKWARD = False keeps pool_k3s2_backward (tests, benchmarks).
+# Measured on the H100 (notes/poolbwd.md, 64x256x56x56 float16, ms for MINB =
+# 1 / 2 / 3; 99 registers, 80 with 20 bytes of spill at 3): S = 2 0.0967 / 0.0967 /
+# 0.1100, S = 4 0.0990 / 0.0998 / 0.1323, S = 7 0.1053 / 0.1056 / 0.1352 (dropped);
+# bfloat16 S = 2 0.0964 / 0.0961 / 0.0984; pool_k3s2_backward 0.1065 (MINB 3).
 ROLLED_BACKWARD = True
-_ROLLED_STEPS = 4
+_ROLLED_STEPS = 2
 _ROLLED_BLOCKS = 2
-_ROLLED_STEPS_CHOICES = (2, 4, 7)
+_ROLLED_STEPS_CHOICES = (2, 4)
 _ROLLED_BLOCKS_CHOICES = (1, 2, 3)
 # NHWC float32 max 3x3 / 2 / 1 backward with window rows exchanged by warp
 # shuffles (pool_nhwc_k3s2_backward_shfl <T, index_t, SLOTS, MINB>): SLOTS
 # vertically adjacent bands a warp (SLOTS - 1 own dx rows), MINB blocks per SM.
 # SHUFFLE_BACKWARD = False keeps pool_nhwc_k3s2_backward (tests, benchmarks).
+# Measured on the H100 (notes/poolbwd.md, 64x56x56x256 float32, cols 32, ms for
+# MINB = 1 / 2 / 3): SLOTS = 8 0.1899 / 0.1776 / 0.2489 (93 / 92 / 80 registers),
+# SLOTS = 4 0.2083 / 0.1987 / 0.1975; pool_nhwc_k3s2_backward 0.1952 (MINB 2).
 SHUFFLE_BACKWARD = True
 _SHFL_SLOTS = 8
 _SHFL_BLOCKS = 2

@@ -1996,6 +1996,10 @@ pool_nhwc_k3s2_backward(const T* __restrict__ x, const T* __restrict__ dy, T* __
 // pool_k3s2_backward's.  A step whose windows hold a NaN or only -inf takes
 // the exact rule per element (argmax3x3<true>) for that step's shares.
 // Every dx element is written once by one thread: deterministic, no atomics.
+// Measured (H100, notes/poolbwd.md, 64 x 256 x 56 x 56): 0.0967 ms float16,
+// 0.0961 bfloat16 with S = 2, two blocks per SM (99 registers): 0.80 of copy,
+// 6.2x PyTorch (pool_k3s2_backward: 0.1065, 0.72); S = 2 beats S = 4 / 7 (0.099 /
+// 0.105: 11.9 waves of blocks instead of 6 / 3.4), MINB 3 spills and is slower.
 
 // x row h of the tile at xp as words (local columns 2i + 1, 2i + 2), i = 0..3,
 // [4] = the right halo (9, 10), and `halo` = local column 0; -inf outside.
@@ -2194,6 +2198,9 @@ pool_k3s2_backward_rolled(const T* __restrict__ x, const T* __restrict__ dy, T* 
 // slot 0 computes it again): SLOTS / (SLOTS - 1) windows per window row, x
 // 1.5 SLOTS / (SLOTS - 1) times through L1.  Otherwise as pool_nhwc_k3s2_backward
 // (columns rolled, the same sums in the same order: dx is bitwise its).
+// Measured (H100, notes/poolbwd.md, 64 x 56 x 56 x 256, cols 32): 0.1776 ms with
+// SLOTS = 8, two blocks per SM (92 registers): 0.87 of copy, 2.3x PyTorch
+// (pool_nhwc_k3s2_backward: 0.1952, 0.79); SLOTS = 4 0.199, MINB 3 (80 registers) 0.249.
 template <typename T, typename index_t, int SLOTS, int MINB>
 __global__ void __launch_bounds__(256, MINB)
 pool_nhwc_k3s2_backward_shfl(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ dx,
