@@ -59,6 +59,31 @@ _NHWC_K3S2_COLS = {"forward": 4, "backward": 32}  # a key (direction, size) over
 _K3S2_BACKWARD_BLOCKS = {2: 3, 4: 1, 8: 1}
 _NHWC_K3S2_BACKWARD_BLOCKS = {2: 2, 4: 2, 8: 2}
 _BACKWARD_BLOCKS_CHOICES = (1, 2, 3)
+# NCHW float16 / bfloat16 max 3x3 / 2 / 1 backward rolling down the plane
+# (pool_k3s2_backward_rolled <T, index_t, S, MINB>, sm_90+: packed compares):
+# S steps of two window rows a thread, MINB blocks of 256 per SM.
+# ROLLED_BACKWARD = False keeps pool_k3s2_backward (tests, benchmarks).
+# Measured on the H100 (notes/poolbwd.md, 64x256x56x56 float16, ms for MINB =
+# 1 / 2 / 3; 99 registers, 80 with 20 bytes of spill at 3): S = 2 0.0967 / 0.0967 /
+# 0.1100, S = 4 0.0990 / 0.0998 / 0.1323, S = 7 0.1053 / 0.1056 / 0.1352 (dropped);
+# bfloat16 S = 2 0.0964 / 0.0961 / 0.0984; pool_k3s2_backward 0.1065 (MINB 3).
+ROLLED_BACKWARD = True
+_ROLLED_STEPS = 2
+_ROLLED_BLOCKS = 2
+_ROLLED_STEPS_CHOICES = (2, 4)
+_ROLLED_BLOCKS_CHOICES = (1, 2, 3)
+# NHWC float32 max 3x3 / 2 / 1 backward with window rows exchanged by warp
+# shuffles (pool_nhwc_k3s2_backward_shfl <T, index_t, SLOTS, MINB>): SLOTS
+# vertically adjacent bands a warp (SLOTS - 1 own dx rows), MINB blocks per SM.
+# SHUFFLE_BACKWARD = False keeps pool_nhwc_k3s2_backward (tests, benchmarks).
+# Measured on the H100 (notes/poolbwd.md, 64x56x56x256 float32, cols 32, ms for
+# MINB = 1 / 2 / 3): SLOTS = 8 0.1899 / 0.1776 / 0.2489 (93 / 92 / 80 registers),
+# SLOTS = 4 0.2083 / 0.1987 / 0.1975; pool_nhwc_k3s2_backward 0.1952 (MINB 2).
+SHUFFLE_BACKWARD = True
+_SHFL_SLOTS = 8
+_SHFL_BLOCKS = 2
+_SHFL_SLOTS_CHOICES = (4, 8)
+_SHFL_BLOCKS_CHOICES = (1, 2, 3)
 # (kernels pool_k3s2_*)
 FAMILY = KernelFamily("pooling.cu", [
     *(f"pool_{mode}_{direction}<{t}, {i}, {nhwc}>"
@@ -86,6 +111,9 @@ FAMILY = KernelFamily("pooling.cu", [
     *(f"pool_k3s2_backward<{t}, {i}, {r}, {b}>"
       for t in _dtypes.CUDA_TYPES for i in ("int", "long long") for r in _K3S2_BACKWARD_ROWS_CHOICES
       for b in (_BACKWARD_BLOCKS_CHOICES if r == 1 else (1,))),
+    *(f"pool_k3s2_backward_rolled<{t}, {i}, {s}, {b}>"
+      for t in ("half_t", "bfloat16_t") for i in ("int", "long long") for s in _ROLLED_STEPS_CHOICES
+      for b in _ROLLED_BLOCKS_CHOICES),
     *(f"pool_k2s2_avg_backward<{t}, {i}, {_K2S2_ROWS}>"
       for t in _dtypes.CUDA_TYPES for i in ("int", "long long")),
     # NHWC 3x3 / 2 / 1, column-rolling: forward <T, index_t, MAX, R>, backward (max) <T, index_t, R, MINB>
@@ -95,6 +123,8 @@ FAMILY = KernelFamily("pooling.cu", [
     *(f"pool_nhwc_k3s2_backward<{t}, {i}, {r}, {b}>"
       for t in _dtypes.CUDA_TYPES for i in ("int", "long long") for r in _NHWC_K3S2_ROWS_CHOICES
       for b in (_BACKWARD_BLOCKS_CHOICES if r == 1 else (1,))),
+    *(f"pool_nhwc_k3s2_backward_shfl<float, {i}, {s}, {b}>"
+      for i in ("int", "long long") for s in _SHFL_SLOTS_CHOICES for b in _SHFL_BLOCKS_CHOICES),
     *(f"pool_global_avg_backward_flat<{t}, {i}>"
       for t in _dtypes.CUDA_TYPES for i in ("int", "long long"))])
 
@@ -408,7 +438,11 @@ def _vector_launch(problem, direction, aligned):
     if not VECTOR_KERNELS or not aligned or problem.w % (16 // size) or problem.stride != (2, 2):
         return None
     ho, _ = problem.out_hw
-    if problem.window == (3, 3) and problem.padding == (1, 1):
+    if (problem.window == (3, 3) and problem.padding == (1, 1) and direction == "backward"
+            and problem.mode == "max" and size == 2 and ROLLED_BACKWARD and _packed_compares()):
+        bands = ceil_div(ho, 2 * _ROLLED_STEPS)  # segments of 2 * _ROLLED_STEPS window rows
+        expr = f"pool_k3s2_backward_rolled<{t}, {{}}, {_ROLLED_STEPS}, {_ROLLED_BLOCKS}>"
+    elif problem.window == (3, 3) and problem.padding == (1, 1):
         kernel = _k3s2_kernel(problem, direction, "pool_k3s2", _K3S2_FORWARD_ROWS, _K3S2_BACKWARD_ROWS,
                               _K3S2_BACKWARD_BLOCKS)
         if kernel is None:
@@ -428,6 +462,23 @@ def _vector_launch(problem, direction, aligned):
     if expr.startswith("pool_k3s2_forward"):
         args += (np.int32(problem.count_include_pad),)
     return expr.format(index_t), (blocks,), args
+
+
+_PACKED_COMPARES = {}
+
+
+def _packed_compares():
+    """Whether the current GPU has the packed 16-bit compares of
+    pool_k3s2_backward_rolled (sm_90+); False without a GPU."""
+    try:
+        device = _current_device()
+        have = _PACKED_COMPARES.get(device)
+        if have is None:
+            cc = _validate._cupy.cuda.Device(device).compute_capability
+            have = _PACKED_COMPARES[device] = int(cc) >= 90
+        return have
+    except Exception:
+        return False
 
 
 def _k3s2_kernel(problem, direction, prefix, forward_rows, backward_rows, backward_blocks):
@@ -458,6 +509,20 @@ def _nhwc_k3s2_launch(problem, direction, aligned):
             or problem.stride != (2, 2) or problem.padding != (1, 1)):
         return None
     ho, wo = problem.out_hw
+    lanes_per_slot = 32 // _SHFL_SLOTS  # channel vectors a warp takes per band
+    if (direction == "backward" and problem.mode == "max" and size == 4 and SHUFFLE_BACKWARD
+            and (problem.c // vec) % lanes_per_slot == 0):
+        cols = _NHWC_K3S2_COLS.get((direction, size), _NHWC_K3S2_COLS[direction])
+        segments = ceil_div(wo, cols)
+        groups = ceil_div(ho, _SHFL_SLOTS - 1)
+        items = problem.n * segments * groups * (problem.c // (vec * lanes_per_slot)) * 32
+        blocks = min(ceil_div(items, _BLOCK), _MAX_ITEMS_BLOCKS)
+        index_t = index_type(items + blocks * _BLOCK, problem.n * problem.c * max(problem.h * problem.w, ho * wo))
+        it = np.int32 if index_t == "int" else np.int64
+        expr = f"pool_nhwc_k3s2_backward_shfl<{t}, {index_t}, {_SHFL_SLOTS}, {_SHFL_BLOCKS}>"
+        args = (it(items), *(np.int32(v) for v in (problem.c, problem.h, problem.w, ho, wo, groups, segments,
+                                                    cols)))
+        return expr, (blocks,), args
     kernel = _k3s2_kernel(problem, direction, "pool_nhwc_k3s2", _NHWC_K3S2_FORWARD_ROWS,
                           _NHWC_K3S2_BACKWARD_ROWS, _NHWC_K3S2_BACKWARD_BLOCKS)
     if kernel is None:

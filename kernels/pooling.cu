@@ -1971,3 +1971,356 @@ pool_nhwc_k3s2_backward(const T* __restrict__ x, const T* __restrict__ dy, T* __
         }
     }
 }
+
+// ---------------------------------------------------------------------------
+// NCHW float16 / bfloat16 max 3x3 / 2 / 1 backward rolling down the plane
+// (pool_k3s2_backward_rolled; packed pairs, sm_90+: Python launches it only
+// there, and it traps elsewhere).  Same requirements as pool_k3s2_backward.
+//
+// pool_k3s2_backward's R = 1 tile loads 5 x rows for 2 dx rows and computes two
+// window rows for them, the second again in the next band: 10 windows for 16 dx
+// elements, x through L1 / L2 2.5 times.  Here thread = (plane, segment of 2S
+// window rows, column vector j) walks down its segment two window rows (oh,
+// oh + 1) a step: it loads x rows 2oh .. 2oh + 3 (row 2oh - 1 is carried from
+// the previous step), pairs the two window rows in the halves of a word as the
+// pair path does (P[a][c] = (local row a, local row a + 2), local row 0 = x row
+// 2oh - 1), and finishes per step (a = the element's row in its window):
+//   dx 2oh - 1: carried window row oh - 1 (a = 2), then oh (a = 0, low halves);
+//   dx 2oh: low halves, a = 1;  dx 2oh + 1: low a = 2, then high a = 0;
+//   dx 2oh + 2: high a = 1;  dx 2oh + 3: high a = 2, carried (float) to the next step.
+// Each window row is computed once, plus one per segment (the step past the
+// segment's end finishes its last dx row: window row oh_end, a = 0); x goes
+// through L1 (4S + 1) / 4S times.  Sums are the gather's order (row-major
+// windows, from +0): dx rows 2oh and 2oh + 2 (at most two shares a column) by
+// add_pairs (the float sum rounded once), the others in float, so dx is bitwise
+// pool_k3s2_backward's.  A step whose windows hold a NaN or only -inf takes
+// the exact rule per element (argmax3x3<true>) for that step's shares.
+// Every dx element is written once by one thread: deterministic, no atomics.
+// Measured (H100, notes/poolbwd.md, 64 x 256 x 56 x 56): 0.0967 ms float16,
+// 0.0961 bfloat16 with S = 2, two blocks per SM (99 registers): 0.80 of copy,
+// 6.2x PyTorch (pool_k3s2_backward: 0.1065, 0.72); S = 2 beats S = 4 / 7 (0.099 /
+// 0.105: 11.9 waves of blocks instead of 6 / 3.4), MINB 3 spills and is slower.
+
+// x row h of the tile at xp as words (local columns 2i + 1, 2i + 2), i = 0..3,
+// [4] = the right halo (9, 10), and `halo` = local column 0; -inf outside.
+template <typename T>
+__device__ __forceinline__ void load_k3s2_words(unsigned (&q)[5], unsigned& halo, const T* __restrict__ xp,
+                                                int h, int H, int W, bool left, bool right, bool wanted) {
+    constexpr unsigned NINF = NegInfBits<T>::value, NINF2 = NINF * 0x10001u;
+    if (wanted && h >= 0 && h < H) {
+        const T* row = xp + (long long)h * W;
+        const PackN<unsigned, 4> pk = load_pack<unsigned, 4>(reinterpret_cast<const unsigned*>(row));
+#pragma unroll
+        for (int i = 0; i < 4; ++i) q[i] = pk.v[i];
+        q[4] = right ? *reinterpret_cast<const unsigned*>(row + 8) : NINF2;
+        halo = left ? (unsigned)row[-1].bits : NINF;
+    } else {
+#pragma unroll
+        for (int i = 0; i < 5; ++i) q[i] = NINF2;
+        halo = NINF;
+    }
+}
+
+template <typename T>
+__device__ __forceinline__ void store_float_row(T* __restrict__ p, const float (&v)[8]) {
+    PackN<T, 8> pk;
+#pragma unroll
+    for (int f = 0; f < 8; ++f) pk.v[f] = store<T>(v[f]);
+    *reinterpret_cast<PackN<T, 8>*>(p) = pk;
+}
+
+template <typename T, typename index_t, int S, int MINB>
+__global__ void __launch_bounds__(256, MINB)
+pool_k3s2_backward_rolled(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ dx,
+                          index_t items, int H, int W, int Ho, int segments) {
+#if PACKED_CMP_PAIRS
+    static_assert(sizeof(T) == 2, "16-bit types only");
+    constexpr unsigned NINF2 = NegInfBits<T>::value * 0x10001u;
+    constexpr int VEC = 8, OUT = 4;
+    const int lanes = W / VEC, Wo = W / 2;
+    for (index_t i = (index_t)blockIdx.x * blockDim.x + threadIdx.x; i < items;
+         i += (index_t)blockDim.x * gridDim.x) {
+        index_t plane;
+        int seg, j;
+        plane_band_lane<index_t>(i, lanes, segments, plane, seg, j);
+        const T* xp = x + (long long)plane * H * W + VEC * j;
+        const T* dyp = dy + (long long)plane * Ho * Wo + OUT * j;
+        T* dxp = dx + (long long)plane * H * W + VEC * j;
+        const bool left = j > 0, right = j + 1 < lanes;
+        const int oh_start = 2 * S * seg, oh_end = min(oh_start + 2 * S, Ho);
+        unsigned q[5][5], halo[5];
+        load_k3s2_words<T>(q[0], halo[0], xp, 2 * oh_start - 1, H, W, left, right, true);
+        float carry[8];  // dx row 2oh - 1 so far: window row oh - 1's shares (a = 2)
+#pragma unroll
+        for (int f = 0; f < 8; ++f) carry[f] = 0.0f;
+        for (int oh = oh_start;; oh += 2) {
+            const bool tail = oh >= oh_end;  // only dx row 2oh - 1 is left
+            if (tail && oh >= Ho) {
+                if (2 * oh - 1 < H) store_float_row<T>(dxp + (long long)(2 * oh - 1) * W, carry);
+                break;
+            }
+            const bool second = !tail && oh + 1 < Ho;  // window row oh + 1 is this step's
+            bool rok[5];
+#pragma unroll
+            for (int r = 0; r < 5; ++r) rok[r] = 2 * oh - 1 + r >= 0 && 2 * oh - 1 + r < H && (r <= 2 || second);
+#pragma unroll
+            for (int r = 1; r < 5; ++r)
+                load_k3s2_words<T>(q[r], halo[r], xp, 2 * oh - 1 + r, H, W, left, right, r <= 2 || second);
+            unsigned P[3][11];
+#pragma unroll
+            for (int a = 0; a < 3; ++a) {
+                P[a][0] = halo[a] | (halo[a + 2] << 16);
+#pragma unroll
+                for (int c = 0; c < 5; ++c) {
+                    P[a][2 * c + 1] = permute_bytes(q[a][c], q[a + 2][c], 0x5410u);
+                    P[a][2 * c + 2] = permute_bytes(q[a][c], q[a + 2][c], 0x7632u);
+                }
+            }
+            unsigned cm[11], M[5];
+#pragma unroll
+            for (int c = 0; c < 11; ++c) cm[c] = max_nan_pairs<T>(max_nan_pairs<T>(P[0][c], P[1][c]), P[2][c]);
+            const unsigned exists = second ? 0xffffffffu : 0x0000ffffu;
+            unsigned ok = 0xffffffffu;
+#pragma unroll
+            for (int m = 0; m < 5; ++m) {
+                M[m] = max_nan_pairs<T>(max_nan_pairs<T>(cm[2 * m], cm[2 * m + 1]), cm[2 * m + 2]);
+                ok &= gt_pairs<T>(M[m], NINF2) | ~(m < 4 || right ? exists : 0u);
+            }
+            const bool fast = ok == 0xffffffffu;
+            unsigned G[5];  // dy of window pairs m: (row oh, row oh + 1), 0 where no window
+            {
+                const PackN<unsigned, 2> d0 =
+                    load_pack<unsigned, 2>(reinterpret_cast<const unsigned*>(dyp + (long long)oh * Wo));
+                PackN<unsigned, 2> d1;
+                d1.v[0] = d1.v[1] = 0u;
+                if (second)
+                    d1 = load_pack<unsigned, 2>(reinterpret_cast<const unsigned*>(dyp + (long long)(oh + 1) * Wo));
+                G[0] = permute_bytes(d0.v[0], d1.v[0], 0x5410u);
+                G[1] = permute_bytes(d0.v[0], d1.v[0], 0x7632u);
+                G[2] = permute_bytes(d0.v[1], d1.v[1], 0x5410u);
+                G[3] = permute_bytes(d0.v[1], d1.v[1], 0x7632u);
+                const unsigned g0 = right ? (unsigned)dyp[(long long)oh * Wo + 4].bits : 0u;
+                const unsigned g1 = right && second ? (unsigned)dyp[(long long)(oh + 1) * Wo + 4].bits : 0u;
+                G[4] = g0 | (g1 << 16);
+            }
+            float row0[8], row2[8], row4[8];
+            unsigned mid[8];  // dx rows 2oh (low halves) and 2oh + 2 (high) by column
+#pragma unroll
+            for (int f = 0; f < 8; ++f) {
+                row0[f] = carry[f];
+                row2[f] = row4[f] = 0.0f;
+                mid[f] = 0u;
+            }
+            unsigned upper[5][3];  // high halves of a = 0: window row oh + 1 -> dx row 2oh + 1
+#pragma unroll
+            for (int m = 0; m < 5; ++m) {
+                unsigned share[3][3];
+                if (fast) {
+                    first_max_shares<T>([&](int a, int c) { return P[a][2 * m + c]; }, M[m], G[m], share);
+                } else {
+#pragma unroll
+                    for (int a = 0; a < 3; ++a)
+#pragma unroll
+                        for (int c = 0; c < 3; ++c) share[a][c] = 0u;
+#pragma unroll
+                    for (int k = 0; k < 2; ++k) {
+                        const bool w = (k == 0 || second) && (m < 4 || right);
+                        const bool row[3] = {w && rok[2 * k], w && rok[2 * k + 1], w && rok[2 * k + 2]};
+                        const bool col[3] = {m > 0 || left, true, true};
+                        const int pos = argmax3x3<true, float>([&](int a, int c) {
+                            return k == 0 ? half_of<T, false>(P[a][2 * m + c]) : half_of<T, true>(P[a][2 * m + c]);
+                        }, row, col);
+                        const unsigned gk = G[m] & (k == 0 ? 0x0000ffffu : 0xffff0000u);
+#pragma unroll
+                        for (int a = 0; a < 3; ++a)
+#pragma unroll
+                            for (int c = 0; c < 3; ++c)
+                                if (pos == a * 3 + c) share[a][c] |= gk;
+                    }
+                }
+#pragma unroll
+                for (int c = 0; c < 3; ++c) {
+                    upper[m][c] = share[0][c];
+                    const int f = 2 * m + c - 1;
+                    if (f < 0 || f >= 8) continue;
+                    row0[f] += half_of<T, false>(share[0][c]);
+                    mid[f] = add_pairs<T>(mid[f], share[1][c]);
+                    row2[f] += half_of<T, false>(share[2][c]);
+                    row4[f] += half_of<T, true>(share[2][c]);
+                }
+            }
+#pragma unroll
+            for (int m = 0; m < 5; ++m)
+#pragma unroll
+                for (int c = 0; c < 3; ++c) {
+                    const int f = 2 * m + c - 1;
+                    if (f >= 0 && f < 8) row2[f] += half_of<T, true>(upper[m][c]);
+                }
+            if (oh > oh_start) store_float_row<T>(dxp + (long long)(2 * oh - 1) * W, row0);
+            if (tail) break;
+            {
+                PackN<unsigned, 4> r1, r3;
+#pragma unroll
+                for (int w = 0; w < 4; ++w) {
+                    r1.v[w] = permute_bytes(mid[2 * w], mid[2 * w + 1], 0x5410u);
+                    r3.v[w] = permute_bytes(mid[2 * w], mid[2 * w + 1], 0x7632u);
+                }
+                *reinterpret_cast<PackN<unsigned, 4>*>(dxp + (long long)(2 * oh) * W) = r1;
+                if (2 * oh + 1 < H) store_float_row<T>(dxp + (long long)(2 * oh + 1) * W, row2);
+                if (2 * oh + 2 < H) *reinterpret_cast<PackN<unsigned, 4>*>(dxp + (long long)(2 * oh + 2) * W) = r3;
+            }
+#pragma unroll
+            for (int f = 0; f < 8; ++f) carry[f] = row4[f];
+#pragma unroll
+            for (int c = 0; c < 5; ++c) q[0][c] = q[4][c];
+            halo[0] = halo[4];
+        }
+    }
+#else
+    __trap();
+#endif
+}
+
+// ---------------------------------------------------------------------------
+// NHWC float32 max 3x3 / 2 / 1 backward with window rows exchanged by shuffles
+// (pool_nhwc_k3s2_backward_shfl; C a multiple of 4 * 32 / SLOTS).
+//
+// pool_nhwc_k3s2_backward's band (dx rows 2oh, 2oh + 1) computes window rows oh
+// and oh + 1 from x rows 2oh - 1 .. 2oh + 3: window row oh + 1 is computed again
+// by the next band, x goes through L1 / L2 2.5 times.  Here a warp is SLOTS
+// vertically adjacent bands x 32 / SLOTS channel vectors (lane = slot * CV + cv,
+// CV = 32 / SLOTS, consecutive cv: consecutive 16-byte vectors of one pixel):
+// slot s computes only window row oh = (SLOTS - 1) * group + s from x rows
+// 2oh - 1 .. 2oh + 1 and takes window row oh + 1's argmax positions and dy from
+// slot s + 1 (__shfl_down_sync by CV lanes, uniform code: every lane of a warp
+// walks the same columns).  Slots 0 .. SLOTS - 2 own their bands' dx rows; the
+// last slot computes its window row for the slot above only (the next group's
+// slot 0 computes it again): SLOTS / (SLOTS - 1) windows per window row, x
+// 1.5 SLOTS / (SLOTS - 1) times through L1.  Otherwise as pool_nhwc_k3s2_backward
+// (columns rolled, the same sums in the same order: dx is bitwise its).
+// Measured (H100, notes/poolbwd.md, 64 x 56 x 56 x 256, cols 32): 0.1776 ms with
+// SLOTS = 8, two blocks per SM (92 registers): 0.87 of copy, 2.3x PyTorch
+// (pool_nhwc_k3s2_backward: 0.1952, 0.79); SLOTS = 4 0.199, MINB 3 (80 registers) 0.249.
+template <typename T, typename index_t, int SLOTS, int MINB>
+__global__ void __launch_bounds__(256, MINB)
+pool_nhwc_k3s2_backward_shfl(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ dx,
+                             index_t items, int C, int H, int W, int Ho, int Wo, int groups, int segments,
+                             int cols) {
+    typedef acc_t<T> A;
+    constexpr int VEC = 16 / sizeof(T), CV = 32 / SLOTS, XR = 3;
+    const int quads = C / (VEC * CV);  // warps across the channels
+    const T fill = store<T>(negative_infinity<A>());  // padding: argmax3x3's fast path
+    for (index_t i = (index_t)blockIdx.x * blockDim.x + threadIdx.x; i < items;
+         i += (index_t)blockDim.x * gridDim.x) {
+        // items is a multiple of 32: a warp's lanes stay together
+        const int lane = (int)(i & 31), slot = lane / CV, cv = lane - slot * CV;
+        const index_t wi = i >> 5;
+        index_t q = wi / quads;
+        const int cq = (int)(wi - q * quads);
+        index_t p = q / groups;
+        const int group = (int)(q - p * groups);
+        const index_t n = p / segments;
+        const int seg = (int)(p - n * segments);
+        const int c = (cq * CV + cv) * VEC;
+        const T* xn = x + n * H * W * C + c;
+        const T* dyn = dy + n * Ho * Wo * C + c;
+        T* dxn = dx + n * H * W * C + c;
+        const int oh0 = (SLOTS - 1) * group + slot, h0 = 2 * oh0 - 1;  // local x row r = input row h0 + r
+        const bool owner = slot < SLOTS - 1 && oh0 < Ho;
+        const int ow0 = seg * cols, ow1 = min(ow0 + cols, Wo);
+        bool row_ok[XR];
+#pragma unroll
+        for (int r = 0; r < XR; ++r) row_ok[r] = h0 + r >= 0 && h0 + r < H;
+        PackN<T, VEC> left[XR];  // input column 2ow - 1
+        load_nhwc_column<T, index_t, VEC, XR>(left, xn, h0, 2 * ow0 - 1, H, W, C, fill);
+        bool left_ok = ow0 > 0, left_nan = nhwc_column_nan<T, VEC, XR>(left);
+        // windows (oh0 + k, ow - 1) of the previous step: argmax position a * 3 + c and dy
+        int prev_pos[2][VEC];
+        A prev_g[2][VEC];
+#pragma unroll
+        for (int k = 0; k < 2; ++k)
+#pragma unroll
+            for (int v = 0; v < VEC; ++v) {
+                prev_pos[k][v] = -1;
+                prev_g[k][v] = A(0);
+            }
+        for (int ow = ow0; ow <= ow1; ++ow) {
+            PackN<T, VEC> mid[XR], right[XR];
+            load_nhwc_column<T, index_t, VEC, XR>(mid, xn, h0, 2 * ow, H, W, C, fill);
+            load_nhwc_column<T, index_t, VEC, XR>(right, xn, h0, 2 * ow + 1, H, W, C, fill);
+            const bool col_ok[3] = {left_ok, 2 * ow < W, 2 * ow + 1 < W};
+            const bool right_nan = nhwc_column_nan<T, VEC, XR>(right);
+            const bool exact = left_nan || right_nan || nhwc_column_nan<T, VEC, XR>(mid);
+            A g[2][VEC];
+            int pos[2][VEC];
+            const bool window = oh0 < Ho && ow < Wo;
+            if (window) {
+                const PackN<T, VEC> pk = load_pack<T, VEC>(dyn + ((index_t)oh0 * Wo + ow) * C);
+#pragma unroll
+                for (int v = 0; v < VEC; ++v) g[0][v] = load(pk.v[v]);
+            } else {
+#pragma unroll
+                for (int v = 0; v < VEC; ++v) g[0][v] = A(0);
+            }
+            const bool row[3] = {window && row_ok[0], window && row_ok[1], window && row_ok[2]};
+            auto argmaxes = [&](auto exact_rule) {
+#pragma unroll
+                for (int v = 0; v < VEC; ++v)
+                    pos[0][v] = argmax3x3<decltype(exact_rule)::value, A>([&](int a, int cc) {
+                        return load((cc == 0 ? left : cc == 1 ? mid : right)[a].v[v]);
+                    }, row, col_ok);
+            };
+            if (exact) {
+                argmaxes(Bool<true>());
+            } else {
+                argmaxes(Bool<false>());
+            }
+            // window row oh0 + 1: the slot below (the last slot's values are never used)
+#pragma unroll
+            for (int v = 0; v < VEC; ++v) {
+                pos[1][v] = __shfl_down_sync(0xffffffffu, pos[0][v], CV);
+                g[1][v] = __shfl_down_sync(0xffffffffu, g[0][v], CV);
+            }
+            // dx column 2ow - 1 (windows ow - 1 and ow) and 2ow (window ow); local rows 1, 2
+#pragma unroll
+            for (int side = 0; side < 2; ++side) {
+                const int w = 2 * ow - 1 + side;
+                if (!owner || (side == 0 ? !(ow > ow0 && w < W) : !(ow < ow0 + cols && w < W))) continue;
+#pragma unroll
+                for (int r = 1; r <= 2; ++r) {
+                    const int h = h0 + r;
+                    if (h >= H) break;
+                    PackN<T, VEC> pk;
+#pragma unroll
+                    for (int v = 0; v < VEC; ++v) {
+                        A s = A(0);
+#pragma unroll
+                        for (int k = 0; k < 2; ++k) {
+                            const int a = r - 2 * k;
+                            if (a < 0 || a > 2) continue;
+                            if (side == 0) {
+                                s += prev_pos[k][v] == a * 3 + 2 ? prev_g[k][v] : A(0);
+                                s += pos[k][v] == a * 3 ? g[k][v] : A(0);
+                            } else {
+                                s += pos[k][v] == a * 3 + 1 ? g[k][v] : A(0);
+                            }
+                        }
+                        pk.v[v] = store<T>(s);
+                    }
+                    *reinterpret_cast<PackN<T, VEC>*>(dxn + ((index_t)h * W + w) * C) = pk;
+                }
+            }
+#pragma unroll
+            for (int r = 0; r < XR; ++r) left[r] = right[r];
+            left_ok = col_ok[2];
+            left_nan = right_nan;
+#pragma unroll
+            for (int k = 0; k < 2; ++k)
+#pragma unroll
+                for (int v = 0; v < VEC; ++v) {
+                    prev_pos[k][v] = pos[k][v];
+                    prev_g[k][v] = g[k][v];
+                }
+        }
+    }
+}

@@ -434,7 +434,9 @@ def _k3s2_expressions(shape, dtype, mode, layout="NCHW"):
 
 def test_k3s2_kernels_serve_their_problems_only():
     fwd, bwd = _k3s2_expressions((2, 3, 13, 24), np.float16, "max")
-    assert fwd.startswith("pool_k3s2_forward<half_t") and bwd.startswith("pool_k3s2_backward<half_t")
+    # the 16-bit backward: pool_k3s2_backward_rolled on sm_90+ GPUs, pool_k3s2_backward elsewhere
+    assert fwd.startswith("pool_k3s2_forward<half_t") and bwd.startswith("pool_k3s2_backward")
+    assert "<half_t" in bwd
     fwd, bwd = _k3s2_expressions((2, 3, 13, 24), np.float32, "avg")
     assert fwd.startswith("pool_k3s2_forward<float") and not bwd.startswith("pool_k3s2")
     # W = 12: a whole number of float32 vectors but not of float16 ones
@@ -617,6 +619,8 @@ def test_k3s2_backward_blocks_variants(gpu, rng, monkeypatch, blocks, layout, dt
     size = np.dtype(dtype).itemsize
     nchw = layout == "NCHW"
     assert blocks in pooling._BACKWARD_BLOCKS_CHOICES
+    monkeypatch.setattr(pooling, "ROLLED_BACKWARD", False)
+    monkeypatch.setattr(pooling, "SHUFFLE_BACKWARD", False)
     monkeypatch.setitem(pooling._K3S2_BACKWARD_ROWS if nchw else pooling._NHWC_K3S2_BACKWARD_ROWS, size, 1)
     monkeypatch.setitem(pooling._K3S2_BACKWARD_BLOCKS if nchw else pooling._NHWC_K3S2_BACKWARD_BLOCKS,
                         size, blocks)
@@ -634,6 +638,75 @@ def test_k3s2_backward_blocks_variants(gpu, rng, monkeypatch, blocks, layout, dt
             _check_against_reference(gpu, x, random_array(rng, y_shape, dtype), 3, opts, layout)
             data = _nchw_integer_data(rng, dtype, hw) if nchw else _nhwc_integer_data(rng, dtype, hw)
             _check_integer_data_exactly(gpu, rng, data, dict(stride=2, padding=1, layout=layout))
+
+
+@pytest.mark.parametrize("dtype", [p for p in FLOAT_DTYPES if np.dtype(p.values[0]).itemsize == 2])
+@pytest.mark.parametrize("steps", [2, 4])
+@pytest.mark.parametrize("blocks", [1, 2, 3])
+def test_k3s2_backward_rolled_variants(gpu, rng, monkeypatch, blocks, steps, dtype):
+    """pool_k3s2_backward_rolled (NCHW 16-bit max 3x3 / 2 / 1 backward rolling
+    down the plane), every steps / blocks choice: odd and even heights, 1 and 2
+    rows, several segments (segment seams), random data against the reference,
+    integer data (ties, NaN, +-inf, -0.0) exactly, and dx bitwise equal to
+    pool_k3s2_backward's."""
+    from dnnprims import pooling
+    assert steps in pooling._ROLLED_STEPS_CHOICES and blocks in pooling._ROLLED_BLOCKS_CHOICES
+    monkeypatch.setattr(pooling, "_ROLLED_STEPS", steps)
+    monkeypatch.setattr(pooling, "_ROLLED_BLOCKS", blocks)
+    opts = dict(mode="max", stride=2, padding=1)
+    for hw in K3S2_SIZES + [(30, 24), (57, 16), (60, 8)]:
+        shape = (2, 3, *hw)
+        monkeypatch.setattr(pooling, "ROLLED_BACKWARD", True)
+        _fresh_plans(monkeypatch)
+        bwd = _k3s2_expressions(shape, dtype, "max")[1]
+        assert bwd.startswith("pool_k3s2_backward_rolled<") and bwd.endswith(f", {steps}, {blocks}>")
+        x = random_array(rng, shape, dtype)
+        y_shape = pool(x.astype(np.float64), 3, **opts).shape
+        dy = random_array(rng, y_shape, dtype)
+        _check_against_reference(gpu, x, dy, 3, opts, "NCHW")
+        data = _nchw_integer_data(rng, dtype, hw)
+        _check_integer_data_exactly(gpu, rng, data, dict(stride=2, padding=1))
+        got = _host(pool_backward(gpu.asarray(dy), gpu.asarray(x), None, 3, **opts))
+        monkeypatch.setattr(pooling, "ROLLED_BACKWARD", False)
+        _fresh_plans(monkeypatch)
+        want = _host(pool_backward(gpu.asarray(dy), gpu.asarray(x), None, 3, **opts))
+        np.testing.assert_array_equal(got.view(np.uint16), want.view(np.uint16))
+
+
+@pytest.mark.parametrize("slots", [4, 8])
+@pytest.mark.parametrize("blocks", [1, 2, 3])
+def test_nhwc_k3s2_backward_shfl_variants(gpu, rng, monkeypatch, blocks, slots):
+    """pool_nhwc_k3s2_backward_shfl (NHWC float32 max 3x3 / 2 / 1 backward, window
+    rows exchanged by warp shuffles), every slots / blocks choice: edge sizes,
+    several slot groups (group seams), segment seams (cols 3 and 32), random data
+    against the reference, integer data (ties, NaN, +-inf, -0.0) exactly, and dx
+    bitwise equal to pool_nhwc_k3s2_backward's."""
+    from dnnprims import pooling
+    assert slots in pooling._SHFL_SLOTS_CHOICES and blocks in pooling._SHFL_BLOCKS_CHOICES
+    monkeypatch.setattr(pooling, "_SHFL_SLOTS", slots)
+    monkeypatch.setattr(pooling, "_SHFL_BLOCKS", blocks)
+    monkeypatch.setitem(pooling._NHWC_K3S2_BACKWARD_ROWS, 4, 1)
+    opts = dict(mode="max", stride=2, padding=1, layout="NHWC")
+    for cols in (3, 32):
+        monkeypatch.setattr(pooling, "_NHWC_K3S2_COLS", {"forward": cols, "backward": cols})
+        for hw, c in zip(NHWC_K3S2_SIZES + [(30, 9), (57, 16)], (32, 64, 32, 96, 32, 64, 32, 32, 64)):
+            shape = (2, *hw, c)
+            monkeypatch.setattr(pooling, "SHUFFLE_BACKWARD", True)
+            _fresh_plans(monkeypatch)
+            bwd = _k3s2_expressions(shape, np.float32, "max", "NHWC")[1]
+            assert bwd.startswith("pool_nhwc_k3s2_backward_shfl<") and bwd.endswith(f", {slots}, {blocks}>")
+            x = random_array(rng, shape, np.float32)
+            y_shape = pool(x.astype(np.float64), 3, **opts).shape
+            dy = random_array(rng, y_shape, np.float32)
+            _check_against_reference(gpu, x, dy, 3, {k: v for k, v in opts.items() if k != "layout"}, "NHWC")
+            data = np.concatenate([_nhwc_integer_data(rng, np.float32, hw)] * (c // 8), axis=-1)
+            _check_integer_data_exactly(gpu, rng, data, dict(stride=2, padding=1, layout="NHWC"))
+            got = _host(pool_backward(gpu.asarray(dy), gpu.asarray(x), None, 3, **opts))
+            monkeypatch.setattr(pooling, "SHUFFLE_BACKWARD", False)
+            _fresh_plans(monkeypatch)
+            assert _k3s2_expressions(shape, np.float32, "max", "NHWC")[1].startswith("pool_nhwc_k3s2_backward<")
+            want = _host(pool_backward(gpu.asarray(dy), gpu.asarray(x), None, 3, **opts))
+            np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
 
 
 @pytest.mark.parametrize("shape", [(3, 100, 7, 7), (2, 5, 8, 8), (1, 1, 1, 1), (2, 3, 1, 1),
