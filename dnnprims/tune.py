@@ -585,17 +585,19 @@ def tune(points, *, out, holdout=0.2, max_seconds=None, repeat=REPEAT, final_rep
     they are written with the measured ones and count in the holdout.  A kept
     entry whose point is measured again is replaced."""
     meta = dict(meta if meta is not None else metadata())
-    measured_keys = {point_key(d, q) for d, q in points}
-    keep = [e for e in keep if point_key(e["direction"], entry_problem(e)) not in measured_keys]
+    keep = {point_key(e["direction"], entry_problem(e)): e for e in keep}
+
+    def merged():   # kept entries not measured again (a --max-seconds cut keeps the old ones), then ours
+        return [e for k, e in keep.items() if k not in measured] + entries
     start = time.perf_counter()
-    entries, stopped, broken, unmeasured = [], False, None, {}
+    entries, stopped, broken, unmeasured, measured = [], False, None, {}, set()
     extras = {"points": 0, "off": 0}
     data = dict(meta)
     history, last = [], 0.0   # seconds each recent point took; when the last one started
 
     def snapshot():
         data.update(grid=dict(grid_info or {}, points_total=len(points), points_measured=len(entries),
-                              points_kept=len(keep),
+                              points_kept=len(merged()) - len(entries),
                               seconds=round(time.perf_counter() - start, 1), stopped_early=stopped,
                               unmeasured=unmeasured, repeat=repeat, final_repeat=final_repeat,
                               finalist_points=extras["points"], finalist_samples_off=extras["off"],
@@ -607,7 +609,7 @@ def tune(points, *, out, holdout=0.2, max_seconds=None, repeat=REPEAT, final_rep
                                      "untimed call, round-robin over the candidates; candidates within "
                                      f"{FINALIST} x the best get `final_repeat` more (entry's 'finalists'); "
                                      "median"),
-                    entries=keep + entries)
+                    entries=merged())
         return data
 
     for i, (direction, p) in enumerate(points):
@@ -650,6 +652,7 @@ def tune(points, *, out, holdout=0.2, max_seconds=None, repeat=REPEAT, final_rep
             entry["finalists"] = finalists
             extras["points"] += 1
         entries.append(entry)
+        measured.add(key)
         best = f"{entry['winner']} {ms[entry['winner']]:.3f} ms" if ms else "no candidate ran"
         log(f"[{i + 1:4d}/{len(points)}] {elapsed:6.1f}s {key}: {best} of {len(names)}"
             + (f" ({len(finalists)} finalists)" if finalists else "")
@@ -657,13 +660,13 @@ def tune(points, *, out, holdout=0.2, max_seconds=None, repeat=REPEAT, final_rep
         if (i + 1) % SAVE_EVERY == 0:
             write(out, snapshot())
     data = snapshot()
-    data["holdout"] = dict(evaluate_holdout(keep + entries, (grid_info or {}).get("spec")), fraction=holdout,
+    data["holdout"] = dict(evaluate_holdout(merged(), (grid_info or {}).get("spec")), fraction=holdout,
                            split="a point is held out when crc32(its key) / 2^32 < fraction; "
                                  "held-out points are looked up in a table of the other points")
-    data["grid"]["noise"] = noise_report(keep + entries)
+    data["grid"]["noise"] = noise_report(merged())
     write(out, data)
     h, noise = data["holdout"], data["grid"]["noise"]
-    log(f"wrote {out}: {len(entries)} entries measured, {len(keep)} kept, in {data['grid']['seconds']} s; finalist samples at "
+    log(f"wrote {out}: {len(entries)} entries measured, {len(merged()) - len(entries)} kept, in {data['grid']['seconds']} s; finalist samples at "
         f"{extras['points']} points (off at {extras['off']} points to keep within --max-seconds)")
     log(f"holdout: {h['points']} points; table pick within 10 % of the fastest on "
         f"{h['table_within_10pct']} ({100 * h['table_fraction']:.1f} %), the rule's on "

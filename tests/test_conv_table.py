@@ -256,6 +256,10 @@ def test_tuner_update_replaces_the_measured_points_and_keeps_the_rest(tmp_path):
         factor = 2 if e["R"] == 3 else 1
         assert e["ms"] == {n: pytest.approx(factor * t, abs=2e-5) for n, t in before["ms"].items()}  # ms kept to 5 decimals
     assert data["holdout"]["points"] == first["holdout"]["points"]   # the merged table's holdout
+    # a --max-seconds cut keeps the old entries of the points it did not reach
+    cut = tune.tune(redo, out=tmp_path / "c.json", holdout=0.3, max_seconds=0.0, meta=meta, measure=slower,
+                    log=lambda s: None, keep=first["entries"])
+    assert cut["grid"]["stopped_early"] and keys(cut["entries"]) == keys(first["entries"])
 
 
 def test_tuner_filters_the_grid_by_filter_size(capsys, tmp_path):

@@ -1,1 +1,0 @@
-"""Benchmarks against PyTorch/cuDNN: ``python -m dnnprims.bench [conv|memory|rnn|all]``."""
