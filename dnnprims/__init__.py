@@ -22,7 +22,7 @@ _PUBLIC = {
     "activations": ("activation", "activation_backward", "bias_activation", "bias_activation_backward",
                     "ACTIVATION_MODES"),
     "recurrent": ("lstm_cell", "lstm_cell_backward", "gru_cell", "gru_cell_backward"),
-    "_kernels": ("release_outputs", "set_output_reuse"),
+    "_kernels": ("release_outputs", "set_output_reuse", "set_workspace_reuse"),
 }
 _WHERE = {name: module for module, names in _PUBLIC.items() for name in names}
 
