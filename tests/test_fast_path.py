@@ -447,6 +447,41 @@ def test_workspace_slot_bounds_release_and_switch(fake_pool, monkeypatch):
     assert _kernels._recycle_left == _kernels.RECYCLE_BUDGET_BYTES
 
 
+@pytest.mark.parametrize("direction", ["forward", "backward_filter"])
+def test_winograd_prepared_call_that_raises_gives_its_workspace_back(fake_pool, monkeypatch, direction):
+    """A call whose kept workspace is out (taken) when a launch or cuBLAS raises
+    must not keep its bytes counted against the shared reuse budget: before the
+    fix the dropped workspace took them along, and release_outputs() could no
+    longer give them back (every failure shrank the budget for good).  The
+    kernels, cuBLAS handle and device are faked: only the bookkeeping runs."""
+    cupy = pytest.importorskip("cupy")
+    from cupy.cuda import device as cuda_device
+    from dnnprims import conv
+    from dnnprims.algos import winograd
+    monkeypatch.setattr(cupy.cuda.runtime, "getDevice", lambda: 0)
+    monkeypatch.setattr(cuda_device, "get_cublas_handle", lambda: 0)
+    monkeypatch.setattr(winograd.FAMILY, "prepare", lambda *args, **kwargs: (lambda *arrays: None))
+    fail = []
+
+    def gemm(*args):
+        if fail:
+            raise RuntimeError("cuBLAS refused")
+    monkeypatch.setattr(winograd, "_GEMM_RUN", {np.dtype(np.float32): gemm})
+    problem = conv._describe((1, 4, 8, 8), (4, 4, 3, 3), (1, 1), (1, 1), (1, 1), 1, "NCHW", "float32")
+    algorithm = winograd.WINOGRAD_F2 if direction == "forward" else winograd.WINOGRAD_WGRAD_F2
+    monkeypatch.setattr(algorithm, "_plans", {})   # the plan made under the fake device stays here
+    run = algorithm.prepare(problem, direction)
+    a, b = _fake_array(problem.x_shape), _fake_array(problem.w_shape)
+    out = _fake_array(problem.y_shape if direction == "forward" else problem.w_shape)
+    run(a, b, out)                         # kept for stream 77 from now on
+    assert _kernels._recycle_left < _kernels.RECYCLE_BUDGET_BYTES
+    fail.append(True)
+    with pytest.raises(RuntimeError, match="cuBLAS"):
+        run(a, b, out)                     # takes the kept workspace, then raises
+    _kernels.release_outputs()
+    assert _kernels._recycle_left == _kernels.RECYCLE_BUDGET_BYTES
+
+
 # ---- the fast paths on the GPU -------------------------------------------------------
 
 def _unaligned_copy(gpu, a):
