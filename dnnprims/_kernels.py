@@ -487,7 +487,7 @@ class OutputSlot:
             except IndexError:   # another thread took it
                 pass
             else:
-                if (_reference_counts(out) == self._counts and stream == _current_stream().ptr
+                if (_reference_counts(out) == self._counts and stream == _stream_key()
                         and out.shape == self.shape):
                     free.append((out, stream))
                     return out
@@ -498,7 +498,7 @@ class OutputSlot:
             if self._counts is None:
                 self._counts = counts
             if not free and counts == self._counts:
-                free.append((out, _current_stream().ptr))
+                free.append((out, _stream_key()))
         return out
 
     def _reserve(self):
@@ -527,6 +527,19 @@ class OutputSlot:
             self.release()
         except Exception:  # interpreter shutdown
             pass
+
+
+# cudaStreamPerThread: CuPy's per-thread default stream (CUPY_CUDA_PER_THREAD_DEFAULT_STREAM=1)
+# has this one pointer in every host thread, but each thread's is a stream of its
+# own: memory kept for it is kept per thread (as CuPy's pool does, cupy/cupy#5069).
+_PER_THREAD_STREAM = 2
+
+
+def _stream_key():
+    """The current stream as the key of memory kept for it (OutputSlot,
+    WorkspaceSlot): its pointer, with the thread for the per-thread default stream."""
+    ptr = _current_stream().ptr
+    return ptr if ptr != _PER_THREAD_STREAM else (ptr, threading.get_ident())
 
 
 def _reference_counts(out):
@@ -596,7 +609,7 @@ class WorkspaceSlot:
         self._allocate = allocate
 
     def take(self):
-        stream = _current_stream().ptr
+        stream = _stream_key()
         workspace = self._kept.pop(stream, None)
         if workspace is None:
             allocate = self._allocate
@@ -634,7 +647,8 @@ class WorkspaceSlot:
                 _recycle_left += self.nbytes
 
     def kept_streams(self):
-        """The streams (pointers) whose workspace the slot holds now."""
+        """The streams (pointers; (pointer, thread) for the per-thread default
+        stream) whose workspace the slot holds now."""
         return tuple(self._kept)
 
     def release(self):

@@ -447,6 +447,41 @@ def test_workspace_slot_bounds_release_and_switch(fake_pool, monkeypatch):
     assert _kernels._recycle_left == _kernels.RECYCLE_BUDGET_BYTES
 
 
+def test_slots_keep_per_thread_default_streams_apart(fake_pool):
+    """CuPy's per-thread default stream has the pointer 2 (cudaStreamPerThread) in
+    every host thread, but each thread's is a stream of its own: a workspace or
+    an output kept after one thread's call may still be in use on that thread's
+    stream, so another thread's call must not get it (CuPy's pool keys it per
+    thread for the same reason, cupy/cupy#5069).  Before the fix both slots
+    keyed it by the pointer alone and handed it over."""
+    stream, _ = fake_pool
+    stream.ptr = 2
+    made = []
+    slot = _kernels.WorkspaceSlot(100, np.float32, allocate=_host_allocate(made))
+    outputs = _kernels.OutputSlot((8,), np.float32)
+    first = slot.take()
+    slot.give_back(first)
+    out = outputs()
+    ptr = out.data.ptr
+    del out
+    seen = {}
+    cupy = pytest.importorskip("cupy")
+    allocator = cupy.cuda.get_allocator()  # the fixture's host allocator (set per thread)
+
+    def other_thread():
+        with cupy.cuda.using_allocator(allocator):
+            workspace = slot.take()
+            seen["workspace"] = workspace
+            seen["output"] = outputs().data.ptr
+            slot.give_back(workspace)
+    thread = threading.Thread(target=other_thread)
+    thread.start()
+    thread.join()
+    assert seen["workspace"] is not first and seen["output"] != ptr
+    assert len(slot.kept_streams()) == 2
+    assert slot.take() is first            # this thread's own comes back to it
+
+
 @pytest.mark.parametrize("direction", ["forward", "backward_filter"])
 def test_winograd_prepared_call_that_raises_gives_its_workspace_back(fake_pool, monkeypatch, direction):
     """A call whose kept workspace is out (taken) when a launch or cuBLAS raises
