@@ -535,11 +535,15 @@ class OutputSlot:
 _PER_THREAD_STREAM = 2
 
 
-def _stream_key():
-    """The current stream as the key of memory kept for it (OutputSlot,
-    WorkspaceSlot): its pointer, with the thread for the per-thread default stream."""
-    ptr = _current_stream().ptr
+def stream_key(ptr):
+    """A stream (its pointer) as the key of memory kept or laid out for it
+    (OutputSlot, WorkspaceSlot, normalization's stream workspace): the pointer,
+    with the thread for the per-thread default stream."""
     return ptr if ptr != _PER_THREAD_STREAM else (ptr, threading.get_ident())
+
+
+def _stream_key():
+    return stream_key(_current_stream().ptr)
 
 
 def _reference_counts(out):
