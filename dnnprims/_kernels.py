@@ -689,7 +689,9 @@ def set_workspace_reuse(enabled):
 RECYCLE_MAX_BYTES = 32 << 20
 RECYCLE_BUDGET_BYTES = 256 << 20
 _recycle_left = RECYCLE_BUDGET_BYTES
-_recycle_lock = threading.Lock()
+# Re-entrant: a slot's __del__ (release) may run from the cyclic GC on a thread
+# that holds the lock (an allocation inside _reserve), and must not deadlock it.
+_recycle_lock = threading.RLock()
 _SLOTS = weakref.WeakSet()
 # Reference counts mean "nobody else holds it" only with the GIL;
 # DNNPRIMS_OUTPUT_REUSE=0 in the environment (or set_output_reuse(False)) turns reuse off.

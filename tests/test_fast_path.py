@@ -447,6 +447,32 @@ def test_workspace_slot_bounds_release_and_switch(fake_pool, monkeypatch):
     assert _kernels._recycle_left == _kernels.RECYCLE_BUDGET_BYTES
 
 
+def test_slot_release_inside_the_budget_lock_does_not_deadlock(fake_pool):
+    """A slot's __del__ releases its kept memory under _recycle_lock; the cyclic
+    GC can run that finalizer on a thread that already holds the lock (it
+    allocates inside _reserve: WeakSet.add).  With a plain Lock that thread
+    waited for itself forever; the lock is re-entrant now.  (Checked with a
+    timed acquire so that the old code fails instead of hanging.)"""
+    made = []
+    slot = _kernels.WorkspaceSlot(10, np.float32, allocate=_host_allocate(made))
+    slot.give_back(slot.take())
+    outputs = _kernels.OutputSlot((4,), np.float32)
+    out = outputs()
+    del out
+    assert slot.kept_streams() and outputs._reserved
+    lock = _kernels._recycle_lock
+    assert lock.acquire(timeout=1)
+    try:
+        again = lock.acquire(timeout=1)    # what a finalizer inside the critical section does
+        assert again, "the budget lock is not re-entrant"
+        lock.release()
+        slot.release()                     # as __del__ would, from inside
+        outputs.release()
+    finally:
+        lock.release()
+    assert _kernels._recycle_left == _kernels.RECYCLE_BUDGET_BYTES
+
+
 def test_slots_keep_per_thread_default_streams_apart(fake_pool):
     """CuPy's per-thread default stream has the pointer 2 (cudaStreamPerThread) in
     every host thread, but each thread's is a stream of its own: a workspace or
