@@ -591,8 +591,8 @@ class WorkspaceSlot:
     launch.  :meth:`take` returns the :class:`Workspace` kept for the current
     stream, or a fresh one; :meth:`give_back` keeps it for the next call on
     that stream (call it in a ``finally``: a kept workspace dropped without it
-    keeps its bytes counted against the budget).  Reuse on one stream is safe: the stream runs the next call's
-    kernels after this call's.  A call on another stream gets a workspace of
+    keeps its bytes counted against the budget).  Reuse on one stream is
+    safe: the stream runs the next call's kernels after this call's.  A call on another stream gets a workspace of
     its own (at most :data:`MAX_STREAMS` kept), and a call that finds its
     stream's workspace taken (another thread between take and give_back) a
     fresh one that is then dropped.  Workspaces over :data:`RECYCLE_MAX_BYTES`
