@@ -487,7 +487,7 @@ class OutputSlot:
             except IndexError:   # another thread took it
                 pass
             else:
-                if (_reference_counts(out) == self._counts and stream == _current_stream().ptr
+                if (_reference_counts(out) == self._counts and stream == _stream_key()
                         and out.shape == self.shape):
                     free.append((out, stream))
                     return out
@@ -498,7 +498,7 @@ class OutputSlot:
             if self._counts is None:
                 self._counts = counts
             if not free and counts == self._counts:
-                free.append((out, _current_stream().ptr))
+                free.append((out, _stream_key()))
         return out
 
     def _reserve(self):
@@ -527,6 +527,23 @@ class OutputSlot:
             self.release()
         except Exception:  # interpreter shutdown
             pass
+
+
+# cudaStreamPerThread: CuPy's per-thread default stream (CUPY_CUDA_PER_THREAD_DEFAULT_STREAM=1)
+# has this one pointer in every host thread, but each thread's is a stream of its
+# own: memory kept for it is kept per thread (as CuPy's pool does, cupy/cupy#5069).
+_PER_THREAD_STREAM = 2
+
+
+def stream_key(ptr):
+    """A stream (its pointer) as the key of memory kept or laid out for it
+    (OutputSlot, WorkspaceSlot, normalization's stream workspace): the pointer,
+    with the thread for the per-thread default stream."""
+    return ptr if ptr != _PER_THREAD_STREAM else (ptr, threading.get_ident())
+
+
+def _stream_key():
+    return stream_key(_current_stream().ptr)
 
 
 def _reference_counts(out):
@@ -573,8 +590,9 @@ class WorkspaceSlot:
     call: ``cupy.empty`` and the free cost 3-4 us of host time, as much as a
     launch.  :meth:`take` returns the :class:`Workspace` kept for the current
     stream, or a fresh one; :meth:`give_back` keeps it for the next call on
-    that stream.  Reuse on one stream is safe: the stream runs the next call's
-    kernels after this call's.  A call on another stream gets a workspace of
+    that stream (call it in a ``finally``: a kept workspace dropped without it
+    keeps its bytes counted against the budget).  Reuse on one stream is
+    safe: the stream runs the next call's kernels after this call's.  A call on another stream gets a workspace of
     its own (at most :data:`MAX_STREAMS` kept), and a call that finds its
     stream's workspace taken (another thread between take and give_back) a
     fresh one that is then dropped.  Workspaces over :data:`RECYCLE_MAX_BYTES`
@@ -596,7 +614,7 @@ class WorkspaceSlot:
         self._allocate = allocate
 
     def take(self):
-        stream = _current_stream().ptr
+        stream = _stream_key()
         workspace = self._kept.pop(stream, None)
         if workspace is None:
             allocate = self._allocate
@@ -634,7 +652,8 @@ class WorkspaceSlot:
                 _recycle_left += self.nbytes
 
     def kept_streams(self):
-        """The streams (pointers) whose workspace the slot holds now."""
+        """The streams (pointers; (pointer, thread) for the per-thread default
+        stream) whose workspace the slot holds now."""
         return tuple(self._kept)
 
     def release(self):
@@ -670,7 +689,9 @@ def set_workspace_reuse(enabled):
 RECYCLE_MAX_BYTES = 32 << 20
 RECYCLE_BUDGET_BYTES = 256 << 20
 _recycle_left = RECYCLE_BUDGET_BYTES
-_recycle_lock = threading.Lock()
+# Re-entrant: a slot's __del__ (release) may run from the cyclic GC on a thread
+# that holds the lock (an allocation inside _reserve), and must not deadlock it.
+_recycle_lock = threading.RLock()
 _SLOTS = weakref.WeakSet()
 # Reference counts mean "nobody else holds it" only with the GIL;
 # DNNPRIMS_OUTPUT_REUSE=0 in the environment (or set_output_reuse(False)) turns reuse off.

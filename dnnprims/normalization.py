@@ -115,7 +115,7 @@ def _forward_key(x, gamma, beta, running_mean, running_var, training, momentum, 
             _vector_key(running_mean), _vector_key(running_var), type(training), training,
             type(momentum), momentum, type(eps), eps, layout, FUSED, FUSED_PREFETCH,
             FUSED_FORWARD_MIN_BYTES, FLAT_INFERENCE, GROUPED, ROWS_FUSED, ROWS_FUSED_MIN_ROWS,
-            _current_device(), _current_stream().ptr)
+            _current_device(), _kernels.stream_key(_current_stream().ptr))
 
 
 def _backward_key(dy, x, gamma, mean, invstd, eps, layout):
@@ -128,7 +128,7 @@ def _backward_key(dy, x, gamma, mean, invstd, eps, layout):
     return ("backward", dy.shape, dy.dtype, dy_data.device_id, x.shape, x.dtype, x_data.device_id,
             _vector_key(gamma), _vector_key(mean), _vector_key(invstd), type(eps), eps, layout, FUSED,
             FUSED_BACKWARD_16BIT_SPLITS, GROUPED, ROWS_FUSED, ROWS_FUSED_MIN_ROWS, _current_device(),
-            _current_stream().ptr)
+            _kernels.stream_key(_current_stream().ptr))
 
 
 def batchnorm(x, gamma, beta, running_mean=None, running_var=None, *, training=True, momentum=0.1,
@@ -514,8 +514,15 @@ def _rows_fused_grid(cp, rows, spec, channels):
     return (gx, rows.groups), gx * rows.block_lanes, work
 
 
+def _stream(cp):
+    """The current stream as the key of its workspace and of the plans that hold
+    the workspace's pointers (per thread on the per-thread default stream:
+    _kernels.stream_key)."""
+    return _kernels.stream_key(cp.cuda.get_current_stream().ptr)
+
+
 def _stream_workspace(cp):
-    key = (cp.cuda.runtime.getDevice(), cp.cuda.get_current_stream().ptr)
+    key = (cp.cuda.runtime.getDevice(), _stream(cp))
     work = _WORKSPACES.get(key)
     if work is None:
         work = _WORKSPACES[key] = _Workspace(cp)
@@ -616,7 +623,7 @@ def _cached_plan(key, build):
 def _forward_plan(cp, x, y, pdtype, channels, outer, inner, training, update, momentum, eps, no_gamma,
                   no_beta):
     aligned = not (x.data.ptr | y.data.ptr) & 15
-    key = (cp.cuda.runtime.getDevice(), cp.cuda.get_current_stream().ptr, x.shape, x.dtype,
+    key = (cp.cuda.runtime.getDevice(), _stream(cp), x.shape, x.dtype,
            np.dtype(pdtype), channels, inner, aligned, training, update, float(momentum), float(eps),
            no_gamma, no_beta, FUSED, FUSED_PREFETCH, FUSED_FORWARD_MIN_BYTES, FLAT_INFERENCE,
            GROUPED)
@@ -728,7 +735,7 @@ def _batchnorm_gpu(cp, x, gamma, beta, running_mean, running_var, training, mome
 
 def _backward_plan(cp, x, dy, dx, pdtype, channels, outer, inner, recompute, eps, no_gamma):
     aligned = not (x.data.ptr | dy.data.ptr | dx.data.ptr) & 15
-    key = ("backward", cp.cuda.runtime.getDevice(), cp.cuda.get_current_stream().ptr, x.shape, x.dtype,
+    key = ("backward", cp.cuda.runtime.getDevice(), _stream(cp), x.shape, x.dtype,
            np.dtype(pdtype), channels, inner, aligned, recompute, float(eps), no_gamma, FUSED,
            FUSED_BACKWARD_16BIT_SPLITS, GROUPED)
     return _cached_plan(key, lambda: _build_backward_plan(
@@ -838,7 +845,7 @@ def _rows_refused(cp, spec, grid, build):
 def _rows_forward_plan(cp, x, y, pdtype, channels, rows_count, inner, training, update, momentum, eps, no_gamma,
                        no_beta):
     aligned = not (x.data.ptr | y.data.ptr) & 15
-    key = ("rows", cp.cuda.runtime.getDevice(), cp.cuda.get_current_stream().ptr, x.shape, x.dtype,
+    key = ("rows", cp.cuda.runtime.getDevice(), _stream(cp), x.shape, x.dtype,
            np.dtype(pdtype), channels, aligned, training, update, float(momentum), float(eps), no_gamma, no_beta,
            ROWS_FUSED, ROWS_FUSED_MIN_ROWS)
     return _cached_plan(key, lambda: _build_rows_forward_plan(
@@ -901,7 +908,7 @@ def _rows_statistics_launches(cp, rows, acc, pt, channels, x, mean, invstd, rm, 
 
 def _rows_backward_plan(cp, x, dy, dx, pdtype, channels, rows_count, inner, recompute, eps, no_gamma):
     aligned = not (x.data.ptr | dy.data.ptr | dx.data.ptr) & 15
-    key = ("rows backward", cp.cuda.runtime.getDevice(), cp.cuda.get_current_stream().ptr, x.shape, x.dtype,
+    key = ("rows backward", cp.cuda.runtime.getDevice(), _stream(cp), x.shape, x.dtype,
            np.dtype(pdtype), channels, aligned, recompute, float(eps), no_gamma, ROWS_FUSED,
            ROWS_FUSED_MIN_ROWS)
     return _cached_plan(key, lambda: _build_rows_backward_plan(

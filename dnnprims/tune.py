@@ -585,7 +585,11 @@ def tune(points, *, out, holdout=0.2, max_seconds=None, repeat=REPEAT, final_rep
     they are written with the measured ones and count in the holdout.  A kept
     entry whose point is measured again is replaced."""
     meta = dict(meta if meta is not None else metadata())
-    keep = {point_key(e["direction"], entry_problem(e)): e for e in keep}
+    kept = {}
+    for e in keep:   # held out or not by this run's fraction: the split the holdout report names
+        k = point_key(e["direction"], entry_problem(e))
+        kept[k] = dict(e, holdout=is_holdout(k, holdout))
+    keep = kept
 
     def merged():   # kept entries not measured again (a --max-seconds cut keeps the old ones), then ours
         return [e for k, e in keep.items() if k not in measured] + entries

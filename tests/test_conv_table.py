@@ -262,6 +262,23 @@ def test_tuner_update_replaces_the_measured_points_and_keeps_the_rest(tmp_path):
     assert cut["grid"]["stopped_early"] and keys(cut["entries"]) == keys(first["entries"])
 
 
+def test_tuner_update_holds_out_kept_entries_by_its_own_fraction(tmp_path):
+    # --update --holdout F: the kept entries follow F too, so the merged table's
+    # holdout report is over the split its "fraction" names (before: the kept
+    # entries kept the earlier run's flags, a mixed split).
+    points = tune.grid_points(tune.GRIDS["quick"], ["forward"], ["float32"])
+    meta = {"version": table.VERSION, "gpu": "fake"}
+    first = tune.tune(points, out=tmp_path / "a.json", holdout=0.5, meta=meta, measure=_fake_measure,
+                      log=lambda s: None)
+    assert any(e["holdout"] for e in first["entries"])
+    redo = [(d, p) for d, p in points if p.R == 3]
+    data = tune.tune(redo, out=tmp_path / "b.json", holdout=0.0, meta=meta, measure=_fake_measure,
+                     log=lambda s: None, keep=first["entries"])
+    assert not any(e["holdout"] for e in data["entries"])
+    assert data["holdout"]["fraction"] == 0.0 and data["holdout"]["points"] == 0
+    assert any(e["holdout"] for e in first["entries"])   # the earlier table's entries are not changed
+
+
 def test_tuner_filters_the_grid_by_filter_size(capsys, tmp_path):
     assert tune.main(["--quick", "--filters", "1", "--list"]) == 0
     out = capsys.readouterr().out.strip().splitlines()

@@ -447,6 +447,102 @@ def test_workspace_slot_bounds_release_and_switch(fake_pool, monkeypatch):
     assert _kernels._recycle_left == _kernels.RECYCLE_BUDGET_BYTES
 
 
+def test_slot_release_inside_the_budget_lock_does_not_deadlock(fake_pool):
+    """A slot's __del__ releases its kept memory under _recycle_lock; the cyclic
+    GC can run that finalizer on a thread that already holds the lock (it
+    allocates inside _reserve: WeakSet.add).  With a plain Lock that thread
+    waited for itself forever; the lock is re-entrant now.  (Checked with a
+    timed acquire so that the old code fails instead of hanging.)"""
+    made = []
+    slot = _kernels.WorkspaceSlot(10, np.float32, allocate=_host_allocate(made))
+    slot.give_back(slot.take())
+    outputs = _kernels.OutputSlot((4,), np.float32)
+    out = outputs()
+    del out
+    assert slot.kept_streams() and outputs._reserved
+    lock = _kernels._recycle_lock
+    assert lock.acquire(timeout=1)
+    try:
+        again = lock.acquire(timeout=1)    # what a finalizer inside the critical section does
+        assert again, "the budget lock is not re-entrant"
+        lock.release()
+        slot.release()                     # as __del__ would, from inside
+        outputs.release()
+    finally:
+        lock.release()
+    assert _kernels._recycle_left == _kernels.RECYCLE_BUDGET_BYTES
+
+
+def test_slots_keep_per_thread_default_streams_apart(fake_pool):
+    """CuPy's per-thread default stream has the pointer 2 (cudaStreamPerThread) in
+    every host thread, but each thread's is a stream of its own: a workspace or
+    an output kept after one thread's call may still be in use on that thread's
+    stream, so another thread's call must not get it (CuPy's pool keys it per
+    thread for the same reason, cupy/cupy#5069).  Before the fix both slots
+    keyed it by the pointer alone and handed it over."""
+    stream, _ = fake_pool
+    stream.ptr = 2
+    made = []
+    slot = _kernels.WorkspaceSlot(100, np.float32, allocate=_host_allocate(made))
+    outputs = _kernels.OutputSlot((8,), np.float32)
+    first = slot.take()
+    slot.give_back(first)
+    out = outputs()
+    ptr = out.data.ptr
+    del out
+    seen = {}
+    cupy = pytest.importorskip("cupy")
+    allocator = cupy.cuda.get_allocator()  # the fixture's host allocator (set per thread)
+
+    def other_thread():
+        with cupy.cuda.using_allocator(allocator):
+            workspace = slot.take()
+            seen["workspace"] = workspace
+            seen["output"] = outputs().data.ptr
+            slot.give_back(workspace)
+    thread = threading.Thread(target=other_thread)
+    thread.start()
+    thread.join()
+    assert seen["workspace"] is not first and seen["output"] != ptr
+    assert len(slot.kept_streams()) == 2
+    assert slot.take() is first            # this thread's own comes back to it
+
+
+@pytest.mark.parametrize("direction", ["forward", "backward_filter"])
+def test_winograd_prepared_call_that_raises_gives_its_workspace_back(fake_pool, monkeypatch, direction):
+    """A call whose kept workspace is out (taken) when a launch or cuBLAS raises
+    must not keep its bytes counted against the shared reuse budget: before the
+    fix the dropped workspace took them along, and release_outputs() could no
+    longer give them back (every failure shrank the budget for good).  The
+    kernels, cuBLAS handle and device are faked: only the bookkeeping runs."""
+    cupy = pytest.importorskip("cupy")
+    from cupy.cuda import device as cuda_device
+    from dnnprims import conv
+    from dnnprims.algos import winograd
+    monkeypatch.setattr(cupy.cuda.runtime, "getDevice", lambda: 0)
+    monkeypatch.setattr(cuda_device, "get_cublas_handle", lambda: 0)
+    monkeypatch.setattr(winograd.FAMILY, "prepare", lambda *args, **kwargs: (lambda *arrays: None))
+    fail = []
+
+    def gemm(*args):
+        if fail:
+            raise RuntimeError("cuBLAS refused")
+    monkeypatch.setattr(winograd, "_GEMM_RUN", {np.dtype(np.float32): gemm})
+    problem = conv._describe((1, 4, 8, 8), (4, 4, 3, 3), (1, 1), (1, 1), (1, 1), 1, "NCHW", "float32")
+    algorithm = winograd.WINOGRAD_F2 if direction == "forward" else winograd.WINOGRAD_WGRAD_F2
+    monkeypatch.setattr(algorithm, "_plans", {})   # the plan made under the fake device stays here
+    run = algorithm.prepare(problem, direction)
+    a, b = _fake_array(problem.x_shape), _fake_array(problem.w_shape)
+    out = _fake_array(problem.y_shape if direction == "forward" else problem.w_shape)
+    run(a, b, out)                         # kept for stream 77 from now on
+    assert _kernels._recycle_left < _kernels.RECYCLE_BUDGET_BYTES
+    fail.append(True)
+    with pytest.raises(RuntimeError, match="cuBLAS"):
+        run(a, b, out)                     # takes the kept workspace, then raises
+    _kernels.release_outputs()
+    assert _kernels._recycle_left == _kernels.RECYCLE_BUDGET_BYTES
+
+
 # ---- the fast paths on the GPU -------------------------------------------------------
 
 def _unaligned_copy(gpu, a):

@@ -692,6 +692,41 @@ def test_multi_launch_and_grouped_kernels_get_arguments_of_their_signature(monke
             "batchnorm_train_grouped", "batchnorm_backward_grouped", "batchnorm_infer_flat"} <= seen, seen
 
 
+def test_stream_workspace_and_plans_are_per_thread_on_the_per_thread_default_stream(monkeypatch):
+    """CuPy's per-thread default stream has the pointer 2 in every host thread but
+    is a stream of its own in each: two threads' calls run concurrently, so they
+    must not share the stream workspace (partials, arrival counters: a shared
+    counter lets a block finish a channel before its partials are in, and can
+    stay non-zero for every later call) nor a plan that holds its pointers.
+    Before the fix both were keyed by the pointer alone.  Other streams: one
+    workspace and plan per stream, whichever thread calls."""
+    import threading
+    from dnnprims import normalization
+
+    def fake_cupy(ptr):
+        class cuda(_FakeCupy.cuda):
+            get_current_stream = staticmethod(lambda: type("Stream", (), {"ptr": ptr})())
+        return type("FakeCupy", (_FakeCupy,), {"cuda": cuda})
+
+    monkeypatch.setattr(normalization, "_WORKSPACES", {})
+    monkeypatch.setattr(normalization, "_cached_plan", lambda key, build: key)
+    x = _fake_device_array((2, 8, 49), np.float32)
+
+    def kinds(cp):
+        return (normalization._stream_workspace(cp),
+                normalization._backward_plan(cp, x, x, x, np.float32, 8, 2, 49, False, 1e-5, False))
+
+    for ptr, shared in ((2, False), (77, True)):
+        cp = fake_cupy(ptr)
+        mine = kinds(cp)
+        assert kinds(cp)[0] is mine[0] and kinds(cp)[1] == mine[1]
+        theirs = []
+        thread = threading.Thread(target=lambda: theirs.append(kinds(cp)))
+        thread.start()
+        thread.join()
+        assert (theirs[0][0] is mine[0]) == shared and (theirs[0][1] == mine[1]) == shared
+
+
 def _check_arguments(captured, arrays, acc, seen):
     """Each captured (expression, args, cooperative) against its kernel's C signature;
     `arrays`: the dtypes of the call's arrays ARRAY0, ARRAY1, ... of the plan."""

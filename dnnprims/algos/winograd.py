@@ -571,19 +571,21 @@ class WinogradConvolution(ConvAlgorithm):
                 # The module's options changed since this was prepared (tests do that).
                 return self.run(problem, direction, a, b, out, bias=bias, activation=activation)
             workspace = slot.take()
-            arrays = (a, b, out, bias, workspace.array)
-            base = workspace.array.data.ptr
-            # Vector rows need 16-byte aligned rows (float4 for F(4x4), float2 for F(2x2)).
-            vec = out.data.ptr % 16 == 0
-            for launch in first:
-                launch(*arrays)
-            cublas = handle()
-            for launch_input, (head, b_offset, mid, a_offset, tail, c_offset, last), outputs in steps:
-                launch_input(*arrays)
-                run_gemm(cublas, *head, base + b_offset, *mid, base + a_offset, *tail, base + c_offset,
-                         *last)
-                outputs[vec](*arrays)
-            slot.give_back(workspace)
+            try:   # a kept workspace is counted against the reuse budget: always give it back
+                arrays = (a, b, out, bias, workspace.array)
+                base = workspace.array.data.ptr
+                # Vector rows need 16-byte aligned rows (float4 for F(4x4), float2 for F(2x2)).
+                vec = out.data.ptr % 16 == 0
+                for launch in first:
+                    launch(*arrays)
+                cublas = handle()
+                for launch_input, (head, b_offset, mid, a_offset, tail, c_offset, last), outputs in steps:
+                    launch_input(*arrays)
+                    run_gemm(cublas, *head, base + b_offset, *mid, base + a_offset, *tail, base + c_offset,
+                             *last)
+                    outputs[vec](*arrays)
+            finally:
+                slot.give_back(workspace)
             return out
         return run
 
@@ -805,15 +807,18 @@ class WinogradBackwardFilter(ConvAlgorithm):
                 # The module's options changed since this was prepared (tests do that).
                 return self.run(problem, direction, a, b, out)
             workspace = slot.take()
-            arrays = (a, b, out, None, workspace.array)
-            base = workspace.array.data.ptr
-            cublas = handle()
-            for launch_x, launch_dy, (head, a_offset, mid, b_offset, tail, c_offset, last) in steps:
-                launch_x(*arrays)
-                launch_dy(*arrays)
-                run_gemm(cublas, *head, base + a_offset, *mid, base + b_offset, *tail, base + c_offset, *last)
-            output(*arrays)
-            slot.give_back(workspace)
+            try:   # as WinogradConvolution.prepare: the workspace goes back even when a call raises
+                arrays = (a, b, out, None, workspace.array)
+                base = workspace.array.data.ptr
+                cublas = handle()
+                for launch_x, launch_dy, (head, a_offset, mid, b_offset, tail, c_offset, last) in steps:
+                    launch_x(*arrays)
+                    launch_dy(*arrays)
+                    run_gemm(cublas, *head, base + a_offset, *mid, base + b_offset, *tail, base + c_offset,
+                             *last)
+                output(*arrays)
+            finally:
+                slot.give_back(workspace)
             return out
         return run
 
