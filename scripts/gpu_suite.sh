@@ -92,7 +92,12 @@ if [ "$run_tune" = 1 ]; then
     # --update re-measures part of the grid into the shipped table: start from a copy of it.
     case " ${tune_args[*]:-} " in *" --update "*) cp dnnprims/algos/conv_table.json "$OUTDIR/conv_table.json" ;; esac
     "$PY" -m dnnprims.tune "${tune_args[@]}" --out "$OUTDIR/conv_table.json" 2>&1 | tee "$OUTDIR/tune.log"
-    if [ "${PIPESTATUS[0]}" -eq 0 ] && [ -s "$OUTDIR/conv_table.json" ]; then
+    tune_rc=${PIPESTATUS[0]}
+    partial=0   # --filters without --update measures part of the grid: never install that as the table
+    case " ${tune_args[*]:-} " in *" --filters "*) case " ${tune_args[*]:-} " in *" --update "*) ;; *) partial=1 ;; esac ;; esac
+    if [ "$tune_rc" -eq 0 ] && [ -s "$OUTDIR/conv_table.json" ] && [ "$partial" = 1 ]; then
+        tune_summary="partial table in $OUTDIR/conv_table.json (--filters without --update: not installed)"
+    elif [ "$tune_rc" -eq 0 ] && [ -s "$OUTDIR/conv_table.json" ]; then
         cp "$OUTDIR/conv_table.json" dnnprims/algos/conv_table.json
         tune_summary="$(grep -iE 'holdout|within|points' "$OUTDIR/tune.log" | tail -n 6); failed: $(grep -c failed "$OUTDIR/tune.log")"
     else
