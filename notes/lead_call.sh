@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# The lead's one device call: GPU tests on main, partial re-tune (5x5/7x7), main job,
+# overhead, bench all; logs tarred into $OUT (few files come back), summary last.
+#   bash notes/lead_call.sh [tests] [tune] [main] [overhead] [bench:SUITE] ...
+set -u
+cd "$(dirname "$0")/.."
+L=/tmp/lead_logs; rm -rf "$L"; mkdir -p "$L"
+T0=$(date +%s)
+stamp() { echo "[$(( $(date +%s) - T0 )) s] $*" | tee -a "$L/steps.txt"; }
+for step in "$@"; do
+    case "$step" in
+        tests) OUT=$L timeout 260 bash scripts/gpu_suite.sh tests > "$L/tests.txt" 2>&1; stamp "tests rc $?" ;;
+        tune) OUT=$L timeout $(( ${TUNE_S:-80} + 60 )) bash scripts/gpu_suite.sh tune --filters 5 7 --update --max-seconds ${TUNE_S:-80} > "$L/tune.txt" 2>&1
+              stamp "tune rc $?"; cp "$L/conv_table.json" "$OUT/conv_table.json" 2>/dev/null ;;
+        main) OUT=$L timeout 60 bash scripts/gpu_suite.sh main > "$L/main.txt" 2>&1; stamp "main rc $?" ;;
+        overhead) OUT=$L timeout 60 bash scripts/gpu_suite.sh overhead > "$L/overhead.txt" 2>&1; stamp "overhead rc $?" ;;
+        winosmall) rm -rf /tmp/ws; cp -r . /tmp/ws; (cd /tmp/ws && OUT=$L/winosmall timeout 200 bash notes/winosmall_gpu.sh 150 > "$L/winosmall.txt" 2>&1); stamp "winosmall rc $?" ;;
+        bench:*) s=${step#bench:}; OUT=$L/bench_$s timeout 260 bash scripts/gpu_suite.sh bench $s > "$L/bench_$s.txt" 2>&1; stamp "bench $s rc $?" ;;
+    esac
+done
+tar czf "$OUT/lead_logs.tgz" -C /tmp lead_logs
+echo "===== SUMMARY"
+cat "$L/steps.txt"
+for f in "$L"/tests.txt "$L"/tune.txt "$L"/main.txt; do [ -f "$f" ] && { echo "--- $f"; grep -E "^(FAILED|ERROR)" "$f" | head -20; tail -n 8 "$f"; }; done
+[ -f "$L/overhead.txt" ] && { echo "--- overhead"; tail -n 20 "$L/overhead.txt"; }
+[ -f "$L/winosmall.txt" ] && { echo "--- winosmall"; tail -n 30 "$L/winosmall.txt"; }
+for f in "$L"/bench_*.txt; do [ -f "$f" ] && { echo "--- $f"; grep -A 40 "benchmark summary" "$f" | head -60; }; done
