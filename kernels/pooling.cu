@@ -2000,6 +2000,10 @@ pool_nhwc_k3s2_backward(const T* __restrict__ x, const T* __restrict__ dy, T* __
 // 0.0961 bfloat16 with S = 2, two blocks per SM (99 registers): 0.80 of copy,
 // 6.2x PyTorch (pool_k3s2_backward: 0.1065, 0.72); S = 2 beats S = 4 / 7 (0.099 /
 // 0.105: 11.9 waves of blocks instead of 6 / 3.4), MINB 3 spills and is slower.
+// PF (notes/mem5.md): each step's four x rows are loaded one step ahead, so a
+// thread has the next step's loads in flight while it computes this one (the
+// same values: the loads take the arguments that step would pass); +24
+// registers, within MINB 2's 128.
 
 // x row h of the tile at xp as words (local columns 2i + 1, 2i + 2), i = 0..3,
 // [4] = the right halo (9, 10), and `halo` = local column 0; -inf outside.
@@ -2029,7 +2033,7 @@ __device__ __forceinline__ void store_float_row(T* __restrict__ p, const float (
     *reinterpret_cast<PackN<T, 8>*>(p) = pk;
 }
 
-template <typename T, typename index_t, int S, int MINB>
+template <typename T, typename index_t, int S, int MINB, bool PF>
 __global__ void __launch_bounds__(256, MINB)
 pool_k3s2_backward_rolled(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ dx,
                           index_t items, int H, int W, int Ho, int segments) {
@@ -2050,6 +2054,16 @@ pool_k3s2_backward_rolled(const T* __restrict__ x, const T* __restrict__ dy, T* 
         const int oh_start = 2 * S * seg, oh_end = min(oh_start + 2 * S, Ho);
         unsigned q[5][5], halo[5];
         load_k3s2_words<T>(q[0], halo[0], xp, 2 * oh_start - 1, H, W, left, right, true);
+        // PF: x rows 2oh .. 2oh + 3 of the step about to run, loaded one step
+        // ahead (the first step is never the tail: oh_start < oh_end)
+        unsigned qn[PF ? 4 : 1][5], halon[PF ? 4 : 1];
+        if (PF) {
+            const bool second = oh_start + 1 < Ho;
+#pragma unroll
+            for (int r = 1; r < 5; ++r)
+                load_k3s2_words<T>(qn[PF ? r - 1 : 0], halon[PF ? r - 1 : 0], xp, 2 * oh_start - 1 + r, H, W,
+                                   left, right, r <= 2 || second);
+        }
         float carry[8];  // dx row 2oh - 1 so far: window row oh - 1's shares (a = 2)
 #pragma unroll
         for (int f = 0; f < 8; ++f) carry[f] = 0.0f;
@@ -2063,9 +2077,26 @@ pool_k3s2_backward_rolled(const T* __restrict__ x, const T* __restrict__ dy, T* 
             bool rok[5];
 #pragma unroll
             for (int r = 0; r < 5; ++r) rok[r] = 2 * oh - 1 + r >= 0 && 2 * oh - 1 + r < H && (r <= 2 || second);
+            if (PF) {
 #pragma unroll
-            for (int r = 1; r < 5; ++r)
-                load_k3s2_words<T>(q[r], halo[r], xp, 2 * oh - 1 + r, H, W, left, right, r <= 2 || second);
+                for (int r = 1; r < 5; ++r) {
+#pragma unroll
+                    for (int c = 0; c < 5; ++c) q[r][c] = qn[PF ? r - 1 : 0][c];
+                    halo[r] = halon[PF ? r - 1 : 0];
+                }
+                if (!tail) {  // the next step's rows, with the arguments that step would pass
+                    const int on = oh + 2;
+                    const bool next_second = on < oh_end && on + 1 < Ho;
+#pragma unroll
+                    for (int r = 1; r < 5; ++r)
+                        load_k3s2_words<T>(qn[PF ? r - 1 : 0], halon[PF ? r - 1 : 0], xp, 2 * on - 1 + r, H, W,
+                                           left, right, r <= 2 || next_second);
+                }
+            } else {
+#pragma unroll
+                for (int r = 1; r < 5; ++r)
+                    load_k3s2_words<T>(q[r], halo[r], xp, 2 * oh - 1 + r, H, W, left, right, r <= 2 || second);
+            }
             unsigned P[3][11];
 #pragma unroll
             for (int a = 0; a < 3; ++a) {
