@@ -14,7 +14,7 @@ t0=$(date +%s)
 el() { echo $(( $(date +%s) - t0 )); }
 timeout "${WARM_S:-40}" python notes/mem5_warm.py 16 > "$OUT/warm.log" 2>&1
 echo "warm rc $? at $(el) s: $(tail -n 1 "$OUT/warm.log")"
-timeout "${AB_S:-40}" python notes/mem5_ab.py "$OUT/ab.json" > "$OUT/ab.log" 2>&1
+timeout "${AB_S:-45}" python notes/mem5_ab.py "$OUT/ab.json" > "$OUT/ab.log" 2>&1
 echo "ab rc $? at $(el) s"
 SH="${SHARDS:-12}"
 for ((i = 0; i < SH; i++)); do
