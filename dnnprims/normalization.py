@@ -115,7 +115,7 @@ def _forward_key(x, gamma, beta, running_mean, running_var, training, momentum, 
             _vector_key(running_mean), _vector_key(running_var), type(training), training,
             type(momentum), momentum, type(eps), eps, layout, FUSED, FUSED_PREFETCH,
             FUSED_FORWARD_MIN_BYTES, FLAT_INFERENCE, GROUPED, ROWS_FUSED, ROWS_FUSED_MIN_ROWS,
-            PERSISTENT_STATISTICS, _current_device(), _kernels.stream_key(_current_stream().ptr))
+            _current_device(), _kernels.stream_key(_current_stream().ptr))
 
 
 def _backward_key(dy, x, gamma, mean, invstd, eps, layout):
@@ -127,8 +127,8 @@ def _backward_key(dy, x, gamma, mean, invstd, eps, layout):
         return None
     return ("backward", dy.shape, dy.dtype, dy_data.device_id, x.shape, x.dtype, x_data.device_id,
             _vector_key(gamma), _vector_key(mean), _vector_key(invstd), type(eps), eps, layout, FUSED,
-            FUSED_BACKWARD_16BIT_SPLITS, GROUPED, ROWS_FUSED, ROWS_FUSED_MIN_ROWS, PERSISTENT_STATISTICS,
-            _current_device(), _kernels.stream_key(_current_stream().ptr))
+            FUSED_BACKWARD_16BIT_SPLITS, GROUPED, ROWS_FUSED, ROWS_FUSED_MIN_ROWS, _current_device(),
+            _kernels.stream_key(_current_stream().ptr))
 
 
 def batchnorm(x, gamma, beta, running_mean=None, running_var=None, *, training=True, momentum=0.1,
@@ -337,11 +337,6 @@ def _group(t, channels, outer, inner, aligned):
     return group
 
 
-# Pass 1 of the two-pass statistics (batchnorm_statistics) as a persistent grid
-# of the resident blocks, each walking chunks b, b + grid, ... and loading the
-# next chunk before this one's block reductions (results bitwise the same as
-# one block per chunk).  False: one block per chunk.  notes/mem5.md.
-PERSISTENT_STATISTICS = True
 _RESIDENT = {}  # (device, expression) -> blocks of that kernel resident at once
 _WORKSPACES = {}  # (device, stream) -> _Workspace
 
@@ -631,7 +626,7 @@ def _forward_plan(cp, x, y, pdtype, channels, outer, inner, training, update, mo
     key = (cp.cuda.runtime.getDevice(), _stream(cp), x.shape, x.dtype,
            np.dtype(pdtype), channels, inner, aligned, training, update, float(momentum), float(eps),
            no_gamma, no_beta, FUSED, FUSED_PREFETCH, FUSED_FORWARD_MIN_BYTES, FLAT_INFERENCE,
-           GROUPED, PERSISTENT_STATISTICS)
+           GROUPED)
     return _cached_plan(key, lambda: _build_forward_plan(
         cp, x, y, pdtype, channels, outer, inner, training, update, float(momentum), float(eps),
         no_gamma, no_beta, aligned))
@@ -677,9 +672,8 @@ def _build_forward_plan(cp, x, y, pdtype, channels, outer, inner, training, upda
                  np.int32(update)), cooperative=True, fallback=two_pass))
         else:  # pass 2 merges the partials in every block (faster here than finishing in pass 1)
             part_mean, part_m2 = _stream_workspace(cp).partials(cp, acc, launch.grid[0])
-            spec = launch.spec("batchnorm_statistics", pt, "false")
             launches.append(FAMILY.prepare(
-                spec, _statistics_grid(cp, launch, spec), (_BLOCK,),
+                launch.spec("batchnorm_statistics", pt, "false"), launch.grid, (_BLOCK,),
                 (X, part_mean, part_m2, MEAN, INVSTD, rm, rv, *launch.shape, real(eps), real(momentum),
                  real(n / (n - 1)), np.int32(update), _counters(cp, channels))))
             launches.append(FAMILY.prepare(
@@ -697,19 +691,6 @@ def _build_forward_plan(cp, x, y, pdtype, channels, outer, inner, training, upda
             (X, Y, MEAN, INVSTD, MEAN, INVSTD, rm, rv, gamma, beta, *launch.shape, real(eps), real(0),
              real(1), np.int32(0), np.int32(0))))
     return _Plan(launches, aligned, stats)
-
-
-def _statistics_grid(cp, launch, spec):
-    """batchnorm_statistics' grid: with PERSISTENT_STATISTICS the blocks resident
-    at once, at most one per chunk (all chunks when the occupancy API cannot
-    say); else one block per chunk."""
-    if not PERSISTENT_STATISTICS:
-        return launch.grid
-    device = cp.cuda.runtime.getDevice()
-    resident = _RESIDENT.get((device, spec))
-    if resident is None:
-        resident = _RESIDENT[(device, spec)] = _resident_blocks(cp, FAMILY.function(spec))
-    return (min(launch.grid[0], resident) if resident else launch.grid[0],)
 
 
 def _counters(cp, channels):
@@ -756,7 +737,7 @@ def _backward_plan(cp, x, dy, dx, pdtype, channels, outer, inner, recompute, eps
     aligned = not (x.data.ptr | dy.data.ptr | dx.data.ptr) & 15
     key = ("backward", cp.cuda.runtime.getDevice(), _stream(cp), x.shape, x.dtype,
            np.dtype(pdtype), channels, inner, aligned, recompute, float(eps), no_gamma, FUSED,
-           FUSED_BACKWARD_16BIT_SPLITS, GROUPED, PERSISTENT_STATISTICS)
+           FUSED_BACKWARD_16BIT_SPLITS, GROUPED)
     return _cached_plan(key, lambda: _build_backward_plan(
         cp, x, dy, dx, pdtype, channels, outer, inner, recompute, float(eps), no_gamma, aligned))
 
@@ -799,9 +780,8 @@ def _build_backward_plan(cp, x, dy, dx, pdtype, channels, outer, inner, recomput
         mean, invstd = cp.empty(channels, acc), cp.empty(channels, acc)
         real = _scalar(acc)
         part_mean, part_m2 = work.partials(cp, acc, launch.grid[0])
-        spec = launch.spec("batchnorm_statistics", pt, "true")
         launches.append(FAMILY.prepare(
-            spec, _statistics_grid(cp, launch, spec), (_BLOCK,),
+            launch.spec("batchnorm_statistics", pt, "true"), launch.grid, (_BLOCK,),
             (X, part_mean, part_m2, mean, invstd, mean, mean, *launch.shape, real(eps), real(0), real(1),
              np.int32(0), _counters(cp, channels))))
     else:

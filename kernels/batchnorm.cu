@@ -377,23 +377,6 @@ __device__ __forceinline__ bool last_to_arrive(unsigned* __restrict__ counter, i
 // (and the running statistics when update_running is set).  The training
 // forward does not finish here: its pass 2 (batchnorm_normalize) merges in
 // every block, which measured faster (see the file header).
-//
-// WIP (notes/bnorm.md, not measured): a persistent grid -- block b takes chunks
-// b, b + gridDim.x, ... (chunk id = c * splits + split, as the one-chunk grid)
-// and issues the next chunk's loads, as raw packs, before this chunk's block
-// reductions, so a block always has loads in flight (the one-chunk-a-block
-// kernel ran at 1.9 TB/s on 16-bit x: 8 KB a block, then two reductions).
-// The same partials in the same slots: bitwise the same statistics.
-template <typename T, int VEC, int ITEMS, typename index_t>
-__device__ __forceinline__ void load_chunk_raw(const T* __restrict__ x, index_t start, index_t n, int c,
-                                               index_t C, index_t inner, Pack<T, VEC> (&raw)[ITEMS]) {
-#pragma unroll
-    for (int k = 0; k < ITEMS; ++k) {
-        const index_t j = start + (index_t)(k * BN_THREADS + threadIdx.x) * VEC;
-        if (j < n) raw[k] = *reinterpret_cast<const Pack<T, VEC>*>(x + channel_offset(j, (index_t)c, C, inner));
-    }
-}
-
 template <typename T, typename P, typename index_t, int VEC, bool FINISH>
 __global__ void __launch_bounds__(BN_THREADS)
 batchnorm_statistics(const T* __restrict__ x, acc_t<T>* __restrict__ part_mean, acc_t<T>* __restrict__ part_m2,
@@ -403,41 +386,23 @@ batchnorm_statistics(const T* __restrict__ x, acc_t<T>* __restrict__ part_mean, 
     typedef acc_t<T> A;
     constexpr int ITEMS = BN_PER_THREAD / VEC;
     __shared__ A scratch[32];
+    int c, split;
+    chunk_of_block(splits, 0, c, split);
     const index_t n = outer * inner;
-    const int chunks = (int)C * splits;
-    Pack<T, VEC> raw[ITEMS];
-    int id = (int)blockIdx.x;
-    if (id < chunks) {
-        const int c = id / splits, split = id - c * splits;
-        load_chunk_raw<T, VEC, ITEMS>(x, (index_t)split * BN_CHUNK, n, c, C, inner, raw);
+    const index_t start = (index_t)split * BN_CHUNK;
+    A vals[ITEMS][VEC];
+    load_chunk<T, VEC, ITEMS>(x, start, n, c, C, inner, vals);
+    A mean, m2;
+    chunk_mean_m2(vals, start, n, chunk_count<A>(split, n), scratch, mean, m2);
+    if (threadIdx.x == 0) {
+        part_mean[blockIdx.x] = mean;
+        part_m2[blockIdx.x] = m2;
     }
-    for (; id < chunks; id += (int)gridDim.x) {
-        const int c = id / splits, split = id - c * splits;
-        const index_t start = (index_t)split * BN_CHUNK;
-        A vals[ITEMS][VEC];
-#pragma unroll
-        for (int k = 0; k < ITEMS; ++k) {
-            const index_t j = start + (index_t)(k * BN_THREADS + threadIdx.x) * VEC;
-#pragma unroll
-            for (int v = 0; v < VEC; ++v) vals[k][v] = j < n ? A(load(raw[k].v[v])) : A(0);
-        }
-        const int next = id + (int)gridDim.x;
-        if (next < chunks) {
-            const int nc = next / splits, ns = next - nc * splits;
-            load_chunk_raw<T, VEC, ITEMS>(x, (index_t)ns * BN_CHUNK, n, nc, C, inner, raw);
-        }
-        A mean, m2;
-        chunk_mean_m2(vals, start, n, chunk_count<A>(split, n), scratch, mean, m2);
-        if (threadIdx.x == 0) {
-            part_mean[id] = mean;
-            part_m2[id] = m2;
-        }
-        if (FINISH && last_to_arrive(arrive + c, splits)) {
-            A invstd;
-            channel_statistics((const volatile A*)part_mean, (const volatile A*)part_m2, c, 0, splits, n, eps,
-                               mean_out, invstd_out, running_mean, running_var, momentum, unbias,
-                               update_running, mean, invstd);
-        }
+    if (FINISH && last_to_arrive(arrive + c, splits)) {
+        A invstd;
+        channel_statistics((const volatile A*)part_mean, (const volatile A*)part_m2, c, 0, splits, n, eps,
+                           mean_out, invstd_out, running_mean, running_var, momentum, unbias, update_running,
+                           mean, invstd);
     }
 }
 

@@ -305,9 +305,8 @@ def test_single_read_path_matches_two_pass_path(xp, rng, monkeypatch, prefetch, 
         assert_close(a, b, dtype, what=what, magnitude=magnitudes.get(what))
 
 
-@pytest.mark.parametrize("resident", [None, 3])
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
-def test_two_pass_finishes_each_channel_in_its_last_block(gpu, rng, monkeypatch, dtype, resident):
+def test_two_pass_finishes_each_channel_in_its_last_block(gpu, rng, monkeypatch, dtype):
     """The two-pass backward's pass 1 (batchnorm_backward_reduce, and
     batchnorm_statistics<FINISH> when the statistics are recomputed) finishes each
     channel in the last of its blocks to arrive (arrival counters); the forward's
@@ -317,10 +316,6 @@ def test_two_pass_finishes_each_channel_in_its_last_block(gpu, rng, monkeypatch,
     channels of 1, 2 and 5 chunks."""
     from dnnprims import normalization
     monkeypatch.setattr(normalization, "FUSED", False)
-    if resident is not None:  # the persistent statistics grid: several chunks a block
-        _fresh_plans(monkeypatch)
-        monkeypatch.setattr(normalization, "_RESIDENT", {})
-        monkeypatch.setattr(normalization, "_resident_blocks", lambda cp, kernel: resident)
     cp = gpu
     pdtype = np.float32 if dtype in (np.float16, _dtypes.BFLOAT16) else dtype
     f64 = lambda a: _host(a).astype(np.float64)  # noqa: E731
@@ -675,7 +670,6 @@ def test_multi_launch_and_grouped_kernels_get_arguments_of_their_signature(monke
         monkeypatch.setattr(normalization, name, {})
     monkeypatch.setattr(normalization.FAMILY, "prepare", capture)
     monkeypatch.setattr(normalization.FAMILY, "function", lambda expression: None)
-    monkeypatch.setattr(normalization, "_resident_blocks", lambda cp, kernel: 64)
     monkeypatch.setattr(normalization, "FUSED", False)
     cp = _FakeCupy
     pdtype = np.dtype(np.float32 if dtype in (np.float16, _dtypes.BFLOAT16) else dtype)
