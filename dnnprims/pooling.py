@@ -70,13 +70,8 @@ _BACKWARD_BLOCKS_CHOICES = (1, 2, 3)
 ROLLED_BACKWARD = True
 _ROLLED_STEPS = 2
 _ROLLED_BLOCKS = 2
-_ROLLED_STEPS_CHOICES = (2, 3, 4)
+_ROLLED_STEPS_CHOICES = (2, 4)
 _ROLLED_BLOCKS_CHOICES = (1, 2, 3)
-# ROLLED_PREFETCH: the variant that loads each step's x rows one step ahead
-# (pool_k3s2_backward_rolled<..., PF = true>, compiled for MINB 1 and 2 only:
-# MINB 3 already spills without it).  notes/mem5.md.
-ROLLED_PREFETCH = False
-_ROLLED_PREFETCH_BLOCKS = (1, 2)
 # NHWC float32 max 3x3 / 2 / 1 backward with window rows exchanged by warp
 # shuffles (pool_nhwc_k3s2_backward_shfl <T, index_t, SLOTS, MINB>): SLOTS
 # vertically adjacent bands a warp (SLOTS - 1 own dx rows), MINB blocks per SM.
@@ -116,9 +111,9 @@ FAMILY = KernelFamily("pooling.cu", [
     *(f"pool_k3s2_backward<{t}, {i}, {r}, {b}>"
       for t in _dtypes.CUDA_TYPES for i in ("int", "long long") for r in _K3S2_BACKWARD_ROWS_CHOICES
       for b in (_BACKWARD_BLOCKS_CHOICES if r == 1 else (1,))),
-    *(f"pool_k3s2_backward_rolled<{t}, {i}, {s}, {b}, {pf}>"
+    *(f"pool_k3s2_backward_rolled<{t}, {i}, {s}, {b}>"
       for t in ("half_t", "bfloat16_t") for i in ("int", "long long") for s in _ROLLED_STEPS_CHOICES
-      for pf in _BOOL for b in (_ROLLED_PREFETCH_BLOCKS if pf == "true" else _ROLLED_BLOCKS_CHOICES)),
+      for b in _ROLLED_BLOCKS_CHOICES),
     *(f"pool_k2s2_avg_backward<{t}, {i}, {_K2S2_ROWS}>"
       for t in _dtypes.CUDA_TYPES for i in ("int", "long long")),
     # NHWC 3x3 / 2 / 1, column-rolling: forward <T, index_t, MAX, R>, backward (max) <T, index_t, R, MINB>
@@ -446,8 +441,7 @@ def _vector_launch(problem, direction, aligned):
     if (problem.window == (3, 3) and problem.padding == (1, 1) and direction == "backward"
             and problem.mode == "max" and size == 2 and ROLLED_BACKWARD and _packed_compares()):
         bands = ceil_div(ho, 2 * _ROLLED_STEPS)  # segments of 2 * _ROLLED_STEPS window rows
-        expr = (f"pool_k3s2_backward_rolled<{t}, {{}}, {_ROLLED_STEPS}, {_ROLLED_BLOCKS}, "
-                f"{_BOOL[ROLLED_PREFETCH and _ROLLED_BLOCKS in _ROLLED_PREFETCH_BLOCKS]}>")
+        expr = f"pool_k3s2_backward_rolled<{t}, {{}}, {_ROLLED_STEPS}, {_ROLLED_BLOCKS}>"
     elif problem.window == (3, 3) and problem.padding == (1, 1):
         kernel = _k3s2_kernel(problem, direction, "pool_k3s2", _K3S2_FORWARD_ROWS, _K3S2_BACKWARD_ROWS,
                               _K3S2_BACKWARD_BLOCKS)

@@ -99,9 +99,13 @@ PIPELINED_BACKWARD_MODES = ("x", "xl2", "both", None)
 # pass 1 (so this row's dy reads from DRAM do not queue behind them); BULK
 # brings the rows in with Hopper bulk copies (cp.async.bulk: thread 0 asks
 # the copy engine for 32 KB pieces, completion on an mbarrier) instead of
-# 16-byte cp.async from every thread (sm_90+, ignored below).
+# 16-byte cp.async from every thread (sm_90+, ignored below).  H100, 64x256x56x56
+# / 32 groups, one process (notes/mem5.md), ms: fp32 cp.async 0.2776-0.2781, bulk
+# 0.2754-0.2767 (0.746 of copy, 1.54x PyTorch), late 0.299, late bulk 0.283; fp16
+# 0.1774-0.1791 -> bulk 0.1610-0.1624 (0.638, 2.25x), late 0.186; bf16 0.1793 ->
+# bulk 0.1614-0.1632 (0.636, 2.25x).  Results bitwise the same.  So BULK on, LATE off.
 PIPELINED_BACKWARD_LATE = False
-PIPELINED_BACKWARD_BULK = False
+PIPELINED_BACKWARD_BULK = True
 
 
 # ---------------------------------------------------------------------- validation

@@ -2026,10 +2026,9 @@ pool_nhwc_k3s2_backward(const T* __restrict__ x, const T* __restrict__ dy, T* __
 // 0.0961 bfloat16 with S = 2, two blocks per SM (99 registers): 0.80 of copy,
 // 6.2x PyTorch (pool_k3s2_backward: 0.1065, 0.72); S = 2 beats S = 4 / 7 (0.099 /
 // 0.105: 11.9 waves of blocks instead of 6 / 3.4), MINB 3 spills and is slower.
-// PF (notes/mem5.md): each step's four x rows are loaded one step ahead, so a
-// thread has the next step's loads in flight while it computes this one (the
-// same values: the loads take the arguments that step would pass); +24
-// registers, within MINB 2's 128.
+// Also measured and dropped (notes/mem5.md, same call: S = 2 0.0963-0.0966):
+// S = 3 0.0976, and each step's x rows loaded one step ahead (119 registers,
+// still two blocks per SM) 0.0977-0.0990 for S = 2 / 3 / 4, MINB 1 or 2.
 
 // x row h of the tile at xp as words (local columns 2i + 1, 2i + 2), i = 0..3,
 // [4] = the right halo (9, 10), and `halo` = local column 0; -inf outside.
@@ -2059,7 +2058,7 @@ __device__ __forceinline__ void store_float_row(T* __restrict__ p, const float (
     *reinterpret_cast<PackN<T, 8>*>(p) = pk;
 }
 
-template <typename T, typename index_t, int S, int MINB, bool PF>
+template <typename T, typename index_t, int S, int MINB>
 __global__ void __launch_bounds__(256, MINB)
 pool_k3s2_backward_rolled(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ dx,
                           index_t items, int H, int W, int Ho, int segments) {
@@ -2080,16 +2079,6 @@ pool_k3s2_backward_rolled(const T* __restrict__ x, const T* __restrict__ dy, T* 
         const int oh_start = 2 * S * seg, oh_end = min(oh_start + 2 * S, Ho);
         unsigned q[5][5], halo[5];
         load_k3s2_words<T>(q[0], halo[0], xp, 2 * oh_start - 1, H, W, left, right, true);
-        // PF: x rows 2oh .. 2oh + 3 of the step about to run, loaded one step
-        // ahead (the first step is never the tail: oh_start < oh_end)
-        unsigned qn[PF ? 4 : 1][5], halon[PF ? 4 : 1];
-        if (PF) {
-            const bool second = oh_start + 1 < Ho;
-#pragma unroll
-            for (int r = 1; r < 5; ++r)
-                load_k3s2_words<T>(qn[PF ? r - 1 : 0], halon[PF ? r - 1 : 0], xp, 2 * oh_start - 1 + r, H, W,
-                                   left, right, r <= 2 || second);
-        }
         float carry[8];  // dx row 2oh - 1 so far: window row oh - 1's shares (a = 2)
 #pragma unroll
         for (int f = 0; f < 8; ++f) carry[f] = 0.0f;
@@ -2103,26 +2092,9 @@ pool_k3s2_backward_rolled(const T* __restrict__ x, const T* __restrict__ dy, T* 
             bool rok[5];
 #pragma unroll
             for (int r = 0; r < 5; ++r) rok[r] = 2 * oh - 1 + r >= 0 && 2 * oh - 1 + r < H && (r <= 2 || second);
-            if (PF) {
 #pragma unroll
-                for (int r = 1; r < 5; ++r) {
-#pragma unroll
-                    for (int c = 0; c < 5; ++c) q[r][c] = qn[PF ? r - 1 : 0][c];
-                    halo[r] = halon[PF ? r - 1 : 0];
-                }
-                if (!tail) {  // the next step's rows, with the arguments that step would pass
-                    const int on = oh + 2;
-                    const bool next_second = on < oh_end && on + 1 < Ho;
-#pragma unroll
-                    for (int r = 1; r < 5; ++r)
-                        load_k3s2_words<T>(qn[PF ? r - 1 : 0], halon[PF ? r - 1 : 0], xp, 2 * on - 1 + r, H, W,
-                                           left, right, r <= 2 || next_second);
-                }
-            } else {
-#pragma unroll
-                for (int r = 1; r < 5; ++r)
-                    load_k3s2_words<T>(q[r], halo[r], xp, 2 * oh - 1 + r, H, W, left, right, r <= 2 || second);
-            }
+            for (int r = 1; r < 5; ++r)
+                load_k3s2_words<T>(q[r], halo[r], xp, 2 * oh - 1 + r, H, W, left, right, r <= 2 || second);
             unsigned P[3][11];
 #pragma unroll
             for (int a = 0; a < 3; ++a) {
@@ -2259,6 +2231,8 @@ pool_k3s2_backward_rolled(const T* __restrict__ x, const T* __restrict__ dy, T* 
 // Measured (H100, notes/poolbwd.md, 64 x 56 x 56 x 256, cols 32): 0.1776 ms with
 // SLOTS = 8, two blocks per SM (92 registers): 0.87 of copy, 2.3x PyTorch
 // (pool_nhwc_k3s2_backward: 0.1952, 0.79); SLOTS = 4 0.199, MINB 3 (80 registers) 0.249.
+// After the fold into nhwc_k3s2_backward_walk (same registers): 0.1758-0.1760 ms,
+// 0.876 of copy, 2.32x (notes/mem5.md).
 template <typename T, typename index_t, int SLOTS, int MINB>
 __global__ void __launch_bounds__(256, MINB)
 pool_nhwc_k3s2_backward_shfl(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ dx,

@@ -927,8 +927,13 @@ __device__ __forceinline__ void gn_copy_row(T* xbuf, T* dybuf, unsigned stride, 
 // DRAM reads of row r + gridDim.x overlap all of row r's work (reads, shuffles,
 // stores), as in gn_rows_forward_pipelined.  Without dy_smem, dy is read from
 // global memory in pass 1 and again in pass 2 (the second read is an L2 hit:
-// the resident rows' dy is ~13 MB); `prefetch` then also asks L2 for the next
-// row's dy at the top of the row (pass 1 then reads it from L2).
+// the resident rows' dy is ~13 MB); `flags` bit 0 ("xl2") then also asks L2
+// for the next row's dy at the top of the row (pass 1 then reads it from L2).
+// `flags` bit 1 (late): the next row's copies are issued after pass 1 instead;
+// bit 2 (bulk, sm_90+): the rows come in by cp.async.bulk (gn_copy_row), one
+// mbarrier per buffer, waited on with the parity of that buffer's use.  H100
+// (notes/mem5.md): bulk 0.2754 vs 0.2776 ms fp32, 0.161 vs 0.178 fp16 / bf16
+// (the default); late slower in every dtype.
 // Pass 1, block-contiguous (thread t: vectors t, t + blockDim, ..., S / VEC >=
 // 32, so a warp's 32 vectors lie in planes k0 and k0 + 1): per vector
 // d = sum dy, t = sum dy * (x - mean), warp_sum4 of (d, t) split into the two

@@ -452,7 +452,8 @@ def test_group_norm_pipelined_forward(xp, rng, monkeypatch, pipelined, grid_cap,
 
 
 @pytest.mark.parametrize("mode,late,bulk", [("x", False, False), ("xl2", False, False), ("both", False, False),
-                                            ("x", True, False), ("x", False, True), ("both", True, True)])
+                                            ("x", True, False), ("x", False, True), ("both", True, True),
+                                            ("both", False, True)])
 @pytest.mark.parametrize("grid_cap", [None, 3])
 @pytest.mark.parametrize("dtype", _dtypes.SUPPORTED, ids=lambda d: d.name)
 @pytest.mark.parametrize("x_shape,groups,offset,affine,runs", [
