@@ -95,6 +95,17 @@ GN_BACKWARD_MODES = ("x", "both", None)
 # bf16 old 0.2637, "both" 0.1585 / 0.654 (PyTorch 0.427 / 0.366 / 0.369).
 PIPELINED_BACKWARD = "both"
 PIPELINED_BACKWARD_MODES = ("x", "xl2", "both", None)
+# gn_rows_backward_pipelined options: LATE issues the next row's copies after
+# pass 1 (so this row's dy reads from DRAM do not queue behind them); BULK
+# brings the rows in with Hopper bulk copies (cp.async.bulk: thread 0 asks
+# the copy engine for 32 KB pieces, completion on an mbarrier) instead of
+# 16-byte cp.async from every thread (sm_90+, ignored below).  H100, 64x256x56x56
+# / 32 groups, one process (notes/mem5.md), ms: fp32 cp.async 0.2776-0.2781, bulk
+# 0.2754-0.2767 (0.746 of copy, 1.54x PyTorch), late 0.299, late bulk 0.283; fp16
+# 0.1774-0.1791 -> bulk 0.1610-0.1624 (0.638, 2.25x), late 0.186; bf16 0.1793 ->
+# bulk 0.1614-0.1632 (0.636, 2.25x).  Results bitwise the same.  So BULK on, LATE off.
+PIPELINED_BACKWARD_LATE = False
+PIPELINED_BACKWARD_BULK = True
 
 
 # ---------------------------------------------------------------------- validation
@@ -599,7 +610,8 @@ def _pipelined_backward(cp, dy, x, gamma, mean, rstd, dx, rows, pt, pdtype, acc)
     grid = min(rows.rows, resident, _PIPELINE_GRID_CAP or resident)
     kernel((grid,), (block,), (dy, x, _param_or_null(cp, gamma), mean, rstd, dx, rows.it(rows.K), rows.it(rows.S),
                                np.int32(rows.groups), rows.it(rows.rows), part[0], part[1], np.int32(dy_smem),
-                               np.int32(PIPELINED_BACKWARD == "xl2")), shared_mem=shared)
+                               np.int32((PIPELINED_BACKWARD == "xl2") | PIPELINED_BACKWARD_LATE << 1 |
+                                        PIPELINED_BACKWARD_BULK << 2)), shared_mem=shared)
     return _finish_param_grads(cp, part[0], part[1], n, channels, rows.t, pdtype)
 
 

@@ -1854,6 +1854,91 @@ __device__ __forceinline__ void nhwc_k3s2_backward_pairs(const T* __restrict__ x
 #endif
 }
 
+// The column walk of the NHWC max 3x3 / 2 / 1 backward kernels below, shared by
+// pool_nhwc_k3s2_backward (a band of R window rows, all computed here) and
+// pool_nhwc_k3s2_backward_shfl (one window row computed, the one below taken
+// from the next slot by shuffles).  A thread walks output columns ow0 .. ow1
+// of its band (x columns rolled: left = 2ow - 1 from the previous step) over
+// the XR x rows h0 .. h0 + XR - 1; `windows(left, mid, right, col_ok, exact,
+// ow, g, pos)` fills the WR window rows' dy and argmax positions (a * 3 + c,
+// -1: no window) of column ow and is called by every lane at every step
+// (uniform: the shuffles); the dx rows h0 + 1 .. h0 + 2 (WR - 1) of columns
+// 2ow - 1 (windows ow - 1 and ow) and 2ow (window ow) are summed in the
+// gather's order and written when `owner`.
+template <typename T, typename index_t, int VEC, int XR, int WR, typename Windows>
+__device__ __forceinline__ void nhwc_k3s2_backward_walk(const T* __restrict__ xn, T* __restrict__ dxn, int C,
+                                                        int H, int W, int h0, int ow0, int ow1, int cols,
+                                                        bool owner, Windows windows) {
+    typedef acc_t<T> A;
+    constexpr int R = WR - 1;
+    const T fill = store<T>(negative_infinity<A>());  // padding: argmax3x3's fast path
+    PackN<T, VEC> left[XR];  // input column 2ow - 1
+    load_nhwc_column<T, index_t, VEC, XR>(left, xn, h0, 2 * ow0 - 1, H, W, C, fill);
+    bool left_ok = ow0 > 0, left_nan = nhwc_column_nan<T, VEC, XR>(left);
+    // windows (oh0 + k, ow - 1) of the previous step: argmax position a * 3 + c
+    // (-1: no window) and dy
+    int prev_pos[WR][VEC];
+    A prev_g[WR][VEC];
+#pragma unroll
+    for (int k = 0; k < WR; ++k)
+#pragma unroll
+        for (int v = 0; v < VEC; ++v) {
+            prev_pos[k][v] = -1;
+            prev_g[k][v] = A(0);
+        }
+    for (int ow = ow0; ow <= ow1; ++ow) {
+        PackN<T, VEC> mid[XR], right[XR];
+        load_nhwc_column<T, index_t, VEC, XR>(mid, xn, h0, 2 * ow, H, W, C, fill);
+        load_nhwc_column<T, index_t, VEC, XR>(right, xn, h0, 2 * ow + 1, H, W, C, fill);
+        const bool col_ok[3] = {left_ok, 2 * ow < W, 2 * ow + 1 < W};
+        const bool right_nan = nhwc_column_nan<T, VEC, XR>(right);
+        const bool exact = left_nan || right_nan || nhwc_column_nan<T, VEC, XR>(mid);
+        A g[WR][VEC];
+        int pos[WR][VEC];
+        windows(left, mid, right, col_ok, exact, ow, g, pos);
+        // dx column 2ow - 1 (windows ow - 1 and ow) and 2ow (window ow); local rows 1 .. 2R
+#pragma unroll
+        for (int side = 0; side < 2; ++side) {
+            const int w = 2 * ow - 1 + side;
+            if (!owner || (side == 0 ? !(ow > ow0 && w < W) : !(ow < ow0 + cols && w < W))) continue;
+#pragma unroll
+            for (int r = 1; r <= 2 * R; ++r) {
+                const int h = h0 + r;
+                if (h >= H) break;
+                PackN<T, VEC> pk;
+#pragma unroll
+                for (int v = 0; v < VEC; ++v) {
+                    A s = A(0);
+#pragma unroll
+                    for (int k = 0; k < WR; ++k) {
+                        const int a = r - 2 * k;
+                        if (a < 0 || a > 2) continue;
+                        if (side == 0) {
+                            s += prev_pos[k][v] == a * 3 + 2 ? prev_g[k][v] : A(0);
+                            s += pos[k][v] == a * 3 ? g[k][v] : A(0);
+                        } else {
+                            s += pos[k][v] == a * 3 + 1 ? g[k][v] : A(0);
+                        }
+                    }
+                    pk.v[v] = store<T>(s);
+                }
+                *reinterpret_cast<PackN<T, VEC>*>(dxn + ((index_t)h * W + w) * C) = pk;
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < XR; ++r) left[r] = right[r];
+        left_ok = col_ok[2];
+        left_nan = right_nan;
+#pragma unroll
+        for (int k = 0; k < WR; ++k)
+#pragma unroll
+            for (int v = 0; v < VEC; ++v) {
+                prev_pos[k][v] = pos[k][v];
+                prev_g[k][v] = g[k][v];
+            }
+    }
+}
+
 template <typename T, typename index_t, int R, int MINB>
 __global__ void __launch_bounds__(256, MINB)
 pool_nhwc_k3s2_backward(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ dx,
@@ -1862,7 +1947,6 @@ pool_nhwc_k3s2_backward(const T* __restrict__ x, const T* __restrict__ dy, T* __
     typedef acc_t<T> A;
     constexpr int VEC = 16 / sizeof(T), XR = 2 * R + 3, WR = R + 1;
     const int lanes = C / VEC;
-    const T fill = store<T>(negative_infinity<A>());  // padding: argmax3x3's fast path
     for (index_t i = (index_t)blockIdx.x * blockDim.x + threadIdx.x; i < items;
          i += (index_t)blockDim.x * gridDim.x) {
         index_t n;
@@ -1879,95 +1963,37 @@ pool_nhwc_k3s2_backward(const T* __restrict__ x, const T* __restrict__ dy, T* __
             bool row_ok[XR];
 #pragma unroll
             for (int r = 0; r < XR; ++r) row_ok[r] = h0 + r >= 0 && h0 + r < H;
-            PackN<T, VEC> left[XR];  // input column 2ow - 1
-            load_nhwc_column<T, index_t, VEC, XR>(left, xn, h0, 2 * ow0 - 1, H, W, C, fill);
-            bool left_ok = ow0 > 0, left_nan = nhwc_column_nan<T, VEC, XR>(left);
-            // windows (oh0 + k, ow - 1) of the previous step: argmax position a * 3 + c
-            // (-1: no window) and dy
-            int prev_pos[WR][VEC];
-            A prev_g[WR][VEC];
+            nhwc_k3s2_backward_walk<T, index_t, VEC, XR, WR>(
+                xn, dxn, C, H, W, h0, ow0, ow1, cols, true,
+                [&](const PackN<T, VEC>(&left)[XR], const PackN<T, VEC>(&mid)[XR], const PackN<T, VEC>(&right)[XR],
+                    const bool (&col_ok)[3], bool exact, int ow, A(&g)[WR][VEC], int(&pos)[WR][VEC]) {
+                    auto windows = [&](auto exact_rule) {
 #pragma unroll
-            for (int k = 0; k < WR; ++k)
+                        for (int k = 0; k < WR; ++k) {
+                            const bool window = oh0 + k < Ho && ow < Wo;
+                            if (window) {
+                                const PackN<T, VEC> pk =
+                                    load_pack<T, VEC>(dyn + ((index_t)(oh0 + k) * Wo + ow) * C);
 #pragma unroll
-                for (int v = 0; v < VEC; ++v) {
-                    prev_pos[k][v] = -1;
-                    prev_g[k][v] = A(0);
-                }
-            for (int ow = ow0; ow <= ow1; ++ow) {
-                PackN<T, VEC> mid[XR], right[XR];
-                load_nhwc_column<T, index_t, VEC, XR>(mid, xn, h0, 2 * ow, H, W, C, fill);
-                load_nhwc_column<T, index_t, VEC, XR>(right, xn, h0, 2 * ow + 1, H, W, C, fill);
-                const bool col_ok[3] = {left_ok, 2 * ow < W, 2 * ow + 1 < W};
-                const bool right_nan = nhwc_column_nan<T, VEC, XR>(right);
-                const bool exact = left_nan || right_nan || nhwc_column_nan<T, VEC, XR>(mid);
-                A g[WR][VEC];
-                int pos[WR][VEC];
-                auto windows = [&](auto exact_rule) {
-#pragma unroll
-                for (int k = 0; k < WR; ++k) {
-                    const bool window = oh0 + k < Ho && ow < Wo;
-                    if (window) {
-                        const PackN<T, VEC> pk = load_pack<T, VEC>(dyn + ((index_t)(oh0 + k) * Wo + ow) * C);
-#pragma unroll
-                        for (int v = 0; v < VEC; ++v) g[k][v] = load(pk.v[v]);
-                    }
-                    const bool row[3] = {window && row_ok[2 * k], window && row_ok[2 * k + 1],
-                                         window && row_ok[2 * k + 2]};
-#pragma unroll
-                    for (int v = 0; v < VEC; ++v) {
-                        pos[k][v] = argmax3x3<decltype(exact_rule)::value, A>([&](int a, int cc) {
-                            return load((cc == 0 ? left : cc == 1 ? mid : right)[2 * k + a].v[v]);
-                        }, row, col_ok);
-                        if (!window) g[k][v] = A(0);
-                    }
-                }
-                };
-                if (exact) {
-                    windows(Bool<true>());
-                } else {
-                    windows(Bool<false>());
-                }
-                // dx column 2ow - 1 (windows ow - 1 and ow) and 2ow (window ow); local rows 1 .. 2R
-#pragma unroll
-                for (int side = 0; side < 2; ++side) {
-                    const int w = 2 * ow - 1 + side;
-                    if (side == 0 ? !(ow > ow0 && w < W) : !(ow < ow0 + cols && w < W)) continue;
-#pragma unroll
-                    for (int r = 1; r <= 2 * R; ++r) {
-                        const int h = h0 + r;
-                        if (h >= H) break;
-                        PackN<T, VEC> pk;
-#pragma unroll
-                        for (int v = 0; v < VEC; ++v) {
-                            A s = A(0);
-#pragma unroll
-                            for (int k = 0; k < WR; ++k) {
-                                const int a = r - 2 * k;
-                                if (a < 0 || a > 2) continue;
-                                if (side == 0) {
-                                    s += prev_pos[k][v] == a * 3 + 2 ? prev_g[k][v] : A(0);
-                                    s += pos[k][v] == a * 3 ? g[k][v] : A(0);
-                                } else {
-                                    s += pos[k][v] == a * 3 + 1 ? g[k][v] : A(0);
-                                }
+                                for (int v = 0; v < VEC; ++v) g[k][v] = load(pk.v[v]);
                             }
-                            pk.v[v] = store<T>(s);
+                            const bool row[3] = {window && row_ok[2 * k], window && row_ok[2 * k + 1],
+                                                 window && row_ok[2 * k + 2]};
+#pragma unroll
+                            for (int v = 0; v < VEC; ++v) {
+                                pos[k][v] = argmax3x3<decltype(exact_rule)::value, A>([&](int a, int cc) {
+                                    return load((cc == 0 ? left : cc == 1 ? mid : right)[2 * k + a].v[v]);
+                                }, row, col_ok);
+                                if (!window) g[k][v] = A(0);
+                            }
                         }
-                        *reinterpret_cast<PackN<T, VEC>*>(dxn + ((index_t)h * W + w) * C) = pk;
+                    };
+                    if (exact) {
+                        windows(Bool<true>());
+                    } else {
+                        windows(Bool<false>());
                     }
-                }
-#pragma unroll
-                for (int r = 0; r < XR; ++r) left[r] = right[r];
-                left_ok = col_ok[2];
-                left_nan = right_nan;
-#pragma unroll
-                for (int k = 0; k < WR; ++k)
-#pragma unroll
-                    for (int v = 0; v < VEC; ++v) {
-                        prev_pos[k][v] = pos[k][v];
-                        prev_g[k][v] = g[k][v];
-                    }
-            }
+                });
         }
     }
 }
@@ -2000,6 +2026,9 @@ pool_nhwc_k3s2_backward(const T* __restrict__ x, const T* __restrict__ dy, T* __
 // 0.0961 bfloat16 with S = 2, two blocks per SM (99 registers): 0.80 of copy,
 // 6.2x PyTorch (pool_k3s2_backward: 0.1065, 0.72); S = 2 beats S = 4 / 7 (0.099 /
 // 0.105: 11.9 waves of blocks instead of 6 / 3.4), MINB 3 spills and is slower.
+// Also measured and dropped (notes/mem5.md, same call: S = 2 0.0963-0.0966):
+// S = 3 0.0976, and each step's x rows loaded one step ahead (119 registers,
+// still two blocks per SM) 0.0977-0.0990 for S = 2 / 3 / 4, MINB 1 or 2.
 
 // x row h of the tile at xp as words (local columns 2i + 1, 2i + 2), i = 0..3,
 // [4] = the right halo (9, 10), and `halo` = local column 0; -inf outside.
@@ -2196,11 +2225,14 @@ pool_k3s2_backward_rolled(const T* __restrict__ x, const T* __restrict__ dy, T* 
 // walks the same columns).  Slots 0 .. SLOTS - 2 own their bands' dx rows; the
 // last slot computes its window row for the slot above only (the next group's
 // slot 0 computes it again): SLOTS / (SLOTS - 1) windows per window row, x
-// 1.5 SLOTS / (SLOTS - 1) times through L1.  Otherwise as pool_nhwc_k3s2_backward
-// (columns rolled, the same sums in the same order: dx is bitwise its).
+// 1.5 SLOTS / (SLOTS - 1) times through L1.  Otherwise as pool_nhwc_k3s2_backward:
+// both walk the columns in nhwc_k3s2_backward_walk (the same sums in the same
+// order: dx is bitwise its) and differ only in how a step gets its windows.
 // Measured (H100, notes/poolbwd.md, 64 x 56 x 56 x 256, cols 32): 0.1776 ms with
 // SLOTS = 8, two blocks per SM (92 registers): 0.87 of copy, 2.3x PyTorch
 // (pool_nhwc_k3s2_backward: 0.1952, 0.79); SLOTS = 4 0.199, MINB 3 (80 registers) 0.249.
+// After the fold into nhwc_k3s2_backward_walk (same registers): 0.1758-0.1760 ms,
+// 0.876 of copy, 2.32x (notes/mem5.md).
 template <typename T, typename index_t, int SLOTS, int MINB>
 __global__ void __launch_bounds__(256, MINB)
 pool_nhwc_k3s2_backward_shfl(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ dx,
@@ -2209,7 +2241,6 @@ pool_nhwc_k3s2_backward_shfl(const T* __restrict__ x, const T* __restrict__ dy, 
     typedef acc_t<T> A;
     constexpr int VEC = 16 / sizeof(T), CV = 32 / SLOTS, XR = 3;
     const int quads = C / (VEC * CV);  // warps across the channels
-    const T fill = store<T>(negative_infinity<A>());  // padding: argmax3x3's fast path
     for (index_t i = (index_t)blockIdx.x * blockDim.x + threadIdx.x; i < items;
          i += (index_t)blockDim.x * gridDim.x) {
         // items is a multiple of 32: a warp's lanes stay together
@@ -2231,96 +2262,38 @@ pool_nhwc_k3s2_backward_shfl(const T* __restrict__ x, const T* __restrict__ dy, 
         bool row_ok[XR];
 #pragma unroll
         for (int r = 0; r < XR; ++r) row_ok[r] = h0 + r >= 0 && h0 + r < H;
-        PackN<T, VEC> left[XR];  // input column 2ow - 1
-        load_nhwc_column<T, index_t, VEC, XR>(left, xn, h0, 2 * ow0 - 1, H, W, C, fill);
-        bool left_ok = ow0 > 0, left_nan = nhwc_column_nan<T, VEC, XR>(left);
-        // windows (oh0 + k, ow - 1) of the previous step: argmax position a * 3 + c and dy
-        int prev_pos[2][VEC];
-        A prev_g[2][VEC];
+        nhwc_k3s2_backward_walk<T, index_t, VEC, XR, 2>(
+            xn, dxn, C, H, W, h0, ow0, ow1, cols, owner,
+            [&](const PackN<T, VEC>(&left)[XR], const PackN<T, VEC>(&mid)[XR], const PackN<T, VEC>(&right)[XR],
+                const bool (&col_ok)[3], bool exact, int ow, A(&g)[2][VEC], int(&pos)[2][VEC]) {
+                const bool window = oh0 < Ho && ow < Wo;
+                if (window) {
+                    const PackN<T, VEC> pk = load_pack<T, VEC>(dyn + ((index_t)oh0 * Wo + ow) * C);
 #pragma unroll
-        for (int k = 0; k < 2; ++k)
+                    for (int v = 0; v < VEC; ++v) g[0][v] = load(pk.v[v]);
+                } else {
 #pragma unroll
-            for (int v = 0; v < VEC; ++v) {
-                prev_pos[k][v] = -1;
-                prev_g[k][v] = A(0);
-            }
-        for (int ow = ow0; ow <= ow1; ++ow) {
-            PackN<T, VEC> mid[XR], right[XR];
-            load_nhwc_column<T, index_t, VEC, XR>(mid, xn, h0, 2 * ow, H, W, C, fill);
-            load_nhwc_column<T, index_t, VEC, XR>(right, xn, h0, 2 * ow + 1, H, W, C, fill);
-            const bool col_ok[3] = {left_ok, 2 * ow < W, 2 * ow + 1 < W};
-            const bool right_nan = nhwc_column_nan<T, VEC, XR>(right);
-            const bool exact = left_nan || right_nan || nhwc_column_nan<T, VEC, XR>(mid);
-            A g[2][VEC];
-            int pos[2][VEC];
-            const bool window = oh0 < Ho && ow < Wo;
-            if (window) {
-                const PackN<T, VEC> pk = load_pack<T, VEC>(dyn + ((index_t)oh0 * Wo + ow) * C);
-#pragma unroll
-                for (int v = 0; v < VEC; ++v) g[0][v] = load(pk.v[v]);
-            } else {
-#pragma unroll
-                for (int v = 0; v < VEC; ++v) g[0][v] = A(0);
-            }
-            const bool row[3] = {window && row_ok[0], window && row_ok[1], window && row_ok[2]};
-            auto argmaxes = [&](auto exact_rule) {
-#pragma unroll
-                for (int v = 0; v < VEC; ++v)
-                    pos[0][v] = argmax3x3<decltype(exact_rule)::value, A>([&](int a, int cc) {
-                        return load((cc == 0 ? left : cc == 1 ? mid : right)[a].v[v]);
-                    }, row, col_ok);
-            };
-            if (exact) {
-                argmaxes(Bool<true>());
-            } else {
-                argmaxes(Bool<false>());
-            }
-            // window row oh0 + 1: the slot below (the last slot's values are never used)
-#pragma unroll
-            for (int v = 0; v < VEC; ++v) {
-                pos[1][v] = __shfl_down_sync(0xffffffffu, pos[0][v], CV);
-                g[1][v] = __shfl_down_sync(0xffffffffu, g[0][v], CV);
-            }
-            // dx column 2ow - 1 (windows ow - 1 and ow) and 2ow (window ow); local rows 1, 2
-#pragma unroll
-            for (int side = 0; side < 2; ++side) {
-                const int w = 2 * ow - 1 + side;
-                if (!owner || (side == 0 ? !(ow > ow0 && w < W) : !(ow < ow0 + cols && w < W))) continue;
-#pragma unroll
-                for (int r = 1; r <= 2; ++r) {
-                    const int h = h0 + r;
-                    if (h >= H) break;
-                    PackN<T, VEC> pk;
-#pragma unroll
-                    for (int v = 0; v < VEC; ++v) {
-                        A s = A(0);
-#pragma unroll
-                        for (int k = 0; k < 2; ++k) {
-                            const int a = r - 2 * k;
-                            if (a < 0 || a > 2) continue;
-                            if (side == 0) {
-                                s += prev_pos[k][v] == a * 3 + 2 ? prev_g[k][v] : A(0);
-                                s += pos[k][v] == a * 3 ? g[k][v] : A(0);
-                            } else {
-                                s += pos[k][v] == a * 3 + 1 ? g[k][v] : A(0);
-                            }
-                        }
-                        pk.v[v] = store<T>(s);
-                    }
-                    *reinterpret_cast<PackN<T, VEC>*>(dxn + ((index_t)h * W + w) * C) = pk;
+                    for (int v = 0; v < VEC; ++v) g[0][v] = A(0);
                 }
-            }
+                const bool row[3] = {window && row_ok[0], window && row_ok[1], window && row_ok[2]};
+                auto argmaxes = [&](auto exact_rule) {
 #pragma unroll
-            for (int r = 0; r < XR; ++r) left[r] = right[r];
-            left_ok = col_ok[2];
-            left_nan = right_nan;
-#pragma unroll
-            for (int k = 0; k < 2; ++k)
+                    for (int v = 0; v < VEC; ++v)
+                        pos[0][v] = argmax3x3<decltype(exact_rule)::value, A>([&](int a, int cc) {
+                            return load((cc == 0 ? left : cc == 1 ? mid : right)[a].v[v]);
+                        }, row, col_ok);
+                };
+                if (exact) {
+                    argmaxes(Bool<true>());
+                } else {
+                    argmaxes(Bool<false>());
+                }
+                // window row oh0 + 1: the slot below (the last slot's values are never used)
 #pragma unroll
                 for (int v = 0; v < VEC; ++v) {
-                    prev_pos[k][v] = pos[k][v];
-                    prev_g[k][v] = g[k][v];
+                    pos[1][v] = __shfl_down_sync(0xffffffffu, pos[0][v], CV);
+                    g[1][v] = __shfl_down_sync(0xffffffffu, g[0][v], CV);
                 }
-        }
+            });
     }
 }

@@ -848,6 +848,73 @@ __device__ __forceinline__ void prefetch_l2(const void* p, unsigned bytes) {
         asm volatile("prefetch.global.L2 [%0];" ::"l"(c + o));
 }
 
+// Hopper bulk copies (TMA, cp.async.bulk): one thread asks the copy engine
+// for whole row pieces, completion counted in bytes on an mbarrier in shared
+// memory (no per-thread 16-byte requests).  sm_90+; the callers fall back to
+// copy16_async below that.
+__device__ __forceinline__ unsigned shared_address(const void* p) {
+    unsigned s;
+    asm volatile("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(s) : "l"(p));
+    return s;
+}
+
+__device__ __forceinline__ void mbarrier_init1(unsigned long long* bar) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(shared_address(bar)) : "memory");
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+#endif
+}
+
+// Copy `bytes` (a multiple of 16, both addresses 16-byte aligned) from gmem to
+// smem in 32 KB pieces, completion counted on `bar`.
+// `expect` > 0: first arrive on `bar` expecting that many bytes (all the copies of the phase).
+__device__ __forceinline__ void bulk_copy_expect(unsigned long long* bar, void* smem, const void* gmem,
+                                                 unsigned bytes, unsigned expect) {
+#if __CUDA_ARCH__ >= 900
+    const unsigned b = shared_address(bar);
+    if (expect) asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(b), "r"(expect) : "memory");
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // earlier generic accesses of smem first
+    const unsigned d = shared_address(smem);
+    const char* g = static_cast<const char*>(gmem);
+    for (unsigned o = 0; o < bytes; o += 32768u) {
+        const unsigned n = bytes - o < 32768u ? bytes - o : 32768u;
+        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                     ::"r"(d + o), "l"(g + o), "r"(n), "r"(b) : "memory");
+    }
+#endif
+}
+
+__device__ __forceinline__ void mbarrier_wait(unsigned long long* bar, unsigned parity) {
+#if __CUDA_ARCH__ >= 900
+    const unsigned b = shared_address(bar);
+    unsigned done = 0;
+    while (!done)
+        asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+                     : "=r"(done) : "r"(b), "r"(parity) : "memory");
+#endif
+}
+
+// The copies of one row (x, and dy with dy_smem; `off` its offset) into buffer b:
+// bulk (thread 0, counted on bars[b]) or 16-byte cp.async from every thread.
+template <typename T, int VEC, typename index_t>
+__device__ __forceinline__ void gn_copy_row(T* xbuf, T* dybuf, unsigned stride, const T* __restrict__ x,
+                                            const T* __restrict__ dy, index_t off, unsigned Mv, unsigned b,
+                                            bool dy_smem, bool bulk, unsigned long long* bars) {
+    if (bulk) {
+        if (threadIdx.x == 0) {
+            const unsigned bytes = Mv * VEC * (unsigned)sizeof(T);
+            bulk_copy_expect(&bars[b], xbuf + b * stride, x + off, bytes, dy_smem ? 2 * bytes : bytes);
+            if (dy_smem) bulk_copy_expect(&bars[b], dybuf + b * stride, dy + off, bytes, 0u);
+        }
+        return;
+    }
+    for (unsigned v = threadIdx.x; v < Mv; v += blockDim.x)
+        copy16_async<T, VEC>(xbuf + b * stride + v * VEC, x + off + v * VEC);
+    if (dy_smem)
+        for (unsigned v = threadIdx.x; v < Mv; v += blockDim.x)
+            copy16_async<T, VEC>(dybuf + b * stride + v * VEC, dy + off + v * VEC);
+}
+
 // gn_rows_backward_pipelined: group / instance norm NCHW backward, dx and the
 // per-(sample, channel) dgamma/dbeta partials.  A persistent block (one per SM
 // for 100 KB fp32 rows) walks rows blockIdx.x, + gridDim.x, ...  Dynamic
@@ -860,8 +927,13 @@ __device__ __forceinline__ void prefetch_l2(const void* p, unsigned bytes) {
 // DRAM reads of row r + gridDim.x overlap all of row r's work (reads, shuffles,
 // stores), as in gn_rows_forward_pipelined.  Without dy_smem, dy is read from
 // global memory in pass 1 and again in pass 2 (the second read is an L2 hit:
-// the resident rows' dy is ~13 MB); `prefetch` then also asks L2 for the next
-// row's dy at the top of the row (pass 1 then reads it from L2).
+// the resident rows' dy is ~13 MB); `flags` bit 0 ("xl2") then also asks L2
+// for the next row's dy at the top of the row (pass 1 then reads it from L2).
+// `flags` bit 1 (late): the next row's copies are issued after pass 1 instead;
+// bit 2 (bulk, sm_90+): the rows come in by cp.async.bulk (gn_copy_row), one
+// mbarrier per buffer, waited on with the parity of that buffer's use.  H100
+// (notes/mem5.md): bulk 0.2754 vs 0.2776 ms fp32, 0.161 vs 0.178 fp16 / bf16
+// (the default); late slower in every dtype.
 // Pass 1, block-contiguous (thread t: vectors t, t + blockDim, ..., S / VEC >=
 // 32, so a warp's 32 vectors lie in planes k0 and k0 + 1): per vector
 // d = sum dy, t = sum dy * (x - mean), warp_sum4 of (d, t) split into the two
@@ -877,12 +949,13 @@ __global__ void __launch_bounds__(1024) gn_rows_backward_pipelined(
         const T* __restrict__ dy, const T* __restrict__ x, const P* __restrict__ gamma,
         const acc_t<T>* __restrict__ mean_in, const acc_t<T>* __restrict__ rstd_in, T* __restrict__ dx,
         index_t K_, index_t S_, int G, index_t rows, acc_t<T>* __restrict__ part_dgamma,
-        acc_t<T>* __restrict__ part_dbeta, int dy_smem, int prefetch) {
+        acc_t<T>* __restrict__ part_dbeta, int dy_smem, int flags) {
     typedef acc_t<T> A;
     typedef NormPack<T, VEC> Pack;
     // 16-byte loads in flight per thread (2 for half types: 4 spill bf16 at 64 registers)
     constexpr int U = sizeof(T) == 2 ? 2 : NORM_UNROLL;
     extern __shared__ __align__(16) unsigned char norm_smem[];
+    __shared__ __align__(8) unsigned long long bars[2];  // bulk copies: one mbarrier per buffer
     const unsigned K = (unsigned)K_, S = (unsigned)S_;
     const unsigned M = K * S, Mv = M / VEC, PV = S / VEC;
     const unsigned nt = blockDim.x;
@@ -894,35 +967,43 @@ __global__ void __launch_bounds__(1024) gn_rows_backward_pipelined(
     A* const my = slices + warp * 4 * K;               // lo[k][2] at my[2k], hi[k][2] at my[2K + 2k]
     A* const tot = slices + warps * 4 * K;             // per plane: g D, g T, g
     const A count = A(M);
+    const bool l2 = (flags & 1) != 0, late = (flags & 2) != 0;
+#if __CUDA_ARCH__ >= 900
+    const bool bulk = (flags & 4) != 0;
+#else
+    const bool bulk = false;
+#endif
     index_t row = blockIdx.x;
     if (row >= rows) return;
-    for (unsigned v = tid; v < Mv; v += nt) copy16_async<T, VEC>(xbuf + v * VEC, x + row * (index_t)M + v * VEC);
-    if (dy_smem)
-        for (unsigned v = tid; v < Mv; v += nt)
-            copy16_async<T, VEC>(dybuf + v * VEC, dy + row * (index_t)M + v * VEC);
+    if (bulk) {
+        if (tid == 0) {
+            mbarrier_init1(&bars[0]);
+            mbarrier_init1(&bars[1]);
+        }
+        __syncthreads();
+    }
+    gn_copy_row<T, VEC>(xbuf, dybuf, stride, x, dy, row * (index_t)M, Mv, 0u, dy_smem, bulk, bars);
     copy_async_commit();
     for (unsigned it = 0; row < rows; row += gridDim.x, ++it) {
         const unsigned b = it & 1;
         const T* const xc = xbuf + b * stride;
         const T* const dc = dybuf + b * stride;
         for (unsigned i = lane; i < 4 * K; i += 32) my[i] = A(0);  // read before the previous row's last barrier
-        copy_async_wait_all();
+        if (bulk) mbarrier_wait(&bars[b], (it >> 1) & 1);  // the (it >> 1)-th phase of buffer b's barrier
+        else copy_async_wait_all();
         // This row's copies have landed (every thread's), and every thread has
         // finished the previous row, whose buffers the next row's copies now take.
         __syncthreads();
         const index_t next = row + gridDim.x;
-        if (next < rows) {
-            const index_t off = next * (index_t)M;
-            T* const xn = xbuf + (b ^ 1) * stride;
-            for (unsigned v = tid; v < Mv; v += nt) copy16_async<T, VEC>(xn + v * VEC, x + off + v * VEC);
-            if (dy_smem) {
-                T* const dn = dybuf + (b ^ 1) * stride;
-                for (unsigned v = tid; v < Mv; v += nt) copy16_async<T, VEC>(dn + v * VEC, dy + off + v * VEC);
-            } else if (prefetch) {
-                prefetch_l2(dy + off, M * (unsigned)sizeof(T));
+        // The next row's copies: now, or (late) after pass 1's global reads of dy.
+        const auto copy_next = [&]() {
+            if (next < rows) {
+                gn_copy_row<T, VEC>(xbuf, dybuf, stride, x, dy, next * (index_t)M, Mv, b ^ 1, dy_smem, bulk, bars);
+                if (!dy_smem && l2) prefetch_l2(dy + next * (index_t)M, M * (unsigned)sizeof(T));
             }
-        }
-        copy_async_commit();  // possibly empty
+            copy_async_commit();  // possibly empty
+        };
+        if (!late) copy_next();
         const A mean = mean_in[row], rstd = rstd_in[row];
         const T* const dyr = dy + row * (index_t)M;
 
@@ -964,6 +1045,7 @@ __global__ void __launch_bounds__(1024) gn_rows_backward_pipelined(
             }
         }
         __syncthreads();  // the slices are complete
+        if (late) copy_next();
         for (unsigned k = tid; k < K; k += nt) {
             A d = 0, t = 0;
             for (unsigned w = 0; w < warps; ++w) {

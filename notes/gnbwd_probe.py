@@ -1,6 +1,7 @@
 """A/B of helper gnbwd's group-norm backward paths on the GPU (same process, same
-data): norm_rows_backward ("old"), gn_rows_backward_pipelined "x" / "xl2" /
-"both" (row_normalization.PIPELINED_BACKWARD), PyTorch's native backward, and
+data): norm_rows_backward ("old"), gn_rows_backward_pipelined "x" / "both"
+(row_normalization.PIPELINED_BACKWARD) with and without PIPELINED_BACKWARD_LATE /
+_BULK (run 1 also had "xl2": slower), PyTorch's native backward, and
 cupy's x + dy (2 reads + 1 write, the same traffic mix as the backward: the
 practical ceiling of this mix).  float32, float16, bfloat16 at 64x256x56x56 /
 32 groups.  From the repository root:  python notes/gnbwd_probe.py [OUT.json]
@@ -64,9 +65,13 @@ for name in ("float32", "float16", "bfloat16"):
     row["torch"] = t(lambda: aten.native_group_norm_backward(tdy, tx, tmean, trstd, tg, N, C, H * W, G,
                                                              [True, True, True]))
     ref = None
-    for mode in (None, "x", "xl2", "both"):
-        label = "old" if mode is None else mode
-        rn.PIPELINED_BACKWARD = mode
+    for label, mode, late, bulk in (("old", None, False, False), ("x", "x", False, False),
+                                    ("x late", "x", True, False), ("x bulk", "x", False, True),
+                                    ("x late bulk", "x", True, True), ("both", "both", False, False),
+                                    ("both bulk", "both", False, True)):
+        if name != "float32" and label.startswith("x "):
+            continue
+        rn.PIPELINED_BACKWARD, rn.PIPELINED_BACKWARD_LATE, rn.PIPELINED_BACKWARD_BULK = mode, late, bulk
         try:
             fn = lambda: dp.group_norm_backward(dy, x, G, gamma, mean=mean, rstd=rstd)  # noqa: E731
             row[label] = t(fn)
@@ -77,7 +82,7 @@ for name in ("float32", "float16", "bfloat16"):
                 row[label + " diff"] = [float(cp.abs(a - b).max()) for a, b in zip(got, ref)]
         except Exception as e:  # noqa: BLE001
             row[label + "_error"] = f"{type(e).__name__}: {e}"[:300]
-    rn.PIPELINED_BACKWARD = None
+    rn.PIPELINED_BACKWARD, rn.PIPELINED_BACKWARD_LATE, rn.PIPELINED_BACKWARD_BULK = None, False, False
     rows.append(row)
     print(row, flush=True)
     del x, dy, tx, tdy, tout

@@ -451,7 +451,9 @@ def test_group_norm_pipelined_forward(xp, rng, monkeypatch, pipelined, grid_cap,
     _compare(got, want, dtype, ("y", "mean", "rstd"))
 
 
-@pytest.mark.parametrize("mode", ["x", "xl2", "both"])
+@pytest.mark.parametrize("mode,late,bulk", [("x", False, False), ("xl2", False, False), ("both", False, False),
+                                            ("x", True, False), ("x", False, True), ("both", True, True),
+                                            ("both", False, True)])
 @pytest.mark.parametrize("grid_cap", [None, 3])
 @pytest.mark.parametrize("dtype", _dtypes.SUPPORTED, ids=lambda d: d.name)
 @pytest.mark.parametrize("x_shape,groups,offset,affine,runs", [
@@ -460,11 +462,12 @@ def test_group_norm_pipelined_forward(xp, rng, monkeypatch, pipelined, grid_cap,
     ((1, 8, 56, 56), 1, 0, True, "float32 float16 bfloat16"), ((5, 6, 16, 16), 3, 0, True, "all"),
     ((3, 4, 16, 16), 4, 0, False, "all"), ((7, 4, 1, 256), 2, 0, True, "all"),
     ((3, 8, 7, 7), 2, 0, True, "")])
-def test_group_norm_pipelined_backward(xp, rng, monkeypatch, mode, grid_cap, dtype, x_shape, groups, offset,
-                                       affine, runs):
+def test_group_norm_pipelined_backward(xp, rng, monkeypatch, mode, late, bulk, grid_cap, dtype, x_shape, groups,
+                                       offset, affine, runs):
     """Group / instance norm NCHW backward through gn_rows_backward_pipelined
     (next row's x, and with "both" its dy, copied by cp.async while this row
-    runs; "xl2" prefetches the next dy into L2) against the float64 reference:
+    runs; "xl2" prefetches the next dy into L2; `late` issues the copies after
+    pass 1, `bulk` through cp.async.bulk + mbarrier) against the float64 reference:
     warps straddling two planes (12x12 fp32: 36 vectors a plane), 32 planes a
     group, a 100 KB fp32 row (two buffers) / 50 KB half row (four with "both"),
     a grid capped at 3 blocks walking 5 rows each, instance norm without
@@ -472,6 +475,8 @@ def test_group_norm_pipelined_backward(xp, rng, monkeypatch, mode, grid_cap, dty
     `runs`: the dtypes for which the kernel must have been launched."""
     from dnnprims import row_normalization
     monkeypatch.setattr(row_normalization, "PIPELINED_BACKWARD", mode)
+    monkeypatch.setattr(row_normalization, "PIPELINED_BACKWARD_LATE", late)
+    monkeypatch.setattr(row_normalization, "PIPELINED_BACKWARD_BULK", bulk)
     monkeypatch.setattr(row_normalization, "_PIPELINE_GRID_CAP", grid_cap)
     launched = []
     real = row_normalization._pipelined_backward
