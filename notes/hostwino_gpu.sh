@@ -32,10 +32,10 @@ done
 wait
 echo "tests done at $(( $(date +%s) - t0 )) s"
 only="conv2d_forward 3x3,conv2d_backward_data"
-(cd "$BEFORE" && PYTHONPATH="$BEFORE" timeout 25 python3 -m dnnprims.bench.overhead --only "$only" --no-pieces \
+(cd "$BEFORE" && PYTHONPATH="$BEFORE" timeout 60 python3 -m dnnprims.bench.overhead --only "$only" --no-pieces \
     --calls 1000) > "$OUT/overhead_before.log" 2>&1
 echo "before rc $? at $(( $(date +%s) - t0 )) s"
-PYTHONPATH=$HERE timeout 25 python3 -m dnnprims.bench.overhead --only "$only" --no-pieces --calls 1000 \
+PYTHONPATH=$HERE timeout 60 python3 -m dnnprims.bench.overhead --only "$only" --no-pieces --calls 1000 \
     > "$OUT/overhead_after.log" 2>&1
 echo "after rc $? at $(( $(date +%s) - t0 )) s"
 left=$((budget - ($(date +%s) - t0) - 3))

@@ -8,7 +8,9 @@ covered).  Rows as "ROW {json}", then a table.
 
 Modes: "cupy" = CuPy's cuBLAS wrapper on CuPy's handle (main before this branch),
 "ctypes" = our handle through ctypes, stream set when it changed, "graph" = the GEMM
-as a CUDA graph over the kept workspace (the branch's default)."""
+as a CUDA graph over the kept workspace (the branch's default), "full" = the whole
+call as a graph per pointer set (only with notes/wip/hostwino_full_graph_unverified.patch
+applied).  "free us" is the same call timed without the spin (the old method)."""
 import json
 import time
 
@@ -20,7 +22,7 @@ def main():
     import dnnprims as dp
     from dnnprims import _cublas, _kernels, conv
     from dnnprims.algos import winograd, REGISTRY
-    from dnnprims.bench.overhead import measure
+    from dnnprims.bench.overhead import measure, per_call_us
 
     rows = []
 
@@ -28,9 +30,13 @@ def main():
         rows.append(kw)
         print("ROW " + json.dumps(kw), flush=True)
 
+    full = hasattr(winograd, "FULL_GRAPHS")   # notes/wip/hostwino_full_graph_unverified.patch applied
+
     def reset(mode):
         _cublas.DIRECT = mode != "cupy"
-        winograd.GEMM_GRAPHS = mode == "graph"
+        winograd.GEMM_GRAPHS = mode in ("graph", "full")
+        if full:
+            winograd.FULL_GRAPHS = mode == "full"
         winograd._GEMM_RUN.clear()
         conv._MEMO.clear()
         for algorithm in REGISTRY.values():
@@ -54,7 +60,8 @@ def main():
     }
     print("auto picks:", dp.conv2d_choose(x.shape, w.shape, padding=1)[0],
           dp.conv2d_choose(x.shape, w.shape, padding=1, direction="backward_data")[0], flush=True)
-    for mode in ("cupy", "ctypes", "graph", "cupy", "graph"):
+    modes = ("cupy", "ctypes", "graph", "cupy", "graph") + (("full", "graph", "full") if full else ())
+    for mode in modes:
         reset(mode)
         captures = _cublas.captures
         for (direction, n), fn in calls.items():
@@ -66,8 +73,9 @@ def main():
                 g = cp.asnumpy(got).astype(np.float64)
                 err = float(np.linalg.norm(g - want[direction]) / np.linalg.norm(want[direction]))
             host, gpu, covered = measure(fn, cp, 1000)
+            free = per_call_us(fn, cp, 1000)
             row(kind="call", mode=mode, direction=direction, n=n, host_us=host, gpu_us=gpu, covered=covered,
-                err=err)
+                err=err, free_us=free)
         row(kind="captures", mode=mode, captured=_cublas.captures - captures,
             failures=list(_cublas.CAPTURE_FAILURES), lib=bool(_cublas._library()), load_error=_cublas._LOAD_ERROR)
 
@@ -113,12 +121,13 @@ def main():
     cp.cuda.Device().synchronize()
 
     print("\n== cached conv 3x3 (x n x64x56x56, K64), host us per call with the GPU held; GPU us per call")
-    print(f"{'mode':7s} {'direction':14s} {'n':>3s} {'host us':>8s} {'GPU us':>8s} {'covered':>8s} {'rel err':>9s}")
+    print(f"{'mode':7s} {'direction':14s} {'n':>3s} {'host us':>8s} {'GPU us':>8s} {'covered':>8s} {'rel err':>9s} "
+          f"{'free us':>8s}")
     for r in rows:
         if r["kind"] == "call":
             err = f"{r['err']:9.1e}" if r["err"] is not None else f"{'-':>9s}"
             print(f"{r['mode']:7s} {r['direction']:14s} {r['n']:3d} {r['host_us']:8.1f} {r['gpu_us']:8.1f} "
-                  f"{r['covered']:8.0%} {err}")
+                  f"{r['covered']:8.0%} {err} {r['free_us']:8.1f}")
         elif r["kind"] == "captures":
             print(f"  {r['mode']}: graphs captured {r['captured']}, failures {r['failures'][:1]}, "
                   f"ctypes lib {r['lib']} {r['load_error'] or ''}")
