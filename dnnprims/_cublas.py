@@ -15,6 +15,10 @@ is the column-major (c x r) matrix, its transpose.  So C = op(A) @ op(B) in
 row-major terms is C^T = op(B)^T @ op(A)^T in cuBLAS's: B's storage is
 cuBLAS's first operand, A's the second, with m = N, n = M.
 """
+import ctypes
+import os
+import threading
+
 import numpy as np
 
 _OP_N, _OP_T = 0, 1    # CUBLAS_OP_N, CUBLAS_OP_T
@@ -109,3 +113,189 @@ def prepare(dtype, M, N, K, batch=1, a_batched=True, b_batched=True):
     def call(handle, a_ptr, b_ptr, c_ptr):
         run(handle, *head, b_ptr, *mid, a_ptr, *tail, c_ptr, *last)
     return call
+
+
+# --- the raw call without CuPy's per-call stream dance, and its graph --------------
+#
+# CuPy's cuBLAS wrappers (``cupy_backends.cuda.libs.cublas``) call
+# ``cublasSetStream`` before every routine, after ``cudaStreamIsCapturing`` on
+# the stream: two API calls per GEMM, and cublasSetStream also resets the
+# handle's workspace.  On a cached batch-1 Winograd call the raw GEMM measured
+# 8-15 us of host time (notes/winohost.md; notes/hostwino.md).  The
+# capture check also refuses any cuBLAS call inside a CUDA graph capture
+# (NotImplementedError), which is why session 5's captures all failed.
+# :class:`StridedBatched` calls cuBLAS through ctypes on a handle of our own
+# (one per thread and device, CuPy's math mode), setting its stream only when
+# the current stream differs from the last one it ran on, and can capture
+# fixed-pointer GEMMs into a CUDA graph (:meth:`StridedBatched.capture`).
+# Without the library (a CPU-only install, a missing symbol) or with
+# ``DNNPRIMS_CUBLAS_DIRECT=0`` it is CuPy's wrapper on CuPy's handle.
+
+DIRECT = os.environ.get("DNNPRIMS_CUBLAS_DIRECT", "1") != "0"
+# Bytes of the cuBLAS workspace set on the handle for a capture (cuBLAS then needs
+# no allocation inside it).  Graphs replayed on one stream run one after another,
+# so they share one per (device, stream); past GRAPH_WORKSPACE_STREAMS streams
+# each graph gets its own.
+GRAPH_WORKSPACE_BYTES = 4 << 20
+GRAPH_WORKSPACE_STREAMS = 16
+_GRAPH_WORKSPACES = {}
+CAPTURE_FAILURES = []   # reasons (repr) of failed captures; one failure stops further tries
+captures = 0            # graphs captured so far (tests check that the graph path ran)
+_LIB = None             # the ctypes library, False when it cannot be loaded
+_LOAD_ERROR = None
+_HANDLES = threading.local()
+
+
+def _find_library_path():
+    """Absolute path of the libcublas CuPy loaded (pathfinder first, else the process's maps)."""
+    from cupy_backends.cuda.libs import cublas  # noqa: F401  (loads the library)
+    try:
+        from cuda import pathfinder
+        path = pathfinder.load_nvidia_dynamic_lib("cublas").abs_path
+        if path:
+            return path
+    except Exception:  # an older CuPy, or a system library pathfinder does not know
+        pass
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            name = line.rsplit(None, 1)[-1]
+            if "/libcublas.so" in name:
+                return name
+    return "libcublas.so"
+
+
+def _library():
+    """The ctypes libcublas with the prototypes we call, or None."""
+    global _LIB, _LOAD_ERROR
+    if _LIB is None:
+        try:
+            lib = ctypes.CDLL(_find_library_path())
+            P, I, L = ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong
+            lib.cublasCreate_v2.argtypes = [ctypes.POINTER(P)]
+            lib.cublasSetStream_v2.argtypes = [P, P]
+            lib.cublasSetWorkspace_v2.argtypes = [P, P, ctypes.c_size_t]
+            lib.cublasSetMathMode.argtypes = [P, I]
+            for name in ("cublasSgemmStridedBatched", "cublasDgemmStridedBatched"):
+                fn = getattr(lib, name)
+                fn.argtypes = [P, I, I, I, I, I, P, P, I, L, P, I, L, P, P, I, L, I]
+            for fn in (lib.cublasCreate_v2, lib.cublasSetStream_v2, lib.cublasSetWorkspace_v2,
+                       lib.cublasSetMathMode, lib.cublasSgemmStridedBatched, lib.cublasDgemmStridedBatched):
+                fn.restype = I
+            _LIB = lib
+        except Exception as e:  # no GPU stack, or a library without these symbols
+            _LIB, _LOAD_ERROR = False, repr(e)
+    return _LIB or None
+
+
+class _Handle:
+    """A cuBLAS handle of ours and the stream it last ran on (this thread only)."""
+
+    __slots__ = ("ptr", "stream")
+
+    def __init__(self, ptr):
+        self.ptr = ptr
+        self.stream = None
+
+
+def _check(status):
+    if status:
+        from cupy_backends.cuda.libs import cublas
+        cublas.check_status(status)
+
+
+def _own_handle(lib, device):
+    handles = getattr(_HANDLES, "by_device", None)
+    if handles is None:
+        handles = _HANDLES.by_device = {}
+    handle = handles.get(device)
+    if handle is None:
+        from cupy.cuda import device as cuda_device
+        from cupy_backends.cuda.libs import cublas
+        ptr = ctypes.c_void_p()
+        _check(lib.cublasCreate_v2(ctypes.byref(ptr)))
+        # The same math mode as CuPy's handle (TF32 only where the user asked CuPy for it).
+        _check(lib.cublasSetMathMode(ptr, cublas.getMathMode(cuda_device.get_cublas_handle())))
+        handle = handles[device] = _Handle(ptr.value)
+    return handle
+
+
+class StridedBatched:
+    """``cublas<S|D>gemmStridedBatched`` for one dtype: ``call(transa, transb, m,
+    n, k, alpha, A, lda, strideA, B, ldb, strideB, beta, C, ldc, strideC,
+    batch)`` (column-major, cuBLAS's argument order, host scalar pointers) on
+    the current device and stream."""
+
+    def __init__(self, dtype):
+        dtype = np.dtype(dtype)
+        self.dtype = dtype
+        # ctypes prototypes for the real ones (S/D); C/Z through CuPy's wrapper.
+        lib = _library() if DIRECT and dtype.kind == "f" else None
+        self._lib = lib
+        if lib is None:
+            from cupy.cuda import device
+            from cupy_backends.cuda.libs import cublas
+            run, handle = getattr(cublas, _RUN[dtype]), device.get_cublas_handle
+            self.call = lambda *args: run(handle(), *args)
+            return
+        import cupy
+        fn = getattr(lib, "cublas" + _RUN[dtype][0].upper() + _RUN[dtype][1:])
+        get_device, current_stream = cupy.cuda.runtime.getDevice, cupy.cuda.get_current_stream
+        set_stream = lib.cublasSetStream_v2
+
+        def call(*args):
+            handle = _own_handle(lib, get_device())
+            stream = current_stream().ptr
+            if handle.stream != stream:
+                _check(set_stream(handle.ptr, stream))
+                handle.stream = stream
+            status = fn(handle.ptr, *args)
+            if status:
+                _check(status)
+        self.call = call
+        self._fn = fn
+
+    def __call__(self, *args):
+        return self.call(*args)
+
+    def capture(self, calls, stream_key=None):
+        """A CUDA graph of these GEMMs (each an argument tuple of ``call``; every
+        pointer fixed for the graph's life), to be replayed on the current
+        stream only (``stream_key``: its key, ``_kernels.stream_key``):
+        ``(graph, keep)``, where ``graph.launch()`` runs them and ``keep`` (the
+        cuBLAS workspace the graph uses) must live as long as the graph.  None
+        when it cannot be captured (the reason goes to :data:`CAPTURE_FAILURES`,
+        and no later capture is tried)."""
+        global captures
+        lib = self._lib
+        if lib is None or CAPTURE_FAILURES:
+            return None
+        import cupy
+        device = cupy.cuda.runtime.getDevice()
+        handle = _own_handle(lib, device)
+        keep = _GRAPH_WORKSPACES.get((device, stream_key)) if stream_key is not None else None
+        if keep is None:
+            keep = cupy.empty(GRAPH_WORKSPACE_BYTES, dtype=np.uint8)
+            if stream_key is not None and len(_GRAPH_WORKSPACES) < GRAPH_WORKSPACE_STREAMS:
+                _GRAPH_WORKSPACES[device, stream_key] = keep
+        side = cupy.cuda.Stream(non_blocking=True)
+        graph = None
+        try:
+            _check(lib.cublasSetStream_v2(handle.ptr, side.ptr))
+            handle.stream = side.ptr
+            _check(lib.cublasSetWorkspace_v2(handle.ptr, keep.data.ptr, keep.nbytes))
+            side.begin_capture()
+            try:
+                for args in calls:
+                    _check(self._fn(handle.ptr, *args))
+            finally:
+                graph = side.end_capture()
+            graph.upload(cupy.cuda.get_current_stream())
+            captures += 1
+        except Exception as e:  # recorded: the caller runs the GEMMs directly
+            CAPTURE_FAILURES.append(repr(e))
+            graph = None
+        finally:
+            # Back to the default workspace pool (cublasSetStream resets it) on no stream of ours.
+            lib.cublasSetStream_v2(handle.ptr, None)
+            handle.stream = None
+        return None if graph is None else (graph, keep)

@@ -574,12 +574,15 @@ def release_outputs():
 class Workspace:
     """One workspace array of a :class:`WorkspaceSlot`, on one stream."""
 
-    __slots__ = ("array", "stream", "kept")
+    __slots__ = ("array", "stream", "kept", "graphs")
 
     def __init__(self, array, stream):
         self.array = array
         self.stream = stream
         self.kept = False        # counted against RECYCLE_BUDGET_BYTES, held by the slot between calls
+        # What the prepared call captured over this array (CUDA graphs whose pointers
+        # lie in it: they live and die with it), False when it captures nothing.
+        self.graphs = None
 
 
 class WorkspaceSlot:
@@ -728,6 +731,7 @@ def families():
     """Every kernel family the library declares (imports all primitive modules)."""
     from . import (algos, pooling, normalization, row_normalization, softmaxes, activations,  # noqa: F401
                    recurrent, tensor_ops)
+    from .bench import overhead  # noqa: F401  (the benchmark's busy-wait kernel)
     return dict(_FAMILIES)
 
 

@@ -1027,3 +1027,41 @@ def test_winograd_workspace_per_stream(gpu, rng, direction, monkeypatch):
     assert not any(s.kept_streams() for s in slots)
     assert_close(call(A, B), want, np.float32)
     gpu.cuda.Device().synchronize()
+
+
+@pytest.mark.parametrize("direction", ["forward", "backward_data"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_winograd_gemm_graph_is_captured_once_per_workspace(gpu, rng, direction, dtype, monkeypatch):
+    """From the second call on a kept workspace the cached Winograd call's GEMM
+    replays as a CUDA graph (winograd.GEMM_GRAPHS): one capture per workspace,
+    and every call -- new values in the same arrays, new arrays, graphs turned
+    off -- equals the reference."""
+    import dnnprims as dp
+    from dnnprims import _cublas
+    from dnnprims.algos import winograd
+    _kernels.release_outputs()
+    x = random_array(rng, (1, 16, 12, 12), dtype)
+    w = random_array(rng, (16, 16, 3, 3), dtype)
+    if direction == "forward":
+        call = lambda a, b: dp.conv2d_forward(a, b, padding=1, algo="winograd_f4x4_3x3")   # noqa: E731
+        reference = lambda a, b: dp.conv2d_forward(a, b, padding=1)   # noqa: E731
+    else:
+        call = lambda a, b: dp.conv2d_backward_data(a, b, x.shape, padding=1,   # noqa: E731
+                                                    algo="winograd_f4x4_3x3")
+        reference = lambda a, b: dp.conv2d_backward_data(a, b, x.shape, padding=1)   # noqa: E731
+    A, W = gpu.asarray(x), gpu.asarray(w)
+    before = _cublas.captures
+    for _ in range(4):
+        a = random_array(rng, x.shape, dtype)
+        A[...] = gpu.asarray(a)
+        assert_close(call(A, W), reference(a.astype(F64), w.astype(F64)), dtype)
+    assert not _cublas.CAPTURE_FAILURES
+    assert _cublas.captures == before + 1
+    A2, W2 = gpu.asarray(x[:, :, ::-1].copy()), gpu.asarray(w * dtype(0.5))
+    assert_close(call(A2, W2), reference(x[:, :, ::-1].astype(F64), (w * dtype(0.5)).astype(F64)), dtype)
+    assert _cublas.captures == before + 1        # the GEMM's pointers are the workspace's only
+    monkeypatch.setattr(winograd, "GEMM_GRAPHS", False)
+    for _ in range(2):
+        assert_close(call(A, W), reference(a.astype(F64), w.astype(F64)), dtype)
+    assert _cublas.captures == before + 1
+    gpu.cuda.Device().synchronize()

@@ -49,6 +49,7 @@ the same stages on NumPy: the tests and the accuracy measurement use them.
 """
 import functools
 import math
+import os
 from fractions import Fraction
 
 import numpy as np
@@ -117,6 +118,12 @@ FILTER_IN_INPUT_LAUNCH = True
 # an m x m tile (m = 2 or 4) as one 8- / 16-byte store where Q % m == 0 and y is
 # aligned (else one store per value, as for every other dtype and NHWC).
 VECTOR_ROWS = True
+# Forward / backward data of one batch chunk: from the second call on a kept
+# workspace (_kernels.WorkspaceSlot), the cuBLAS GEMM runs as a CUDA graph captured
+# over that workspace (its pointers all lie in it: the graph replays as captured).
+# cudaGraphLaunch costs a few microseconds of host time where the cuBLAS call cost
+# 8-15 (notes/hostwino.md).  DNNPRIMS_WINOGRAD_GEMM_GRAPHS=0 turns it off.
+GEMM_GRAPHS = os.environ.get("DNNPRIMS_WINOGRAD_GEMM_GRAPHS", "1") != "0"
 _THREADS = 256
 _PLAN_CACHE_SIZE = 4096
 MATRICES_HEADER = "conv_winograd_matrices.cuh"
@@ -482,7 +489,7 @@ class WinogradConvolution(ConvAlgorithm):
         import cupy
 
         key = (cupy.cuda.runtime.getDevice(), p, direction, WORKSPACE_BOUND, FILTER_IN_INPUT_LAUNCH,
-               VECTOR_ROWS)
+               VECTOR_ROWS, GEMM_GRAPHS)
         plan = self._plans.get(key)
         if plan is not None:
             return plan
@@ -515,7 +522,7 @@ class WinogradConvolution(ConvAlgorithm):
             acc=acc, Cin=Cin, Kout=Kout, alpha2=alpha2, nhwc=nhwc, chunks=chunks, max_tiles=chunk * tiles,
             elements=sum(_workspace_parts(alpha2, Kout, Cin, chunk * tiles)), v_offset=v_offset,
             m_offset=m_offset,
-            filter_args=filter_args, options=(WORKSPACE_BOUND, FILTER_IN_INPUT_LAUNCH, VECTOR_ROWS),
+            filter_args=filter_args, options=(WORKSPACE_BOUND, FILTER_IN_INPUT_LAUNCH, VECTOR_ROWS, GEMM_GRAPHS),
             # The filter transform alone (FILTER_IN_INPUT_LAUNCH off): the input
             # kernel with no input blocks; its arguments before x's are unused.
             filter=None if FILTER_IN_INPUT_LAUNCH else (
@@ -539,7 +546,6 @@ class WinogradConvolution(ConvAlgorithm):
         Arrays of a launch: ARRAY0 = a, ARRAY1 = b, ARRAY2 = out, ARRAY3 = bias
         (b stands in for an absent bias: the kernel does not read it),
         ARRAY4 = the workspace."""
-        from cupy.cuda import device
         from .._kernels import ARRAY0, ARRAY1, ARRAY2, ARRAY3, ARRAY4
 
         plan = self._plan(problem, direction)
@@ -563,27 +569,45 @@ class WinogradConvolution(ConvAlgorithm):
                                (ARRAY0, ARRAY4, plan["v_offset"], *in_args, *filter_args)),
                           gemm_args, outputs))
         first, steps = tuple(first), tuple(steps)
-        run_gemm, handle = _GEMM_RUN[plan["acc"]], device.get_cublas_handle
+        run_gemm = _GEMM_RUN[plan["acc"]]
+        capture = getattr(run_gemm, "capture", None)
         slot = WorkspaceSlot(plan["elements"], plan["acc"])
 
+        def graphs_of(workspace):
+            """The GEMMs of every chunk as one CUDA graph over this kept workspace
+            (all their pointers lie in it), or False."""
+            base = workspace.array.data.ptr
+            calls = [(*head, base + b_offset, *mid, base + a_offset, *tail, base + c_offset, *last)
+                     for _, (head, b_offset, mid, a_offset, tail, c_offset, last), _ in steps]
+            captured = capture(calls, workspace.stream) if capture is not None and len(steps) == 1 else None
+            workspace.graphs = False if captured is None else captured
+            return workspace.graphs
+
         def run(a, b, out, bias=None):
-            if options != (WORKSPACE_BOUND, FILTER_IN_INPUT_LAUNCH, VECTOR_ROWS):
+            if options != (WORKSPACE_BOUND, FILTER_IN_INPUT_LAUNCH, VECTOR_ROWS, GEMM_GRAPHS):
                 # The module's options changed since this was prepared (tests do that).
                 return self.run(problem, direction, a, b, out, bias=bias, activation=activation)
             workspace = slot.take()
             try:   # a kept workspace is counted against the reuse budget: always give it back
                 arrays = (a, b, out, bias, workspace.array)
-                base = workspace.array.data.ptr
                 # Vector rows need 16-byte aligned rows (float4 for F(4x4), float2 for F(2x2)).
                 vec = out.data.ptr % 16 == 0
                 for launch in first:
                     launch(*arrays)
-                cublas = handle()
-                for launch_input, (head, b_offset, mid, a_offset, tail, c_offset, last), outputs in steps:
+                graphs = workspace.graphs
+                if graphs is None and GEMM_GRAPHS and workspace.kept:
+                    graphs = graphs_of(workspace)   # the second call on a kept workspace
+                if graphs:
+                    launch_input, _, outputs = steps[0]
                     launch_input(*arrays)
-                    run_gemm(cublas, *head, base + b_offset, *mid, base + a_offset, *tail, base + c_offset,
-                             *last)
+                    graphs[0].launch()
                     outputs[vec](*arrays)
+                else:
+                    base = workspace.array.data.ptr
+                    for launch_input, (head, b_offset, mid, a_offset, tail, c_offset, last), outputs in steps:
+                        launch_input(*arrays)
+                        run_gemm(*head, base + b_offset, *mid, base + a_offset, *tail, base + c_offset, *last)
+                        outputs[vec](*arrays)
             finally:
                 slot.give_back(workspace)
             return out
@@ -620,11 +644,11 @@ def _dtypes_acc(itemsize):
 
 
 class _GemmRun(dict):
-    """acc dtype -> the cuBLAS strided-batched GEMM entry point (looked up once)."""
+    """acc dtype -> the cuBLAS strided-batched GEMM (:class:`dnnprims._cublas.StridedBatched`:
+    ``run(*cuBLAS arguments but the handle)``, ``run.capture``), made once."""
 
     def __missing__(self, dtype):
-        from cupy_backends.cuda.libs import cublas
-        run = self[dtype] = getattr(cublas, _cublas._RUN[np.dtype(dtype)])
+        run = self[dtype] = _cublas.StridedBatched(dtype)
         return run
 
 
@@ -785,7 +809,6 @@ class WinogradBackwardFilter(ConvAlgorithm):
         """Prepared launches and a raw cuBLAS call per batch chunk over one
         workspace, kept per stream (as WinogradConvolution.prepare). Arrays of a launch:
         ARRAY0 = x, ARRAY1 = dy, ARRAY2 = dw, ARRAY4 = the workspace."""
-        from cupy.cuda import device
         from .._kernels import ARRAY0, ARRAY1, ARRAY2, ARRAY4
 
         plan = self._cached_plan(problem)
@@ -799,7 +822,7 @@ class WinogradBackwardFilter(ConvAlgorithm):
             for (_, _, _, x_grid, x_args, dy_grid, dy_args), gemm_args in zip(plan["chunks"], plan["gemms"]))
         expr, grid, args = plan["output"]
         output = prep(expr, grid, block, (ARRAY4, ARRAY2, *args))
-        run_gemm, handle = _GEMM_RUN[plan["acc"]], device.get_cublas_handle
+        run_gemm = _GEMM_RUN[plan["acc"]]
         slot = WorkspaceSlot(plan["elements"], plan["acc"])
 
         def run(a, b, out, bias=None):
@@ -810,11 +833,10 @@ class WinogradBackwardFilter(ConvAlgorithm):
             try:   # as WinogradConvolution.prepare: the workspace goes back even when a call raises
                 arrays = (a, b, out, None, workspace.array)
                 base = workspace.array.data.ptr
-                cublas = handle()
                 for launch_x, launch_dy, (head, a_offset, mid, b_offset, tail, c_offset, last) in steps:
                     launch_x(*arrays)
                     launch_dy(*arrays)
-                    run_gemm(cublas, *head, base + a_offset, *mid, base + b_offset, *tail, base + c_offset,
+                    run_gemm(*head, base + a_offset, *mid, base + b_offset, *tail, base + c_offset,
                              *last)
                 output(*arrays)
             finally:

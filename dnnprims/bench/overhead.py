@@ -3,11 +3,26 @@
 For tiny problems the GPU finishes a kernel in a few microseconds, so what a
 call costs is the Python work around the launch: argument checks, describing
 the problem, choosing an algorithm, allocating the output, packing kernel
-arguments.  This measures it directly: the wall-clock time of many calls in a
-row without synchronising (the GPU keeps up, so the host is the bottleneck),
-divided by the number of calls, after warm-up (compilation, plan caches).
+arguments.  This measures it directly, after warm-up (compilation, plan
+caches): bursts of calls with no synchronisation, the wall-clock time of a
+burst divided by its calls, the median burst.
+
+Each burst runs while the GPU is held by a busy-wait kernel (``spin_wait_ns``,
+kernels/bench_spin.cu) launched just before it, longer than the burst: every
+launch of the burst queues behind it, so the burst's time is host work alone.
+Without the spin a call whose GPU work outlasts its host work (a batch-1
+Winograd convolution: three kernels and a GEMM) measures a mix of the two, and
+a hidden synchronisation (a blocking free, a ``.get()``) is invisible.  With
+it, a burst that outlasts the spin has waited for the GPU: such rows are
+flagged ``sync?`` (a synchronisation, or more launches than CUDA queues).  The
+GPU time per call (CUDA events from the spin's end to the burst's end: the
+burst's kernels back to back) is reported too; ``gpu>=host`` marks rows whose
+calls a free-running loop could not issue faster than the GPU runs them
+(there the host figure is no bound on a real loop's time per call).
+"free" is the old method (no spin) for comparison with earlier logs.
 PyTorch's equivalent calls are timed the same way where torch is installed.
-``--profile NAME`` prints cProfile's top entries for one operation.
+``--profile NAME`` prints cProfile's top entries for one operation;
+``--only A,B`` times the cases whose names contain A or B.
 
 Target (issue 3): <= 20 us per call on a cached problem.
 """
@@ -20,13 +35,21 @@ import time
 import numpy as np
 
 import dnnprims as dp
+from dnnprims._kernels import KernelFamily
 
 CALLS = 2000
 BURST = 100
+# The busy wait that holds the GPU during a timed burst: at least SPIN_MIN_S, and
+# SPIN_FACTOR times a free-running burst (so a burst slower than that is a wait).
+SPIN_MIN_S = 2e-3
+SPIN_FACTOR = 4
+SPIN = KernelFamily("bench_spin.cu", ["spin_wait_ns"])
 
 
-def _cases(cp, torch):
-    """name -> (our call, torch's call or None) on small tensors."""
+def _cases(cp, torch, wanted=None):
+    """name -> (our call, torch's call or None) on small tensors (``wanted``: name
+    substrings; the batch-norm statistics, whose kernels take a while to compile on
+    a fresh machine, are only made when a batch-norm case is wanted)."""
     f32 = cp.float32
     x = cp.random.random((1, 64, 56, 56), dtype=f32)
     w = cp.random.random((64, 64, 3, 3), dtype=f32)
@@ -36,7 +59,10 @@ def _cases(cp, torch):
     rm, rv = cp.zeros(256, f32), cp.ones(256, f32)
     rows = cp.random.random((256, 1000), dtype=f32)
     bn_dy = cp.random.random(bn_x.shape, dtype=f32)
-    _, bn_mean, bn_invstd = dp.batchnorm(bn_x, gamma, beta, training=True, return_stats=True)
+    if wanted is None or any(w in "batchnorm backward" for w in wanted):
+        _, bn_mean, bn_invstd = dp.batchnorm(bn_x, gamma, beta, training=True, return_stats=True)
+    else:
+        bn_mean = bn_invstd = None
     late = cp.random.random((32, 2048, 7, 7), dtype=f32)        # global_avg_r50
     pool_dy = cp.random.random((1, 64, 28, 28), dtype=f32)
     act = cp.random.random((64, 1024), dtype=f32)
@@ -92,11 +118,9 @@ def _cases(cp, torch):
 
 
 def per_call_us(fn, cp, calls=CALLS, burst=BURST):
-    """Host microseconds per call: bursts of ``burst`` calls, synchronised between
-    bursts, the median burst.  A burst stays well under CUDA's queue of pending
-    launches, so a kernel that runs longer than its call's host time (a batch-1
-    3x3 convolution takes ~50 us on the GPU) cannot block the loop and be
-    counted as host time; one long loop would measure the GPU instead."""
+    """Host microseconds per call, free-running: bursts of ``burst`` calls,
+    synchronised between bursts, the median burst.  Where the GPU takes longer
+    per call than the host, this is not host time (see :func:`measure`)."""
     stream = cp.cuda.get_current_stream()
     for _ in range(20):
         fn()
@@ -111,10 +135,57 @@ def per_call_us(fn, cp, calls=CALLS, burst=BURST):
     return statistics.median(samples)
 
 
+def measure(fn, cp, calls=CALLS, burst=BURST):
+    """(host us per call, GPU us per call, fraction of bursts the spin covered).
+
+    Each burst is timed while a busy-wait kernel holds the stream (longer than
+    a free-running burst takes, :data:`SPIN_FACTOR`): the host loop is all
+    that is timed.  A burst is covered when it ended before the spin could
+    have: any burst that waited for the GPU is not."""
+    stream = cp.cuda.get_current_stream()
+    for _ in range(20):
+        fn()
+    stream.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(burst):
+        fn()
+    free = time.perf_counter() - t0
+    stream.synchronize()
+    spin_ns = np.int64(max(SPIN_MIN_S, SPIN_FACTOR * free) * 1e9)
+    start, end = cp.cuda.Event(), cp.cuda.Event()
+    host, gpu, covered = [], [], 0
+    bursts = max(1, calls // burst)
+    for _ in range(bursts):
+        launched = time.perf_counter()
+        SPIN.launch("spin_wait_ns", (1,), (1,), (spin_ns,))
+        start.record(stream)
+        t0 = time.perf_counter()
+        for _ in range(burst):
+            fn()
+        t1 = time.perf_counter()
+        end.record(stream)
+        end.synchronize()
+        host.append((t1 - t0) / burst * 1e6)
+        gpu.append(cp.cuda.get_elapsed_time(start, end) * 1e3 / burst)
+        covered += (t1 - launched) * 1e9 < spin_ns
+    return statistics.median(host), statistics.median(gpu), covered / bursts
+
+
+def _flags(host, gpu, covered):
+    flags = []
+    if covered < 1:
+        flags.append(f"sync?({1 - covered:.0%})")
+    if gpu >= host:
+        flags.append("gpu>=host")
+    return " ".join(flags)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m dnnprims.bench.overhead", description=__doc__)
     parser.add_argument("--profile", default=None, help="cProfile one case (a name substring)")
     parser.add_argument("--calls", type=int, default=CALLS)
+    parser.add_argument("--only", default=None, help="comma-separated name substrings: time only these")
+    parser.add_argument("--no-pieces", action="store_true", help="skip the table of pieces")
     args = parser.parse_args(argv)
     import cupy as cp
     try:
@@ -122,7 +193,8 @@ def main(argv=None):
         torch.backends.cudnn.benchmark = True
     except ImportError:
         torch = None
-    cases = _cases(cp, torch)
+    wanted = args.only.split(",") if args.only else None
+    cases = _cases(cp, torch, wanted)
     if args.profile:
         name = next(k for k in cases if args.profile in k)
         fn = cases[name][0]
@@ -137,17 +209,31 @@ def main(argv=None):
         pstats.Stats(prof).sort_stats("tottime").print_stats(18)
         return 0
     from dnnprims import _kernels, activations
-    # "no reuse": the same calls with every output allocated (OutputSlot off).
-    print(f"{'operation':34s} {'ours us/call':>12s} {'torch us/call':>13s} {'ours, no reuse':>14s}")
+    if wanted:
+        cases = {k: v for k, v in cases.items() if any(w in k for w in wanted)}
+    # host / GPU: us per call with the GPU held by a spin (see measure); "no reuse":
+    # the same calls with every output allocated (OutputSlot off); "free": no spin.
+    print(f"{'operation':30s} {'ours host':>9s} {'ours GPU':>8s} {'free':>6s} {'torch host':>10s} "
+          f"{'torch GPU':>9s} {'no reuse':>8s}  flags (ours; torch)")
     for name, (ours, theirs) in cases.items():
-        mine = per_call_us(ours, cp, args.calls)
-        other = per_call_us(theirs, cp, args.calls) if theirs is not None else float("nan")
+        host, gpu, covered = measure(ours, cp, args.calls)
+        free = per_call_us(ours, cp, args.calls)
+        if theirs is not None:
+            t_host, t_gpu, t_covered = measure(theirs, cp, args.calls)
+            t_flags = _flags(t_host, t_gpu, t_covered)
+        else:
+            t_host = t_gpu = float("nan")
+            t_flags = ""
         reuse = _kernels.set_output_reuse(False)
         try:
-            fresh = per_call_us(ours, cp, args.calls)
+            fresh, _, fresh_covered = measure(ours, cp, args.calls)
         finally:
             _kernels.set_output_reuse(reuse)
-        print(f"{name:34s} {mine:12.1f} {other:13.1f} {fresh:14.1f}")
+        flags = _flags(host, gpu, min(covered, fresh_covered))
+        print(f"{name:30s} {host:9.1f} {gpu:8.1f} {free:6.1f} {t_host:10.1f} {t_gpu:9.1f} {fresh:8.1f}  "
+              f"{flags or '-'}; {t_flags or '-'}", flush=True)
+    if args.no_pieces:
+        return 0
     # What the pieces cost, for reading the profile.
     a = cp.empty(16, cp.float32)
     f32 = np.dtype(np.float32)
@@ -185,7 +271,7 @@ def main(argv=None):
         "OutputSlot, output dropped": slot,
     }
     for name, fn in pieces.items():
-        print(f"{'  ' + name:34s} {per_call_us(fn, cp, args.calls):12.1f}")
+        print(f"{'  ' + name:34s} {measure(fn, cp, args.calls)[0]:12.1f}")
     return 0
 
 
