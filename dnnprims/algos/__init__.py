@@ -112,6 +112,18 @@ class ConvAlgorithm:
         ``fused_activations``: applied to ``y + bias`` in the epilogue."""
         raise NotImplementedError
 
+    def under(self, options):
+        """This algorithm as it runs under the caller's ``options`` (what
+        :func:`admits` checks and :func:`choose` returns): itself.  An algorithm
+        that delegates to an inner choice ("polyphase") returns its instance for
+        those options, whose inner choice obeys them."""
+        return self
+
+    def explain(self, problem, direction):
+        """Text ``explain_auto`` appends to its reason when it picks this
+        algorithm: "" (an algorithm with an inner choice names it)."""
+        return ""
+
     def prepare(self, problem, direction, has_bias=False, activation=None):
         """A callable ``(a, b, out, bias)`` that computes this problem into ``out``
         on the current device: what a repeated call runs (conv.py's fast path).
@@ -140,6 +152,7 @@ class ConvAlgorithm:
 def admits(algorithm, problem, direction, options=DEFAULT_OPTIONS):
     """(True, "") if ``algorithm`` supports the problem and the caller's options
     allow it, else (False, reason)."""
+    algorithm = algorithm.under(options)
     ok, reason = algorithm.supports(problem, direction)
     if not ok:
         return ok, reason
@@ -286,10 +299,31 @@ def winograd_wgrad_wins(problem, direction):
     return direction == "backward_filter" and winograd_wins(problem, "forward")
 
 
-def auto_preferences(problem, direction):
+def _polyphase_preferences(problem, direction, options):
+    """The rule's dilated case: "polyphase" first wherever it supports the
+    problem (stride 1, padding and image multiples of the dilation), except
+    depthwise, and unless its inner choice under ``options`` is the "direct"
+    fallback (a tight workspace limit).  Its sub-problem has dilation 1, so
+    ``auto`` there reaches Winograd / the FFT family (which run no dilated
+    filter) and the measured table (which has no dilated entries); the price is
+    two layout copies, small against the arithmetic of a convolution with many
+    channels (notes/polyphase.md).  Depthwise is memory-bound: its kernel runs
+    any dilation directly, and the copies would add two passes over x and y."""
+    algorithm = REGISTRY.get("polyphase")
+    if (algorithm is None or problem.dilation == (1, 1) or problem.groups == problem.C
+            or not admits(algorithm, problem, direction, options)[0]
+            or algorithm.under(options).inner(problem, direction)[0].name == "direct"):
+        return []
+    dh, dw = problem.dilation
+    return [("polyphase", f"dilation {problem.dilation}, stride 1, padding and image size multiples "
+                          f"of it: {dh * dw} phase sub-images stacked into the batch as one "
+                          f"dilation-1 convolution")]
+
+
+def auto_preferences(problem, direction, options=DEFAULT_OPTIONS):
     """The documented rule for problems the measured table does not cover
     (:mod:`.table`): an ordered list of (name, reason); ``auto`` takes the
-    first one that :func:`admits` the problem under the caller's options.
+    first one that :func:`admits` the problem under the caller's ``options``.
 
     In order (each measured on the H100; see notes/conv_*.md):
     1. "depthwise" for depthwise problems (groups == C, any multiplier).
@@ -315,15 +349,18 @@ def auto_preferences(problem, direction):
     6. "gemm" (im2col + cuBLAS) for ungrouped problems whose workspace fits
        AUTO_GEMM_WORKSPACE_LIMIT.
     7. "direct": the fallback that supports every problem.
-    Before all of them, the 5x5 Winograd variants (forward, backward data:
-    "winograd_f4x4_5x5", "winograd_f3x3_5x5", "winograd_f2x2_5x5", F(2x2) first
+    Before all of them, "polyphase" for dilated stride-1 problems it supports,
+    depthwise excepted, unless its inner choice is "direct"
+    (:func:`_polyphase_preferences`); then the 5x5 Winograd
+    variants (forward, backward data: "winograd_f4x4_5x5", "winograd_f3x3_5x5", "winograd_f2x2_5x5", F(2x2) first
     under AUTO_WINOGRAD_MIN_FLOPS; backward filter: "winograd_wgrad_f5x5_4x4",
     "_3x3", "_2x2") for 5x5 problems of the Winograd conditions
     (:func:`winograd_5x5_wins`, :func:`_winograd_5x5_preferences`), then "dft" then "fft" for
     large stride-1 ungrouped float32 problems with filters of at least
     AUTO_FFT_MIN_FILTER taps a side (:func:`_fft_preferences`)."""
     from .implicit_gemm_backward import subpixel_pays
-    prefs = _winograd_5x5_preferences(problem, direction) + _fft_preferences(problem, direction)
+    prefs = (_polyphase_preferences(problem, direction, options)
+             + _winograd_5x5_preferences(problem, direction) + _fft_preferences(problem, direction))
     if problem.groups == problem.C:
         prefs.append(("depthwise", "depthwise (groups == C): memory-bound, dedicated kernels"))
     half = problem.dtype in ("float16", "bfloat16")
@@ -401,11 +438,12 @@ def _explain_auto(problem, direction, options):
     if measured is not None:
         choice = measured.explain(problem, direction, options, REGISTRY, admits)
         if choice is not None:
-            return choice
-    for name, reason in auto_preferences(problem, direction):
+            name, reason = choice
+            return name, reason + REGISTRY[name].under(options).explain(problem, direction)
+    for name, reason in auto_preferences(problem, direction, options):
         algorithm = REGISTRY.get(name)
         if algorithm is not None and admits(algorithm, problem, direction, options)[0]:
-            return name, "rule: " + reason
+            return name, "rule: " + reason + algorithm.under(options).explain(problem, direction)
     raise ValueError(f"no convolution algorithm admits this {direction} problem under {options}")
 
 
@@ -436,7 +474,7 @@ def choose(problem, direction, algo="auto", gpu=False, options=DEFAULT_OPTIONS):
     ok, reason = admits(algorithm, problem, direction, options)
     if not ok:
         raise ValueError(f"algo {algo!r} does not support this {direction} problem: {reason}")
-    return algorithm
+    return algorithm.under(options)
 
 
 # Importing the algorithm modules registers them (and declares their kernel
@@ -444,3 +482,4 @@ def choose(problem, direction, algo="auto", gpu=False, options=DEFAULT_OPTIONS):
 from . import direct, fft, gemm, implicit_gemm, implicit_gemm_backward, winograd  # noqa: E402,F401
 from . import dft  # noqa: E402,F401  (after fft: it reuses its filter-spectrum kernel)
 from . import depthwise  # noqa: E402,F401  (registered after the general algorithms)
+from . import polyphase  # noqa: E402,F401  (its inner choice is auto over the others)
