@@ -300,24 +300,33 @@ def winograd_wgrad_wins(problem, direction):
 
 
 def _polyphase_preferences(problem, direction, options):
-    """The rule's dilated case: "polyphase" first wherever it supports the
-    problem (stride 1, padding and image multiples of the dilation), except
-    depthwise, and unless its inner choice under ``options`` is the "direct"
-    fallback (a tight workspace limit).  Its sub-problem has dilation 1, so
-    ``auto`` there reaches Winograd / the FFT family (which run no dilated
-    filter) and the measured table (which has no dilated entries); the price is
-    two layout copies, small against the arithmetic of a convolution with many
-    channels (notes/polyphase.md).  Depthwise is memory-bound: its kernel runs
-    any dilation directly, and the copies would add two passes over x and y."""
+    """The rule's dilated case, for stride-1 problems whose padding and image
+    are multiples of the dilation (what "polyphase" supports), depthwise
+    excepted.  Its dilation-1 sub-problem (the phases stacked into the batch)
+    goes to ``auto`` under the same ``options`` -- the measured table, which has
+    no dilated entries, and the rule's Winograd / FFT cases, which run no
+    dilated filter.  If that pick runs the dilated problem itself (implicit
+    GEMM, gemm: the same work either way), it goes first as it is, without the
+    two layout copies; otherwise "polyphase" with it inside (notes/polyphase.md).
+    Nothing when the pick is the "direct" fallback (a tight workspace limit).
+    Depthwise is memory-bound and its kernel runs any dilation: the copies
+    would add two passes over x and y."""
     algorithm = REGISTRY.get("polyphase")
     if (algorithm is None or problem.dilation == (1, 1) or problem.groups == problem.C
-            or not admits(algorithm, problem, direction, options)[0]
-            or algorithm.under(options).inner(problem, direction)[0].name == "direct"):
+            or not admits(algorithm, problem, direction, options)[0]):
         return []
-    dh, dw = problem.dilation
-    return [("polyphase", f"dilation {problem.dilation}, stride 1, padding and image size multiples "
-                          f"of it: {dh * dw} phase sub-images stacked into the batch as one "
-                          f"dilation-1 convolution")]
+    from .polyphase import sub_problem
+    inner = algorithm.under(options).inner(problem, direction)[0]
+    if inner.name == "direct":
+        return []
+    sub, (dh, dw) = sub_problem(problem), problem.dilation
+    what = (f"dilation {problem.dilation}, stride 1, padding and image multiples of it: the "
+            f"{dh * dw} phase sub-images stacked into the batch ({sub.N} x {sub.H}x{sub.W}) are one "
+            f"dilation-1 problem")
+    if admits(inner, problem, direction, options)[0]:
+        return [(inner.name, what + f"; auto's pick for it, {inner.name}, runs the dilated filter "
+                                    f"itself (no layout copies)")]
+    return [("polyphase", what + f", for {inner.name}")]
 
 
 def auto_preferences(problem, direction, options=DEFAULT_OPTIONS):
@@ -349,8 +358,9 @@ def auto_preferences(problem, direction, options=DEFAULT_OPTIONS):
     6. "gemm" (im2col + cuBLAS) for ungrouped problems whose workspace fits
        AUTO_GEMM_WORKSPACE_LIMIT.
     7. "direct": the fallback that supports every problem.
-    Before all of them, "polyphase" for dilated stride-1 problems it supports,
-    depthwise excepted, unless its inner choice is "direct"
+    Before all of them, for dilated stride-1 problems "polyphase" supports
+    (depthwise excepted), ``auto``'s pick for the dilation-1 sub-problem: as it
+    is where it runs dilated filters, else inside "polyphase"
     (:func:`_polyphase_preferences`); then the 5x5 Winograd
     variants (forward, backward data: "winograd_f4x4_5x5", "winograd_f3x3_5x5", "winograd_f2x2_5x5", F(2x2) first
     under AUTO_WINOGRAD_MIN_FLOPS; backward filter: "winograd_wgrad_f5x5_4x4",

@@ -56,18 +56,27 @@ def phase_view(t, layout, dilation):
     return t.reshape(n, h // dh, dh, w // dw, dw, c).transpose(2, 4, 0, 1, 3, 5)
 
 
+# The copies move bits: unsigned views of the storage type's width, so that they
+# need no arithmetic on (and no CuPy support for) bfloat16.
+_BITS = {2: np.uint16, 4: np.uint32, 8: np.uint64}
+
+
+def _bits(t):
+    return t.view(_BITS[t.dtype.itemsize])
+
+
 def split_phases(xp, t, layout, dilation):
     """The phases of ``t`` stacked into the batch: a new contiguous tensor of
     (dh*dw*N, ...) in ``layout``, batch index (a*dw + b)*N + n."""
     dh, dw = dilation
-    stacked = xp.ascontiguousarray(phase_view(t, layout, dilation))
+    stacked = xp.ascontiguousarray(phase_view(_bits(t), layout, dilation)).view(t.dtype)
     return stacked.reshape((dh * dw * t.shape[0],) + stacked.shape[3:])
 
 
 def merge_phases(stacked, out, layout, dilation):
     """Write the stacked phases back into ``out`` (the inverse of split_phases)."""
-    view = phase_view(out, layout, dilation)
-    view[...] = stacked.reshape(view.shape)
+    view = phase_view(_bits(out), layout, dilation)
+    view[...] = _bits(stacked).reshape(view.shape)
     return out
 
 
