@@ -299,6 +299,16 @@ def winograd_wgrad_wins(problem, direction):
     return direction == "backward_filter" and winograd_wins(problem, "forward")
 
 
+# "polyphase" needs at least this much direct work (FLOPs) before "auto" takes it
+# (when its inner pick cannot run the dilated problem itself).  Measured on the
+# H100 (notes/polyphase.md): dilated_3x3_d2 at batch 32 (29.6 GFLOP) runs in
+# 0.42 ms by polyphase + Winograd, 2.1-2.4x cuDNN and 2.2-2.9x our previous pick,
+# in all three directions; at batch 1 (0.92 GFLOP) its two CuPy layout copies
+# (~30 us of host time each, whatever the size) make it 0.12-0.19 ms against
+# 0.14-0.16 for gemm and 0.064 for implicit_gemm_wgrad (backward filter).
+AUTO_POLYPHASE_MIN_FLOPS = 4e9
+
+
 def _polyphase_preferences(problem, direction, options):
     """The rule's dilated case, for stride-1 problems whose padding and image
     are multiples of the dilation (what "polyphase" supports), depthwise
@@ -307,8 +317,9 @@ def _polyphase_preferences(problem, direction, options):
     no dilated entries, and the rule's Winograd / FFT cases, which run no
     dilated filter.  If that pick runs the dilated problem itself (implicit
     GEMM, gemm: the same work either way), it goes first as it is, without the
-    two layout copies; otherwise "polyphase" with it inside (notes/polyphase.md).
-    Nothing when the pick is the "direct" fallback (a tight workspace limit).
+    two layout copies; otherwise "polyphase" with it inside, given at least
+    AUTO_POLYPHASE_MIN_FLOPS of direct work (notes/polyphase.md).  Nothing when
+    the pick is the "direct" fallback (a tight workspace limit).
     Depthwise is memory-bound and its kernel runs any dilation: the copies
     would add two passes over x and y."""
     algorithm = REGISTRY.get("polyphase")
@@ -326,7 +337,10 @@ def _polyphase_preferences(problem, direction, options):
     if admits(inner, problem, direction, options)[0]:
         return [(inner.name, what + f"; auto's pick for it, {inner.name}, runs the dilated filter "
                                     f"itself (no layout copies)")]
-    return [("polyphase", what + f", for {inner.name}")]
+    if problem.flops < AUTO_POLYPHASE_MIN_FLOPS:
+        return []
+    return [("polyphase", what + f"; {problem.flops / 1e9:.3g} GFLOP of direct "
+                                 f"work >= AUTO_POLYPHASE_MIN_FLOPS")]
 
 
 def auto_preferences(problem, direction, options=DEFAULT_OPTIONS):
@@ -360,8 +374,8 @@ def auto_preferences(problem, direction, options=DEFAULT_OPTIONS):
     7. "direct": the fallback that supports every problem.
     Before all of them, for dilated stride-1 problems "polyphase" supports
     (depthwise excepted), ``auto``'s pick for the dilation-1 sub-problem: as it
-    is where it runs dilated filters, else inside "polyphase"
-    (:func:`_polyphase_preferences`); then the 5x5 Winograd
+    is where it runs dilated filters, else inside "polyphase" from
+    AUTO_POLYPHASE_MIN_FLOPS of work (:func:`_polyphase_preferences`); then the 5x5 Winograd
     variants (forward, backward data: "winograd_f4x4_5x5", "winograd_f3x3_5x5", "winograd_f2x2_5x5", F(2x2) first
     under AUTO_WINOGRAD_MIN_FLOPS; backward filter: "winograd_wgrad_f5x5_4x4",
     "_3x3", "_2x2") for 5x5 problems of the Winograd conditions
