@@ -112,6 +112,18 @@ class ConvAlgorithm:
         ``fused_activations``: applied to ``y + bias`` in the epilogue."""
         raise NotImplementedError
 
+    def under(self, options):
+        """This algorithm as it runs under the caller's ``options`` (what
+        :func:`admits` checks and :func:`choose` returns): itself.  An algorithm
+        that delegates to an inner choice ("polyphase") returns its instance for
+        those options, whose inner choice obeys them."""
+        return self
+
+    def explain(self, problem, direction):
+        """Text ``explain_auto`` appends to its reason when it picks this
+        algorithm: "" (an algorithm with an inner choice names it)."""
+        return ""
+
     def prepare(self, problem, direction, has_bias=False, activation=None):
         """A callable ``(a, b, out, bias)`` that computes this problem into ``out``
         on the current device: what a repeated call runs (conv.py's fast path).
@@ -140,6 +152,7 @@ class ConvAlgorithm:
 def admits(algorithm, problem, direction, options=DEFAULT_OPTIONS):
     """(True, "") if ``algorithm`` supports the problem and the caller's options
     allow it, else (False, reason)."""
+    algorithm = algorithm.under(options)
     ok, reason = algorithm.supports(problem, direction)
     if not ok:
         return ok, reason
@@ -286,10 +299,54 @@ def winograd_wgrad_wins(problem, direction):
     return direction == "backward_filter" and winograd_wins(problem, "forward")
 
 
-def auto_preferences(problem, direction):
+# "polyphase" needs at least this much direct work (FLOPs) before "auto" takes it
+# (when its inner pick cannot run the dilated problem itself).  Measured on the
+# H100 (notes/polyphase.md): dilated_3x3_d2 at batch 32 (29.6 GFLOP) runs in
+# 0.42 ms by polyphase + Winograd, 2.1-2.4x cuDNN and 2.2-2.9x our previous pick,
+# in all three directions; at batch 1 (0.92 GFLOP) its two CuPy layout copies
+# (~30 us of host time each, whatever the size) make it 0.12-0.19 ms against
+# 0.14-0.16 for gemm and 0.064 for implicit_gemm_wgrad (backward filter).
+AUTO_POLYPHASE_MIN_FLOPS = 4e9
+
+
+def _polyphase_preferences(problem, direction, options):
+    """The rule's dilated case, for stride-1 problems whose padding and image
+    are multiples of the dilation (what "polyphase" supports), depthwise
+    excepted.  Its dilation-1 sub-problem (the phases stacked into the batch)
+    goes to ``auto`` under the same ``options`` -- the measured table, which has
+    no dilated entries, and the rule's Winograd / FFT cases, which run no
+    dilated filter.  If that pick runs the dilated problem itself (implicit
+    GEMM, gemm: the same work either way), it goes first as it is, without the
+    two layout copies; otherwise "polyphase" with it inside, given at least
+    AUTO_POLYPHASE_MIN_FLOPS of direct work (notes/polyphase.md).  Nothing when
+    the pick is the "direct" fallback (a tight workspace limit).
+    Depthwise is memory-bound and its kernel runs any dilation: the copies
+    would add two passes over x and y."""
+    algorithm = REGISTRY.get("polyphase")
+    if (algorithm is None or problem.dilation == (1, 1) or problem.groups == problem.C
+            or not admits(algorithm, problem, direction, options)[0]):
+        return []
+    from .polyphase import sub_problem
+    inner = algorithm.under(options).inner(problem, direction)[0]
+    if inner.name == "direct":
+        return []
+    sub, (dh, dw) = sub_problem(problem), problem.dilation
+    what = (f"dilation {problem.dilation}, stride 1, padding and image multiples of it: the "
+            f"{dh * dw} phase sub-images stacked into the batch ({sub.N} x {sub.H}x{sub.W}) are one "
+            f"dilation-1 problem")
+    if admits(inner, problem, direction, options)[0]:
+        return [(inner.name, what + f"; auto's pick for it, {inner.name}, runs the dilated filter "
+                                    f"itself (no layout copies)")]
+    if problem.flops < AUTO_POLYPHASE_MIN_FLOPS:
+        return []
+    return [("polyphase", what + f"; {problem.flops / 1e9:.3g} GFLOP of direct "
+                                 f"work >= AUTO_POLYPHASE_MIN_FLOPS")]
+
+
+def auto_preferences(problem, direction, options=DEFAULT_OPTIONS):
     """The documented rule for problems the measured table does not cover
     (:mod:`.table`): an ordered list of (name, reason); ``auto`` takes the
-    first one that :func:`admits` the problem under the caller's options.
+    first one that :func:`admits` the problem under the caller's ``options``.
 
     In order (each measured on the H100; see notes/conv_*.md):
     1. "depthwise" for depthwise problems (groups == C, any multiplier).
@@ -315,15 +372,19 @@ def auto_preferences(problem, direction):
     6. "gemm" (im2col + cuBLAS) for ungrouped problems whose workspace fits
        AUTO_GEMM_WORKSPACE_LIMIT.
     7. "direct": the fallback that supports every problem.
-    Before all of them, the 5x5 Winograd variants (forward, backward data:
-    "winograd_f4x4_5x5", "winograd_f3x3_5x5", "winograd_f2x2_5x5", F(2x2) first
+    Before all of them, for dilated stride-1 problems "polyphase" supports
+    (depthwise excepted), ``auto``'s pick for the dilation-1 sub-problem: as it
+    is where it runs dilated filters, else inside "polyphase" from
+    AUTO_POLYPHASE_MIN_FLOPS of work (:func:`_polyphase_preferences`); then the 5x5 Winograd
+    variants (forward, backward data: "winograd_f4x4_5x5", "winograd_f3x3_5x5", "winograd_f2x2_5x5", F(2x2) first
     under AUTO_WINOGRAD_MIN_FLOPS; backward filter: "winograd_wgrad_f5x5_4x4",
     "_3x3", "_2x2") for 5x5 problems of the Winograd conditions
     (:func:`winograd_5x5_wins`, :func:`_winograd_5x5_preferences`), then "dft" then "fft" for
     large stride-1 ungrouped float32 problems with filters of at least
     AUTO_FFT_MIN_FILTER taps a side (:func:`_fft_preferences`)."""
     from .implicit_gemm_backward import subpixel_pays
-    prefs = _winograd_5x5_preferences(problem, direction) + _fft_preferences(problem, direction)
+    prefs = (_polyphase_preferences(problem, direction, options)
+             + _winograd_5x5_preferences(problem, direction) + _fft_preferences(problem, direction))
     if problem.groups == problem.C:
         prefs.append(("depthwise", "depthwise (groups == C): memory-bound, dedicated kernels"))
     half = problem.dtype in ("float16", "bfloat16")
@@ -401,11 +462,12 @@ def _explain_auto(problem, direction, options):
     if measured is not None:
         choice = measured.explain(problem, direction, options, REGISTRY, admits)
         if choice is not None:
-            return choice
-    for name, reason in auto_preferences(problem, direction):
+            name, reason = choice
+            return name, reason + REGISTRY[name].under(options).explain(problem, direction)
+    for name, reason in auto_preferences(problem, direction, options):
         algorithm = REGISTRY.get(name)
         if algorithm is not None and admits(algorithm, problem, direction, options)[0]:
-            return name, "rule: " + reason
+            return name, "rule: " + reason + algorithm.under(options).explain(problem, direction)
     raise ValueError(f"no convolution algorithm admits this {direction} problem under {options}")
 
 
@@ -436,7 +498,7 @@ def choose(problem, direction, algo="auto", gpu=False, options=DEFAULT_OPTIONS):
     ok, reason = admits(algorithm, problem, direction, options)
     if not ok:
         raise ValueError(f"algo {algo!r} does not support this {direction} problem: {reason}")
-    return algorithm
+    return algorithm.under(options)
 
 
 # Importing the algorithm modules registers them (and declares their kernel
@@ -444,3 +506,4 @@ def choose(problem, direction, algo="auto", gpu=False, options=DEFAULT_OPTIONS):
 from . import direct, fft, gemm, implicit_gemm, implicit_gemm_backward, winograd  # noqa: E402,F401
 from . import dft  # noqa: E402,F401  (after fft: it reuses its filter-spectrum kernel)
 from . import depthwise  # noqa: E402,F401  (registered after the general algorithms)
+from . import polyphase  # noqa: E402,F401  (its inner choice is auto over the others)

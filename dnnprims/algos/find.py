@@ -94,15 +94,16 @@ def random_operands(problem, direction):
     return a, b, cupy.empty(shapes[2], dtype=problem.dtype)
 
 
-def time_algorithms(problem, direction, names):
-    """{name: median ms} on fresh random inputs of the problem's shapes."""
+def time_algorithms(problem, direction, names, options=DEFAULT_OPTIONS):
+    """{name: median ms} on fresh random inputs of the problem's shapes (each
+    algorithm as it runs under ``options``: see ConvAlgorithm.under)."""
     import cupy
     from ..bench import timing
 
     a, b, out = random_operands(problem, direction)
     result = {}
     for name in names:
-        algorithm = REGISTRY[name]
+        algorithm = REGISTRY[name].under(options)
         result[name] = timing.measure(lambda: algorithm.run(problem, direction, a, b, out), xp=cupy,
                                       warmup=_WARMUP, repeat=_REPEAT).median_ms
     return result
@@ -119,7 +120,7 @@ def find(problem, direction, options=DEFAULT_OPTIONS):
     entry = entries.get(key)
     if entry is None or entry.get("algo") not in REGISTRY:
         names = candidates(problem, direction, options)
-        times = time_algorithms(problem, direction, names)
+        times = time_algorithms(problem, direction, names, options)
         entry = {"algo": min(times, key=times.get), "ms": times}
         entries[key] = entry
         _save(entries)

@@ -241,3 +241,37 @@ def fft_conv_problems(draw, max_channels=4, max_filter=11, max_padding=5):
     x_shape = (N, C, H, W) if layout == "NCHW" else (N, H, W, C)
     return dict(x_shape=x_shape, w_shape=(K, C, R, S), stride=(1, 1), padding=padding,
                 dilation=dilation, groups=1, layout=layout)
+
+
+# ---------------------------------------------------------------------- convolution: polyphase
+
+@st.composite
+def polyphase_conv_problems(draw, max_channels=6, max_filter=4):
+    """Keyword arguments of a dilated stride-1 conv2d problem that "polyphase"
+    decomposes: dilation (dh, dw) in 1..3 (not both 1), padding a multiple of it
+    (0..2 dilations), H, W multiples of it with the phase sub-image from
+    {1, 3, 7, 13} (or the smallest that fits), groups 1, 2 or depthwise."""
+    dilation = draw(st.tuples(st.integers(1, 3), st.integers(1, 3)).filter(lambda d: d != (1, 1)))
+    R, S = draw(st.integers(1, max_filter)), draw(st.integers(1, max_filter))
+    multiples = (draw(st.integers(0, 2)), draw(st.integers(0, 2)))
+    padding = (multiples[0] * dilation[0], multiples[1] * dilation[1])
+
+    def spatial(taps, pad_multiple, d):
+        # The sub-image (size / d) must hold the filter with its padding: size/d + 2 pad/d >= taps.
+        smallest = max(1, taps - 2 * pad_multiple)
+        choices = [n for n in (1, 3, 7, 13) if n >= smallest]
+        return d * draw(st.sampled_from(choices) if choices else st.integers(smallest, smallest + 3))
+
+    H, W = spatial(R, multiples[0], dilation[0]), spatial(S, multiples[1], dilation[1])
+    groups = draw(st.sampled_from((1, 1, 2, "depthwise")))
+    if groups == "depthwise":
+        C = draw(st.integers(1, max_channels))
+        groups, K = C, C * draw(st.integers(1, 2))
+    else:
+        C = groups * draw(st.integers(1, max(1, max_channels // groups)))
+        K = groups * draw(st.integers(1, max(1, max_channels // groups)))
+    N = draw(st.integers(1, 3))
+    layout = draw(st.sampled_from(("NCHW", "NHWC")))
+    x_shape = (N, C, H, W) if layout == "NCHW" else (N, H, W, C)
+    return dict(x_shape=x_shape, w_shape=(K, C // groups, R, S), stride=(1, 1), padding=padding,
+                dilation=dilation, groups=groups, layout=layout)

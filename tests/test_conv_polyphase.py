@@ -1,0 +1,344 @@
+"""The "polyphase" algorithm (dnnprims/algos/polyphase.py): the decomposition on
+NumPy against the reference, its refusals, how ``auto`` / ``find`` / the options
+see it, and the GPU path against the float64 reference in every dtype, layout
+and direction (tolerance: the inner algorithm's row)."""
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+import dnnprims
+from dnnprims import algos, conv
+from dnnprims.algos import find as find_mode
+from dnnprims.algos import polyphase
+from dnnprims.conv import (conv2d_backward_bias, conv2d_backward_data, conv2d_backward_filter,
+                           conv2d_forward)
+from dnnprims.testing import assert_close
+from dnnprims.testing.strategies import polyphase_conv_problems
+
+from conftest import FLOAT_DTYPES, random_array
+
+F64 = np.float64
+POLY = algos.REGISTRY["polyphase"]
+HYPOTHESIS = settings(max_examples=40, deadline=None,
+                      suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+def _problem(x_shape, w_shape, padding, dilation, groups=1, layout="NCHW", dtype="float32", stride=1):
+    return conv._describe(x_shape, w_shape, stride, padding, dilation, groups, layout, np.dtype(dtype))
+
+
+def _x_shape(N, C, H, W, layout):
+    return (N, C, H, W) if layout == "NCHW" else (N, H, W, C)
+
+
+# (N, C, H, W, K, R, S, padding, dilation, groups): every one meets the conditions.
+# Sizes of the phase sub-image 1, 3, 7, 13; dilations (2, 2), (2, 3), (3, 1);
+# odd channel counts; N = 1; groups, depthwise (multiplier 1 and 2).
+CASES = [
+    pytest.param((2, 3, 6, 6, 5, 3, 3, (2, 2), (2, 2), 1), id="d2-3x3-same"),
+    pytest.param((1, 5, 14, 21, 3, 3, 3, (2, 3), (2, 3), 1), id="d2x3-N1-sub7"),
+    pytest.param((2, 3, 39, 7, 4, 2, 3, (3, 0), (3, 1), 1), id="d3x1-sub13x7-even-filter"),
+    pytest.param((3, 1, 2, 3, 1, 1, 1, (0, 0), (2, 3), 1), id="1x1-sub1"),
+    pytest.param((1, 2, 6, 9, 3, 3, 3, (0, 0), (2, 3), 1), id="no-padding-sub3"),
+    pytest.param((2, 4, 26, 14, 6, 3, 1, (4, 0), (2, 2), 2), id="groups2-pad2dil"),
+    pytest.param((2, 3, 6, 14, 3, 3, 3, (2, 2), (2, 2), 3), id="depthwise"),
+    pytest.param((1, 3, 9, 9, 6, 3, 3, (3, 3), (3, 3), 3), id="depthwise-x2-d3"),
+]
+
+
+def _operands(rng, case, layout, dtype=F64):
+    N, C, H, W, K, R, S, padding, dilation, groups = case
+    x = random_array(rng, _x_shape(N, C, H, W, layout), dtype)
+    w = random_array(rng, (K, C // groups, R, S), dtype)
+    b = random_array(rng, (K,), dtype)
+    opts = dict(padding=padding, dilation=dilation, groups=groups, layout=layout)
+    return x, w, b, opts, _problem(x.shape, w.shape, padding, dilation, groups, layout, np.dtype(dtype).name)
+
+
+# --- the decomposition on NumPy ------------------------------------------------------
+
+def _check_emulation(rng, x, w, b, opts, p):
+    assert POLY.supports(p, "forward") == (True, "")
+    y = conv2d_forward(x, w, b, **opts)
+    assert_close(polyphase.emulate(p, "forward", x, w, b), y, F64, what="forward")
+    dy = random_array(rng, y.shape)
+    assert_close(polyphase.emulate(p, "backward_data", dy, w),
+                 conv2d_backward_data(dy, w, x.shape, **opts), F64, what="backward_data")
+    assert_close(polyphase.emulate(p, "backward_filter", x, dy),
+                 conv2d_backward_filter(x, dy, w.shape, **opts), F64, what="backward_filter")
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_decomposition_on_numpy_equals_the_reference(rng, case, layout):
+    x, w, b, opts, p = _operands(rng, case, layout)
+    _check_emulation(rng, x, w, b, opts, p)
+
+
+@HYPOTHESIS
+@given(problem=polyphase_conv_problems(), seed=st.integers(0, 2**32 - 1))
+def test_decomposition_on_numpy_equals_the_reference_drawn(problem, seed):
+    rng = np.random.default_rng(seed)
+    problem = dict(problem)
+    x = random_array(rng, problem.pop("x_shape"))
+    w = random_array(rng, problem.pop("w_shape"))
+    b = random_array(rng, (w.shape[0],))
+    problem.pop("stride")
+    p = _problem(x.shape, w.shape, problem["padding"], problem["dilation"], problem["groups"],
+                 problem["layout"], "float64")
+    _check_emulation(rng, x, w, b, problem, p)
+
+
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_phases_go_to_the_documented_batch_index_and_back(rng, layout):
+    N, C, H, W, (dh, dw) = 2, 3, 6, 9, (2, 3)
+    x = random_array(rng, _x_shape(N, C, H, W, layout))
+    stacked = polyphase.split_phases(np, x, layout, (dh, dw))
+    assert stacked.flags.c_contiguous and stacked.shape == _x_shape(dh * dw * N, C, H // dh, W // dw, layout)
+    for a in range(dh):
+        for b in range(dw):
+            for n in range(N):
+                phase = x[n, :, a::dh, b::dw] if layout == "NCHW" else x[n, a::dh, b::dw, :]
+                np.testing.assert_array_equal(stacked[(a * dw + b) * N + n], phase)
+    back = np.full_like(x, np.nan)
+    np.testing.assert_array_equal(polyphase.merge_phases(stacked, back, layout, (dh, dw)), x)
+
+
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_split_and_merge_move_the_bits_in_every_dtype(xp, rng, layout, dtype):
+    x = random_array(rng, _x_shape(3, 5, 6, 3, layout), dtype)
+    stacked = polyphase.split_phases(xp, xp.asarray(x), layout, (3, 1))
+    assert stacked.dtype == x.dtype and stacked.shape[0] == 9
+    back = polyphase.merge_phases(stacked, xp.zeros_like(xp.asarray(x)), layout, (3, 1))
+    got = back.get() if xp is not np else back
+    np.testing.assert_array_equal(got.view(np.uint8), x.view(np.uint8))
+
+
+def test_sub_problem_is_the_stacked_dilation_1_problem():
+    p = _problem((4, 8, 28, 30), (16, 8, 3, 3), (2, 3), (2, 3))
+    sub = polyphase.sub_problem(p)
+    assert (sub.N, sub.C, sub.H, sub.W, sub.K, sub.P, sub.Q) == (24, 8, 14, 10, 16, 14, 10)
+    assert (sub.padding, sub.dilation, sub.stride) == ((1, 1), (1, 1), (1, 1))
+    assert (sub.P, sub.Q) == (p.P // 2, p.Q // 3)
+    assert POLY.stacked_bytes(p) == (p.N * p.C * p.H * p.W + p.N * p.K * p.P * p.Q) * 4
+
+
+# --- refusals --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(dilation=1, padding=1), r"dilation is \(1, 1\)"),
+    (dict(dilation=2, padding=2, stride=2), "stride 1"),
+    (dict(dilation=2, padding=1), r"padding \(1, 1\) is not a multiple of dilation \(2, 2\)"),
+    (dict(dilation=(2, 3), padding=(2, 2)), "not a multiple of dilation"),
+    (dict(dilation=2, padding=2, x_shape=(2, 4, 7, 8)), r"input size 7x8 is not a multiple"),
+    (dict(dilation=(1, 3), padding=(1, 3), x_shape=(2, 4, 7, 8)), r"input size 7x8 is not a multiple"),
+])
+def test_refuses_what_it_cannot_decompose_and_says_why(kwargs, match):
+    kwargs = dict(kwargs)
+    x_shape = kwargs.pop("x_shape", (2, 4, 8, 12))
+    w_shape = (5, 4, 3, 3)
+    p = _problem(x_shape, w_shape, kwargs["padding"], kwargs["dilation"], stride=kwargs.get("stride", 1))
+    for direction in algos.DIRECTIONS:
+        ok, reason = POLY.supports(p, direction)
+        assert not ok and reason
+        with pytest.raises(ValueError, match=match):
+            algos.choose(p, direction, "polyphase")
+    # ... and through the public functions, before anything runs.
+    x, w = np.ones(x_shape, np.float32), np.ones(w_shape, np.float32)
+    with pytest.raises(ValueError, match="algo .polyphase. does not support this forward problem: .*" + match):
+        conv2d_forward(x, w, algo="polyphase", **kwargs)
+    assert algos.auto_rule(p, "forward") != "polyphase"
+
+
+def test_workspace_is_the_stacked_buffers_plus_the_inner_algorithms_and_limits_the_choice():
+    p = _problem((8, 64, 28, 28), (64, 64, 3, 3), 2, 2)
+    sub = polyphase.sub_problem(p)
+    stacked = POLY.stacked_bytes(p)
+    for direction in algos.DIRECTIONS:
+        inner, _ = POLY.inner(p, direction)
+        assert POLY.workspace_bytes(p, direction) == stacked + inner.workspace_bytes(sub, direction)
+        # Under a limit, the inner choice gets what the stacked buffers leave.
+        limit = stacked + 1000
+        bound = POLY.under(algos.ConvOptions(workspace_limit=limit))
+        assert bound.workspace_bytes(p, direction) <= limit
+        assert algos.admits(POLY, p, direction, algos.ConvOptions(workspace_limit=limit))[0]
+        ok, reason = algos.admits(POLY, p, direction, algos.ConvOptions(workspace_limit=stacked - 1))
+        assert not ok and "workspace_limit" in reason
+    assert POLY.workspace_bytes(_problem((2, 4, 7, 8), (5, 4, 3, 3), 2, 2), "forward") == 0  # refused
+
+
+# --- under the caller's options, auto, find ---------------------------------------------
+
+def test_each_options_get_their_own_instance_whose_inner_choice_obeys_them():
+    p = _problem((32, 256, 28, 28), (256, 256, 3, 3), 2, 2)
+    assert POLY.under(algos.DEFAULT_OPTIONS) is POLY
+    strict = algos.ConvOptions(precision="strict", deterministic=True)
+    bound = POLY.under(strict)
+    assert bound is POLY.under(algos.ConvOptions(precision="strict", deterministic=True))
+    assert bound.strict and bound.deterministic and bound.name == "polyphase"
+    assert algos.choose(p, "backward_filter", "polyphase", options=strict) is bound
+    sub = polyphase.sub_problem(p)
+    for direction in algos.DIRECTIONS:
+        inner, _ = bound.inner(p, direction)
+        assert inner.strict and inner.deterministic
+        assert algos.admits(inner, sub, direction, strict)[0]
+
+
+@pytest.mark.parametrize("table", [True, False], ids=["shipped-table", "rule-only"])
+def test_auto_takes_polyphase_for_the_dilated_public_problem_at_batch_32_and_says_why(table):
+    from dnnprims.algos import table as table_module
+    previous = None if table else table_module.use(None)
+    try:
+        p = _problem((32, 256, 28, 28), (256, 256, 3, 3), 2, 2)
+        for direction in algos.DIRECTIONS:
+            name, reason = dnnprims.conv2d_choose((32, 256, 28, 28), (256, 256, 3, 3), padding=2,
+                                                  dilation=2, direction=direction)
+            assert name == "polyphase", reason
+            assert reason.startswith("rule: dilation (2, 2)") and "phase sub-images" in reason
+            assert "AUTO_POLYPHASE_MIN_FLOPS" in reason
+            inner, _ = POLY.inner(p, direction)
+            assert f"inner algorithm for the 128 x 14x14 dilation-1 sub-problem: {inner.name}" in reason
+            assert inner.name.startswith("winograd")   # what the decomposition is for
+    finally:
+        if not table:
+            table_module.use(previous)
+
+
+def test_auto_keeps_the_previous_picks_under_the_work_threshold():
+    # dilated_3x3_d2 at batch 1 (0.92 GFLOP): the two CuPy copies' host time made polyphase
+    # slower there on the H100 (notes/polyphase.md); the rule's picks stand.
+    p = _problem((1, 256, 28, 28), (256, 256, 3, 3), 2, 2)
+    assert p.flops < algos.AUTO_POLYPHASE_MIN_FLOPS
+    assert POLY.inner(p, "forward")[0].name.startswith("winograd")
+    assert [algos.auto_rule(p, d) for d in algos.DIRECTIONS] == ["gemm", "gemm", "implicit_gemm_wgrad"]
+    big = _problem((32, 256, 28, 28), (256, 256, 3, 3), 2, 2)
+    assert big.flops >= algos.AUTO_POLYPHASE_MIN_FLOPS
+
+
+def test_auto_runs_the_sub_problems_pick_itself_where_that_takes_dilated_filters():
+    # NHWC float32: the table picks gemm / implicit GEMM for the dilation-1 sub-problem,
+    # which run the dilated filter as it is: no layout copies.
+    p = _problem((2, 28, 28, 256), (256, 256, 3, 3), 2, 2, layout="NHWC")
+    for direction in algos.DIRECTIONS:
+        inner, _ = POLY.inner(p, direction)
+        name, reason = algos.explain_auto(p, direction)
+        if inner.supports(p, direction)[0]:
+            assert name == inner.name and "no layout copies" in reason
+        else:   # polyphase from AUTO_POLYPHASE_MIN_FLOPS (this one has less)
+            assert name != "polyphase" and p.flops < algos.AUTO_POLYPHASE_MIN_FLOPS
+
+
+def test_auto_keeps_depthwise_and_tight_workspace_limits_off_polyphase():
+    dw = _problem((2, 32, 28, 28), (32, 1, 3, 3), 2, 2, groups=32)
+    assert POLY.supports(dw, "forward")[0]
+    assert [algos.auto_rule(dw, d) for d in algos.DIRECTIONS] == ["depthwise"] * 3
+    p = _problem((32, 256, 28, 28), (256, 256, 3, 3), 2, 2)
+    # The stacked buffers fit, but little fits beside them: the deterministic backward
+    # filter's inner choice is "direct" (no polyphase), forward's a zero-workspace
+    # implicit GEMM, which runs the dilated problem itself.
+    tight = algos.ConvOptions(workspace_limit=POLY.stacked_bytes(p) + 1024, deterministic=True)
+    inner = {d: POLY.under(tight).inner(p, d)[0] for d in algos.DIRECTIONS}
+    assert inner["backward_filter"].name == "direct"
+    for direction in algos.DIRECTIONS:
+        name = algos.explain_auto(p, direction, tight)[0]
+        assert name != "polyphase"
+        if inner[direction].name != "direct":
+            assert name == inner[direction].name
+    # An explicit name still runs it.
+    assert algos.choose(p, "forward", "polyphase", options=tight).name == "polyphase"
+
+
+def test_find_includes_polyphase_where_it_applies():
+    p = _problem((2, 16, 28, 28), (16, 16, 3, 3), 2, 2)
+    for direction in algos.DIRECTIONS:
+        assert "polyphase" in find_mode.candidates(p, direction)
+    assert "polyphase" not in find_mode.candidates(_problem((2, 16, 28, 28), (16, 16, 3, 3), 1, 1), "forward")
+
+
+# --- the GPU path --------------------------------------------------------------------------
+
+def _tiny(dtype):
+    try:
+        return float(np.finfo(dtype).smallest_normal)
+    except ValueError:  # bfloat16 (ml_dtypes)
+        import ml_dtypes
+        return float(ml_dtypes.finfo(dtype).smallest_normal)
+
+
+def _check_gpu(cp, rng, x, w, b, opts, options=None):
+    """All three directions by algo="polyphase" on the GPU against the float64
+    reference, each at the tolerance of its inner algorithm; returns the inner names."""
+    options = options or {}
+    dtype = x.dtype
+    p = _problem(x.shape, w.shape, opts["padding"], opts["dilation"], opts["groups"], opts["layout"],
+                 np.dtype(dtype).name)
+    limit, precision = options.get("workspace_limit"), options.get("precision", "default")
+    inner = {d: POLY.under(conv._options(limit, precision, d == "backward_filter" and
+                                         options.get("deterministic", False))).inner(p, d)[0].name
+             for d in algos.DIRECTIONS}
+    x64, w64, b64 = x.astype(F64), w.astype(F64), b.astype(F64)
+    y64 = conv2d_forward(x64, w64, b64, **opts)
+    dy = random_array(rng, y64.shape, dtype)
+    dy64 = dy.astype(F64)
+    X, Wt, B, DY = (cp.asarray(a) for a in (x, w, b, dy))
+    no_det = {k: v for k, v in options.items() if k != "deterministic"}
+    floor = lambda a: np.maximum(np.abs(a), _tiny(dtype))  # noqa: E731
+    for _ in range(2):   # the second call takes the fast path (prepared launches)
+        y = conv2d_forward(X, Wt, B, algo="polyphase", **opts, **no_det)
+        dx = conv2d_backward_data(DY, Wt, x.shape, algo="polyphase", **opts, **no_det)
+        dw = conv2d_backward_filter(X, DY, w.shape, algo="polyphase", **opts, **options)
+        for out in (y, dx, dw):
+            assert isinstance(out, cp.ndarray) and out.dtype == dtype
+        assert_close(y, y64, dtype, algorithm=inner["forward"], what="forward",
+                     magnitude=floor(conv2d_forward(np.abs(x64), np.abs(w64), np.abs(b64), **opts)))
+        assert_close(dx, conv2d_backward_data(dy64, w64, x.shape, **opts), dtype,
+                     algorithm=inner["backward_data"], what="backward_data",
+                     magnitude=floor(conv2d_backward_data(np.abs(dy64), np.abs(w64), x.shape, **opts)))
+        assert_close(dw, conv2d_backward_filter(x64, dy64, w.shape, **opts), dtype,
+                     algorithm=inner["backward_filter"], what="backward_filter",
+                     magnitude=floor(conv2d_backward_filter(np.abs(x64), np.abs(dy64), w.shape, **opts)))
+    db = conv2d_backward_bias(DY, layout=opts["layout"])
+    assert db.shape == (w.shape[0],)
+    return inner
+
+
+@pytest.mark.gpu   # the `gpu` fixture alone does not mark it: gpu_suite.sh selects -m gpu
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_gpu_matches_reference(gpu, rng, case, layout, dtype):
+    x, w, b, opts, _ = _operands(rng, case, layout, dtype)
+    _check_gpu(gpu, rng, x, w, b, opts)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_gpu_wide_channels_with_winograd_inside(gpu, rng, layout):
+    # dilated_3x3_d2's channels at batch 1 (NCHW: Winograd runs the 4 x 14x14 sub-problem).
+    x, w, b, opts, _ = _operands(rng, (1, 256, 28, 28, 256, 3, 3, (2, 2), (2, 2), 1), layout, np.float32)
+    inner = _check_gpu(gpu, rng, x, w, b, opts)
+    if layout == "NCHW":
+        assert all(name.startswith("winograd") for name in inner.values()), inner
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("options", [dict(precision="strict"), dict(deterministic=True),
+                                     dict(workspace_limit=3 * 2**20)], ids=["strict", "deterministic", "limit"])
+def test_gpu_under_options(gpu, rng, options):
+    x, w, b, opts, _ = _operands(rng, (4, 64, 28, 28, 64, 3, 3, (2, 2), (2, 2), 1), "NCHW", np.float32)
+    _check_gpu(gpu, rng, x, w, b, opts, options)
+
+
+@pytest.mark.gpu
+def test_gpu_deterministic_backward_filter_gives_the_same_bits(gpu, rng):
+    x, w, b, opts, _ = _operands(rng, (4, 64, 28, 28, 64, 3, 3, (2, 2), (2, 2), 1), "NCHW", np.float32)
+    y = conv2d_forward(x, w, **opts)
+    X, DY = gpu.asarray(x), gpu.asarray(random_array(rng, y.shape, np.float32))
+    first = conv2d_backward_filter(X, DY, w.shape, algo="polyphase", deterministic=True, **opts).copy()
+    for _ in range(3):
+        again = conv2d_backward_filter(X, DY, w.shape, algo="polyphase", deterministic=True, **opts)
+        assert gpu.array_equal(first.view(np.uint32), again.view(np.uint32))
+    # "auto" (polyphase, or the sub-problem's pick run directly) agrees with the named call.
+    auto = conv2d_backward_filter(X, DY, w.shape, deterministic=True, **opts)
+    assert float(gpu.abs(auto - first).max()) <= 1e-3 * float(gpu.abs(first).max())
