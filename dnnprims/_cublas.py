@@ -265,6 +265,15 @@ class StridedBatched:
         cuBLAS workspace the graph uses) must live as long as the graph.  None
         when it cannot be captured (the reason goes to :data:`CAPTURE_FAILURES`,
         and no later capture is tried)."""
+        def gemms():
+            for args in calls:
+                self.call(*args)
+        return self.capture_work(gemms, stream_key)
+
+    def capture_work(self, work, stream_key=None):
+        """:meth:`capture` of whatever ``work()`` issues on the current CuPy stream
+        (kernel launches, and GEMMs through this object's ``call``): it runs
+        with a side stream current, which is being captured."""
         global captures
         lib = self._lib
         if lib is None or CAPTURE_FAILURES:
@@ -280,18 +289,18 @@ class StridedBatched:
         side = cupy.cuda.Stream(non_blocking=True)
         graph = None
         try:
-            _check(lib.cublasSetStream_v2(handle.ptr, side.ptr))
-            handle.stream = side.ptr
-            _check(lib.cublasSetWorkspace_v2(handle.ptr, keep.data.ptr, keep.nbytes))
-            side.begin_capture()
-            try:
-                for args in calls:
-                    _check(self._fn(handle.ptr, *args))
-            finally:
-                graph = side.end_capture()
+            with side:
+                _check(lib.cublasSetStream_v2(handle.ptr, side.ptr))
+                handle.stream = side.ptr   # call() inside the capture keeps it (and the workspace)
+                _check(lib.cublasSetWorkspace_v2(handle.ptr, keep.data.ptr, keep.nbytes))
+                side.begin_capture()
+                try:
+                    work()
+                finally:
+                    graph = side.end_capture()
             graph.upload(cupy.cuda.get_current_stream())
             captures += 1
-        except Exception as e:  # recorded: the caller runs the GEMMs directly
+        except Exception as e:  # recorded: the caller runs the work directly
             CAPTURE_FAILURES.append(repr(e))
             graph = None
         finally:

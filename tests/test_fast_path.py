@@ -543,6 +543,79 @@ def test_winograd_prepared_call_that_raises_gives_its_workspace_back(fake_pool, 
     assert _kernels._recycle_left == _kernels.RECYCLE_BUDGET_BYTES
 
 
+def test_winograd_full_graphs_capture_per_pointers_and_stop_after_misses(fake_pool, monkeypatch):
+    """winograd.FULL_GRAPHS (work in progress): the second call on a kept workspace
+    captures the GEMM graph and the whole call; a call with the same pointers is one
+    graph launch and nothing else; new pointers capture again (FULL_GRAPH_CACHE kept,
+    oldest dropped); FULL_GRAPH_MISSES captures in a row without a hit stop the
+    captures (the GEMM graph stays).  Kernels, cuBLAS and graphs are faked."""
+    cupy = pytest.importorskip("cupy")
+    from dnnprims import conv
+    from dnnprims.algos import winograd
+    monkeypatch.setattr(cupy.cuda.runtime, "getDevice", lambda: 0)
+    monkeypatch.setattr(winograd, "FULL_GRAPHS", True)
+    monkeypatch.setattr(winograd, "FULL_GRAPH_CACHE", 2)
+    monkeypatch.setattr(winograd, "FULL_GRAPH_MISSES", 3)
+    log = []
+
+    def prepare(expr, grid, block, args, **kwargs):
+        return lambda *arrays: log.append(("launch", expr.split("<")[0]))
+    monkeypatch.setattr(winograd.FAMILY, "prepare", prepare)
+
+    class Graph:
+        def __init__(self, name):
+            self.name = name
+
+        def launch(self):
+            log.append(("graph", self.name))
+
+    class Gemm:
+        captured = 0
+
+        def __call__(self, *args):
+            log.append(("gemm",))
+
+        def capture(self, calls, stream_key=None):
+            return Graph("gemm"), None
+
+        def capture_work(self, work, stream_key=None):
+            before = len(log)
+            work()
+            del log[before:]                 # captured, not run
+            Gemm.captured += 1
+            return Graph(f"whole{Gemm.captured}"), None
+    monkeypatch.setattr(winograd, "_GEMM_RUN", {np.dtype(np.float32): Gemm()})
+    problem = conv._describe((1, 4, 8, 8), (4, 4, 3, 3), (1, 1), (1, 1), (1, 1), 1, "NCHW", "float32")
+    monkeypatch.setattr(winograd.WINOGRAD_F2, "_plans", {})
+    run = winograd.WINOGRAD_F2.prepare(problem, "forward")
+    a, b = _fake_array(problem.x_shape), _fake_array(problem.w_shape)
+    out = _fake_array(problem.y_shape)
+
+    def call(*arrays):
+        log.clear()
+        run(*arrays)
+        return list(log)
+    first = call(a, b, out)
+    assert ("gemm",) in first and len([e for e in first if e[0] == "launch"]) == 2   # direct, then kept
+    assert call(a, b, out) == [("graph", "whole1")]      # GEMM graph and whole call captured
+    assert call(a, b, out) == [("graph", "whole1")]      # same pointers: one launch
+    a2, a3, a4 = (_fake_array(problem.x_shape) for _ in range(3))
+    assert call(a2, b, out) == [("graph", "whole2")]
+    assert call(a, b, out) == [("graph", "whole1")]      # both kept (cache of 2)
+    assert call(a3, b, out) == [("graph", "whole3")]     # drops whole1, the oldest
+    assert call(a, b, out) == [("graph", "whole4")]
+    assert Gemm.captured == 4
+    # whole3 and whole4 were misses in a row; a2 (whole2 dropped) is the third: captured;
+    # a3 would be the fourth: the prepared call stops capturing and takes the GEMM graph.
+    misses = [call(x, b, out) for x in (a2, a3, a4)]
+    assert misses[0] == [("graph", "whole5")]
+    assert all(("graph", "gemm") in m and ("launch", "winograd_input_transform") in m for m in misses[1:])
+    assert Gemm.captured == 5
+    assert ("graph", "gemm") in call(a2, b, out)         # for good, even where a graph was kept
+    assert Gemm.captured == 5
+    _kernels.release_outputs()
+
+
 # ---- the fast paths on the GPU -------------------------------------------------------
 
 def _unaligned_copy(gpu, a):
@@ -1064,4 +1137,49 @@ def test_winograd_gemm_graph_is_captured_once_per_workspace(gpu, rng, direction,
     for _ in range(2):
         assert_close(call(A, W), reference(a.astype(F64), w.astype(F64)), dtype)
     assert _cublas.captures == before + 1
+    gpu.cuda.Device().synchronize()
+
+
+@pytest.mark.parametrize("direction", ["forward", "backward_data"])
+def test_winograd_full_graph_matches_reference_on_every_pointer_set(gpu, rng, direction, monkeypatch):
+    """winograd.FULL_GRAPHS (work in progress): the whole cached call replayed as a
+    graph per pointer set gives the reference on every call -- new values in the same
+    arrays, new arrays, a bias, an input 4 bytes past a 16-byte boundary, a side
+    stream."""
+    import dnnprims as dp
+    from dnnprims import _cublas
+    from dnnprims.algos import winograd
+    monkeypatch.setattr(winograd, "FULL_GRAPHS", True)
+    _kernels.release_outputs()
+    f32 = np.float32
+    x = random_array(rng, (1, 16, 12, 12), f32)
+    w = random_array(rng, (16, 16, 3, 3), f32)
+    bias = random_array(rng, (16,), f32)
+    if direction == "forward":
+        def call(a, b, with_bias=False):
+            return dp.conv2d_forward(a, b, gpu.asarray(bias) if with_bias else None, padding=1,
+                                     algo="winograd_f4x4_3x3")
+
+        def reference(a, b, with_bias=False):
+            return dp.conv2d_forward(a, b, bias.astype(F64) if with_bias else None, padding=1)
+    else:
+        def call(a, b, with_bias=False):
+            return dp.conv2d_backward_data(a, b, x.shape, padding=1, algo="winograd_f4x4_3x3")
+
+        def reference(a, b, with_bias=False):
+            return dp.conv2d_backward_data(a, b, x.shape, padding=1)
+    A, W = gpu.asarray(x), gpu.asarray(w)
+    before = _cublas.captures
+    for i in range(5):
+        a = random_array(rng, x.shape, f32)
+        A[...] = gpu.asarray(a)
+        assert_close(call(A, W), reference(a.astype(F64), w.astype(F64)), f32)
+    assert not _cublas.CAPTURE_FAILURES and _cublas.captures == before + 2   # GEMM graph, whole call
+    A2 = _unaligned_copy(gpu, x[:, ::-1])
+    assert_close(call(A2, W, True), reference(x[:, ::-1].astype(F64), w.astype(F64), True), f32)
+    side = gpu.cuda.Stream(non_blocking=True)
+    with side:
+        for _ in range(3):
+            assert_close(call(A, W), reference(a.astype(F64), w.astype(F64)), f32)
+        side.synchronize()
     gpu.cuda.Device().synchronize()

@@ -124,6 +124,17 @@ VECTOR_ROWS = True
 # cudaGraphLaunch costs a few microseconds of host time where the cuBLAS call cost
 # 8-15 (notes/hostwino.md).  DNNPRIMS_WINOGRAD_GEMM_GRAPHS=0 turns it off.
 GEMM_GRAPHS = os.environ.get("DNNPRIMS_WINOGRAD_GEMM_GRAPHS", "1") != "0"
+# With GEMM_GRAPHS (notes/hostwino.md; GPU-tested in session 6), the whole
+# one-chunk call -- input (and filter) transform, GEMM, output transform -- as one
+# CUDA graph per (a, b, out, bias) pointers, FULL_GRAPH_CACHE of them a workspace
+# (oldest dropped).  A call whose pointers repeat (a benchmark loop; a training loop
+# whose memory pool hands the same blocks back) is one graph launch.  After
+# FULL_GRAPH_MISSES captures in a row without a hit the prepared call stops capturing
+# (it keeps the GEMM graph).  On by default (H100: fwd / bdata 3x3 b1 10.5-12.1 us host
+# per cached call against 19.6-25 with the GEMM graph alone); DNNPRIMS_WINOGRAD_FULL_GRAPHS=0 turns it off.
+FULL_GRAPHS = os.environ.get("DNNPRIMS_WINOGRAD_FULL_GRAPHS", "1") == "1"
+FULL_GRAPH_CACHE = 4
+FULL_GRAPH_MISSES = 8
 _THREADS = 256
 _PLAN_CACHE_SIZE = 4096
 MATRICES_HEADER = "conv_winograd_matrices.cuh"
@@ -489,7 +500,7 @@ class WinogradConvolution(ConvAlgorithm):
         import cupy
 
         key = (cupy.cuda.runtime.getDevice(), p, direction, WORKSPACE_BOUND, FILTER_IN_INPUT_LAUNCH,
-               VECTOR_ROWS, GEMM_GRAPHS)
+               VECTOR_ROWS, GEMM_GRAPHS, FULL_GRAPHS)
         plan = self._plans.get(key)
         if plan is not None:
             return plan
@@ -522,7 +533,8 @@ class WinogradConvolution(ConvAlgorithm):
             acc=acc, Cin=Cin, Kout=Kout, alpha2=alpha2, nhwc=nhwc, chunks=chunks, max_tiles=chunk * tiles,
             elements=sum(_workspace_parts(alpha2, Kout, Cin, chunk * tiles)), v_offset=v_offset,
             m_offset=m_offset,
-            filter_args=filter_args, options=(WORKSPACE_BOUND, FILTER_IN_INPUT_LAUNCH, VECTOR_ROWS, GEMM_GRAPHS),
+            filter_args=filter_args, options=(WORKSPACE_BOUND, FILTER_IN_INPUT_LAUNCH, VECTOR_ROWS, GEMM_GRAPHS,
+                                              FULL_GRAPHS),
             # The filter transform alone (FILTER_IN_INPUT_LAUNCH off): the input
             # kernel with no input blocks; its arguments before x's are unused.
             filter=None if FILTER_IN_INPUT_LAUNCH else (
@@ -583,8 +595,49 @@ class WinogradConvolution(ConvAlgorithm):
             workspace.graphs = False if captured is None else captured
             return workspace.graphs
 
+        capture_work = getattr(run_gemm, "capture_work", None)
+        whole = {"misses": 0, "on": FULL_GRAPHS and capture_work is not None and len(steps) == 1}
+
+        def launch_all(arrays, vec, graph):
+            for launch in first:
+                launch(*arrays)
+            launch_input, (head, b_offset, mid, a_offset, tail, c_offset, last), outputs = steps[0]
+            launch_input(*arrays)
+            if graph is not None:
+                graph.launch()
+            else:
+                base = arrays[4].data.ptr
+                run_gemm(*head, base + b_offset, *mid, base + a_offset, *tail, base + c_offset, *last)
+            outputs[vec](*arrays)
+
+        def run_whole(workspace, arrays, vec):
+            """The call as one graph over its pointers (captured on a miss); False
+            when this prepared call no longer captures."""
+            cache = workspace.graphs[2] if len(workspace.graphs) > 2 else None
+            if cache is None:
+                cache = {}
+                workspace.graphs = (*workspace.graphs[:2], cache)
+            key = tuple(None if x is None else x.data.ptr for x in arrays[:4])
+            graph = cache.get(key)
+            if graph is None:
+                if whole["misses"] >= FULL_GRAPH_MISSES:
+                    whole["on"] = False
+                    return False
+                whole["misses"] += 1
+                captured = capture_work(lambda: launch_all(arrays, vec, None), workspace.stream)
+                if captured is None:
+                    whole["on"] = False
+                    return False
+                if len(cache) >= FULL_GRAPH_CACHE:
+                    del cache[next(iter(cache))]
+                graph = cache[key] = captured[0]
+            else:
+                whole["misses"] = 0
+            graph.launch()
+            return True
+
         def run(a, b, out, bias=None):
-            if options != (WORKSPACE_BOUND, FILTER_IN_INPUT_LAUNCH, VECTOR_ROWS, GEMM_GRAPHS):
+            if options != (WORKSPACE_BOUND, FILTER_IN_INPUT_LAUNCH, VECTOR_ROWS, GEMM_GRAPHS, FULL_GRAPHS):
                 # The module's options changed since this was prepared (tests do that).
                 return self.run(problem, direction, a, b, out, bias=bias, activation=activation)
             workspace = slot.take()
@@ -592,11 +645,13 @@ class WinogradConvolution(ConvAlgorithm):
                 arrays = (a, b, out, bias, workspace.array)
                 # Vector rows need 16-byte aligned rows (float4 for F(4x4), float2 for F(2x2)).
                 vec = out.data.ptr % 16 == 0
-                for launch in first:
-                    launch(*arrays)
                 graphs = workspace.graphs
                 if graphs is None and GEMM_GRAPHS and workspace.kept:
                     graphs = graphs_of(workspace)   # the second call on a kept workspace
+                if graphs and whole["on"] and run_whole(workspace, arrays, vec):
+                    return out
+                for launch in first:
+                    launch(*arrays)
                 if graphs:
                     launch_input, _, outputs = steps[0]
                     launch_input(*arrays)
