@@ -20,7 +20,7 @@ tar -C "$MAIN_ROOT" -cf - dnnprims kernels | tar -C "$BEFORE" -xf -
 cp dnnprims/bench/overhead.py "$BEFORE/dnnprims/bench/overhead.py"
 cp kernels/bench_spin.cu "$BEFORE/kernels/bench_spin.cu"
 echo "main at $(git -C "$MAIN_ROOT" log --oneline -1 2>/dev/null); same winograd source: $(cmp -s kernels/conv_winograd.cu "$BEFORE/kernels/conv_winograd.cu" && echo yes || echo NO)"
-PYTHONPATH=$HERE timeout 75 python3 notes/hostwino_warm.py 9 > "$OUT/warm.log" 2>&1
+PYTHONPATH=$HERE timeout 75 python3 scripts/warm_kernels.py 9 conv_winograd.cu bench_spin.cu > "$OUT/warm.log" 2>&1
 echo "warm rc $? at $(( $(date +%s) - t0 )) s: $(tail -n 1 "$OUT/warm.log")"
 # Tests: Winograd, cuBLAS, the fast paths' Winograd / workspace / graph tests, in 6 shards.
 common=(-q -m gpu --tb=short -p no:cacheprovider)

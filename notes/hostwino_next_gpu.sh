@@ -18,7 +18,7 @@ if ! grep -q FULL_GRAPHS dnnprims/algos/winograd.py; then
         2>"$OUT/apply.log" || patch -p1 < notes/wip/hostwino_full_graph_unverified.patch >>"$OUT/apply.log" 2>&1
 fi
 grep -q FULL_GRAPHS dnnprims/algos/winograd.py || { echo "patch did not apply"; cat "$OUT/apply.log"; exit 1; }
-timeout 75 python3 notes/hostwino_warm.py 9 > "$OUT/warm.log" 2>&1
+timeout 75 python3 scripts/warm_kernels.py 9 conv_winograd.cu bench_spin.cu > "$OUT/warm.log" 2>&1
 echo "warm rc $? at $(( $(date +%s) - t0 )) s: $(tail -n 1 "$OUT/warm.log")"
 for i in 0 1 2 3 4 5; do
     DNNPRIMS_TEST_SHARD="$i/6" timeout 40 python3 -m pytest -q -m gpu --tb=short -p no:cacheprovider \

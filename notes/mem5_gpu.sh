@@ -12,7 +12,7 @@ export PYTHONPATH="$PWD" CUPY_TF32=0 PYTHONUNBUFFERED=1
 OUT="${OUT:-$PWD/out}"; mkdir -p "$OUT"
 t0=$(date +%s)
 el() { echo $(( $(date +%s) - t0 )); }
-timeout "${WARM_S:-40}" python notes/mem5_warm.py 16 > "$OUT/warm.log" 2>&1
+timeout "${WARM_S:-40}" python scripts/warm_kernels.py 16 batchnorm.cu row_normalization.cu pooling.cu > "$OUT/warm.log" 2>&1
 echo "warm rc $? at $(el) s: $(tail -n 1 "$OUT/warm.log")"
 timeout "${AB_S:-45}" python notes/mem5_ab.py "$OUT/ab.json" > "$OUT/ab.log" 2>&1
 echo "ab rc $? at $(el) s"

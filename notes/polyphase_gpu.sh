@@ -10,7 +10,7 @@ export PYTHONPATH=$PWD CUPY_TF32=0 PYTHONUNBUFFERED=1
 OUT=${OUT:-out}
 mkdir -p "$OUT"
 t0=$(date +%s)
-timeout 45 python3 notes/polyphase_warm.py 16 > "$OUT/warm.log" 2>&1
+timeout 45 python3 scripts/warm_kernels.py 16 conv_direct.cu conv_im2col.cu conv_implicit_gemm.cu conv_implicit_gemm_backward.cu conv_winograd.cu conv_depthwise.cu > "$OUT/warm.log" 2>&1
 echo "warm rc $? at $(( $(date +%s) - t0 )) s: $(tail -n 1 "$OUT/warm.log")"
 for i in 0 1 2 3; do
     DNNPRIMS_TEST_SHARD=$i/4 timeout 40 python3 -m pytest -q -m gpu tests/test_conv_polyphase.py tests/test_conv.py \

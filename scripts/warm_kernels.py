@@ -1,7 +1,7 @@
 """Compile every kernel name of every family in parallel (one process per name, the
 biggest groups first) so CuPy's on-disk kernel cache is warm before the GPU tests:
 on a fresh machine NVRTC otherwise takes most of a test run, one kernel at a time.
-    python scripts/warm_kernels.py [processes]"""
+    python scripts/warm_kernels.py [processes] [family.cu ...]   (only those families)"""
 import multiprocessing
 import sys
 import time
@@ -21,8 +21,11 @@ def _compile(item):
 
 if __name__ == "__main__":
     from dnnprims import _kernels
+    only = set(sys.argv[2:])
     items = []
     for filename, family in _kernels.families().items():
+        if only and filename not in only:
+            continue
         counts = {}
         for e in family.name_expressions:
             name = e.split("<", 1)[0]
