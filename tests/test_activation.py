@@ -320,7 +320,7 @@ def test_bias_activation_backward_by_finite_differences(rng, mode, options, layo
     np.testing.assert_allclose(dbias, numerical_gradient(f, bias), rtol=1e-6, atol=floor)
     # The adjoint identity for the bias: <dbias, v> = <dx, v broadcast over the channel>.
     v = random_array(rng, (channels,))
-    np.testing.assert_allclose(dbias @ v, np.sum(dx * v.reshape(bshape)), rtol=1e-12)
+    np.testing.assert_allclose(dbias @ v, np.sum(dx * v.reshape(bshape)), rtol=1e-12, atol=1e-12)
 
 
 # NCHW: packs of one channel (inner % 8 == 0), scalar planes (odd inner), planes of

@@ -404,7 +404,7 @@ def test_wgrad_gemm_arguments_compute_the_row_major_products(nhwc, beta, alpha2,
     args = winograd._wgrad_gemm_arguments(nhwc, alpha2 * splits, K, C, st, 8, xt_offset, dt_offset, beta)
     _cublas_strided_batched(workspace, *args)
     product = dt.transpose(0, 2, 1) @ xt if nhwc else dt @ xt.transpose(0, 2, 1)
-    np.testing.assert_allclose(mw, product + beta * before, rtol=1e-12)
+    np.testing.assert_allclose(mw, product + beta * before, rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize("nhwc", [False, True])

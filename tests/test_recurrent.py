@@ -73,13 +73,13 @@ def test_lstm_matches_plain_step(rng):
     a = make_cell(rng, 4, 3, 5, 4)
     h1, c1 = lstm_cell(**a)
     eh, ec = lstm_step(**a)
-    np.testing.assert_allclose(h1, eh, rtol=1e-13)
-    np.testing.assert_allclose(c1, ec, rtol=1e-13)
+    np.testing.assert_allclose(h1, eh, rtol=1e-13, atol=1e-14)
+    np.testing.assert_allclose(c1, ec, rtol=1e-13, atol=1e-14)
 
 
 def test_gru_matches_plain_step(rng):
     a = make_cell(rng, 3, 3, 5, 4)
-    np.testing.assert_allclose(gru_cell(**a), gru_step(**a), rtol=1e-13)
+    np.testing.assert_allclose(gru_cell(**a), gru_step(**a), rtol=1e-13, atol=1e-14)
 
 
 def test_none_state_and_bias_mean_zeros(rng):
@@ -87,11 +87,11 @@ def test_none_state_and_bias_mean_zeros(rng):
     zeros_h, zeros_b = np.zeros((2, 3)), np.zeros(12)
     eh, ec = lstm_step(a["x"], zeros_h, zeros_h, a["w_ih"], a["w_hh"], zeros_b, zeros_b)
     h1, c1 = lstm_cell(**a)
-    np.testing.assert_allclose(h1, eh, rtol=1e-13)
-    np.testing.assert_allclose(c1, ec, rtol=1e-13)
+    np.testing.assert_allclose(h1, eh, rtol=1e-13, atol=1e-14)
+    np.testing.assert_allclose(c1, ec, rtol=1e-13, atol=1e-14)
     g = make_cell(rng, 3, 2, 3, 3, bias=(False, False), state=False)
     np.testing.assert_allclose(gru_cell(**g), gru_step(g["x"], zeros_h, g["w_ih"], g["w_hh"], zeros_b[:9],
-                                                       zeros_b[:9]), rtol=1e-13)
+                                                       zeros_b[:9]), rtol=1e-13, atol=1e-14)
 
 
 def test_lstm_backward_by_finite_differences(rng):

@@ -77,9 +77,9 @@ def test_backward_is_the_jacobian_transpose(rng):
     y = ref.softmax(x, 0)
     jacobian = np.diag(y) - np.outer(y, y)
     dy, v = random_array(rng, (9,)), random_array(rng, (9,))
-    np.testing.assert_allclose(dy @ (jacobian @ v), ref.softmax_backward(dy, y, 0) @ v, rtol=1e-12)
+    np.testing.assert_allclose(dy @ (jacobian @ v), ref.softmax_backward(dy, y, 0) @ v, rtol=1e-12, atol=1e-14)
     np.testing.assert_allclose(ref.log_softmax_backward(dy, np.log(y), 0),
-                               dy - y * dy.sum(), rtol=1e-12)
+                               dy - y * dy.sum(), rtol=1e-12, atol=1e-14)
 
 
 # ---- every path against the float64 reference, in every dtype --------------------
