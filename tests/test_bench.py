@@ -36,3 +36,16 @@ def test_benchmark_runs_every_family_on_tiny_problems(tmp_path, capsys):
     for op in ("pool_max", "batchnorm", "softmax", "activation", "layer_norm", "rms_norm", "group_norm",
                "transform", "add_tensor", "reduce_tensor", "bias_activation"):
         assert op in ops, f"no benchmark row for {op}: {sorted(ops)}"
+    # Each memory row also says what a plain copy of its own floor bytes takes (timed the same way).
+    memory = [r for r in rows if r["kind"] == "memory"]
+    assert not [r for r in memory if "copy_error" in r]
+    assert all(r["copy_same_size_ms"] > 0 and r["copy_same_size_GBps"] > 0 for r in memory)
+
+
+def test_same_size_copy_is_timed_once_per_size():
+    from dnnprims.bench.__main__ import Backend
+    be = Backend(force_cpu=True)
+    calls = []
+    be.measure = lambda fn, inputs=None, repeat=20: calls.append(fn) or 0.5  # noqa: E731
+    assert be.copy_ms(4096) == 0.5 and be.copy_ms(4096) == 0.5 and be.copy_ms(8192) == 0.5
+    assert len(calls) == 2
