@@ -630,10 +630,11 @@ class WinogradConvolution(ConvAlgorithm):
                     return False
                 if len(cache) >= FULL_GRAPH_CACHE:
                     del cache[next(iter(cache))]
-                graph = cache[key] = captured[0]
+                # (graph, the cuBLAS workspace it runs on): the second must live as long as the first.
+                graph = cache[key] = captured
             else:
                 whole["misses"] = 0
-            graph.launch()
+            graph[0].launch()
             return True
 
         def run(a, b, out, bias=None):
