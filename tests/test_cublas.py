@@ -93,3 +93,105 @@ def test_strided_batched_graph_replays_on_new_operand_values(gpu, rng, dtype):
             assert_close(c, _want(a, b), dtype)
     run(*args)                                    # the direct call still works after a capture
     assert_close(c, _want(a, b), dtype)
+
+
+# ---- the ctypes path on a faked libcublas (CPU) -----------------------------------------
+
+CUBLAS_DEFAULT_MATH, CUBLAS_TF32_TENSOR_OP_MATH = 0, 3
+
+
+class _FakeLibrary:
+    """The libcublas entry points _cublas calls through ctypes, recorded."""
+
+    def __init__(self):
+        self.log = []
+
+    def cublasCreate_v2(self, handle_ref):
+        handle_ref._obj.value = 4321
+        self.log.append(("create",))
+        return 0
+
+    def cublasSetMathMode(self, handle, mode):
+        self.log.append(("math", getattr(handle, "value", handle), mode))   # a c_void_p or its value
+        return 0
+
+    def cublasSetStream_v2(self, handle, stream):
+        self.log.append(("stream", handle, stream))
+        return 0
+
+    def cublasSetWorkspace_v2(self, handle, ptr, size):
+        self.log.append(("workspace", handle, ptr, size))
+        return 0
+
+    def cublasSgemmStridedBatched(self, handle, *args):
+        self.log.append(("sgemm", handle))
+        return 0
+
+
+@pytest.fixture
+def fake_cublas(monkeypatch):
+    """_cublas on a faked library, device 0 and stream 77; CuPy's own cuBLAS handle
+    (99) in TF32 mode, as other code using CuPy's shared handle may leave it."""
+    cupy = pytest.importorskip("cupy")
+    import threading
+    import types
+
+    import cupy_backends.cuda.libs as libs
+    from cupy.cuda import device as cuda_device
+    from dnnprims import _cublas
+    lib = _FakeLibrary()
+    cupy_cublas = types.SimpleNamespace(getMathMode=lambda handle: CUBLAS_TF32_TENSOR_OP_MATH,
+                                        check_status=lambda status: None)
+    monkeypatch.setitem(vars(libs), "cublas", cupy_cublas)   # no getattr: that loads the real library
+    monkeypatch.setattr(cuda_device, "get_cublas_handle", lambda: 99)
+    monkeypatch.setattr(cupy.cuda.runtime, "getDevice", lambda: 0)
+    monkeypatch.setattr(cupy.cuda, "get_current_stream", lambda: types.SimpleNamespace(ptr=77))
+    monkeypatch.setattr(_cublas, "_library", lambda: lib)
+    monkeypatch.setattr(_cublas, "_HANDLES", threading.local())
+    monkeypatch.setattr(_cublas, "_GRAPH_WORKSPACES", {})
+    monkeypatch.setattr(_cublas, "CAPTURE_FAILURES", [])
+    monkeypatch.setattr(_cublas, "DIRECT", True)
+    return lib
+
+
+def _sgemm_args():
+    from dnnprims import _cublas
+    one = _cublas._scalar(np.dtype(np.float32), 1.0).ctypes.data
+    return (_cublas._OP_N, _cublas._OP_N, 4, 4, 4, one, 1 << 20, 4, 16, 2 << 20, 4, 16, one, 3 << 20, 4, 16, 2)
+
+
+def test_own_handle_computes_in_full_fp32_whatever_mode_cupys_handle_is_in(fake_cublas):
+    """Our handle runs the Winograd GEMMs, whose float32 error bounds assume full
+    fp32 products: it must be in CUBLAS_DEFAULT_MATH.  It copied the math mode of
+    CuPy's shared handle at creation, which is whatever code that last used that
+    handle left there (TF32, or the deprecated tensor-op mode, which makes a
+    float32 GEMM use fp16 products); CuPy itself asks for TF32 (CUPY_TF32) through
+    each call's compute type, never through the handle's mode."""
+    from dnnprims import _cublas
+    run = _cublas.StridedBatched(np.float32)
+    run(*_sgemm_args())
+    assert [e for e in fake_cublas.log if e[0] == "math"] == [("math", 4321, CUBLAS_DEFAULT_MATH)]
+    assert [e[0] for e in fake_cublas.log] == ["create", "math", "stream", "sgemm"]
+    run(*_sgemm_args())                   # the same stream: no cublasSetStream
+    assert [e[0] for e in fake_cublas.log][4:] == ["sgemm"]
+
+
+def test_capture_that_cannot_allocate_falls_back_instead_of_raising(fake_cublas, monkeypatch):
+    """A capture's cuBLAS workspace (4 MiB) or side stream that cannot be made (a
+    full GPU) is a failed capture -- recorded, None returned, the caller runs
+    its work directly -- not an error out of the user's convolution: the
+    allocation stood before the try, and a kept workspace retried it (and raised)
+    on every later call."""
+    cupy = pytest.importorskip("cupy")
+    from dnnprims import _cublas
+
+    def no_memory(*args, **kwargs):
+        raise cupy.cuda.memory.OutOfMemoryError(_cublas.GRAPH_WORKSPACE_BYTES, 0)
+    monkeypatch.setattr(cupy, "empty", no_memory)
+    run = _cublas.StridedBatched(np.float32)
+    assert run.capture([_sgemm_args()], 77) is None
+    assert len(_cublas.CAPTURE_FAILURES) == 1 and "OutOfMemoryError" in _cublas.CAPTURE_FAILURES[0]
+    assert fake_cublas.log[-1] == ("stream", 4321, None)      # the handle is back on no stream of ours
+    assert not any(e[0] == "sgemm" for e in fake_cublas.log)
+    assert run.capture([_sgemm_args()], 77) is None          # no further tries
+    assert len(_cublas.CAPTURE_FAILURES) == 1
