@@ -195,3 +195,81 @@ def test_capture_that_cannot_allocate_falls_back_instead_of_raising(fake_cublas,
     assert not any(e[0] == "sgemm" for e in fake_cublas.log)
     assert run.capture([_sgemm_args()], 77) is None          # no further tries
     assert len(_cublas.CAPTURE_FAILURES) == 1
+
+
+@pytest.fixture
+def fake_capture(fake_cublas, monkeypatch):
+    """fake_cublas plus CuPy's side of a capture: cupy.empty (the cuBLAS
+    workspace), side streams that become current in a ``with`` block, graphs."""
+    cupy = pytest.importorskip("cupy")
+    import types
+    log = fake_cublas.log
+    current = [types.SimpleNamespace(ptr=77)]
+
+    class Graph:
+        def upload(self, stream):
+            log.append(("upload", stream.ptr))
+
+    class SideStream:
+        def __init__(self, non_blocking=False):
+            self.ptr = 900
+
+        def __enter__(self):
+            current.append(self)
+            return self
+
+        def __exit__(self, *exc):
+            current.pop()
+
+        def begin_capture(self):
+            log.append(("begin", self.ptr))
+
+        def end_capture(self):
+            log.append(("end", self.ptr))
+            return Graph()
+
+    def empty(size, dtype=None):
+        return types.SimpleNamespace(data=types.SimpleNamespace(ptr=5 << 20), nbytes=size)
+    monkeypatch.setattr(cupy.cuda, "get_current_stream", lambda: current[-1])
+    monkeypatch.setattr(cupy.cuda, "Stream", SideStream)
+    monkeypatch.setattr(cupy, "empty", empty)
+    return log
+
+
+def test_capture_keeps_cublas_on_the_captured_stream_and_release_drops_shared_workspaces(fake_capture):
+    """A capture sets our handle on the side stream and the graph's workspace before
+    the capture begins, issues the GEMMs there (no cublasSetStream inside: the
+    handle is already on the current stream), uploads on the caller's stream and
+    puts the handle back on no stream.  The workspace shared by the stream's
+    graphs is one the fast paths keep: release_outputs() drops it (it held up to
+    GRAPH_WORKSPACE_STREAMS x 4 MiB until the process ended; a graph still alive
+    holds its own reference, returned beside it)."""
+    from dnnprims import _cublas, _kernels
+    run = _cublas.StridedBatched(np.float32)
+    graph, keep = run.capture([_sgemm_args()], 77)
+    assert fake_capture[2:] == [("stream", 4321, 900), ("workspace", 4321, 5 << 20, _cublas.GRAPH_WORKSPACE_BYTES),
+                                ("begin", 900), ("sgemm", 4321), ("end", 900), ("upload", 77),
+                                ("stream", 4321, None)]
+    assert _cublas._GRAPH_WORKSPACES == {(0, 77): keep} and _cublas.captures >= 1
+    _kernels.release_outputs()
+    assert _cublas._GRAPH_WORKSPACES == {}
+    run(*_sgemm_args())                   # the direct call sets its stream again
+    assert fake_capture[-2:] == [("stream", 4321, 77), ("sgemm", 4321)]
+
+
+def test_failed_capture_ends_it_and_puts_the_handle_back(fake_capture):
+    """Work that raises inside the capture: the capture is ended (the side stream
+    is not left capturing), the failure recorded, None returned, the handle put
+    back on no stream, and no later capture is tried."""
+    from dnnprims import _cublas
+    run = _cublas.StridedBatched(np.float32)
+
+    def work():
+        run(*_sgemm_args())
+        raise RuntimeError("refused inside the capture")
+    assert run.capture_work(work, 77) is None
+    assert [e[0] for e in fake_capture].count("end") == 1 and ("upload", 77) not in fake_capture
+    assert fake_capture[-1] == ("stream", 4321, None)
+    assert len(_cublas.CAPTURE_FAILURES) == 1 and "refused inside" in _cublas.CAPTURE_FAILURES[0]
+    count = len(fake_capture)
+    assert run.capture_work(work, 77) is None and len(fake_capture) == count
