@@ -616,6 +616,22 @@ def test_winograd_full_graphs_capture_per_pointers_and_stop_after_misses(fake_po
     _kernels.release_outputs()
 
 
+def test_winograd_graph_switches_read_the_environment_alike():
+    """DNNPRIMS_WINOGRAD_FULL_GRAPHS is on by default and "=0 turns it off", as
+    DNNPRIMS_WINOGRAD_GEMM_GRAPHS and the other switches: any other value leaves it
+    on.  It kept the test of its default-off days (== "1"), so "true" or "yes"
+    turned the default-on feature off."""
+    import os
+    import subprocess
+    import sys
+    probe = "from dnnprims.algos import winograd as w; print(w.FULL_GRAPHS, w.GEMM_GRAPHS)"
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    for value, want in (("true", ["True", "True"]), ("1", ["True", "True"]), ("0", ["False", "False"])):
+        env = dict(os.environ, DNNPRIMS_WINOGRAD_FULL_GRAPHS=value, DNNPRIMS_WINOGRAD_GEMM_GRAPHS=value,
+                   PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True)
+        assert out.stdout.split()[-2:] == want, value
+
 def test_winograd_full_graph_keeps_its_cublas_workspace_alive(fake_pool, monkeypatch):
     """A captured graph replays its cuBLAS GEMM on the workspace that was set on the
     handle at capture (``capture_work`` returns it beside the graph: "must live as

@@ -132,7 +132,7 @@ GEMM_GRAPHS = os.environ.get("DNNPRIMS_WINOGRAD_GEMM_GRAPHS", "1") != "0"
 # FULL_GRAPH_MISSES captures in a row without a hit the prepared call stops capturing
 # (it keeps the GEMM graph).  On by default (H100: fwd / bdata 3x3 b1 10.5-12.1 us host
 # per cached call against 19.6-25 with the GEMM graph alone); DNNPRIMS_WINOGRAD_FULL_GRAPHS=0 turns it off.
-FULL_GRAPHS = os.environ.get("DNNPRIMS_WINOGRAD_FULL_GRAPHS", "1") == "1"
+FULL_GRAPHS = os.environ.get("DNNPRIMS_WINOGRAD_FULL_GRAPHS", "1") != "0"
 FULL_GRAPH_CACHE = 4
 FULL_GRAPH_MISSES = 8
 _THREADS = 256
