@@ -32,7 +32,9 @@ def _scalar(dtype, value):
     key = (dtype, value)
     a = _SCALARS.get(key)
     if a is None:
-        a = _SCALARS[key] = np.full(1, value, dtype)
+        # setdefault, not a store: callers keep only the address, which must stay the
+        # kept array's when two threads make the same scalar at once.
+        a = _SCALARS.setdefault(key, np.full(1, value, dtype))
     return a
 
 

@@ -273,3 +273,31 @@ def test_failed_capture_ends_it_and_puts_the_handle_back(fake_capture):
     assert len(_cublas.CAPTURE_FAILURES) == 1 and "refused inside" in _cublas.CAPTURE_FAILURES[0]
     count = len(fake_capture)
     assert run.capture_work(work, 77) is None and len(fake_capture) == count
+
+
+def test_scalar_pointer_stays_the_one_kept_when_two_threads_make_it_at_once(monkeypatch):
+    """Plans keep only the host address of cuBLAS's alpha / beta (``_scalar(...)
+    .ctypes.data``), so the array at that address must be the one _SCALARS keeps
+    for good.  Two threads making the same scalar at once (a get, then a store)
+    could each make one: the later store dropped the earlier thread's array while
+    its address sat in a cached plan (cuBLAS then read freed host memory as alpha
+    or beta).  The other thread is emulated by making the same scalar inside the
+    first one's np.full."""
+    from dnnprims import _cublas
+    monkeypatch.setattr(_cublas, "_SCALARS", {})
+    real_full, inner = np.full, []
+
+    class Numpy:                           # _cublas's np, with a np.full that lets "the other thread" in
+        def __getattr__(self, name):
+            return getattr(np, name)
+
+        @staticmethod
+        def full(*args, **kwargs):
+            if not inner:
+                inner.append(None)
+                inner[0] = _cublas._scalar(np.dtype(np.float32), 1.0).ctypes.data
+            return real_full(*args, **kwargs)
+    monkeypatch.setattr(_cublas, "np", Numpy())
+    outer = _cublas._scalar(np.dtype(np.float32), 1.0).ctypes.data
+    kept = _cublas._SCALARS[np.dtype(np.float32), 1.0]
+    assert inner == [outer] == [kept.ctypes.data] and kept[0] == 1.0
