@@ -599,6 +599,7 @@ class WinogradConvolution(ConvAlgorithm):
         whole = {"misses": 0, "on": FULL_GRAPHS and capture_work is not None and len(steps) == 1}
 
         def launch_all(arrays, vec, graph):
+            """The one-chunk call, its GEMM as ``graph`` (the GEMM graph) or, with None, direct."""
             for launch in first:
                 launch(*arrays)
             launch_input, (head, b_offset, mid, a_offset, tail, c_offset, last), outputs = steps[0]
@@ -651,14 +652,11 @@ class WinogradConvolution(ConvAlgorithm):
                     graphs = graphs_of(workspace)   # the second call on a kept workspace
                 if graphs and whole["on"] and run_whole(workspace, arrays, vec):
                     return out
-                for launch in first:
-                    launch(*arrays)
                 if graphs:
-                    launch_input, _, outputs = steps[0]
-                    launch_input(*arrays)
-                    graphs[0].launch()
-                    outputs[vec](*arrays)
+                    launch_all(arrays, vec, graphs[0])
                 else:
+                    for launch in first:
+                        launch(*arrays)
                     base = workspace.array.data.ptr
                     for launch_input, (head, b_offset, mid, a_offset, tail, c_offset, last), outputs in steps:
                         launch_input(*arrays)
