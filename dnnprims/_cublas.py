@@ -22,6 +22,7 @@ import threading
 import numpy as np
 
 _OP_N, _OP_T = 0, 1    # CUBLAS_OP_N, CUBLAS_OP_T
+_DEFAULT_MATH = 0      # CUBLAS_DEFAULT_MATH
 _RUN = {np.dtype(np.float32): "sgemmStridedBatched", np.dtype(np.float64): "dgemmStridedBatched",
         np.dtype(np.complex64): "cgemmStridedBatched", np.dtype(np.complex128): "zgemmStridedBatched"}
 _SCALARS = {}          # (dtype, value) -> one-element host array (cuBLAS reads a host pointer)
@@ -31,7 +32,9 @@ def _scalar(dtype, value):
     key = (dtype, value)
     a = _SCALARS.get(key)
     if a is None:
-        a = _SCALARS[key] = np.full(1, value, dtype)
+        # setdefault, not a store: callers keep only the address, which must stay the
+        # kept array's when two threads make the same scalar at once.
+        a = _SCALARS.setdefault(key, np.full(1, value, dtype))
     return a
 
 
@@ -125,7 +128,7 @@ def prepare(dtype, M, N, K, batch=1, a_batched=True, b_batched=True):
 # capture check also refuses any cuBLAS call inside a CUDA graph capture
 # (NotImplementedError), which is why session 5's captures all failed.
 # :class:`StridedBatched` calls cuBLAS through ctypes on a handle of our own
-# (one per thread and device, CuPy's math mode), setting its stream only when
+# (one per thread and device, default math mode: no TF32), setting its stream only when
 # the current stream differs from the last one it ran on, and can capture
 # fixed-pointer GEMMs into a CUDA graph (:meth:`StridedBatched.capture`).
 # Without the library (a CPU-only install, a missing symbol) or with
@@ -209,12 +212,12 @@ def _own_handle(lib, device):
         handles = _HANDLES.by_device = {}
     handle = handles.get(device)
     if handle is None:
-        from cupy.cuda import device as cuda_device
-        from cupy_backends.cuda.libs import cublas
         ptr = ctypes.c_void_p()
         _check(lib.cublasCreate_v2(ctypes.byref(ptr)))
-        # The same math mode as CuPy's handle (TF32 only where the user asked CuPy for it).
-        _check(lib.cublasSetMathMode(ptr, cublas.getMathMode(cuda_device.get_cublas_handle())))
+        # Full fp32 products (no TF32): the Winograd error bounds assume them.  Not a
+        # copy of CuPy's shared handle's mode: that is whatever code last used it left
+        # there (CuPy asks for TF32 per call, through the compute type).
+        _check(lib.cublasSetMathMode(ptr, _DEFAULT_MATH))
         handle = handles[device] = _Handle(ptr.value)
     return handle
 
@@ -281,14 +284,14 @@ class StridedBatched:
         import cupy
         device = cupy.cuda.runtime.getDevice()
         handle = _own_handle(lib, device)
-        keep = _GRAPH_WORKSPACES.get((device, stream_key)) if stream_key is not None else None
-        if keep is None:
-            keep = cupy.empty(GRAPH_WORKSPACE_BYTES, dtype=np.uint8)
-            if stream_key is not None and len(_GRAPH_WORKSPACES) < GRAPH_WORKSPACE_STREAMS:
-                _GRAPH_WORKSPACES[device, stream_key] = keep
-        side = cupy.cuda.Stream(non_blocking=True)
         graph = None
-        try:
+        try:   # a workspace or stream that cannot be made (a full GPU) is a failed capture too
+            keep = _GRAPH_WORKSPACES.get((device, stream_key)) if stream_key is not None else None
+            if keep is None:
+                keep = cupy.empty(GRAPH_WORKSPACE_BYTES, dtype=np.uint8)
+                if stream_key is not None and len(_GRAPH_WORKSPACES) < GRAPH_WORKSPACE_STREAMS:
+                    _GRAPH_WORKSPACES[device, stream_key] = keep
+            side = cupy.cuda.Stream(non_blocking=True)
             with side:
                 _check(lib.cublasSetStream_v2(handle.ptr, side.ptr))
                 handle.stream = side.ptr   # call() inside the capture keeps it (and the workspace)

@@ -564,11 +564,14 @@ def set_output_reuse(enabled):
 
 
 def release_outputs():
-    """Drop every output array and workspace the fast paths keep for reuse
-    (their memory goes back to CuPy's pool: call before ``free_all_blocks`` to
-    return it all)."""
+    """Drop every output array and workspace the fast paths keep for reuse, and
+    the cuBLAS workspaces their CUDA graphs share per stream (their memory goes
+    back to CuPy's pool: call before ``free_all_blocks`` to return it all; a
+    graph still alive holds its own workspace)."""
+    from . import _cublas
     for slot in list(_SLOTS):
         slot.release()
+    _cublas._GRAPH_WORKSPACES.clear()
 
 
 class Workspace:

@@ -93,3 +93,211 @@ def test_strided_batched_graph_replays_on_new_operand_values(gpu, rng, dtype):
             assert_close(c, _want(a, b), dtype)
     run(*args)                                    # the direct call still works after a capture
     assert_close(c, _want(a, b), dtype)
+
+
+# ---- the ctypes path on a faked libcublas (CPU) -----------------------------------------
+
+CUBLAS_DEFAULT_MATH, CUBLAS_TF32_TENSOR_OP_MATH = 0, 3
+
+
+class _FakeLibrary:
+    """The libcublas entry points _cublas calls through ctypes, recorded."""
+
+    def __init__(self):
+        self.log = []
+
+    def cublasCreate_v2(self, handle_ref):
+        handle_ref._obj.value = 4321
+        self.log.append(("create",))
+        return 0
+
+    def cublasSetMathMode(self, handle, mode):
+        self.log.append(("math", getattr(handle, "value", handle), mode))   # a c_void_p or its value
+        return 0
+
+    def cublasSetStream_v2(self, handle, stream):
+        self.log.append(("stream", handle, stream))
+        return 0
+
+    def cublasSetWorkspace_v2(self, handle, ptr, size):
+        self.log.append(("workspace", handle, ptr, size))
+        return 0
+
+    def cublasSgemmStridedBatched(self, handle, *args):
+        self.log.append(("sgemm", handle))
+        return 0
+
+
+@pytest.fixture
+def fake_cublas(monkeypatch):
+    """_cublas on a faked library, device 0 and stream 77; CuPy's own cuBLAS handle
+    (99) in TF32 mode, as other code using CuPy's shared handle may leave it."""
+    cupy = pytest.importorskip("cupy")
+    import threading
+    import types
+
+    import cupy_backends.cuda.libs as libs
+    from cupy.cuda import device as cuda_device
+    from dnnprims import _cublas
+    lib = _FakeLibrary()
+    cupy_cublas = types.SimpleNamespace(getMathMode=lambda handle: CUBLAS_TF32_TENSOR_OP_MATH,
+                                        check_status=lambda status: None)
+    monkeypatch.setitem(vars(libs), "cublas", cupy_cublas)   # no getattr: that loads the real library
+    monkeypatch.setattr(cuda_device, "get_cublas_handle", lambda: 99)
+    monkeypatch.setattr(cupy.cuda.runtime, "getDevice", lambda: 0)
+    monkeypatch.setattr(cupy.cuda, "get_current_stream", lambda: types.SimpleNamespace(ptr=77))
+    monkeypatch.setattr(_cublas, "_library", lambda: lib)
+    monkeypatch.setattr(_cublas, "_HANDLES", threading.local())
+    monkeypatch.setattr(_cublas, "_GRAPH_WORKSPACES", {})
+    monkeypatch.setattr(_cublas, "CAPTURE_FAILURES", [])
+    monkeypatch.setattr(_cublas, "DIRECT", True)
+    return lib
+
+
+def _sgemm_args():
+    from dnnprims import _cublas
+    one = _cublas._scalar(np.dtype(np.float32), 1.0).ctypes.data
+    return (_cublas._OP_N, _cublas._OP_N, 4, 4, 4, one, 1 << 20, 4, 16, 2 << 20, 4, 16, one, 3 << 20, 4, 16, 2)
+
+
+def test_own_handle_computes_in_full_fp32_whatever_mode_cupys_handle_is_in(fake_cublas):
+    """Our handle runs the Winograd GEMMs, whose float32 error bounds assume full
+    fp32 products: it must be in CUBLAS_DEFAULT_MATH.  It copied the math mode of
+    CuPy's shared handle at creation, which is whatever code that last used that
+    handle left there (TF32, or the deprecated tensor-op mode, which makes a
+    float32 GEMM use fp16 products); CuPy itself asks for TF32 (CUPY_TF32) through
+    each call's compute type, never through the handle's mode."""
+    from dnnprims import _cublas
+    run = _cublas.StridedBatched(np.float32)
+    run(*_sgemm_args())
+    assert [e for e in fake_cublas.log if e[0] == "math"] == [("math", 4321, CUBLAS_DEFAULT_MATH)]
+    assert [e[0] for e in fake_cublas.log] == ["create", "math", "stream", "sgemm"]
+    run(*_sgemm_args())                   # the same stream: no cublasSetStream
+    assert [e[0] for e in fake_cublas.log][4:] == ["sgemm"]
+
+
+def test_capture_that_cannot_allocate_falls_back_instead_of_raising(fake_cublas, monkeypatch):
+    """A capture's cuBLAS workspace (4 MiB) or side stream that cannot be made (a
+    full GPU) is a failed capture -- recorded, None returned, the caller runs
+    its work directly -- not an error out of the user's convolution: the
+    allocation stood before the try, and a kept workspace retried it (and raised)
+    on every later call."""
+    cupy = pytest.importorskip("cupy")
+    from dnnprims import _cublas
+
+    def no_memory(*args, **kwargs):
+        raise cupy.cuda.memory.OutOfMemoryError(_cublas.GRAPH_WORKSPACE_BYTES, 0)
+    monkeypatch.setattr(cupy, "empty", no_memory)
+    run = _cublas.StridedBatched(np.float32)
+    assert run.capture([_sgemm_args()], 77) is None
+    assert len(_cublas.CAPTURE_FAILURES) == 1 and "OutOfMemoryError" in _cublas.CAPTURE_FAILURES[0]
+    assert fake_cublas.log[-1] == ("stream", 4321, None)      # the handle is back on no stream of ours
+    assert not any(e[0] == "sgemm" for e in fake_cublas.log)
+    assert run.capture([_sgemm_args()], 77) is None          # no further tries
+    assert len(_cublas.CAPTURE_FAILURES) == 1
+
+
+@pytest.fixture
+def fake_capture(fake_cublas, monkeypatch):
+    """fake_cublas plus CuPy's side of a capture: cupy.empty (the cuBLAS
+    workspace), side streams that become current in a ``with`` block, graphs."""
+    cupy = pytest.importorskip("cupy")
+    import types
+    log = fake_cublas.log
+    current = [types.SimpleNamespace(ptr=77)]
+
+    class Graph:
+        def upload(self, stream):
+            log.append(("upload", stream.ptr))
+
+    class SideStream:
+        def __init__(self, non_blocking=False):
+            self.ptr = 900
+
+        def __enter__(self):
+            current.append(self)
+            return self
+
+        def __exit__(self, *exc):
+            current.pop()
+
+        def begin_capture(self):
+            log.append(("begin", self.ptr))
+
+        def end_capture(self):
+            log.append(("end", self.ptr))
+            return Graph()
+
+    def empty(size, dtype=None):
+        return types.SimpleNamespace(data=types.SimpleNamespace(ptr=5 << 20), nbytes=size)
+    monkeypatch.setattr(cupy.cuda, "get_current_stream", lambda: current[-1])
+    monkeypatch.setattr(cupy.cuda, "Stream", SideStream)
+    monkeypatch.setattr(cupy, "empty", empty)
+    return log
+
+
+def test_capture_keeps_cublas_on_the_captured_stream_and_release_drops_shared_workspaces(fake_capture):
+    """A capture sets our handle on the side stream and the graph's workspace before
+    the capture begins, issues the GEMMs there (no cublasSetStream inside: the
+    handle is already on the current stream), uploads on the caller's stream and
+    puts the handle back on no stream.  The workspace shared by the stream's
+    graphs is one the fast paths keep: release_outputs() drops it (it held up to
+    GRAPH_WORKSPACE_STREAMS x 4 MiB until the process ended; a graph still alive
+    holds its own reference, returned beside it)."""
+    from dnnprims import _cublas, _kernels
+    run = _cublas.StridedBatched(np.float32)
+    graph, keep = run.capture([_sgemm_args()], 77)
+    assert fake_capture[2:] == [("stream", 4321, 900), ("workspace", 4321, 5 << 20, _cublas.GRAPH_WORKSPACE_BYTES),
+                                ("begin", 900), ("sgemm", 4321), ("end", 900), ("upload", 77),
+                                ("stream", 4321, None)]
+    assert _cublas._GRAPH_WORKSPACES == {(0, 77): keep} and _cublas.captures >= 1
+    _kernels.release_outputs()
+    assert _cublas._GRAPH_WORKSPACES == {}
+    run(*_sgemm_args())                   # the direct call sets its stream again
+    assert fake_capture[-2:] == [("stream", 4321, 77), ("sgemm", 4321)]
+
+
+def test_failed_capture_ends_it_and_puts_the_handle_back(fake_capture):
+    """Work that raises inside the capture: the capture is ended (the side stream
+    is not left capturing), the failure recorded, None returned, the handle put
+    back on no stream, and no later capture is tried."""
+    from dnnprims import _cublas
+    run = _cublas.StridedBatched(np.float32)
+
+    def work():
+        run(*_sgemm_args())
+        raise RuntimeError("refused inside the capture")
+    assert run.capture_work(work, 77) is None
+    assert [e[0] for e in fake_capture].count("end") == 1 and ("upload", 77) not in fake_capture
+    assert fake_capture[-1] == ("stream", 4321, None)
+    assert len(_cublas.CAPTURE_FAILURES) == 1 and "refused inside" in _cublas.CAPTURE_FAILURES[0]
+    count = len(fake_capture)
+    assert run.capture_work(work, 77) is None and len(fake_capture) == count
+
+
+def test_scalar_pointer_stays_the_one_kept_when_two_threads_make_it_at_once(monkeypatch):
+    """Plans keep only the host address of cuBLAS's alpha / beta (``_scalar(...)
+    .ctypes.data``), so the array at that address must be the one _SCALARS keeps
+    for good.  Two threads making the same scalar at once (a get, then a store)
+    could each make one: the later store dropped the earlier thread's array while
+    its address sat in a cached plan (cuBLAS then read freed host memory as alpha
+    or beta).  The other thread is emulated by making the same scalar inside the
+    first one's np.full."""
+    from dnnprims import _cublas
+    monkeypatch.setattr(_cublas, "_SCALARS", {})
+    real_full, inner = np.full, []
+
+    class Numpy:                           # _cublas's np, with a np.full that lets "the other thread" in
+        def __getattr__(self, name):
+            return getattr(np, name)
+
+        @staticmethod
+        def full(*args, **kwargs):
+            if not inner:
+                inner.append(None)
+                inner[0] = _cublas._scalar(np.dtype(np.float32), 1.0).ctypes.data
+            return real_full(*args, **kwargs)
+    monkeypatch.setattr(_cublas, "np", Numpy())
+    outer = _cublas._scalar(np.dtype(np.float32), 1.0).ctypes.data
+    kept = _cublas._SCALARS[np.dtype(np.float32), 1.0]
+    assert inner == [outer] == [kept.ctypes.data] and kept[0] == 1.0

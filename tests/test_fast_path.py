@@ -616,6 +616,81 @@ def test_winograd_full_graphs_capture_per_pointers_and_stop_after_misses(fake_po
     _kernels.release_outputs()
 
 
+def test_winograd_graph_switches_read_the_environment_alike():
+    """DNNPRIMS_WINOGRAD_FULL_GRAPHS is on by default and "=0 turns it off", as
+    DNNPRIMS_WINOGRAD_GEMM_GRAPHS and the other switches: any other value leaves it
+    on.  It kept the test of its default-off days (== "1"), so "true" or "yes"
+    turned the default-on feature off."""
+    import os
+    import subprocess
+    import sys
+    probe = "from dnnprims.algos import winograd as w; print(w.FULL_GRAPHS, w.GEMM_GRAPHS)"
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    for value, want in (("true", ["True", "True"]), ("1", ["True", "True"]), ("0", ["False", "False"])):
+        env = dict(os.environ, DNNPRIMS_WINOGRAD_FULL_GRAPHS=value, DNNPRIMS_WINOGRAD_GEMM_GRAPHS=value,
+                   PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True)
+        assert out.stdout.split()[-2:] == want, value
+
+def test_winograd_full_graph_keeps_its_cublas_workspace_alive(fake_pool, monkeypatch):
+    """A captured graph replays its cuBLAS GEMM on the workspace that was set on the
+    handle at capture (``capture_work`` returns it beside the graph: "must live as
+    long as the graph").  Past _cublas.GRAPH_WORKSPACE_STREAMS streams that
+    workspace is the capture's own, held by nothing else; the whole-call graph cache
+    kept the graph alone, so the workspace went back to the pool while the graph
+    still wrote it on every replay (a silent overwrite of whatever the pool handed
+    that block to next).  Kernels, cuBLAS and graphs are faked."""
+    import gc
+    import weakref
+    cupy = pytest.importorskip("cupy")
+    from dnnprims import conv
+    from dnnprims.algos import winograd
+    monkeypatch.setattr(cupy.cuda.runtime, "getDevice", lambda: 0)
+    monkeypatch.setattr(winograd, "FULL_GRAPHS", True)
+    monkeypatch.setattr(winograd.FAMILY, "prepare", lambda *args, **kwargs: (lambda *arrays: None))
+
+    class Graph:
+        launches = 0
+
+        def launch(self):
+            Graph.launches += 1
+
+    class CublasWorkspace:   # what capture_work allocates when no per-stream one is shared
+        pass
+    made = []
+
+    class Gemm:
+        def __call__(self, *args):
+            pass
+
+        def _captured(self):
+            keep = CublasWorkspace()
+            made.append(weakref.ref(keep))
+            return Graph(), keep
+
+        def capture(self, calls, stream_key=None):
+            return self._captured()
+
+        def capture_work(self, work, stream_key=None):
+            return self._captured()
+    monkeypatch.setattr(winograd, "_GEMM_RUN", {np.dtype(np.float32): Gemm()})
+    problem = conv._describe((1, 4, 8, 8), (4, 4, 3, 3), (1, 1), (1, 1), (1, 1), 1, "NCHW", "float32")
+    monkeypatch.setattr(winograd.WINOGRAD_F2, "_plans", {})
+    run = winograd.WINOGRAD_F2.prepare(problem, "forward")
+    a, b, out = _fake_array(problem.x_shape), _fake_array(problem.w_shape), _fake_array(problem.y_shape)
+    run(a, b, out)                          # direct; the workspace is kept from now on
+    run(a, b, out)                          # captures the GEMM graph and the whole call
+    assert len(made) == 2
+    launches = Graph.launches
+    run(a, b, out)                          # replays the whole-call graph
+    assert Graph.launches == launches + 1
+    gc.collect()
+    assert all(ref() is not None for ref in made), "a cached graph's cuBLAS workspace was freed"
+    _kernels.release_outputs()              # the workspace, its graphs and their cuBLAS workspaces go
+    gc.collect()
+    assert all(ref() is None for ref in made)
+
+
 # ---- the fast paths on the GPU -------------------------------------------------------
 
 def _unaligned_copy(gpu, a):

@@ -132,7 +132,7 @@ GEMM_GRAPHS = os.environ.get("DNNPRIMS_WINOGRAD_GEMM_GRAPHS", "1") != "0"
 # FULL_GRAPH_MISSES captures in a row without a hit the prepared call stops capturing
 # (it keeps the GEMM graph).  On by default (H100: fwd / bdata 3x3 b1 10.5-12.1 us host
 # per cached call against 19.6-25 with the GEMM graph alone); DNNPRIMS_WINOGRAD_FULL_GRAPHS=0 turns it off.
-FULL_GRAPHS = os.environ.get("DNNPRIMS_WINOGRAD_FULL_GRAPHS", "1") == "1"
+FULL_GRAPHS = os.environ.get("DNNPRIMS_WINOGRAD_FULL_GRAPHS", "1") != "0"
 FULL_GRAPH_CACHE = 4
 FULL_GRAPH_MISSES = 8
 _THREADS = 256
@@ -599,6 +599,7 @@ class WinogradConvolution(ConvAlgorithm):
         whole = {"misses": 0, "on": FULL_GRAPHS and capture_work is not None and len(steps) == 1}
 
         def launch_all(arrays, vec, graph):
+            """The one-chunk call, its GEMM as ``graph`` (the GEMM graph) or, with None, direct."""
             for launch in first:
                 launch(*arrays)
             launch_input, (head, b_offset, mid, a_offset, tail, c_offset, last), outputs = steps[0]
@@ -630,10 +631,11 @@ class WinogradConvolution(ConvAlgorithm):
                     return False
                 if len(cache) >= FULL_GRAPH_CACHE:
                     del cache[next(iter(cache))]
-                graph = cache[key] = captured[0]
+                # (graph, the cuBLAS workspace it runs on): the second must live as long as the first.
+                graph = cache[key] = captured
             else:
                 whole["misses"] = 0
-            graph.launch()
+            graph[0].launch()
             return True
 
         def run(a, b, out, bias=None):
@@ -650,14 +652,11 @@ class WinogradConvolution(ConvAlgorithm):
                     graphs = graphs_of(workspace)   # the second call on a kept workspace
                 if graphs and whole["on"] and run_whole(workspace, arrays, vec):
                     return out
-                for launch in first:
-                    launch(*arrays)
                 if graphs:
-                    launch_input, _, outputs = steps[0]
-                    launch_input(*arrays)
-                    graphs[0].launch()
-                    outputs[vec](*arrays)
+                    launch_all(arrays, vec, graphs[0])
                 else:
+                    for launch in first:
+                        launch(*arrays)
                     base = workspace.array.data.ptr
                     for launch_input, (head, b_offset, mid, a_offset, tail, c_offset, last), outputs in steps:
                         launch_input(*arrays)
