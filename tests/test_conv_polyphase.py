@@ -342,3 +342,73 @@ def test_gpu_deterministic_backward_filter_gives_the_same_bits(gpu, rng):
     # "auto" (polyphase, or the sub-problem's pick run directly) agrees with the named call.
     auto = conv2d_backward_filter(X, DY, w.shape, deterministic=True, **opts)
     assert float(gpu.abs(auto - first).max()) <= 1e-3 * float(gpu.abs(first).max())
+
+
+# --- the index math over dilations 2-4, paddings 0-3, odd and prime sizes (review6b) -----
+
+# Sizes of the image: odd and prime ones (never multiples of 2, 3 or 4 except 1 x d),
+# and d times a phase size; padding 0-3 whether or not a multiple of the dilation.
+_ODD_SIZES = (1, 2, 3, 5, 7, 11, 13)
+
+
+@st.composite
+def _dilated_problems(draw):
+    """(x_shape, w_shape, padding, dilation, groups, layout) of a stride-1 problem
+    (possibly invalid: the filter may not fit) with dilation 2-4 on at least one
+    axis (1-4 on the other).  Each axis is, three times in four, "aligned" --
+    padding 0 or d, size d times 1, 3 or 7 -- else padding 0-3 and a size odd,
+    prime or d times 1, 3 or 7 (so either condition can fail alone)."""
+    dilation = (draw(st.integers(1, 4)), draw(st.integers(2, 4)))
+    if draw(st.booleans()):
+        dilation = dilation[::-1]
+
+    def axis(d):
+        if draw(st.integers(0, 3)):
+            return d * draw(st.sampled_from((0, 1))), d * draw(st.sampled_from((1, 3, 7)))
+        sizes = _ODD_SIZES + tuple(d * n for n in (1, 3, 7))
+        return draw(st.integers(0, 3)), draw(st.sampled_from(sizes))
+
+    (ph, H), (pw, W) = axis(dilation[0]), axis(dilation[1])
+    R, S = draw(st.integers(1, 3)), draw(st.integers(1, 3))
+    groups = draw(st.sampled_from((1, 2)))
+    C, K = groups * draw(st.integers(1, 2)), groups * draw(st.integers(1, 2))
+    N = draw(st.integers(1, 2))
+    layout = draw(st.sampled_from(("NCHW", "NHWC")))
+    return _x_shape(N, C, H, W, layout), (K, C // groups, R, S), (ph, pw), dilation, groups, layout
+
+
+@HYPOTHESIS
+@given(drawn=_dilated_problems(), seed=st.integers(0, 2**32 - 1))
+def test_supports_exactly_the_decomposable_problems_and_computes_them(drawn, seed):
+    """For any stride-1 dilated problem (dilation 2-4, padding 0-3, odd / prime /
+    multiple sizes): polyphase supports it exactly when the padding and the image
+    are multiples of the dilation, says which condition fails otherwise (and
+    algo="polyphase" is refused with it), and where it supports it the
+    decomposition equals the reference in every direction -- with the bias, and
+    with the phase sub-images' sizes and paddings the NumPy emulation derives."""
+    x_shape, w_shape, padding, dilation, groups, layout = drawn
+    N, C, H, W = (x_shape if layout == "NCHW" else (x_shape[0], x_shape[3], x_shape[1], x_shape[2]))
+    R, S = w_shape[2:]
+    if any(d * (k - 1) + 1 > n + 2 * p for d, k, n, p in zip(dilation, (R, S), (H, W), padding)):
+        return   # the dilated filter does not fit the padded image: not a valid problem
+    p = _problem(x_shape, w_shape, padding, dilation, groups, layout, "float64")
+    (dh, dw), (ph, pw) = dilation, padding
+    decomposable = ph % dh == 0 and pw % dw == 0 and H % dh == 0 and W % dw == 0
+    for direction in algos.DIRECTIONS:
+        ok, reason = POLY.supports(p, direction)
+        assert ok == decomposable, (p, reason)
+        if not ok:
+            assert "not a multiple of dilation" in reason, reason
+            assert POLY.workspace_bytes(p, direction) == 0
+    if not decomposable:
+        with pytest.raises(ValueError, match="algo .polyphase. does not support"):
+            conv2d_forward(np.ones(x_shape), np.ones(w_shape), padding=padding, dilation=dilation,
+                           groups=groups, layout=layout, algo="polyphase")
+        return
+    sub = polyphase.sub_problem(p)
+    assert (sub.P * dh, sub.Q * dw, sub.H * dh, sub.W * dw) == (p.P, p.Q, p.H, p.W)
+    assert sub.y_shape[0] == sub.x_shape[0] == dh * dw * N
+    rng = np.random.default_rng(seed)
+    x, w, b = random_array(rng, x_shape), random_array(rng, w_shape), random_array(rng, (w_shape[0],))
+    opts = dict(padding=padding, dilation=dilation, groups=groups, layout=layout)
+    _check_emulation(rng, x, w, b, opts, p)
