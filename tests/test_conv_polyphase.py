@@ -412,3 +412,19 @@ def test_supports_exactly_the_decomposable_problems_and_computes_them(drawn, see
     x, w, b = random_array(rng, x_shape), random_array(rng, w_shape), random_array(rng, (w_shape[0],))
     opts = dict(padding=padding, dilation=dilation, groups=groups, layout=layout)
     _check_emulation(rng, x, w, b, opts, p)
+
+
+def test_bounding_the_options_cache_keeps_the_registered_instance(monkeypatch):
+    """under() keeps one instance per options in a dict it clears at 256 entries
+    (workspace limits are free-form).  Clearing must not drop the registered
+    instance's own entry: before the fix, after 256 distinct limits
+    under(DEFAULT_OPTIONS) built a second default instance -- no longer the one
+    in REGISTRY (a fresh prepared-call cache, and `is` checks on the registered
+    instance failed)."""
+    monkeypatch.setattr(POLY, "_variants", {algos.DEFAULT_OPTIONS: POLY})
+    for limit in range(300):
+        POLY.under(algos.ConvOptions(workspace_limit=limit))
+    assert len(POLY._variants) <= 256
+    assert POLY.under(algos.DEFAULT_OPTIONS) is POLY
+    bound = POLY.under(algos.ConvOptions(workspace_limit=7))
+    assert bound.options.workspace_limit == 7 and bound._variants is POLY._variants

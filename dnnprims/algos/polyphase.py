@@ -135,8 +135,11 @@ class PolyphaseConvolution(ConvAlgorithm):
     def under(self, options):
         variant = self._variants.get(options)
         if variant is None:
-            if len(self._variants) >= 256:   # workspace limits are free-form: bound the cache
+            if len(self._variants) >= 256:   # workspace limits are free-form: bound the cache,
+                registered = self._variants.get(DEFAULT_OPTIONS)   # keeping the registered instance
                 self._variants.clear()
+                if registered is not None:
+                    self._variants[DEFAULT_OPTIONS] = registered
             variant = self._variants[options] = PolyphaseConvolution(options, self._variants)
         return variant
 
