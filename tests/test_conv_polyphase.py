@@ -428,3 +428,20 @@ def test_bounding_the_options_cache_keeps_the_registered_instance(monkeypatch):
     assert POLY.under(algos.DEFAULT_OPTIONS) is POLY
     bound = POLY.under(algos.ConvOptions(workspace_limit=7))
     assert bound.options.workspace_limit == 7 and bound._variants is POLY._variants
+
+
+def test_find_weighs_the_workspace_of_polyphase_as_it_runs_under_the_options(monkeypatch):
+    """find's candidates: an algorithm whose workspace is over FIND_WORKSPACE_LIMIT
+    is not timed.  For polyphase that must be the workspace of the instance that
+    would run (under the caller's options: a workspace limit picks a leaner inner
+    algorithm), not the registered default instance's.  Before the fix, under a
+    workspace limit polyphase was dropped from find for the default instance's
+    inner workspace although the instance that runs fits."""
+    p = _problem((32, 256, 28, 28), (256, 256, 3, 3), 2, 2)
+    limited = algos.ConvOptions(workspace_limit=POLY.stacked_bytes(p) + 1024)
+    lean = POLY.under(limited).workspace_bytes(p, "forward")
+    assert lean < POLY.workspace_bytes(p, "forward")    # the default inner (Winograd) needs more
+    monkeypatch.setattr(find_mode, "FIND_WORKSPACE_LIMIT", lean)
+    assert algos.admits(POLY, p, "forward", limited)[0]
+    assert "polyphase" in find_mode.candidates(p, "forward", limited)
+    assert "polyphase" not in find_mode.candidates(p, "forward")   # the default instance is over it
