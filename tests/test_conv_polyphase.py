@@ -445,3 +445,35 @@ def test_find_weighs_the_workspace_of_polyphase_as_it_runs_under_the_options(mon
     assert algos.admits(POLY, p, "forward", limited)[0]
     assert "polyphase" in find_mode.candidates(p, "forward", limited)
     assert "polyphase" not in find_mode.candidates(p, "forward")   # the default instance is over it
+
+
+def test_a_new_auto_choice_reaches_the_prepared_calls_of_polyphase(monkeypatch):
+    """run() goes through prepared(), a per-instance cache of prepare(), and
+    prepare() fixes the inner algorithm (auto's choice for the sub-problem then).
+    When the choices change (a new table: table.use -> forget_choices), that
+    cache must go too, as conv.py's call caches do (CHOICE_HOLDERS); before the
+    fix run() -- conv.py's path for non-contiguous arrays, and find's timing --
+    kept the old inner algorithm while the fast path took the new one."""
+    import cupy
+    from dnnprims.algos import table
+    monkeypatch.setattr(cupy.cuda.runtime, "getDevice", lambda: 0)
+    monkeypatch.setattr(POLY, "_prepared_cache", {}, raising=False)
+    monkeypatch.setattr(POLY, "prepare", lambda problem, direction, has_bias=False, activation=None:
+                        POLY.inner(problem, direction)[0].name)
+    p = _problem((1, 64, 28, 28), (64, 64, 3, 3), 2, 2)
+    sub = polyphase.sub_problem(p)
+
+    def measured(winner):   # a one-entry table at the sub-problem that ranks `winner` first
+        entry = dict(table.features(sub, "forward"), winner=winner, ms={winner: 1.0, "implicit_gemm": 2.0},
+                     problem={"N": sub.N, "C": sub.C, "H": sub.H, "W": sub.W, "K": sub.K,
+                              "padding": list(sub.padding), "groups": 1, "dtype": "float32"})
+        return {"version": table.VERSION, "entries": [entry]}
+
+    previous = table.use(measured("direct"))
+    try:
+        assert POLY.prepared(p, "forward") == "direct"
+        table.use(measured("gemm"))
+        assert POLY.inner(p, "forward")[0].name == "gemm"
+        assert POLY.prepared(p, "forward") == "gemm"
+    finally:
+        table.use(previous)
