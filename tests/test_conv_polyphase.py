@@ -477,3 +477,61 @@ def test_a_new_auto_choice_reaches_the_prepared_calls_of_polyphase(monkeypatch):
         assert POLY.prepared(p, "forward") == "gemm"
     finally:
         table.use(previous)
+
+
+# Dilated problems: the measured table has no dilated entries, so the rule and
+# polyphase's preferences decide all of them.
+_DILATED = [((2, 28, 28, 256), "NHWC"), ((2, 256, 28, 28), "NCHW"), ((32, 256, 28, 28), "NCHW"),
+            ((8, 28, 28, 256), "NHWC"), ((4, 64, 56, 56), "NCHW"), ((2, 28, 28, 64), "NHWC")]
+
+
+@pytest.mark.parametrize("x_shape,layout", _DILATED)
+def test_under_a_workspace_limit_the_sub_problems_pick_runs_as_it_is(x_shape, layout):
+    """The rule's dilated case: auto's pick for the dilation-1 sub-problem under
+    the caller's options, where it runs the dilated filter itself, runs the
+    problem as it is (no layout copies).  Under a workspace limit that pick must
+    be made under the caller's limit: a direct run allocates no stacked buffers.
+    Before the fix it was made under the limit less polyphase's stacked buffers,
+    and not at all where those alone were over the limit.  Example: NCHW
+    2x256x28x28, dilation 2, forward under workspace_limit = gemm's im2col
+    workspace: gemm (auto's pick without a limit, and the sub-problem's under
+    it), was implicit_gemm_64x64."""
+    C = x_shape[1] if layout == "NCHW" else x_shape[3]
+    p = _problem(x_shape, (C, C, 3, 3), 2, 2, layout=layout)
+    sub = polyphase.sub_problem(p)
+    limits = {0, 2**20, POLY.stacked_bytes(p) - 1}
+    for direction in algos.DIRECTIONS:
+        limits.add(algos.REGISTRY[algos.auto_rule(p, direction)].workspace_bytes(p, direction))
+    checked = 0
+    for limit in sorted(limits):
+        options = algos.ConvOptions(workspace_limit=limit)
+        for direction in algos.DIRECTIONS:
+            pick = algos.choose(sub, direction, options=options)
+            if pick.name != "direct" and algos.admits(pick, p, direction, options)[0]:
+                name, reason = algos.explain_auto(p, direction, options)
+                assert name == pick.name, (limit, direction, reason)
+                assert "runs the dilated filter itself" in reason
+                checked += 1
+    assert checked
+    if (x_shape, layout) == ((2, 256, 28, 28), "NCHW"):
+        need = algos.REGISTRY["gemm"].workspace_bytes(p, "forward")
+        assert algos.auto_rule(p, "forward") == "gemm"
+        assert algos.auto_rule(p, "forward", algos.ConvOptions(workspace_limit=need)) == "gemm"
+
+
+@pytest.mark.parametrize("x_shape,layout", _DILATED)
+@pytest.mark.parametrize("limit", [0, 2**20])
+def test_a_tight_workspace_limit_gives_implicit_gemm_not_direct(x_shape, layout, limit):
+    """Forward and backward data of ungrouped float32 problems whose GEMM depth is
+    at least AUTO_IMPLICIT_GEMM_MAX_DEPTH: the rule prefers gemm where its im2col
+    workspace fits AUTO_GEMM_WORKSPACE_LIMIT and then skips implicit GEMM.  Under
+    a caller's workspace limit that refuses gemm, implicit GEMM (no workspace)
+    must come next -- before the fix "direct" (the slow fallback) did, for every
+    dilated problem of 256 channels under any limit below gemm's need."""
+    C = x_shape[1] if layout == "NCHW" else x_shape[3]
+    p = _problem(x_shape, (C, C, 3, 3), 2, 2, layout=layout)
+    options = algos.ConvOptions(workspace_limit=limit)
+    for direction in ("forward", "backward_data"):
+        name, reason = algos.explain_auto(p, direction, options)
+        assert name != "direct", reason
+        assert algos.REGISTRY[name].under(options).workspace_bytes(p, direction) <= limit
