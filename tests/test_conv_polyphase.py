@@ -535,3 +535,21 @@ def test_a_tight_workspace_limit_gives_implicit_gemm_not_direct(x_shape, layout,
         name, reason = algos.explain_auto(p, direction, options)
         assert name != "direct", reason
         assert algos.REGISTRY[name].under(options).workspace_bytes(p, direction) <= limit
+
+
+def test_choose_names_the_inner_algorithm_when_polyphase_is_named_too():
+    """conv2d_choose with algo="polyphase" says what runs inside it (the inner
+    algorithm under the caller's options and why), as it does when auto picks it;
+    before the fix it said only "named by the caller"."""
+    for options in (dict(), dict(workspace_limit=60 * 2**20, deterministic=True)):
+        for direction in algos.DIRECTIONS:
+            opts = dict(options) if direction == "backward_filter" else \
+                {k: v for k, v in options.items() if k != "deterministic"}
+            name, reason = dnnprims.conv2d_choose((32, 256, 28, 28), (256, 256, 3, 3), padding=2, dilation=2,
+                                                  direction=direction, algo="polyphase", **opts)
+            p = _problem((32, 256, 28, 28), (256, 256, 3, 3), 2, 2)
+            bound = POLY.under(conv._options(opts.get("workspace_limit"), "default",
+                                             opts.get("deterministic", False)))
+            inner, _ = bound.inner(p, direction)
+            assert name == "polyphase" and reason.startswith("named by the caller")
+            assert f"inner algorithm for the 128 x 14x14 dilation-1 sub-problem: {inner.name}" in reason
