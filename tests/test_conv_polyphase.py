@@ -553,3 +553,40 @@ def test_choose_names_the_inner_algorithm_when_polyphase_is_named_too():
             inner, _ = bound.inner(p, direction)
             assert name == "polyphase" and reason.startswith("named by the caller")
             assert f"inner algorithm for the 128 x 14x14 dilation-1 sub-problem: {inner.name}" in reason
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_gpu_slow_path_and_unfused_activation(gpu, rng, layout):
+    """What the other GPU tests do not reach (review6b; not run when written: no GPU
+    that session): calls without a fast-path key -- a non-contiguous x / dy and a
+    list padding -- go through ConvAlgorithm.run, i.e. polyphase's prepared() cache
+    instead of conv.py's runner; and an activation, which polyphase does not fuse
+    (one extra pass after the merge)."""
+    x, w, b, opts, p = _operands(rng, (2, 3, 6, 14, 5, 3, 3, (2, 2), (2, 2), 1), layout, np.float32)
+    inner = {d: POLY.inner(p, d)[0].name for d in algos.DIRECTIONS}
+    x64, w64, b64 = x.astype(F64), w.astype(F64), b.astype(F64)
+    y64 = conv2d_forward(x64, w64, b64, **opts)
+    dy = random_array(rng, y64.shape, np.float32)
+    dy64 = dy.astype(F64)
+
+    def strided(a):   # the same values, not C-contiguous (no fast-path key)
+        wide = gpu.asarray(np.concatenate([a, a], axis=-1))
+        view = wide[..., :a.shape[-1]]
+        assert not view.flags.c_contiguous
+        return view
+
+    X, DY, Wt, B = strided(x), strided(dy), gpu.asarray(w), gpu.asarray(b)
+    listed = dict(opts, padding=list(opts["padding"]))   # unhashable: no fast-path key either
+    for _ in range(2):
+        y = conv2d_forward(X, Wt, B, algo="polyphase", activation="relu", **opts)
+        assert_close(y, np.maximum(y64, 0), np.float32, algorithm=inner["forward"], what="forward relu",
+                     magnitude=conv2d_forward(np.abs(x64), np.abs(w64), np.abs(b64), **opts))
+        dx = conv2d_backward_data(DY, Wt, x.shape, algo="polyphase", **listed)
+        assert_close(dx, conv2d_backward_data(dy64, w64, x.shape, **opts), np.float32,
+                     algorithm=inner["backward_data"], what="backward_data",
+                     magnitude=conv2d_backward_data(np.abs(dy64), np.abs(w64), x.shape, **opts))
+        dw = conv2d_backward_filter(X, DY, w.shape, algo="polyphase", **listed)
+        assert_close(dw, conv2d_backward_filter(x64, dy64, w.shape, **opts), np.float32,
+                     algorithm=inner["backward_filter"], what="backward_filter",
+                     magnitude=conv2d_backward_filter(np.abs(x64), np.abs(dy64), w.shape, **opts))
