@@ -124,7 +124,7 @@ def conv2d_choose(x_shape, w_shape, *, stride=1, padding=0, dilation=1, groups=1
         return choose(problem, direction, name, options=options).name, reason
     algorithm = choose(problem, direction, algo, gpu=algo == "find", options=options)
     return algorithm.name, ("fastest measured on this GPU (find mode, cached)" if algo == "find"
-                            else "named by the caller")
+                            else "named by the caller") + algorithm.explain(problem, direction)
 
 
 def _check_output_gradient(dy, problem, source):

@@ -342,3 +342,251 @@ def test_gpu_deterministic_backward_filter_gives_the_same_bits(gpu, rng):
     # "auto" (polyphase, or the sub-problem's pick run directly) agrees with the named call.
     auto = conv2d_backward_filter(X, DY, w.shape, deterministic=True, **opts)
     assert float(gpu.abs(auto - first).max()) <= 1e-3 * float(gpu.abs(first).max())
+
+
+# --- the index math over dilations 2-4, paddings 0-3, odd and prime sizes (review6b) -----
+
+# Image sizes that are mostly not multiples of the dilation (odd, prime), and 0 (an
+# empty image whose padding alone holds the filter: every phase empty, y = bias).
+_ODD_SIZES = (0, 1, 2, 3, 5, 7, 11, 13)
+
+
+@st.composite
+def _dilated_problems(draw):
+    """(x_shape, w_shape, padding, dilation, groups, layout) of a stride-1 problem
+    (possibly invalid: the filter may not fit) with dilation 2-4 on at least one
+    axis (1-4 on the other).  Each axis is, three times in four, "aligned" --
+    padding 0 or d, size d times 1, 3 or 7 -- else padding 0-3 and a size odd,
+    prime or d times 1, 3 or 7 (so either condition can fail alone)."""
+    dilation = (draw(st.integers(1, 4)), draw(st.integers(2, 4)))
+    if draw(st.booleans()):
+        dilation = dilation[::-1]
+
+    def axis(d):
+        if draw(st.integers(0, 3)):
+            return d * draw(st.sampled_from((0, 1))), d * draw(st.sampled_from((1, 3, 7)))
+        sizes = _ODD_SIZES + tuple(d * n for n in (1, 3, 7))
+        return draw(st.integers(0, 3)), draw(st.sampled_from(sizes))
+
+    (ph, H), (pw, W) = axis(dilation[0]), axis(dilation[1])
+    R, S = draw(st.integers(1, 3)), draw(st.integers(1, 3))
+    groups = draw(st.sampled_from((1, 2)))
+    C, K = groups * draw(st.integers(1, 2)), groups * draw(st.integers(1, 2))
+    N = draw(st.integers(1, 2))
+    layout = draw(st.sampled_from(("NCHW", "NHWC")))
+    return _x_shape(N, C, H, W, layout), (K, C // groups, R, S), (ph, pw), dilation, groups, layout
+
+
+@HYPOTHESIS
+@given(drawn=_dilated_problems(), seed=st.integers(0, 2**32 - 1))
+def test_supports_exactly_the_decomposable_problems_and_computes_them(drawn, seed):
+    """For any stride-1 dilated problem (dilation 2-4, padding 0-3, odd / prime /
+    multiple sizes): polyphase supports it exactly when the padding and the image
+    are multiples of the dilation, says which condition fails otherwise (and
+    algo="polyphase" is refused with it), and where it supports it the
+    decomposition equals the reference in every direction -- with the bias, and
+    with the phase sub-images' sizes and paddings the NumPy emulation derives."""
+    x_shape, w_shape, padding, dilation, groups, layout = drawn
+    N, C, H, W = (x_shape if layout == "NCHW" else (x_shape[0], x_shape[3], x_shape[1], x_shape[2]))
+    R, S = w_shape[2:]
+    if any(d * (k - 1) + 1 > n + 2 * p for d, k, n, p in zip(dilation, (R, S), (H, W), padding)):
+        return   # the dilated filter does not fit the padded image: not a valid problem
+    p = _problem(x_shape, w_shape, padding, dilation, groups, layout, "float64")
+    (dh, dw), (ph, pw) = dilation, padding
+    decomposable = ph % dh == 0 and pw % dw == 0 and H % dh == 0 and W % dw == 0
+    for direction in algos.DIRECTIONS:
+        ok, reason = POLY.supports(p, direction)
+        assert ok == decomposable, (p, reason)
+        if not ok:
+            assert "not a multiple of dilation" in reason, reason
+            assert POLY.workspace_bytes(p, direction) == 0
+    if not decomposable:
+        with pytest.raises(ValueError, match="algo .polyphase. does not support"):
+            conv2d_forward(np.ones(x_shape), np.ones(w_shape), padding=padding, dilation=dilation,
+                           groups=groups, layout=layout, algo="polyphase")
+        return
+    sub = polyphase.sub_problem(p)
+    assert (sub.P * dh, sub.Q * dw, sub.H * dh, sub.W * dw) == (p.P, p.Q, p.H, p.W)
+    assert sub.y_shape[0] == sub.x_shape[0] == dh * dw * N
+    rng = np.random.default_rng(seed)
+    x, w, b = random_array(rng, x_shape), random_array(rng, w_shape), random_array(rng, (w_shape[0],))
+    opts = dict(padding=padding, dilation=dilation, groups=groups, layout=layout)
+    _check_emulation(rng, x, w, b, opts, p)
+
+
+def test_bounding_the_options_cache_keeps_the_registered_instance(monkeypatch):
+    """under() keeps one instance per options in a dict it clears at 256 entries
+    (workspace limits are free-form).  Clearing must not drop the registered
+    instance's own entry: before the fix, after 256 distinct limits
+    under(DEFAULT_OPTIONS) built a second default instance -- no longer the one
+    in REGISTRY (a fresh prepared-call cache, and `is` checks on the registered
+    instance failed)."""
+    monkeypatch.setattr(POLY, "_variants", {algos.DEFAULT_OPTIONS: POLY})
+    for limit in range(300):
+        POLY.under(algos.ConvOptions(workspace_limit=limit))
+    assert len(POLY._variants) <= 256
+    assert POLY.under(algos.DEFAULT_OPTIONS) is POLY
+    bound = POLY.under(algos.ConvOptions(workspace_limit=7))
+    assert bound.options.workspace_limit == 7 and bound._variants is POLY._variants
+
+
+def test_find_weighs_the_workspace_of_polyphase_as_it_runs_under_the_options(monkeypatch):
+    """find's candidates: an algorithm whose workspace is over FIND_WORKSPACE_LIMIT
+    is not timed.  For polyphase that must be the workspace of the instance that
+    would run (under the caller's options: a workspace limit picks a leaner inner
+    algorithm), not the registered default instance's.  Before the fix, under a
+    workspace limit polyphase was dropped from find for the default instance's
+    inner workspace although the instance that runs fits."""
+    p = _problem((32, 256, 28, 28), (256, 256, 3, 3), 2, 2)
+    limited = algos.ConvOptions(workspace_limit=POLY.stacked_bytes(p) + 1024)
+    lean = POLY.under(limited).workspace_bytes(p, "forward")
+    assert lean < POLY.workspace_bytes(p, "forward")    # the default inner (Winograd) needs more
+    monkeypatch.setattr(find_mode, "FIND_WORKSPACE_LIMIT", lean)
+    assert algos.admits(POLY, p, "forward", limited)[0]
+    assert "polyphase" in find_mode.candidates(p, "forward", limited)
+    assert "polyphase" not in find_mode.candidates(p, "forward")   # the default instance is over it
+
+
+def test_a_new_auto_choice_reaches_the_prepared_calls_of_polyphase(monkeypatch):
+    """run() goes through prepared(), a per-instance cache of prepare(), and
+    prepare() fixes the inner algorithm (auto's choice for the sub-problem then).
+    When the choices change (a new table: table.use -> forget_choices), that
+    cache must go too, as conv.py's call caches do (CHOICE_HOLDERS); before the
+    fix run() -- conv.py's path for non-contiguous arrays, and find's timing --
+    kept the old inner algorithm while the fast path took the new one."""
+    import cupy
+    from dnnprims.algos import table
+    monkeypatch.setattr(cupy.cuda.runtime, "getDevice", lambda: 0)
+    monkeypatch.setattr(POLY, "_prepared_cache", {}, raising=False)
+    monkeypatch.setattr(POLY, "prepare", lambda problem, direction, has_bias=False, activation=None:
+                        POLY.inner(problem, direction)[0].name)
+    p = _problem((1, 64, 28, 28), (64, 64, 3, 3), 2, 2)
+    sub = polyphase.sub_problem(p)
+
+    def measured(winner):   # a one-entry table at the sub-problem that ranks `winner` first
+        entry = dict(table.features(sub, "forward"), winner=winner, ms={winner: 1.0, "implicit_gemm": 2.0},
+                     problem={"N": sub.N, "C": sub.C, "H": sub.H, "W": sub.W, "K": sub.K,
+                              "padding": list(sub.padding), "groups": 1, "dtype": "float32"})
+        return {"version": table.VERSION, "entries": [entry]}
+
+    previous = table.use(measured("direct"))
+    try:
+        assert POLY.prepared(p, "forward") == "direct"
+        table.use(measured("gemm"))
+        assert POLY.inner(p, "forward")[0].name == "gemm"
+        assert POLY.prepared(p, "forward") == "gemm"
+    finally:
+        table.use(previous)
+
+
+# Dilated problems: the measured table has no dilated entries, so the rule and
+# polyphase's preferences decide all of them.
+_DILATED = [((2, 28, 28, 256), "NHWC"), ((2, 256, 28, 28), "NCHW"), ((32, 256, 28, 28), "NCHW"),
+            ((8, 28, 28, 256), "NHWC"), ((4, 64, 56, 56), "NCHW"), ((2, 28, 28, 64), "NHWC")]
+
+
+@pytest.mark.parametrize("x_shape,layout", _DILATED)
+def test_under_a_workspace_limit_the_sub_problems_pick_runs_as_it_is(x_shape, layout):
+    """The rule's dilated case: auto's pick for the dilation-1 sub-problem under
+    the caller's options, where it runs the dilated filter itself, runs the
+    problem as it is (no layout copies).  Under a workspace limit that pick must
+    be made under the caller's limit: a direct run allocates no stacked buffers.
+    Before the fix it was made under the limit less polyphase's stacked buffers,
+    and not at all where those alone were over the limit.  Example: NCHW
+    2x256x28x28, dilation 2, forward under workspace_limit = gemm's im2col
+    workspace: gemm (auto's pick without a limit, and the sub-problem's under
+    it), was implicit_gemm_64x64."""
+    C = x_shape[1] if layout == "NCHW" else x_shape[3]
+    p = _problem(x_shape, (C, C, 3, 3), 2, 2, layout=layout)
+    sub = polyphase.sub_problem(p)
+    limits = {0, 2**20, POLY.stacked_bytes(p) - 1}
+    for direction in algos.DIRECTIONS:
+        limits.add(algos.REGISTRY[algos.auto_rule(p, direction)].workspace_bytes(p, direction))
+    checked = 0
+    for limit in sorted(limits):
+        options = algos.ConvOptions(workspace_limit=limit)
+        for direction in algos.DIRECTIONS:
+            pick = algos.choose(sub, direction, options=options)
+            if pick.name != "direct" and algos.admits(pick, p, direction, options)[0]:
+                name, reason = algos.explain_auto(p, direction, options)
+                assert name == pick.name, (limit, direction, reason)
+                assert "runs the dilated filter itself" in reason
+                checked += 1
+    assert checked
+    if (x_shape, layout) == ((2, 256, 28, 28), "NCHW"):
+        need = algos.REGISTRY["gemm"].workspace_bytes(p, "forward")
+        assert algos.auto_rule(p, "forward") == "gemm"
+        assert algos.auto_rule(p, "forward", algos.ConvOptions(workspace_limit=need)) == "gemm"
+
+
+@pytest.mark.parametrize("x_shape,layout", _DILATED)
+@pytest.mark.parametrize("limit", [0, 2**20])
+def test_a_tight_workspace_limit_gives_implicit_gemm_not_direct(x_shape, layout, limit):
+    """Forward and backward data of ungrouped float32 problems whose GEMM depth is
+    at least AUTO_IMPLICIT_GEMM_MAX_DEPTH: the rule prefers gemm where its im2col
+    workspace fits AUTO_GEMM_WORKSPACE_LIMIT and then skips implicit GEMM.  Under
+    a caller's workspace limit that refuses gemm, implicit GEMM (no workspace)
+    must come next -- before the fix "direct" (the slow fallback) did, for every
+    dilated problem of 256 channels under any limit below gemm's need."""
+    C = x_shape[1] if layout == "NCHW" else x_shape[3]
+    p = _problem(x_shape, (C, C, 3, 3), 2, 2, layout=layout)
+    options = algos.ConvOptions(workspace_limit=limit)
+    for direction in ("forward", "backward_data"):
+        name, reason = algos.explain_auto(p, direction, options)
+        assert name != "direct", reason
+        assert algos.REGISTRY[name].under(options).workspace_bytes(p, direction) <= limit
+
+
+def test_choose_names_the_inner_algorithm_when_polyphase_is_named_too():
+    """conv2d_choose with algo="polyphase" says what runs inside it (the inner
+    algorithm under the caller's options and why), as it does when auto picks it;
+    before the fix it said only "named by the caller"."""
+    for options in (dict(), dict(workspace_limit=60 * 2**20, deterministic=True)):
+        for direction in algos.DIRECTIONS:
+            opts = dict(options) if direction == "backward_filter" else \
+                {k: v for k, v in options.items() if k != "deterministic"}
+            name, reason = dnnprims.conv2d_choose((32, 256, 28, 28), (256, 256, 3, 3), padding=2, dilation=2,
+                                                  direction=direction, algo="polyphase", **opts)
+            p = _problem((32, 256, 28, 28), (256, 256, 3, 3), 2, 2)
+            bound = POLY.under(conv._options(opts.get("workspace_limit"), "default",
+                                             opts.get("deterministic", False)))
+            inner, _ = bound.inner(p, direction)
+            assert name == "polyphase" and reason.startswith("named by the caller")
+            assert f"inner algorithm for the 128 x 14x14 dilation-1 sub-problem: {inner.name}" in reason
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_gpu_slow_path_and_unfused_activation(gpu, rng, layout):
+    """What the other GPU tests do not reach (review6b; not run when written: no GPU
+    that session): calls without a fast-path key -- a non-contiguous x / dy and a
+    list padding -- go through ConvAlgorithm.run, i.e. polyphase's prepared() cache
+    instead of conv.py's runner; and an activation, which polyphase does not fuse
+    (one extra pass after the merge)."""
+    x, w, b, opts, p = _operands(rng, (2, 3, 6, 14, 5, 3, 3, (2, 2), (2, 2), 1), layout, np.float32)
+    inner = {d: POLY.inner(p, d)[0].name for d in algos.DIRECTIONS}
+    x64, w64, b64 = x.astype(F64), w.astype(F64), b.astype(F64)
+    y64 = conv2d_forward(x64, w64, b64, **opts)
+    dy = random_array(rng, y64.shape, np.float32)
+    dy64 = dy.astype(F64)
+
+    def strided(a):   # the same values, not C-contiguous (no fast-path key)
+        wide = gpu.asarray(np.concatenate([a, a], axis=-1))
+        view = wide[..., :a.shape[-1]]
+        assert not view.flags.c_contiguous
+        return view
+
+    X, DY, Wt, B = strided(x), strided(dy), gpu.asarray(w), gpu.asarray(b)
+    listed = dict(opts, padding=list(opts["padding"]))   # unhashable: no fast-path key either
+    for _ in range(2):
+        y = conv2d_forward(X, Wt, B, algo="polyphase", activation="relu", **opts)
+        assert_close(y, np.maximum(y64, 0), np.float32, algorithm=inner["forward"], what="forward relu",
+                     magnitude=conv2d_forward(np.abs(x64), np.abs(w64), np.abs(b64), **opts))
+        dx = conv2d_backward_data(DY, Wt, x.shape, algo="polyphase", **listed)
+        assert_close(dx, conv2d_backward_data(dy64, w64, x.shape, **opts), np.float32,
+                     algorithm=inner["backward_data"], what="backward_data",
+                     magnitude=conv2d_backward_data(np.abs(dy64), np.abs(w64), x.shape, **opts))
+        dw = conv2d_backward_filter(X, DY, w.shape, algo="polyphase", **listed)
+        assert_close(dw, conv2d_backward_filter(x64, dy64, w.shape, **opts), np.float32,
+                     algorithm=inner["backward_filter"], what="backward_filter",
+                     magnitude=conv2d_backward_filter(np.abs(x64), np.abs(dy64), w.shape, **opts))

@@ -19,3 +19,20 @@ def test_family_compiles_without_warnings(filename):
     assert family.name_expressions, f"{filename} declares no specialisations"
     log = _kernels.compile_with_nvrtc(family)
     assert log == "", f"NVRTC warnings for {filename}:\n{log}"
+
+
+@pytest.mark.parametrize("arch", ["sm_90", "sm_80"])
+def test_inline_ptx_of_the_group_norm_backward_assembles(arch):
+    """The check above stops at compute_90 PTX, which nothing assembles until a GPU
+    loads it: inline PTX that ptxas rejects (operand types, state spaces) would
+    pass it.  gn_rows_backward_pipelined's bulk copies and mbarriers are inline
+    PTX (sm_90 and up; below, its cp.async path): its specialisations compiled for
+    a real architecture, which makes NVRTC run ptxas, on both sides of the
+    `__CUDA_ARCH__ >= 900` switch."""
+    import types
+    family = FAMILIES["row_normalization.cu"]
+    expressions = [e for e in family.name_expressions if e.startswith("gn_rows_backward_pipelined<")]
+    assert expressions
+    subset = types.SimpleNamespace(source=family.source, filename=family.filename, name_expressions=expressions)
+    log = _kernels.compile_with_nvrtc(subset, arch=arch)
+    assert log == "", f"NVRTC / ptxas messages for {arch}:\n{log}"

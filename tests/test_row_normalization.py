@@ -646,3 +646,109 @@ def test_mixing_numpy_and_cupy(gpu):
         layer_norm(gpu.asarray(x), 4, gamma=np.ones(4, np.float32))
     with pytest.raises(TypeError, match="cannot mix NumPy and CuPy"):
         group_norm_backward(gpu.asarray(x), x, 3)
+
+
+# ---------------------------------------------------------------------- launch arguments (CPU, review6b)
+
+def _row_kernel_signature(name):
+    """(template parameter names, [(C type, parameter name)]) of a __global__ kernel
+    of kernels/row_normalization.cu."""
+    import re
+    from dnnprims import row_normalization
+    match = re.search(r"template <([^>]*)>\s*__global__ void __launch_bounds__\([^)]*\)\s*" + name
+                      + r"\((.*?)\)\s*\{", row_normalization.FAMILY.source, re.S)
+    template = [t.split()[-1] for t in match.group(1).split(",")]
+    params = []
+    for p in match.group(2).split(","):
+        words = p.replace("*", " * ").replace("__restrict__", "").replace("const", "").split()
+        params.append(("".join(words[:-1]), words[-1]))
+    return template, params
+
+
+@pytest.mark.parametrize("dtype", _dtypes.SUPPORTED, ids=lambda d: d.name)
+@pytest.mark.parametrize("x_shape,groups", [((1, 256, 56, 56), 32), ((2, 8, 16, 16), 2), ((3, 4, 1, 256), 4)])
+@pytest.mark.parametrize("mode,late,bulk", [("both", False, True), ("x", False, False), ("xl2", True, False)])
+def test_pipelined_backward_launch_matches_its_signature_and_shared_memory_layout(
+        monkeypatch, dtype, x_shape, groups, mode, late, bulk):
+    """CPU: gn_rows_backward_pipelined's launch against its C signature (pointer ->
+    array of the pointee dtype, scalars of the exact C type), the flag bits
+    (xl2 1, late 2, bulk 4), and its dynamic shared memory against the kernel's
+    layout: two (four with dy_smem) row buffers of ceil16(M * sizeof(T)) bytes,
+    then warps * 4K + 3K accumulators; at least 1 KB of the opt-in left for the
+    kernel's static shared memory (the bulk path's two mbarriers: 16 bytes).
+    The bulk copies need each row's bytes a multiple of 16 and 16-byte aligned
+    rows: what rows.vec > 1 (S % VEC == 0, aligned arrays) guarantees."""
+    from test_normalization import _C_TYPES, _fake_device_array
+    from dnnprims import row_normalization as rn
+    optin = 232448   # H100: 227 KB
+    captured = []
+
+    class Kernel:
+        max_threads_per_block = 1024
+        max_dynamic_shared_size_bytes = 48 * 1024
+
+        def __call__(self, grid, block, args, shared_mem=0):
+            captured.append((grid, block, tuple(args), shared_mem))
+
+    class FakeCupy:
+        class cuda:
+            class runtime:
+                getDevice = staticmethod(lambda: 0)
+
+        empty = staticmethod(_fake_device_array)
+
+    expressions = []
+    monkeypatch.setattr(rn.FAMILY, "function", lambda expr: expressions.append(expr) or Kernel())
+    monkeypatch.setattr(rn, "_optin", lambda cp: optin)
+    monkeypatch.setattr(rn, "_RAISED", {})
+    monkeypatch.setattr(rn, "_resident_blocks", lambda cp, kernel, expr, block, shared: 132)
+    monkeypatch.setattr(rn, "_finish_param_grads", lambda *args: ("dgamma", "dbeta"))
+    monkeypatch.setattr(rn, "PIPELINED_BACKWARD", mode)
+    monkeypatch.setattr(rn, "PIPELINED_BACKWARD_LATE", late)
+    monkeypatch.setattr(rn, "PIPELINED_BACKWARD_BULK", bulk)
+    dtype = np.dtype(dtype)
+    acc = np.dtype(_dtypes.accumulate_dtype(dtype))
+    x, dy, dx = (_fake_device_array(x_shape, dtype) for _ in range(3))
+    mean, rstd = (_fake_device_array((x_shape[0], groups), acc) for _ in range(2))
+    gamma = None
+    rows = rn._Rows(x, groups, "NCHW", (x, dy, dx), 2, rn._cache_limit(FakeCupy))
+    pt = _dtypes.cuda_type(dtype)
+    done = rn._pipelined_backward(FakeCupy, dy, x, gamma, mean, rstd, dx, rows, pt, dtype, acc)
+    M = rows.K * rows.S
+    row_bytes = -(-M * dtype.itemsize // 16) * 16
+    two_rows = 2 * row_bytes + (min(rows.block, 1024) // 32 * 4 + 3) * rows.K * acc.itemsize
+    if rows.vec == 1 or rows.S < 32 * rows.vec or two_rows > optin - 1024:   # not this kernel's problem
+        assert done is None and not captured
+        return
+    assert done == ("dgamma", "dbeta") and len(captured) == 1
+    (grid,), (block,), args, shared = captured[0]
+    assert 1 <= grid <= min(rows.rows, 132) and block % 32 == 0
+    # The arguments, parameter by parameter.
+    name, inside = expressions[-1].rstrip(">").split("<", 1)
+    assert name == "gn_rows_backward_pipelined"
+    template, params = _row_kernel_signature(name)
+    bound = dict(zip(template, (a.strip() for a in inside.split(","))))
+    ctype = {"T": _C_TYPES[bound["T"]], "P": _C_TYPES[bound["P"]], "acc_t<T>": acc.type,
+             "index_t": np.int32 if bound["index_t"] == "int" else np.int64, "int": np.int32}
+    assert len(args) == len(params)
+    for (c_type, param), a in zip(params, args):
+        if param == "gamma":
+            assert a is rn._NULL   # no gamma: a null pointer
+        elif c_type.endswith("*"):
+            assert a.dtype == np.dtype(ctype[c_type[:-1]]), (param, a.dtype)
+        else:
+            assert type(a) is ctype[c_type], (param, type(a))
+    values = dict(zip((p for _, p in params), args))
+    assert values["flags"] == (mode == "xl2") | late << 1 | bulk << 2
+    assert int(bound["VEC"]) * dtype.itemsize == 16   # bulk pieces: whole 16-byte vectors
+    assert (M * dtype.itemsize) % 16 == 0 and rows.S % int(bound["VEC"]) == 0
+    assert all(a.data.ptr % 16 == 0 for a in (x, dy, dx))
+    # The shared memory, as the kernel lays it out.
+    buffers = 4 if values["dy_smem"] else 2
+    assert values["dy_smem"] == (mode == "both" and 4 * row_bytes + (block // 32 * 4 + 3) * rows.K * acc.itemsize
+                                 <= optin - 1024)
+    assert shared == buffers * row_bytes + (block // 32 * 4 * rows.K + 3 * rows.K) * acc.itemsize
+    assert shared <= optin - 1024
+    # Half rows of the benchmark shape are double-buffered with dy ("both"): bulk copies of 2 x 50 KB a phase.
+    if mode == "both" and dtype.itemsize == 2 and x_shape[1] == 256:
+        assert values["dy_smem"] == 1 and 2 * M * dtype.itemsize < 2**20   # the mbarrier tx-count limit

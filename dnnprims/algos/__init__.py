@@ -313,30 +313,42 @@ def _polyphase_preferences(problem, direction, options):
     """The rule's dilated case, for stride-1 problems whose padding and image
     are multiples of the dilation (what "polyphase" supports), depthwise
     excepted.  Its dilation-1 sub-problem (the phases stacked into the batch)
-    goes to ``auto`` under the same ``options`` -- the measured table, which has
-    no dilated entries, and the rule's Winograd / FFT cases, which run no
-    dilated filter.  If that pick runs the dilated problem itself (implicit
+    goes to ``auto`` -- the measured table, which has no dilated entries, and
+    the rule's Winograd / FFT cases, which run no dilated filter.  If that pick
+    under the caller's ``options`` runs the dilated problem itself (implicit
     GEMM, gemm: the same work either way), it goes first as it is, without the
-    two layout copies; otherwise "polyphase" with it inside, given at least
-    AUTO_POLYPHASE_MIN_FLOPS of direct work (notes/polyphase.md).  Nothing when
-    the pick is the "direct" fallback (a tight workspace limit).
+    two layout copies.  Otherwise "polyphase", whose inner pick is made under
+    the workspace limit less the stacked buffers: if that pick runs the dilated
+    problem itself, it goes first as it is; if it is the "direct" fallback,
+    nothing; else "polyphase" with it inside, given at least
+    AUTO_POLYPHASE_MIN_FLOPS of direct work (notes/polyphase.md).
     Depthwise is memory-bound and its kernel runs any dilation: the copies
     would add two passes over x and y."""
     algorithm = REGISTRY.get("polyphase")
     if (algorithm is None or problem.dilation == (1, 1) or problem.groups == problem.C
-            or not admits(algorithm, problem, direction, options)[0]):
+            or not algorithm.supports(problem, direction)[0]):
         return []
     from .polyphase import sub_problem
-    inner = algorithm.under(options).inner(problem, direction)[0]
-    if inner.name == "direct":
-        return []
     sub, (dh, dw) = sub_problem(problem), problem.dilation
     what = (f"dilation {problem.dilation}, stride 1, padding and image multiples of it: the "
             f"{dh * dw} phase sub-images stacked into the batch ({sub.N} x {sub.H}x{sub.W}) are one "
             f"dilation-1 problem")
+
+    def as_it_is(pick):
+        return [(pick.name, what + f"; auto's pick for it, {pick.name}, runs the dilated filter "
+                                   f"itself (no layout copies)")]
+
+    # A direct run allocates no stacked buffers: its pick is made under the caller's own limit.
+    pick = REGISTRY[explain_auto(sub, direction, options)[0]].under(options)
+    if pick.name != "direct" and admits(pick, problem, direction, options)[0]:
+        return as_it_is(pick)
+    if not admits(algorithm, problem, direction, options)[0]:
+        return []
+    inner = algorithm.under(options).inner(problem, direction)[0]
+    if inner.name == "direct":
+        return []
     if admits(inner, problem, direction, options)[0]:
-        return [(inner.name, what + f"; auto's pick for it, {inner.name}, runs the dilated filter "
-                                    f"itself (no layout copies)")]
+        return as_it_is(inner)
     if problem.flops < AUTO_POLYPHASE_MIN_FLOPS:
         return []
     return [("polyphase", what + f"; {problem.flops / 1e9:.3g} GFLOP of direct "
@@ -368,7 +380,8 @@ def auto_preferences(problem, direction, options=DEFAULT_OPTIONS):
        accumulates float32 tiles; the alternatives are far slower) and for
        ungrouped float32 problems -- except GEMMs at least
        AUTO_IMPLICIT_GEMM_MAX_DEPTH deep whose im2col workspace fits
-       AUTO_GEMM_WORKSPACE_LIMIT, where cuBLAS is faster.
+       AUTO_GEMM_WORKSPACE_LIMIT (and the caller's workspace limit), where
+       cuBLAS is faster.
     6. "gemm" (im2col + cuBLAS) for ungrouped problems whose workspace fits
        AUTO_GEMM_WORKSPACE_LIMIT.
     7. "direct": the fallback that supports every problem.
@@ -403,8 +416,11 @@ def auto_preferences(problem, direction, options=DEFAULT_OPTIONS):
         prefs.append(("implicit_gemm_subpixel", "backward data with stride > 1: one implicit GEMM "
                                                 "per output phase, no work on inserted zeros"))
     gemm = REGISTRY.get("gemm")
+    # Within the caller's limit too: where that refuses gemm, implicit GEMM must stay listed.
+    gemm_limit = AUTO_GEMM_WORKSPACE_LIMIT if options.workspace_limit is None else \
+        min(AUTO_GEMM_WORKSPACE_LIMIT, options.workspace_limit)
     gemm_fits = (gemm is not None and problem.groups == 1 and gemm.supports(problem, direction)[0]
-                 and gemm.workspace_bytes(problem, direction) <= AUTO_GEMM_WORKSPACE_LIMIT)
+                 and gemm.workspace_bytes(problem, direction) <= gemm_limit)
     depth = (problem.C // problem.groups if direction == "forward" else problem.K // problem.groups) \
         * problem.R * problem.S
     if winograd_wins(problem, direction):
@@ -414,8 +430,9 @@ def auto_preferences(problem, direction, options=DEFAULT_OPTIONS):
     if half:
         prefs.append(("implicit_gemm", "half type: implicit GEMM accumulates float32 tiles"))
     elif problem.groups == 1 and not (gemm_fits and depth >= AUTO_IMPLICIT_GEMM_MAX_DEPTH):
-        prefs.append(("implicit_gemm", f"ungrouped float32, GEMM depth {depth} < "
-                                       f"{AUTO_IMPLICIT_GEMM_MAX_DEPTH}"))
+        prefs.append(("implicit_gemm", f"ungrouped float32, GEMM depth {depth} < {AUTO_IMPLICIT_GEMM_MAX_DEPTH}"
+                      if depth < AUTO_IMPLICIT_GEMM_MAX_DEPTH else
+                      f"ungrouped float32, GEMM depth {depth}, gemm's im2col workspace over the limit"))
     if gemm_fits:
         prefs.append(("gemm", "ungrouped, im2col workspace within AUTO_GEMM_WORKSPACE_LIMIT"))
     prefs.append(("direct", "fallback: grouped/depthwise, or no faster algorithm admits this problem"))

@@ -77,9 +77,11 @@ def _save(entries):
 
 
 def candidates(problem, direction, options=DEFAULT_OPTIONS):
+    """The names find times: admitted under ``options``, and the workspace of the
+    algorithm as it runs under them (ConvAlgorithm.under) within FIND_WORKSPACE_LIMIT."""
     return [name for name, algorithm in REGISTRY.items()
             if admits(algorithm, problem, direction, options)[0]
-            and algorithm.workspace_bytes(problem, direction) <= FIND_WORKSPACE_LIMIT]
+            and algorithm.under(options).workspace_bytes(problem, direction) <= FIND_WORKSPACE_LIMIT]
 
 
 def random_operands(problem, direction):

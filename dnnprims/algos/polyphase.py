@@ -34,7 +34,7 @@ import dataclasses
 
 import numpy as np
 
-from . import DEFAULT_OPTIONS, ConvAlgorithm, ConvOptions, choose, explain_auto, register
+from . import CHOICE_HOLDERS, DEFAULT_OPTIONS, ConvAlgorithm, ConvOptions, choose, explain_auto, register
 
 
 def sub_problem(p):
@@ -135,8 +135,11 @@ class PolyphaseConvolution(ConvAlgorithm):
     def under(self, options):
         variant = self._variants.get(options)
         if variant is None:
-            if len(self._variants) >= 256:   # workspace limits are free-form: bound the cache
+            if len(self._variants) >= 256:   # workspace limits are free-form: bound the cache,
+                registered = self._variants.get(DEFAULT_OPTIONS)   # keeping the registered instance
                 self._variants.clear()
+                if registered is not None:
+                    self._variants[DEFAULT_OPTIONS] = registered
             variant = self._variants[options] = PolyphaseConvolution(options, self._variants)
         return variant
 
@@ -207,3 +210,15 @@ class PolyphaseConvolution(ConvAlgorithm):
 
 
 POLYPHASE = register(PolyphaseConvolution())
+
+
+def _forget_prepared_calls():
+    """A prepared call holds the inner algorithm auto chose when it was made:
+    drop them all when the choices are forgotten (a new table, forget_choices)."""
+    for variant in list(POLYPHASE._variants.values()):
+        cache = variant.__dict__.get("_prepared_cache")
+        if cache:
+            cache.clear()
+
+
+CHOICE_HOLDERS.append(_forget_prepared_calls)
