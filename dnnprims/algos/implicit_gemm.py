@@ -197,7 +197,8 @@ class ImplicitGemmConvolution(ConvAlgorithm):
         base = "implicit_gemm" if split_k is None else \
             "implicit_gemm_splitk" + ("" if split_k == "auto" else str(split_k))
         self.name = base if tile is None else f"{base}_{tile}"
-        self._plans = {}   # (device, problem, direction) -> (expression, grid, block, table, scalars, splits)
+        self._plans = {}   # (device, problem, direction) -> (expression, grid, block, table, scalars,
+        #                                           splits, sum_scalars)
 
     def supports(self, problem, direction):
         ok, reason = super().supports(problem, direction)
@@ -221,6 +222,8 @@ class ImplicitGemmConvolution(ConvAlgorithm):
         return (tile, *split_k_plan(problem, direction, tile, None if self.split_k == "auto" else self.split_k))
 
     def workspace_bytes(self, problem, direction):
+        if self.split_k is None:
+            return 0
         _, splits, _ = self.splits(problem, direction)
         if splits == 1:
             return 0
@@ -241,8 +244,13 @@ class ImplicitGemmConvolution(ConvAlgorithm):
             scalars = (g["H"], g["W"], g["Cx"], g["x_group_channels"], g["P"], g["Q"], g["Ky"],
                        g["Kg"], g["Kgemm"], g["w_n_stride"], g["w_group_stride"],
                        g["sh"], g["sw"], g["ph"], g["pw"], np.int32(M), np.int32(chunk), np.int32(splits))
+            # The split sum's (total, splits, channels, inner): one thread per element
+            # of out, whose channel is (i / inner) % channels (inner = P*Q for NCHW, 1 for NHWC).
+            total = M * int(g["Ky"])
+            sum_scalars = tuple(np.int32(v) for v in (total, splits, g["Ky"],
+                                                      1 if p.layout == "NHWC" else g["P"] * g["Q"]))
             plan = (_expression(p.dtype, p.layout == "NHWC", tile, splits > 1), grid,
-                    ((bm // tm) * (bn // tn),), cupy.asarray(table), scalars, splits)
+                    ((bm // tm) * (bn // tn),), cupy.asarray(table), scalars, splits, sum_scalars)
             if len(self._plans) >= _PLAN_CACHE_SIZE:
                 self._plans.clear()
             self._plans[key] = plan
@@ -252,7 +260,7 @@ class ImplicitGemmConvolution(ConvAlgorithm):
         # Arrays of the call: ARRAY0 = a, ARRAY1 = b, ARRAY2 = out, ARRAY3 = bias
         # (b stands in for an absent bias: the kernel does not read it), ARRAY4 =
         # split-K's float partials (out stands in for them with one split).
-        expression, grid, block, table, scalars, splits = self._plan(problem, direction)
+        expression, grid, block, table, scalars, splits, sum_scalars = self._plan(problem, direction)
         bias = ARRAY3 if has_bias else ARRAY1
         if splits == 1:
             return FAMILY.prepare(expression, grid, block,
@@ -261,14 +269,11 @@ class ImplicitGemmConvolution(ConvAlgorithm):
         gemm = FAMILY.prepare(expression, grid, block,
                               (ARRAY0, ARRAY1, table, ARRAY1, np.int32(0), *activation_arguments(None),
                                ARRAY2, ARRAY4, *scalars))
-        M, Ng, _ = gemm_shape(problem, direction)
-        total = M * Ng * problem.groups
-        channels = int(scalars[6])                     # Ky: channels of out
-        inner = 1 if problem.layout == "NHWC" else int(scalars[4]) * int(scalars[5])   # P * Q of out
+        total = int(sum_scalars[0])
         add = FAMILY.prepare(_sum_expression(problem.dtype), (ceil_div(total, SPLIT_SUM_THREADS),),
                              (SPLIT_SUM_THREADS,),
                              (ARRAY4, bias, np.int32(has_bias), *activation_arguments(activation), ARRAY2,
-                              np.int32(total), np.int32(splits), np.int32(channels), np.int32(inner)))
+                              *sum_scalars))
         # The partials: a scratch array nobody else holds after the call, so the
         # slot hands the same one back each call (stream order keeps calls apart).
         scratch = OutputSlot((splits * total,), np.float32)
