@@ -190,7 +190,8 @@ class ImplicitGemmConvolution(ConvAlgorithm):
     fused_activations = FUSED_ACTIVATIONS
 
     def __init__(self, tile=None, split_k=None):
-        if split_k is not None and split_k != "auto" and not (isinstance(split_k, int) and split_k >= 1):
+        if split_k is not None and split_k != "auto" and not (
+                isinstance(split_k, int) and not isinstance(split_k, bool) and split_k >= 1):
             raise ValueError(f"split_k must be None, 'auto' or an int >= 1, got {split_k!r}")
         self.tile = tile
         self.split_k = split_k
