@@ -18,9 +18,14 @@ t0=$(date +%s)
 PATCH=notes/wip/splitk_forward_unverified.patch
 # This copy may sit inside another repository (.wt/ of main): keep git from finding
 # it, or `git apply` would take paths from that repository's root and skip them all.
+# A patch applied here is taken back out on exit, so that a later call on the same
+# machine finds the tree as it was sent.
 if ! grep -q conv_implicit_gemm_split_sum kernels/conv_implicit_gemm.cu; then
-    GIT_CEILING_DIRECTORIES="$(dirname "$PWD")" git apply "$PATCH" 2>"$OUT/apply.log" \
-        || patch -p1 < "$PATCH" >>"$OUT/apply.log" 2>&1
+    if GIT_CEILING_DIRECTORIES="$(dirname "$PWD")" git apply "$PATCH" 2>"$OUT/apply.log"; then
+        trap 'GIT_CEILING_DIRECTORIES="$(dirname "$PWD")" git apply -R "$PATCH"' EXIT
+    elif patch -p1 < "$PATCH" >>"$OUT/apply.log" 2>&1; then
+        trap 'patch -R -p1 < "$PATCH" > /dev/null' EXIT
+    fi
 fi
 if ! grep -q conv_implicit_gemm_split_sum kernels/conv_implicit_gemm.cu || [ ! -f tests/test_conv_splitk.py ]; then
     echo "patch did not apply"; cat "$OUT/apply.log"; exit 1
@@ -59,4 +64,4 @@ for f in "$OUT"/tests_splitk.*.log "$OUT"/tests_igemm.*.log; do
     echo "$(basename "$f"): $(grep -E "[0-9]+ (passed|failed|error)" "$f" | tail -n 1)"
 done
 echo "== batch-1 ResNet-50 layers: ours vs cuDNN"
-python3 notes/splitk_bench.py --table "$OUT"/bench_*.log
+python3 notes/splitk_bench.py --table "$OUT"/bench_forward.log $(ls "$OUT"/bench_bdata.log 2>/dev/null)
