@@ -15,6 +15,7 @@ for step in "$@"; do
         main) OUT=$L timeout 60 bash scripts/gpu_suite.sh main > "$L/main.txt" 2>&1; stamp "main rc $?" ;;
         overhead) OUT=$L timeout 90 bash scripts/gpu_suite.sh overhead > "$L/overhead.txt" 2>&1; stamp "overhead rc $?" ;;
         winosmall) rm -rf /tmp/ws; cp -r . /tmp/ws; (cd /tmp/ws && OUT=$L/winosmall timeout 200 bash notes/winosmall_gpu.sh 150 > "$L/winosmall.txt" 2>&1); stamp "winosmall rc $?" ;;
+        splitk) rm -rf /tmp/sk; cp -r . /tmp/sk; (cd /tmp/sk && OUT=$L/splitk timeout 150 bash notes/splitk_gpu.sh 120 > "$L/splitk.txt" 2>&1); stamp "splitk rc $?" ;;
         hostnext) rm -rf /tmp/hn; cp -r . /tmp/hn; (cd /tmp/hn && OUT=$L/hostnext timeout 150 bash notes/hostwino_next_gpu.sh 135 > "$L/hostnext.txt" 2>&1); stamp "hostnext rc $?" ;;
         bench:*) s=${step#bench:}; left=$(( ${DEADLINE_S:-100000} - ($(date +%s) - T0) )); [ "$left" -gt 260 ] && left=260; [ "$left" -lt 20 ] && { stamp "bench $s skipped (deadline)"; continue; }
                  OUT=$L/bench_$s timeout $left bash scripts/gpu_suite.sh bench $s > "$L/bench_$s.txt" 2>&1; stamp "bench $s rc $?" ;;
@@ -26,5 +27,6 @@ cat "$L/steps.txt"
 for f in "$L"/tests.txt "$L"/tune.txt "$L"/main.txt; do [ -f "$f" ] && { echo "--- $f"; grep -E "^(FAILED|ERROR)" "$f" | head -20; tail -n 8 "$f"; }; done
 [ -f "$L/overhead.txt" ] && { echo "--- overhead"; tail -n 20 "$L/overhead.txt"; }
 [ -f "$L/hostnext.txt" ] && { echo "--- hostnext"; tail -n 40 "$L/hostnext.txt"; }
+[ -f "$L/splitk.txt" ] && { echo "--- splitk"; tail -n 40 "$L/splitk.txt"; }
 [ -f "$L/winosmall.txt" ] && { echo "--- winosmall"; tail -n 30 "$L/winosmall.txt"; }
 for f in "$L"/bench_*.txt; do [ -f "$f" ] && { echo "--- $f"; grep -A 40 "benchmark summary" "$f" | head -60; }; done
