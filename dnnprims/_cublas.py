@@ -143,6 +143,10 @@ GRAPH_WORKSPACE_BYTES = 4 << 20
 GRAPH_WORKSPACE_STREAMS = 16
 _GRAPH_WORKSPACES = {}
 CAPTURE_FAILURES = []   # reasons (repr) of failed captures; one failure stops further tries
+# What capture / capture_work return while the current stream is being captured (a
+# user capturing our call into a graph of theirs): falsy like a failure, but nothing
+# is recorded and the caller may try again on a later call.
+NOT_NOW = ()
 captures = 0            # graphs captured so far (tests check that the graph path ran)
 _LIB = None             # the ctypes library, False when it cannot be loaded
 _LOAD_ERROR = None
@@ -222,6 +226,17 @@ def _own_handle(lib, device):
     return handle
 
 
+def _capturing(stream):
+    """Whether ``stream`` is being captured into a CUDA graph.  A query CUDA refuses
+    (the legacy default stream while another stream captures in global mode)
+    counts as capturing."""
+    from cupy.cuda import runtime
+    try:
+        return stream.is_capturing()
+    except runtime.CUDARuntimeError:
+        return True
+
+
 class StridedBatched:
     """``cublas<S|D>gemmStridedBatched`` for one dtype: ``call(transa, transb, m,
     n, k, alpha, A, lda, strideA, B, ldb, strideB, beta, C, ldc, strideC,
@@ -267,7 +282,9 @@ class StridedBatched:
         ``(graph, keep)``, where ``graph.launch()`` runs them and ``keep`` (the
         cuBLAS workspace the graph uses) must live as long as the graph.  None
         when it cannot be captured (the reason goes to :data:`CAPTURE_FAILURES`,
-        and no later capture is tried)."""
+        and no later capture is tried).  :data:`NOT_NOW` (falsy) while the current
+        stream is itself being captured: the caller runs the GEMMs directly (into
+        that capture) and may try again on a later call."""
         def gemms():
             for args in calls:
                 self.call(*args)
@@ -282,6 +299,11 @@ class StridedBatched:
         if lib is None or CAPTURE_FAILURES:
             return None
         import cupy
+        if _capturing(cupy.cuda.get_current_stream()):
+            # A user capturing our call into their graph: a capture of ours would allocate,
+            # begin a second capture and upload on their stream (CUDA refuses the upload,
+            # which invalidates their capture).  Not a failure of ours: nothing recorded.
+            return NOT_NOW
         device = cupy.cuda.runtime.getDevice()
         handle = _own_handle(lib, device)
         graph = None

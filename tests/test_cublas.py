@@ -145,7 +145,8 @@ def fake_cublas(monkeypatch):
     monkeypatch.setitem(vars(libs), "cublas", cupy_cublas)   # no getattr: that loads the real library
     monkeypatch.setattr(cuda_device, "get_cublas_handle", lambda: 99)
     monkeypatch.setattr(cupy.cuda.runtime, "getDevice", lambda: 0)
-    monkeypatch.setattr(cupy.cuda, "get_current_stream", lambda: types.SimpleNamespace(ptr=77))
+    stream = types.SimpleNamespace(ptr=77, is_capturing=lambda: False)
+    monkeypatch.setattr(cupy.cuda, "get_current_stream", lambda: stream)
     monkeypatch.setattr(_cublas, "_library", lambda: lib)
     monkeypatch.setattr(_cublas, "_HANDLES", threading.local())
     monkeypatch.setattr(_cublas, "_GRAPH_WORKSPACES", {})
@@ -204,7 +205,16 @@ def fake_capture(fake_cublas, monkeypatch):
     cupy = pytest.importorskip("cupy")
     import types
     log = fake_cublas.log
-    current = [types.SimpleNamespace(ptr=77)]
+
+    class UserStream:             # the caller's stream; a test sets ``capturing`` (a bool, or an error to raise)
+        ptr = 77
+        capturing = False
+
+        def is_capturing(self):
+            if isinstance(self.capturing, Exception):
+                raise self.capturing
+            return self.capturing
+    current = [UserStream()]
 
     class Graph:
         def upload(self, stream):
@@ -213,6 +223,10 @@ def fake_capture(fake_cublas, monkeypatch):
     class SideStream:
         def __init__(self, non_blocking=False):
             self.ptr = 900
+            log.append(("side stream",))
+
+        def is_capturing(self):
+            return False
 
         def __enter__(self):
             current.append(self)
@@ -229,6 +243,7 @@ def fake_capture(fake_cublas, monkeypatch):
             return Graph()
 
     def empty(size, dtype=None):
+        log.append(("empty", size))
         return types.SimpleNamespace(data=types.SimpleNamespace(ptr=5 << 20), nbytes=size)
     monkeypatch.setattr(cupy.cuda, "get_current_stream", lambda: current[-1])
     monkeypatch.setattr(cupy.cuda, "Stream", SideStream)
@@ -247,7 +262,8 @@ def test_capture_keeps_cublas_on_the_captured_stream_and_release_drops_shared_wo
     from dnnprims import _cublas, _kernels
     run = _cublas.StridedBatched(np.float32)
     graph, keep = run.capture([_sgemm_args()], 77)
-    assert fake_capture[2:] == [("stream", 4321, 900), ("workspace", 4321, 5 << 20, _cublas.GRAPH_WORKSPACE_BYTES),
+    assert fake_capture[2:] == [("empty", _cublas.GRAPH_WORKSPACE_BYTES), ("side stream",),
+                                ("stream", 4321, 900), ("workspace", 4321, 5 << 20, _cublas.GRAPH_WORKSPACE_BYTES),
                                 ("begin", 900), ("sgemm", 4321), ("end", 900), ("upload", 77),
                                 ("stream", 4321, None)]
     assert _cublas._GRAPH_WORKSPACES == {(0, 77): keep} and _cublas.captures >= 1
@@ -301,3 +317,28 @@ def test_scalar_pointer_stays_the_one_kept_when_two_threads_make_it_at_once(monk
     outer = _cublas._scalar(np.dtype(np.float32), 1.0).ctypes.data
     kept = _cublas._SCALARS[np.dtype(np.float32), 1.0]
     assert inner == [outer] == [kept.ctypes.data] and kept[0] == 1.0
+
+
+def test_capture_inside_a_users_capture_waits_without_recording_a_failure(fake_capture):
+    """A user capturing our call into their own CUDA graph (the current stream is
+    capturing): a capture of ours would allocate, begin a second capture and upload
+    on their stream, which CUDA refuses, invalidating their capture -- and the
+    refusal was recorded in CAPTURE_FAILURES, which turned every capture off for the
+    process.  Now: NOT_NOW (falsy), no allocation, stream or cuBLAS call, nothing
+    recorded; a query CUDA refuses counts as capturing; once the stream is no
+    longer capturing, the next call captures."""
+    cupy = pytest.importorskip("cupy")
+    from dnnprims import _cublas
+    run = _cublas.StridedBatched(np.float32)
+    run(*_sgemm_args())                   # the handle exists (the first, direct call)
+    user = cupy.cuda.get_current_stream()
+    count = len(fake_capture)
+    for capturing in (True, cupy.cuda.runtime.CUDARuntimeError(906)):   # 906: cudaErrorStreamCaptureImplicit
+        user.capturing = capturing
+        got = run.capture([_sgemm_args()], 77)
+        assert got == () and got is not None and got is _cublas.NOT_NOW
+        assert run.capture_work(lambda: run(*_sgemm_args()), 77) is _cublas.NOT_NOW
+    assert len(fake_capture) == count and not _cublas.CAPTURE_FAILURES
+    user.capturing = False
+    graph, keep = run.capture([_sgemm_args()], 77)
+    assert ("begin", 900) in fake_capture[count:] and not _cublas.CAPTURE_FAILURES

@@ -691,6 +691,61 @@ def test_winograd_full_graph_keeps_its_cublas_workspace_alive(fake_pool, monkeyp
     assert all(ref() is None for ref in made)
 
 
+def test_winograd_call_inside_a_users_capture_runs_directly_and_captures_later(fake_pool, monkeypatch):
+    """A user capturing our cached call into their own CUDA graph: our captures answer
+    _cublas.NOT_NOW while their stream is capturing.  Those calls run directly (into
+    the user's graph), and neither the workspace's GEMM graph nor the prepared call's
+    whole-call graphs are turned off: the first call after the user's capture
+    captures.  (Before: the second call's failed capture set ``workspace.graphs``
+    for good, and the workspace never captured again.)  Kernels, cuBLAS and graphs
+    are faked."""
+    cupy = pytest.importorskip("cupy")
+    from dnnprims import _cublas, conv
+    from dnnprims.algos import winograd
+    monkeypatch.setattr(cupy.cuda.runtime, "getDevice", lambda: 0)
+    monkeypatch.setattr(winograd, "FULL_GRAPHS", True)
+    log, user_capturing = [], [False]
+
+    def prepare(expr, grid, block, args, **kwargs):
+        return lambda *arrays: log.append(("launch", expr.split("<")[0]))
+    monkeypatch.setattr(winograd.FAMILY, "prepare", prepare)
+
+    class Graph:
+        def __init__(self, name):
+            self.name = name
+
+        def launch(self):
+            log.append(("graph", self.name))
+
+    class Gemm:
+        def __call__(self, *args):
+            log.append(("gemm",))
+
+        def capture(self, calls, stream_key=None):
+            return _cublas.NOT_NOW if user_capturing[0] else (Graph("gemm"), None)
+
+        def capture_work(self, work, stream_key=None):
+            return _cublas.NOT_NOW if user_capturing[0] else (Graph("whole"), None)
+    monkeypatch.setattr(winograd, "_GEMM_RUN", {np.dtype(np.float32): Gemm()})
+    problem = conv._describe((1, 4, 8, 8), (4, 4, 3, 3), (1, 1), (1, 1), (1, 1), 1, "NCHW", "float32")
+    monkeypatch.setattr(winograd.WINOGRAD_F2, "_plans", {})
+    run = winograd.WINOGRAD_F2.prepare(problem, "forward")
+    a, b, out = _fake_array(problem.x_shape), _fake_array(problem.w_shape), _fake_array(problem.y_shape)
+
+    def call():
+        log.clear()
+        run(a, b, out)
+        return list(log)
+    direct = call()                        # the first call: direct; the workspace is kept from now on
+    assert ("gemm",) in direct
+    user_capturing[0] = True
+    assert [call() for _ in range(3)] == [direct] * 3     # calls 2-4 inside the user's capture
+    user_capturing[0] = False
+    assert call() == [("graph", "whole")]  # the next call captures, and replays from then on
+    assert call() == [("graph", "whole")]
+    _kernels.release_outputs()
+
+
 # ---- the fast paths on the GPU -------------------------------------------------------
 
 def _unaligned_copy(gpu, a):
@@ -1261,3 +1316,88 @@ def test_winograd_full_graph_matches_reference_on_every_pointer_set(gpu, rng, di
             assert_close(call(A, W), reference(a.astype(F64), w.astype(F64)), f32)
         side.synchronize()
     gpu.cuda.Device().synchronize()
+
+
+def _winograd_calls(dp, x_shape, direction):
+    """(call, reference) of a winograd_f4x4_3x3 forward / backward-data call, pad 1."""
+    if direction == "forward":
+        return (lambda a, b: dp.conv2d_forward(a, b, padding=1, algo="winograd_f4x4_3x3"),
+                lambda a, b: dp.conv2d_forward(a, b, padding=1))
+    return (lambda a, b: dp.conv2d_backward_data(a, b, x_shape, padding=1, algo="winograd_f4x4_3x3"),
+            lambda a, b: dp.conv2d_backward_data(a, b, x_shape, padding=1))
+
+
+@pytest.mark.parametrize("direction", ["forward", "backward_data"])
+def test_winograd_call_captured_into_a_users_graph(gpu, rng, direction):
+    """A user capturing our cached call into a CUDA graph of theirs (review6a item 1).
+    The second call on a kept workspace would capture graphs of ours; inside the
+    user's capture it must not (no capture, nothing in CAPTURE_FAILURES): calls 2-4
+    run directly, into the user's graph, whose replays compute with the input's
+    values at replay; the first call after the user's capture captures ours."""
+    import dnnprims as dp
+    from dnnprims import _cublas
+    _kernels.release_outputs()
+    f32 = np.float32
+    x = random_array(rng, (1, 16, 12, 12), f32)
+    w = random_array(rng, (16, 16, 3, 3), f32)
+    call, reference = _winograd_calls(dp, x.shape, direction)
+    A, W = gpu.asarray(x), gpu.asarray(w)
+    user = gpu.cuda.Stream(non_blocking=True)
+    with user:
+        assert_close(call(A, W), reference(x.astype(F64), w.astype(F64)), f32)   # call 1: direct, kept
+        user.synchronize()
+        before = _cublas.captures
+        user.begin_capture()
+        try:
+            ys = [call(A, W) for _ in range(3)]
+        finally:
+            graph = user.end_capture()
+        assert _cublas.captures == before and not _cublas.CAPTURE_FAILURES
+        for _ in range(2):
+            a = random_array(rng, x.shape, f32)
+            A[...] = gpu.asarray(a)
+            graph.launch()
+            want = reference(a.astype(F64), w.astype(F64))
+            for y in ys:
+                assert_close(y, want, f32)
+        assert_close(call(A, W), want, f32)                 # not captured by the user: captures ours
+        assert _cublas.captures > before and not _cublas.CAPTURE_FAILURES
+        user.synchronize()
+
+
+@pytest.mark.parametrize("direction", ["forward", "backward_data"])
+def test_winograd_graph_replayed_inside_a_users_capture(gpu, rng, direction):
+    """The open half of review6a item 1 (notes/review6c.md): a cached call whose
+    whole-call graph exists (the same pointers on calls 2 and 3), then captured into
+    a user's graph, launches our graph into the capturing stream (which CUDA should
+    capture as a child graph node); new pointers inside the capture run directly.
+    Each replay of the user's graph must give the reference.  If CUDA refuses, the
+    replay path needs a per-call stream-capture query (left out: its host cost)."""
+    import dnnprims as dp
+    from dnnprims import _cublas
+    _kernels.release_outputs()
+    f32 = np.float32
+    x = random_array(rng, (1, 16, 12, 12), f32)
+    w = random_array(rng, (16, 16, 3, 3), f32)
+    call, reference = _winograd_calls(dp, x.shape, direction)
+    A, W = gpu.asarray(x), gpu.asarray(w)
+    user = gpu.cuda.Stream(non_blocking=True)
+    with user:
+        for _ in range(3):                                  # output dropped: the next call gets it back
+            call(A, W)
+        user.synchronize()
+        assert _cublas.captures > 0 and not _cublas.CAPTURE_FAILURES
+        A2 = gpu.asarray(x)
+        user.begin_capture()
+        try:
+            y, y2 = call(A, W), call(A2, W)
+        finally:
+            graph = user.end_capture()
+        for _ in range(2):
+            a, a2 = random_array(rng, x.shape, f32), random_array(rng, x.shape, f32)
+            A[...], A2[...] = gpu.asarray(a), gpu.asarray(a2)
+            graph.launch()
+            assert_close(y, reference(a.astype(F64), w.astype(F64)), f32)
+            assert_close(y2, reference(a2.astype(F64), w.astype(F64)), f32)
+        assert not _cublas.CAPTURE_FAILURES
+        user.synchronize()

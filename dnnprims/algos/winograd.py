@@ -592,8 +592,11 @@ class WinogradConvolution(ConvAlgorithm):
             calls = [(*head, base + b_offset, *mid, base + a_offset, *tail, base + c_offset, *last)
                      for _, (head, b_offset, mid, a_offset, tail, c_offset, last), _ in steps]
             captured = capture(calls, workspace.stream) if capture is not None and len(steps) == 1 else None
-            workspace.graphs = False if captured is None else captured
-            return workspace.graphs
+            if captured is None:
+                workspace.graphs = False
+            elif captured:         # else NOT_NOW (a user's capture): direct now, try again next call
+                workspace.graphs = captured
+            return captured
 
         capture_work = getattr(run_gemm, "capture_work", None)
         whole = {"misses": 0, "on": FULL_GRAPHS and capture_work is not None and len(steps) == 1}
@@ -624,11 +627,12 @@ class WinogradConvolution(ConvAlgorithm):
                 if whole["misses"] >= FULL_GRAPH_MISSES:
                     whole["on"] = False
                     return False
-                whole["misses"] += 1
                 captured = capture_work(lambda: launch_all(arrays, vec, None), workspace.stream)
-                if captured is None:
-                    whole["on"] = False
+                if not captured:   # None: never again; NOT_NOW (a user's capture): not this call
+                    if captured is None:
+                        whole["on"] = False
                     return False
+                whole["misses"] += 1
                 if len(cache) >= FULL_GRAPH_CACHE:
                     del cache[next(iter(cache))]
                 # (graph, the cuBLAS workspace it runs on): the second must live as long as the first.
