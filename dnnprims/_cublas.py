@@ -143,6 +143,7 @@ GRAPH_WORKSPACE_BYTES = 4 << 20
 GRAPH_WORKSPACE_STREAMS = 16
 _GRAPH_WORKSPACES = {}
 CAPTURE_FAILURES = []   # reasons (repr) of failed captures; one failure stops further tries
+#                         (a capture that failed, not one that could not get its memory)
 # What capture / capture_work return while the current stream is being captured (a
 # user capturing our call into a graph of theirs): falsy like a failure, but nothing
 # is recorded and the caller may try again on a later call.
@@ -281,8 +282,11 @@ class StridedBatched:
         stream only (``stream_key``: its key, ``_kernels.stream_key``):
         ``(graph, keep)``, where ``graph.launch()`` runs them and ``keep`` (the
         cuBLAS workspace the graph uses) must live as long as the graph.  None
-        when it cannot be captured (the reason goes to :data:`CAPTURE_FAILURES`,
-        and no later capture is tried).  :data:`NOT_NOW` (falsy) while the current
+        when it cannot be captured: the caller stops asking (for that workspace
+        or prepared call).  A failure of the capture itself also goes to
+        :data:`CAPTURE_FAILURES`, and no later capture is tried in the process;
+        memory or a stream that cannot be made for it (a full GPU) is not
+        recorded.  :data:`NOT_NOW` (falsy) while the current
         stream is itself being captured: the caller runs the GEMMs directly (into
         that capture) and may try again on a later call."""
         def gemms():
@@ -306,14 +310,17 @@ class StridedBatched:
             return NOT_NOW
         device = cupy.cuda.runtime.getDevice()
         handle = _own_handle(lib, device)
-        graph = None
-        try:   # a workspace or stream that cannot be made (a full GPU) is a failed capture too
+        try:
             keep = _GRAPH_WORKSPACES.get((device, stream_key)) if stream_key is not None else None
             if keep is None:
                 keep = cupy.empty(GRAPH_WORKSPACE_BYTES, dtype=np.uint8)
                 if stream_key is not None and len(_GRAPH_WORKSPACES) < GRAPH_WORKSPACE_STREAMS:
                     _GRAPH_WORKSPACES[device, stream_key] = keep
             side = cupy.cuda.Stream(non_blocking=True)
+        except Exception:   # a full GPU: this caller runs directly; not a failure of captures
+            return None
+        graph = None
+        try:
             with side:
                 _check(lib.cublasSetStream_v2(handle.ptr, side.ptr))
                 handle.stream = side.ptr   # call() inside the capture keeps it (and the workspace)
@@ -325,7 +332,7 @@ class StridedBatched:
                     graph = side.end_capture()
             graph.upload(cupy.cuda.get_current_stream())
             captures += 1
-        except Exception as e:  # recorded: the caller runs the work directly
+        except Exception as e:  # recorded, and no later capture is tried: the caller runs the work directly
             CAPTURE_FAILURES.append(repr(e))
             graph = None
         finally:
