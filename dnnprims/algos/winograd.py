@@ -122,7 +122,9 @@ VECTOR_ROWS = True
 # workspace (_kernels.WorkspaceSlot), the cuBLAS GEMM runs as a CUDA graph captured
 # over that workspace (its pointers all lie in it: the graph replays as captured).
 # cudaGraphLaunch costs a few microseconds of host time where the cuBLAS call cost
-# 8-15 (notes/hostwino.md).  DNNPRIMS_WINOGRAD_GEMM_GRAPHS=0 turns it off.
+# 8-15 (notes/hostwino.md).  With FULL_GRAPHS the GEMM graph is captured only the
+# first time a call does not run as a whole-call graph (one capture, not two, on the
+# second call: notes/review6c.md).  DNNPRIMS_WINOGRAD_GEMM_GRAPHS=0 turns it off.
 GEMM_GRAPHS = os.environ.get("DNNPRIMS_WINOGRAD_GEMM_GRAPHS", "1") != "0"
 # With GEMM_GRAPHS (notes/hostwino.md; GPU-tested in session 6), the whole
 # one-chunk call -- input (and filter) transform, GEMM, output transform -- as one
@@ -585,17 +587,18 @@ class WinogradConvolution(ConvAlgorithm):
         capture = getattr(run_gemm, "capture", None)
         slot = WorkspaceSlot(plan["elements"], plan["acc"])
 
-        def graphs_of(workspace):
-            """The GEMMs of every chunk as one CUDA graph over this kept workspace
-            (all their pointers lie in it), or False."""
+        def gemm_graph_of(workspace, graphs):
+            """The GEMM as a CUDA graph over this kept workspace (all its pointers
+            lie in it), kept in ``graphs[0]``; False when it cannot be captured,
+            NOT_NOW (falsy, nothing kept) inside a user's capture."""
             base = workspace.array.data.ptr
-            calls = [(*head, base + b_offset, *mid, base + a_offset, *tail, base + c_offset, *last)
-                     for _, (head, b_offset, mid, a_offset, tail, c_offset, last), _ in steps]
-            captured = capture(calls, workspace.stream) if capture is not None and len(steps) == 1 else None
+            (head, b_offset, mid, a_offset, tail, c_offset, last) = steps[0][1]
+            calls = [(*head, base + b_offset, *mid, base + a_offset, *tail, base + c_offset, *last)]
+            captured = capture(calls, workspace.stream) if capture is not None else None
             if captured is None:
-                workspace.graphs = False
+                graphs[0] = False
             elif captured:         # else NOT_NOW (a user's capture): direct now, try again next call
-                workspace.graphs = captured
+                graphs[0] = captured
             return captured
 
         capture_work = getattr(run_gemm, "capture_work", None)
@@ -614,13 +617,9 @@ class WinogradConvolution(ConvAlgorithm):
                 run_gemm(*head, base + b_offset, *mid, base + a_offset, *tail, base + c_offset, *last)
             outputs[vec](*arrays)
 
-        def run_whole(workspace, arrays, vec):
-            """The call as one graph over its pointers (captured on a miss); False
-            when this prepared call no longer captures."""
-            cache = workspace.graphs[2] if len(workspace.graphs) > 2 else None
-            if cache is None:
-                cache = {}
-                workspace.graphs = (*workspace.graphs[:2], cache)
+        def run_whole(cache, workspace, arrays, vec):
+            """The call as one graph over its pointers (captured on a miss, kept in
+            ``cache``); False when it did not run so."""
             key = tuple(None if x is None else x.data.ptr for x in arrays[:4])
             graph = cache.get(key)
             if graph is None:
@@ -653,11 +652,14 @@ class WinogradConvolution(ConvAlgorithm):
                 vec = out.data.ptr % 16 == 0
                 graphs = workspace.graphs
                 if graphs is None and GEMM_GRAPHS and workspace.kept:
-                    graphs = graphs_of(workspace)   # the second call on a kept workspace
-                if graphs and whole["on"] and run_whole(workspace, arrays, vec):
+                    # The second call on a kept workspace: [the GEMM graph (captured the first
+                    # time the whole-call graph does not run), the whole-call graphs].
+                    graphs = workspace.graphs = [None, {}] if len(steps) == 1 else False
+                if graphs and whole["on"] and run_whole(graphs[1], workspace, arrays, vec):
                     return out
-                if graphs:
-                    launch_all(arrays, vec, graphs[0])
+                gemm = graphs and (graphs[0] if graphs[0] is not None else gemm_graph_of(workspace, graphs))
+                if gemm:
+                    launch_all(arrays, vec, gemm[0])
                 else:
                     for launch in first:
                         launch(*arrays)
