@@ -17,6 +17,7 @@ cuBLAS's first operand, A's the second, with m = N, n = M.
 """
 import ctypes
 import os
+import sys
 import threading
 
 import numpy as np
@@ -180,14 +181,16 @@ def _library():
             lib = ctypes.CDLL(_find_library_path())
             P, I, L = ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong
             lib.cublasCreate_v2.argtypes = [ctypes.POINTER(P)]
+            lib.cublasDestroy_v2.argtypes = [P]
             lib.cublasSetStream_v2.argtypes = [P, P]
             lib.cublasSetWorkspace_v2.argtypes = [P, P, ctypes.c_size_t]
             lib.cublasSetMathMode.argtypes = [P, I]
             for name in ("cublasSgemmStridedBatched", "cublasDgemmStridedBatched"):
                 fn = getattr(lib, name)
                 fn.argtypes = [P, I, I, I, I, I, P, P, I, L, P, I, L, P, P, I, L, I]
-            for fn in (lib.cublasCreate_v2, lib.cublasSetStream_v2, lib.cublasSetWorkspace_v2,
-                       lib.cublasSetMathMode, lib.cublasSgemmStridedBatched, lib.cublasDgemmStridedBatched):
+            for fn in (lib.cublasCreate_v2, lib.cublasDestroy_v2, lib.cublasSetStream_v2,
+                       lib.cublasSetWorkspace_v2, lib.cublasSetMathMode,
+                       lib.cublasSgemmStridedBatched, lib.cublasDgemmStridedBatched):
                 fn.restype = I
             _LIB = lib
         except Exception as e:  # no GPU stack, or a library without these symbols
@@ -196,13 +199,40 @@ def _library():
 
 
 class _Handle:
-    """A cuBLAS handle of ours and the stream it last ran on (this thread only)."""
+    """A cuBLAS handle of ours and the stream it last ran on (this thread only).
 
-    __slots__ = ("ptr", "stream")
+    Destroyed when it is dropped, i.e. when its thread ends (the thread's
+    ``_HANDLES`` dies), as CuPy destroys its own per-thread handles
+    (``cupy/cuda/device.pyx``, ``Handle.__dealloc__``): a server that makes
+    threads would otherwise leak one handle, and its device memory, per thread
+    and device.  ``release`` is (cublasDestroy, the handle's device, getDevice,
+    setDevice): the handle's device is made current around the destroy (the
+    thread may have moved to another one).  Not at interpreter shutdown (the
+    driver may be unloaded; the process's end frees the handle)."""
 
-    def __init__(self, ptr):
+    __slots__ = ("ptr", "stream", "release")
+
+    def __init__(self, ptr, release=None):
         self.ptr = ptr
         self.stream = None
+        self.release = release
+
+    def __del__(self, _sys=sys):
+        release = self.release
+        if release is None or _sys.is_finalizing():
+            return
+        destroy, device, get_device, set_device = release
+        try:
+            current = get_device()
+            if current != device:
+                set_device(device)
+            try:
+                destroy(self.ptr)
+            finally:
+                if current != device:
+                    set_device(current)
+        except Exception:   # nothing to do about it in a destructor
+            pass
 
 
 def _check(status):
@@ -217,13 +247,15 @@ def _own_handle(lib, device):
         handles = _HANDLES.by_device = {}
     handle = handles.get(device)
     if handle is None:
+        from cupy.cuda import runtime
         ptr = ctypes.c_void_p()
         _check(lib.cublasCreate_v2(ctypes.byref(ptr)))
+        handle = _Handle(ptr.value, (lib.cublasDestroy_v2, device, runtime.getDevice, runtime.setDevice))
         # Full fp32 products (no TF32): the Winograd error bounds assume them.  Not a
         # copy of CuPy's shared handle's mode: that is whatever code last used it left
         # there (CuPy asks for TF32 per call, through the compute type).
-        _check(lib.cublasSetMathMode(ptr, _DEFAULT_MATH))
-        handle = handles[device] = _Handle(ptr.value)
+        _check(lib.cublasSetMathMode(handle.ptr, _DEFAULT_MATH))
+        handles[device] = handle
     return handle
 
 

@@ -111,6 +111,10 @@ class _FakeLibrary:
         self.log.append(("create",))
         return 0
 
+    def cublasDestroy_v2(self, handle):
+        self.log.append(("destroy", handle))
+        return 0
+
     def cublasSetMathMode(self, handle, mode):
         self.log.append(("math", getattr(handle, "value", handle), mode))   # a c_void_p or its value
         return 0
@@ -346,3 +350,42 @@ def test_capture_that_cannot_allocate_falls_back_without_turning_captures_off(fa
     graph, keep = run.capture([_sgemm_args()], 77)     # memory back: captured
     assert ("begin", 900) in fake_capture and fake_capture[-1] == ("stream", 4321, None)
     assert not _cublas.CAPTURE_FAILURES
+
+
+def test_own_handle_is_destroyed_with_its_thread_on_its_own_device(fake_cublas, monkeypatch):
+    """Our cuBLAS handles are per thread and device; a thread that ends must not leak
+    its handle (and the device memory cuBLAS gave it), as CuPy destroys its own with
+    the thread (review6a item 2: ours were never destroyed).  The handle's device is
+    made current around cublasDestroy (the thread may have moved to another device),
+    then the thread's device is put back; not at interpreter shutdown."""
+    import gc
+    import sys
+    import threading
+    cupy = pytest.importorskip("cupy")
+    from dnnprims import _cublas
+    current = [1]                          # the device current in the thread
+    monkeypatch.setattr(cupy.cuda.runtime, "getDevice", lambda: current[0])
+
+    def set_device(device):
+        fake_cublas.log.append(("set device", device))
+        current[0] = device
+    monkeypatch.setattr(cupy.cuda.runtime, "setDevice", set_device)
+    run = _cublas.StridedBatched(np.float32)
+
+    def thread():
+        run(*_sgemm_args())                # makes this thread's handle for device 1
+        current[0] = 0                     # the thread then moves to device 0, and ends
+    worker = threading.Thread(target=thread)
+    worker.start()
+    worker.join()
+    gc.collect()
+    log = fake_cublas.log
+    assert ("create",) in log and ("sgemm", 4321) in log
+    assert log[log.index(("sgemm", 4321)) + 1:] == [("set device", 1), ("destroy", 4321), ("set device", 0)]
+    count = len(log)
+    monkeypatch.setattr(sys, "is_finalizing", lambda: True)
+    worker = threading.Thread(target=lambda: run(*_sgemm_args()))
+    worker.start()
+    worker.join()
+    gc.collect()
+    assert ("sgemm", 4321) in log[count:] and ("destroy", 4321) not in log[count:]
