@@ -544,11 +544,12 @@ def test_winograd_prepared_call_that_raises_gives_its_workspace_back(fake_pool, 
 
 
 def test_winograd_full_graphs_capture_per_pointers_and_stop_after_misses(fake_pool, monkeypatch):
-    """winograd.FULL_GRAPHS (work in progress): the second call on a kept workspace
-    captures the whole call (the GEMM graph only once the whole-call graph does not
-    run); a call with the same pointers is one graph launch and nothing else; new pointers capture again (FULL_GRAPH_CACHE kept,
-    oldest dropped); FULL_GRAPH_MISSES captures in a row without a hit stop the
-    captures (the GEMM graph stays).  Kernels, cuBLAS and graphs are faked."""
+    """winograd.FULL_GRAPHS: the second call on a kept workspace captures the whole
+    call (the GEMM graph only once a call does not run as a whole-call graph); a
+    call with the same pointers is one graph launch and nothing else; new pointers
+    capture again (FULL_GRAPH_CACHE kept, the least recently used dropped);
+    FULL_GRAPH_MISSES graphs dropped without a hit stop the captures (the GEMM graph
+    from then on).  Kernels, cuBLAS and graphs are faked."""
     cupy = pytest.importorskip("cupy")
     from dnnprims import conv
     from dnnprims.algos import winograd
@@ -604,16 +605,21 @@ def test_winograd_full_graphs_capture_per_pointers_and_stop_after_misses(fake_po
     a2, a3, a4 = (_fake_array(problem.x_shape) for _ in range(3))
     assert call(a2, b, out) == [("graph", "whole2")]
     assert call(a, b, out) == [("graph", "whole1")]      # both kept (cache of 2)
-    assert call(a3, b, out) == [("graph", "whole3")]     # drops whole1, the oldest
-    assert call(a, b, out) == [("graph", "whole4")]
-    assert Gemm.captured == 4
-    # whole3 and whole4 were misses in a row; a2 (whole2 dropped) is the third: captured;
-    # a3 would be the fourth: the prepared call stops capturing and takes the GEMM graph.
-    misses = [call(x, b, out) for x in (a2, a3, a4)]
-    assert misses[0] == [("graph", "whole5")]
-    assert all(("graph", "gemm") in m and ("launch", "winograd_input_transform") in m for m in misses[1:])
+    assert call(a3, b, out) == [("graph", "whole3")]     # drops whole2: least recently used, never hit
+    assert call(a, b, out) == [("graph", "whole1")]      # the hot one stays (LRU)
+    assert Gemm.captured == 3
+    # Hits between fresh pointers do not defeat the stop rule (it counted misses in a row,
+    # which each hit reset): whole2, whole3, whole4 dropped without a hit make
+    # FULL_GRAPH_MISSES = 3, and the next miss stops the captures.
+    assert call(a2, b, out) == [("graph", "whole4")]     # drops whole3
+    assert call(a, b, out) == [("graph", "whole1")]
+    assert call(a4, b, out) == [("graph", "whole5")]     # drops whole4
+    assert call(a, b, out) == [("graph", "whole1")]
+    assert Gemm.captured == 5 and Gemm.gemm_captures == 0
+    stopped = call(a3, b, out)
+    assert ("graph", "gemm") in stopped and ("launch", "winograd_input_transform") in stopped
     assert Gemm.captured == 5 and Gemm.gemm_captures == 1
-    assert ("graph", "gemm") in call(a2, b, out)         # for good, even where a graph was kept
+    assert ("graph", "gemm") in call(a, b, out)          # for good, even where a graph was kept
     assert Gemm.captured == 5 and Gemm.gemm_captures == 1
     _kernels.release_outputs()
 

@@ -129,10 +129,11 @@ GEMM_GRAPHS = os.environ.get("DNNPRIMS_WINOGRAD_GEMM_GRAPHS", "1") != "0"
 # With GEMM_GRAPHS (notes/hostwino.md; GPU-tested in session 6), the whole
 # one-chunk call -- input (and filter) transform, GEMM, output transform -- as one
 # CUDA graph per (a, b, out, bias) pointers, FULL_GRAPH_CACHE of them a workspace
-# (oldest dropped).  A call whose pointers repeat (a benchmark loop; a training loop
-# whose memory pool hands the same blocks back) is one graph launch.  After
-# FULL_GRAPH_MISSES captures in a row without a hit the prepared call stops capturing
-# (it keeps the GEMM graph).  On by default (H100: fwd / bdata 3x3 b1 10.5-12.1 us host
+# (the least recently used dropped).  A call whose pointers repeat (a benchmark loop;
+# a training loop whose memory pool hands the same blocks back) is one graph launch.
+# After FULL_GRAPH_MISSES graphs dropped without ever being hit (captures wasted on
+# pointers that did not repeat, however many hits came between them) the prepared
+# call stops capturing (and takes the GEMM graph).  On by default (H100: fwd / bdata 3x3 b1 10.5-12.1 us host
 # per cached call against 19.6-25 with the GEMM graph alone); DNNPRIMS_WINOGRAD_FULL_GRAPHS=0 turns it off.
 FULL_GRAPHS = os.environ.get("DNNPRIMS_WINOGRAD_FULL_GRAPHS", "1") != "0"
 FULL_GRAPH_CACHE = 4
@@ -602,7 +603,7 @@ class WinogradConvolution(ConvAlgorithm):
             return captured
 
         capture_work = getattr(run_gemm, "capture_work", None)
-        whole = {"misses": 0, "on": FULL_GRAPHS and capture_work is not None and len(steps) == 1}
+        whole = {"wasted": 0, "on": FULL_GRAPHS and capture_work is not None and len(steps) == 1}
 
         def launch_all(arrays, vec, graph):
             """The one-chunk call, its GEMM as ``graph`` (the GEMM graph) or, with None, direct."""
@@ -621,9 +622,9 @@ class WinogradConvolution(ConvAlgorithm):
             """The call as one graph over its pointers (captured on a miss, kept in
             ``cache``); False when it did not run so."""
             key = tuple(None if x is None else x.data.ptr for x in arrays[:4])
-            graph = cache.get(key)
-            if graph is None:
-                if whole["misses"] >= FULL_GRAPH_MISSES:
+            entry = cache.pop(key, None)
+            if entry is None:
+                if whole["wasted"] >= FULL_GRAPH_MISSES:
                     whole["on"] = False
                     return False
                 captured = capture_work(lambda: launch_all(arrays, vec, None), workspace.stream)
@@ -631,14 +632,15 @@ class WinogradConvolution(ConvAlgorithm):
                     if captured is None:
                         whole["on"] = False
                     return False
-                whole["misses"] += 1
                 if len(cache) >= FULL_GRAPH_CACHE:
-                    del cache[next(iter(cache))]
-                # (graph, the cuBLAS workspace it runs on): the second must live as long as the first.
-                graph = cache[key] = captured
+                    if not cache.pop(next(iter(cache)))[2]:   # the least recently used, never hit
+                        whole["wasted"] += 1
+                # [graph, the cuBLAS workspace it runs on (must live as long), hit since captured]
+                entry = [*captured, False]
             else:
-                whole["misses"] = 0
-            graph[0].launch()
+                entry[2] = True
+            cache[key] = entry     # the most recently used last
+            entry[0].launch()
             return True
 
         def run(a, b, out, bias=None):
