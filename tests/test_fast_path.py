@@ -1286,7 +1286,7 @@ def test_winograd_gemm_graph_is_captured_once_per_workspace(gpu, rng, direction,
 
 @pytest.mark.parametrize("direction", ["forward", "backward_data"])
 def test_winograd_full_graph_matches_reference_on_every_pointer_set(gpu, rng, direction, monkeypatch):
-    """winograd.FULL_GRAPHS (work in progress): the whole cached call replayed as a
+    """winograd.FULL_GRAPHS (on by default): the whole cached call replayed as a
     graph per pointer set gives the reference on every call -- new values in the same
     arrays, new arrays, a bias, an input 4 bytes past a 16-byte boundary, a side
     stream."""

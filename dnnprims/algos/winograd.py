@@ -621,7 +621,8 @@ class WinogradConvolution(ConvAlgorithm):
         def run_whole(cache, workspace, arrays, vec):
             """The call as one graph over its pointers (captured on a miss, kept in
             ``cache``); False when it did not run so."""
-            key = tuple(None if x is None else x.data.ptr for x in arrays[:4])
+            a, b, out, bias, _ = arrays
+            key = (a.data.ptr, b.data.ptr, out.data.ptr, None if bias is None else bias.data.ptr)
             entry = cache.pop(key, None)
             if entry is None:
                 if whole["wasted"] >= FULL_GRAPH_MISSES:
