@@ -17,6 +17,7 @@ cuBLAS's first operand, A's the second, with m = N, n = M.
 """
 import ctypes
 import os
+import sys
 import threading
 
 import numpy as np
@@ -143,6 +144,11 @@ GRAPH_WORKSPACE_BYTES = 4 << 20
 GRAPH_WORKSPACE_STREAMS = 16
 _GRAPH_WORKSPACES = {}
 CAPTURE_FAILURES = []   # reasons (repr) of failed captures; one failure stops further tries
+#                         (a capture that failed, not one that could not get its memory)
+# What capture / capture_work return while the current stream is being captured (a
+# user capturing our call into a graph of theirs): falsy like a failure, but nothing
+# is recorded and the caller may try again on a later call.
+NOT_NOW = ()
 captures = 0            # graphs captured so far (tests check that the graph path ran)
 _LIB = None             # the ctypes library, False when it cannot be loaded
 _LOAD_ERROR = None
@@ -175,14 +181,16 @@ def _library():
             lib = ctypes.CDLL(_find_library_path())
             P, I, L = ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong
             lib.cublasCreate_v2.argtypes = [ctypes.POINTER(P)]
+            lib.cublasDestroy_v2.argtypes = [P]
             lib.cublasSetStream_v2.argtypes = [P, P]
             lib.cublasSetWorkspace_v2.argtypes = [P, P, ctypes.c_size_t]
             lib.cublasSetMathMode.argtypes = [P, I]
             for name in ("cublasSgemmStridedBatched", "cublasDgemmStridedBatched"):
                 fn = getattr(lib, name)
                 fn.argtypes = [P, I, I, I, I, I, P, P, I, L, P, I, L, P, P, I, L, I]
-            for fn in (lib.cublasCreate_v2, lib.cublasSetStream_v2, lib.cublasSetWorkspace_v2,
-                       lib.cublasSetMathMode, lib.cublasSgemmStridedBatched, lib.cublasDgemmStridedBatched):
+            for fn in (lib.cublasCreate_v2, lib.cublasDestroy_v2, lib.cublasSetStream_v2,
+                       lib.cublasSetWorkspace_v2, lib.cublasSetMathMode,
+                       lib.cublasSgemmStridedBatched, lib.cublasDgemmStridedBatched):
                 fn.restype = I
             _LIB = lib
         except Exception as e:  # no GPU stack, or a library without these symbols
@@ -191,13 +199,40 @@ def _library():
 
 
 class _Handle:
-    """A cuBLAS handle of ours and the stream it last ran on (this thread only)."""
+    """A cuBLAS handle of ours and the stream it last ran on (this thread only).
 
-    __slots__ = ("ptr", "stream")
+    Destroyed when it is dropped, i.e. when its thread ends (the thread's
+    ``_HANDLES`` dies), as CuPy destroys its own per-thread handles
+    (``cupy/cuda/device.pyx``, ``Handle.__dealloc__``): a server that makes
+    threads would otherwise leak one handle, and its device memory, per thread
+    and device.  ``release`` is (cublasDestroy, the handle's device, getDevice,
+    setDevice): the handle's device is made current around the destroy (the
+    thread may have moved to another one).  Not at interpreter shutdown (the
+    driver may be unloaded; the process's end frees the handle)."""
 
-    def __init__(self, ptr):
+    __slots__ = ("ptr", "stream", "release")
+
+    def __init__(self, ptr, release=None):
         self.ptr = ptr
         self.stream = None
+        self.release = release
+
+    def __del__(self, _sys=sys):
+        release = self.release
+        if release is None or _sys.is_finalizing():
+            return
+        destroy, device, get_device, set_device = release
+        try:
+            current = get_device()
+            if current != device:
+                set_device(device)
+            try:
+                destroy(self.ptr)
+            finally:
+                if current != device:
+                    set_device(current)
+        except Exception:   # nothing to do about it in a destructor
+            pass
 
 
 def _check(status):
@@ -212,14 +247,27 @@ def _own_handle(lib, device):
         handles = _HANDLES.by_device = {}
     handle = handles.get(device)
     if handle is None:
+        from cupy.cuda import runtime
         ptr = ctypes.c_void_p()
         _check(lib.cublasCreate_v2(ctypes.byref(ptr)))
+        handle = _Handle(ptr.value, (lib.cublasDestroy_v2, device, runtime.getDevice, runtime.setDevice))
         # Full fp32 products (no TF32): the Winograd error bounds assume them.  Not a
         # copy of CuPy's shared handle's mode: that is whatever code last used it left
         # there (CuPy asks for TF32 per call, through the compute type).
-        _check(lib.cublasSetMathMode(ptr, _DEFAULT_MATH))
-        handle = handles[device] = _Handle(ptr.value)
+        _check(lib.cublasSetMathMode(handle.ptr, _DEFAULT_MATH))
+        handles[device] = handle
     return handle
+
+
+def _capturing(stream):
+    """Whether ``stream`` is being captured into a CUDA graph.  A query CUDA refuses
+    (the legacy default stream while another stream captures in global mode)
+    counts as capturing."""
+    from cupy.cuda import runtime
+    try:
+        return stream.is_capturing()
+    except runtime.CUDARuntimeError:
+        return True
 
 
 class StridedBatched:
@@ -266,8 +314,13 @@ class StridedBatched:
         stream only (``stream_key``: its key, ``_kernels.stream_key``):
         ``(graph, keep)``, where ``graph.launch()`` runs them and ``keep`` (the
         cuBLAS workspace the graph uses) must live as long as the graph.  None
-        when it cannot be captured (the reason goes to :data:`CAPTURE_FAILURES`,
-        and no later capture is tried)."""
+        when it cannot be captured: the caller stops asking (for that workspace
+        or prepared call).  A failure of the capture itself also goes to
+        :data:`CAPTURE_FAILURES`, and no later capture is tried in the process;
+        memory or a stream that cannot be made for it (a full GPU) is not
+        recorded.  :data:`NOT_NOW` (falsy) while the current
+        stream is itself being captured: the caller runs the GEMMs directly (into
+        that capture) and may try again on a later call."""
         def gemms():
             for args in calls:
                 self.call(*args)
@@ -282,16 +335,24 @@ class StridedBatched:
         if lib is None or CAPTURE_FAILURES:
             return None
         import cupy
+        if _capturing(cupy.cuda.get_current_stream()):
+            # A user capturing our call into their graph: a capture of ours would allocate,
+            # begin a second capture and upload on their stream (CUDA refuses the upload,
+            # which invalidates their capture).  Not a failure of ours: nothing recorded.
+            return NOT_NOW
         device = cupy.cuda.runtime.getDevice()
         handle = _own_handle(lib, device)
-        graph = None
-        try:   # a workspace or stream that cannot be made (a full GPU) is a failed capture too
+        try:
             keep = _GRAPH_WORKSPACES.get((device, stream_key)) if stream_key is not None else None
             if keep is None:
                 keep = cupy.empty(GRAPH_WORKSPACE_BYTES, dtype=np.uint8)
                 if stream_key is not None and len(_GRAPH_WORKSPACES) < GRAPH_WORKSPACE_STREAMS:
                     _GRAPH_WORKSPACES[device, stream_key] = keep
             side = cupy.cuda.Stream(non_blocking=True)
+        except Exception:   # a full GPU: this caller runs directly; not a failure of captures
+            return None
+        graph = None
+        try:
             with side:
                 _check(lib.cublasSetStream_v2(handle.ptr, side.ptr))
                 handle.stream = side.ptr   # call() inside the capture keeps it (and the workspace)
@@ -303,7 +364,7 @@ class StridedBatched:
                     graph = side.end_capture()
             graph.upload(cupy.cuda.get_current_stream())
             captures += 1
-        except Exception as e:  # recorded: the caller runs the work directly
+        except Exception as e:  # recorded, and no later capture is tried: the caller runs the work directly
             CAPTURE_FAILURES.append(repr(e))
             graph = None
         finally:

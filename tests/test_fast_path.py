@@ -544,11 +544,12 @@ def test_winograd_prepared_call_that_raises_gives_its_workspace_back(fake_pool, 
 
 
 def test_winograd_full_graphs_capture_per_pointers_and_stop_after_misses(fake_pool, monkeypatch):
-    """winograd.FULL_GRAPHS (work in progress): the second call on a kept workspace
-    captures the GEMM graph and the whole call; a call with the same pointers is one
-    graph launch and nothing else; new pointers capture again (FULL_GRAPH_CACHE kept,
-    oldest dropped); FULL_GRAPH_MISSES captures in a row without a hit stop the
-    captures (the GEMM graph stays).  Kernels, cuBLAS and graphs are faked."""
+    """winograd.FULL_GRAPHS: the second call on a kept workspace captures the whole
+    call (the GEMM graph only once a call does not run as a whole-call graph); a
+    call with the same pointers is one graph launch and nothing else; new pointers
+    capture again (FULL_GRAPH_CACHE kept, the least recently used dropped);
+    FULL_GRAPH_MISSES graphs dropped without a hit stop the captures (the GEMM graph
+    from then on).  Kernels, cuBLAS and graphs are faked."""
     cupy = pytest.importorskip("cupy")
     from dnnprims import conv
     from dnnprims.algos import winograd
@@ -570,12 +571,13 @@ def test_winograd_full_graphs_capture_per_pointers_and_stop_after_misses(fake_po
             log.append(("graph", self.name))
 
     class Gemm:
-        captured = 0
+        captured = gemm_captures = 0
 
         def __call__(self, *args):
             log.append(("gemm",))
 
         def capture(self, calls, stream_key=None):
+            Gemm.gemm_captures += 1
             return Graph("gemm"), None
 
         def capture_work(self, work, stream_key=None):
@@ -597,22 +599,28 @@ def test_winograd_full_graphs_capture_per_pointers_and_stop_after_misses(fake_po
         return list(log)
     first = call(a, b, out)
     assert ("gemm",) in first and len([e for e in first if e[0] == "launch"]) == 2   # direct, then kept
-    assert call(a, b, out) == [("graph", "whole1")]      # GEMM graph and whole call captured
+    assert call(a, b, out) == [("graph", "whole1")]      # the whole call captured
+    assert Gemm.gemm_captures == 0                       # the GEMM graph waits until it is needed
     assert call(a, b, out) == [("graph", "whole1")]      # same pointers: one launch
     a2, a3, a4 = (_fake_array(problem.x_shape) for _ in range(3))
     assert call(a2, b, out) == [("graph", "whole2")]
     assert call(a, b, out) == [("graph", "whole1")]      # both kept (cache of 2)
-    assert call(a3, b, out) == [("graph", "whole3")]     # drops whole1, the oldest
-    assert call(a, b, out) == [("graph", "whole4")]
-    assert Gemm.captured == 4
-    # whole3 and whole4 were misses in a row; a2 (whole2 dropped) is the third: captured;
-    # a3 would be the fourth: the prepared call stops capturing and takes the GEMM graph.
-    misses = [call(x, b, out) for x in (a2, a3, a4)]
-    assert misses[0] == [("graph", "whole5")]
-    assert all(("graph", "gemm") in m and ("launch", "winograd_input_transform") in m for m in misses[1:])
-    assert Gemm.captured == 5
-    assert ("graph", "gemm") in call(a2, b, out)         # for good, even where a graph was kept
-    assert Gemm.captured == 5
+    assert call(a3, b, out) == [("graph", "whole3")]     # drops whole2: least recently used, never hit
+    assert call(a, b, out) == [("graph", "whole1")]      # the hot one stays (LRU)
+    assert Gemm.captured == 3
+    # Hits between fresh pointers do not defeat the stop rule (it counted misses in a row,
+    # which each hit reset): whole2, whole3, whole4 dropped without a hit make
+    # FULL_GRAPH_MISSES = 3, and the next miss stops the captures.
+    assert call(a2, b, out) == [("graph", "whole4")]     # drops whole3
+    assert call(a, b, out) == [("graph", "whole1")]
+    assert call(a4, b, out) == [("graph", "whole5")]     # drops whole4
+    assert call(a, b, out) == [("graph", "whole1")]
+    assert Gemm.captured == 5 and Gemm.gemm_captures == 0
+    stopped = call(a3, b, out)
+    assert ("graph", "gemm") in stopped and ("launch", "winograd_input_transform") in stopped
+    assert Gemm.captured == 5 and Gemm.gemm_captures == 1
+    assert ("graph", "gemm") in call(a, b, out)          # for good, even where a graph was kept
+    assert Gemm.captured == 5 and Gemm.gemm_captures == 1
     _kernels.release_outputs()
 
 
@@ -679,16 +687,74 @@ def test_winograd_full_graph_keeps_its_cublas_workspace_alive(fake_pool, monkeyp
     run = winograd.WINOGRAD_F2.prepare(problem, "forward")
     a, b, out = _fake_array(problem.x_shape), _fake_array(problem.w_shape), _fake_array(problem.y_shape)
     run(a, b, out)                          # direct; the workspace is kept from now on
-    run(a, b, out)                          # captures the GEMM graph and the whole call
-    assert len(made) == 2
+    run(a, b, out)                          # captures the whole call (the GEMM graph waits: review6c)
+    assert len(made) == 1
     launches = Graph.launches
     run(a, b, out)                          # replays the whole-call graph
     assert Graph.launches == launches + 1
+    monkeypatch.setattr(winograd, "FULL_GRAPH_MISSES", 0)
+    run(_fake_array(problem.x_shape), b, out)   # a miss past the limit: the GEMM graph is captured
+    assert len(made) == 2
     gc.collect()
     assert all(ref() is not None for ref in made), "a cached graph's cuBLAS workspace was freed"
     _kernels.release_outputs()              # the workspace, its graphs and their cuBLAS workspaces go
     gc.collect()
     assert all(ref() is None for ref in made)
+
+
+def test_winograd_call_inside_a_users_capture_runs_directly_and_captures_later(fake_pool, monkeypatch):
+    """A user capturing our cached call into their own CUDA graph: our captures answer
+    _cublas.NOT_NOW while their stream is capturing.  Those calls run directly (into
+    the user's graph), and neither the workspace's GEMM graph nor the prepared call's
+    whole-call graphs are turned off: the first call after the user's capture
+    captures.  (Before: the second call's failed capture set ``workspace.graphs``
+    for good, and the workspace never captured again.)  Kernels, cuBLAS and graphs
+    are faked."""
+    cupy = pytest.importorskip("cupy")
+    from dnnprims import _cublas, conv
+    from dnnprims.algos import winograd
+    monkeypatch.setattr(cupy.cuda.runtime, "getDevice", lambda: 0)
+    monkeypatch.setattr(winograd, "FULL_GRAPHS", True)
+    log, user_capturing = [], [False]
+
+    def prepare(expr, grid, block, args, **kwargs):
+        return lambda *arrays: log.append(("launch", expr.split("<")[0]))
+    monkeypatch.setattr(winograd.FAMILY, "prepare", prepare)
+
+    class Graph:
+        def __init__(self, name):
+            self.name = name
+
+        def launch(self):
+            log.append(("graph", self.name))
+
+    class Gemm:
+        def __call__(self, *args):
+            log.append(("gemm",))
+
+        def capture(self, calls, stream_key=None):
+            return _cublas.NOT_NOW if user_capturing[0] else (Graph("gemm"), None)
+
+        def capture_work(self, work, stream_key=None):
+            return _cublas.NOT_NOW if user_capturing[0] else (Graph("whole"), None)
+    monkeypatch.setattr(winograd, "_GEMM_RUN", {np.dtype(np.float32): Gemm()})
+    problem = conv._describe((1, 4, 8, 8), (4, 4, 3, 3), (1, 1), (1, 1), (1, 1), 1, "NCHW", "float32")
+    monkeypatch.setattr(winograd.WINOGRAD_F2, "_plans", {})
+    run = winograd.WINOGRAD_F2.prepare(problem, "forward")
+    a, b, out = _fake_array(problem.x_shape), _fake_array(problem.w_shape), _fake_array(problem.y_shape)
+
+    def call():
+        log.clear()
+        run(a, b, out)
+        return list(log)
+    direct = call()                        # the first call: direct; the workspace is kept from now on
+    assert ("gemm",) in direct
+    user_capturing[0] = True
+    assert [call() for _ in range(3)] == [direct] * 3     # calls 2-4 inside the user's capture
+    user_capturing[0] = False
+    assert call() == [("graph", "whole")]  # the next call captures, and replays from then on
+    assert call() == [("graph", "whole")]
+    _kernels.release_outputs()
 
 
 # ---- the fast paths on the GPU -------------------------------------------------------
@@ -1220,7 +1286,7 @@ def test_winograd_gemm_graph_is_captured_once_per_workspace(gpu, rng, direction,
 
 @pytest.mark.parametrize("direction", ["forward", "backward_data"])
 def test_winograd_full_graph_matches_reference_on_every_pointer_set(gpu, rng, direction, monkeypatch):
-    """winograd.FULL_GRAPHS (work in progress): the whole cached call replayed as a
+    """winograd.FULL_GRAPHS (on by default): the whole cached call replayed as a
     graph per pointer set gives the reference on every call -- new values in the same
     arrays, new arrays, a bias, an input 4 bytes past a 16-byte boundary, a side
     stream."""
@@ -1252,7 +1318,7 @@ def test_winograd_full_graph_matches_reference_on_every_pointer_set(gpu, rng, di
         a = random_array(rng, x.shape, f32)
         A[...] = gpu.asarray(a)
         assert_close(call(A, W), reference(a.astype(F64), w.astype(F64)), f32)
-    assert not _cublas.CAPTURE_FAILURES and _cublas.captures == before + 2   # GEMM graph, whole call
+    assert not _cublas.CAPTURE_FAILURES and _cublas.captures == before + 1   # the whole call (GEMM graph: lazy)
     A2 = _unaligned_copy(gpu, x[:, ::-1])
     assert_close(call(A2, W, True), reference(x[:, ::-1].astype(F64), w.astype(F64), True), f32)
     side = gpu.cuda.Stream(non_blocking=True)
@@ -1261,3 +1327,88 @@ def test_winograd_full_graph_matches_reference_on_every_pointer_set(gpu, rng, di
             assert_close(call(A, W), reference(a.astype(F64), w.astype(F64)), f32)
         side.synchronize()
     gpu.cuda.Device().synchronize()
+
+
+def _winograd_calls(dp, x_shape, direction):
+    """(call, reference) of a winograd_f4x4_3x3 forward / backward-data call, pad 1."""
+    if direction == "forward":
+        return (lambda a, b: dp.conv2d_forward(a, b, padding=1, algo="winograd_f4x4_3x3"),
+                lambda a, b: dp.conv2d_forward(a, b, padding=1))
+    return (lambda a, b: dp.conv2d_backward_data(a, b, x_shape, padding=1, algo="winograd_f4x4_3x3"),
+            lambda a, b: dp.conv2d_backward_data(a, b, x_shape, padding=1))
+
+
+@pytest.mark.parametrize("direction", ["forward", "backward_data"])
+def test_winograd_call_captured_into_a_users_graph(gpu, rng, direction):
+    """A user capturing our cached call into a CUDA graph of theirs (review6a item 1).
+    The second call on a kept workspace would capture graphs of ours; inside the
+    user's capture it must not (no capture, nothing in CAPTURE_FAILURES): calls 2-4
+    run directly, into the user's graph, whose replays compute with the input's
+    values at replay; the first call after the user's capture captures ours."""
+    import dnnprims as dp
+    from dnnprims import _cublas
+    _kernels.release_outputs()
+    f32 = np.float32
+    x = random_array(rng, (1, 16, 12, 12), f32)
+    w = random_array(rng, (16, 16, 3, 3), f32)
+    call, reference = _winograd_calls(dp, x.shape, direction)
+    A, W = gpu.asarray(x), gpu.asarray(w)
+    user = gpu.cuda.Stream(non_blocking=True)
+    with user:
+        assert_close(call(A, W), reference(x.astype(F64), w.astype(F64)), f32)   # call 1: direct, kept
+        user.synchronize()
+        before = _cublas.captures
+        user.begin_capture()
+        try:
+            ys = [call(A, W) for _ in range(3)]
+        finally:
+            graph = user.end_capture()
+        assert _cublas.captures == before and not _cublas.CAPTURE_FAILURES
+        for _ in range(2):
+            a = random_array(rng, x.shape, f32)
+            A[...] = gpu.asarray(a)
+            graph.launch()
+            want = reference(a.astype(F64), w.astype(F64))
+            for y in ys:
+                assert_close(y, want, f32)
+        assert_close(call(A, W), want, f32)                 # not captured by the user: captures ours
+        assert _cublas.captures > before and not _cublas.CAPTURE_FAILURES
+        user.synchronize()
+
+
+@pytest.mark.parametrize("direction", ["forward", "backward_data"])
+def test_winograd_graph_replayed_inside_a_users_capture(gpu, rng, direction):
+    """The open half of review6a item 1 (notes/review6c.md): a cached call whose
+    whole-call graph exists (the same pointers on calls 2 and 3), then captured into
+    a user's graph, launches our graph into the capturing stream (which CUDA should
+    capture as a child graph node); new pointers inside the capture run directly.
+    Each replay of the user's graph must give the reference.  If CUDA refuses, the
+    replay path needs a per-call stream-capture query (left out: its host cost)."""
+    import dnnprims as dp
+    from dnnprims import _cublas
+    _kernels.release_outputs()
+    f32 = np.float32
+    x = random_array(rng, (1, 16, 12, 12), f32)
+    w = random_array(rng, (16, 16, 3, 3), f32)
+    call, reference = _winograd_calls(dp, x.shape, direction)
+    A, W = gpu.asarray(x), gpu.asarray(w)
+    user = gpu.cuda.Stream(non_blocking=True)
+    with user:
+        for _ in range(3):                                  # output dropped: the next call gets it back
+            call(A, W)
+        user.synchronize()
+        assert _cublas.captures > 0 and not _cublas.CAPTURE_FAILURES
+        A2 = gpu.asarray(x)
+        user.begin_capture()
+        try:
+            y, y2 = call(A, W), call(A2, W)
+        finally:
+            graph = user.end_capture()
+        for _ in range(2):
+            a, a2 = random_array(rng, x.shape, f32), random_array(rng, x.shape, f32)
+            A[...], A2[...] = gpu.asarray(a), gpu.asarray(a2)
+            graph.launch()
+            assert_close(y, reference(a.astype(F64), w.astype(F64)), f32)
+            assert_close(y2, reference(a2.astype(F64), w.astype(F64)), f32)
+        assert not _cublas.CAPTURE_FAILURES
+        user.synchronize()

@@ -122,15 +122,18 @@ VECTOR_ROWS = True
 # workspace (_kernels.WorkspaceSlot), the cuBLAS GEMM runs as a CUDA graph captured
 # over that workspace (its pointers all lie in it: the graph replays as captured).
 # cudaGraphLaunch costs a few microseconds of host time where the cuBLAS call cost
-# 8-15 (notes/hostwino.md).  DNNPRIMS_WINOGRAD_GEMM_GRAPHS=0 turns it off.
+# 8-15 (notes/hostwino.md).  With FULL_GRAPHS the GEMM graph is captured only the
+# first time a call does not run as a whole-call graph (one capture, not two, on the
+# second call: notes/review6c.md).  DNNPRIMS_WINOGRAD_GEMM_GRAPHS=0 turns it off.
 GEMM_GRAPHS = os.environ.get("DNNPRIMS_WINOGRAD_GEMM_GRAPHS", "1") != "0"
 # With GEMM_GRAPHS (notes/hostwino.md; GPU-tested in session 6), the whole
 # one-chunk call -- input (and filter) transform, GEMM, output transform -- as one
 # CUDA graph per (a, b, out, bias) pointers, FULL_GRAPH_CACHE of them a workspace
-# (oldest dropped).  A call whose pointers repeat (a benchmark loop; a training loop
-# whose memory pool hands the same blocks back) is one graph launch.  After
-# FULL_GRAPH_MISSES captures in a row without a hit the prepared call stops capturing
-# (it keeps the GEMM graph).  On by default (H100: fwd / bdata 3x3 b1 10.5-12.1 us host
+# (the least recently used dropped).  A call whose pointers repeat (a benchmark loop;
+# a training loop whose memory pool hands the same blocks back) is one graph launch.
+# After FULL_GRAPH_MISSES graphs dropped without ever being hit (captures wasted on
+# pointers that did not repeat, however many hits came between them) the prepared
+# call stops capturing (and takes the GEMM graph).  On by default (H100: fwd / bdata 3x3 b1 10.5-12.1 us host
 # per cached call against 19.6-25 with the GEMM graph alone); DNNPRIMS_WINOGRAD_FULL_GRAPHS=0 turns it off.
 FULL_GRAPHS = os.environ.get("DNNPRIMS_WINOGRAD_FULL_GRAPHS", "1") != "0"
 FULL_GRAPH_CACHE = 4
@@ -585,18 +588,22 @@ class WinogradConvolution(ConvAlgorithm):
         capture = getattr(run_gemm, "capture", None)
         slot = WorkspaceSlot(plan["elements"], plan["acc"])
 
-        def graphs_of(workspace):
-            """The GEMMs of every chunk as one CUDA graph over this kept workspace
-            (all their pointers lie in it), or False."""
+        def gemm_graph_of(workspace, graphs):
+            """The GEMM as a CUDA graph over this kept workspace (all its pointers
+            lie in it), kept in ``graphs[0]``; False when it cannot be captured,
+            NOT_NOW (falsy, nothing kept) inside a user's capture."""
             base = workspace.array.data.ptr
-            calls = [(*head, base + b_offset, *mid, base + a_offset, *tail, base + c_offset, *last)
-                     for _, (head, b_offset, mid, a_offset, tail, c_offset, last), _ in steps]
-            captured = capture(calls, workspace.stream) if capture is not None and len(steps) == 1 else None
-            workspace.graphs = False if captured is None else captured
-            return workspace.graphs
+            (head, b_offset, mid, a_offset, tail, c_offset, last) = steps[0][1]
+            calls = [(*head, base + b_offset, *mid, base + a_offset, *tail, base + c_offset, *last)]
+            captured = capture(calls, workspace.stream) if capture is not None else None
+            if captured is None:
+                graphs[0] = False
+            elif captured:         # else NOT_NOW (a user's capture): direct now, try again next call
+                graphs[0] = captured
+            return captured
 
         capture_work = getattr(run_gemm, "capture_work", None)
-        whole = {"misses": 0, "on": FULL_GRAPHS and capture_work is not None and len(steps) == 1}
+        whole = {"wasted": 0, "on": FULL_GRAPHS and capture_work is not None and len(steps) == 1}
 
         def launch_all(arrays, vec, graph):
             """The one-chunk call, its GEMM as ``graph`` (the GEMM graph) or, with None, direct."""
@@ -611,31 +618,30 @@ class WinogradConvolution(ConvAlgorithm):
                 run_gemm(*head, base + b_offset, *mid, base + a_offset, *tail, base + c_offset, *last)
             outputs[vec](*arrays)
 
-        def run_whole(workspace, arrays, vec):
-            """The call as one graph over its pointers (captured on a miss); False
-            when this prepared call no longer captures."""
-            cache = workspace.graphs[2] if len(workspace.graphs) > 2 else None
-            if cache is None:
-                cache = {}
-                workspace.graphs = (*workspace.graphs[:2], cache)
-            key = tuple(None if x is None else x.data.ptr for x in arrays[:4])
-            graph = cache.get(key)
-            if graph is None:
-                if whole["misses"] >= FULL_GRAPH_MISSES:
+        def run_whole(cache, workspace, arrays, vec):
+            """The call as one graph over its pointers (captured on a miss, kept in
+            ``cache``); False when it did not run so."""
+            a, b, out, bias, _ = arrays
+            key = (a.data.ptr, b.data.ptr, out.data.ptr, None if bias is None else bias.data.ptr)
+            entry = cache.pop(key, None)
+            if entry is None:
+                if whole["wasted"] >= FULL_GRAPH_MISSES:
                     whole["on"] = False
                     return False
-                whole["misses"] += 1
                 captured = capture_work(lambda: launch_all(arrays, vec, None), workspace.stream)
-                if captured is None:
-                    whole["on"] = False
+                if not captured:   # None: never again; NOT_NOW (a user's capture): not this call
+                    if captured is None:
+                        whole["on"] = False
                     return False
                 if len(cache) >= FULL_GRAPH_CACHE:
-                    del cache[next(iter(cache))]
-                # (graph, the cuBLAS workspace it runs on): the second must live as long as the first.
-                graph = cache[key] = captured
+                    if not cache.pop(next(iter(cache)))[2]:   # the least recently used, never hit
+                        whole["wasted"] += 1
+                # [graph, the cuBLAS workspace it runs on (must live as long), hit since captured]
+                entry = [*captured, False]
             else:
-                whole["misses"] = 0
-            graph[0].launch()
+                entry[2] = True
+            cache[key] = entry     # the most recently used last
+            entry[0].launch()
             return True
 
         def run(a, b, out, bias=None):
@@ -649,11 +655,14 @@ class WinogradConvolution(ConvAlgorithm):
                 vec = out.data.ptr % 16 == 0
                 graphs = workspace.graphs
                 if graphs is None and GEMM_GRAPHS and workspace.kept:
-                    graphs = graphs_of(workspace)   # the second call on a kept workspace
-                if graphs and whole["on"] and run_whole(workspace, arrays, vec):
+                    # The second call on a kept workspace: [the GEMM graph (captured the first
+                    # time the whole-call graph does not run), the whole-call graphs].
+                    graphs = workspace.graphs = [None, {}] if len(steps) == 1 else False
+                if graphs and whole["on"] and run_whole(graphs[1], workspace, arrays, vec):
                     return out
-                if graphs:
-                    launch_all(arrays, vec, graphs[0])
+                gemm = graphs and (graphs[0] if graphs[0] is not None else gemm_graph_of(workspace, graphs))
+                if gemm:
+                    launch_all(arrays, vec, gemm[0])
                 else:
                     for launch in first:
                         launch(*arrays)
