@@ -169,6 +169,7 @@ def test_choices_are_memoised(synthetic, monkeypatch):
     assert algos.explain_auto(problem, "forward") is first
 
 
+@pytest.mark.filterwarnings("ignore:DNNPRIMS_CONV_TABLE")
 def test_a_missing_or_broken_table_means_the_rule(tmp_path, monkeypatch):
     previous = table.current()
     try:
@@ -811,3 +812,63 @@ def test_the_tuner_runs_measure_point_end_to_end_on_a_stand_in_gpu(monkeypatch, 
     assert entry["winner"] == "direct" and entry["finalists"] == ["direct", "gemm"]
     assert entry["failed"] == {"implicit_gemm": "RuntimeError: boom"}
     assert sum(k for n, k in timed if n == "direct") == 1 + tune.REPEAT + 2 * tune.FINAL_REPEAT
+
+
+# --- a table from elsewhere (review6d) -------------------------------------------
+
+def _one_entry_table(**changes):
+    """A table of one entry at _problem(N=1, C=32, H=7, K=32), 'gemm' measured
+    slower than 'direct', with ``changes`` applied to the entry (``ms_gemm``: gemm's time)."""
+    entry = _entry(_problem(N=1, C=32, H=7, K=32), {"direct": 0.01, "gemm": 0.03})
+    if "ms_gemm" in changes:
+        entry["ms"]["gemm"] = changes.pop("ms_gemm")
+    entry.update(changes)
+    return {"version": table.VERSION, "entries": [entry]}
+
+
+@pytest.mark.parametrize("changes", [
+    {"ms_gemm": float("nan")}, {"ms_gemm": -1.0}, {"ms_gemm": float("inf")},
+    {"ms_gemm": "fast"}, {"ms_gemm": True}, {"ms": [0.01]}, {"log2_c": float("nan")},
+    {"log2_npq": float("inf")}, {"log2_k": "7"}, {"problem": None}, {"direction": None},
+])
+def test_a_table_with_a_bad_time_or_feature_is_refused_naming_the_entry(changes):
+    # Before: NaN, negative or zero times were ranked as measured (a NaN, or
+    # -1 ms, "won"), a string time raised TypeError inside a user's conv call.
+    with pytest.raises(ValueError, match="entry 0"):
+        table.Table(_one_entry_table(**changes), "t.json")
+
+
+def test_a_missing_time_is_a_candidate_that_did_not_run():
+    t = table.Table(_one_entry_table(ms_gemm=None))
+    problem = _problem(N=1, C=32, H=7, K=32)
+    assert t.explain(problem, "forward", algos.DEFAULT_OPTIONS, algos.REGISTRY, algos.admits)[0] == "direct"
+
+
+def test_a_bad_table_named_by_the_variable_is_ignored_with_a_warning(tmp_path, monkeypatch):
+    previous = table.current()
+    try:
+        for text in (None, "{not json", json.dumps({"version": 999, "entries": []}),
+                     json.dumps(_one_entry_table(ms_gemm="fast"))):
+            path = tmp_path / "mine.json"
+            if text is not None:
+                path.write_text(text)
+            monkeypatch.setenv("DNNPRIMS_CONV_TABLE", str(path))
+            table._loaded["done"] = False
+            algos.forget_choices()
+            with pytest.warns(UserWarning, match="DNNPRIMS_CONV_TABLE"):
+                assert table.current() is None
+            assert algos.explain_auto(_problem(N=1, C=32, H=7, K=32), "forward")[1].startswith("rule: ")
+    finally:
+        table.use(previous)
+
+
+@pytest.mark.parametrize("value", [5, 1.5, ["t.json"], b"t.json"])
+def test_use_refuses_what_is_not_a_table(value):
+    # Before: use(5) was accepted and the next conv call raised AttributeError.
+    previous = table.current()
+    try:
+        with pytest.raises(TypeError, match="table"):
+            table.use(value)
+        assert table.current() is previous
+    finally:
+        table.use(previous)
