@@ -716,23 +716,40 @@ def main(argv=None):
         parser.error(f"--skip: not registered: {', '.join(unknown)}")
     if not 0 <= args.holdout < 1:
         parser.error("--holdout must be in [0, 1)")
+    if args.repeat < 1:   # with no samples only the written-off candidates would get a time
+        parser.error(f"--repeat must be at least 1, got {args.repeat}")
+    if args.final_repeat < 0:
+        parser.error(f"--final-repeat must be at least 0, got {args.final_repeat}")
     name = "quick" if args.quick else args.grid
     points = grid_points(GRIDS[name], args.directions, args.dtypes, args.layouts)
     if args.filters is not None:
         points = [(d, q) for d, q in points if q.R in args.filters]
+        if not points:   # without --update an empty table would replace the one at --out
+            sizes = sorted({q.R for _, q in grid_points(GRIDS[name], args.directions, args.dtypes, args.layouts)})
+            parser.error(f"--filters {' '.join(map(str, args.filters))}: no point of grid {name!r} has "
+                         f"these filter sizes (it has {', '.join(map(str, sizes))})")
     keep, grid_info = [], None
     if args.update:
         try:
             with open(args.out) as f:
                 old = json.load(f)
-        except (OSError, ValueError) as e:
-            parser.error(f"--update: cannot read the table at --out {args.out}: {e}")
-        keep, grid_info = old.get("entries", []), old.get("grid")
+            conv_table.Table(old, args.out)          # the version and every entry's features and times
+            keep, grid_info = old["entries"], old.get("grid")
+            for e in keep:
+                entry_problem(e)
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError) as e:
+            parser.error(f"--update: cannot use the table at --out {args.out}: {type(e).__name__}: {e}")
     if args.list:
         for direction, p in points:
             print(point_key(direction, p))
         print(f"{len(points)} points in grid {name!r}")
         return 0
+    try:   # find out now, not after the first SAVE_EVERY points (or the whole run) are measured
+        folder = pathlib.Path(args.out).absolute().parent
+        folder.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=folder).close()
+    except OSError as e:
+        parser.error(f"--out {args.out}: cannot write there ({type(e).__name__}: {e})")
     try:
         import cupy
         if cupy.cuda.runtime.getDeviceCount() < 1:

@@ -872,3 +872,58 @@ def test_use_refuses_what_is_not_a_table(value):
         assert table.current() is previous
     finally:
         table.use(previous)
+
+
+# --- the tuner's command line (review6d) -------------------------------------------
+
+@pytest.fixture
+def no_tuning(monkeypatch):
+    """main() as on a machine without a GPU, and a tune() that must not be reached."""
+    import cupy
+    monkeypatch.setattr(cupy.cuda.runtime, "getDeviceCount", lambda: 0)
+    monkeypatch.setattr(tune, "tune", lambda *a, **k: pytest.fail("tune() reached"))
+
+
+def test_the_tuner_without_a_gpu_says_so_and_exits_2(no_tuning, capsys, tmp_path):
+    assert tune.main(["--quick", "--out", str(tmp_path / "t.json")]) == 2
+    assert "needs a CUDA GPU" in capsys.readouterr().err
+    assert not (tmp_path / "t.json").exists()
+
+
+@pytest.mark.parametrize("args, where", [
+    (["--repeat", "0"], "--repeat"),              # no samples: only the probed losers got a time
+    (["--repeat", "-3"], "--repeat"),
+    (["--final-repeat", "-1"], "--final-repeat"),
+    (["--filters", "9"], "--filters"),            # no point: an empty table replaced the shipped one
+])
+def test_the_tuner_refuses_arguments_that_would_write_a_wrong_table(no_tuning, capsys, tmp_path, args, where):
+    with pytest.raises(SystemExit) as stop:
+        tune.main(["--quick", "--out", str(tmp_path / "t.json")] + args)
+    assert stop.value.code == 2 and where in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("text", [
+    json.dumps({"version": 999, "entries": []}), "[]", json.dumps({"version": 1, "entries": 3}),
+    json.dumps({"version": 1, "entries": [{"direction": "forward"}]}),
+])
+def test_the_tuner_refuses_to_update_an_incompatible_table(no_tuning, capsys, tmp_path, text):
+    # Before: a foreign or malformed table was only found out after the GPU run
+    # (AttributeError / KeyError), or merged into the new one.
+    old = tmp_path / "old.json"
+    old.write_text(text)
+    with pytest.raises(SystemExit):
+        tune.main(["--quick", "--filters", "3", "--update", "--out", str(old)])
+    assert "--update" in capsys.readouterr().err
+
+
+def test_the_tuner_refuses_an_unwritable_out_before_measuring(no_tuning, capsys, tmp_path):
+    # Before: the first write (after SAVE_EVERY points, or at the end) raised and
+    # every measurement of the run was lost.
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    with pytest.raises(SystemExit):
+        tune.main(["--quick", "--out", str(blocker / "t.json")])
+    assert "--out" in capsys.readouterr().err
+    # a missing directory is made
+    assert tune.main(["--quick", "--out", str(tmp_path / "new" / "dir" / "t.json")]) == 2
+    assert (tmp_path / "new" / "dir").is_dir() and list((tmp_path / "new" / "dir").iterdir()) == []
