@@ -110,3 +110,89 @@ def _huge(shape=HUGE, dtype=np.float32):
 def test_validation_of_huge_arrays_raises_only_the_real_error(call, match):
     with pytest.raises((ValueError, TypeError), match=match):
         call(_huge())
+
+
+class Reached(Exception):
+    """The call got past validation to the reference implementation."""
+
+
+class _Stop:
+    def __getattr__(self, name):
+        def stop(*args, **kwargs):
+            raise Reached(name)
+        return stop
+
+
+@pytest.fixture
+def no_reference(monkeypatch):
+    """Every public module's reference implementation replaced by one that
+    raises Reached: a call that validates stops there, before computing."""
+    from dnnprims import (activations, conv, normalization, pooling, recurrent, row_normalization,
+                          softmaxes, tensor_ops)
+    for module in (activations, conv, recurrent, softmaxes):
+        monkeypatch.setattr(module, "_reference", _Stop())
+    for module in (normalization, pooling, row_normalization, tensor_ops):
+        monkeypatch.setattr(module, "reference", _Stop())
+
+
+X4 = (2**15 + 1, 4, 128, 128)       # NCHW, 2^31 + 2^16 elements
+B, I, H = 2**16 + 1, 2**15, 4        # a recurrent cell whose x has 2^31 + 2^15 elements
+
+
+def _small(*shape):
+    return np.zeros(shape, np.float32)
+
+
+PUBLIC_CALLS = {
+    "softmax": lambda: dnnprims.softmax(_huge()),
+    "log_softmax": lambda: dnnprims.log_softmax(_huge(), axis=0),
+    "softmax_backward": lambda: dnnprims.softmax_backward(_huge(), _huge()),
+    "log_softmax_backward": lambda: dnnprims.log_softmax_backward(_huge(), _huge()),
+    "activation": lambda: dnnprims.activation(_huge(), "gelu"),
+    "activation_backward": lambda: dnnprims.activation_backward(_huge(), _huge(), "elu"),
+    "bias_activation": lambda: dnnprims.bias_activation(_huge(X4), _small(4), "relu"),
+    "bias_activation_backward": lambda: dnnprims.bias_activation_backward(_huge(X4), _huge(X4), _small(4), "relu"),
+    "add_tensor": lambda: dnnprims.add_tensor(_huge(X4), _small(1, 4, 1, 1)),
+    "scale_tensor": lambda: dnnprims.scale_tensor(_huge(), 2.0),
+    "transform_layout": lambda: dnnprims.transform_layout(_huge(X4)),
+    "reduce_tensor": lambda: dnnprims.reduce_tensor(_huge(X4), axes=(0, 2, 3)),
+    "layer_norm": lambda: dnnprims.layer_norm(_huge(), (2**15,)),
+    "layer_norm_backward": lambda: dnnprims.layer_norm_backward(_huge(), _huge(), (2**15,)),
+    "rms_norm": lambda: dnnprims.rms_norm(_huge(), (2**15,)),
+    "rms_norm_backward": lambda: dnnprims.rms_norm_backward(_huge(), _huge(), (2**15,)),
+    "group_norm": lambda: dnnprims.group_norm(_huge(X4), 2),
+    "group_norm_backward": lambda: dnnprims.group_norm_backward(_huge(X4), _huge(X4), 2),
+    "instance_norm": lambda: dnnprims.instance_norm(_huge(X4)),
+    "instance_norm_backward": lambda: dnnprims.instance_norm_backward(_huge(X4), _huge(X4)),
+    "batchnorm": lambda: dnnprims.batchnorm(_huge(X4), _small(4), _small(4)),
+    "batchnorm_backward": lambda: dnnprims.batchnorm_backward(_huge(X4), _huge(X4), _small(4)),
+    "pool": lambda: dnnprims.pool(_huge(X4), 2),
+    "pool_backward": lambda: dnnprims.pool_backward(_huge((2**15 + 1, 4, 64, 64)), _huge(X4), None, 2),
+    "conv2d_forward": lambda: dnnprims.conv2d_forward(_huge(X4), _small(4, 4, 3, 3), padding=1),
+    "conv2d_backward_data": lambda: dnnprims.conv2d_backward_data(_huge(X4), _small(4, 4, 3, 3), X4, padding=1),
+    "conv2d_backward_filter": lambda: dnnprims.conv2d_backward_filter(_huge(X4), _huge(X4), (4, 4, 3, 3),
+                                                                      padding=1),
+    "conv2d_backward_bias": lambda: dnnprims.conv2d_backward_bias(_huge(X4)),
+    "lstm_cell": lambda: dnnprims.lstm_cell(_huge((B, I)), _small(B, H), _small(B, H), _small(4 * H, I),
+                                            _small(4 * H, H)),
+    "lstm_cell_backward": lambda: dnnprims.lstm_cell_backward(_small(B, H), None, _huge((B, I)), _small(B, H),
+                                                              _small(B, H), _small(4 * H, I), _small(4 * H, H)),
+    "gru_cell": lambda: dnnprims.gru_cell(_huge((B, I)), _small(B, H), _small(3 * H, I), _small(3 * H, H)),
+    "gru_cell_backward": lambda: dnnprims.gru_cell_backward(_small(B, H), _huge((B, I)), _small(B, H),
+                                                            _small(3 * H, I), _small(3 * H, H)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PUBLIC_CALLS))
+def test_every_public_function_accepts_more_than_2_31_elements(no_reference, name):
+    # Nothing is refused for size (_validate.INT32_LIMIT: the kernels switch to
+    # 64-bit indices); the validation gets through to the computation.
+    with pytest.raises(Reached):
+        PUBLIC_CALLS[name]()
+
+
+def test_the_public_calls_cover_every_public_function():
+    functions = {name for name in dnnprims.__all__ if callable(getattr(dnnprims, name))
+                 and name[0].islower() and not name.startswith(("conv2d_output", "conv2d_choose", "release",
+                                                                "set_"))}
+    assert functions == set(PUBLIC_CALLS)
