@@ -50,8 +50,9 @@ benchmark problems under 60 us (notes/table.md).
 Points are visited in a fixed shuffled order, so ``--max-seconds`` (stop
 starting new points after that long) leaves an even sample of the grid (the
 log and ``grid.unmeasured`` count the points left out, per block), and the
-table is rewritten every ``SAVE_EVERY`` points, so a run killed midway still
-leaves a usable table.  The finalists' extra samples are taken only while the
+table so far is written to ``<out>.partial`` every ``SAVE_EVERY`` points, so a
+run killed midway still leaves a usable table there; ``--out`` itself is
+written only when the run ends (Ctrl-C leaves the table there as it was).  The finalists' extra samples are taken only while the
 pace of the recent points says the whole grid ends within PACE_MARGIN x
 --max-seconds: they never cost grid points.
 
@@ -585,6 +586,7 @@ def tune(points, *, out, holdout=0.2, max_seconds=None, repeat=REPEAT, final_rep
     they are written with the measured ones and count in the holdout.  A kept
     entry whose point is measured again is replaced."""
     meta = dict(meta if meta is not None else metadata())
+    partial = pathlib.Path(str(out) + ".partial")
     kept = {}
     for e in keep:   # held out or not by this run's fraction: the split the holdout report names
         k = point_key(e["direction"], entry_problem(e))
@@ -661,14 +663,15 @@ def tune(points, *, out, holdout=0.2, max_seconds=None, repeat=REPEAT, final_rep
         log(f"[{i + 1:4d}/{len(points)}] {elapsed:6.1f}s {key}: {best} of {len(names)}"
             + (f" ({len(finalists)} finalists)" if finalists else "")
             + (f", {len(failed)} failed ({', '.join(failed)})" if failed else ""))
-        if (i + 1) % SAVE_EVERY == 0:
-            write(out, snapshot())
+        if (i + 1) % SAVE_EVERY == 0:   # beside --out: an interrupted run leaves the table there alone
+            write(partial, snapshot())
     data = snapshot()
     data["holdout"] = dict(evaluate_holdout(merged(), (grid_info or {}).get("spec")), fraction=holdout,
                            split="a point is held out when crc32(its key) / 2^32 < fraction; "
                                  "held-out points are looked up in a table of the other points")
     data["grid"]["noise"] = noise_report(merged())
     write(out, data)
+    partial.unlink(missing_ok=True)
     h, noise = data["holdout"], data["grid"]["noise"]
     log(f"wrote {out}: {len(entries)} entries measured, {len(merged()) - len(entries)} kept, in {data['grid']['seconds']} s; finalist samples at "
         f"{extras['points']} points (off at {extras['off']} points to keep within --max-seconds)")

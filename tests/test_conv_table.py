@@ -927,3 +927,29 @@ def test_the_tuner_refuses_an_unwritable_out_before_measuring(no_tuning, capsys,
     # a missing directory is made
     assert tune.main(["--quick", "--out", str(tmp_path / "new" / "dir" / "t.json")]) == 2
     assert (tmp_path / "new" / "dir").is_dir() and list((tmp_path / "new" / "dir").iterdir()) == []
+
+
+def test_an_interrupted_run_never_replaces_the_table_at_out(tmp_path, monkeypatch):
+    # Before: Ctrl-C after 60 points of the default grid replaced the 6018-entry
+    # table at --out (by default the shipped one) with the 50 entries of the last
+    # periodic save, marked neither stopped_early nor partial.
+    monkeypatch.setattr(tune, "SAVE_EVERY", 2)
+    points = tune.grid_points(tune.GRIDS["quick"], ["forward"], ["float32"])
+    out = tmp_path / "t.json"
+    out.write_text(table.DEFAULT_PATH.read_text())
+    calls = []
+
+    def interrupted(problem, direction, names, repeat, final_repeat=0):
+        calls.append(1)
+        if len(calls) == 4:
+            raise KeyboardInterrupt
+        return _fake_measure(problem, direction, names, repeat)
+    with pytest.raises(KeyboardInterrupt):
+        tune.tune(points, out=out, meta={"version": table.VERSION}, measure=interrupted, log=lambda s: None)
+    assert out.read_text() == table.DEFAULT_PATH.read_text()
+    partial = json.loads((tmp_path / "t.json.partial").read_text())   # what was measured is kept
+    assert len(partial["entries"]) == 2 and table.Table(partial)
+    # a run that ends writes --out and removes the partial file
+    tune.tune(points, out=out, meta={"version": table.VERSION}, measure=_fake_measure, log=lambda s: None)
+    assert len(json.loads(out.read_text())["entries"]) == len(points)
+    assert not (tmp_path / "t.json.partial").exists()
