@@ -721,6 +721,8 @@ def main(argv=None):
         parser.error("--holdout must be in [0, 1)")
     if args.repeat < 1:   # with no samples only the written-off candidates would get a time
         parser.error(f"--repeat must be at least 1, got {args.repeat}")
+    if args.max_seconds is not None and not args.max_seconds > 0:   # would stop before the first point
+        parser.error(f"--max-seconds must be positive, got {args.max_seconds}")
     if args.final_repeat < 0:
         parser.error(f"--final-repeat must be at least 0, got {args.final_repeat}")
     name = "quick" if args.quick else args.grid

@@ -895,6 +895,8 @@ def test_the_tuner_without_a_gpu_says_so_and_exits_2(no_tuning, capsys, tmp_path
     (["--repeat", "-3"], "--repeat"),
     (["--final-repeat", "-1"], "--final-repeat"),
     (["--filters", "9"], "--filters"),            # no point: an empty table replaced the shipped one
+    (["--max-seconds", "0"], "--max-seconds"),    # likewise
+    (["--max-seconds", "-5"], "--max-seconds"),
 ])
 def test_the_tuner_refuses_arguments_that_would_write_a_wrong_table(no_tuning, capsys, tmp_path, args, where):
     with pytest.raises(SystemExit) as stop:
