@@ -187,3 +187,13 @@ def test_a_candidate_that_fails_while_timed_does_not_fail_the_call(monkeypatch, 
             find_mode.find(problem, "forward")
     finally:
         find_mode.forget()
+
+
+@pytest.mark.parametrize("direction", algos.DIRECTIONS)
+def test_an_empty_problem_is_not_timed(cache, direction):
+    # An empty batch reaches choose() before conv's "nothing to compute" return:
+    # timing the candidates on empty operands measures launch overhead only (and
+    # runs kernels that are never run on empty arrays otherwise).
+    empty = _describe((0, 4, 7, 7), (8, 4, 3, 3), 1, 1, 1, 1, "NCHW", "float32")
+    assert find_mode.find(empty, direction) == algos.auto_rule(empty, direction)
+    assert cache == []
