@@ -50,8 +50,9 @@ benchmark problems under 60 us (notes/table.md).
 Points are visited in a fixed shuffled order, so ``--max-seconds`` (stop
 starting new points after that long) leaves an even sample of the grid (the
 log and ``grid.unmeasured`` count the points left out, per block), and the
-table is rewritten every ``SAVE_EVERY`` points, so a run killed midway still
-leaves a usable table.  The finalists' extra samples are taken only while the
+table so far is written to ``<out>.partial`` every ``SAVE_EVERY`` points, so a
+run killed midway still leaves a usable table there; ``--out`` itself is
+written only when the run ends (Ctrl-C leaves the table there as it was).  The finalists' extra samples are taken only while the
 pace of the recent points says the whole grid ends within PACE_MARGIN x
 --max-seconds: they never cost grid points.
 
@@ -585,6 +586,7 @@ def tune(points, *, out, holdout=0.2, max_seconds=None, repeat=REPEAT, final_rep
     they are written with the measured ones and count in the holdout.  A kept
     entry whose point is measured again is replaced."""
     meta = dict(meta if meta is not None else metadata())
+    partial = pathlib.Path(str(out) + ".partial")
     kept = {}
     for e in keep:   # held out or not by this run's fraction: the split the holdout report names
         k = point_key(e["direction"], entry_problem(e))
@@ -661,14 +663,15 @@ def tune(points, *, out, holdout=0.2, max_seconds=None, repeat=REPEAT, final_rep
         log(f"[{i + 1:4d}/{len(points)}] {elapsed:6.1f}s {key}: {best} of {len(names)}"
             + (f" ({len(finalists)} finalists)" if finalists else "")
             + (f", {len(failed)} failed ({', '.join(failed)})" if failed else ""))
-        if (i + 1) % SAVE_EVERY == 0:
-            write(out, snapshot())
+        if (i + 1) % SAVE_EVERY == 0:   # beside --out: an interrupted run leaves the table there alone
+            write(partial, snapshot())
     data = snapshot()
     data["holdout"] = dict(evaluate_holdout(merged(), (grid_info or {}).get("spec")), fraction=holdout,
                            split="a point is held out when crc32(its key) / 2^32 < fraction; "
                                  "held-out points are looked up in a table of the other points")
     data["grid"]["noise"] = noise_report(merged())
     write(out, data)
+    partial.unlink(missing_ok=True)
     h, noise = data["holdout"], data["grid"]["noise"]
     log(f"wrote {out}: {len(entries)} entries measured, {len(merged()) - len(entries)} kept, in {data['grid']['seconds']} s; finalist samples at "
         f"{extras['points']} points (off at {extras['off']} points to keep within --max-seconds)")
@@ -716,23 +719,42 @@ def main(argv=None):
         parser.error(f"--skip: not registered: {', '.join(unknown)}")
     if not 0 <= args.holdout < 1:
         parser.error("--holdout must be in [0, 1)")
+    if args.repeat < 1:   # with no samples only the written-off candidates would get a time
+        parser.error(f"--repeat must be at least 1, got {args.repeat}")
+    if args.max_seconds is not None and not args.max_seconds > 0:   # would stop before the first point
+        parser.error(f"--max-seconds must be positive, got {args.max_seconds}")
+    if args.final_repeat < 0:
+        parser.error(f"--final-repeat must be at least 0, got {args.final_repeat}")
     name = "quick" if args.quick else args.grid
     points = grid_points(GRIDS[name], args.directions, args.dtypes, args.layouts)
     if args.filters is not None:
         points = [(d, q) for d, q in points if q.R in args.filters]
+        if not points:   # without --update an empty table would replace the one at --out
+            sizes = sorted({q.R for _, q in grid_points(GRIDS[name], args.directions, args.dtypes, args.layouts)})
+            parser.error(f"--filters {' '.join(map(str, args.filters))}: no point of grid {name!r} has "
+                         f"these filter sizes (it has {', '.join(map(str, sizes))})")
     keep, grid_info = [], None
     if args.update:
         try:
             with open(args.out) as f:
                 old = json.load(f)
-        except (OSError, ValueError) as e:
-            parser.error(f"--update: cannot read the table at --out {args.out}: {e}")
-        keep, grid_info = old.get("entries", []), old.get("grid")
+            conv_table.Table(old, args.out)          # the version and every entry's features and times
+            keep, grid_info = old["entries"], old.get("grid")
+            for e in keep:
+                entry_problem(e)
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError) as e:
+            parser.error(f"--update: cannot use the table at --out {args.out}: {type(e).__name__}: {e}")
     if args.list:
         for direction, p in points:
             print(point_key(direction, p))
         print(f"{len(points)} points in grid {name!r}")
         return 0
+    try:   # find out now, not after the first SAVE_EVERY points (or the whole run) are measured
+        folder = pathlib.Path(args.out).absolute().parent
+        folder.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=folder).close()
+    except OSError as e:
+        parser.error(f"--out {args.out}: cannot write there ({type(e).__name__}: {e})")
     try:
         import cupy
         if cupy.cuda.runtime.getDeviceCount() < 1:

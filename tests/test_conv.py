@@ -467,7 +467,7 @@ def test_find_caches_the_winner_in_memory_and_on_disk(monkeypatch, tmp_path):
     monkeypatch.setattr(find_mode, "gpu_name", lambda: "Test GPU")
     timed = []
 
-    def fake_times(problem, direction, names, options=None):
+    def fake_times(problem, direction, names, options=None, failed=None):
         timed.append(direction)
         return {name: (0.5 if name == "direct" else 1.0) for name in names}
 

@@ -169,6 +169,7 @@ def test_choices_are_memoised(synthetic, monkeypatch):
     assert algos.explain_auto(problem, "forward") is first
 
 
+@pytest.mark.filterwarnings("ignore:DNNPRIMS_CONV_TABLE")
 def test_a_missing_or_broken_table_means_the_rule(tmp_path, monkeypatch):
     previous = table.current()
     try:
@@ -811,3 +812,146 @@ def test_the_tuner_runs_measure_point_end_to_end_on_a_stand_in_gpu(monkeypatch, 
     assert entry["winner"] == "direct" and entry["finalists"] == ["direct", "gemm"]
     assert entry["failed"] == {"implicit_gemm": "RuntimeError: boom"}
     assert sum(k for n, k in timed if n == "direct") == 1 + tune.REPEAT + 2 * tune.FINAL_REPEAT
+
+
+# --- a table from elsewhere (review6d) -------------------------------------------
+
+def _one_entry_table(**changes):
+    """A table of one entry at _problem(N=1, C=32, H=7, K=32), 'gemm' measured
+    slower than 'direct', with ``changes`` applied to the entry (``ms_gemm``: gemm's time)."""
+    entry = _entry(_problem(N=1, C=32, H=7, K=32), {"direct": 0.01, "gemm": 0.03})
+    if "ms_gemm" in changes:
+        entry["ms"]["gemm"] = changes.pop("ms_gemm")
+    entry.update(changes)
+    return {"version": table.VERSION, "entries": [entry]}
+
+
+@pytest.mark.parametrize("changes", [
+    {"ms_gemm": float("nan")}, {"ms_gemm": -1.0}, {"ms_gemm": float("inf")},
+    {"ms_gemm": "fast"}, {"ms_gemm": True}, {"ms": [0.01]}, {"log2_c": float("nan")},
+    {"log2_npq": float("inf")}, {"log2_k": "7"}, {"problem": None}, {"direction": None},
+])
+def test_a_table_with_a_bad_time_or_feature_is_refused_naming_the_entry(changes):
+    # Before: NaN, negative or zero times were ranked as measured (a NaN, or
+    # -1 ms, "won"), a string time raised TypeError inside a user's conv call.
+    with pytest.raises(ValueError, match="entry 0"):
+        table.Table(_one_entry_table(**changes), "t.json")
+
+
+def test_a_missing_time_is_a_candidate_that_did_not_run():
+    t = table.Table(_one_entry_table(ms_gemm=None))
+    problem = _problem(N=1, C=32, H=7, K=32)
+    assert t.explain(problem, "forward", algos.DEFAULT_OPTIONS, algos.REGISTRY, algos.admits)[0] == "direct"
+
+
+def test_a_bad_table_named_by_the_variable_is_ignored_with_a_warning(tmp_path, monkeypatch):
+    previous = table.current()
+    try:
+        for text in (None, "{not json", json.dumps({"version": 999, "entries": []}),
+                     json.dumps(_one_entry_table(ms_gemm="fast"))):
+            path = tmp_path / "mine.json"
+            if text is not None:
+                path.write_text(text)
+            monkeypatch.setenv("DNNPRIMS_CONV_TABLE", str(path))
+            table._loaded["done"] = False
+            algos.forget_choices()
+            with pytest.warns(UserWarning, match="DNNPRIMS_CONV_TABLE"):
+                assert table.current() is None
+            assert algos.explain_auto(_problem(N=1, C=32, H=7, K=32), "forward")[1].startswith("rule: ")
+    finally:
+        table.use(previous)
+
+
+@pytest.mark.parametrize("value", [5, 1.5, ["t.json"], b"t.json"])
+def test_use_refuses_what_is_not_a_table(value):
+    # Before: use(5) was accepted and the next conv call raised AttributeError.
+    previous = table.current()
+    try:
+        with pytest.raises(TypeError, match="table"):
+            table.use(value)
+        assert table.current() is previous
+    finally:
+        table.use(previous)
+
+
+# --- the tuner's command line (review6d) -------------------------------------------
+
+@pytest.fixture
+def no_tuning(monkeypatch):
+    """main() as on a machine without a GPU, and a tune() that must not be reached."""
+    import cupy
+    monkeypatch.setattr(cupy.cuda.runtime, "getDeviceCount", lambda: 0)
+    monkeypatch.setattr(tune, "tune", lambda *a, **k: pytest.fail("tune() reached"))
+
+
+def test_the_tuner_without_a_gpu_says_so_and_exits_2(no_tuning, capsys, tmp_path):
+    assert tune.main(["--quick", "--out", str(tmp_path / "t.json")]) == 2
+    assert "needs a CUDA GPU" in capsys.readouterr().err
+    assert not (tmp_path / "t.json").exists()
+
+
+@pytest.mark.parametrize("args, where", [
+    (["--repeat", "0"], "--repeat"),              # no samples: only the probed losers got a time
+    (["--repeat", "-3"], "--repeat"),
+    (["--final-repeat", "-1"], "--final-repeat"),
+    (["--filters", "9"], "--filters"),            # no point: an empty table replaced the shipped one
+    (["--max-seconds", "0"], "--max-seconds"),    # likewise
+    (["--max-seconds", "-5"], "--max-seconds"),
+])
+def test_the_tuner_refuses_arguments_that_would_write_a_wrong_table(no_tuning, capsys, tmp_path, args, where):
+    with pytest.raises(SystemExit) as stop:
+        tune.main(["--quick", "--out", str(tmp_path / "t.json")] + args)
+    assert stop.value.code == 2 and where in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("text", [
+    json.dumps({"version": 999, "entries": []}), "[]", json.dumps({"version": 1, "entries": 3}),
+    json.dumps({"version": 1, "entries": [{"direction": "forward"}]}),
+])
+def test_the_tuner_refuses_to_update_an_incompatible_table(no_tuning, capsys, tmp_path, text):
+    # Before: a foreign or malformed table was only found out after the GPU run
+    # (AttributeError / KeyError), or merged into the new one.
+    old = tmp_path / "old.json"
+    old.write_text(text)
+    with pytest.raises(SystemExit):
+        tune.main(["--quick", "--filters", "3", "--update", "--out", str(old)])
+    assert "--update" in capsys.readouterr().err
+
+
+def test_the_tuner_refuses_an_unwritable_out_before_measuring(no_tuning, capsys, tmp_path):
+    # Before: the first write (after SAVE_EVERY points, or at the end) raised and
+    # every measurement of the run was lost.
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    with pytest.raises(SystemExit):
+        tune.main(["--quick", "--out", str(blocker / "t.json")])
+    assert "--out" in capsys.readouterr().err
+    # a missing directory is made
+    assert tune.main(["--quick", "--out", str(tmp_path / "new" / "dir" / "t.json")]) == 2
+    assert (tmp_path / "new" / "dir").is_dir() and list((tmp_path / "new" / "dir").iterdir()) == []
+
+
+def test_an_interrupted_run_never_replaces_the_table_at_out(tmp_path, monkeypatch):
+    # Before: Ctrl-C after 60 points of the default grid replaced the 6018-entry
+    # table at --out (by default the shipped one) with the 50 entries of the last
+    # periodic save, marked neither stopped_early nor partial.
+    monkeypatch.setattr(tune, "SAVE_EVERY", 2)
+    points = tune.grid_points(tune.GRIDS["quick"], ["forward"], ["float32"])
+    out = tmp_path / "t.json"
+    out.write_text(table.DEFAULT_PATH.read_text())
+    calls = []
+
+    def interrupted(problem, direction, names, repeat, final_repeat=0):
+        calls.append(1)
+        if len(calls) == 4:
+            raise KeyboardInterrupt
+        return _fake_measure(problem, direction, names, repeat)
+    with pytest.raises(KeyboardInterrupt):
+        tune.tune(points, out=out, meta={"version": table.VERSION}, measure=interrupted, log=lambda s: None)
+    assert out.read_text() == table.DEFAULT_PATH.read_text()
+    partial = json.loads((tmp_path / "t.json.partial").read_text())   # what was measured is kept
+    assert len(partial["entries"]) == 2 and table.Table(partial)
+    # a run that ends writes --out and removes the partial file
+    tune.tune(points, out=out, meta={"version": table.VERSION}, measure=_fake_measure, log=lambda s: None)
+    assert len(json.loads(out.read_text())["entries"]) == len(points)
+    assert not (tmp_path / "t.json.partial").exists()

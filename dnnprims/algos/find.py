@@ -9,9 +9,15 @@ CUDA events, median).  The winner is kept in memory and in a JSON file,
     $DNNPRIMS_CACHE_DIR/conv_find.json, else $XDG_CACHE_HOME/dnnprims/...,
     else ~/.cache/dnnprims/conv_find.json
 
-format ``{"version": 1, "entries": {key: {"algo": name, "ms": {name: median ms}}}}``
-with key ``"<GPU name>|<direction>|<ConvProblem fields>"`` (the problem carries
-dtype and layout).  A stale or unreadable file is ignored (and rewritten).
+format ``{"version": 2, "entries": {key: {"algo": name, "ms": {name: median ms},
+"failed": {name: error text}}}}`` with key ``"<GPU name>|<direction>|<ConvProblem
+fields>|<ConvOptions fields>"`` (the problem carries dtype and layout).  A stale
+or unreadable file, or entry, is ignored (and rewritten); so is an entry whose
+winner no longer admits the problem or that was timed over other candidates
+than those registered now (a newer dnnprims).  The cache never fails a call:
+without a writable directory (or a home) only the in-memory cache is kept.  A
+candidate that raises while timed (say, out of memory) is recorded under
+"failed" and the others decide; if every one raises, the first error is raised.
 """
 import dataclasses
 import json
@@ -29,7 +35,9 @@ _disk = None  # the loaded entries of the cache file
 
 
 def cache_path():
-    root = os.environ.get("DNNPRIMS_CACHE_DIR")
+    """The cache file.  Raises RuntimeError where there is no home directory to
+    put it in (and neither variable names a place)."""
+    root = os.environ.get("DNNPRIMS_CACHE_DIR") or None   # "" means unset, not the current directory
     if root is None:
         root = pathlib.Path(os.environ.get("XDG_CACHE_HOME") or pathlib.Path.home() / ".cache") / "dnnprims"
     return pathlib.Path(root) / "conv_find.json"
@@ -54,26 +62,46 @@ def problem_key(problem, direction, options=DEFAULT_OPTIONS):
     return f"{gpu_name()}|{direction}|{fields}|{allowed}".replace(" ", "")
 
 
+def _read():
+    """The well-formed entries of the cache file ({} where it is missing,
+    unreadable, of another version or not in the format)."""
+    try:
+        data = json.loads(cache_path().read_text())
+        entries = data["entries"] if data.get("version") == VERSION else {}
+        return {key: entry for key, entry in entries.items()
+                if isinstance(entry, dict) and isinstance(entry.get("algo"), str)}
+    except (OSError, RuntimeError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
+        return {}
+
+
 def _load():
     global _disk
     if _disk is None:
-        try:
-            data = json.loads(cache_path().read_text())
-            _disk = data["entries"] if data.get("version") == VERSION else {}
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
-            _disk = {}
+        _disk = _read()
     return _disk
 
 
 def _save(entries):
-    path = cache_path()
+    """Write ``entries`` over the file's current ones (another process may have
+    added some since this one read it), atomically."""
+    name = None
     try:
+        path = cache_path()
         path.parent.mkdir(parents=True, exist_ok=True)
+        merged = dict(_read(), **entries)
         with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as f:
-            json.dump({"version": VERSION, "entries": entries}, f, indent=1, sort_keys=True)
-        os.replace(f.name, path)
-    except OSError:
-        pass  # a read-only home: the in-memory cache still works
+            name = f.name
+            json.dump({"version": VERSION, "entries": merged}, f, indent=1, sort_keys=True)
+        os.replace(name, path)
+        name = None
+    except (OSError, RuntimeError):
+        pass  # a read-only home, or none: the in-memory cache still works
+    finally:
+        if name is not None:
+            try:
+                os.unlink(name)
+            except OSError:
+                pass
 
 
 def candidates(problem, direction, options=DEFAULT_OPTIONS):
@@ -96,9 +124,11 @@ def random_operands(problem, direction):
     return a, b, cupy.empty(shapes[2], dtype=problem.dtype)
 
 
-def time_algorithms(problem, direction, names, options=DEFAULT_OPTIONS):
+def time_algorithms(problem, direction, names, options=DEFAULT_OPTIONS, failed=None):
     """{name: median ms} on fresh random inputs of the problem's shapes (each
-    algorithm as it runs under ``options``: see ConvAlgorithm.under)."""
+    algorithm as it runs under ``options``: see ConvAlgorithm.under).  An
+    algorithm that raises is left out and its error stored in ``failed``
+    (a dict) where given, else raised."""
     import cupy
     from ..bench import timing
 
@@ -106,24 +136,49 @@ def time_algorithms(problem, direction, names, options=DEFAULT_OPTIONS):
     result = {}
     for name in names:
         algorithm = REGISTRY[name].under(options)
-        result[name] = timing.measure(lambda: algorithm.run(problem, direction, a, b, out), xp=cupy,
-                                      warmup=_WARMUP, repeat=_REPEAT).median_ms
+        try:
+            result[name] = timing.measure(lambda: algorithm.run(problem, direction, a, b, out), xp=cupy,
+                                          warmup=_WARMUP, repeat=_REPEAT).median_ms
+        except Exception as e:  # noqa: BLE001 -- one candidate's failure (out of memory) is data
+            if failed is None:
+                raise
+            failed[name] = (e, f"{type(e).__name__}: {e}"[:300])
     return result
+
+
+def _usable(entry, problem, direction, options, names):
+    """Whether a cached entry still answers: its winner admits the problem under
+    the options, and it was timed over the candidates registered now."""
+    algorithm = REGISTRY.get(entry["algo"])
+    if algorithm is None or not admits(algorithm, problem, direction, options)[0]:
+        return False
+    timed = entry.get("ms")
+    failed = entry.get("failed") or {}
+    return (isinstance(timed, dict) and isinstance(failed, dict)
+            and set(timed) | set(failed) == set(names))
 
 
 def find(problem, direction, options=DEFAULT_OPTIONS):
     """The name of the fastest algorithm for this problem on this GPU (timed once)
     among those the options admit."""
+    if 0 in (problem.N * problem.C * problem.H * problem.W, problem.N * problem.K * problem.P * problem.Q):
+        from . import auto_rule   # nothing to compute (conv returns before running): nothing to time
+        return auto_rule(problem, direction, options)
     key = problem_key(problem, direction, options)
     name = _memory.get(key)
     if name is not None:
         return name
     entries = _load()
     entry = entries.get(key)
-    if entry is None or entry.get("algo") not in REGISTRY:
-        names = candidates(problem, direction, options)
-        times = time_algorithms(problem, direction, names, options)
+    names = candidates(problem, direction, options)
+    if entry is None or not _usable(entry, problem, direction, options, names):
+        failed = {}
+        times = time_algorithms(problem, direction, names, options, failed)
+        if not times and failed:
+            raise next(iter(failed.values()))[0]
         entry = {"algo": min(times, key=times.get), "ms": times}
+        if failed:
+            entry["failed"] = {n: text for n, (_, text) in failed.items()}
         entries[key] = entry
         _save(entries)
     _memory[key] = entry["algo"]

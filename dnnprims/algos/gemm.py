@@ -24,6 +24,7 @@ import numpy as np
 from .. import _dtypes
 from .._cublas import gemm
 from .._kernels import KernelFamily, ceil_div, index_type
+from .._validate import INT32_LIMIT
 from . import ConvAlgorithm, register
 
 FAMILY = KernelFamily("conv_im2col.cu", [
@@ -48,6 +49,18 @@ def filter_chunk(p):
     """Samples per chunk of the backward-filter GEMM (at least 1)."""
     per_sample = p.C * p.R * p.S * p.P * p.Q if not is_pointwise(p) else p.C * p.H * p.W
     return max(1, min(p.N, FILTER_CHUNK_BYTES // max(1, per_sample * np.dtype(p.dtype).itemsize)))
+
+
+def _gemm_dimensions(p, direction):
+    """The sizes the GEMMs of ``run`` pass to cuBLAS as m, n, k or a leading
+    dimension (32-bit ints there): K, C/groups*R*S, P*Q; N*P*Q where NHWC stacks
+    the batch into the rows; a backward-filter chunk's depth."""
+    dims = [p.K, (p.C // p.groups) * p.R * p.S, p.P * p.Q]
+    if direction == "backward_filter":
+        dims.append(filter_chunk(p) * max(p.P * p.Q, p.H * p.W if is_pointwise(p) else 0))
+    elif p.layout == "NHWC":
+        dims.append(p.N * p.P * p.Q)
+    return dims
 
 
 def is_pointwise(p):
@@ -113,6 +126,9 @@ class GemmConvolution(ConvAlgorithm):
         if ok and problem.dtype not in SUPPORTED_DTYPES:
             return False, (f"it runs cuBLAS in the storage type, float32 and float64 only, "
                            f"not {problem.dtype}")
+        if ok and max(_gemm_dimensions(problem, direction)) > INT32_LIMIT:
+            return False, ("a dimension of its cuBLAS GEMM (rows N*P*Q in NHWC, columns P*Q, "
+                           "depth C/groups*R*S or K) is over 2^31 - 1, cuBLAS's int limit")
         return ok, reason
 
     def workspace_bytes(self, problem, direction):

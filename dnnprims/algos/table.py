@@ -128,6 +128,35 @@ def features(problem, direction):
             "log2_k": round(math.log2(max(1, problem.K)), 3)}
 
 
+def _is_number(value):
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _entry_problem(entry):
+    """What is wrong with a table entry for the lookup ("" if nothing): times
+    must be finite numbers >= 0 (or null: did not run), so that no NaN or
+    negative time can win and no string can fail a user's call at lookup."""
+    if not isinstance(entry, dict):
+        return f"not an object: {entry!r:.60}"
+    for name in CATEGORICAL:
+        value = entry.get(name)
+        if not isinstance(value, (str, int, list)) or isinstance(value, bool):
+            return f"{name} is {value!r:.60}"
+    for name in NUMERIC:
+        if not _is_number(entry.get(name)):
+            return f"{name} is {entry.get(name)!r:.60}, not a finite number"
+    ms = entry.get("ms")
+    if not isinstance(ms, dict):
+        return f"ms is {ms!r:.60}, not an object of times"
+    for name, value in ms.items():
+        if value is not None and not (_is_number(value) and value >= 0):
+            return f"ms[{name!r}] is {value!r:.60}, not a finite time >= 0 (or null)"
+    problem = entry.get("problem")
+    if not isinstance(problem, dict) or not {"N", "C", "H", "W", "K", "groups", "dtype"} <= set(problem):
+        return "problem lacks N, C, H, W, K, groups or dtype"
+    return ""
+
+
 def _category(f):
     return tuple(tuple(f[name]) if isinstance(f[name], list) else f[name] for name in CATEGORICAL)
 
@@ -140,7 +169,10 @@ class Table:
             raise ValueError(f"{source}: not a version {VERSION} convolution table")
         self.data, self.source = data, str(source)
         self.index = {}
-        for entry in data["entries"]:
+        for i, entry in enumerate(data["entries"]):
+            why = _entry_problem(entry)
+            if why:
+                raise ValueError(f"{source}: entry {i}: {why}")
             point = tuple(float(entry[name]) for name in NUMERIC)
             self.index.setdefault(_category(entry), []).append((point, entry))
 
@@ -254,8 +286,14 @@ def current():
     if not _loaded["done"]:
         try:
             _loaded["table"] = load()
-        except (OSError, ValueError, KeyError, TypeError):
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
             _loaded["table"] = None
+            named = os.environ.get("DNNPRIMS_CONV_TABLE")
+            if named or not isinstance(e, FileNotFoundError):
+                import warnings
+                what = f"DNNPRIMS_CONV_TABLE={named}" if named else f"the table {DEFAULT_PATH}"
+                warnings.warn(f"{what} cannot be used ({type(e).__name__}: {e}); "
+                              f"algo='auto' follows the rule", stacklevel=2)
         _loaded["done"] = True
     return _loaded["table"]
 
@@ -270,6 +308,9 @@ def use(table):
         table = Table(table)
     elif isinstance(table, (str, os.PathLike)):
         table = load(table)
+    elif table is not None and not isinstance(table, Table):
+        raise TypeError(f"table must be a Table, a dict in the table format, a path or None, "
+                        f"got {type(table).__name__}")
     _loaded["table"], _loaded["done"] = table, True
     forget_choices()
     return previous
