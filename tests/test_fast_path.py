@@ -757,6 +757,54 @@ def test_winograd_call_inside_a_users_capture_runs_directly_and_captures_later(f
     _kernels.release_outputs()
 
 
+# ---- fast-table keys (CPU: CuPy arrays over host memory, the algorithm faked) ---------
+
+class _RecordingAlgorithm:
+    """Stands in for a chosen convolution algorithm: its prepared launch
+    returns which direction it was prepared for (the runner hands that back)."""
+    name = "recording"
+    fused_activations = frozenset()
+
+    def prepare(self, problem, direction, has_bias=False, activation=None):
+        return lambda a, b, out, bias=None: (direction, problem)
+
+
+@pytest.fixture
+def fake_conv(fake_pool, monkeypatch):
+    """conv's GPU paths on host memory: device 0, a fresh memo, every choice a
+    _RecordingAlgorithm."""
+    cupy = pytest.importorskip("cupy")
+    from dnnprims import conv
+    monkeypatch.setattr(cupy.cuda.runtime, "getDevice", lambda: 0)
+    monkeypatch.setattr(conv, "_current_device", lambda: 0)
+    memo = _validate.CallMemo()
+    monkeypatch.setattr(conv, "_MEMO", memo)
+    monkeypatch.setattr(conv, "_FAST", memo.fast)
+    monkeypatch.setattr(conv, "choose", lambda *args, **kwargs: _RecordingAlgorithm())
+    return conv
+
+
+def test_conv_backward_data_and_filter_fast_keys_never_collide(fake_conv):
+    """Backward data (dy, w, x_shape) and backward filter (x, dy, w_shape) share
+    one fast table and their keys had the same layout: a same-padded n-channel
+    convolution of a batch of n gives equal keys for dy (n, n, h, h), w (n, n, r, r),
+    x_shape (n, n, h, h) and x (n, n, h, h), dy (n, n, r, r), w_shape (n, n, h, h)
+    -- the second call then ran the first one's prepared backward data (a dx of
+    the same shape as the dw asked for: a silent wrong result)."""
+    conv = fake_conv
+    n, h, r = 4, 5, 3
+    a, b = _fake_array((n, n, h, h)), _fake_array((n, n, r, r))
+    direction, problem = conv.conv2d_backward_data(a, b, (n, n, h, h), padding=1)
+    assert direction == "backward_data" and len(conv._FAST) == 1
+    direction, problem = conv.conv2d_backward_filter(a, b, (n, n, h, h), padding=1)
+    assert direction == "backward_filter" and problem.w_shape == (n, n, h, h) and problem.R == h
+    assert len(conv._FAST) == 2
+    # each now hits its own entry
+    assert conv.conv2d_backward_data(a, b, (n, n, h, h), padding=1)[0] == "backward_data"
+    assert conv.conv2d_backward_filter(a, b, (n, n, h, h), padding=1)[0] == "backward_filter"
+    assert len(conv._FAST) == 2
+
+
 # ---- the fast paths on the GPU -------------------------------------------------------
 
 def _unaligned_copy(gpu, a):
