@@ -805,6 +805,47 @@ def test_conv_backward_data_and_filter_fast_keys_never_collide(fake_conv):
     assert len(conv._FAST) == 2
 
 
+def test_fft_cufft_plans_are_per_stream(fake_pool, monkeypatch):
+    """A cuFFT plan has one work area, and PlanNd.fft sets the plan's stream and
+    then executes (the GIL released between): a plan shared by two streams ran
+    two transforms in one work area at once, and with two threads one thread's
+    transform could run on the other's stream (out of order with its own
+    kernels).  The plans and the setups that hold them are kept per stream."""
+    cupy = pytest.importorskip("cupy")
+    import sys
+    from types import SimpleNamespace
+    from dnnprims.algos import fft
+    stream, _ = fake_pool
+
+    class Plan:
+        def __init__(self, *args):
+            pass
+
+    # cuFFT faked (no libcufft needed): only the plans' identities are checked
+    cufft = SimpleNamespace(PlanNd=Plan, CUFFT_R2C=0x2a, CUFFT_C2R=0x2c, CUFFT_D2Z=0x6a, CUFFT_Z2D=0x6c)
+    monkeypatch.setitem(sys.modules, "cupy.cuda.cufft", cufft)
+    monkeypatch.setitem(vars(cupy.cuda), "cufft", cufft)   # setattr would import the real one first
+    monkeypatch.setattr(cupy.cuda.runtime, "getDevice", lambda: 0)
+    monkeypatch.setattr(fft, "_plans", {})
+    monkeypatch.setattr(fft, "_setups", {})
+    monkeypatch.setattr(fft, "_Setup", lambda *args: SimpleNamespace(plans=(Plan(), Plan())))
+    g = SimpleNamespace(T=(16, 16), extent=(5, 5), channels_in=3, channels_out=4)
+    f32 = np.dtype(np.float32)
+    for inverse in (False, True):
+        stream.ptr = 77
+        plan, spatial, setup = (fft._plan(cupy, inverse, f32, (16, 16), 6),
+                                fft._spatial_plan(inverse, f32, (16, 16), 6), fft._setup(cupy, g, 2, f32))
+        assert fft._plan(cupy, inverse, f32, (16, 16), 6) is plan     # cached on its stream
+        assert fft._spatial_plan(inverse, f32, (16, 16), 6) is spatial
+        assert fft._setup(cupy, g, 2, f32) is setup
+        stream.ptr = 78
+        assert fft._plan(cupy, inverse, f32, (16, 16), 6) is not plan
+        assert fft._spatial_plan(inverse, f32, (16, 16), 6) is not spatial
+        assert fft._setup(cupy, g, 2, f32) is not setup
+        stream.ptr = 77
+        assert fft._plan(cupy, inverse, f32, (16, 16), 6) is plan
+
+
 # ---- the fast paths on the GPU -------------------------------------------------------
 
 def _unaligned_copy(gpu, a):

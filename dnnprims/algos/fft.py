@@ -42,9 +42,12 @@ per-frequency GEMM, with the inverse transform's 1 / (T T') folded in.
 
 Plans.  The default "strided" layout runs cuFFT plans of our own
 (``cupy.cuda.cufft.PlanNd``: contiguous real tiles in, frequency-major
-spectra out, and back), made once per (device, direction, dtype, FFT size,
-batch) and kept in ``_plans`` (least recently used dropped beyond
-PLAN_CACHE_SIZE).  The other layouts go through ``cupy.fft``, whose plans
+spectra out, and back), made once per (device, stream, direction, dtype, FFT
+size, batch) and kept in ``_plans`` (least recently used dropped beyond
+PLAN_CACHE_SIZE).  Per stream: a plan has one work area, and
+``PlanNd.fft`` sets the plan's stream and then executes -- a plan shared by two
+streams (or two threads) would have two transforms in one work area at once,
+or one transform on the other thread's stream.  The other layouts go through ``cupy.fft``, whose plans
 CuPy caches per device the same way (``cupy.fft.config.get_plan_cache()``,
 keyed by shape, strides, type and batch).
 
@@ -55,6 +58,7 @@ import numpy as np
 
 from . import ConvAlgorithm, register
 from .. import _cublas, _dtypes
+from .. import _kernels
 from .._kernels import KernelFamily, ceil_div, index_type
 
 # kernels/conv_fft.cu: window (pad + layout), crop (+ bias), filter to complex.
@@ -281,14 +285,14 @@ def _place_reversed(xp, src, T, spatial_first):
 LAYOUT = "strided"
 LAYOUTS = ("spatial_first", "strided", "plain")
 PLAN_CACHE_SIZE = 32
-_plans = {}   # (device, kind, T, batch) -> cupy.cuda.cufft.PlanNd, least recently used first
+_plans = {}   # (device, stream, kind, T, batch) -> cupy.cuda.cufft.PlanNd, least recently used first
 
 
 def _plan(cupy, inverse, real_dtype, T, batch):
     """A cached cuFFT plan: batched 2-D R2C (D2Z) from contiguous (batch, T, T')
     to frequency-major (F, batch), or the C2R (Z2D) inverse."""
     from cupy.cuda import cufft
-    key = (cupy.cuda.runtime.getDevice(), inverse, real_dtype == np.float64, T, batch)
+    key = (cupy.cuda.runtime.getDevice(), _kernels._stream_key(), inverse, real_dtype == np.float64, T, batch)
     plan = _plans.pop(key, None)
     if plan is None:
         half = T[1] // 2 + 1
@@ -489,8 +493,8 @@ _setups = {}   # key -> _Setup, least recently used first
 
 
 class _Setup:
-    """Everything about one (device, geometry, batch, dtype, layout) that does
-    not depend on the data."""
+    """Everything about one (device, stream, geometry, batch, dtype, layout)
+    that does not depend on the data (per stream: its cuFFT plans)."""
 
     def __init__(self, xp, g, N, dtype, spatial):
         self.spatial = spatial
@@ -520,7 +524,8 @@ def _spatial_plan(inverse, real_dtype, T, batch):
     complex (T0, T1/2+1, batch), batch innermost (stride batch, distance 1)."""
     from cupy.cuda import cufft
     import cupy
-    key = (cupy.cuda.runtime.getDevice(), "spatial", inverse, real_dtype == np.float64, T, batch)
+    key = (cupy.cuda.runtime.getDevice(), _kernels._stream_key(), "spatial", inverse, real_dtype == np.float64, T,
+           batch)
     plan = _plans.pop(key, None)
     if plan is None:
         half = T[1] // 2 + 1
@@ -540,8 +545,9 @@ def _spatial_plan(inverse, real_dtype, T, batch):
 
 def _setup(xp, g, N, dtype):
     spatial = LAYOUT == "spatial_first"
-    key = (None if xp is np else xp.cuda.runtime.getDevice(), g.T, g.extent, g.channels_in,
-           g.channels_out, N, np.dtype(dtype).name, spatial)
+    # Per stream on the GPU: a setup holds cuFFT plans (see _plan).
+    where = None if xp is np else (xp.cuda.runtime.getDevice(), _kernels._stream_key())
+    key = (where, g.T, g.extent, g.channels_in, g.channels_out, N, np.dtype(dtype).name, spatial)
     st = _setups.pop(key, None)
     if st is None:
         st = _Setup(xp, g, N, dtype, spatial)
