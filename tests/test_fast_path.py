@@ -846,6 +846,34 @@ def test_fft_cufft_plans_are_per_stream(fake_pool, monkeypatch):
         assert fft._plan(cupy, inverse, f32, (16, 16), 6) is plan
 
 
+def test_batchnorm_stream_workspaces_are_bounded(monkeypatch):
+    """Batch norm keeps one workspace (barrier counters, partials) per stream:
+    a program that makes a new stream per step kept one per stream for good.
+    Beyond MAX_WORKSPACES the oldest is dropped (plans that hold its arrays
+    keep them alive); a live stream's own stays while it is among the newest."""
+    from types import SimpleNamespace
+    from dnnprims import normalization
+    stream = SimpleNamespace(ptr=1000)
+    cuda = SimpleNamespace(runtime=SimpleNamespace(getDevice=lambda: 0), get_current_stream=lambda: stream)
+    cp = SimpleNamespace(cuda=cuda, zeros=lambda n, dtype: np.zeros(n, dtype))
+    monkeypatch.setattr(normalization, "_WORKSPACES", {})
+    limit = getattr(normalization, "MAX_WORKSPACES", 64)   # (the old code had no bound)
+    first = normalization._stream_workspace(cp)
+    assert normalization._stream_workspace(cp) is first
+    for ptr in range(1001, 1001 + 3 * limit):
+        stream.ptr = ptr
+        work = normalization._stream_workspace(cp)
+        assert normalization._stream_workspace(cp) is work
+        assert len(normalization._WORKSPACES) <= limit
+    stream.ptr = 1000
+    assert normalization._stream_workspace(cp) is not first     # dropped long ago: a new one
+    # _fused_grid's counters belong to the workspace it returns
+    monkeypatch.setattr(normalization, "_RESIDENT", {(0, "k"): 64})
+    launch = SimpleNamespace(splits=2)
+    grid, per_round, work = normalization._fused_grid(cp, launch, "k", 12)
+    assert work is normalization._stream_workspace(cp) and work.arrive.size >= 24
+
+
 # ---- the fast paths on the GPU -------------------------------------------------------
 
 def _unaligned_copy(gpu, a):
