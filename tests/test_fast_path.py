@@ -1032,6 +1032,60 @@ def test_conv_backward_data_fast_path_memo_checks_shape_types(gpu, rng, algo):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("first", ["backward_data", "backward_filter"])
+def test_conv_backward_data_and_filter_with_equal_shapes_on_the_gpu(gpu, rng, first):
+    """The GPU check of test_conv_backward_data_and_filter_fast_keys_never_collide:
+    a same-padded 4-channel convolution of a batch of 4, backward data then
+    backward filter (and the other order) on arrays of the same shapes, each
+    against the float64 reference, twice (the second call: the fast path)."""
+    from dnnprims import conv
+    a = random_array(rng, (4, 4, 5, 5), np.float32)
+    b = random_array(rng, (4, 4, 3, 3), np.float32)
+    A, B = gpu.asarray(a), gpu.asarray(b)
+    calls = {"backward_data": (conv.conv2d_backward_data,
+                               conv.conv2d_backward_data(a.astype(F64), b.astype(F64), (4, 4, 5, 5), padding=1)),
+             "backward_filter": (conv.conv2d_backward_filter,
+                                 conv.conv2d_backward_filter(a.astype(F64), b.astype(F64), (4, 4, 5, 5), padding=1))}
+    order = [first, "backward_filter" if first == "backward_data" else "backward_data"]
+    for _ in range(2):
+        for direction in order:
+            call, want = calls[direction]
+            assert_close(call(A, B, (4, 4, 5, 5), padding=1), want, np.float32, what=direction)
+
+
+@pytest.mark.gpu
+def test_fft_conv_on_two_streams_from_two_threads(gpu, rng):
+    """The GPU check of test_fft_cufft_plans_are_per_stream: two threads, each on
+    its own stream, run the same FFT convolution on different data many times;
+    every result matches its reference (one shared cuFFT plan could mix the two
+    transforms' work areas, or run one on the other thread's stream)."""
+    from dnnprims import conv
+    w = random_array(rng, (8, 8, 7, 7), np.float32)
+    xs = [random_array(rng, (4, 8, 32, 32), np.float32) for _ in range(2)]
+    wants = [conv.conv2d_forward(x.astype(F64), w.astype(F64), padding=3) for x in xs]
+    W = gpu.asarray(w)
+    errors = []
+
+    def work(i):
+        try:
+            with gpu.cuda.Stream(non_blocking=True) as stream:
+                X = gpu.asarray(xs[i])
+                ys = [conv.conv2d_forward(X, W, padding=3, algo="fft") for _ in range(50)]
+                stream.synchronize()
+                for y in ys:
+                    assert_close(y, wants[i], np.float32)
+        except Exception as e:  # noqa: BLE001 (reported below)
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [np.float32, np.float16])
 @pytest.mark.parametrize("algo", ["implicit_gemm_wgrad", "implicit_gemm_wgrad_atomic", "auto"])
 @pytest.mark.parametrize("batch", [1, 8])
