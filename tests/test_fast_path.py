@@ -339,6 +339,35 @@ def test_output_slot_allocates_anew_while_anything_holds_the_output(fake_pool):
     assert slot().data.ptr == ptr
 
 
+def test_output_slot_never_learns_its_counts_under_a_tracer(fake_pool):
+    """A trace function that reads frame.f_locals (a debugger stepping through
+    the first call, Python < 3.13) holds the slot's locals: counts learned then
+    were one high, and from then on the slot handed back an output its caller
+    still held -- the next call overwrote the previous result (silent)."""
+    import sys
+    slot = _kernels.OutputSlot((4,), np.float32)
+    call_code = _kernels.OutputSlot.__call__.__code__
+
+    def tracer(frame, event, arg):
+        if frame.f_code is call_code:
+            frame.f_locals                # what a debugger's variables view does
+        return tracer
+
+    previous = sys.gettrace()
+    sys.settrace(tracer)
+    try:
+        first = slot()                    # the slot's first allocation, traced
+    finally:
+        sys.settrace(previous)
+    second = slot()                       # `first` is still held here
+    assert second is not first and second.data.ptr != first.data.ptr
+    third = slot()
+    assert third is not second and third is not first
+    ptr = third.data.ptr
+    del third
+    assert slot().data.ptr == ptr         # untraced: a dropped output still comes back
+
+
 def test_output_slot_keeps_to_its_stream_and_shape(fake_pool):
     stream, _ = fake_pool
     slot = _kernels.OutputSlot((8,), np.float64)
