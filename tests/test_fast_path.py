@@ -903,6 +903,38 @@ def test_batchnorm_stream_workspaces_are_bounded(monkeypatch):
     assert work is normalization._stream_workspace(cp) and work.arrive.size >= 24
 
 
+def test_pool_backward_fast_entry_never_skips_checking_a_y_of_another_type(fake_pool, monkeypatch):
+    """pool_backward's fast key holds y's shape and dtype only for an exact
+    cupy.ndarray: a subclass gave False there, the validated call still made an
+    entry, and from then on any y of that type -- of any shape or dtype --
+    passed unchecked.  The launch is faked (it does not read y)."""
+    cupy = pytest.importorskip("cupy")
+    from cupy.cuda.memory import MemoryPointer, UnownedMemory
+    from dnnprims import pooling
+
+    class Sub(cupy.ndarray):
+        pass
+
+    host = np.zeros(4096, np.uint8)
+    memory = UnownedMemory(host.ctypes.data, host.nbytes, host, device_id=0)
+
+    def sub(shape):
+        return Sub(shape, np.float32, memptr=MemoryPointer(memory, 0))
+
+    launched = []
+    monkeypatch.setattr(cupy.cuda.runtime, "getDevice", lambda: 0)
+    monkeypatch.setattr(pooling, "_current_device", lambda: 0)
+    monkeypatch.setattr(pooling, "_MEMO", _validate.CallMemo())
+    monkeypatch.setattr(pooling._Call, "run", lambda self, direction, arrays: launched.append(direction)
+                        or (lambda *arrays: launched.append("fast")))
+    x, dy = _fake_array((1, 2, 8, 8)), _fake_array((1, 2, 4, 4))
+    pooling.pool_backward(dy, x, sub((1, 2, 4, 4)), 2)
+    pooling.pool_backward(dy, x, sub((1, 2, 4, 4)), 2)
+    with pytest.raises(ValueError, match="y must have shape"):
+        pooling.pool_backward(dy, x, sub((1, 2, 3, 3)), 2)
+    assert "fast" not in launched
+
+
 # ---- the fast paths on the GPU -------------------------------------------------------
 
 def _unaligned_copy(gpu, a):
