@@ -839,7 +839,8 @@ def test_fft_cufft_plans_are_per_stream(fake_pool, monkeypatch):
     then executes (the GIL released between): a plan shared by two streams ran
     two transforms in one work area at once, and with two threads one thread's
     transform could run on the other's stream (out of order with its own
-    kernels).  The plans and the setups that hold them are kept per stream."""
+    kernels).  The plans are kept per stream (a setup, shared, hands out the
+    current stream's)."""
     cupy = pytest.importorskip("cupy")
     import sys
     from types import SimpleNamespace
@@ -857,22 +858,28 @@ def test_fft_cufft_plans_are_per_stream(fake_pool, monkeypatch):
     monkeypatch.setattr(cupy.cuda.runtime, "getDevice", lambda: 0)
     monkeypatch.setattr(fft, "_plans", {})
     monkeypatch.setattr(fft, "_setups", {})
-    monkeypatch.setattr(fft, "_Setup", lambda *args: SimpleNamespace(plans=(Plan(), Plan())))
-    g = SimpleNamespace(T=(16, 16), extent=(5, 5), channels_in=3, channels_out=4)
+    monkeypatch.setattr(fft, "_twiddle_matrices", lambda *args: (None, None))
+    g = SimpleNamespace(T=(16, 16), extent=(5, 5), channels_in=3, channels_out=4, frequencies=16 * 9)
     f32 = np.dtype(np.float32)
     for inverse in (False, True):
         stream.ptr = 77
-        plan, spatial, setup = (fft._plan(cupy, inverse, f32, (16, 16), 6),
-                                fft._spatial_plan(inverse, f32, (16, 16), 6), fft._setup(cupy, g, 2, f32))
+        plan, spatial = fft._plan(cupy, inverse, f32, (16, 16), 6), fft._spatial_plan(inverse, f32, (16, 16), 6)
         assert fft._plan(cupy, inverse, f32, (16, 16), 6) is plan     # cached on its stream
         assert fft._spatial_plan(inverse, f32, (16, 16), 6) is spatial
-        assert fft._setup(cupy, g, 2, f32) is setup
         stream.ptr = 78
         assert fft._plan(cupy, inverse, f32, (16, 16), 6) is not plan
         assert fft._spatial_plan(inverse, f32, (16, 16), 6) is not spatial
-        assert fft._setup(cupy, g, 2, f32) is not setup
         stream.ptr = 77
         assert fft._plan(cupy, inverse, f32, (16, 16), 6) is plan
+    # a setup (twiddle matrices, shared by every stream) hands out the current stream's plans
+    setup = fft._setup(cupy, g, 2, f32)
+    plans = setup.plans(cupy)
+    assert setup.plans(cupy) == plans
+    stream.ptr = 78
+    assert fft._setup(cupy, g, 2, f32) is setup
+    assert all(a is not b for a, b in zip(setup.plans(cupy), plans))
+    stream.ptr = 77
+    assert setup.plans(cupy) == plans
 
 
 def test_batchnorm_stream_workspaces_are_bounded(monkeypatch):

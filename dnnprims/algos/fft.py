@@ -493,8 +493,9 @@ _setups = {}   # key -> _Setup, least recently used first
 
 
 class _Setup:
-    """Everything about one (device, stream, geometry, batch, dtype, layout)
-    that does not depend on the data (per stream: its cuFFT plans)."""
+    """Everything about one (device, geometry, batch, dtype, layout) that does
+    not depend on the data; its cuFFT plans are the current stream's
+    (:meth:`plans`)."""
 
     def __init__(self, xp, g, N, dtype, spatial):
         self.spatial = spatial
@@ -505,18 +506,20 @@ class _Setup:
         J, Ko = g.channels_in, g.channels_out
         self.B_in, self.B_out = N * J, N * Ko
         self.Ds, self.Dr = _twiddle_matrices(xp, g.T, g.extent, self.cdtype)
-        self.plans = None
-        if xp is not np:
-            self.plans = (_spatial_plan(False, self.dtype, g.T, self.B_in) if spatial
-                          else _plan(xp, False, self.dtype, g.T, self.B_in),
-                          _spatial_plan(True, self.dtype, g.T, self.B_out) if spatial
-                          else _plan(xp, True, self.dtype, g.T, self.B_out))
+        self.T = g.T
         ct = _dtypes.cuda_type(self.dtype)
         E0, E1 = g.extent
         it = index_type(2 * g.frequencies * max(self.B_in, self.B_out), T0 * T1 * max(self.B_in, self.B_out),
                         2 * E0 * E1 * J * Ko)
         self.exprs = {k: f"{k}<{ct}, {it}>" for k in ("fft_window", "fft_crop", "fft_filter_complex")}
         self.index = np.int64 if it == "long long" else np.int32
+
+    def plans(self, xp):
+        """(forward, inverse) cuFFT plans on the current stream (per stream: see _plan)."""
+        if self.spatial:
+            return (_spatial_plan(False, self.dtype, self.T, self.B_in),
+                    _spatial_plan(True, self.dtype, self.T, self.B_out))
+        return _plan(xp, False, self.dtype, self.T, self.B_in), _plan(xp, True, self.dtype, self.T, self.B_out)
 
 
 def _spatial_plan(inverse, real_dtype, T, batch):
@@ -545,9 +548,8 @@ def _spatial_plan(inverse, real_dtype, T, batch):
 
 def _setup(xp, g, N, dtype):
     spatial = LAYOUT == "spatial_first"
-    # Per stream on the GPU: a setup holds cuFFT plans (see _plan).
-    where = None if xp is np else (xp.cuda.runtime.getDevice(), _kernels._stream_key())
-    key = (where, g.T, g.extent, g.channels_in, g.channels_out, N, np.dtype(dtype).name, spatial)
+    key = (None if xp is np else xp.cuda.runtime.getDevice(), g.T, g.extent, g.channels_in,
+           g.channels_out, N, np.dtype(dtype).name, spatial)
     st = _setups.pop(key, None)
     if st is None:
         st = _Setup(xp, g, N, dtype, spatial)
@@ -623,7 +625,8 @@ def _fast_correlate(xp, a, f, out, g, bias, dilation, flip):
     X = xp.empty((F, N, J), dtype=st.cdtype)
     if gpu:
         from cupy.cuda import cufft
-        st.plans[0].fft(buf, X, cufft.CUFFT_FORWARD)
+        plans = st.plans(xp)
+        plans[0].fft(buf, X, cufft.CUFFT_FORWARD)
     elif st.spatial:
         X[...] = np.fft.rfft2(buf, axes=(0, 1)).reshape(F, N, J)
     else:
@@ -633,7 +636,7 @@ def _fast_correlate(xp, a, f, out, g, bias, dilation, flip):
     del X, G
     y = xp.empty((T0, T1, N * Ko) if st.spatial else (N * Ko, T0, T1), dtype=out.dtype)
     if gpu:
-        st.plans[1].fft(Y, y, cufft.CUFFT_INVERSE)
+        plans[1].fft(Y, y, cufft.CUFFT_INVERSE)
     elif st.spatial:
         y[...] = np.fft.irfft2(Y.reshape(T0, st.half, N * Ko), s=g.T, axes=(0, 1), norm="forward")
     else:
