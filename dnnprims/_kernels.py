@@ -467,7 +467,9 @@ class OutputSlot:
     Arrays over :data:`RECYCLE_MAX_BYTES` are never kept, and all slots
     together keep at most :data:`RECYCLE_BUDGET_BYTES`;
     :func:`release_outputs` drops every kept array.  CPython only: with the
-    GIL disabled nothing is kept."""
+    GIL disabled nothing is kept.  The reference counts of an array only the
+    slot holds are learned on the slot's first untraced allocation (under a
+    trace function -- a debugger, coverage -- nothing is kept until then)."""
 
     __slots__ = ("shape", "dtype", "nbytes", "_free", "_counts", "_reserved", "__weakref__")
 
@@ -496,6 +498,13 @@ class OutputSlot:
         if (self._reserved or self._reserve()) and type(out.data.mem) in RECYCLABLE:
             counts = _reference_counts(out)
             if self._counts is None:
+                if _gettrace() is not None:
+                    # A trace function (a debugger) may hold this frame's locals
+                    # (frame.f_locals, Python < 3.13): counts learned now could be
+                    # one high, and an array its caller still holds would pass.
+                    # Learn them on an untraced call.  (A profile function --
+                    # cProfile -- reads no locals: benchmarks' --profile keeps reuse.)
+                    return out
                 self._counts = counts
             if not free and counts == self._counts:
                 free.append((out, _stream_key()))
@@ -706,6 +715,7 @@ _RECYCLING = _GIL and os.environ.get("DNNPRIMS_OUTPUT_REUSE", "1") != "0"
 # DNNPRIMS_WORKSPACE_REUSE=0 (or set_workspace_reuse(False)) allocates every workspace per call.
 _KEEP_WORKSPACES = os.environ.get("DNNPRIMS_WORKSPACE_REUSE", "1") != "0"
 _getrefcount = sys.getrefcount
+_gettrace = sys.gettrace
 _getweakrefcount = weakref.getweakrefcount
 RECYCLABLE = ()   # memory types whose arrays may be kept: CuPy's pool (set in _bind_driver)
 _NDARRAY = None

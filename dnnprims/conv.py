@@ -256,8 +256,8 @@ def conv2d_backward_data(dy, w, x_shape, *, stride=1, padding=0, dilation=1, gro
 
     With stride > 1 several input sizes give dy's size; ``x_shape`` picks one.
     ``dy=None`` means a zero output gradient."""
-    fast_key = _backward_key(dy, w, x_shape, stride, padding, dilation, groups, layout, algo,
-                             workspace_limit, precision)
+    fast_key = _backward_key("backward_data", dy, w, x_shape, stride, padding, dilation, groups, layout,
+                             algo, workspace_limit, precision)
     if fast_key is not None:
         run = _FAST.get(fast_key)
         if run is not None:
@@ -295,14 +295,16 @@ def conv2d_backward_data(dy, w, x_shape, *, stride=1, padding=0, dilation=1, gro
     return algorithm.run(problem, "backward_data", dy, w, dx)
 
 
-def _backward_key(a, b, shape, stride, padding, dilation, groups, layout, algo, workspace_limit,
+def _backward_key(direction, a, b, shape, stride, padding, dilation, groups, layout, algo, workspace_limit,
                   precision, deterministic=False):
     """The fast path's key of a backward call (arrays a, b; the other tensor's
-    shape), or None (no fast path)."""
+    shape), or None (no fast path).  The direction is part of it: backward data
+    (dy, w, x_shape) and backward filter (x, dy, w_shape) of a same-padded
+    convolution with N == C == K can have equal shapes in every other place."""
     if not (type(a) is _NDARRAY and type(b) is _NDARRAY and a._c_contiguous and b._c_contiguous):
         return None
     try:
-        return (a.shape, a.dtype, a.data.device_id, b.shape, b.dtype, b.data.device_id,
+        return (direction, a.shape, a.dtype, a.data.device_id, b.shape, b.dtype, b.data.device_id,
                 _current_device(), _exact(shape), _int_key(stride), _int_key(padding),
                 _int_key(dilation), _int_key(groups), layout, algo, workspace_limit,
                 type(workspace_limit), precision, deterministic, type(deterministic))
@@ -330,8 +332,8 @@ def conv2d_backward_filter(x, dy, w_shape, *, stride=1, padding=0, dilation=1, g
 
     ``dy=None`` means a zero output gradient.  ``deterministic=True`` admits
     only algorithms that give the same bits on every run (no atomics)."""
-    fast_key = _backward_key(x, dy, w_shape, stride, padding, dilation, groups, layout, algo,
-                             workspace_limit, precision, deterministic)
+    fast_key = _backward_key("backward_filter", x, dy, w_shape, stride, padding, dilation, groups, layout,
+                             algo, workspace_limit, precision, deterministic)
     if fast_key is not None:
         run = _FAST.get(fast_key)
         if run is not None:

@@ -338,7 +338,11 @@ def _group(t, channels, outer, inner, aligned):
 
 
 _RESIDENT = {}  # (device, expression) -> blocks of that kernel resident at once
-_WORKSPACES = {}  # (device, stream) -> _Workspace
+_WORKSPACES = {}  # (device, stream) -> _Workspace, the oldest dropped beyond MAX_WORKSPACES
+# Streams whose workspace is kept (a program that makes a stream per step would
+# otherwise keep one per stream for good).  A dropped one lives on in the plans
+# that hold its arrays; that stream's next plan gets a new one.
+MAX_WORKSPACES = 64
 
 
 class _Workspace:
@@ -391,8 +395,9 @@ def _fused_grid(cp, launch, spec, channels):
     if launch.splits > resident:
         return None
     per_round = min(channels, resident // launch.splits)
-    _counters(cp, channels)
-    return (per_round * launch.splits,), per_round, _stream_workspace(cp)
+    work = _stream_workspace(cp)
+    _counters(cp, channels, work)   # the counters of the workspace returned
+    return (per_round * launch.splits,), per_round, work
 
 
 def _resident_blocks(cp, kernel):
@@ -525,6 +530,11 @@ def _stream_workspace(cp):
     key = (cp.cuda.runtime.getDevice(), _stream(cp))
     work = _WORKSPACES.get(key)
     if work is None:
+        while len(_WORKSPACES) >= MAX_WORKSPACES:
+            try:
+                del _WORKSPACES[next(iter(_WORKSPACES))]
+            except (KeyError, RuntimeError, StopIteration):   # another thread changed it
+                break
         work = _WORKSPACES[key] = _Workspace(cp)
     return work
 
@@ -693,9 +703,9 @@ def _build_forward_plan(cp, x, y, pdtype, channels, outer, inner, training, upda
     return _Plan(launches, aligned, stats)
 
 
-def _counters(cp, channels):
+def _counters(cp, channels, work=None):
     """The stream's arrival counters (zero between launches), at least 2 * channels."""
-    work = _stream_workspace(cp)
+    work = _stream_workspace(cp) if work is None else work
     if work.arrive.size < 2 * channels:
         work.arrive = cp.zeros(2 * channels, np.uint32)
     return work.arrive

@@ -354,7 +354,9 @@ def pool_backward(dy, x, y, window, *, mode="max", stride=None, padding=0, count
     dx = cupy.empty(x.shape, dtype=x.dtype)
     if not call.empty:
         launch = call.run("backward", (x, dy, dx))
-        if launch is not None and fast_key is not None:
+        # (no entry for a y whose key part is False: a subclass of cupy.ndarray,
+        # whose shape and dtype the key does not hold)
+        if launch is not None and fast_key is not None and _array_key(y) is not False:
             _MEMO.put_fast(fast_key, (launch, _kernels.OutputSlot(x.shape, x.dtype)))
     return dx
 

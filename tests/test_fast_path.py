@@ -339,6 +339,35 @@ def test_output_slot_allocates_anew_while_anything_holds_the_output(fake_pool):
     assert slot().data.ptr == ptr
 
 
+def test_output_slot_never_learns_its_counts_under_a_tracer(fake_pool):
+    """A trace function that reads frame.f_locals (a debugger stepping through
+    the first call, Python < 3.13) holds the slot's locals: counts learned then
+    were one high, and from then on the slot handed back an output its caller
+    still held -- the next call overwrote the previous result (silent)."""
+    import sys
+    slot = _kernels.OutputSlot((4,), np.float32)
+    call_code = _kernels.OutputSlot.__call__.__code__
+
+    def tracer(frame, event, arg):
+        if frame.f_code is call_code:
+            frame.f_locals                # what a debugger's variables view does
+        return tracer
+
+    previous = sys.gettrace()
+    sys.settrace(tracer)
+    try:
+        first = slot()                    # the slot's first allocation, traced
+    finally:
+        sys.settrace(previous)
+    second = slot()                       # `first` is still held here
+    assert second is not first and second.data.ptr != first.data.ptr
+    third = slot()
+    assert third is not second and third is not first
+    ptr = third.data.ptr
+    del third
+    assert slot().data.ptr == ptr         # untraced: a dropped output still comes back
+
+
 def test_output_slot_keeps_to_its_stream_and_shape(fake_pool):
     stream, _ = fake_pool
     slot = _kernels.OutputSlot((8,), np.float64)
@@ -757,6 +786,162 @@ def test_winograd_call_inside_a_users_capture_runs_directly_and_captures_later(f
     _kernels.release_outputs()
 
 
+# ---- fast-table keys (CPU: CuPy arrays over host memory, the algorithm faked) ---------
+
+class _RecordingAlgorithm:
+    """Stands in for a chosen convolution algorithm: its prepared launch
+    returns which direction it was prepared for (the runner hands that back)."""
+    name = "recording"
+    fused_activations = frozenset()
+
+    def prepare(self, problem, direction, has_bias=False, activation=None):
+        return lambda a, b, out, bias=None: (direction, problem)
+
+
+@pytest.fixture
+def fake_conv(fake_pool, monkeypatch):
+    """conv's GPU paths on host memory: device 0, a fresh memo, every choice a
+    _RecordingAlgorithm."""
+    cupy = pytest.importorskip("cupy")
+    from dnnprims import conv
+    monkeypatch.setattr(cupy.cuda.runtime, "getDevice", lambda: 0)
+    monkeypatch.setattr(conv, "_current_device", lambda: 0)
+    memo = _validate.CallMemo()
+    monkeypatch.setattr(conv, "_MEMO", memo)
+    monkeypatch.setattr(conv, "_FAST", memo.fast)
+    monkeypatch.setattr(conv, "choose", lambda *args, **kwargs: _RecordingAlgorithm())
+    return conv
+
+
+def test_conv_backward_data_and_filter_fast_keys_never_collide(fake_conv):
+    """Backward data (dy, w, x_shape) and backward filter (x, dy, w_shape) share
+    one fast table and their keys had the same layout: a same-padded n-channel
+    convolution of a batch of n gives equal keys for dy (n, n, h, h), w (n, n, r, r),
+    x_shape (n, n, h, h) and x (n, n, h, h), dy (n, n, r, r), w_shape (n, n, h, h)
+    -- the second call then ran the first one's prepared backward data (a dx of
+    the same shape as the dw asked for: a silent wrong result)."""
+    conv = fake_conv
+    n, h, r = 4, 5, 3
+    a, b = _fake_array((n, n, h, h)), _fake_array((n, n, r, r))
+    direction, problem = conv.conv2d_backward_data(a, b, (n, n, h, h), padding=1)
+    assert direction == "backward_data" and len(conv._FAST) == 1
+    direction, problem = conv.conv2d_backward_filter(a, b, (n, n, h, h), padding=1)
+    assert direction == "backward_filter" and problem.w_shape == (n, n, h, h) and problem.R == h
+    assert len(conv._FAST) == 2
+    # each now hits its own entry
+    assert conv.conv2d_backward_data(a, b, (n, n, h, h), padding=1)[0] == "backward_data"
+    assert conv.conv2d_backward_filter(a, b, (n, n, h, h), padding=1)[0] == "backward_filter"
+    assert len(conv._FAST) == 2
+
+
+def test_fft_cufft_plans_are_per_stream(fake_pool, monkeypatch):
+    """A cuFFT plan has one work area, and PlanNd.fft sets the plan's stream and
+    then executes (the GIL released between): a plan shared by two streams ran
+    two transforms in one work area at once, and with two threads one thread's
+    transform could run on the other's stream (out of order with its own
+    kernels).  The plans are kept per stream (a setup, shared, hands out the
+    current stream's)."""
+    cupy = pytest.importorskip("cupy")
+    import sys
+    from types import SimpleNamespace
+    from dnnprims.algos import fft
+    stream, _ = fake_pool
+
+    class Plan:
+        def __init__(self, *args):
+            pass
+
+    # cuFFT faked (no libcufft needed): only the plans' identities are checked
+    cufft = SimpleNamespace(PlanNd=Plan, CUFFT_R2C=0x2a, CUFFT_C2R=0x2c, CUFFT_D2Z=0x6a, CUFFT_Z2D=0x6c)
+    monkeypatch.setitem(sys.modules, "cupy.cuda.cufft", cufft)
+    monkeypatch.setitem(vars(cupy.cuda), "cufft", cufft)   # setattr would import the real one first
+    monkeypatch.setattr(cupy.cuda.runtime, "getDevice", lambda: 0)
+    monkeypatch.setattr(fft, "_plans", {})
+    monkeypatch.setattr(fft, "_setups", {})
+    monkeypatch.setattr(fft, "_twiddle_matrices", lambda *args: (None, None))
+    g = SimpleNamespace(T=(16, 16), extent=(5, 5), channels_in=3, channels_out=4, frequencies=16 * 9)
+    f32 = np.dtype(np.float32)
+    for inverse in (False, True):
+        stream.ptr = 77
+        plan, spatial = fft._plan(cupy, inverse, f32, (16, 16), 6), fft._spatial_plan(inverse, f32, (16, 16), 6)
+        assert fft._plan(cupy, inverse, f32, (16, 16), 6) is plan     # cached on its stream
+        assert fft._spatial_plan(inverse, f32, (16, 16), 6) is spatial
+        stream.ptr = 78
+        assert fft._plan(cupy, inverse, f32, (16, 16), 6) is not plan
+        assert fft._spatial_plan(inverse, f32, (16, 16), 6) is not spatial
+        stream.ptr = 77
+        assert fft._plan(cupy, inverse, f32, (16, 16), 6) is plan
+    # a setup (twiddle matrices, shared by every stream) hands out the current stream's plans
+    setup = fft._setup(cupy, g, 2, f32)
+    plans = setup.plans(cupy)
+    assert setup.plans(cupy) == plans
+    stream.ptr = 78
+    assert fft._setup(cupy, g, 2, f32) is setup
+    assert all(a is not b for a, b in zip(setup.plans(cupy), plans))
+    stream.ptr = 77
+    assert setup.plans(cupy) == plans
+
+
+def test_batchnorm_stream_workspaces_are_bounded(monkeypatch):
+    """Batch norm keeps one workspace (barrier counters, partials) per stream:
+    a program that makes a new stream per step kept one per stream for good.
+    Beyond MAX_WORKSPACES the oldest is dropped (plans that hold its arrays
+    keep them alive); a live stream's own stays while it is among the newest."""
+    from types import SimpleNamespace
+    from dnnprims import normalization
+    stream = SimpleNamespace(ptr=1000)
+    cuda = SimpleNamespace(runtime=SimpleNamespace(getDevice=lambda: 0), get_current_stream=lambda: stream)
+    cp = SimpleNamespace(cuda=cuda, zeros=lambda n, dtype: np.zeros(n, dtype))
+    monkeypatch.setattr(normalization, "_WORKSPACES", {})
+    limit = getattr(normalization, "MAX_WORKSPACES", 64)   # (the old code had no bound)
+    first = normalization._stream_workspace(cp)
+    assert normalization._stream_workspace(cp) is first
+    for ptr in range(1001, 1001 + 3 * limit):
+        stream.ptr = ptr
+        work = normalization._stream_workspace(cp)
+        assert normalization._stream_workspace(cp) is work
+        assert len(normalization._WORKSPACES) <= limit
+    stream.ptr = 1000
+    assert normalization._stream_workspace(cp) is not first     # dropped long ago: a new one
+    # _fused_grid's counters belong to the workspace it returns
+    monkeypatch.setattr(normalization, "_RESIDENT", {(0, "k"): 64})
+    launch = SimpleNamespace(splits=2)
+    grid, per_round, work = normalization._fused_grid(cp, launch, "k", 12)
+    assert work is normalization._stream_workspace(cp) and work.arrive.size >= 24
+
+
+def test_pool_backward_fast_entry_never_skips_checking_a_y_of_another_type(fake_pool, monkeypatch):
+    """pool_backward's fast key holds y's shape and dtype only for an exact
+    cupy.ndarray: a subclass gave False there, the validated call still made an
+    entry, and from then on any y of that type -- of any shape or dtype --
+    passed unchecked.  The launch is faked (it does not read y)."""
+    cupy = pytest.importorskip("cupy")
+    from cupy.cuda.memory import MemoryPointer, UnownedMemory
+    from dnnprims import pooling
+
+    class Sub(cupy.ndarray):
+        pass
+
+    host = np.zeros(4096, np.uint8)
+    memory = UnownedMemory(host.ctypes.data, host.nbytes, host, device_id=0)
+
+    def sub(shape):
+        return Sub(shape, np.float32, memptr=MemoryPointer(memory, 0))
+
+    launched = []
+    monkeypatch.setattr(cupy.cuda.runtime, "getDevice", lambda: 0)
+    monkeypatch.setattr(pooling, "_current_device", lambda: 0)
+    monkeypatch.setattr(pooling, "_MEMO", _validate.CallMemo())
+    monkeypatch.setattr(pooling._Call, "run", lambda self, direction, arrays: launched.append(direction)
+                        or (lambda *arrays: launched.append("fast")))
+    x, dy = _fake_array((1, 2, 8, 8)), _fake_array((1, 2, 4, 4))
+    pooling.pool_backward(dy, x, sub((1, 2, 4, 4)), 2)
+    pooling.pool_backward(dy, x, sub((1, 2, 4, 4)), 2)
+    with pytest.raises(ValueError, match="y must have shape"):
+        pooling.pool_backward(dy, x, sub((1, 2, 3, 3)), 2)
+    assert "fast" not in launched
+
+
 # ---- the fast paths on the GPU -------------------------------------------------------
 
 def _unaligned_copy(gpu, a):
@@ -912,6 +1097,60 @@ def test_conv_backward_data_fast_path_memo_checks_shape_types(gpu, rng, algo):
         conv.conv2d_backward_data(dY, W, (2.0, 4, 9, 9), stride=stride, padding=1, algo=algo)
     with pytest.raises(TypeError, match="stride"):
         conv.conv2d_backward_data(dY, W, x_shape, stride=float(stride), padding=1, algo=algo)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("first", ["backward_data", "backward_filter"])
+def test_conv_backward_data_and_filter_with_equal_shapes_on_the_gpu(gpu, rng, first):
+    """The GPU check of test_conv_backward_data_and_filter_fast_keys_never_collide:
+    a same-padded 4-channel convolution of a batch of 4, backward data then
+    backward filter (and the other order) on arrays of the same shapes, each
+    against the float64 reference, twice (the second call: the fast path)."""
+    from dnnprims import conv
+    a = random_array(rng, (4, 4, 5, 5), np.float32)
+    b = random_array(rng, (4, 4, 3, 3), np.float32)
+    A, B = gpu.asarray(a), gpu.asarray(b)
+    calls = {"backward_data": (conv.conv2d_backward_data,
+                               conv.conv2d_backward_data(a.astype(F64), b.astype(F64), (4, 4, 5, 5), padding=1)),
+             "backward_filter": (conv.conv2d_backward_filter,
+                                 conv.conv2d_backward_filter(a.astype(F64), b.astype(F64), (4, 4, 5, 5), padding=1))}
+    order = [first, "backward_filter" if first == "backward_data" else "backward_data"]
+    for _ in range(2):
+        for direction in order:
+            call, want = calls[direction]
+            assert_close(call(A, B, (4, 4, 5, 5), padding=1), want, np.float32, what=direction)
+
+
+@pytest.mark.gpu
+def test_fft_conv_on_two_streams_from_two_threads(gpu, rng):
+    """The GPU check of test_fft_cufft_plans_are_per_stream: two threads, each on
+    its own stream, run the same FFT convolution on different data many times;
+    every result matches its reference (one shared cuFFT plan could mix the two
+    transforms' work areas, or run one on the other thread's stream)."""
+    from dnnprims import conv
+    w = random_array(rng, (8, 8, 7, 7), np.float32)
+    xs = [random_array(rng, (4, 8, 32, 32), np.float32) for _ in range(2)]
+    wants = [conv.conv2d_forward(x.astype(F64), w.astype(F64), padding=3) for x in xs]
+    W = gpu.asarray(w)
+    errors = []
+
+    def work(i):
+        try:
+            with gpu.cuda.Stream(non_blocking=True) as stream:
+                X = gpu.asarray(xs[i])
+                ys = [conv.conv2d_forward(X, W, padding=3, algo="fft") for _ in range(50)]
+                stream.synchronize()
+                for y in ys:
+                    assert_close(y, wants[i], np.float32)
+        except Exception as e:  # noqa: BLE001 (reported below)
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
 
 
 @pytest.mark.gpu

@@ -42,9 +42,12 @@ per-frequency GEMM, with the inverse transform's 1 / (T T') folded in.
 
 Plans.  The default "strided" layout runs cuFFT plans of our own
 (``cupy.cuda.cufft.PlanNd``: contiguous real tiles in, frequency-major
-spectra out, and back), made once per (device, direction, dtype, FFT size,
-batch) and kept in ``_plans`` (least recently used dropped beyond
-PLAN_CACHE_SIZE).  The other layouts go through ``cupy.fft``, whose plans
+spectra out, and back), made once per (device, stream, direction, dtype, FFT
+size, batch) and kept in ``_plans`` (least recently used dropped beyond
+PLAN_CACHE_SIZE).  Per stream: a plan has one work area, and
+``PlanNd.fft`` sets the plan's stream and then executes -- a plan shared by two
+streams (or two threads) would have two transforms in one work area at once,
+or one transform on the other thread's stream.  The other layouts go through ``cupy.fft``, whose plans
 CuPy caches per device the same way (``cupy.fft.config.get_plan_cache()``,
 keyed by shape, strides, type and batch).
 
@@ -55,6 +58,7 @@ import numpy as np
 
 from . import ConvAlgorithm, register
 from .. import _cublas, _dtypes
+from .. import _kernels
 from .._kernels import KernelFamily, ceil_div, index_type
 
 # kernels/conv_fft.cu: window (pad + layout), crop (+ bias), filter to complex.
@@ -281,14 +285,14 @@ def _place_reversed(xp, src, T, spatial_first):
 LAYOUT = "strided"
 LAYOUTS = ("spatial_first", "strided", "plain")
 PLAN_CACHE_SIZE = 32
-_plans = {}   # (device, kind, T, batch) -> cupy.cuda.cufft.PlanNd, least recently used first
+_plans = {}   # (device, stream, kind, T, batch) -> cupy.cuda.cufft.PlanNd, least recently used first
 
 
 def _plan(cupy, inverse, real_dtype, T, batch):
     """A cached cuFFT plan: batched 2-D R2C (D2Z) from contiguous (batch, T, T')
     to frequency-major (F, batch), or the C2R (Z2D) inverse."""
     from cupy.cuda import cufft
-    key = (cupy.cuda.runtime.getDevice(), inverse, real_dtype == np.float64, T, batch)
+    key = (cupy.cuda.runtime.getDevice(), _kernels._stream_key(), inverse, real_dtype == np.float64, T, batch)
     plan = _plans.pop(key, None)
     if plan is None:
         half = T[1] // 2 + 1
@@ -490,7 +494,8 @@ _setups = {}   # key -> _Setup, least recently used first
 
 class _Setup:
     """Everything about one (device, geometry, batch, dtype, layout) that does
-    not depend on the data."""
+    not depend on the data; its cuFFT plans are the current stream's
+    (:meth:`plans`)."""
 
     def __init__(self, xp, g, N, dtype, spatial):
         self.spatial = spatial
@@ -501,12 +506,7 @@ class _Setup:
         J, Ko = g.channels_in, g.channels_out
         self.B_in, self.B_out = N * J, N * Ko
         self.Ds, self.Dr = _twiddle_matrices(xp, g.T, g.extent, self.cdtype)
-        self.plans = None
-        if xp is not np:
-            self.plans = (_spatial_plan(False, self.dtype, g.T, self.B_in) if spatial
-                          else _plan(xp, False, self.dtype, g.T, self.B_in),
-                          _spatial_plan(True, self.dtype, g.T, self.B_out) if spatial
-                          else _plan(xp, True, self.dtype, g.T, self.B_out))
+        self.T = g.T
         ct = _dtypes.cuda_type(self.dtype)
         E0, E1 = g.extent
         it = index_type(2 * g.frequencies * max(self.B_in, self.B_out), T0 * T1 * max(self.B_in, self.B_out),
@@ -514,13 +514,21 @@ class _Setup:
         self.exprs = {k: f"{k}<{ct}, {it}>" for k in ("fft_window", "fft_crop", "fft_filter_complex")}
         self.index = np.int64 if it == "long long" else np.int32
 
+    def plans(self, xp):
+        """(forward, inverse) cuFFT plans on the current stream (per stream: see _plan)."""
+        if self.spatial:
+            return (_spatial_plan(False, self.dtype, self.T, self.B_in),
+                    _spatial_plan(True, self.dtype, self.T, self.B_out))
+        return _plan(xp, False, self.dtype, self.T, self.B_in), _plan(xp, True, self.dtype, self.T, self.B_out)
+
 
 def _spatial_plan(inverse, real_dtype, T, batch):
     """cuFFT plans for the "spatial_first" layout: real (T0, T1, batch) and
     complex (T0, T1/2+1, batch), batch innermost (stride batch, distance 1)."""
     from cupy.cuda import cufft
     import cupy
-    key = (cupy.cuda.runtime.getDevice(), "spatial", inverse, real_dtype == np.float64, T, batch)
+    key = (cupy.cuda.runtime.getDevice(), _kernels._stream_key(), "spatial", inverse, real_dtype == np.float64, T,
+           batch)
     plan = _plans.pop(key, None)
     if plan is None:
         half = T[1] // 2 + 1
@@ -617,7 +625,8 @@ def _fast_correlate(xp, a, f, out, g, bias, dilation, flip):
     X = xp.empty((F, N, J), dtype=st.cdtype)
     if gpu:
         from cupy.cuda import cufft
-        st.plans[0].fft(buf, X, cufft.CUFFT_FORWARD)
+        plans = st.plans(xp)
+        plans[0].fft(buf, X, cufft.CUFFT_FORWARD)
     elif st.spatial:
         X[...] = np.fft.rfft2(buf, axes=(0, 1)).reshape(F, N, J)
     else:
@@ -627,7 +636,7 @@ def _fast_correlate(xp, a, f, out, g, bias, dilation, flip):
     del X, G
     y = xp.empty((T0, T1, N * Ko) if st.spatial else (N * Ko, T0, T1), dtype=out.dtype)
     if gpu:
-        st.plans[1].fft(Y, y, cufft.CUFFT_INVERSE)
+        plans[1].fft(Y, y, cufft.CUFFT_INVERSE)
     elif st.spatial:
         y[...] = np.fft.irfft2(Y.reshape(T0, st.half, N * Ko), s=g.T, axes=(0, 1), norm="forward")
     else:
