@@ -617,17 +617,19 @@ class DFTConvolution(ConvAlgorithm):
         F, h = g.frequencies, g.half
         a1 = N * J * g.size_in[0] * h * cplx                     # A1 and its transpose
         spectrum_in = N * J * F * cplx
+        copies = 0 if p.layout == "NCHW" else (N * J * g.size_in[0] * g.size_in[1]
+                                                + N * Ko * g.out[0] * g.out[1]) * real
         if direction == "backward_filter":
             d1 = N * Ko * g.out[0] * h * cplx
             spectrum_d = N * Ko * F * cplx
             prod = Ko * J * F * cplx
             inv = Ko * J * g.extent[0] * h * cplx
-            return max(2 * a1, spectrum_in + 2 * d1) + spectrum_in + spectrum_d + prod + 2 * inv
+            dw = Ko * J * g.extent[0] * g.extent[1] * real        # alive with prod and the inverse's two
+            return (max(2 * a1, spectrum_in + 2 * d1) + spectrum_in + spectrum_d + prod + 2 * inv + dw
+                    + copies)
         spectrum_filter = J * Ko * (F + g.extent[0] * h + g.extent[0] * g.extent[1]) * cplx
         out_spectrum = N * Ko * F * cplx
         inv = N * Ko * g.out[0] * h * cplx
-        copies = 0 if p.layout == "NCHW" else (N * J * g.size_in[0] * g.size_in[1]
-                                                + N * Ko * g.out[0] * g.out[1]) * real
         # + 8 _ALIGN: the prepared path starts each region of its workspace on _ALIGN bytes
         return spectrum_filter + max(2 * a1 + spectrum_in, spectrum_in + out_spectrum,
                                      out_spectrum + 2 * inv) + copies + 8 * _ALIGN
