@@ -408,7 +408,8 @@ def _odd_problems(draw):
     H = draw(st.sampled_from(sizes or [dilation * (R - 1) + 1]))
     sizes = [n for n in (1, 2, 3, 5, 7, 11, 13, 17, 19, 23) if n + 2 * padding[1] >= dilation * (S - 1) + 1]
     W = draw(st.sampled_from(sizes or [dilation * (S - 1) + 1]))
-    N, C, K = draw(st.integers(1, 3)), draw(st.sampled_from([1, 3, 16, 24])), draw(st.sampled_from([1, 5, 16, 24]))
+    N = draw(st.integers(1, 3))
+    C, K = draw(st.sampled_from([1, 3, 16, 24])), draw(st.sampled_from([1, 5, 16, 24]))
     return (N, C, H, W, K, R, S, 1, padding, dilation, 1)
 
 
