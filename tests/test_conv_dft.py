@@ -417,3 +417,26 @@ def _odd_problems(draw):
 @given(case=_odd_problems(), layout=st.sampled_from(["NCHW", "NHWC"]))
 def test_dft_buffers_of_a_call_fit_workspace_bytes_drawn(case, layout):
     _check_buffers_within_workspace(case, layout)
+
+
+def test_one_runner_per_problem_with_or_without_a_bias(monkeypatch):
+    # review5's open item 7: _runner was keyed on has_bias, but the prepared path
+    # and _run both take the bias per call, so a problem called with and without
+    # one built (and kept) two identical runners.  CuPy's device query and the
+    # prepared path are faked: this counts the runners built.
+    cupy = pytest.importorskip("cupy")
+    monkeypatch.setattr(cupy.cuda.runtime, "getDevice", lambda: 0)
+    built = []
+
+    def prepared(problem, g, direction):
+        built.append(direction)
+        return lambda a, b, out, bias=None: ("ran", bias)
+    monkeypatch.setattr(dft_algo, "prepared_correlate", prepared)
+    algorithm = dft_algo.DFTConvolution()
+    p = _problem_of(np.empty((1, 2, 9, 9)), np.empty((3, 2, 5, 5)), _options(1, 2, 1, 1))
+    for direction in ("forward", "backward_data"):
+        assert algorithm.prepare(p, direction, has_bias=False)(None, None, None) == ("ran", None)
+        assert algorithm.prepare(p, direction, has_bias=True)(None, None, None, "b") == ("ran", "b")
+        assert algorithm.run(p, direction, None, None, None, bias="c") == ("ran", "c")
+        assert algorithm.run(p, direction, None, None, None) == ("ran", None)
+    assert built == ["forward", "backward_data"]

@@ -634,11 +634,12 @@ class DFTConvolution(ConvAlgorithm):
         return spectrum_filter + max(2 * a1 + spectrum_in, spectrum_in + out_spectrum,
                                      out_spectrum + 2 * inv) + copies + 8 * _ALIGN
 
-    def _runner(self, problem, direction, has_bias):
+    def _runner(self, problem, direction):
         """The call on the current device under the current flags: the prepared
-        path where it applies (forward, backward data), else :meth:`_run`."""
+        path where it applies (forward, backward data), else :meth:`_run`.  One
+        runner with or without a bias: both paths take the bias per call."""
         import cupy
-        key = (cupy.cuda.runtime.getDevice(), problem, direction, has_bias, _options())
+        key = (cupy.cuda.runtime.getDevice(), problem, direction, _options())
         runner = self._runners.get(key)
         if runner is None:
             if len(self._runners) >= 4 * SETUP_CACHE_SIZE:
@@ -652,7 +653,7 @@ class DFTConvolution(ConvAlgorithm):
         return runner
 
     def prepare(self, problem, direction, has_bias=False, activation=None):
-        runner, options = self._runner(problem, direction, has_bias), _options()
+        runner, options = self._runner(problem, direction), _options()
 
         def run(a, b, out, bias=None):
             if _options() != options:   # the module's flags changed since (tests do that)
@@ -661,7 +662,7 @@ class DFTConvolution(ConvAlgorithm):
         return run
 
     def run(self, problem, direction, a, b, out, bias=None, activation=None):
-        return self._runner(problem, direction, bias is not None)(a, b, out, bias)
+        return self._runner(problem, direction)(a, b, out, bias)
 
     def _run(self, xp, p, direction, a, b, out, bias=None):
         g = self.geometry(p, direction)
