@@ -678,6 +678,105 @@ def test_fft_fast_setup_is_cached(monkeypatch, rng):
     assert len(fft_algo._setups) == 2      # forward and backward data: one setup each
 
 
+def test_fft_plans_are_kept_per_stream_and_host_thread(monkeypatch):
+    # review6f: a cuFFT plan (cupy.cuda.cufft.PlanNd) keeps one work area for its
+    # life and is put on the caller's stream per call, and cuFFT plans are not to be
+    # shared between host threads.  _plans (and the fast path's setups, which held
+    # two plans) were keyed by device, kind, size and batch only: two streams or
+    # threads running one problem shared a plan, so two transforms in flight at once
+    # shared its scratch memory.  cuFFT, the device query and the stream are faked.
+    import threading
+    import types
+    cupy = pytest.importorskip("cupy")
+
+    class Plan:
+        def __init__(self, *args):
+            self.args = args
+    fake = types.SimpleNamespace(PlanNd=Plan, CUFFT_R2C=0x2a, CUFFT_C2R=0x2c, CUFFT_D2Z=0x6a, CUFFT_Z2D=0x6c)
+    monkeypatch.setitem(vars(cupy.cuda), "cufft", fake)
+    monkeypatch.setattr(cupy.cuda.runtime, "getDevice", lambda: 0)
+    stream = types.SimpleNamespace(ptr=77)
+    monkeypatch.setattr(dnnprims._kernels, "_current_stream", lambda: stream)
+    monkeypatch.setattr(fft_algo, "_plans", {})
+
+    def plans():
+        return ([fft_algo._plan(cupy, inverse, np.float32, (8, 10), 6) for inverse in (False, True)]
+                + [fft_algo._spatial_plan(inverse, np.float32, (8, 10), 6) for inverse in (False, True)])
+    first = plans()
+    assert len(set(map(id, first))) == 4 and plans() == first     # kept for this stream and thread
+    stream.ptr = 78
+    assert not set(map(id, plans())) & set(map(id, first))       # another stream: plans of its own
+    stream.ptr = 77
+    seen = []
+    thread = threading.Thread(target=lambda: seen.extend(plans()))
+    thread.start()
+    thread.join()
+    assert len(seen) == 4 and not set(map(id, seen)) & set(map(id, first))   # another thread too
+    assert plans() == first
+
+
+@pytest.mark.parametrize("buffers", ["strided", "spatial_first"])
+def test_fft_fast_path_on_a_faked_device_takes_its_plans_per_stream(monkeypatch, buffers):
+    # The fast path's GPU branch with CuPy arrays over host memory and the kernels,
+    # cuBLAS and cuFFT faked: it runs a forward plan over N J transforms and an
+    # inverse over N K, takes them per stream (review6f: they were held by the
+    # per-problem setup), and allocates no more than workspace_bytes.
+    import types
+    import weakref
+    cupy = pytest.importorskip("cupy")
+    from cupy.cuda.memory import MemoryPointer, UnownedMemory
+    live, peak = [0], [0]
+
+    def allocate(nbytes):
+        host = np.zeros(max(nbytes, 1), np.uint8)
+        memory = UnownedMemory(host.ctypes.data, host.nbytes, host, device_id=0)
+        live[0] += nbytes
+        peak[0] = max(peak[0], live[0])
+        weakref.finalize(host, lambda: live.__setitem__(0, live[0] - nbytes))   # dies with memory
+        return MemoryPointer(memory, 0)
+
+    runs = []
+
+    class Plan:
+        def __init__(self, *args):
+            self.batch = args[8]
+
+        def fft(self, a, out, direction):
+            runs.append((self, self.batch, direction))
+    fake = types.SimpleNamespace(PlanNd=Plan, CUFFT_R2C=0x2a, CUFFT_C2R=0x2c, CUFFT_D2Z=0x6a, CUFFT_Z2D=0x6c,
+                                 CUFFT_FORWARD=-1, CUFFT_INVERSE=1)
+    monkeypatch.setitem(vars(cupy.cuda), "cufft", fake)
+    monkeypatch.setattr(cupy.cuda.runtime, "getDevice", lambda: 0)
+    stream = types.SimpleNamespace(ptr=77)
+    monkeypatch.setattr(dnnprims._kernels, "_current_stream", lambda: stream)
+    monkeypatch.setattr(fft_algo, "_plans", {})
+    monkeypatch.setattr(fft_algo, "_setups", {})
+    monkeypatch.setattr(fft_algo, "LAYOUT", buffers)
+    monkeypatch.setattr(fft_algo.FAMILY, "launch", lambda *args, **kwargs: None)
+    monkeypatch.setattr(fft_algo._cublas, "gemm", lambda xp, a, b, c, **kwargs: c)
+    monkeypatch.setattr(fft_algo, "_twiddle_matrices", lambda xp, T, E, cdtype: (
+        cupy.empty((T[1] // 2 + 1, E[1]), cdtype), cupy.empty((T[0], E[0]), cdtype)))
+    N, C, H, W, K, R, S = 3, 4, 13, 11, 5, 5, 3
+    p = _problem_of(np.empty((N, C, H, W), np.float32), np.empty((K, C, R, S), np.float32),
+                    _options(1, (2, 1), 1, 1))
+    g = fft_algo.FFT.geometry(p, "forward")
+    with cupy.cuda.using_allocator(allocate):
+        x, w, y = cupy.empty((N, C, H, W), np.float32), cupy.empty((K, C, R, S), np.float32), \
+            cupy.empty(p.y_shape, np.float32)
+        fft_algo._fast_correlate(cupy, x, w, y, g, None, (1, 1), False)
+        first = runs[:]
+        assert [(batch, direction) for _, batch, direction in first] == [(N * C, -1), (N * K, 1)]
+        del runs[:]
+        base = peak[0] = live[0]
+        fft_algo._fast_correlate(cupy, x, w, y, g, None, (1, 1), False)
+        assert runs == first                                  # the same plans on the same stream
+        assert peak[0] - base <= fft_algo.FFT.workspace_bytes(p, "forward")
+        stream.ptr = 78
+        del runs[:]
+        fft_algo._fast_correlate(cupy, x, w, y, g, None, (1, 1), False)
+        assert not {id(plan) for plan, _, _ in runs} & {id(plan) for plan, _, _ in first}
+
+
 @pytest.mark.parametrize("fast", [True, False])
 @pytest.mark.parametrize("buffers", fft_algo.LAYOUTS)
 @pytest.mark.parametrize("case", [FFT_CASES[2], FFT_CASES[5], FFT_CASES[6]])
