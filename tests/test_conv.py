@@ -1210,6 +1210,26 @@ def test_depthwise_refuses_other_problems():
                        algo="depthwise")
 
 
+@pytest.mark.parametrize("dtype,size", [(np.float32, 56), (np.float16, 56), (np.float64, 40),
+                                        (np.float32, 55)])
+def test_depthwise_nhwc_vector_plan_takes_scalar_loads_where_its_filter_slice_does_not_fit(dtype, size):
+    # review6f: supports() admits an NHWC problem whose filter slice fits the shared
+    # memory at one channel a lane, but the plan with 16-byte loads (C % 4 == 0, K == C,
+    # aligned arrays: what every fresh CuPy array is) wanted 4 channels a lane and,
+    # past 48 KiB (56 x 56 float32 taps, 40 x 40 float64), crashed unpacking None (a
+    # TypeError from conv2d_forward / backward data on a supported problem).  Now it
+    # takes the scalar kernel there; 55 x 55 still fits the vector one.
+    p = _depthwise_problem(1, 4, size, size, 1, size, size, 1, 0, 1, layout="NHWC", dtype=dtype)
+    for direction in algos.DIRECTIONS:
+        assert depthwise_algo.DEPTHWISE.supports(p, direction)[0]
+        launches, _ = depthwise_algo.DEPTHWISE._make_plan(p, direction, True)
+        assert all(expr in depthwise_algo.FAMILY.name_expressions for expr, *_ in launches)
+        assert all(shared <= depthwise_algo.SHARED_LIMIT for _, _, _, shared, _ in launches)
+        if direction != "backward_filter":
+            vec = 4 if size == 55 else 1
+            assert launches[0][0].endswith(f", {vec}>")
+
+
 @pytest.mark.gpu  # the `gpu` fixture alone does not mark: scripts/gpu_suite.sh runs -m gpu
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
 @pytest.mark.parametrize("dtype", [np.float32, np.float16])
