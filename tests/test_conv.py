@@ -2,7 +2,7 @@
 registered algorithm against the reference on both paths, and the input checks."""
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, assume, given, settings, strategies as st
 
 import dnnprims
 from dnnprims import _dtypes, algos
@@ -850,6 +850,65 @@ def test_fft_tiled_runs_on_the_gpu_with_many_tiles_and_chunks(gpu, rng, monkeypa
 def test_fft_sizes_and_tile_rule():
     assert [fft_algo.good_fft_size(n) for n in (1, 7, 13, 59, 62, 69, 97)] == [2, 8, 14, 60, 64, 70, 98]
     assert [fft_algo.tile_size(e) for e in (1, 3, 5, 7, 11, 17, 23)] == [16, 16, 16, 32, 64, 64, 90]
+
+
+_ODD_SIZES = (1, 2, 3, 5, 7, 11, 13, 17, 19, 23, 31, 37)
+
+
+@st.composite
+def spectral_problems(draw):
+    """(ConvProblem, direction) of a stride-1 ungrouped problem: odd and prime
+    image sizes, filters 1..13 (also larger than the image), padding 0..3,
+    dilation 1 or 2 -- shapes only, nothing allocated."""
+    R, S = draw(st.integers(1, 13)), draw(st.integers(1, 13))
+    dilation = (draw(st.integers(1, 2)), draw(st.integers(1, 2)))
+    padding = (draw(st.integers(0, 3)), draw(st.integers(0, 3)))
+    H = draw(st.sampled_from([n for n in _ODD_SIZES if n + 2 * padding[0] > dilation[0] * (R - 1)] or [37]))
+    W = draw(st.sampled_from([n for n in _ODD_SIZES if n + 2 * padding[1] > dilation[1] * (S - 1)] or [37]))
+    assume(H + 2 * padding[0] > dilation[0] * (R - 1) and W + 2 * padding[1] > dilation[1] * (S - 1))
+    N, C, K = draw(st.integers(1, 3)), draw(st.integers(1, 70)), draw(st.integers(1, 70))
+    p = dnnprims.conv._describe((N, C, H, W), (K, C, R, S), 1, padding, dilation, 1, "NCHW", np.dtype(np.float32))
+    return p, draw(st.sampled_from(algos.DIRECTIONS))
+
+
+@settings(HYPOTHESIS, max_examples=300)   # shapes only: about 3 ms an example
+@given(problem=spectral_problems(), tiles=st.sampled_from([(16, 32, 64), (8, 16)]), tiled=st.booleans(),
+       chunk_tiles=st.sampled_from([None, 1, 2, 3, 7, 1000]))
+def test_fft_tiles_cover_each_output_once_and_wrap_only_onto_zeros(monkeypatch, problem, tiles, tiled,
+                                                                   chunk_tiles):
+    # review6f: the tile arithmetic of "fft" / "fft_tiled" (_dim_plan, _chunks,
+    # _largest_chunk) checked position by position.  Along each axis every output u
+    # of a tile reads tile positions u + r, r < E: one that passes the FFT size T
+    # wraps around, which is right only where it lands in the tile's leading
+    # padding (a zero) and the true padded input there is zero too.  The chunks
+    # cover every (sample, tile row) once, their output rows cover the output once.
+    p, direction = problem
+    monkeypatch.setattr(fft_algo, "TILE_SIZES", tiles)
+    g = fft_algo.Geometry(p, direction, tiled)
+    size_in = (p.P, p.Q) if direction == "backward_data" else (p.H, p.W)
+    for T, step, count, E, pad, out, size in zip(g.T, g.step, g.tiles, g.extent, g.pad, g.out, size_in):
+        assert T % 2 == 0 and T >= E and 1 <= step <= out and (count - 1) * step < out <= count * step
+        if count > 1:
+            assert tiled and T in tiles + (fft_algo.good_fft_size(4 * (E - 1)),) and step == T - E + 1
+            continue   # outputs u < step read u + r <= T - 1: inside the tile
+        assert step == out
+        for u in range(out):
+            for r in range(E):
+                if u + r >= T:                      # wrapped onto tile position u + r - T
+                    assert u + r - T < max(pad, 0)  # a leading padding zero of the tile ...
+                    assert not 0 <= u + r - pad < size   # ... where the padded input is zero too
+    rows = {}
+    for n0, n1, i0, i1 in fft_algo._chunks(p.N, g.tiles, chunk_tiles):
+        assert 0 <= n0 < n1 <= p.N and 0 <= i0 < i1 <= g.tiles[0]
+        if chunk_tiles is not None:
+            assert (n1 - n0) * (i1 - i0) * g.tiles[1] <= max(chunk_tiles, g.tiles[1])
+        for n in range(n0, n1):
+            for i in range(i0, i1):
+                rows[n, i] = rows.get((n, i), 0) + 1
+    assert rows == {(n, i): 1 for n in range(p.N) for i in range(g.tiles[0])}
+    largest = max((n1 - n0) * (i1 - i0) * g.tiles[1] for n0, n1, i0, i1 in
+                  fft_algo._chunks(p.N, g.tiles, chunk_tiles))
+    assert fft_algo._largest_chunk(p.N, g.tiles, chunk_tiles) == largest
 
 
 def test_fft_workspace_is_bounded_when_tiled_and_the_limit_forces_tiles():
