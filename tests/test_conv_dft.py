@@ -30,6 +30,21 @@ DFT_CASES = FFT_CASES + [
 ]
 
 
+@st.composite
+def _odd_problems(draw):
+    """Stride-1 problems with odd and prime sizes, filters 1..13, padding 0..3."""
+    R, S = draw(st.integers(1, 13)), draw(st.integers(1, 13))
+    dilation = draw(st.sampled_from([1, 2]))
+    padding = (draw(st.integers(0, 3)), draw(st.integers(0, 3)))
+    sizes = [n for n in (1, 2, 3, 5, 7, 11, 13, 17, 19, 23) if n + 2 * padding[0] >= dilation * (R - 1) + 1]
+    H = draw(st.sampled_from(sizes or [dilation * (R - 1) + 1]))
+    sizes = [n for n in (1, 2, 3, 5, 7, 11, 13, 17, 19, 23) if n + 2 * padding[1] >= dilation * (S - 1) + 1]
+    W = draw(st.sampled_from(sizes or [dilation * (S - 1) + 1]))
+    N = draw(st.integers(1, 3))
+    C, K = draw(st.sampled_from([1, 3, 16, 24])), draw(st.sampled_from([1, 5, 16, 24]))
+    return (N, C, H, W, K, R, S, 1, padding, dilation, 1)
+
+
 def _run_on_numpy(rng, case, layout):
     x, w, b, opts = _random_problem(rng, case, layout, F64)
     p = _problem_of(x, w, opts)
@@ -209,21 +224,42 @@ def test_prepared_workspace_regions_fit_the_reported_bound(rng, case, direction,
     # the cuBLAS and fused filter paths and one row u or all rows a chunk.
     x, w, _, opts = _random_problem(rng, case, "NCHW", {4: np.float32, 8: F64}[itemsize])
     p = _problem_of(x, w, opts)
+    for by_gemm in (True, False):
+        for rows in (1, dft_algo.Geometry(p, direction).T[0]):
+            _check_prepared_layout(p, direction, itemsize, by_gemm, rows)
+
+
+def _check_prepared_layout(p, direction, itemsize, by_gemm, rows):
+    """The prepared workspace of one problem: regions on 256-byte boundaries, no
+    two regions alive at once overlap, the whole within workspace_bytes."""
     g = dft_algo.Geometry(p, direction)
     J, Ko, h, F, N = g.channels_in, g.channels_out, g.half, g.frequencies, p.N
-    for by_gemm in (True, False):
-        for rows in (1, g.T[0]):
-            off, total = dft_algo.correlate_layout(g, N, itemsize, by_gemm, rows)
-            size = {"wc": g.extent[0] * g.extent[1] * J * Ko, "A": g.extent[0] * h * J * Ko,
-                    "G": rows * h * J * Ko, "Z": F * N * J, "A1t": g.size_in[0] * h * N * J,
-                    "Y": F * N * Ko, "Yp": g.out[0] * h * N * Ko}
-            assert set(off) == set(size) - (set() if by_gemm else {"wc", "A"})
-            assert all(o * 2 * itemsize % 256 == 0 and o + size[k] <= total for k, o in off.items())
-            alive = [("A1t", "Z"), ("wc", "A", "Z"), ("A", "G", "Z"), ("G", "Z", "Y"), ("Y", "Yp")]
-            for group in alive:
-                spans = sorted((off[k], off[k] + size[k]) for k in group if k in off)
-                assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:])), group
-            assert total * 2 * itemsize <= DFT.workspace_bytes(p, direction)
+    off, total = dft_algo.correlate_layout(g, N, itemsize, by_gemm, rows)
+    size = {"wc": g.extent[0] * g.extent[1] * J * Ko, "A": g.extent[0] * h * J * Ko,
+            "G": rows * h * J * Ko, "Z": F * N * J, "A1t": g.size_in[0] * h * N * J,
+            "Y": F * N * Ko, "Yp": g.out[0] * h * N * Ko}
+    assert set(off) == set(size) - (set() if by_gemm else {"wc", "A"})
+    assert all(o >= 0 and o * 2 * itemsize % 256 == 0 and o + size[k] <= total for k, o in off.items())
+    alive = [("A1t", "Z"), ("wc", "A", "Z"), ("A", "G", "Z"), ("G", "Z", "Y"), ("Y", "Yp")]
+    for group in alive:
+        spans = sorted((off[k], off[k] + size[k]) for k in group if k in off)
+        assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:])), group
+    assert total * 2 * itemsize <= DFT.workspace_bytes(p, direction)
+
+
+@HYPOTHESIS
+@given(case=_odd_problems(), direction=st.sampled_from(["forward", "backward_data"]),
+       itemsize=st.sampled_from([4, 8]), by_gemm=st.booleans(), rows=st.integers(1, 80))
+def test_prepared_workspace_regions_fit_the_reported_bound_drawn(case, direction, itemsize, by_gemm, rows):
+    # review6f: test_prepared_workspace_regions_fit_the_reported_bound over drawn
+    # problems (odd and prime sizes, filters 1..13, padding 0..3, dilation 2),
+    # any rows u a chunk up to T.
+    N, C, H, W, K, R, S, _, padding, dilation, _ = case
+    dtype = {4: np.float32, 8: F64}[itemsize]
+    p = _problem_of(np.empty((N, C, H, W), dtype), np.empty((K, C, R, S), dtype),
+                    _options(1, padding, dilation, 1))
+    rows = min(rows, dft_algo.Geometry(p, direction).T[0])
+    _check_prepared_layout(p, direction, itemsize, by_gemm, rows)
 
 
 def test_float32_error_within_the_table_row(rng):
@@ -396,21 +432,6 @@ def test_dft_buffers_of_a_call_fit_workspace_bytes(case, layout):
     # case (the same gap on the GPU at e.g. N 1, C = K = 64, 96 x 96, 11 x 11 padding 0
     # dilation 3, float64: 538 MB against 528 MB).
     _check_buffers_within_workspace(case, layout)
-
-
-@st.composite
-def _odd_problems(draw):
-    """Stride-1 problems with odd and prime sizes, filters 1..13, padding 0..3."""
-    R, S = draw(st.integers(1, 13)), draw(st.integers(1, 13))
-    dilation = draw(st.sampled_from([1, 2]))
-    padding = (draw(st.integers(0, 3)), draw(st.integers(0, 3)))
-    sizes = [n for n in (1, 2, 3, 5, 7, 11, 13, 17, 19, 23) if n + 2 * padding[0] >= dilation * (R - 1) + 1]
-    H = draw(st.sampled_from(sizes or [dilation * (R - 1) + 1]))
-    sizes = [n for n in (1, 2, 3, 5, 7, 11, 13, 17, 19, 23) if n + 2 * padding[1] >= dilation * (S - 1) + 1]
-    W = draw(st.sampled_from(sizes or [dilation * (S - 1) + 1]))
-    N = draw(st.integers(1, 3))
-    C, K = draw(st.sampled_from([1, 3, 16, 24])), draw(st.sampled_from([1, 5, 16, 24]))
-    return (N, C, H, W, K, R, S, 1, padding, dilation, 1)
 
 
 @HYPOTHESIS
