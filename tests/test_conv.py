@@ -1269,6 +1269,48 @@ def test_depthwise_refuses_other_problems():
                        algo="depthwise")
 
 
+@HYPOTHESIS
+@given(N=st.integers(1, 3), C=st.sampled_from([1, 3, 4, 16]), mult=st.integers(1, 3),
+       H=st.sampled_from(_ODD_SIZES), W=st.sampled_from(_ODD_SIZES), R=st.integers(1, 13), S=st.integers(1, 13),
+       stride=st.integers(1, 2), padding=st.integers(0, 3), dilation=st.integers(1, 2),
+       layout=st.sampled_from(["NCHW", "NHWC"]), dtype=st.sampled_from([np.float32, np.float64, np.float16]),
+       vec=st.booleans())
+def test_depthwise_plans_use_the_workspace_they_report(N, C, mult, H, W, R, S, stride, padding, dilation,
+                                                      layout, dtype, vec):
+    # review6f: backward filter's partials (the one allocation of a depthwise call)
+    # are the workspace_bytes it reports, and every plan's launches are declared
+    # specialisations within the shared memory limit (no device needed: float32 3x3
+    # "same" forward with 8 rows a lane, whose grid cap asks the device, is skipped).
+    assume(H + 2 * padding > dilation * (R - 1) and W + 2 * padding > dilation * (S - 1))
+    p = _depthwise_problem(N, C, H, W, mult, R, S, stride, padding, dilation, layout=layout, dtype=dtype)
+    partial = 8 if dtype == np.float64 else 4
+    for direction in algos.DIRECTIONS:
+        if not depthwise_algo.DEPTHWISE.supports(p, direction)[0]:
+            continue
+        if depthwise_algo.is_same_nchw(p) and direction != "backward_filter" and \
+                depthwise_algo.same_variant(p, direction)[0] == 8:
+            continue
+        launches, workspace = depthwise_algo.DEPTHWISE._make_plan(p, direction, vec)
+        assert workspace * partial == depthwise_algo.DEPTHWISE.workspace_bytes(p, direction)
+        for expr, grid, block, shared, _ in launches:
+            assert expr in depthwise_algo.FAMILY.name_expressions and shared <= depthwise_algo.SHARED_LIMIT
+            assert all(1 <= v < 2**31 for v in grid) and all(len(grid) < 2 or v <= 65535 for v in grid[1:])
+
+
+def test_depthwise_small_path_slot_arithmetic_stays_in_32_bits():
+    # dw_small_nchw decodes slots in 32-bit ints: base + grid step must stay below
+    # 2^31 for every problem it takes (N K H < 2^30); past that, dw_same_nchw (64-bit).
+    for N, K, H in ((2**30 // (64 * 28) - 1, 64, 28), (1, 2**30 // 8 - 1, 8), (2**30 // 28 + 1, 1, 28)):
+        p = _depthwise_problem(N, K, H, 28, 1, 3, 3, 1, 1, 1)
+        small = depthwise_algo.is_small_nchw(p, "forward")
+        assert small == (N * K * H < 2**30)
+        if small:
+            (expr, grid, block, _, scalars), = depthwise_algo.DEPTHWISE._make_plan(p, "forward", True)[0]
+            slots, groups = int(scalars[-1]), int(scalars[6])
+            step = grid[0] * (block[0] // 32) * (32 // groups)
+            assert expr.startswith("dw_small_nchw") and slots + step < 2**31
+
+
 @pytest.mark.parametrize("dtype,size", [(np.float32, 56), (np.float16, 56), (np.float64, 40),
                                         (np.float32, 55)])
 def test_depthwise_nhwc_vector_plan_takes_scalar_loads_where_its_filter_slice_does_not_fit(dtype, size):
