@@ -2,7 +2,7 @@
 registered algorithm against the reference on both paths, and the input checks."""
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, assume, given, settings, strategies as st
 
 import dnnprims
 from dnnprims import _dtypes, algos
@@ -678,6 +678,105 @@ def test_fft_fast_setup_is_cached(monkeypatch, rng):
     assert len(fft_algo._setups) == 2      # forward and backward data: one setup each
 
 
+def test_fft_plans_are_kept_per_stream_and_host_thread(monkeypatch):
+    # review6f: a cuFFT plan (cupy.cuda.cufft.PlanNd) keeps one work area for its
+    # life and is put on the caller's stream per call, and cuFFT plans are not to be
+    # shared between host threads.  _plans (and the fast path's setups, which held
+    # two plans) were keyed by device, kind, size and batch only: two streams or
+    # threads running one problem shared a plan, so two transforms in flight at once
+    # shared its scratch memory.  cuFFT, the device query and the stream are faked.
+    import threading
+    import types
+    cupy = pytest.importorskip("cupy")
+
+    class Plan:
+        def __init__(self, *args):
+            self.args = args
+    fake = types.SimpleNamespace(PlanNd=Plan, CUFFT_R2C=0x2a, CUFFT_C2R=0x2c, CUFFT_D2Z=0x6a, CUFFT_Z2D=0x6c)
+    monkeypatch.setitem(vars(cupy.cuda), "cufft", fake)
+    monkeypatch.setattr(cupy.cuda.runtime, "getDevice", lambda: 0)
+    stream = types.SimpleNamespace(ptr=77)
+    monkeypatch.setattr(dnnprims._kernels, "_current_stream", lambda: stream)
+    monkeypatch.setattr(fft_algo, "_plans", {})
+
+    def plans():
+        return ([fft_algo._plan(cupy, inverse, np.float32, (8, 10), 6) for inverse in (False, True)]
+                + [fft_algo._spatial_plan(inverse, np.float32, (8, 10), 6) for inverse in (False, True)])
+    first = plans()
+    assert len(set(map(id, first))) == 4 and plans() == first     # kept for this stream and thread
+    stream.ptr = 78
+    assert not set(map(id, plans())) & set(map(id, first))       # another stream: plans of its own
+    stream.ptr = 77
+    seen = []
+    thread = threading.Thread(target=lambda: seen.extend(plans()))
+    thread.start()
+    thread.join()
+    assert len(seen) == 4 and not set(map(id, seen)) & set(map(id, first))   # another thread too
+    assert plans() == first
+
+
+@pytest.mark.parametrize("buffers", ["strided", "spatial_first"])
+def test_fft_fast_path_on_a_faked_device_takes_its_plans_per_stream(monkeypatch, buffers):
+    # The fast path's GPU branch with CuPy arrays over host memory and the kernels,
+    # cuBLAS and cuFFT faked: it runs a forward plan over N J transforms and an
+    # inverse over N K, takes them per stream (review6f: they were held by the
+    # per-problem setup), and allocates no more than workspace_bytes.
+    import types
+    import weakref
+    cupy = pytest.importorskip("cupy")
+    from cupy.cuda.memory import MemoryPointer, UnownedMemory
+    live, peak = [0], [0]
+
+    def allocate(nbytes):
+        host = np.zeros(max(nbytes, 1), np.uint8)
+        memory = UnownedMemory(host.ctypes.data, host.nbytes, host, device_id=0)
+        live[0] += nbytes
+        peak[0] = max(peak[0], live[0])
+        weakref.finalize(host, lambda: live.__setitem__(0, live[0] - nbytes))   # dies with memory
+        return MemoryPointer(memory, 0)
+
+    runs = []
+
+    class Plan:
+        def __init__(self, *args):
+            self.batch = args[8]
+
+        def fft(self, a, out, direction):
+            runs.append((self, self.batch, direction))
+    fake = types.SimpleNamespace(PlanNd=Plan, CUFFT_R2C=0x2a, CUFFT_C2R=0x2c, CUFFT_D2Z=0x6a, CUFFT_Z2D=0x6c,
+                                 CUFFT_FORWARD=-1, CUFFT_INVERSE=1)
+    monkeypatch.setitem(vars(cupy.cuda), "cufft", fake)
+    monkeypatch.setattr(cupy.cuda.runtime, "getDevice", lambda: 0)
+    stream = types.SimpleNamespace(ptr=77)
+    monkeypatch.setattr(dnnprims._kernels, "_current_stream", lambda: stream)
+    monkeypatch.setattr(fft_algo, "_plans", {})
+    monkeypatch.setattr(fft_algo, "_setups", {})
+    monkeypatch.setattr(fft_algo, "LAYOUT", buffers)
+    monkeypatch.setattr(fft_algo.FAMILY, "launch", lambda *args, **kwargs: None)
+    monkeypatch.setattr(fft_algo._cublas, "gemm", lambda xp, a, b, c, **kwargs: c)
+    monkeypatch.setattr(fft_algo, "_twiddle_matrices", lambda xp, T, E, cdtype: (
+        cupy.empty((T[1] // 2 + 1, E[1]), cdtype), cupy.empty((T[0], E[0]), cdtype)))
+    N, C, H, W, K, R, S = 3, 4, 13, 11, 5, 5, 3
+    p = _problem_of(np.empty((N, C, H, W), np.float32), np.empty((K, C, R, S), np.float32),
+                    _options(1, (2, 1), 1, 1))
+    g = fft_algo.FFT.geometry(p, "forward")
+    with cupy.cuda.using_allocator(allocate):
+        x, w, y = cupy.empty((N, C, H, W), np.float32), cupy.empty((K, C, R, S), np.float32), \
+            cupy.empty(p.y_shape, np.float32)
+        fft_algo._fast_correlate(cupy, x, w, y, g, None, (1, 1), False)
+        first = runs[:]
+        assert [(batch, direction) for _, batch, direction in first] == [(N * C, -1), (N * K, 1)]
+        del runs[:]
+        base = peak[0] = live[0]
+        fft_algo._fast_correlate(cupy, x, w, y, g, None, (1, 1), False)
+        assert runs == first                                  # the same plans on the same stream
+        assert peak[0] - base <= fft_algo.FFT.workspace_bytes(p, "forward")
+        stream.ptr = 78
+        del runs[:]
+        fft_algo._fast_correlate(cupy, x, w, y, g, None, (1, 1), False)
+        assert not {id(plan) for plan, _, _ in runs} & {id(plan) for plan, _, _ in first}
+
+
 @pytest.mark.parametrize("fast", [True, False])
 @pytest.mark.parametrize("buffers", fft_algo.LAYOUTS)
 @pytest.mark.parametrize("case", [FFT_CASES[2], FFT_CASES[5], FFT_CASES[6]])
@@ -751,6 +850,65 @@ def test_fft_tiled_runs_on_the_gpu_with_many_tiles_and_chunks(gpu, rng, monkeypa
 def test_fft_sizes_and_tile_rule():
     assert [fft_algo.good_fft_size(n) for n in (1, 7, 13, 59, 62, 69, 97)] == [2, 8, 14, 60, 64, 70, 98]
     assert [fft_algo.tile_size(e) for e in (1, 3, 5, 7, 11, 17, 23)] == [16, 16, 16, 32, 64, 64, 90]
+
+
+_ODD_SIZES = (1, 2, 3, 5, 7, 11, 13, 17, 19, 23, 31, 37)
+
+
+@st.composite
+def spectral_problems(draw):
+    """(ConvProblem, direction) of a stride-1 ungrouped problem: odd and prime
+    image sizes, filters 1..13 (also larger than the image), padding 0..3,
+    dilation 1 or 2 -- shapes only, nothing allocated."""
+    R, S = draw(st.integers(1, 13)), draw(st.integers(1, 13))
+    dilation = (draw(st.integers(1, 2)), draw(st.integers(1, 2)))
+    padding = (draw(st.integers(0, 3)), draw(st.integers(0, 3)))
+    H = draw(st.sampled_from([n for n in _ODD_SIZES if n + 2 * padding[0] > dilation[0] * (R - 1)] or [37]))
+    W = draw(st.sampled_from([n for n in _ODD_SIZES if n + 2 * padding[1] > dilation[1] * (S - 1)] or [37]))
+    assume(H + 2 * padding[0] > dilation[0] * (R - 1) and W + 2 * padding[1] > dilation[1] * (S - 1))
+    N, C, K = draw(st.integers(1, 3)), draw(st.integers(1, 70)), draw(st.integers(1, 70))
+    p = dnnprims.conv._describe((N, C, H, W), (K, C, R, S), 1, padding, dilation, 1, "NCHW", np.dtype(np.float32))
+    return p, draw(st.sampled_from(algos.DIRECTIONS))
+
+
+@settings(HYPOTHESIS, max_examples=300)   # shapes only: about 3 ms an example
+@given(problem=spectral_problems(), tiles=st.sampled_from([(16, 32, 64), (8, 16)]), tiled=st.booleans(),
+       chunk_tiles=st.sampled_from([None, 1, 2, 3, 7, 1000]))
+def test_fft_tiles_cover_each_output_once_and_wrap_only_onto_zeros(monkeypatch, problem, tiles, tiled,
+                                                                   chunk_tiles):
+    # review6f: the tile arithmetic of "fft" / "fft_tiled" (_dim_plan, _chunks,
+    # _largest_chunk) checked position by position.  Along each axis every output u
+    # of a tile reads tile positions u + r, r < E: one that passes the FFT size T
+    # wraps around, which is right only where it lands in the tile's leading
+    # padding (a zero) and the true padded input there is zero too.  The chunks
+    # cover every (sample, tile row) once, their output rows cover the output once.
+    p, direction = problem
+    monkeypatch.setattr(fft_algo, "TILE_SIZES", tiles)
+    g = fft_algo.Geometry(p, direction, tiled)
+    size_in = (p.P, p.Q) if direction == "backward_data" else (p.H, p.W)
+    for T, step, count, E, pad, out, size in zip(g.T, g.step, g.tiles, g.extent, g.pad, g.out, size_in):
+        assert T % 2 == 0 and T >= E and 1 <= step <= out and (count - 1) * step < out <= count * step
+        if count > 1:
+            assert tiled and T in tiles + (fft_algo.good_fft_size(4 * (E - 1)),) and step == T - E + 1
+            continue   # outputs u < step read u + r <= T - 1: inside the tile
+        assert step == out
+        for u in range(out):
+            for r in range(E):
+                if u + r >= T:                      # wrapped onto tile position u + r - T
+                    assert u + r - T < max(pad, 0)  # a leading padding zero of the tile ...
+                    assert not 0 <= u + r - pad < size   # ... where the padded input is zero too
+    rows = {}
+    for n0, n1, i0, i1 in fft_algo._chunks(p.N, g.tiles, chunk_tiles):
+        assert 0 <= n0 < n1 <= p.N and 0 <= i0 < i1 <= g.tiles[0]
+        if chunk_tiles is not None:
+            assert (n1 - n0) * (i1 - i0) * g.tiles[1] <= max(chunk_tiles, g.tiles[1])
+        for n in range(n0, n1):
+            for i in range(i0, i1):
+                rows[n, i] = rows.get((n, i), 0) + 1
+    assert rows == {(n, i): 1 for n in range(p.N) for i in range(g.tiles[0])}
+    largest = max((n1 - n0) * (i1 - i0) * g.tiles[1] for n0, n1, i0, i1 in
+                  fft_algo._chunks(p.N, g.tiles, chunk_tiles))
+    assert fft_algo._largest_chunk(p.N, g.tiles, chunk_tiles) == largest
 
 
 def test_fft_workspace_is_bounded_when_tiled_and_the_limit_forces_tiles():
@@ -1109,6 +1267,68 @@ def test_depthwise_refuses_other_problems():
     with pytest.raises(ValueError, match="algo 'depthwise' does not support"):
         conv2d_forward(np.ones((2, 4, 7, 7), np.float32), np.ones((8, 2, 3, 3), np.float32), groups=2,
                        algo="depthwise")
+
+
+@HYPOTHESIS
+@given(N=st.integers(1, 3), C=st.sampled_from([1, 3, 4, 16]), mult=st.integers(1, 3),
+       H=st.sampled_from(_ODD_SIZES), W=st.sampled_from(_ODD_SIZES), R=st.integers(1, 13), S=st.integers(1, 13),
+       stride=st.integers(1, 2), padding=st.integers(0, 3), dilation=st.integers(1, 2),
+       layout=st.sampled_from(["NCHW", "NHWC"]), dtype=st.sampled_from([np.float32, np.float64, np.float16]),
+       vec=st.booleans())
+def test_depthwise_plans_use_the_workspace_they_report(N, C, mult, H, W, R, S, stride, padding, dilation,
+                                                      layout, dtype, vec):
+    # review6f: backward filter's partials (the one allocation of a depthwise call)
+    # are the workspace_bytes it reports, and every plan's launches are declared
+    # specialisations within the shared memory limit (no device needed: float32 3x3
+    # "same" forward with 8 rows a lane, whose grid cap asks the device, is skipped).
+    assume(H + 2 * padding > dilation * (R - 1) and W + 2 * padding > dilation * (S - 1))
+    p = _depthwise_problem(N, C, H, W, mult, R, S, stride, padding, dilation, layout=layout, dtype=dtype)
+    partial = 8 if dtype == np.float64 else 4
+    for direction in algos.DIRECTIONS:
+        if not depthwise_algo.DEPTHWISE.supports(p, direction)[0]:
+            continue
+        if depthwise_algo.is_same_nchw(p) and direction != "backward_filter" and \
+                depthwise_algo.same_variant(p, direction)[0] == 8:
+            continue
+        launches, workspace = depthwise_algo.DEPTHWISE._make_plan(p, direction, vec)
+        assert workspace * partial == depthwise_algo.DEPTHWISE.workspace_bytes(p, direction)
+        for expr, grid, block, shared, _ in launches:
+            assert expr in depthwise_algo.FAMILY.name_expressions and shared <= depthwise_algo.SHARED_LIMIT
+            assert all(1 <= v < 2**31 for v in grid) and all(len(grid) < 2 or v <= 65535 for v in grid[1:])
+
+
+def test_depthwise_small_path_slot_arithmetic_stays_in_32_bits():
+    # dw_small_nchw decodes slots in 32-bit ints: base + grid step must stay below
+    # 2^31 for every problem it takes (N K H < 2^30); past that, dw_same_nchw (64-bit).
+    for N, K, H in ((2**30 // (64 * 28) - 1, 64, 28), (1, 2**30 // 8 - 1, 8), (2**30 // 28 + 1, 1, 28)):
+        p = _depthwise_problem(N, K, H, 28, 1, 3, 3, 1, 1, 1)
+        small = depthwise_algo.is_small_nchw(p, "forward")
+        assert small == (N * K * H < 2**30)
+        if small:
+            (expr, grid, block, _, scalars), = depthwise_algo.DEPTHWISE._make_plan(p, "forward", True)[0]
+            slots, groups = int(scalars[-1]), int(scalars[6])
+            step = grid[0] * (block[0] // 32) * (32 // groups)
+            assert expr.startswith("dw_small_nchw") and slots + step < 2**31
+
+
+@pytest.mark.parametrize("dtype,size", [(np.float32, 56), (np.float16, 56), (np.float64, 40),
+                                        (np.float32, 55)])
+def test_depthwise_nhwc_vector_plan_takes_scalar_loads_where_its_filter_slice_does_not_fit(dtype, size):
+    # review6f: supports() admits an NHWC problem whose filter slice fits the shared
+    # memory at one channel a lane, but the plan with 16-byte loads (C % 4 == 0, K == C,
+    # aligned arrays: what every fresh CuPy array is) wanted 4 channels a lane and,
+    # past 48 KiB (56 x 56 float32 taps, 40 x 40 float64), crashed unpacking None (a
+    # TypeError from conv2d_forward / backward data on a supported problem).  Now it
+    # takes the scalar kernel there; 55 x 55 still fits the vector one.
+    p = _depthwise_problem(1, 4, size, size, 1, size, size, 1, 0, 1, layout="NHWC", dtype=dtype)
+    for direction in algos.DIRECTIONS:
+        assert depthwise_algo.DEPTHWISE.supports(p, direction)[0]
+        launches, _ = depthwise_algo.DEPTHWISE._make_plan(p, direction, True)
+        assert all(expr in depthwise_algo.FAMILY.name_expressions for expr, *_ in launches)
+        assert all(shared <= depthwise_algo.SHARED_LIMIT for _, _, _, shared, _ in launches)
+        if direction != "backward_filter":
+            vec = 4 if size == 55 else 1
+            assert launches[0][0].endswith(f", {vec}>")
 
 
 @pytest.mark.gpu  # the `gpu` fixture alone does not mark: scripts/gpu_suite.sh runs -m gpu

@@ -30,6 +30,21 @@ DFT_CASES = FFT_CASES + [
 ]
 
 
+@st.composite
+def _odd_problems(draw):
+    """Stride-1 problems with odd and prime sizes, filters 1..13, padding 0..3."""
+    R, S = draw(st.integers(1, 13)), draw(st.integers(1, 13))
+    dilation = draw(st.sampled_from([1, 2]))
+    padding = (draw(st.integers(0, 3)), draw(st.integers(0, 3)))
+    sizes = [n for n in (1, 2, 3, 5, 7, 11, 13, 17, 19, 23) if n + 2 * padding[0] >= dilation * (R - 1) + 1]
+    H = draw(st.sampled_from(sizes or [dilation * (R - 1) + 1]))
+    sizes = [n for n in (1, 2, 3, 5, 7, 11, 13, 17, 19, 23) if n + 2 * padding[1] >= dilation * (S - 1) + 1]
+    W = draw(st.sampled_from(sizes or [dilation * (S - 1) + 1]))
+    N = draw(st.integers(1, 3))
+    C, K = draw(st.sampled_from([1, 3, 16, 24])), draw(st.sampled_from([1, 5, 16, 24]))
+    return (N, C, H, W, K, R, S, 1, padding, dilation, 1)
+
+
 def _run_on_numpy(rng, case, layout):
     x, w, b, opts = _random_problem(rng, case, layout, F64)
     p = _problem_of(x, w, opts)
@@ -209,21 +224,42 @@ def test_prepared_workspace_regions_fit_the_reported_bound(rng, case, direction,
     # the cuBLAS and fused filter paths and one row u or all rows a chunk.
     x, w, _, opts = _random_problem(rng, case, "NCHW", {4: np.float32, 8: F64}[itemsize])
     p = _problem_of(x, w, opts)
+    for by_gemm in (True, False):
+        for rows in (1, dft_algo.Geometry(p, direction).T[0]):
+            _check_prepared_layout(p, direction, itemsize, by_gemm, rows)
+
+
+def _check_prepared_layout(p, direction, itemsize, by_gemm, rows):
+    """The prepared workspace of one problem: regions on 256-byte boundaries, no
+    two regions alive at once overlap, the whole within workspace_bytes."""
     g = dft_algo.Geometry(p, direction)
     J, Ko, h, F, N = g.channels_in, g.channels_out, g.half, g.frequencies, p.N
-    for by_gemm in (True, False):
-        for rows in (1, g.T[0]):
-            off, total = dft_algo.correlate_layout(g, N, itemsize, by_gemm, rows)
-            size = {"wc": g.extent[0] * g.extent[1] * J * Ko, "A": g.extent[0] * h * J * Ko,
-                    "G": rows * h * J * Ko, "Z": F * N * J, "A1t": g.size_in[0] * h * N * J,
-                    "Y": F * N * Ko, "Yp": g.out[0] * h * N * Ko}
-            assert set(off) == set(size) - (set() if by_gemm else {"wc", "A"})
-            assert all(o * 2 * itemsize % 256 == 0 and o + size[k] <= total for k, o in off.items())
-            alive = [("A1t", "Z"), ("wc", "A", "Z"), ("A", "G", "Z"), ("G", "Z", "Y"), ("Y", "Yp")]
-            for group in alive:
-                spans = sorted((off[k], off[k] + size[k]) for k in group if k in off)
-                assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:])), group
-            assert total * 2 * itemsize <= DFT.workspace_bytes(p, direction)
+    off, total = dft_algo.correlate_layout(g, N, itemsize, by_gemm, rows)
+    size = {"wc": g.extent[0] * g.extent[1] * J * Ko, "A": g.extent[0] * h * J * Ko,
+            "G": rows * h * J * Ko, "Z": F * N * J, "A1t": g.size_in[0] * h * N * J,
+            "Y": F * N * Ko, "Yp": g.out[0] * h * N * Ko}
+    assert set(off) == set(size) - (set() if by_gemm else {"wc", "A"})
+    assert all(o >= 0 and o * 2 * itemsize % 256 == 0 and o + size[k] <= total for k, o in off.items())
+    alive = [("A1t", "Z"), ("wc", "A", "Z"), ("A", "G", "Z"), ("G", "Z", "Y"), ("Y", "Yp")]
+    for group in alive:
+        spans = sorted((off[k], off[k] + size[k]) for k in group if k in off)
+        assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:])), group
+    assert total * 2 * itemsize <= DFT.workspace_bytes(p, direction)
+
+
+@HYPOTHESIS
+@given(case=_odd_problems(), direction=st.sampled_from(["forward", "backward_data"]),
+       itemsize=st.sampled_from([4, 8]), by_gemm=st.booleans(), rows=st.integers(1, 80))
+def test_prepared_workspace_regions_fit_the_reported_bound_drawn(case, direction, itemsize, by_gemm, rows):
+    # review6f: test_prepared_workspace_regions_fit_the_reported_bound over drawn
+    # problems (odd and prime sizes, filters 1..13, padding 0..3, dilation 2),
+    # any rows u a chunk up to T.
+    N, C, H, W, K, R, S, _, padding, dilation, _ = case
+    dtype = {4: np.float32, 8: F64}[itemsize]
+    p = _problem_of(np.empty((N, C, H, W), dtype), np.empty((K, C, R, S), dtype),
+                    _options(1, padding, dilation, 1))
+    rows = min(rows, dft_algo.Geometry(p, direction).T[0])
+    _check_prepared_layout(p, direction, itemsize, by_gemm, rows)
 
 
 def test_float32_error_within_the_table_row(rng):
@@ -339,3 +375,257 @@ def test_dft_fused_rows_match_reference(gpu, rng, monkeypatch, case, dtype, flag
                          ids=lambda f: "+".join(f))
 def test_dft_fused_public_shapes_match_reference(gpu, rng, monkeypatch, case, dtype, flags):
     _check_with_flags(gpu, rng, monkeypatch, case, dtype, flags)
+
+
+# --- review6f: what a call allocates against workspace_bytes ------------------------
+
+_PYTHON_SLACK = 64 << 10   # bytes of Python objects a call makes besides its arrays
+
+
+def _peak_bytes(call):
+    """Peak bytes allocated while ``call()`` runs (NumPy reports its array data to
+    tracemalloc; Python objects count too, hence _PYTHON_SLACK)."""
+    import tracemalloc
+    tracing = tracemalloc.is_tracing()
+    if not tracing:
+        tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        base = tracemalloc.get_traced_memory()[0]
+        call()
+        return tracemalloc.get_traced_memory()[1] - base
+    finally:
+        if not tracing:
+            tracemalloc.stop()
+
+
+def _check_buffers_within_workspace(case, layout):
+    """Every direction of ``case`` on NumPy (float64) allocates at most
+    workspace_bytes while it runs (the setup's transform matrices, made by a
+    first call, are cached, not workspace)."""
+    N, C, H, W, K, R, S, _, padding, dilation, _ = case
+    x = np.ones((N, C, H, W) if layout == "NCHW" else (N, H, W, C))
+    w = np.ones((K, C, R, S))
+    p = _problem_of(x, w, _options(1, padding, dilation, 1, layout))
+    dy = np.ones(p.y_shape)
+    calls = {"forward": (x, w, np.empty(p.y_shape), np.ones(K)),
+             "backward_data": (dy, w, np.empty(p.x_shape), None),
+             "backward_filter": (x, dy, np.empty(p.w_shape), None)}
+    for direction, (a, b, out, bias) in calls.items():
+        DFT._run(np, p, direction, a, b, out, bias)
+        peak = _peak_bytes(lambda: DFT._run(np, p, direction, a, b, out, bias))
+        assert peak <= DFT.workspace_bytes(p, direction) + _PYTHON_SLACK, (direction, peak)
+
+
+@pytest.mark.parametrize("case,layout", [
+    ((1, 32, 7, 7, 32, 5, 7, 1, (0, 1), 1, 1), "NCHW"),
+    ((1, 32, 7, 17, 8, 13, 13, 1, (3, 0), 1, 1), "NHWC"),
+])
+def test_dft_buffers_of_a_call_fit_workspace_bytes(case, layout):
+    # On NumPy a call makes the buffers of the GPU's cuBLAS path (FUSED_ROWS off,
+    # which the GPU flag tests run, or shapes whose row kernels do not fit, such as
+    # float64 filters with a wide half spectrum): the row kernels only drop A1 and
+    # Ypt, so this is the most any path allocates besides cuBLAS's own workspace.
+    # Before review6f, backward filter left out the dilated gradient dw (K, C, E, E')
+    # that is alive with the product and the inverse's Yp and Ypt, and the NHWC
+    # copies of x and dy: 1.68 MB allocated against 1.46 MB reported on the first
+    # case (the same gap on the GPU at e.g. N 1, C = K = 64, 96 x 96, 11 x 11 padding 0
+    # dilation 3, float64: 538 MB against 528 MB).
+    _check_buffers_within_workspace(case, layout)
+
+
+@HYPOTHESIS
+@given(case=_odd_problems(), layout=st.sampled_from(["NCHW", "NHWC"]))
+def test_dft_buffers_of_a_call_fit_workspace_bytes_drawn(case, layout):
+    _check_buffers_within_workspace(case, layout)
+
+
+def test_one_runner_per_problem_with_or_without_a_bias(monkeypatch):
+    # review5's open item 7: _runner was keyed on has_bias, but the prepared path
+    # and _run both take the bias per call, so a problem called with and without
+    # one built (and kept) two identical runners.  CuPy's device query and the
+    # prepared path are faked: this counts the runners built.
+    cupy = pytest.importorskip("cupy")
+    monkeypatch.setattr(cupy.cuda.runtime, "getDevice", lambda: 0)
+    built = []
+
+    def prepared(problem, g, direction):
+        built.append(direction)
+        return lambda a, b, out, bias=None: ("ran", bias)
+    monkeypatch.setattr(dft_algo, "prepared_correlate", prepared)
+    algorithm = dft_algo.DFTConvolution()
+    p = _problem_of(np.empty((1, 2, 9, 9)), np.empty((3, 2, 5, 5)), _options(1, 2, 1, 1))
+    for direction in ("forward", "backward_data"):
+        assert algorithm.prepare(p, direction, has_bias=False)(None, None, None) == ("ran", None)
+        assert algorithm.prepare(p, direction, has_bias=True)(None, None, None, "b") == ("ran", "b")
+        assert algorithm.run(p, direction, None, None, None, bias="c") == ("ran", "c")
+        assert algorithm.run(p, direction, None, None, None) == ("ran", None)
+    assert built == ["forward", "backward_data"]
+
+
+# --- review6f: the prepared path's pointers, followed through its workspace ----------
+
+def _follow_prepared_call(monkeypatch, p, direction, chunk_bytes, min_taps):
+    """Run prepared_correlate's ``run`` on CuPy arrays over host memory with the
+    kernels and cuBLAS faked, and follow every region it writes and reads through
+    its workspace: each read must find, element for element, what the step before
+    wrote there (not a region that reused the memory since)."""
+    import types
+    cupy = pytest.importorskip("cupy")
+    from cupy.cuda.memory import MemoryPointer, UnownedMemory
+    from dnnprims.algos import fft as fft_algo
+    from dnnprims._kernels import _ArrayArgument
+    allocations = []
+
+    def allocate(nbytes):
+        host = np.zeros(max(nbytes, 1) + 256, np.uint8)
+        start = -host.ctypes.data % 256                    # pool blocks are 256-byte aligned
+        memory = UnownedMemory(host.ctypes.data + start, nbytes, host, device_id=0)
+        allocations.append((memory.ptr, nbytes))
+        return MemoryPointer(memory, 0)
+
+    events = []
+
+    class Launch:
+        def __init__(self, expression, args):
+            self.expression, self.args = expression, args
+
+        def __call__(self, *arrays):
+            pointers = [arrays[a.index].data.ptr if isinstance(a, _ArrayArgument) else a.data.ptr
+                        for a in self.args if isinstance(a, (_ArrayArgument, cupy.ndarray))]
+            events.append(("kernel", self.expression, pointers))
+
+    def prepare_launch(expression, grid, block, args, shared_mem=0, **kwargs):
+        assert shared_mem <= 48 * 1024
+        return Launch(expression, args)
+
+    def prepare_gemm(dtype, M, N, K, batch=1, a_batched=True, b_batched=True):
+        def call(handle, a_ptr, b_ptr, c_ptr):
+            events.append(("gemm", (M, N, K, batch, a_batched, b_batched), [a_ptr, b_ptr, c_ptr]))
+        return call
+    runtime = types.SimpleNamespace(getDevice=lambda: 0)
+    fake_xp = types.SimpleNamespace(asarray=lambda a: cupy.empty(a.shape, a.dtype),
+                                    cuda=types.SimpleNamespace(runtime=runtime))
+    monkeypatch.setattr(dft_algo, "_setup", lambda xp, *args: dft_algo._Setup(fake_xp, *args))
+    monkeypatch.setattr(fft_algo, "_twiddles", {})
+    monkeypatch.setattr(dft_algo.FAMILY, "prepare", prepare_launch)
+    monkeypatch.setattr(fft_algo.FAMILY, "prepare", prepare_launch)
+    monkeypatch.setattr(dft_algo._cublas, "prepare", prepare_gemm)
+    monkeypatch.setattr(cupy.cuda.device, "get_cublas_handle", lambda: 0)
+    monkeypatch.setattr(dft_algo, "FILTER_CHUNK_BYTES", chunk_bytes)
+    monkeypatch.setattr(dft_algo, "FUSED_FILTER_MIN_TAPS", min_taps)
+    g = dft_algo.Geometry(p, direction)
+    with cupy.cuda.using_allocator(allocate):
+        run = dft_algo.prepared_correlate(p, g, direction)
+        if run is None:
+            return None
+        shapes = {"forward": (p.x_shape, p.w_shape, p.y_shape),
+                  "backward_data": (p.y_shape, p.w_shape, p.x_shape)}
+        a, b, out = (cupy.empty(s, p.dtype) for s in shapes[direction])
+        del allocations[:]
+        run(a, b, out)
+    (base, nbytes), = allocations                     # one allocation a call: the workspace
+    st = run.setup
+    cs = 2 * st.dtype.itemsize
+    J, Ko, h, N, T0 = g.channels_in, g.channels_out, g.half, p.N, g.T[0]
+    (Hi, _), (n0, _), (E0, E1) = g.size_in, g.out, g.extent
+    label = np.full(nbytes // cs, -1)
+    index = np.full(nbytes // cs, -1)
+    names = {}
+
+    def at(ptr):
+        assert (ptr - base) % cs == 0 and 0 <= ptr - base < nbytes, "a workspace region"
+        return (ptr - base) // cs
+
+    def outside(ptr):
+        assert not base <= ptr < base + nbytes, "a region of the workspace where none belongs"
+
+    def write(ptr, name, count, first=0):
+        o = at(ptr)
+        assert o + count <= len(label)
+        label[o:o + count] = names.setdefault(name, len(names))
+        index[o:o + count] = np.arange(first, first + count)
+
+    def read(ptr, name, count, first=0):
+        o = at(ptr)
+        assert o + count <= len(label)
+        same = (label[o:o + count] == names[name]).all() and \
+            (index[o:o + count] == first + np.arange(count)).all()
+        assert same, f"{name} [{first}, {first + count}) is no longer where it was written"
+        return o, o + count
+
+    def step(reads, ptr, name, count, first=0):
+        """One GEMM or kernel: its inputs read, then its output written -- which must
+        not overlap any of them (they are read while it is written)."""
+        spans = [read(*r) for r in reads]
+        o = at(ptr)
+        assert all(o + count <= a or b <= o for a, b in spans), f"{name} written over its own input"
+        write(ptr, name, count, first)
+
+    chunks = dft_algo.filter_chunks(g, st.dtype.itemsize)
+    fused = dft_algo.fused_filter_launch(st, g)
+    kinds = [e[:2] if e[0] == "gemm" else (e[0], e[1].split("<")[0]) for e in events]
+    expected = [("kernel", "dft_rows_forward"), ("gemm", (T0, h * N * J, Hi, 1, True, True))]
+    if fused is None:
+        expected += [("kernel", "fft_filter_complex"), ("gemm", (h, J * Ko, E1, E0, False, True))]
+    for u0, u1 in chunks:
+        expected += [("kernel", "dft_filter_spectrum") if fused else
+                     ("gemm", (u1 - u0, h * J * Ko, E0, 1, True, True)),
+                     ("gemm", (N, Ko, J, (u1 - u0) * h, True, True))]
+    expected += [("gemm", (n0, h * N * Ko, T0, 1, True, True)), ("kernel", "dft_rows_inverse")]
+    inverse64 = ("kernel", "dft_rows_inverse64")
+    assert [("kernel", "dft_rows_inverse") if k == inverse64 else k for k in kinds] == expected
+    steps = iter(events)
+    _, _, (x_ptr, dwf, a1t) = next(steps)                 # dft_rows_forward: a, DWf, A1t
+    outside(x_ptr), outside(dwf)
+    write(a1t, "A1t", Hi * h * N * J)
+    _, _, (dhf, b_ptr, c_ptr) = next(steps)               # Z = DHf @ A1t
+    outside(dhf), step([(b_ptr, "A1t", Hi * h * N * J)], c_ptr, "Z", T0 * h * N * J)
+    if fused is None:
+        _, _, (f_ptr, wc) = next(steps)                   # the filter as complex
+        outside(f_ptr), write(wc, "wc", E0 * E1 * J * Ko)
+        _, _, (ds, b_ptr, c_ptr) = next(steps)            # A = Ds @ wc, E0 matrices
+        outside(ds), step([(b_ptr, "wc", E0 * E1 * J * Ko)], c_ptr, "A", E0 * h * J * Ko)
+    for u0, u1 in chunks:
+        rows = u1 - u0
+        event = next(steps)
+        if fused is None:                                 # G = Dr[u0:u1] @ A
+            _, _, (dr, b_ptr, g_ptr) = event
+            outside(dr), step([(b_ptr, "A", E0 * h * J * Ko)], g_ptr, ("G", u0), rows * h * J * Ko)
+        else:                                             # the fused kernel: f, Ds, Dr rows, G
+            _, _, (f_ptr, ds, dr, g_ptr) = event
+            outside(f_ptr), outside(ds), outside(dr), write(g_ptr, ("G", u0), rows * h * J * Ko)
+        _, _, (a_ptr, b_ptr, c_ptr) = next(steps)         # Y rows = Z rows @ G, per frequency
+        step([(a_ptr, "Z", rows * h * N * J, u0 * h * N * J), (b_ptr, ("G", u0), rows * h * J * Ko)],
+             c_ptr, "Y", rows * h * N * Ko, u0 * h * N * Ko)
+    _, _, (dhi, b_ptr, c_ptr) = next(steps)               # Yp = DHi @ Y
+    outside(dhi), step([(b_ptr, "Y", T0 * h * N * Ko)], c_ptr, "Yp", n0 * h * N * Ko)
+    _, _, (yp, dwi, out_ptr) = next(steps)                # the W-axis inverse into out
+    read(yp, "Yp", n0 * h * N * Ko), outside(dwi), outside(out_ptr)
+    return events
+
+
+@pytest.mark.parametrize("case", DFT_CASES + [
+    pytest.param((2, 64, 56, 56, 64, 7, 7, 1, 3, 1, 1), id="big_7x7_s1-batch2"),
+    pytest.param((2, 32, 64, 64, 32, 11, 11, 1, 5, 1, 1), id="big_11x11_s1-batch2"),
+    pytest.param((3, 70, 9, 66, 5, 3, 3, 1, 1, 1, 1), id="70ch-T67")])
+@pytest.mark.parametrize("direction", ["forward", "backward_data"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("chunk_bytes,min_taps", [(0, 64), (1, 0), (3000, 64)])
+def test_prepared_call_reads_each_region_where_it_was_written(monkeypatch, case, direction, dtype,
+                                                              chunk_bytes, min_taps):
+    x, w, _, opts = _random_problem(np.random.default_rng(0), case, "NCHW", dtype)
+    _follow_prepared_call(monkeypatch, _problem_of(x, w, opts), direction, chunk_bytes, min_taps)
+
+
+@HYPOTHESIS
+@given(case=_odd_problems(), direction=st.sampled_from(["forward", "backward_data"]),
+       dtype=st.sampled_from([np.float32, np.float64]), chunk_bytes=st.sampled_from([0, 1, 5000]),
+       min_taps=st.sampled_from([0, 64]))
+def test_prepared_call_reads_each_region_where_it_was_written_drawn(case, direction, dtype, chunk_bytes,
+                                                                    min_taps):
+    N, C, H, W, K, R, S, _, padding, dilation, _ = case
+    p = _problem_of(np.empty((N, C, H, W), dtype), np.empty((K, C, R, S), dtype),
+                    _options(1, padding, dilation, 1))
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        _follow_prepared_call(monkeypatch, p, direction, chunk_bytes, min_taps)

@@ -347,8 +347,9 @@ class DepthwiseConvolution(ConvAlgorithm):
             else:
                 expr = f"dw_backward_data_nchw<{t}, {'true' if p.stride != (1, 1) else 'false'}>"
             return [(expr, grid, (tqt, tp), shared, (*geometry, i64(planes), *tile_args))], 0
-        # NHWC
-        vec = V if vec_ok else 1
+        # NHWC: vector loads where the filter slice of V channels a lane fits the
+        # shared memory too (supports() only checked one channel a lane)
+        vec = V if vec_ok and _nhwc_block(p, direction, V, acc) is not None else 1
         # Headroom: a position loop index may step up to 256 * 65535 past the last position.
         slack = _THREADS * _MAX_GRID_Y
         index_t = index_type(p.N * p.H * p.W * p.C + slack, p.N * p.P * p.Q * p.K + slack)

@@ -617,26 +617,29 @@ class DFTConvolution(ConvAlgorithm):
         F, h = g.frequencies, g.half
         a1 = N * J * g.size_in[0] * h * cplx                     # A1 and its transpose
         spectrum_in = N * J * F * cplx
+        copies = 0 if p.layout == "NCHW" else (N * J * g.size_in[0] * g.size_in[1]
+                                                + N * Ko * g.out[0] * g.out[1]) * real
         if direction == "backward_filter":
             d1 = N * Ko * g.out[0] * h * cplx
             spectrum_d = N * Ko * F * cplx
             prod = Ko * J * F * cplx
             inv = Ko * J * g.extent[0] * h * cplx
-            return max(2 * a1, spectrum_in + 2 * d1) + spectrum_in + spectrum_d + prod + 2 * inv
+            dw = Ko * J * g.extent[0] * g.extent[1] * real        # alive with prod and the inverse's two
+            return (max(2 * a1, spectrum_in + 2 * d1) + spectrum_in + spectrum_d + prod + 2 * inv + dw
+                    + copies)
         spectrum_filter = J * Ko * (F + g.extent[0] * h + g.extent[0] * g.extent[1]) * cplx
         out_spectrum = N * Ko * F * cplx
         inv = N * Ko * g.out[0] * h * cplx
-        copies = 0 if p.layout == "NCHW" else (N * J * g.size_in[0] * g.size_in[1]
-                                                + N * Ko * g.out[0] * g.out[1]) * real
         # + 8 _ALIGN: the prepared path starts each region of its workspace on _ALIGN bytes
         return spectrum_filter + max(2 * a1 + spectrum_in, spectrum_in + out_spectrum,
                                      out_spectrum + 2 * inv) + copies + 8 * _ALIGN
 
-    def _runner(self, problem, direction, has_bias):
+    def _runner(self, problem, direction):
         """The call on the current device under the current flags: the prepared
-        path where it applies (forward, backward data), else :meth:`_run`."""
+        path where it applies (forward, backward data), else :meth:`_run`.  One
+        runner with or without a bias: both paths take the bias per call."""
         import cupy
-        key = (cupy.cuda.runtime.getDevice(), problem, direction, has_bias, _options())
+        key = (cupy.cuda.runtime.getDevice(), problem, direction, _options())
         runner = self._runners.get(key)
         if runner is None:
             if len(self._runners) >= 4 * SETUP_CACHE_SIZE:
@@ -650,7 +653,7 @@ class DFTConvolution(ConvAlgorithm):
         return runner
 
     def prepare(self, problem, direction, has_bias=False, activation=None):
-        runner, options = self._runner(problem, direction, has_bias), _options()
+        runner, options = self._runner(problem, direction), _options()
 
         def run(a, b, out, bias=None):
             if _options() != options:   # the module's flags changed since (tests do that)
@@ -659,7 +662,7 @@ class DFTConvolution(ConvAlgorithm):
         return run
 
     def run(self, problem, direction, a, b, out, bias=None, activation=None):
-        return self._runner(problem, direction, bias is not None)(a, b, out, bias)
+        return self._runner(problem, direction)(a, b, out, bias)
 
     def _run(self, xp, p, direction, a, b, out, bias=None):
         g = self.geometry(p, direction)

@@ -42,23 +42,23 @@ per-frequency GEMM, with the inverse transform's 1 / (T T') folded in.
 
 Plans.  The default "strided" layout runs cuFFT plans of our own
 (``cupy.cuda.cufft.PlanNd``: contiguous real tiles in, frequency-major
-spectra out, and back), made once per (device, stream, direction, dtype, FFT
-size, batch) and kept in ``_plans`` (least recently used dropped beyond
-PLAN_CACHE_SIZE).  Per stream: a plan has one work area, and
-``PlanNd.fft`` sets the plan's stream and then executes -- a plan shared by two
-streams (or two threads) would have two transforms in one work area at once,
-or one transform on the other thread's stream.  The other layouts go through ``cupy.fft``, whose plans
-CuPy caches per device the same way (``cupy.fft.config.get_plan_cache()``,
-keyed by shape, strides, type and batch).
+spectra out, and back), made once per (device, stream, host thread,
+direction, dtype, FFT size, batch) and kept in ``_plans`` (least recently used
+dropped beyond PLAN_CACHE_SIZE): a plan holds one cuFFT work area, so it is
+never run on two streams (or by two threads) at once.  The other layouts go
+through ``cupy.fft``, whose plans CuPy caches per device and thread
+(``cupy.fft.config.get_plan_cache()``, keyed by shape, strides, type and
+batch).
 
 Every step is written against ``xp`` so that the tiling, placement and GEMM
 bookkeeping run (and are tested) on NumPy too.
 """
+import threading
+
 import numpy as np
 
 from . import ConvAlgorithm, register
-from .. import _cublas, _dtypes
-from .. import _kernels
+from .. import _cublas, _dtypes, _kernels
 from .._kernels import KernelFamily, ceil_div, index_type
 
 # kernels/conv_fft.cu: window (pad + layout), crop (+ bias), filter to complex.
@@ -285,14 +285,23 @@ def _place_reversed(xp, src, T, spatial_first):
 LAYOUT = "strided"
 LAYOUTS = ("spatial_first", "strided", "plain")
 PLAN_CACHE_SIZE = 32
-_plans = {}   # (device, stream, kind, T, batch) -> cupy.cuda.cufft.PlanNd, least recently used first
+_plans = {}   # (device, stream, thread, kind, T, batch) -> cupy.cuda.cufft.PlanNd, least recently used first
+
+
+def _plan_user():
+    """(current stream pointer, host thread): who runs a cached plan.  A PlanNd
+    keeps one work area for its life and is put on the caller's stream per call,
+    so one plan run on two streams at once would share that scratch memory;
+    cuFFT plans are also not to be shared between host threads (CuPy's own plan
+    cache is per thread)."""
+    return _kernels._current_stream().ptr, threading.get_ident()
 
 
 def _plan(cupy, inverse, real_dtype, T, batch):
     """A cached cuFFT plan: batched 2-D R2C (D2Z) from contiguous (batch, T, T')
     to frequency-major (F, batch), or the C2R (Z2D) inverse."""
     from cupy.cuda import cufft
-    key = (cupy.cuda.runtime.getDevice(), _kernels._stream_key(), inverse, real_dtype == np.float64, T, batch)
+    key = (cupy.cuda.runtime.getDevice(), *_plan_user(), inverse, real_dtype == np.float64, T, batch)
     plan = _plans.pop(key, None)
     if plan is None:
         half = T[1] // 2 + 1
@@ -479,10 +488,11 @@ def _filter_gradient(xp, a, d, g, chunk_tiles):
 # --- the fast path of "fft" (one tile per sample) -------------------------------
 # A cached call is 7 launches: filter to complex (kernel), two filter-DFT GEMMs,
 # window (kernel), R2C, the per-frequency GEMM, C2R, crop + bias (kernel); the
-# cuFFT plans, twiddles and launch shapes are made once per problem and kept
-# in ``_setups``.  On NumPy the same steps run with NumPy stand-ins for the
-# kernels and cuFFT (:func:`_emulate_window` ...), so the layout bookkeeping is
-# tested without a GPU.
+# twiddles and launch shapes are made once per problem and kept in ``_setups``,
+# the cuFFT plans once per problem, stream and thread in ``_plans``.  On NumPy
+# the same steps run with NumPy stand-ins for the kernels and cuFFT
+# (:func:`_emulate_window` ...), so the layout bookkeeping is tested without a
+# GPU.
 # On since the H100 run of 2026-11-23 (114 FFT GPU tests pass, both layouts):
 # with the "strided" layout it matches the generic path on big_7x7_s1
 # (0.549 vs 0.557 ms forward: that layer is GPU-bound) and cuts big_11x11_s1
@@ -527,7 +537,7 @@ def _spatial_plan(inverse, real_dtype, T, batch):
     complex (T0, T1/2+1, batch), batch innermost (stride batch, distance 1)."""
     from cupy.cuda import cufft
     import cupy
-    key = (cupy.cuda.runtime.getDevice(), _kernels._stream_key(), "spatial", inverse, real_dtype == np.float64, T,
+    key = (cupy.cuda.runtime.getDevice(), *_plan_user(), "spatial", inverse, real_dtype == np.float64, T,
            batch)
     plan = _plans.pop(key, None)
     if plan is None:
@@ -623,7 +633,7 @@ def _fast_correlate(xp, a, f, out, g, bias, dilation, flip):
         _emulate_window(a, buf, row0, col0, st.spatial)
     # 3. spectra, product, inverse.
     X = xp.empty((F, N, J), dtype=st.cdtype)
-    if gpu:
+    if gpu:   # the plans per call: they are kept per stream and thread (_plan_user), a setup is not
         from cupy.cuda import cufft
         plans = st.plans(xp)
         plans[0].fft(buf, X, cufft.CUFFT_FORWARD)
