@@ -72,6 +72,8 @@ def array_module(**arrays):
 
 
 def check_float_dtype(name, a):
+    if a is None:  # array_module skips None (an optional argument's "absent"); here it is required
+        raise TypeError(f"{name} must be a numpy.ndarray or cupy.ndarray, got None")
     if a.dtype not in _dtypes.SUPPORTED:
         raise TypeError(
             f"{name} must have a floating dtype ({_dtypes.supported_names()}), got {a.dtype}")
@@ -144,6 +146,22 @@ def real_number(name, value, low, high=None):
         bounds = f"in [{low}, {high}]" if high is not None else f">= {low}"
         raise ValueError(f"{name} must be {bounds}, got {value!r}")
     return float(value)
+
+
+def check_bool(name, value):
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be a bool, got {value!r}")
+    return bool(value)
+
+
+def check_writeable(**arrays):
+    """Arrays a call updates in place (running statistics): a read-only NumPy
+    array is refused before anything is written, so that a failed call never
+    leaves one statistic updated and the other not (CuPy arrays are always
+    writeable)."""
+    for name, a in arrays.items():
+        if a is not None and not getattr(a.flags, "writeable", True):
+            raise ValueError(f"{name} is read-only, but this call updates it in place")
 
 
 def check_pair(first, a, second, b):
