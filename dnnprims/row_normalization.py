@@ -129,7 +129,8 @@ def _check_stats(x_dtype, shape, **stats):
 
 def _check_dy(dy, x):
     _validate.check_same_dtype(x=x, dy=dy)
-    _validate.check_shape("dy", dy, x.shape, "x's shape")
+    if dy is not None:  # None: a zero output gradient
+        _validate.check_shape("dy", dy, x.shape, "x's shape")
 
 
 def _normalized_shape(x, normalized_shape):
@@ -186,6 +187,7 @@ def layer_norm(x, normalized_shape, gamma=None, beta=None, eps=1e-5, return_stat
     eps = _validate.real_number("eps", eps, 0.0)
     _validate.parameter_dtype(x.dtype, gamma=gamma, beta=beta)
     _check_params(shape, "normalized_shape", gamma=gamma, beta=beta)
+    return_stats = _validate.check_bool("return_stats", return_stats)
     y, mean, rstd = _rows_forward(xp, x.reshape(-1, int(np.prod(shape))),
                                   1, _flat(gamma), _flat(beta), eps, "NCHW", False)
     y = y.reshape(x.shape)
@@ -204,7 +206,7 @@ def layer_norm_backward(dy, x, normalized_shape, gamma=None, *, eps=1e-5, mean=N
     _validate.check_pair("mean", mean, "rstd", rstd)
     _check_stats(x.dtype, batch, mean=mean, rstd=rstd)
     L = int(np.prod(shape))
-    dx, dgamma, dbeta = _rows_backward(xp, dy.reshape(-1, L), x.reshape(-1, L), 1, _flat(gamma),
+    dx, dgamma, dbeta = _rows_backward(xp, _rows(dy, L), x.reshape(-1, L), 1, _flat(gamma),
                                        _flat(mean), _flat(rstd), eps, "NCHW", pdtype, False)
     return dx.reshape(x.shape), dgamma.reshape(shape), dbeta.reshape(shape)
 
@@ -227,6 +229,7 @@ def rms_norm(x, normalized_shape, gamma=None, eps=None, return_stats=False):
     eps = _default_rms_eps(x.dtype, eps)
     _validate.parameter_dtype(x.dtype, gamma=gamma)
     _check_params(shape, "normalized_shape", gamma=gamma)
+    return_stats = _validate.check_bool("return_stats", return_stats)
     y, _, rstd = _rows_forward(xp, x.reshape(-1, int(np.prod(shape))),
                                1, _flat(gamma), None, eps, "NCHW", True)
     y = y.reshape(x.shape)
@@ -243,7 +246,7 @@ def rms_norm_backward(dy, x, normalized_shape, gamma=None, *, eps=None, rstd=Non
     _check_params(shape, "normalized_shape", gamma=gamma)
     _check_stats(x.dtype, batch, rstd=rstd)
     L = int(np.prod(shape))
-    dx, dgamma, _ = _rows_backward(xp, dy.reshape(-1, L), x.reshape(-1, L), 1, _flat(gamma), None,
+    dx, dgamma, _ = _rows_backward(xp, _rows(dy, L), x.reshape(-1, L), 1, _flat(gamma), None,
                                    _flat(rstd), eps, "NCHW", pdtype, True)
     return dx.reshape(x.shape), dgamma.reshape(shape)
 
@@ -259,6 +262,7 @@ def group_norm(x, num_groups, gamma=None, beta=None, eps=1e-5, layout="NCHW", re
     eps = _validate.real_number("eps", eps, 0.0)
     _validate.parameter_dtype(x.dtype, gamma=gamma, beta=beta)
     _check_params((channels,), "one value per channel", gamma=gamma, beta=beta)
+    return_stats = _validate.check_bool("return_stats", return_stats)
     y, mean, rstd = _rows_forward(xp, x, groups, gamma, beta, eps, layout, False)
     return (y, mean, rstd) if return_stats else y
 
@@ -304,6 +308,9 @@ def instance_norm(x, gamma=None, beta=None, running_mean=None, running_var=None,
     _check_params((channels,), "one value per channel", gamma=gamma, beta=beta,
                   running_mean=running_mean, running_var=running_var)
     _validate.check_pair("running_mean", running_mean, "running_var", running_var)
+    return_stats = _validate.check_bool("return_stats", return_stats)
+    if use_input_stats:
+        _validate.check_writeable(running_mean=running_mean, running_var=running_var)
     spatial = x.size // max(1, x.shape[0] * channels)
     if not use_input_stats:
         if running_mean is None:
@@ -333,24 +340,30 @@ def instance_norm_backward(dy, x, gamma=None, *, running_mean=None, running_var=
     xp = _validate.array_module(dy=dy, x=x, gamma=gamma, running_mean=running_mean, running_var=running_var,
                                 mean=mean, rstd=rstd)
     channels = _instance_problem(x, layout)
+    use_input_stats = _validate.check_bool("use_input_stats", use_input_stats)
     eps = _validate.real_number("eps", eps, 0.0)
     _check_dy(dy, x)
     pdtype = _validate.parameter_dtype(x.dtype, gamma=gamma)
-    _check_params((channels,), "one value per channel", gamma=gamma)
+    # the running statistics are checked as the forward checks them, used or not
+    _validate.parameter_dtype(x.dtype, gamma=gamma, running_mean=running_mean, running_var=running_var)
+    _check_params((channels,), "one value per channel", gamma=gamma, running_mean=running_mean,
+                  running_var=running_var)
+    _validate.check_pair("running_mean", running_mean, "running_var", running_var)
     if use_input_stats:
         _validate.check_pair("mean", mean, "rstd", rstd)
         _check_stats(x.dtype, (x.shape[0], channels), mean=mean, rstd=rstd)
         return _rows_backward(xp, dy, x, channels, gamma, mean, rstd, eps, layout, pdtype, False)
-    if running_mean is None or running_var is None:
+    if running_mean is None:
         raise ValueError("running_mean and running_var are required when use_input_stats=False")
-    _validate.parameter_dtype(x.dtype, running_mean=running_mean, running_var=running_var)
-    _check_params((channels,), "one value per channel", running_mean=running_mean, running_var=running_var)
     return _constant_stats_backward(xp, dy, x, gamma, running_mean, running_var, eps, layout, pdtype)
 
 
 def _constant_stats_backward(xp, dy, x, gamma, running_mean, running_var, eps, layout, pdtype):
     """Gradients of y = (x - rm) / sqrt(rv + eps) * gamma + beta (the statistics are
     constants): an elementwise formula and two per-channel sums, in array code."""
+    if dy is None:  # a zero output gradient
+        channels = x.shape[1 if layout == "NCHW" else -1]
+        return xp.zeros(x.shape, x.dtype), xp.zeros(channels, pdtype), xp.zeros(channels, pdtype)
     acc = _dtypes.accumulate_dtype(x.dtype)
     shape = [1] * x.ndim
     shape[1 if layout == "NCHW" else -1] = -1
@@ -365,6 +378,11 @@ def _constant_stats_backward(xp, dy, x, gamma, running_mean, running_var, eps, l
 
 def _flat(a):
     return None if a is None else a.reshape(-1)
+
+
+def _rows(a, L):
+    """a as (rows, L); None stays None (a zero output gradient)."""
+    return None if a is None else a.reshape(-1, L)
 
 
 # ---------------------------------------------------------------------- dispatch
@@ -389,9 +407,9 @@ def _empty_forward(xp, x, groups, rms):
 
 def _rows_backward(xp, dy, x, groups, gamma, mean, rstd, eps, layout, pdtype, rms):
     channels = x.shape[1 if layout == "NCHW" else -1]
-    if x.size == 0:
+    if x.size == 0 or dy is None:  # nothing to compute, or a zero output gradient
         zeros = xp.zeros(channels, pdtype)
-        return xp.empty(x.shape, x.dtype), zeros, zeros.copy()
+        return xp.zeros(x.shape, x.dtype), zeros, zeros.copy()
     if xp is np:
         return reference.normalize_rows_backward(dy, x, groups, gamma, mean, rstd, eps, layout, pdtype, rms)
     return _backward_gpu(xp, dy, x, groups, gamma, mean, rstd, eps, layout, pdtype, rms)

@@ -752,3 +752,64 @@ def test_pipelined_backward_launch_matches_its_signature_and_shared_memory_layou
     # Half rows of the benchmark shape are double-buffered with dy ("both"): bulk copies of 2 x 50 KB a phase.
     if mode == "both" and dtype.itemsize == 2 and x_shape[1] == 256:
         assert values["dy_smem"] == 1 and 2 * M * dtype.itemsize < 2**20   # the mbarrier tx-count limit
+
+
+# ---------------------------------------------------------------------- review6g: the user's side (CPU)
+
+def test_backward_accepts_none_for_a_zero_output_gradient(xp, rng):
+    """The README's rule for every backward function: dy=None is a zero gradient (these
+    raised AttributeError); the other arguments are still checked."""
+    x = xp.asarray(random_array(rng, (2, 3, 4), np.float32))
+    gamma = xp.ones(3, np.float32)
+    rm, rv = xp.zeros(3, np.float32), xp.ones(3, np.float32)
+    calls = {
+        "layer_norm": (layer_norm_backward(None, x, 4), ((2, 3, 4), (4,), (4,))),
+        "rms_norm": (rms_norm_backward(None, x, (3, 4)), ((2, 3, 4), (3, 4))),
+        "group_norm": (group_norm_backward(None, x, 3, gamma), ((2, 3, 4), (3,), (3,))),
+        "instance_norm": (instance_norm_backward(None, x, gamma), ((2, 3, 4), (3,), (3,))),
+        "instance_norm running": (instance_norm_backward(None, x, gamma, running_mean=rm, running_var=rv,
+                                                         use_input_stats=False), ((2, 3, 4), (3,), (3,))),
+    }
+    for name, (got, shapes) in calls.items():
+        assert tuple(g.shape for g in got) == shapes, name
+        assert all(g.dtype == np.float32 and not _host(g).any() for g in got), name
+    with pytest.raises(ValueError, match="mean was given without rstd"):
+        layer_norm_backward(None, x, 4, mean=xp.zeros((2, 3), np.float32))
+    with pytest.raises(ValueError, match="num_groups"):
+        group_norm_backward(None, x, 2)
+
+
+def test_instance_norm_read_only_running_statistics_are_refused_before_either_is_updated():
+    x = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+    rm, rv = np.zeros(3, np.float32), np.ones(3, np.float32)
+    rv.flags.writeable = False
+    with pytest.raises(ValueError, match="running_var is read-only"):
+        instance_norm(x, running_mean=rm, running_var=rv)
+    assert not rm.any()  # (the old code had updated running_mean, then failed on running_var)
+    # Without input statistics nothing is written: read-only statistics are fine.
+    rm.flags.writeable = False
+    instance_norm(x, running_mean=rm, running_var=rv, use_input_stats=False)
+
+
+@pytest.mark.parametrize("call,error,match", [
+    (lambda x: instance_norm_backward(x, x, use_input_stats="no"), TypeError, "use_input_stats"),
+    (lambda x: instance_norm_backward(x, x, running_mean=np.zeros(4, np.float32),
+                                      running_var=np.ones(4, np.float32)), ValueError, "running_mean must have shape"),
+    (lambda x: instance_norm_backward(x, x, running_mean=np.zeros(3, np.float32)), ValueError,
+     "running_mean was given without running_var"),
+    (lambda x: instance_norm_backward(x, x, running_mean=np.zeros(3), running_var=np.ones(3)), TypeError,
+     "running_mean"),
+    (lambda x: layer_norm(x, 4, return_stats="no"), TypeError, "return_stats"),
+    (lambda x: rms_norm(x, 4, return_stats=None), TypeError, "return_stats"),
+    (lambda x: group_norm(x, 3, return_stats=1), TypeError, "return_stats"),
+    (lambda x: instance_norm(x, return_stats="no"), TypeError, "return_stats"),
+    (lambda x: layer_norm(None, 4), TypeError, "x must be a numpy.ndarray or cupy.ndarray, got None"),
+    (lambda x: rms_norm_backward(x, None, 4), TypeError, "x must be a numpy.ndarray or cupy.ndarray, got None"),
+    (lambda x: group_norm(None, 1), TypeError, "x must be a numpy.ndarray or cupy.ndarray, got None"),
+    (lambda x: instance_norm_backward(x, None), TypeError, "x must be a numpy.ndarray or cupy.ndarray, got None"),
+])
+def test_bad_inputs_review6g(call, error, match):
+    """Refused as the forward refuses them (these were accepted, or raised AttributeError)."""
+    x = np.ones((2, 3, 4), np.float32)
+    with pytest.raises(error, match=match):
+        call(x)
