@@ -136,6 +136,8 @@ def batchnorm(x, gamma, beta, running_mean=None, running_var=None, *, training=T
     """Batch normalization.  ``training=True`` normalizes with batch statistics and,
     when given, updates ``running_mean``/``running_var`` in place; ``training=False``
     uses them (then required).  ``return_stats=True`` returns ``(y, mean, invstd)``."""
+    if return_stats is not False and return_stats is not True:  # (the fast path reads it as a bool)
+        _validate.check_bool("return_stats", return_stats)
     try:
         fast_key = _forward_key(x, gamma, beta, running_mean, running_var, training, momentum, eps,
                                 layout)
@@ -168,6 +170,8 @@ def batchnorm(x, gamma, beta, running_mean=None, running_var=None, *, training=T
         _check_vectors(channels, gamma=gamma, beta=beta, running_mean=running_mean,
                        running_var=running_var)
         _validate.check_pair("running_mean", running_mean, "running_var", running_var)
+        if training:
+            _validate.check_writeable(running_mean=running_mean, running_var=running_var)
         n = outer * inner
         if not training and running_mean is None:
             raise ValueError("running_mean and running_var are required when training=False")

@@ -1088,3 +1088,39 @@ def test_repeated_gpu_calls_reuse_the_validated_plan_and_still_check(gpu, rng):
     with pytest.raises(TypeError, match="eps"):
         dnnprims.batchnorm_backward(dy, X, G, mean=first[1], invstd=first[2], eps=True)
     assert len(normalization._MEMO.fast) == fast
+
+
+# ---------------------------------------------------------------------- review6g: the user's side (CPU)
+
+def test_read_only_running_statistics_are_refused_before_either_is_updated():
+    """Training updates both statistics in place: a read-only one is refused by
+    validation, so a failed call never leaves running_mean updated and running_var not
+    (the old code wrote running_mean, then NumPy refused running_var)."""
+    x, gamma, beta = _bn_args()
+    x = x * np.arange(3, dtype=np.float32)[:, None, None]
+    rm, rv = np.zeros(3, np.float32), np.ones(3, np.float32)
+    rv.flags.writeable = False
+    with pytest.raises(ValueError, match="running_var is read-only"):
+        batchnorm(x, gamma, beta, rm, rv)
+    assert not rm.any()
+    with pytest.raises(ValueError, match="running_mean is read-only"):
+        batchnorm(x, gamma, beta, np.broadcast_to(np.zeros(1, np.float32), (3,)), np.ones(3, np.float32))
+    # Inference only reads them.
+    rm.flags.writeable = False
+    batchnorm(x, gamma, beta, rm, rv, training=False)
+
+
+@pytest.mark.parametrize("return_stats", ["no", 1, None])
+def test_return_stats_must_be_a_bool(return_stats):
+    x, gamma, beta = _bn_args()
+    with pytest.raises(TypeError, match="return_stats must be a bool"):
+        batchnorm(x, gamma, beta, return_stats=return_stats)
+    assert len(batchnorm(x, gamma, beta, return_stats=np.bool_(True))) == 3
+
+
+def test_none_x_names_the_argument():
+    _, gamma, beta = _bn_args()
+    with pytest.raises(TypeError, match="x must be a numpy.ndarray or cupy.ndarray, got None"):
+        batchnorm(None, gamma, beta)
+    with pytest.raises(TypeError, match="x must be a numpy.ndarray or cupy.ndarray, got None"):
+        batchnorm_backward(np.ones((2, 3), np.float32), None, gamma)
