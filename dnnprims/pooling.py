@@ -186,6 +186,8 @@ def _check_problem(x, window, mode, stride, padding, count_include_pad, layout):
         n, c, h, w = x.shape
     else:
         n, h, w, c = x.shape
+    if h == 0 or w == 0:  # (windows of padding only: PyTorch refuses them too)
+        raise ValueError(f"x must have a non-zero height and width, got shape {tuple(x.shape)} ({layout})")
     for size, k, p, axis in zip((h, w), window, padding, ("height", "width")):
         if size + 2 * p < k:
             raise ValueError(f"window {window} is larger than the padded input "

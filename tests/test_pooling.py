@@ -832,3 +832,28 @@ def test_mixing_numpy_and_cupy(gpu):
     y = pool(x, 2)
     with pytest.raises(TypeError, match="cannot mix NumPy and CuPy"):
         pool_backward(gpu.asarray(y), x, None, 2)
+
+
+# ---------------------------------------------------------------------- review6g: the user's side (CPU)
+
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+@pytest.mark.parametrize("shape", [(1, 2, 0, 5), (1, 2, 5, 0)])
+@pytest.mark.parametrize("mode", ["max", "avg"])
+def test_zero_height_or_width_is_refused(layout, shape, mode):
+    """With padding, a zero-height (or -width) input has windows of padding only: the
+    NumPy path returned -inf (max) or NaN (avg without padding counted) and the GPU path
+    an uninitialised array of that shape.  PyTorch refuses such inputs; so do we."""
+    x = np.ones(shape if layout == "NCHW" else (shape[0], shape[2], shape[3], shape[1]), np.float32)
+    with pytest.raises(ValueError, match="x must have a non-zero height and width"):
+        pool(x, 2, mode=mode, padding=1, count_include_pad=False, layout=layout)
+    with pytest.raises(ValueError, match="x must have a non-zero height and width"):
+        pool_backward(None, x, None, 2, mode=mode, padding=1, layout=layout)
+    # An empty batch or no channels stay fine (an empty result, as in NumPy).
+    assert pool(np.ones((0, 2, 5, 5), np.float32), 2, mode=mode, layout=layout).size == 0
+
+
+def test_none_x_names_the_argument():
+    with pytest.raises(TypeError, match="x must be a numpy.ndarray or cupy.ndarray, got None"):
+        pool(None, 2)
+    with pytest.raises(TypeError, match="x must be a numpy.ndarray or cupy.ndarray, got None"):
+        pool_backward(np.ones((1, 1, 2, 2), np.float32), None, None, 2)
