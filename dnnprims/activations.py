@@ -257,6 +257,8 @@ def bias_activation(x, bias, mode, *, alpha=None, approximate="none", layout="NC
     (channels last); bias is (C,).  The sum x + bias is kept in the
     accumulation type (not rounded to x's dtype) before the activation."""
     xp = _validate.array_module(x=x, bias=bias)
+    _validate.check_float_dtype("x", x)
+    _validate.check_float_dtype("bias", bias)
     _validate.check_same_dtype(x=x, bias=bias)
     alpha = _check_options(mode, alpha, approximate)
     outer, channels, inner = _bias_view(x, bias, layout)
@@ -282,6 +284,8 @@ def bias_activation_backward(dy, x, bias, mode, *, alpha=None, approximate="none
     ``dx = dy * act'(x + bias[c])`` and ``dbias[c]`` the sum of dx over every
     axis but the channel axis.  ``dy=None`` stands for a zero output gradient."""
     xp = _validate.array_module(dy=dy, x=x, bias=bias)
+    _validate.check_float_dtype("x", x)
+    _validate.check_float_dtype("bias", bias)
     _validate.check_same_dtype(x=x, bias=bias, dy=dy)
     alpha = _check_options(mode, alpha, approximate)
     outer, channels, inner = _bias_view(x, bias, layout)

@@ -65,6 +65,8 @@ def add_tensor(a, c, alpha=1.0, beta=1.0):
     """``alpha * a + beta * c`` with c broadcast to a's shape (NumPy rules; e.g. a
     bias (1, C, 1, 1) against (N, C, H, W)); the result has a's shape and dtype."""
     xp = _validate.array_module(a=a, c=c)
+    _validate.check_float_dtype("a", a)
+    _validate.check_float_dtype("c", c)
     _validate.check_same_dtype(a=a, c=c)
     alpha, beta = _check_real("alpha", alpha), _check_real("beta", beta)
     if c.ndim > a.ndim or any(cd not in (1, ad) for cd, ad in zip(c.shape[::-1], a.shape[::-1])):

@@ -471,3 +471,20 @@ def test_repeated_gpu_calls_reuse_the_validated_plan_and_still_check(gpu, rng):
                  np.float32)
     with pytest.raises(ValueError, match="dy"):
         activations.activation_backward(dy[:, :-1], X, "gelu")
+
+
+# ---------------------------------------------------------------------- review6g: the user's side (CPU)
+
+@pytest.mark.parametrize("call,match", [
+    (lambda x, b: activation(None, "relu"), "x must be a numpy.ndarray or cupy.ndarray, got None"),
+    (lambda x, b: activation_backward(x, None, "relu"), "x must be a numpy.ndarray or cupy.ndarray, got None"),
+    (lambda x, b: bias_activation(x, None, "relu"), "bias must be a numpy.ndarray or cupy.ndarray, got None"),
+    (lambda x, b: bias_activation(None, b, "relu"), "x must be a numpy.ndarray or cupy.ndarray, got None"),
+    (lambda x, b: bias_activation_backward(x, x, None, "relu"),
+     "bias must be a numpy.ndarray or cupy.ndarray, got None"),
+])
+def test_none_for_a_required_array_names_it(call, match):
+    """A None in place of a required array is a TypeError naming it (was AttributeError)."""
+    x, b = np.ones((2, 3, 4), np.float32), np.ones(3, np.float32)
+    with pytest.raises(TypeError, match=match):
+        call(x, b)

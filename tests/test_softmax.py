@@ -405,3 +405,17 @@ def test_repeated_gpu_calls_reuse_the_validated_plan_and_still_check(gpu, rng, l
     assert_close(dx, backward(dy.get().astype(np.float64), y64, axis=1), np.float32)
     with pytest.raises(ValueError, match="dy"):
         backward(dy[:, :-1], again, axis=1)
+
+
+# ---------------------------------------------------------------------- review6g: the user's side (CPU)
+
+@pytest.mark.parametrize("call,match", [
+    (lambda x: softmax(None), "x must be a numpy.ndarray or cupy.ndarray, got None"),
+    (lambda x: log_softmax(None, axis=0), "x must be a numpy.ndarray or cupy.ndarray, got None"),
+    (lambda x: softmax_backward(x, None), "y must be a numpy.ndarray or cupy.ndarray, got None"),
+    (lambda x: log_softmax_backward(None, None), "y must be a numpy.ndarray or cupy.ndarray, got None"),
+])
+def test_none_for_a_required_array_names_it(call, match):
+    """A None in place of a required array is a TypeError naming it (was AttributeError)."""
+    with pytest.raises(TypeError, match=match):
+        call(np.ones((2, 3), np.float32))

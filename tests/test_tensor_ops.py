@@ -228,3 +228,18 @@ def test_mixing_numpy_and_cupy(gpu):
     a = np.ones((2, 3), np.float32)
     with pytest.raises(TypeError, match="cannot mix NumPy and CuPy"):
         add_tensor(gpu.asarray(a), a)
+
+
+# ---------------------------------------------------------------------- review6g: the user's side (CPU)
+
+@pytest.mark.parametrize("call,match", [
+    (lambda x: add_tensor(x, None), "c must be a numpy.ndarray or cupy.ndarray, got None"),
+    (lambda x: add_tensor(None, x), "a must be a numpy.ndarray or cupy.ndarray, got None"),
+    (lambda x: scale_tensor(None, 2.0), "x must be a numpy.ndarray or cupy.ndarray, got None"),
+    (lambda x: transform_layout(None), "x must be a numpy.ndarray or cupy.ndarray, got None"),
+    (lambda x: reduce_tensor(None), "x must be a numpy.ndarray or cupy.ndarray, got None"),
+])
+def test_none_for_a_required_array_names_it(call, match):
+    """A None in place of a required array is a TypeError naming it (was AttributeError)."""
+    with pytest.raises(TypeError, match=match):
+        call(np.ones((2, 3, 4), np.float32))
