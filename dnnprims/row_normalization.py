@@ -318,7 +318,7 @@ def instance_norm(x, gamma=None, beta=None, running_mean=None, running_var=None,
         from .normalization import batchnorm
         return batchnorm(x, gamma, beta, running_mean, running_var, training=False, eps=eps,
                          layout=layout, return_stats=return_stats)
-    if running_mean is not None and spatial <= 1:
+    if running_mean is not None and x.size and spatial <= 1:  # (an empty x updates nothing)
         raise ValueError(f"x must have more than 1 spatial value per channel to update the running "
                          f"statistics, got shape {tuple(x.shape)}")
     y, mean, rstd = _rows_forward(xp, x, channels, gamma, beta, eps, layout, False)

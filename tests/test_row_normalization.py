@@ -813,3 +813,16 @@ def test_bad_inputs_review6g(call, error, match):
     x = np.ones((2, 3, 4), np.float32)
     with pytest.raises(error, match=match):
         call(x)
+
+
+@pytest.mark.parametrize("layout,shape", [("NCHW", (0, 3, 5)), ("NHWC", (0, 5, 3)), ("NCHW", (2, 3, 0, 4))])
+def test_instance_norm_empty_input_with_running_statistics(layout, shape):
+    """An empty x leaves the running statistics as they are (as batchnorm does); the
+    'more than 1 spatial value' check counted spatial values as x.size // (N * C) = 0
+    and refused an empty batch, naming a shape with 5 of them."""
+    x = np.ones(shape, np.float32)
+    rm, rv = np.full(3, 0.5, np.float32), np.full(3, 2.0, np.float32)
+    assert instance_norm(x, running_mean=rm, running_var=rv, layout=layout).shape == shape
+    assert (rm == 0.5).all() and (rv == 2.0).all()
+    with pytest.raises(ValueError, match="more than 1 spatial value"):
+        instance_norm(np.ones((2, 3, 1), np.float32), running_mean=rm, running_var=rv)
