@@ -96,6 +96,8 @@ def check_same_dtype(**arrays):
 
 
 def check_ndim(name, a, ndim, what=None):
+    if a is None:  # a required array (optional ones are checked only when given)
+        raise TypeError(f"{name} must be a numpy.ndarray or cupy.ndarray, got None")
     if a.ndim != ndim:
         desc = f" ({what})" if what else ""
         raise ValueError(f"{name} must be {ndim}-D{desc}, got shape {tuple(a.shape)}")

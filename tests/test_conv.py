@@ -1216,6 +1216,18 @@ def test_rejects_none_dy_for_bias():
         conv2d_backward_bias(None)
 
 
+@pytest.mark.parametrize("call,name", [
+    (lambda x, w, dy: conv2d_forward(None, w), "x"),
+    (lambda x, w, dy: conv2d_forward(x, None), "w"),
+    (lambda x, w, dy: conv2d_backward_data(dy, None, x.shape, padding=1), "w"),
+    (lambda x, w, dy: conv2d_backward_filter(None, dy, w.shape, padding=1), "x"),
+])
+def test_rejects_none_for_a_required_array(call, name):
+    x, w, dy = np.ones((1, 2, 5, 5)), np.ones((3, 2, 3, 3)), np.ones((1, 3, 5, 5))
+    with pytest.raises(TypeError, match=f"^{name} must be a numpy.ndarray or cupy.ndarray, got None"):
+        call(x, w, dy)
+
+
 # --- the depthwise algorithm: launch geometry on NumPy, larger planes on the GPU -----
 
 def _depthwise_problem(N, C, H, W, mult, R, S, stride, padding, dilation, layout="NCHW", dtype=np.float32):
