@@ -128,6 +128,8 @@ def _check_stats(x_dtype, shape, **stats):
 
 
 def _check_dy(dy, x):
+    if dy is None:  # a zero output gradient: the other arguments are still checked
+        return
     _validate.check_same_dtype(x=x, dy=dy)
     _validate.check_shape("dy", dy, x.shape, "x's shape")
 
@@ -194,7 +196,7 @@ def layer_norm(x, normalized_shape, gamma=None, beta=None, eps=1e-5, return_stat
 
 def layer_norm_backward(dy, x, normalized_shape, gamma=None, *, eps=1e-5, mean=None, rstd=None):
     """``(dx, dgamma, dbeta)``; ``mean``/``rstd`` are the saved statistics (None:
-    recomputed from x).  dgamma/dbeta have ``normalized_shape``."""
+    recomputed from x).  dgamma/dbeta have ``normalized_shape``.  ``dy=None`` is a zero gradient."""
     xp = _validate.array_module(dy=dy, x=x, gamma=gamma, mean=mean, rstd=rstd)
     shape, batch = _row_problem(x, normalized_shape)
     eps = _validate.real_number("eps", eps, 0.0)
@@ -204,8 +206,11 @@ def layer_norm_backward(dy, x, normalized_shape, gamma=None, *, eps=1e-5, mean=N
     _validate.check_pair("mean", mean, "rstd", rstd)
     _check_stats(x.dtype, batch, mean=mean, rstd=rstd)
     L = int(np.prod(shape))
-    dx, dgamma, dbeta = _rows_backward(xp, dy.reshape(-1, L), x.reshape(-1, L), 1, _flat(gamma),
-                                       _flat(mean), _flat(rstd), eps, "NCHW", pdtype, False)
+    if dy is None:
+        dx, dgamma, dbeta = _zero_gradients(xp, x, L, pdtype)
+    else:
+        dx, dgamma, dbeta = _rows_backward(xp, dy.reshape(-1, L), x.reshape(-1, L), 1, _flat(gamma),
+                                           _flat(mean), _flat(rstd), eps, "NCHW", pdtype, False)
     return dx.reshape(x.shape), dgamma.reshape(shape), dbeta.reshape(shape)
 
 
@@ -234,7 +239,8 @@ def rms_norm(x, normalized_shape, gamma=None, eps=None, return_stats=False):
 
 
 def rms_norm_backward(dy, x, normalized_shape, gamma=None, *, eps=None, rstd=None):
-    """``(dx, dgamma)``; ``rstd`` is the saved statistic (None: recomputed)."""
+    """``(dx, dgamma)``; ``rstd`` is the saved statistic (None: recomputed).  ``dy=None``
+    is a zero gradient."""
     xp = _validate.array_module(dy=dy, x=x, gamma=gamma, rstd=rstd)
     shape, batch = _row_problem(x, normalized_shape)
     eps = _default_rms_eps(x.dtype, eps)
@@ -243,8 +249,11 @@ def rms_norm_backward(dy, x, normalized_shape, gamma=None, *, eps=None, rstd=Non
     _check_params(shape, "normalized_shape", gamma=gamma)
     _check_stats(x.dtype, batch, rstd=rstd)
     L = int(np.prod(shape))
-    dx, dgamma, _ = _rows_backward(xp, dy.reshape(-1, L), x.reshape(-1, L), 1, _flat(gamma), None,
-                                   _flat(rstd), eps, "NCHW", pdtype, True)
+    if dy is None:
+        dx, dgamma, _ = _zero_gradients(xp, x, L, pdtype)
+    else:
+        dx, dgamma, _ = _rows_backward(xp, dy.reshape(-1, L), x.reshape(-1, L), 1, _flat(gamma), None,
+                                       _flat(rstd), eps, "NCHW", pdtype, True)
     return dx.reshape(x.shape), dgamma.reshape(shape)
 
 
@@ -264,7 +273,8 @@ def group_norm(x, num_groups, gamma=None, beta=None, eps=1e-5, layout="NCHW", re
 
 
 def group_norm_backward(dy, x, num_groups, gamma=None, *, eps=1e-5, mean=None, rstd=None, layout="NCHW"):
-    """``(dx, dgamma, dbeta)``; ``mean``/``rstd`` (N, num_groups) saved, or None."""
+    """``(dx, dgamma, dbeta)``; ``mean``/``rstd`` (N, num_groups) saved, or None.  ``dy=None``
+    is a zero gradient."""
     xp = _validate.array_module(dy=dy, x=x, gamma=gamma, mean=mean, rstd=rstd)
     channels, groups = _group_problem(x, num_groups, layout)
     eps = _validate.real_number("eps", eps, 0.0)
@@ -273,6 +283,8 @@ def group_norm_backward(dy, x, num_groups, gamma=None, *, eps=1e-5, mean=None, r
     _check_params((channels,), "one value per channel", gamma=gamma)
     _validate.check_pair("mean", mean, "rstd", rstd)
     _check_stats(x.dtype, (x.shape[0], groups), mean=mean, rstd=rstd)
+    if dy is None:
+        return _zero_gradients(xp, x, channels, pdtype)
     return _rows_backward(xp, dy, x, groups, gamma, mean, rstd, eps, layout, pdtype, False)
 
 
@@ -329,7 +341,8 @@ def instance_norm_backward(dy, x, gamma=None, *, running_mean=None, running_var=
                            eps=1e-5, mean=None, rstd=None, layout="NCHW"):
     """``(dx, dgamma, dbeta)``.  With input statistics this is group norm's backward
     with one channel per group (``mean``/``rstd`` (N, C) saved, or None);
-    without, the running statistics are constants: dx = dy * gamma / sqrt(running_var + eps)."""
+    without, the running statistics are constants: dx = dy * gamma / sqrt(running_var + eps).
+    ``dy=None`` is a zero gradient."""
     xp = _validate.array_module(dy=dy, x=x, gamma=gamma, running_mean=running_mean, running_var=running_var,
                                 mean=mean, rstd=rstd)
     channels = _instance_problem(x, layout)
@@ -340,11 +353,15 @@ def instance_norm_backward(dy, x, gamma=None, *, running_mean=None, running_var=
     if use_input_stats:
         _validate.check_pair("mean", mean, "rstd", rstd)
         _check_stats(x.dtype, (x.shape[0], channels), mean=mean, rstd=rstd)
+        if dy is None:
+            return _zero_gradients(xp, x, channels, pdtype)
         return _rows_backward(xp, dy, x, channels, gamma, mean, rstd, eps, layout, pdtype, False)
     if running_mean is None or running_var is None:
         raise ValueError("running_mean and running_var are required when use_input_stats=False")
     _validate.parameter_dtype(x.dtype, running_mean=running_mean, running_var=running_var)
     _check_params((channels,), "one value per channel", running_mean=running_mean, running_var=running_var)
+    if dy is None:
+        return _zero_gradients(xp, x, channels, pdtype)
     return _constant_stats_backward(xp, dy, x, gamma, running_mean, running_var, eps, layout, pdtype)
 
 
@@ -385,6 +402,12 @@ def _empty_forward(xp, x, groups, rms):
     acc = _dtypes.accumulate_dtype(x.dtype)
     nan = xp.full((x.shape[0], groups), np.nan, dtype=acc)
     return xp.empty(x.shape, x.dtype), nan, nan.copy()
+
+
+def _zero_gradients(xp, x, channels, pdtype):
+    """dy=None, a zero output gradient: (dx, dgamma, dbeta) are zeros, as batchnorm_backward's."""
+    zeros = xp.zeros(channels, pdtype)
+    return xp.zeros(x.shape, x.dtype), zeros, zeros.copy()
 
 
 def _rows_backward(xp, dy, x, groups, gamma, mean, rstd, eps, layout, pdtype, rms):
