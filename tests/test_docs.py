@@ -22,6 +22,10 @@ What is checked, and the rule for each:
     one (``eps`` in ``layer_norm_backward`` is the ``eps=1e-5`` of ``layer_norm``);
     a parameter with a default that no earlier row shows must show it.
 
+* **Signatures in the text**: a backticked ``name(args)`` outside the table whose
+  arguments are all names, ``name=literal``, ``*`` or ``...`` (a signature, not a
+  call such as ``set_output_reuse(False)``) follows the same rule, as a row after
+  the table.
 * **Public names**: every name in ``_PUBLIC`` occurs in the README.
 * **Environment variables**: every ``DNNPRIMS_*`` or ``CUPY_TF32`` the README names
   is read in ``dnnprims/`` (``os.environ`` / ``os.getenv`` with the name as a string
@@ -35,7 +39,10 @@ What is checked, and the rule for each:
   project layout's ``algos/`` list names every module in ``dnnprims/algos``, the
   activation modes, their default ``alpha`` and the ``reduce_tensor`` operations
   are the code's.
-* **Behaviour the README states in words**, where it is cheap on NumPy: every
+* **Figures**: the number of public convolution problems and the held-out
+  fraction the README quotes are those of ``problems.json`` and ``conv_table.json``.
+* **Behaviour the README states in words**, where it is cheap on NumPy: the
+  example runs on NumPy (at batch 2) with the shapes its comments give; every
   backward function but ``conv2d_backward_bias`` takes ``None`` for a zero output
   gradient.
 """
@@ -43,6 +50,7 @@ import ast
 import concurrent.futures
 import glob
 import inspect
+import keyword
 import os
 import pathlib
 import re
@@ -220,6 +228,41 @@ def _check_row(number, name, args, table):
                 f"{source}: {arg}={default!r}, the code says {arg}={p.default!r}")
 
 
+def _is_signature(span):
+    """A span outside the table shows a signature (not a call) when it has arguments and
+    every one is a name, ``name=literal``, ``*`` or ``...``."""
+    m = re.fullmatch(r"(?:dnnprims\.)?(\w+)\((.+)\)", span, re.S)
+    if not m or m.group(1) not in dnnprims._WHERE:
+        return False
+    for piece in _split_arguments(m.group(2)):
+        name, eq, default = piece.partition("=")
+        if piece not in ("*", "...") and (not name.strip().isidentifier() or keyword.iskeyword(name.strip())):
+            return False
+        if eq:
+            try:
+                ast.literal_eval(default.strip())
+            except ValueError:
+                return False
+    return True
+
+
+TABLE_SPANS = {span for _, row in enumerate(_table_rows(_section("API"), "| function |"))
+               for span in re.findall(r"`([^`]+)`", row[0])}
+PROSE_SIGNATURES = [span for span in SPANS if span not in TABLE_SPANS and _is_signature(span)]
+
+
+@pytest.mark.parametrize("span", PROSE_SIGNATURES, ids=[s.split("(")[0] for s in PROSE_SIGNATURES])
+def test_signature_in_prose_matches(span):
+    """A signature shown outside the table (``conv2d_choose``'s) follows the same rule, as if
+    it were a row after the table."""
+    name, args = _parse_signature(span.removeprefix("dnnprims."))
+    _check_row(len(API), name, args, API)
+
+
+def test_prose_signatures_found():
+    assert any(s.startswith("dnnprims.conv2d_choose(") for s in PROSE_SIGNATURES)
+
+
 def test_rule_catches_mismatches():
     """The checker itself: the slips it exists for fail it, and the abbreviations pass."""
     for span in ('pool(x, window, mode="max")',                   # keyword-only shown positional
@@ -373,6 +416,32 @@ def test_reduce_ops_and_pool_modes():
     assert tuple(o.strip() for o in ops.split(",")) == REDUCE_OPS
     shown = re.findall(r'`mode="(\w+)"`', _api_cell("pool"))
     assert tuple(shown) == MODES, f"pool modes the README names: {shown}, the code's: {MODES}"
+
+
+def test_headline_figures_match_their_sources():
+    """The counts the README quotes from files in the repository are those files' counts."""
+    import json
+    problems = json.loads((ROOT / "dnnprims" / "bench" / "problems.json").read_text())
+    m = re.search(r"over the (\d+) public convolution problems", README)
+    assert m and int(m.group(1)) == len({p["name"] for p in problems["conv2d"]})
+    holdout = json.loads((ROOT / "dnnprims" / "algos" / "conv_table.json").read_text())["holdout"]
+    m = re.search(r"fastest of ours on ([\d.]+) % of (\d+) held-out grid points", README)
+    assert m, "the README's held-out figure moved: update this test"
+    assert int(m.group(2)) == holdout["points"]
+    assert float(m.group(1)) == round(100 * holdout["table_within_10pct"] / holdout["points"], 1)
+
+
+def test_example_runs_on_numpy():
+    """README: "The same code with numpy instead of cupy runs the reference implementations" --
+    run at batch 2 instead of 32 (the shapes in its comments scaled the same way)."""
+    example = re.search(r"## Example\n\n```python\n(.*?)```", README, re.S).group(1)
+    assert "(32, " in example and "import cupy as cp" in example
+    source = example.replace("import cupy as cp", "import numpy as cp").replace("(32, ", "(2, ")
+    namespace = {}
+    exec(compile(source, "README.md example", "exec"), namespace)
+    for name, shape in re.findall(r"^(\w+) = .*# (\([\d, ]+\))", source, re.M):
+        assert namespace[name].shape == ast.literal_eval(shape), f"README example: {name}"
+    assert namespace["dw"].shape == namespace["w"].shape and namespace["dw"].dtype == np.float32
 
 
 # ---------------------------------------------------------------------- behaviour stated in words
