@@ -34,7 +34,7 @@ What is checked, and the rule for each:
   ``--help`` with exit status 0 on the CPU, and every ``--option`` and every
   ``a|b|c`` choice the README shows for it appears in that help; every
   ``bash scripts/...`` script and every repository path the README puts in
-  backticks exists.
+  backticks exists; the ``gpu_suite.sh`` modes shown are the script's, all of them.
 * **Lists**: the algorithm table names exactly ``dnnprims.algos.REGISTRY``, the
   project layout's ``algos/`` list names every module in ``dnnprims/algos``, the
   activation modes, their default ``alpha`` and the ``reduce_tensor`` operations
@@ -359,6 +359,22 @@ def test_readme_scripts_and_paths_exist():
         r"(?<![\w/.$])((?:dnnprims|kernels|notes|scripts|tests|notebooks|\.ci)/[\w./*-]*)", span)}
     missing = [p for p in sorted(paths) if not glob.glob(str(ROOT / p))]
     assert not missing, f"paths the README names that do not exist: {missing}"
+
+
+def test_gpu_suite_modes_exist():
+    """Each ``bash scripts/gpu_suite.sh MODE`` the README shows is a mode of the script's ``case``,
+    and every mode of the script is shown."""
+    script = (ROOT / "scripts" / "gpu_suite.sh").read_text()
+    modes = set(re.findall(r"^    (\w+)\) run_", script, re.M))
+    assert {"all", "tests", "bench"} <= modes
+    shown = {m for block in FENCES for m in re.findall(r"bash scripts/gpu_suite\.sh (\w+)", block)}
+    shown |= set(re.findall(r"likewise `(\w+)`", README))
+    assert shown <= modes, f"modes the README shows that gpu_suite.sh lacks: {sorted(shown - modes)}"
+    assert modes - {"all"} <= shown, f"gpu_suite.sh modes the README does not show: {sorted(modes - shown - {'all'})}"
+    for option in re.findall(r"gpu_suite\.sh tune ([^#\n]*)", README):
+        done = _help("dnnprims.tune").stdout
+        for flag in re.findall(r"--[a-z-]+", option):
+            assert flag in done, f"README: gpu_suite.sh tune {flag}: no such tune option"
 
 
 def test_project_layout_names_existing_files_and_every_algorithm_module():
