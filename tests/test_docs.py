@@ -35,7 +35,8 @@ What is checked, and the rule for each:
   ``a|b|c`` choice the README shows for it appears in that help; every
   ``bash scripts/...`` script and every repository path the README puts in
   backticks exists; the ``gpu_suite.sh`` modes shown are the script's, all of them.
-* **Lists**: the algorithm table names exactly ``dnnprims.algos.REGISTRY``, the
+* **Lists**: the algorithm table names exactly ``dnnprims.algos.REGISTRY`` and the
+  algorithm notebook's text describes every registered algorithm, the
   project layout's ``algos/`` list names every module in ``dnnprims/algos``, the
   activation modes, their default ``alpha`` and the ``reduce_tensor`` operations
   are the code's.
@@ -403,6 +404,28 @@ def test_algorithm_table_is_the_registry():
             names.add(spans[0] + span if span.startswith("_") else span)
     assert names == set(REGISTRY), (f"algorithm table minus registry: {sorted(names - set(REGISTRY))}; "
                                     f"registry minus table: {sorted(set(REGISTRY) - names)}")
+
+
+def test_algorithm_notebook_names_every_algorithm():
+    """notebooks/02_convolution_algorithms.ipynb's text describes every registered algorithm: by
+    name, a tile by its suffix (``_128x64``), a Winograd variant by its F(m x m, r x r) form."""
+    import json
+    from dnnprims.algos import REGISTRY
+    notebook = json.loads((ROOT / "notebooks" / "02_convolution_algorithms.ipynb").read_text())
+    text = "".join("".join(c["source"]) for c in notebook["cells"] if c["cell_type"] == "markdown")
+    compact = text.replace(" ", "")
+    missing = []
+    for name in REGISTRY:
+        m = re.fullmatch(r"winograd_(?:wgrad_)?f(\d)x\d_(\d)x\d", name)
+        if m:
+            a, b = m.groups()
+            found = f"F({a}x{a},{b}x{b})" in compact
+        else:
+            tile = re.fullmatch(r"implicit_gemm(_\d+x\d+)", name)
+            found = re.search(rf"(?<!\w){name}(?!\w)", text) or (tile and f"`{tile.group(1)}`" in text)
+        if not found:
+            missing.append(name)
+    assert not missing, f"registered algorithms the algorithm notebook does not describe: {missing}"
 
 
 def _api_cell(function):
