@@ -49,6 +49,7 @@ What is checked, and the rule for each:
 """
 import ast
 import concurrent.futures
+import functools
 import glob
 import inspect
 import keyword
@@ -327,6 +328,7 @@ def _commands():
 COMMANDS = _commands()
 
 
+@functools.lru_cache(maxsize=None)
 def _help(module):
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     return subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True, text=True,
@@ -373,9 +375,9 @@ def test_gpu_suite_modes_exist():
     assert shown <= modes, f"modes the README shows that gpu_suite.sh lacks: {sorted(shown - modes)}"
     assert modes - {"all"} <= shown, f"gpu_suite.sh modes the README does not show: {sorted(modes - shown - {'all'})}"
     for option in re.findall(r"gpu_suite\.sh tune ([^#\n]*)", README):
-        done = _help("dnnprims.tune").stdout
+        options = _help("dnnprims.tune").stdout
         for flag in re.findall(r"--[a-z-]+", option):
-            assert flag in done, f"README: gpu_suite.sh tune {flag}: no such tune option"
+            assert flag in options, f"README: gpu_suite.sh tune {flag}: no such tune option"
 
 
 def test_project_layout_names_existing_files_and_every_algorithm_module():
