@@ -38,8 +38,8 @@ What is checked, and the rule for each:
 * **Lists**: the algorithm table names exactly ``dnnprims.algos.REGISTRY`` and the
   algorithm notebook's text describes every registered algorithm, the
   project layout's ``algos/`` list names every module in ``dnnprims/algos``, the
-  activation modes, their default ``alpha`` and the ``reduce_tensor`` operations
-  are the code's.
+  activation modes, their default ``alpha``, the pooling modes and the
+  ``reduce_tensor`` operations are the code's.
 * **Figures**: the number of public convolution problems and the held-out
   fraction the README quotes are those of ``problems.json`` and ``conv_table.json``.
 * **Behaviour the README states in words**, where it is cheap on NumPy: the
@@ -248,7 +248,7 @@ def _is_signature(span):
     return True
 
 
-TABLE_SPANS = {span for _, row in enumerate(_table_rows(_section("API"), "| function |"))
+TABLE_SPANS = {span for row in _table_rows(_section("API"), "| function |")
                for span in re.findall(r"`([^`]+)`", row[0])}
 PROSE_SIGNATURES = [span for span in SPANS if span not in TABLE_SPANS and _is_signature(span)]
 
@@ -316,12 +316,13 @@ def test_environment_variables_documented_and_read():
 def _commands():
     """{module: [the README's spans that show it]} for every ``python -m dnnprims...``."""
     commands = {}
-    for text in SPANS + FENCES:
-        for m in re.finditer(r"python -m (dnnprims[\w.]*)", text):
-            span = text[m.start():] if text in SPANS else text[m.start():].split("\n")[0]
-            if text not in SPANS:
-                span = re.split(r"\)|\s#", span)[0]
+    for span in SPANS:
+        m = re.match(r"python -m (dnnprims[\w.]*)", span)
+        if m:
             commands.setdefault(m.group(1), []).append(span)
+    for block in FENCES:   # in a fenced block: to the end of the line, a ")" or a "#" comment
+        for m in re.finditer(r"python -m (dnnprims[\w.]*)[^)#\n]*", block):
+            commands.setdefault(m.group(1), []).append(m.group(0))
     return commands
 
 
