@@ -41,7 +41,9 @@ What is checked, and the rule for each:
   activation modes, their default ``alpha``, the pooling modes and the
   ``reduce_tensor`` operations are the code's.
 * **Figures**: the number of public convolution problems and the held-out
-  fraction the README quotes are those of ``problems.json`` and ``conv_table.json``.
+  fraction the README quotes are those of ``problems.json`` and ``conv_table.json``;
+  each tunable the README quotes (reuse limits, graph cache, table interpolation,
+  tuner samples, thresholds) is the constant's value.
 * **Behaviour the README states in words**, where it is cheap on NumPy: the
   example runs on NumPy (at batch 2) with the shapes its comments give; every
   backward function but ``conv2d_backward_bias`` takes ``None`` for a zero output
@@ -471,6 +473,39 @@ def test_headline_figures_match_their_sources():
     assert m, "the README's held-out figure moved: update this test"
     assert int(m.group(2)) == holdout["points"]
     assert float(m.group(1)) == round(100 * holdout["table_within_10pct"] / holdout["points"], 1)
+
+
+def test_constants_the_readme_quotes():
+    """Each number the README quotes for a tunable of the code is that constant's value."""
+    from dnnprims import _kernels, tune
+    from dnnprims.algos import dft, table, winograd
+    from dnnprims import algos
+    shards = re.search(r'GPU_TEST_SHARDS:-(\d+)', (ROOT / "scripts" / "gpu_suite.sh").read_text())
+    quoted = {   # README pattern: the code's value
+        r"Arrays over (\d+) MB are never kept": _kernels.RECYCLE_MAX_BYTES >> 20,
+        r"kept arrays together stay under (\d+) MB": _kernels.RECYCLE_BUDGET_BYTES >> 20,
+        r"at most (\d+) MB each, within": _kernels.RECYCLE_MAX_BYTES >> 20,
+        r"the graphs of its (\d+) most\s+recent pointer sets": winograd.FULL_GRAPH_CACHE,
+        r"once (\d+) of its graphs have been evicted": winograd.FULL_GRAPH_MISSES,
+        r"interpolated from the (\d+) nearest entries": table.NEIGHBOURS,
+        r"censored at (twice) its fastest": {2.0: "twice"}.get(table.CAP),
+        r"within log2 distance (\d+) of": table.MAX_DISTANCE,
+        r"a factor of\s+(\d+) in one of them": 2 ** table.MAX_DISTANCE,
+        r"finalists within (\d+) % of the best": round(100 * (tune.FINALIST - 1)),
+        r"finalists within \d+ % of the best get (\d+)-\d+ samples": tune.REPEAT + tune.FINAL_REPEAT,
+        r"finalists within \d+ % of the best get \d+-(\d+) samples": tune.REPEAT + 2 * tune.FINAL_REPEAT,
+        r"how often the table's pick is within (\d+) %": round(100 * (tune.WITHIN - 1)),
+        r"`auto` takes it from (\d+) GFLOP of work": algos.AUTO_POLYPHASE_MIN_FLOPS / 1e9,
+        r"for filters of (\d+) taps or more": dft.FUSED_FILTER_MIN_TAPS,
+        r"runs of <= (\d+) tiles": winograd.WGRAD_MAX_SPLIT_DEPTH,
+        r"GPU_TEST_SHARDS=(\d+) pytest processes": int(shards.group(1)),
+    }
+    for pattern, value in quoted.items():
+        m = re.search(pattern, README)
+        assert m, f"the README no longer says /{pattern}/: update this test"
+        shown = m.group(1)
+        assert (shown == value) if isinstance(value, str) or value is None else float(shown) == value, (
+            f"README /{pattern}/ says {shown}, the code {value}")
 
 
 def test_example_runs_on_numpy():
