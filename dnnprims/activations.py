@@ -1,6 +1,6 @@
 """Pointwise activations, forward and backward (PyTorch semantics).
 
-``activation(x, mode, alpha=None, approximate="none")``; ``mode`` is one of
+``activation(x, mode, *, alpha=None, approximate="none")``; ``mode`` is one of
 :data:`ACTIVATION_MODES`.  ``alpha`` is the mode's parameter and may only be
 given for the modes that have one:
 

@@ -117,7 +117,8 @@ def lstm_cell(x, h, c, w_ih, w_hh, b_ih=None, b_hh=None):
 
 
 def lstm_cell_backward(dh1, dc1, x, h, c, w_ih, w_hh, b_ih=None, b_hh=None):
-    """Gradients of :func:`lstm_cell`: (dx, dh, dc, dw_ih, dw_hh, db_ih, db_hh)."""
+    """Gradients of :func:`lstm_cell`: (dx, dh, dc, dw_ih, dw_hh, db_ih, db_hh); db_ih
+    (db_hh) is None where b_ih (b_hh) is.  ``dh1``/``dc1`` None are zero gradients."""
     xp, dtype, hidden = _check_cell("LSTM", _LSTM_GATES, x, w_ih, w_hh, b_ih, b_hh,
                                     {"dh1": dh1, "dc1": dc1, "h": h, "c": c})
     unbatched = x.ndim == 1
@@ -162,7 +163,8 @@ def gru_cell(x, h, w_ih, w_hh, b_ih=None, b_hh=None):
 
 
 def gru_cell_backward(dh1, x, h, w_ih, w_hh, b_ih=None, b_hh=None):
-    """Gradients of :func:`gru_cell`: (dx, dh, dw_ih, dw_hh, db_ih, db_hh)."""
+    """Gradients of :func:`gru_cell`: (dx, dh, dw_ih, dw_hh, db_ih, db_hh); db_ih (db_hh)
+    is None where b_ih (b_hh) is.  ``dh1=None`` is a zero gradient."""
     xp, dtype, hidden = _check_cell("GRU", _GRU_GATES, x, w_ih, w_hh, b_ih, b_hh, {"dh1": dh1, "h": h})
     unbatched = x.ndim == 1
     dh1, x, h = _batched(dh1, x, h)

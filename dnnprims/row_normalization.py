@@ -196,7 +196,7 @@ def layer_norm(x, normalized_shape, gamma=None, beta=None, eps=1e-5, return_stat
 
 def layer_norm_backward(dy, x, normalized_shape, gamma=None, *, eps=1e-5, mean=None, rstd=None):
     """``(dx, dgamma, dbeta)``; ``mean``/``rstd`` are the saved statistics (None:
-    recomputed from x).  dgamma/dbeta have ``normalized_shape``."""
+    recomputed from x).  dgamma/dbeta have ``normalized_shape``.  ``dy=None`` is a zero gradient."""
     xp = _validate.array_module(dy=dy, x=x, gamma=gamma, mean=mean, rstd=rstd)
     shape, batch = _row_problem(x, normalized_shape)
     eps = _validate.real_number("eps", eps, 0.0)
@@ -237,7 +237,8 @@ def rms_norm(x, normalized_shape, gamma=None, eps=None, return_stats=False):
 
 
 def rms_norm_backward(dy, x, normalized_shape, gamma=None, *, eps=None, rstd=None):
-    """``(dx, dgamma)``; ``rstd`` is the saved statistic (None: recomputed)."""
+    """``(dx, dgamma)``; ``rstd`` is the saved statistic (None: recomputed).  ``dy=None``
+    is a zero gradient."""
     xp = _validate.array_module(dy=dy, x=x, gamma=gamma, rstd=rstd)
     shape, batch = _row_problem(x, normalized_shape)
     eps = _default_rms_eps(x.dtype, eps)
@@ -268,7 +269,8 @@ def group_norm(x, num_groups, gamma=None, beta=None, eps=1e-5, layout="NCHW", re
 
 
 def group_norm_backward(dy, x, num_groups, gamma=None, *, eps=1e-5, mean=None, rstd=None, layout="NCHW"):
-    """``(dx, dgamma, dbeta)``; ``mean``/``rstd`` (N, num_groups) saved, or None."""
+    """``(dx, dgamma, dbeta)``; ``mean``/``rstd`` (N, num_groups) saved, or None.  ``dy=None``
+    is a zero gradient."""
     xp = _validate.array_module(dy=dy, x=x, gamma=gamma, mean=mean, rstd=rstd)
     channels, groups = _group_problem(x, num_groups, layout)
     eps = _validate.real_number("eps", eps, 0.0)
@@ -336,7 +338,8 @@ def instance_norm_backward(dy, x, gamma=None, *, running_mean=None, running_var=
                            eps=1e-5, mean=None, rstd=None, layout="NCHW"):
     """``(dx, dgamma, dbeta)``.  With input statistics this is group norm's backward
     with one channel per group (``mean``/``rstd`` (N, C) saved, or None);
-    without, the running statistics are constants: dx = dy * gamma / sqrt(running_var + eps)."""
+    without, the running statistics are constants: dx = dy * gamma / sqrt(running_var + eps).
+    ``dy=None`` is a zero gradient."""
     xp = _validate.array_module(dy=dy, x=x, gamma=gamma, running_mean=running_mean, running_var=running_var,
                                 mean=mean, rstd=rstd)
     channels = _instance_problem(x, layout)

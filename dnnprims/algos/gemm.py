@@ -1,5 +1,6 @@
-"""The "gemm" algorithm: explicit im2col into a workspace, then cuBLAS through
-``cupy.matmul`` (what Chainer did), for all three directions.
+"""The "gemm" algorithm: explicit im2col into a workspace, then cuBLAS (what Chainer
+did), for all three directions: ungrouped layers through ``_cublas.gemm`` (strided
+batched, on our own handle), grouped ones through ``xp.matmul``.
 
 The column matrix (kernels/conv_im2col.cu) has one row per filter tap (c, r, s)
 and one column per output position (n, p, q), arranged per direction so that
