@@ -2056,3 +2056,66 @@ def test_wgrad_index_math_on_numpy(rng, case, layout):
             where = (g * Kg + m[:, None]) * ntaps + table[None, :ntaps, 3]
             partial[split, where] = tile
     np.testing.assert_allclose(partial.sum(axis=0).reshape(expected.shape), expected, rtol=1e-12, atol=1e-12)
+
+
+# --- implicit GEMM grids and 32-bit offsets at the limits (review6h) ---------------
+
+def _big_problem(x_shape, w_shape, groups=1, stride=1, padding=0, dtype=np.float32):
+    """A ConvProblem of these shapes (NCHW); nothing is allocated."""
+    return dnnprims.conv._describe(x_shape, w_shape, stride, padding, 1, groups, "NCHW", dtype)
+
+
+_GRID_LIMIT_CASES = [
+    # (name, x shape, w shape, groups, stride): each over a grid or int32 limit of some
+    # implicit GEMM kernel while x and y stay far below 2^31 elements.
+    pytest.param((1, 65536, 1, 1), (65536, 65536, 1, 1), 1, 1, id="filter-2^32-elements"),
+    pytest.param((1, 70000, 1, 1), (70000, 1, 1, 1), 70000, 1, id="groups-70000"),
+    pytest.param((1, 1, 1, 1), (1 << 23, 1, 1, 1), 1, 1, id="K-2^23"),
+    pytest.param((1, 1, 1, 1), (1 << 22, 1, 1, 1), 1, 1, id="K-2^22"),
+    pytest.param((1, 1 << 23, 1, 1), (1, 1 << 23, 1, 1), 1, 1, id="C-2^23"),
+    pytest.param((1, 1 << 22, 1, 1), (1, 1 << 22, 1, 1), 1, 1, id="C-2^22"),
+    pytest.param((1, 1 << 22, 2, 2), (1, 1 << 22, 1, 1), 1, 2, id="C-2^22-stride2"),
+    pytest.param((1, 64, 3, 3), (64, 64, 3, 3), 1, 1, id="small"),
+]
+
+
+@pytest.mark.parametrize("x_shape, w_shape, groups, stride", _GRID_LIMIT_CASES)
+def test_implicit_gemm_problems_it_accepts_launch_within_cuda_limits(x_shape, w_shape, groups, stride):
+    # supports() either refuses, or the plan's grid has y, z <= 65535 and x < 2^31
+    # and every 32-bit kernel argument fits (np.int32 of a Python int raises past it).
+    from dnnprims.algos import implicit_gemm as ig
+    from dnnprims.algos import implicit_gemm_backward as igb
+    p = _big_problem(x_shape, w_shape, groups, stride)
+
+    def within(grid):
+        return grid[0] < 2**31 and max(grid[1:]) <= 65535
+    for name, algorithm in algos.REGISTRY.items():
+        if not name.startswith("implicit_gemm"):
+            continue
+        for direction in algorithm.directions:
+            if not algorithm.supports(p, direction)[0]:
+                continue
+            if isinstance(algorithm, ig.ImplicitGemmConvolution):
+                ig.tap_table(p, direction)   # its int32 geometry
+                assert within(ig.launch_grid(p, direction, algorithm.tile or ig.pick_tile(p, direction))), name
+            elif isinstance(algorithm, igb.ImplicitGemmBackwardFilter):
+                igb.wgrad_table(p)
+                np.int32(p.K * (p.C // p.groups) * p.R * p.S)   # the split sum's total
+                assert within(algorithm.launch_grid(p)), name
+            else:
+                assert within(algorithm.launch_grid(p)), name
+    # The fallback still takes it.
+    assert algos.REGISTRY["direct"].supports(p, "forward")[0]
+
+
+def test_implicit_gemm_refuses_past_its_grid_and_filter_limits():
+    p = _big_problem((1, 65536, 1, 1), (65536, 65536, 1, 1))
+    for name in ("implicit_gemm", "implicit_gemm_wgrad", "implicit_gemm_subpixel"):
+        algorithm = algos.REGISTRY[name]
+        ok, reason = algorithm.supports(p, algorithm.directions[0])
+        assert not ok and "32-bit" in reason, name
+    p = _big_problem((1, 70000, 1, 1), (70000, 1, 1, 1), groups=70000)
+    assert not algos.REGISTRY["implicit_gemm"].supports(p, "forward")[0]
+    assert algos.REGISTRY["implicit_gemm"].supports(_big_problem((1, 1, 1, 1), (1 << 22, 1, 1, 1)), "forward")[0]
+    assert not algos.REGISTRY["implicit_gemm_64x64"].supports(_big_problem((1, 1, 1, 1), (1 << 22, 1, 1, 1)),
+                                                             "forward")[0]

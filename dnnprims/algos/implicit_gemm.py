@@ -66,6 +66,16 @@ def pick_tile(p, direction, sms=_SMS_H100):
     return "64x64"
 
 
+MAX_GRID_YZ = 65535   # CUDA's limit on grid y and z
+
+
+def launch_grid(p, direction, tile):
+    """(blocks along M, along the group's output channels, groups): the kernel's grid."""
+    bm, bn = TILES[tile][:2]
+    M, n, _ = gemm_shape(p, direction)
+    return ceil_div(M, bm), ceil_div(n, bn), p.groups
+
+
 def tap_table(p, direction):
     """The int32 (Kgemm padded, 4) tap table and the kernel's geometry arguments."""
     R, S = p.R, p.S
@@ -148,8 +158,12 @@ class ImplicitGemmConvolution(ConvAlgorithm):
             return False, f"it accumulates float32 tiles: float32, float16 and bfloat16 only, not {p.dtype}"
         if direction == "backward_data" and p.stride != (1, 1):
             return False, "its backward data is a forward convolution over dy, for stride 1 only"
-        if max(p.N * p.C * p.H * p.W, p.N * p.K * p.P * p.Q) > INT32_LIMIT:
+        if max(p.N * p.C * p.H * p.W, p.N * p.K * p.P * p.Q, p.K * (p.C // p.groups) * p.R * p.S) > INT32_LIMIT:
             return False, "it indexes with 32-bit ints; a tensor here has 2^31 elements or more"
+        grid = launch_grid(p, direction, self.tile or pick_tile(p, direction))
+        if max(grid[1:]) > MAX_GRID_YZ:
+            return False, (f"its grid (output-channel tiles {grid[1]}, groups {grid[2]}) is over "
+                           f"CUDA's {MAX_GRID_YZ} in y or z")
         return True, ""
 
     def _plan(self, p, direction):
@@ -162,7 +176,7 @@ class ImplicitGemmConvolution(ConvAlgorithm):
             tile = self.tile or pick_tile(p, direction)
             bm, bn, _, tm, tn = TILES[tile]
             M = p.N * int(g["P"]) * int(g["Q"])
-            grid = (ceil_div(M, bm), ceil_div(int(g["Kg"]), bn), p.groups)
+            grid = launch_grid(p, direction, tile)
             scalars = (g["H"], g["W"], g["Cx"], g["x_group_channels"], g["P"], g["Q"], g["Ky"],
                        g["Kg"], g["Kgemm"], g["w_n_stride"], g["w_group_stride"],
                        g["sh"], g["sw"], g["ph"], g["pw"], np.int32(M))

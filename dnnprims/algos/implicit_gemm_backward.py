@@ -69,7 +69,7 @@ FAMILY = KernelFamily("conv_implicit_gemm_backward.cu", [
 
 
 def _fits_int32(p):
-    return max(p.N * p.C * p.H * p.W, p.N * p.K * p.P * p.Q) <= INT32_LIMIT
+    return max(p.N * p.C * p.H * p.W, p.N * p.K * p.P * p.Q, p.K * (p.C // p.groups) * p.R * p.S) <= INT32_LIMIT
 
 
 # --- backward filter ------------------------------------------------------------
@@ -149,7 +149,16 @@ class ImplicitGemmBackwardFilter(ConvAlgorithm):
             return ok, reason
         if problem.groups > MAX_GRID_Z:
             return False, f"its grid holds at most {MAX_GRID_Z} groups"
+        grid = self.launch_grid(problem)
+        if max(grid[1:]) > MAX_GRID_Z:
+            return False, f"its grid (tap tiles {grid[1]}, groups * splits {grid[2]}) is over CUDA's {MAX_GRID_Z} in y or z"
         return True, ""
+
+    def launch_grid(self, p):
+        """(tiles along K/groups, along the taps C/groups*R*S, groups * splits)."""
+        tile, _, splits, _ = self.mode_and_splits(p)
+        bm, bn = WGRAD_TILES[tile][:2]
+        return ceil_div(p.K // p.groups, bm), ceil_div((p.C // p.groups) * p.R * p.S, bn), p.groups * splits
 
     def mode_and_splits(self, p):
         tile = self.tile or wgrad_tile(p)
@@ -176,7 +185,7 @@ class ImplicitGemmBackwardFilter(ConvAlgorithm):
             tile, mode, splits, chunk = self.mode_and_splits(p)
             bm, bn, _, tm, tn = WGRAD_TILES[tile]
             Kg, ntaps = p.K // p.groups, (p.C // p.groups) * p.R * p.S
-            grid = (ceil_div(Kg, bm), ceil_div(ntaps, bn), p.groups * splits)
+            grid = self.launch_grid(p)
             i32 = np.int32
             scalars = tuple(i32(v) for v in (
                 p.H, p.W, p.C, p.C // p.groups, p.P, p.Q, p.K, Kg, ntaps, p.stride[0], p.stride[1],
@@ -312,7 +321,17 @@ class SubpixelBackwardData(ConvAlgorithm):
             return ok, reason
         if problem.groups * problem.stride[0] * problem.stride[1] > MAX_GRID_Z:
             return False, f"groups * stride_h * stride_w exceeds the grid limit {MAX_GRID_Z}"
+        grid_y = self.launch_grid(problem)[1]
+        if grid_y > MAX_GRID_Z:
+            return False, f"its grid's {grid_y} channel tiles are over CUDA's {MAX_GRID_Z} in y"
         return True, ""
+
+    def launch_grid(self, p):
+        """(tiles along the largest phase's M, along C/groups, groups * phases)."""
+        bm, bn = TILES[self.tile or subpixel_tile(p)][:2]
+        sh, sw = p.stride
+        M = p.N * ceil_div(p.H, sh) * ceil_div(p.W, sw)    # the largest phase, (a, b) = (0, 0)
+        return ceil_div(M, bm), ceil_div(p.C // p.groups, bn), p.groups * sh * sw
 
     def _plan(self, p):
         import cupy
@@ -324,8 +343,7 @@ class SubpixelBackwardData(ConvAlgorithm):
             tile = self.tile or subpixel_tile(p)
             bm, bn, _, tm, tn = TILES[tile]
             sh, sw = p.stride
-            M = p.N * ceil_div(p.H, sh) * ceil_div(p.W, sw)    # the largest phase, (a, b) = (0, 0)
-            grid = (ceil_div(M, bm), ceil_div(p.C // p.groups, bn), p.groups * sh * sw)
+            grid = self.launch_grid(p)
             Kg, Cg = p.K // p.groups, p.C // p.groups
             i32 = np.int32
             scalars = tuple(i32(v) for v in (
