@@ -821,3 +821,31 @@ def test_5x5_workspace_is_reported_exactly_and_limits_the_choice(rule_only):
     assert need4 == 4 * (64 * splits * 192 * 64 + ceil_div(64 * splits * 64 * st, 64) * 64 + 64 * splits * 192 * st)
     assert need4 < need
     assert algos.explain_auto(p, "backward_filter", algos.ConvOptions(workspace_limit=need4 - 1))[0] != WGRAD[4, 5]
+
+
+@pytest.mark.parametrize("direction", ["forward", "backward_data"])
+@pytest.mark.parametrize("N", [1, 3, 7, 13])
+@pytest.mark.parametrize("images_a_chunk", [1, 2, 4, 5, None])
+def test_batch_chunks_cover_each_image_once_within_the_workspace(monkeypatch, direction, N, images_a_chunk):
+    # The forward / backward-data plan on a faked device: its chunks (n0, tiles)
+    # cover images 0..N-1 once, in order, each within the full chunk's workspace
+    # parts, and the plan's workspace is what workspace_bytes reports.
+    import cupy
+    monkeypatch.setattr(cupy.cuda.runtime, "getDevice", lambda: 0)
+    m, r = 4, 3
+    p = _problem((N, 5, 11, 9), (6, 5, r, r), np.float32)
+    algorithm = algos.REGISTRY[NAMES[m, r]]
+    tiles, _, _, per_image = winograd._sizes(p, direction, m)
+    if images_a_chunk is not None:
+        monkeypatch.setattr(winograd, "WORKSPACE_BOUND", images_a_chunk * per_image)
+    monkeypatch.setattr(algorithm, "_plans", {})
+    plan = algorithm._plan(p, direction)
+    chunk = min(N, images_a_chunk or N)
+    images = []
+    for n0, t, in_grid, in_args, out_grid, out_args, _ in plan["chunks"]:
+        assert t % tiles == 0 and 0 < t <= plan["max_tiles"] == chunk * tiles
+        assert int(in_args[8]) == int(out_args[6]) == n0 and int(in_args[7]) == int(out_args[5]) == t
+        assert max(in_grid + out_grid) < 2**31
+        images += range(int(n0), int(n0) + t // tiles)
+    assert images == list(range(N))
+    assert plan["elements"] * plan["acc"].itemsize == algorithm.workspace_bytes(p, direction)
