@@ -47,8 +47,11 @@ FILTER_CHUNK_BYTES = 128 * 2**20
 
 
 def filter_chunk(p):
-    """Samples per chunk of the backward-filter GEMM (at least 1)."""
+    """Samples per chunk of the backward-filter GEMM (at least 1): the chunk's
+    buffers (:meth:`GemmConvolution.workspace_bytes`) fit FILTER_CHUNK_BYTES."""
     per_sample = p.C * p.R * p.S * p.P * p.Q if not is_pointwise(p) else p.C * p.H * p.W
+    if p.layout == "NCHW":
+        per_sample += p.K * p.P * p.Q     # dy's transposed copy
     return max(1, min(p.N, FILTER_CHUNK_BYTES // max(1, per_sample * np.dtype(p.dtype).itemsize)))
 
 
