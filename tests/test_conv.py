@@ -653,9 +653,10 @@ def test_gemm_backward_filter_chunks_cover_each_sample_once(monkeypatch, N, chun
     monkeypatch.setattr(gemm_algo.GemmConvolution, "_backward_filter_chunk", staticmethod(
         lambda xp, p, x, dy, dw, accumulate=False: seen.append((p.N, list(x[:, 0, 0, 0]), accumulate))))
     p = dnnprims.conv._describe((N, 2, 5, 5), (3, 2, 3, 3), (1, 1), (1, 1), (1, 1), 1, "NCHW", F64)
-    per_sample = 2 * 9 * 25 * 8
+    per_sample = (2 * 9 + 3) * 25 * 8     # columns and the copy of dy, a sample
     monkeypatch.setattr(gemm_algo, "FILTER_CHUNK_BYTES", chunk * per_sample)
     x = np.arange(N, dtype=F64)[:, None, None, None] * np.ones(p.x_shape)
+    assert gemm_algo.filter_chunk(p) == min(chunk, N)
     gemm_algo.GemmConvolution._backward_filter(np, p, x, np.zeros(p.y_shape), np.empty(p.w_shape))
     assert [n for n, _, _ in seen] == [min(chunk, N - n0) for n0 in range(0, N, chunk)]
     assert sum((images for _, images, _ in seen), []) == list(range(N))
@@ -2119,3 +2120,15 @@ def test_implicit_gemm_refuses_past_its_grid_and_filter_limits():
     assert algos.REGISTRY["implicit_gemm"].supports(_big_problem((1, 1, 1, 1), (1 << 22, 1, 1, 1)), "forward")[0]
     assert not algos.REGISTRY["implicit_gemm_64x64"].supports(_big_problem((1, 1, 1, 1), (1 << 22, 1, 1, 1)),
                                                              "forward")[0]
+
+
+@pytest.mark.parametrize("direction", algos.DIRECTIONS)
+def test_an_empty_batch_under_a_workspace_limit(direction):
+    # admits() asks every candidate's workspace_bytes when a limit is set; the
+    # split-K weight gradient divided by its zero-length depth (ZeroDivisionError).
+    p = _big_problem((0, 4, 7, 7), (8, 4, 3, 3), padding=1)
+    for algorithm in algos.REGISTRY.values():
+        algos.admits(algorithm, p, direction, algos.ConvOptions(workspace_limit=1 << 20))
+    x, dy = np.zeros((0, 4, 7, 7), np.float32), np.zeros((0, 8, 7, 7), np.float32)
+    dw = conv2d_backward_filter(x, dy, (8, 4, 3, 3), padding=1, workspace_limit=1 << 20)
+    assert dw.shape == (8, 4, 3, 3) and not dw.any()

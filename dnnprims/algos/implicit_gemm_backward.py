@@ -104,8 +104,8 @@ def wgrad_splits(p, tile, sms=_SMS_H100):
     target = WGRAD_BLOCKS_PER_SM[tile] * sms
     splits = max(1, min(ceil_div(target, blocks), ceil_div(L, bk * WGRAD_MIN_CHUNK_STEPS),
                         WGRAD_WORKSPACE_LIMIT // (4 * p.K * taps), MAX_GRID_Z // p.groups))
-    chunk = ceil_div(ceil_div(L, splits), bk) * bk
-    return ceil_div(L, chunk), chunk
+    chunk = max(bk, ceil_div(ceil_div(L, splits), bk) * bk)   # an empty batch (L = 0): one k-step
+    return max(1, ceil_div(L, chunk)), chunk
 
 
 def wgrad_table(p):
