@@ -2132,3 +2132,28 @@ def test_an_empty_batch_under_a_workspace_limit(direction):
     x, dy = np.zeros((0, 4, 7, 7), np.float32), np.zeros((0, 8, 7, 7), np.float32)
     dw = conv2d_backward_filter(x, dy, (8, 4, 3, 3), padding=1, workspace_limit=1 << 20)
     assert dw.shape == (8, 4, 3, 3) and not dw.any()
+
+
+@pytest.mark.parametrize("H", [2**29 - 3, 2**29 - 2, 2**29, 2**29 + 5, 2**30])
+def test_implicit_gemm_out_of_range_marker_stays_outside(H):
+    # The kernels mark padded taps and rows past M with dh = -2^29 and test
+    # (unsigned)(h0 + dh) < Hin.  For a problem it accepts, that test must fail
+    # for every marked pair: h0 - 2^29 < 0 for every output row's h0, and
+    # -2^29 + dh < 0 for every tap (here: forward and backward data over an
+    # H x 1 image, 3x1 filter, padding 1; x stays below 2^31 elements).
+    from dnnprims.algos import implicit_gemm as ig
+    p = _big_problem((1, 1, H, 1), (1, 1, 3, 1), padding=(1, 0))
+    for name, algorithm in algos.REGISTRY.items():
+        if not name.startswith("implicit_gemm"):
+            continue
+        for direction in algorithm.directions:
+            if not algorithm.supports(p, direction)[0]:
+                continue
+            if direction == "forward" or direction == "backward_filter":
+                rows, sh, pad, Hin = p.P, p.stride[0], p.padding[0], p.H
+            else:   # dy gathered, padding dh (R - 1) - ph (sub-pixel: at most that)
+                rows, sh, pad, Hin = p.H, 1, p.dilation[0] * (p.R - 1) - p.padding[0], p.P
+            h0_max = (rows - 1) * sh - pad
+            dh_max = p.dilation[0] * (p.R - 1)
+            assert not 0 <= h0_max + ig._OUTSIDE < Hin, (name, direction)
+            assert not 0 <= ig._OUTSIDE + dh_max < Hin, (name, direction)

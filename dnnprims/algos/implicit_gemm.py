@@ -69,6 +69,14 @@ def pick_tile(p, direction, sms=_SMS_H100):
 MAX_GRID_YZ = 65535   # CUDA's limit on grid y and z
 
 
+def coordinate_reach(p):
+    """A bound on |h0|, |w0| (an output row's first input row / column, either
+    gathered tensor) and on a tap's dh, dw: the kernels' bounds tests add these to
+    _OUTSIDE, which must stay negative, i.e. outside (notes/review6h.md item 4)."""
+    extent = max(p.dilation[0] * (p.R - 1), p.dilation[1] * (p.S - 1))
+    return max(p.H, p.W, p.P, p.Q) + 2 * max(p.padding) + 2 * extent
+
+
 def launch_grid(p, direction, tile):
     """(blocks along M, along the group's output channels, groups): the kernel's grid."""
     bm, bn = TILES[tile][:2]
@@ -160,6 +168,8 @@ class ImplicitGemmConvolution(ConvAlgorithm):
             return False, "its backward data is a forward convolution over dy, for stride 1 only"
         if max(p.N * p.C * p.H * p.W, p.N * p.K * p.P * p.Q, p.K * (p.C // p.groups) * p.R * p.S) > INT32_LIMIT:
             return False, "it indexes with 32-bit ints; a tensor here has 2^31 elements or more"
+        if coordinate_reach(p) >= -_OUTSIDE:
+            return False, "its bounds test's out-of-range marker (-2^29) needs padded sizes below 2^29"
         grid = launch_grid(p, direction, self.tile or pick_tile(p, direction))
         if max(grid[1:]) > MAX_GRID_YZ:
             return False, (f"its grid (output-channel tiles {grid[1]}, groups {grid[2]}) is over "

@@ -22,7 +22,7 @@ from .. import _dtypes
 from .._kernels import ARRAY0, ARRAY1, ARRAY2, ARRAY3, KernelFamily, OutputSlot, ceil_div
 from .._validate import INT32_LIMIT
 from . import ConvAlgorithm, register
-from .implicit_gemm import TAP_TABLE_MULTIPLE, TILES, _OUTSIDE, tap_table
+from .implicit_gemm import TAP_TABLE_MULTIPLE, TILES, _OUTSIDE, coordinate_reach, tap_table
 
 SUPPORTED_DTYPES = ("float32", "float16", "bfloat16")
 
@@ -127,6 +127,8 @@ def _tile_support(problem):
                        f"not {problem.dtype}")
     if not _fits_int32(problem):
         return False, "it indexes with 32-bit ints; a tensor here has 2^31 elements or more"
+    if coordinate_reach(problem) >= -_OUTSIDE:   # CONV_BACKWARD_OUTSIDE in the kernels
+        return False, "its bounds test's out-of-range marker (-2^29) needs padded sizes below 2^29"
     return True, ""
 
 
