@@ -597,8 +597,10 @@ def test_gemm_bookkeeping_on_numpy(monkeypatch, rng, case, layout):
     dw = algorithm._backward_filter(np, p, x, dy, np.empty(p.w_shape))
     np.testing.assert_allclose(dw, conv2d_backward_filter(x, dy, w.shape, **opts), rtol=1e-12,
                                atol=1e-12)
-    pointwise = gemm_algo.is_pointwise(p)
-    assert (algorithm.workspace_bytes(p, "forward") == 0) == pointwise
+    # No workspace exactly for a plain GEMM: pointwise, and not grouped NHWC (whose per-group
+    # products are allocated next to y: review6h item 5).
+    plain_gemm = gemm_algo.is_pointwise(p) and not (p.layout == "NHWC" and p.groups > 1)
+    assert (algorithm.workspace_bytes(p, "forward") == 0) == plain_gemm
     # One sample per chunk: the batch-chunked backward filter sums the same terms.
     monkeypatch.setattr(gemm_algo, "FILTER_CHUNK_BYTES", 1)
     dw_chunked = algorithm._backward_filter(np, p, x, dy, np.empty(p.w_shape))
@@ -632,9 +634,6 @@ def test_gemm_buffers_of_a_call_fit_workspace_bytes(monkeypatch, rng, case, layo
              "backward_data": (algorithm._backward_data, dy, w, p.x_shape),
              "backward_filter": (algorithm._backward_filter, x, dy, p.w_shape)}
     for direction, (call, a, b, shape) in calls.items():
-        if (direction == "forward" and layout == "NHWC" and p.groups > 1
-                and gemm_algo.is_pointwise(p)):
-            continue  # its per-group product is not counted: notes/review6h.md item 5
         out = np.empty(shape)
         call(np, p, a, b, out, None)
         tracemalloc.start()

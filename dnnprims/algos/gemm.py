@@ -148,10 +148,8 @@ class GemmConvolution(ConvAlgorithm):
         if direction == "backward_filter" and p.layout == "NCHW":
             copies = p.N * p.K * p.P * p.Q               # dy_t, dy transposed to (G, Kg, N*P*Q)
         elif p.layout == "NHWC" and p.groups > 1:
-            if direction == "forward" and not is_pointwise(p):
-                # per_group (G, N*P*Q, Kg); the pointwise case allocates it too, left
-                # uncounted while tests hold pointwise forward at 0 (review6h item 5)
-                copies = p.N * p.P * p.Q * p.K
+            if direction == "forward":
+                copies = p.N * p.P * p.Q * p.K   # per_group (G, N*P*Q, Kg), pointwise too
             elif direction == "backward_data":
                 copies = p.N * p.P * p.Q * p.C * p.R * p.S   # per_group (G, N*P*Q, J)
             elif p.N < problem.N:
