@@ -197,3 +197,33 @@ def test_an_empty_problem_is_not_timed(cache, direction):
     empty = _describe((0, 4, 7, 7), (8, 4, 3, 3), 1, 1, 1, 1, "NCHW", "float32")
     assert find_mode.find(empty, direction) == algos.auto_rule(empty, direction)
     assert cache == []
+
+
+@pytest.mark.parametrize("no_gpu", ["driver", "cupy"])
+def test_find_without_a_usable_gpu_says_so(monkeypatch, tmp_path, no_gpu):
+    """conv2d_choose(algo="find") needs a GPU: without one (no driver, or no CuPy)
+    it raised the driver's bare cudaErrorInsufficientDriver (or ImportError).
+    Now a RuntimeError says that find times on a GPU and auto needs none.  On
+    NumPy inputs "find" means "auto" (README), so conv2d_forward still runs."""
+    import sys
+    import numpy as np
+    import dnnprims
+    monkeypatch.setenv("DNNPRIMS_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(find_mode, "_names", {})
+    if no_gpu == "driver":
+        cupy = pytest.importorskip("cupy")
+
+        def no_driver():
+            raise cupy.cuda.runtime.CUDARuntimeError(35)   # cudaErrorInsufficientDriver
+        monkeypatch.setattr(cupy.cuda.runtime, "getDevice", no_driver)
+    else:
+        monkeypatch.setitem(sys.modules, "cupy", None)     # import cupy raises ImportError
+    find_mode.forget()
+    with pytest.raises(RuntimeError, match="algo='find' times the algorithms on a CUDA GPU, and none is "
+                                           "usable here .*algo='auto' needs no GPU"):
+        dnnprims.conv2d_choose((2, 4, 7, 7), (8, 4, 3, 3), padding=1, algo="find")
+    x, w = np.ones((2, 4, 7, 7), np.float32), np.ones((8, 4, 3, 3), np.float32)
+    np.testing.assert_array_equal(dnnprims.conv2d_forward(x, w, padding=1, algo="find"),
+                                  dnnprims.conv2d_forward(x, w, padding=1))
+    assert not (tmp_path / "conv_find.json").exists()
+    find_mode.forget()

@@ -47,12 +47,18 @@ _names = {}  # device id -> GPU name
 
 
 def gpu_name():
-    import cupy
-    device = cupy.cuda.runtime.getDevice()
-    name = _names.get(device)
-    if name is None:
-        name = cupy.cuda.runtime.getDeviceProperties(device)["name"]
-        name = _names[device] = name.decode() if isinstance(name, bytes) else str(name)
+    """The current GPU's name.  Without CuPy or a usable CUDA GPU (no driver, or
+    one too old), a RuntimeError that says so, not the driver's bare error."""
+    try:
+        import cupy
+        device = cupy.cuda.runtime.getDevice()
+        name = _names.get(device)
+        if name is None:
+            name = cupy.cuda.runtime.getDeviceProperties(device)["name"]
+            name = _names[device] = name.decode() if isinstance(name, bytes) else str(name)
+    except (ImportError, RuntimeError) as e:   # CUDARuntimeError is a RuntimeError
+        raise RuntimeError("algo='find' times the algorithms on a CUDA GPU, and none is usable here "
+                           f"({type(e).__name__}: {e}); algo='auto' needs no GPU") from e
     return name
 
 
