@@ -227,3 +227,38 @@ def test_find_without_a_usable_gpu_says_so(monkeypatch, tmp_path, no_gpu):
                                   dnnprims.conv2d_forward(x, w, padding=1))
     assert not (tmp_path / "conv_find.json").exists()
     find_mode.forget()
+
+
+@pytest.mark.parametrize("change", ["CUPY_TF32", "dnnprims", "cupy", "cuda"])
+def test_a_winner_found_under_other_software_is_timed_again(cache, tmp_path, monkeypatch, change):
+    """The key held the GPU name but neither the library versions nor CUPY_TF32,
+    which change which algorithm is fastest: a winner timed under TF32, or by an
+    older dnnprims / CuPy / CUDA, was reused for good.  They are in the key now
+    (a file shared by two set-ups keeps both entries)."""
+    cupy = pytest.importorskip("cupy")
+    import dnnprims
+    monkeypatch.delenv("CUPY_TF32", raising=False)
+    monkeypatch.setattr(find_mode, "_versions", None)
+    assert find_mode.find(_problem(), "forward") == "direct"
+    find_mode.forget()
+    assert find_mode.find(_problem(), "forward") == "direct"
+    assert cache == ["forward"]                          # the same software: from the file
+    monkeypatch.setenv("CUPY_TF32", "0")                  # unset and "0" both mean strict fp32
+    assert find_mode.find(_problem(), "forward") == "direct" and cache == ["forward"]
+    if change == "CUPY_TF32":
+        monkeypatch.setenv("CUPY_TF32", "1")
+    elif change == "dnnprims":
+        monkeypatch.setattr(dnnprims, "__version__", "99.0")
+    elif change == "cupy":
+        monkeypatch.setattr(cupy, "__version__", "99.0")
+    else:
+        monkeypatch.setattr(cupy.cuda.runtime, "runtimeGetVersion", lambda: 99000)
+    monkeypatch.setattr(find_mode, "_versions", None)     # a new process
+    find_mode.forget()
+    assert find_mode.find(_problem(), "forward") == "direct"
+    assert cache == ["forward", "forward"]
+    entries = json.loads((tmp_path / "conv_find.json").read_text())["entries"]
+    assert len(entries) == 2
+    new, = (key for key in entries if key == find_mode.problem_key(_problem(), "forward"))
+    assert ("CUPY_TF32=1" if change == "CUPY_TF32" else "99") in new.split("|")[-1]
+    monkeypatch.setattr(find_mode, "_versions", None)

@@ -11,7 +11,10 @@ CUDA events, median).  The winner is kept in memory and in a JSON file,
 
 format ``{"version": 2, "entries": {key: {"algo": name, "ms": {name: median ms},
 "failed": {name: error text}}}}`` with key ``"<GPU name>|<direction>|<ConvProblem
-fields>|<ConvOptions fields>"`` (the problem carries dtype and layout).  A stale
+fields>|<ConvOptions fields>|<software>"`` (the problem carries dtype and layout;
+the software is the dnnprims, CuPy and CUDA runtime versions and ``CUPY_TF32``
+as set when the problem is found: each changes which algorithm is fastest, so a
+winner found under another one is timed again rather than reused).  A stale
 or unreadable file, or entry, is ignored (and rewritten); so is an entry whose
 winner no longer admits the problem or that was timed over other candidates
 than those registered now (a newer dnnprims).  The cache never fails a call:
@@ -27,7 +30,7 @@ import tempfile
 
 from . import DEFAULT_OPTIONS, REGISTRY, admits
 
-VERSION = 2  # 2: keys carry the ConvOptions
+VERSION = 2  # 2: keys carry the ConvOptions (and, since, the software: older keys never match)
 FIND_WORKSPACE_LIMIT = 1 << 30
 _WARMUP, _REPEAT = 2, 7
 _memory = {}
@@ -62,10 +65,24 @@ def gpu_name():
     return name
 
 
+_versions = None  # "dnnprims=...,cupy=...,cuda=..." of this process
+
+
+def _software():
+    """What besides the GPU decides the winner: the library versions (read once)
+    and CUPY_TF32 (read per key: CuPy reads it when it first needs it)."""
+    global _versions
+    if _versions is None:
+        import cupy
+        from .. import __version__
+        _versions = f"dnnprims={__version__},cupy={cupy.__version__},cuda={cupy.cuda.runtime.runtimeGetVersion()}"
+    return f"{_versions},CUPY_TF32={os.environ.get('CUPY_TF32') or '0'}"
+
+
 def problem_key(problem, direction, options=DEFAULT_OPTIONS):
     fields = ",".join(f"{f.name}={getattr(problem, f.name)}" for f in dataclasses.fields(problem))
     allowed = ",".join(f"{f.name}={getattr(options, f.name)}" for f in dataclasses.fields(options))
-    return f"{gpu_name()}|{direction}|{fields}|{allowed}".replace(" ", "")
+    return f"{gpu_name()}|{direction}|{fields}|{allowed}|{_software()}".replace(" ", "")
 
 
 def _read():
