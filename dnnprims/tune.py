@@ -391,12 +391,23 @@ def measure_point(problem, direction, names, repeat, final_repeat=None):
     return result
 
 
+MIN_WRITTEN_MS = 1e-6  # 1 ns: below any timer's resolution
+
+
+def _written_ms(v):
+    """A time as the table keeps it: 6 significant digits (far below timing
+    noise), never under MIN_WRITTEN_MS.  Rounding to 5 decimals wrote 0.0 for
+    a time under 5e-6 ms, which the lookup ranks first when measured but takes
+    for "did not run" when it interpolates."""
+    return float(f"{max(v, MIN_WRITTEN_MS):.6g}")
+
+
 def make_entry(direction, p, ms, failed, holdout, probed=()):
     entry = conv_table.features(p, direction)
     entry["problem"] = {"N": p.N, "C": p.C, "H": p.H, "W": p.W, "K": p.K,
                         "padding": list(p.padding), "groups": p.groups, "dtype": p.dtype}
     entry["winner"] = min(ms, key=ms.get) if ms else None
-    entry["ms"] = {name: round(v, 5) for name, v in sorted(ms.items(), key=lambda kv: kv[1])}
+    entry["ms"] = {name: _written_ms(v) for name, v in sorted(ms.items(), key=lambda kv: kv[1])}
     entry["failed"] = failed
     entry["probed"] = sorted(name for name in probed if name in ms)
     entry["holdout"] = holdout

@@ -955,3 +955,27 @@ def test_an_interrupted_run_never_replaces_the_table_at_out(tmp_path, monkeypatc
     tune.tune(points, out=out, meta={"version": table.VERSION}, measure=_fake_measure, log=lambda s: None)
     assert len(json.loads(out.read_text())["entries"]) == len(points)
     assert not (tmp_path / "t.json.partial").exists()
+
+
+@pytest.mark.parametrize("ms, written", [(4e-6, 4e-6), (1e-9, 1e-6), (0.0, 1e-6),
+                                         (1.23456789e-3, 1.23457e-3), (123.4567891, 123.457)])
+def test_the_tuner_writes_every_time_positive_and_to_six_digits(ms, written):
+    """make_entry rounded times to 5 decimals: a time under 5e-6 ms became 0.0,
+    which the lookup ranks first among measured times but, when it
+    interpolates, takes for a candidate that did not run (and a 1 us time kept
+    3 digits).  Times are written to 6 significant digits, at least 1 ns."""
+    entry = _entry(_problem(), {"tiny": ms, "gemm": 1e4})
+    assert entry["ms"]["tiny"] == pytest.approx(written, rel=1e-12) and entry["ms"]["tiny"] > 0
+    assert entry["winner"] == "tiny" and list(entry["ms"]) == ["tiny", "gemm"]
+
+
+def test_a_tiny_time_ranks_first_whether_measured_or_interpolated():
+    """What the tuner writes is ranked alike by both lookups (a written 0.0 was
+    first when measured, but passed over by the interpolation)."""
+    entries = [_entry(_problem(N=n, H=8), {"tiny": 3e-6, "gemm": 1.45}) for n in (1, 2, 4, 8, 16)]
+    t = table.Table({"version": table.VERSION, "entries": entries})
+    ranked, how, _, _ = t.ranking(_problem(N=16, H=8), "forward")
+    assert how == "measured at the nearest entry" and ranked[0][1] == "tiny"
+    ranked, how, _, _ = t.ranking(_problem(N=12, H=8), "forward")
+    assert how.startswith("interpolated") and [name for _, name in ranked] == ["tiny", "gemm"]
+    assert 0 < ranked[0][0] < 1e-3
