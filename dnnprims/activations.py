@@ -10,6 +10,8 @@ given for the modes that have one:
   CUDNN_ACTIVATION_CLIPPED_RELU; PyTorch's ``hardtanh(x, 0, alpha)``), default
   6.0 (ReLU6); it must be positive.
 
+A zero ``alpha`` runs as 0.0 whatever its sign (``-0.0`` gives the same bits).
+
 ``approximate="tanh"`` selects the tanh approximation of ``gelu`` (PyTorch's
 ``gelu(x, approximate="tanh")``); the default is the exact erf form.
 Backward takes the forward *input* ``x``; ``dy=None`` stands for a zero output
@@ -74,7 +76,10 @@ def _check_options(mode, alpha, approximate):
         return DEFAULT_ALPHA[mode]
     if isinstance(alpha, (bool, np.bool_)) or not isinstance(alpha, (int, float, np.integer, np.floating)):
         raise TypeError(f"alpha must be a real number, got {alpha!r}")
-    alpha = float(alpha)
+    # + 0.0 turns -0.0 into 0.0: the caches key alpha by value, and -0.0 == 0.0, so
+    # a cached call would run with whichever sign came first (leaky_relu and elu
+    # give zeros of alpha's sign times x's); one sign keeps every path alike.
+    alpha = float(alpha) + 0.0
     if not math.isfinite(alpha):
         raise ValueError(f"alpha must be finite, got {alpha!r}")
     if mode == "clipped_relu" and alpha <= 0:

@@ -488,3 +488,19 @@ def test_none_for_a_required_array_names_it(call, match):
     x, b = np.ones((2, 3, 4), np.float32), np.ones(3, np.float32)
     with pytest.raises(TypeError, match=match):
         call(x, b)
+
+
+@pytest.mark.parametrize("mode", ["leaky_relu", "elu"])
+def test_a_zero_alpha_runs_as_zero_whatever_its_sign(mode):
+    # The GPU caches key alpha by value (-0.0 == 0.0): one sign keeps every path alike.
+    x, dy = np.array([-2.0, -0.5, 0.0, 3.0]), np.array([1.0, -1.0, 1.0, 1.0])
+    b = np.zeros(1)
+    for minus, plus in [(activation(x, mode, alpha=-0.0), activation(x, mode, alpha=0.0)),
+                        (activation_backward(dy, x, mode, alpha=-0.0), activation_backward(dy, x, mode, alpha=0.0)),
+                        (bias_activation(x[:, None], b, mode, alpha=-0.0), bias_activation(x[:, None], b, mode, alpha=0.0))]:
+        assert minus.tobytes() == plus.tobytes()
+    from dnnprims import conv2d_forward
+    xc = x.reshape(1, 1, 1, 4)
+    w = np.ones((1, 1, 1, 1))
+    assert conv2d_forward(xc, w, activation=mode, alpha=-0.0).tobytes() == \
+        conv2d_forward(xc, w, activation=mode, alpha=0.0).tobytes()

@@ -942,6 +942,37 @@ def test_pool_backward_fast_entry_never_skips_checking_a_y_of_another_type(fake_
     assert "fast" not in launched
 
 
+@pytest.mark.parametrize("first", [0.0, -0.0])
+@pytest.mark.parametrize("mode", ["leaky_relu", "elu"])
+def test_activation_alpha_minus_zero_gives_the_same_bits_cached_or_not(fake_pool, monkeypatch, mode, first):
+    """alpha=-0.0 == 0.0, so the fast and memo keys (and the plan caches) took one
+    for the other: a cached call ran with the sign of whichever came first, and
+    leaky_relu / elu give zeros of alpha's sign times x's on the negative side
+    -- other bits than the uncached call and the NumPy path.  A zero alpha now
+    runs as 0.0.  The launch is faked; what it would compute is the oracle's
+    result for the alpha it was prepared with."""
+    pytest.importorskip("cupy")
+    from dnnprims import activations
+    from dnnprims.reference import activations as reference
+    monkeypatch.setattr(activations._validate._cupy.cuda.runtime, "getDevice", lambda: 0)
+    monkeypatch.setattr(activations, "_current_device", lambda: 0)
+    memo = _validate.CallMemo()
+    monkeypatch.setattr(activations, "_MEMO", memo)
+    monkeypatch.setattr(activations, "_FAST", memo.fast)
+    ran = []
+    monkeypatch.setattr(activations, "_prepare", lambda direction, mode, approximate, alpha, n, dtype:
+                        lambda *arrays: ran.append(alpha))
+    x, dy = _fake_array((4, 8)), _fake_array((4, 8))
+    xn, dyn = np.array([-2.0, -0.5, 0.0, 3.0]), np.array([1.0, -1.0, 1.0, 1.0])
+    for alpha in (first, -first, first, -first):
+        activations.activation(x, mode, alpha=alpha)
+        assert reference.activation(xn, mode, ran[-1]).tobytes() == \
+            activations.activation(xn, mode, alpha=alpha).tobytes()
+        activations.activation_backward(dy, x, mode, alpha=alpha)
+        assert reference.activation_backward(dyn, xn, mode, ran[-1]).tobytes() == \
+            activations.activation_backward(dyn, xn, mode, alpha=alpha).tobytes()
+
+
 # ---- the fast paths on the GPU -------------------------------------------------------
 
 def _unaligned_copy(gpu, a):
