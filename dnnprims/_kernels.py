@@ -574,9 +574,17 @@ def set_output_reuse(enabled):
 
 def release_outputs():
     """Drop every output array and workspace the fast paths keep for reuse, and
-    the cuBLAS workspaces their CUDA graphs share per stream (their memory goes
-    back to CuPy's pool: call before ``free_all_blocks`` to return it all; a
-    graph still alive holds its own workspace)."""
+    the cuBLAS workspaces their CUDA graphs share per stream: their memory goes
+    back to CuPy's pool (call before ``free_all_blocks`` to return it to the
+    driver; a graph still alive holds its own workspace).
+
+    Not dropped: what the cached plans launch with, which stays allocated while
+    they are cached -- batch norm's per-stream workspaces (barrier counters,
+    partials), its plans' scratch statistics and constant gamma/beta vectors,
+    the prepared launches' tables (implicit GEMM's taps), the FFT / DFT setups
+    (transform matrices) and cuFFT plans.  A plan holds these arrays and writes
+    their pointers into its launches, so dropping them here would free nothing;
+    the caches are bounded instead (notes/review6e.md, "Tables and bounds")."""
     from . import _cublas
     for slot in list(_SLOTS):
         slot.release()

@@ -973,6 +973,31 @@ def test_activation_alpha_minus_zero_gives_the_same_bits_cached_or_not(fake_pool
             activations.activation_backward(dyn, xn, mode, alpha=alpha).tobytes()
 
 
+def test_release_outputs_keeps_what_cached_plans_launch_with_and_says_so(monkeypatch):
+    """release_outputs() said "call before free_all_blocks to return it all", but
+    batch norm's stream workspaces, its plans' statistics and constants and the
+    FFT / DFT setups stay: cached plans hold them and launch with their pointers
+    (DFT's run keeps its setup as run.setup), so dropping them would free
+    nothing.  It keeps them, and its docstring and the README now say which."""
+    import pathlib
+    from dnnprims import normalization
+    from dnnprims.algos import dft, fft
+    kept = {(normalization, "_WORKSPACES"): {("device", "stream"): object()},
+            (normalization, "_CONSTANTS"): {("device", 1.0, 8, "float32"): object()},
+            (fft, "_setups"): {"key": object()}, (dft, "_setups"): {"key": object()}}
+    for (module, name), table in kept.items():
+        monkeypatch.setattr(module, name, dict(table))
+    _kernels.release_outputs()
+    for (module, name), table in kept.items():
+        assert getattr(module, name) == table
+    doc = " ".join(_kernels.release_outputs.__doc__.split())
+    assert "return it all" not in doc
+    assert all(words in doc for words in ("Not dropped", "batch norm's per-stream workspaces",
+                                           "FFT / DFT setups", "cuFFT plans"))
+    readme = " ".join((pathlib.Path(__file__).parent.parent / "README.md").read_text().split())
+    assert "to return everything" not in readme and "batch norm's per-stream workspaces, FFT / DFT setups" in readme
+
+
 # ---- the fast paths on the GPU -------------------------------------------------------
 
 def _unaligned_copy(gpu, a):
