@@ -14,6 +14,10 @@ cd "$ROOT"
 PYTHON="${PYTHON:-python3}"
 VENV="$ROOT/.venv"
 
+if ! command -v "$PYTHON" >/dev/null 2>&1; then
+    echo "setup: dnnprims needs Python >= 3.10; '$PYTHON' was not found (PYTHON=python3.12 bash scripts/setup.sh to choose)" >&2
+    exit 1
+fi
 if ! "$PYTHON" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else 1)' 2>/dev/null; then
     echo "setup: dnnprims needs Python >= 3.10; '$PYTHON' is $("$PYTHON" --version 2>&1 || echo missing)" >&2
     exit 1

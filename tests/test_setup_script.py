@@ -87,3 +87,10 @@ def test_setup_refuses_python_older_than_3_10(tmp_path):
     assert result.returncode == 1 and pip == []
     assert "needs Python >= 3.10" in result.stderr and "Python 3.9" in result.stderr, result.stderr
     assert not (tmp_path / "tree" / ".venv").exists()
+
+
+def test_setup_names_a_missing_python_plainly(tmp_path):
+    result, pip = _setup(tmp_path, smi=False, PYTHON="python9")
+    assert result.returncode == 1 and pip == []
+    assert result.stderr.strip() == ("setup: dnnprims needs Python >= 3.10; 'python9' was not found "
+                                     "(PYTHON=python3.12 bash scripts/setup.sh to choose)"), result.stderr
