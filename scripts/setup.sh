@@ -31,7 +31,7 @@ if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi >/dev/null 2>&1; then
     cuda_major="$(nvidia-smi 2>/dev/null | sed -n 's/.*CUDA Version: *\([0-9]*\)\..*/\1/p' | head -n 1)"
     case "$cuda_major" in
         12) extras="test,cuda12" ;;
-        1[3-9] | [2-9][0-9]) extras="test,nvrtc,cuda13" ;;
+        1[3-9] | [2-9][0-9] | [1-9][0-9][0-9]) extras="test,nvrtc,cuda13" ;;
         "") ;;
         *)  # no CuPy wheel of ours runs on an older driver: the CPU set, and say so
             echo "setup: the driver supports CUDA $cuda_major only; dnnprims' GPU path needs CUDA 12 or 13:" \
