@@ -34,7 +34,7 @@ if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi >/dev/null 2>&1; then
         1[3-9] | [2-9][0-9] | [1-9][0-9][0-9]) extras="test,nvrtc,cuda13" ;;
         "") ;;
         *)  # no CuPy wheel of ours runs on an older driver: the CPU set, and say so
-            echo "setup: the driver supports CUDA $cuda_major only; dnnprims' GPU path needs CUDA 12 or 13:" \
+            echo "setup: the driver supports CUDA $cuda_major only; dnnprims' GPU path needs CUDA 12 or newer:" \
                  "installing the CPU set (NumPy path; NVRTC for the compile tests)" >&2
             cuda_major="" ;;
     esac
