@@ -256,6 +256,8 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.batch < 2:
         parser.error("--batch must be at least 2 (batch norm in training needs 2 values per channel)")
+    if args.repeat is not None and args.repeat < 1:
+        parser.error("--repeat must be at least 1 (the median of no calls is no time)")
 
     cp, why_not = (None, "--device cpu") if args.device == "cpu" else _gpu_module()
     if cp is None and args.device == "gpu":

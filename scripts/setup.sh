@@ -14,6 +14,10 @@ cd "$ROOT"
 PYTHON="${PYTHON:-python3}"
 VENV="$ROOT/.venv"
 
+if ! command -v "$PYTHON" >/dev/null 2>&1; then
+    echo "setup: dnnprims needs Python >= 3.10; '$PYTHON' was not found (PYTHON=python3.12 bash scripts/setup.sh to choose)" >&2
+    exit 1
+fi
 if ! "$PYTHON" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else 1)' 2>/dev/null; then
     echo "setup: dnnprims needs Python >= 3.10; '$PYTHON' is $("$PYTHON" --version 2>&1 || echo missing)" >&2
     exit 1
@@ -27,8 +31,12 @@ if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi >/dev/null 2>&1; then
     cuda_major="$(nvidia-smi 2>/dev/null | sed -n 's/.*CUDA Version: *\([0-9]*\)\..*/\1/p' | head -n 1)"
     case "$cuda_major" in
         12) extras="test,cuda12" ;;
+        1[3-9] | [2-9][0-9] | [1-9][0-9][0-9]) extras="test,nvrtc,cuda13" ;;
         "") ;;
-        *) extras="test,nvrtc,cuda13" ;;
+        *)  # no CuPy wheel of ours runs on an older driver: the CPU set, and say so
+            echo "setup: the driver supports CUDA $cuda_major only; dnnprims' GPU path needs CUDA 12 or newer:" \
+                 "installing the CPU set (NumPy path; NVRTC for the compile tests)" >&2
+            cuda_major="" ;;
     esac
 fi
 

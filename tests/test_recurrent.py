@@ -166,8 +166,10 @@ def test_bias_gradients_none_without_bias(xp, rng):
 
 # (batch, input_size, hidden_size, (b_ih?, b_hh?), states given?); batch None = unbatched.
 CASES = [(3, 5, 7, (True, True), True), (1, 1, 1, (True, True), True), (13, 7, 3, (False, False), False),
-         (2, 33, 130, (True, False), True), (None, 4, 5, (True, True), True), (0, 3, 4, (True, True), True)]
-CASE_IDS = ["3x5x7", "1x1x1", "13x7x3-nobias-nostate", "2x33x130", "unbatched", "empty-batch"]
+         (2, 33, 130, (True, False), True), (None, 4, 5, (True, True), True), (0, 3, 4, (True, True), True),
+         (4, 6, 9, (False, True), False), (None, 3, 4, (False, False), False), (2, 0, 3, (True, True), True)]
+CASE_IDS = ["3x5x7", "1x1x1", "13x7x3-nobias-nostate", "2x33x130", "unbatched", "empty-batch",
+            "4x6x9-bhh-only-nostate", "unbatched-nobias-nostate", "no-input"]
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
