@@ -102,6 +102,15 @@ def conv_bytes(p, direction, itemsize=4):
     return itemsize * (x + w + y)
 
 
+def multi_pass_floor(passes_bytes, once_bytes, reread_bytes, cache_bytes=None):
+    """Floor of an operation that must pass over ``reread_bytes`` of input twice when it does not
+    fit in L2 (batchnorm's statistics, then normalise): ``passes_bytes``.  When those inputs fit
+    in L2 the second pass is served from it, so a correct algorithm moves only ``once_bytes``
+    through device memory (each input read once, each output written once)."""
+    cache_bytes = L2_BYTES if cache_bytes is None else cache_bytes
+    return once_bytes if reread_bytes <= cache_bytes else passes_bytes
+
+
 def tflops(flops, ms):
     return flops / (ms * 1e-3) / 1e12 if ms and ms > 0 else float("nan")
 
