@@ -270,6 +270,14 @@ def _capturing(stream):
         return True
 
 
+def capturing_now():
+    """Whether the current CuPy stream is being captured (a user's graph capture).
+    A graph of ours cannot be replayed into it: CUDA refuses ``cudaGraphLaunch`` on a
+    capturing stream and the refusal invalidates the user's capture."""
+    import cupy
+    return _capturing(cupy.cuda.get_current_stream())
+
+
 class StridedBatched:
     """``cublas<S|D>gemmStridedBatched`` for one dtype: ``call(transa, transb, m,
     n, k, alpha, A, lda, strideA, B, ldb, strideB, beta, C, ldc, strideC,
@@ -307,6 +315,11 @@ class StridedBatched:
 
     def __call__(self, *args):
         return self.call(*args)
+
+    @staticmethod
+    def capturing():
+        """:func:`capturing_now`: whether a graph of ours may not be launched now."""
+        return capturing_now()
 
     def capture(self, calls, stream_key=None):
         """A CUDA graph of these GEMMs (each an argument tuple of ``call``; every

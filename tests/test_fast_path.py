@@ -601,9 +601,13 @@ def test_winograd_full_graphs_capture_per_pointers_and_stop_after_misses(fake_po
 
     class Gemm:
         captured = gemm_captures = 0
+        user_capture = False
 
         def __call__(self, *args):
             log.append(("gemm",))
+
+        def capturing(self):
+            return Gemm.user_capture
 
         def capture(self, calls, stream_key=None):
             Gemm.gemm_captures += 1
@@ -631,6 +635,15 @@ def test_winograd_full_graphs_capture_per_pointers_and_stop_after_misses(fake_po
     assert call(a, b, out) == [("graph", "whole1")]      # the whole call captured
     assert Gemm.gemm_captures == 0                       # the GEMM graph waits until it is needed
     assert call(a, b, out) == [("graph", "whole1")]      # same pointers: one launch
+    # Inside a user's capture no graph of ours launches (CUDA refuses cudaGraphLaunch on a
+    # capturing stream, which invalidates the user's capture): the kernels and the GEMM
+    # go into it directly, and nothing is captured.
+    Gemm.user_capture = True
+    inside = call(a, b, out)
+    assert ("gemm",) in inside and not [e for e in inside if e[0] == "graph"]
+    assert Gemm.captured == 1 and Gemm.gemm_captures == 0
+    Gemm.user_capture = False
+    assert call(a, b, out) == [("graph", "whole1")]
     a2, a3, a4 = (_fake_array(problem.x_shape) for _ in range(3))
     assert call(a2, b, out) == [("graph", "whole2")]
     assert call(a, b, out) == [("graph", "whole1")]      # both kept (cache of 2)
@@ -1675,10 +1688,10 @@ def test_winograd_call_captured_into_a_users_graph(gpu, rng, direction):
 def test_winograd_graph_replayed_inside_a_users_capture(gpu, rng, direction):
     """The open half of review6a item 1 (notes/review6c.md): a cached call whose
     whole-call graph exists (the same pointers on calls 2 and 3), then captured into
-    a user's graph, launches our graph into the capturing stream (which CUDA should
-    capture as a child graph node); new pointers inside the capture run directly.
-    Each replay of the user's graph must give the reference.  If CUDA refuses, the
-    replay path needs a per-call stream-capture query (left out: its host cost)."""
+    a user's graph.  CUDA refuses ``cudaGraphLaunch`` on a capturing stream (and the
+    refusal invalidates the user's capture: the H100 run of session 8), so the call
+    queries the stream and runs its kernels and GEMMs into the capture directly.
+    Each replay of the user's graph must give the reference."""
     import dnnprims as dp
     from dnnprims import _cublas
     _kernels.release_outputs()

@@ -603,6 +603,7 @@ class WinogradConvolution(ConvAlgorithm):
             return captured
 
         capture_work = getattr(run_gemm, "capture_work", None)
+        capturing = getattr(run_gemm, "capturing", None) or (lambda: False)
         whole = {"wasted": 0, "on": FULL_GRAPHS and capture_work is not None and len(steps) == 1}
 
         def launch_all(arrays, vec, graph):
@@ -654,7 +655,12 @@ class WinogradConvolution(ConvAlgorithm):
                 # Vector rows need 16-byte aligned rows (float4 for F(4x4), float2 for F(2x2)).
                 vec = out.data.ptr % 16 == 0
                 graphs = workspace.graphs
-                if graphs is None and GEMM_GRAPHS and workspace.kept:
+                if graphs and capturing():
+                    # A user capturing this call: our graphs cannot be launched into
+                    # their capture (CUDA refuses, and that invalidates it), so the
+                    # kernels and GEMMs go into it directly.
+                    graphs = False
+                elif graphs is None and GEMM_GRAPHS and workspace.kept:
                     # The second call on a kept workspace: [the GEMM graph (captured the first
                     # time the whole-call graph does not run), the whole-call graphs].
                     graphs = workspace.graphs = [None, {}] if len(steps) == 1 else False
