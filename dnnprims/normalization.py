@@ -25,6 +25,7 @@ _INDEX_TYPES = ("int", "long long")
 # Values per 16-byte vector access, by storage type (kernels/batchnorm.cu: VEC).
 _VECTOR = {"half_t": 8, "bfloat16_t": 8, "float": 4, "double": 2}
 _CHUNK = 4096  # values of one channel per block: BN_CHUNK in kernels/batchnorm.cu
+_CLUSTER_SIZES = (1, 2, 4, 8)  # blocks per cluster of batchnorm_train_cluster (8: the portable limit)
 _BOOL = ("false", "true")
 
 FAMILY = KernelFamily("batchnorm.cu", [
@@ -42,6 +43,8 @@ FAMILY = KernelFamily("batchnorm.cu", [
       for t, p in _TYPE_PAIRS for i in _INDEX_TYPES for v in (1, _VECTOR[t]) for f in _BOOL),
     *(f"batchnorm_backward_fused<{t}, {p}, {i}, {v}>"
       for t, p in _TYPE_PAIRS for i in _INDEX_TYPES for v in (1, _VECTOR[t])),
+    *(f"batchnorm_train_cluster<{t}, {p}, {i}, {cl}>"
+      for t, p in _TYPE_PAIRS for i in _INDEX_TYPES for cl in _CLUSTER_SIZES),
     *(f"batchnorm_{k}_grouped<{t}, {p}, {i}, {_VECTOR[t]}, {g}>" for k in ("train", "backward")
       for t, p in _TYPE_PAIRS for i in _INDEX_TYPES for g in (2, 4, 8) if g <= _VECTOR[t]),
     # channel-last (inner == 1) paths
@@ -115,6 +118,7 @@ def _forward_key(x, gamma, beta, running_mean, running_var, training, momentum, 
             _vector_key(running_mean), _vector_key(running_var), type(training), training,
             type(momentum), momentum, type(eps), eps, layout, FUSED, FUSED_PREFETCH,
             FUSED_FORWARD_MIN_BYTES, FLAT_INFERENCE, GROUPED, ROWS_FUSED, ROWS_FUSED_MIN_ROWS,
+            CLUSTER, CLUSTER_BLOCK_BYTES, CLUSTER_MIN_BYTES,
             _current_device(), _kernels.stream_key(_current_stream().ptr))
 
 
@@ -326,6 +330,51 @@ FUSED_PREFETCH = True  # the variant that loads the next round's chunk during th
 # paths.  H100, 32x2048x7x7 fp32: training 0.020 ms against 0.036 for the fused
 # one-chunk kernel (notes/norms3.md); backward: notes/bnorm.md.
 GROUPED = True
+# Training forward, NCHW with 16-byte planes, sm_90+: batchnorm_train_cluster
+# (kernels/batchnorm.cu), one cluster of up to 8 blocks per channel holding the
+# channel in their shared memory, so x is read from DRAM once (floor: 2 passes
+# over x, not 3).  Used when each block's planes fit CLUSTER_BLOCK_BYTES (two
+# blocks per SM on the H100) and x is at least CLUSTER_MIN_BYTES.  False: the
+# grouped / fused / two-pass paths.
+CLUSTER = True
+CLUSTER_BLOCK_BYTES = 112 * 1024
+CLUSTER_MIN_BYTES = 0
+_CLUSTER_STATIC_BYTES = 512  # the kernel's static shared memory (mbarrier, slots, scratch), rounded up
+_CC = {}  # device -> compute capability (e.g. 90)
+
+
+def _cluster_shape(cp, x, outer, inner, aligned):
+    """(blocks per cluster, dynamic shared bytes per block) of batchnorm_train_cluster
+    for this x, or None where it does not apply."""
+    if not (CLUSTER and aligned and inner > 1 and (inner * x.itemsize) % 16 == 0
+            and x.nbytes >= CLUSTER_MIN_BYTES and outer >= 1):
+        return None
+    device = cp.cuda.runtime.getDevice()
+    cc = _CC.get(device)
+    if cc is None:
+        cc = _CC[device] = int(cp.cuda.Device(device).compute_capability)
+    if cc < 90:
+        return None
+    cl = max(size for size in _CLUSTER_SIZES if size <= outer)
+    shared = -(-outer // cl) * inner * x.itemsize
+    limit = min(CLUSTER_BLOCK_BYTES, _shared_optin(cp, device) - _CLUSTER_STATIC_BYTES)
+    return (cl, shared) if shared <= limit else None
+
+
+_OPTIN = {}  # device -> the largest dynamic shared memory a block may opt in to
+
+
+def _shared_optin(cp, device):
+    optin = _OPTIN.get(device)
+    if optin is None:
+        try:
+            optin = int(cp.cuda.Device(device).attributes["MaxSharedMemoryPerBlockOptin"])
+        except Exception:  # attribute unknown: the default limit
+            optin = 48 * 1024
+        _OPTIN[device] = optin
+    return optin
+
+
 # BN_THREADS * group_items<T>() * VEC in kernels/batchnorm.cu
 _GROUP_VALUES = {"half_t": 8192, "bfloat16_t": 8192, "float": 8192, "double": 4096}
 
@@ -640,7 +689,7 @@ def _forward_plan(cp, x, y, pdtype, channels, outer, inner, training, update, mo
     key = (cp.cuda.runtime.getDevice(), _stream(cp), x.shape, x.dtype,
            np.dtype(pdtype), channels, inner, aligned, training, update, float(momentum), float(eps),
            no_gamma, no_beta, FUSED, FUSED_PREFETCH, FUSED_FORWARD_MIN_BYTES, FLAT_INFERENCE,
-           GROUPED)
+           GROUPED, CLUSTER, CLUSTER_BLOCK_BYTES, CLUSTER_MIN_BYTES)
     return _cached_plan(key, lambda: _build_forward_plan(
         cp, x, y, pdtype, channels, outer, inner, training, update, float(momentum), float(eps),
         no_gamma, no_beta, aligned))
@@ -661,7 +710,19 @@ def _build_forward_plan(cp, x, y, pdtype, channels, outer, inner, training, upda
     launches = []
     t = _dtypes.cuda_type(x.dtype)
     group = _group(t, channels, outer, inner, aligned) if training else 0
-    if group:
+    cluster = _cluster_shape(cp, x, outer, inner, aligned) if training and fused_allowed else None
+    if cluster:
+        cl, shared = cluster
+        index_t = index_type(x.size)
+        it = np.int32 if index_t == "int" else np.int64
+        spec = f"batchnorm_train_cluster<{t}, {pt}, {index_t}, {cl}>"
+        if shared > 48 * 1024:  # opt in above the default dynamic shared memory
+            FAMILY.function(spec).max_dynamic_shared_size_bytes = shared
+        launches.append(FAMILY.prepare(
+            spec, (channels * cl,), (_BLOCK,),
+            (X, Y, MEAN, INVSTD, rm, rv, gamma, beta, it(outer), it(channels), it(inner), real(eps),
+             real(momentum), real(n / (n - 1)), np.int32(update)), shared_mem=shared))
+    elif group:
         index_t = index_type(x.size + _BLOCK * _GROUP_VALUES[t])
         it = np.int32 if index_t == "int" else np.int64
         launches.append(FAMILY.prepare(

@@ -50,6 +50,7 @@
 // store_chunk_dx, merge_statistics / merge_sums, write_statistics): the
 // two-pass and the single-read (fused) kernels run the same code per chunk.
 #include "common.cuh"
+#include "bulk_copy.cuh"
 
 #define BN_THREADS 256
 #define BN_PER_THREAD 16
@@ -975,6 +976,118 @@ batchnorm_backward_fused(const T* __restrict__ x, const T* __restrict__ dy,
         }
         store_chunk_dx(dx, xs, ds, start, n, c, C, inner, m, s, A(load(gamma[c])) * s, sg / A(n), sgx / A(n));
     }
+}
+
+// ---------------------------------------------------------------------------
+// Cluster training forward (sm_90+; NCHW whose planes are whole 16-byte
+// vectors, 16-byte aligned x and y): x is read from DRAM once, so the floor
+// is two passes over x instead of three.  One cluster of CL blocks per channel
+// (blockIdx.x = c * CL + rank).  Block `rank` takes planes n = rank, rank + CL,
+// ... of channel c and bulk-copies them into its dynamic shared memory (thread
+// 0, one mbarrier).  From there: its values' mean and sum of squared
+// deviations (two-pass exact) into its `part` slot; a cluster barrier; every
+// block merges the CL slots through distributed shared memory in rank order
+// (Chan), so all hold the same, bitwise reproducible statistics; then each
+// normalizes its planes from shared memory into y.  A block exits only after
+// the cluster's second barrier (the others may still read its slot).  No grid
+// barrier: the hardware co-schedules a cluster's blocks, and clusters are
+// independent, so any grid runs.  Why: the two-pass path re-reads x, from DRAM
+// once x outgrows L2 (bn_big: 205 MB), and the single-read fused kernels above
+// lose to it on their global per-round barrier (notes/mem_poolbn.md).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+#define BN_CLUSTER_DIMS(n)
+#else
+#define BN_CLUSTER_DIMS(n) __cluster_dims__(n, 1, 1)
+#endif
+
+template <typename T, typename P, typename index_t, int CL>
+__global__ void BN_CLUSTER_DIMS(CL) __launch_bounds__(BN_THREADS)
+batchnorm_train_cluster(const T* __restrict__ x, T* __restrict__ y, acc_t<T>* __restrict__ mean_out,
+                        acc_t<T>* __restrict__ invstd_out, P* __restrict__ running_mean,
+                        P* __restrict__ running_var, const P* __restrict__ gamma, const P* __restrict__ beta,
+                        index_t outer, index_t C, index_t inner, acc_t<T> eps, acc_t<T> momentum,
+                        acc_t<T> unbias, int update_running) {
+#if __CUDA_ARCH__ >= 900
+    typedef acc_t<T> A;
+    constexpr int VEC = 16 / (int)sizeof(T);
+    typedef Pack<T, VEC> V;
+    extern __shared__ __align__(16) unsigned char bn_cluster_smem[];
+    const V* buf = reinterpret_cast<const V*>(bn_cluster_smem);
+    __shared__ __align__(8) unsigned long long bar;
+    __shared__ A part[3];  // this block's (count, mean, M2), read by the whole cluster
+    __shared__ A result[2];
+    __shared__ A scratch[32];
+    const unsigned rank = cluster_rank();
+    const index_t c = (index_t)(blockIdx.x / CL);
+    const index_t planes = (index_t)rank < outer ? (outer - 1 - (index_t)rank) / CL + 1 : 0;
+    const index_t pv = inner / VEC, mv = planes * pv;  // vectors of a plane, of this block
+    if (threadIdx.x == 0) {
+        mbarrier_init1(&bar);
+        const unsigned plane_bytes = (unsigned)(inner * sizeof(T));
+        T* dst = reinterpret_cast<T*>(bn_cluster_smem);
+        for (index_t k = 0; k < planes; ++k)
+            bulk_copy_expect(&bar, dst + k * inner, x + (((index_t)rank + k * CL) * C + c) * inner, plane_bytes,
+                             k == 0 ? (unsigned)(planes * plane_bytes) : 0u);
+    }
+    __syncthreads();  // the barrier is initialised before anyone waits on it
+    if (planes > 0) mbarrier_wait(&bar, 0);
+    A sum = 0;
+#pragma unroll 4
+    for (index_t i = threadIdx.x; i < mv; i += BN_THREADS) {
+        const V pk = buf[i];
+#pragma unroll
+        for (int v = 0; v < VEC; ++v) sum += A(load(pk.v[v]));
+    }
+    const A count = A(mv * VEC);
+    sum = block_sum(sum, scratch);
+    const A mu = count > A(0) ? sum / count : A(0);
+    A q = 0;
+#pragma unroll 4
+    for (index_t i = threadIdx.x; i < mv; i += BN_THREADS) {
+        const V pk = buf[i];
+#pragma unroll
+        for (int v = 0; v < VEC; ++v) {
+            const A d = A(load(pk.v[v])) - mu;
+            q += d * d;
+        }
+    }
+    q = block_sum(q, scratch);
+    if (threadIdx.x == 0) {
+        part[0] = count;
+        part[1] = mu;
+        part[2] = q;
+    }
+    cluster_arrive();  // every block's slot is written ...
+    cluster_wait();
+    if (threadIdx.x == 0) {  // ... and merged in rank order by every block alike
+        A n = 0, mean = 0, m2 = 0;
+        for (unsigned r = 0; r < (unsigned)CL; ++r)
+            chan_merge(n, mean, m2, cluster_load(&part[0], r), cluster_load(&part[1], r), cluster_load(&part[2], r));
+        result[0] = mean;
+        result[1] = m2 / n;
+    }
+    cluster_arrive();  // done reading the others' slots (waited on before exit)
+    __syncthreads();
+    const A mean = result[0], var = result[1];
+    const A invstd = A(1) / sqrt(var + eps);
+    if (rank == 0 && threadIdx.x == 0) {
+        write_statistics((int)c, mean, var, invstd, mean_out, invstd_out, running_mean, running_var, momentum,
+                         unbias, update_running);
+    }
+    const A scale = invstd * A(load(gamma[c])), shift = A(load(beta[c]));
+#pragma unroll 4
+    for (index_t i = threadIdx.x; i < mv; i += BN_THREADS) {
+        const index_t k = i / pv, j = i - k * pv;
+        const V pk = buf[i];
+        A out[VEC];
+#pragma unroll
+        for (int v = 0; v < VEC; ++v) out[v] = (A(load(pk.v[v])) - mean) * scale + shift;
+        store_pack<T, VEC>(y, (((index_t)rank + k * CL) * C + c) * inner + j * VEC, out);
+    }
+    cluster_wait();
+#else
+    __trap();  // Python launches it only on sm_90+
+#endif
 }
 
 // ---------------------------------------------------------------------------

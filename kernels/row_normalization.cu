@@ -47,6 +47,7 @@
 // next row's cp.async copies overlap this row's reduction and stores); see
 // there.  gn_rows_backward is an alternative backward kept behind a switch.
 #include "common.cuh"
+#include "bulk_copy.cuh"
 
 #define NORM_UNROLL 4
 
@@ -848,51 +849,8 @@ __device__ __forceinline__ void prefetch_l2(const void* p, unsigned bytes) {
         asm volatile("prefetch.global.L2 [%0];" ::"l"(c + o));
 }
 
-// Hopper bulk copies (TMA, cp.async.bulk): one thread asks the copy engine
-// for whole row pieces, completion counted in bytes on an mbarrier in shared
-// memory (no per-thread 16-byte requests).  sm_90+; the callers fall back to
-// copy16_async below that.
-__device__ __forceinline__ unsigned shared_address(const void* p) {
-    unsigned s;
-    asm volatile("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(s) : "l"(p));
-    return s;
-}
-
-__device__ __forceinline__ void mbarrier_init1(unsigned long long* bar) {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(shared_address(bar)) : "memory");
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-#endif
-}
-
-// Copy `bytes` (a multiple of 16, both addresses 16-byte aligned) from gmem to
-// smem in 32 KB pieces, completion counted on `bar`.
-// `expect` > 0: first arrive on `bar` expecting that many bytes (all the copies of the phase).
-__device__ __forceinline__ void bulk_copy_expect(unsigned long long* bar, void* smem, const void* gmem,
-                                                 unsigned bytes, unsigned expect) {
-#if __CUDA_ARCH__ >= 900
-    const unsigned b = shared_address(bar);
-    if (expect) asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(b), "r"(expect) : "memory");
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // earlier generic accesses of smem first
-    const unsigned d = shared_address(smem);
-    const char* g = static_cast<const char*>(gmem);
-    for (unsigned o = 0; o < bytes; o += 32768u) {
-        const unsigned n = bytes - o < 32768u ? bytes - o : 32768u;
-        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-                     ::"r"(d + o), "l"(g + o), "r"(n), "r"(b) : "memory");
-    }
-#endif
-}
-
-__device__ __forceinline__ void mbarrier_wait(unsigned long long* bar, unsigned parity) {
-#if __CUDA_ARCH__ >= 900
-    const unsigned b = shared_address(bar);
-    unsigned done = 0;
-    while (!done)
-        asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
-                     : "=r"(done) : "r"(b), "r"(parity) : "memory");
-#endif
-}
+// Hopper bulk copies (shared_address, mbarrier_init1, bulk_copy_expect,
+// mbarrier_wait): bulk_copy.cuh.
 
 // The copies of one row (x, and dy with dy_smem; `off` its offset) into buffer b:
 // bulk (thread 0, counted on bars[b]) or 16-byte cp.async from every thread.

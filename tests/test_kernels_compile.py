@@ -21,17 +21,25 @@ def test_family_compiles_without_warnings(filename):
     assert log == "", f"NVRTC warnings for {filename}:\n{log}"
 
 
+# Kernels written in inline PTX for sm_90 and up (bulk copies, mbarriers, clusters).
+_INLINE_PTX = [("row_normalization.cu", "gn_rows_backward_pipelined<"),
+               ("batchnorm.cu", "batchnorm_train_cluster<")]
+
+
 @pytest.mark.parametrize("arch", ["sm_90", "sm_80"])
-def test_inline_ptx_of_the_group_norm_backward_assembles(arch):
+@pytest.mark.parametrize("filename, prefix", _INLINE_PTX)
+def test_inline_ptx_assembles(arch, filename, prefix):
     """The check above stops at compute_90 PTX, which nothing assembles until a GPU
     loads it: inline PTX that ptxas rejects (operand types, state spaces) would
-    pass it.  gn_rows_backward_pipelined's bulk copies and mbarriers are inline
-    PTX (sm_90 and up; below, its cp.async path): its specialisations compiled for
-    a real architecture, which makes NVRTC run ptxas, on both sides of the
-    `__CUDA_ARCH__ >= 900` switch."""
+    pass it.  gn_rows_backward_pipelined's bulk copies and mbarriers, and
+    batchnorm_train_cluster's bulk copies and cluster barriers / distributed
+    shared memory, are inline PTX (sm_90 and up; below, the first has its
+    cp.async path and the second traps, never launched there): their
+    specialisations compiled for a real architecture, which makes NVRTC run
+    ptxas, on both sides of the `__CUDA_ARCH__ >= 900` switch."""
     import types
-    family = FAMILIES["row_normalization.cu"]
-    expressions = [e for e in family.name_expressions if e.startswith("gn_rows_backward_pipelined<")]
+    family = FAMILIES[filename]
+    expressions = [e for e in family.name_expressions if e.startswith(prefix)]
     assert expressions
     subset = types.SimpleNamespace(source=family.source, filename=family.filename, name_expressions=expressions)
     log = _kernels.compile_with_nvrtc(subset, arch=arch)

@@ -217,9 +217,13 @@ def test_matches_reference_hypothesis(xp, problem):
 @pytest.mark.parametrize("dtype", [np.float32, np.float16, np.float64])
 @pytest.mark.parametrize("x_shape,offset", [((3, 4, 40, 48), 0), ((3, 4, 40, 48), 1),
                                             ((5, 3, 7, 7), 0), ((9000, 3), 0)])
-def test_several_chunks_per_channel(xp, rng, dtype, x_shape, offset):
+@pytest.mark.parametrize("cluster", [True, False])
+def test_several_chunks_per_channel(xp, rng, monkeypatch, dtype, x_shape, offset, cluster):
     """More values per channel than one block's chunk (4096), 16-byte vector loads
-    (inner % 8 == 0), and the same data at a misaligned address (offset)."""
+    (inner % 8 == 0), and the same data at a misaligned address (offset); the
+    training forward with and without the cluster kernel."""
+    from dnnprims import normalization
+    monkeypatch.setattr(normalization, "CLUSTER", cluster)
     x_host = random_array(rng, x_shape, dtype, low=-1, high=3)
     dy_host = random_array(rng, x_shape, dtype)
     gamma, beta = _params(rng, x_shape, "NCHW", np.float32 if dtype == np.float16 else dtype)
@@ -268,6 +272,7 @@ def test_single_read_path_matches_two_pass_path(xp, rng, monkeypatch, prefetch, 
     two-pass results (the same partials merged in the same order), also with few
     resident blocks (many rounds of channels; `small` = two channels' chunks)."""
     from dnnprims import normalization
+    monkeypatch.setattr(normalization, "CLUSTER", False)  # the fused and two-pass kernels
     monkeypatch.setattr(normalization, "FUSED_PREFETCH", prefetch)
     monkeypatch.setattr(normalization, "FUSED_FORWARD_MIN_BYTES", 0)
     monkeypatch.setattr(normalization, "FUSED_BACKWARD_16BIT_SPLITS", True)  # the fused 16-bit backward too
@@ -316,6 +321,7 @@ def test_two_pass_finishes_each_channel_in_its_last_block(gpu, rng, monkeypatch,
     channels of 1, 2 and 5 chunks."""
     from dnnprims import normalization
     monkeypatch.setattr(normalization, "FUSED", False)
+    monkeypatch.setattr(normalization, "CLUSTER", False)
     cp = gpu
     pdtype = np.float32 if dtype in (np.float16, _dtypes.BFLOAT16) else dtype
     f64 = lambda a: _host(a).astype(np.float64)  # noqa: E731
@@ -534,7 +540,8 @@ def _kernel_signature(name):
     from dnnprims import normalization
     source = normalization.FAMILY.source
     macros = dict(re.findall(r"^#define (BN_[A-Z_]+) (.+)$", source, re.M))
-    match = re.search(r"template <([^>]*)>\s*__global__ void __launch_bounds__\([^)]*\)\s*" + name
+    match = re.search(r"template <([^>]*)>\s*__global__ void (?:BN_CLUSTER_DIMS\(\w+\)\s*)?__launch_bounds__\([^)]*\)\s*"
+                      + name
                       + r"\((.*?)\)\s*\{", source, re.S)
     template = [t.split()[-1] for t in match.group(1).split(",")]
     text = match.group(2)
@@ -567,7 +574,9 @@ class _FakeCupy:
             getDevice = staticmethod(lambda: 0)
 
         get_current_stream = staticmethod(lambda: type("Stream", (), {"ptr": 77})())
-        Device = staticmethod(lambda *a: type("Device", (), {"attributes": {"MultiProcessorCount": 4}})())
+        Device = staticmethod(lambda *a: type("Device", (), {
+            "attributes": {"MultiProcessorCount": 4, "MaxSharedMemoryPerBlockOptin": 232448},
+            "compute_capability": "90"})())
 
     @staticmethod
     def empty(shape, dtype):
@@ -593,9 +602,10 @@ def test_grid_barrier_kernels_are_launched_cooperatively_with_arguments_of_their
     def capture(expression, grid, block, args, shared_mem=0, cooperative=False, fallback=None):
         captured.append((expression, tuple(args), cooperative))
 
-    for name in ("_RESIDENT", "_WORKSPACES", "_SMS", "_LAUNCHES", "_CONSTANTS", "_PLANS"):
+    for name in ("_RESIDENT", "_WORKSPACES", "_SMS", "_LAUNCHES", "_CONSTANTS", "_PLANS", "_CC", "_OPTIN"):
         monkeypatch.setattr(normalization, name, {})
     monkeypatch.setattr(normalization, "_REFUSED", set())
+    monkeypatch.setattr(normalization, "CLUSTER", False)  # the fused kernels, not the cluster one
     monkeypatch.setattr(normalization.FAMILY, "prepare", capture)
     monkeypatch.setattr(normalization.FAMILY, "launch", capture)
     monkeypatch.setattr(normalization.FAMILY, "function", lambda expression: None)
@@ -666,11 +676,12 @@ def test_multi_launch_and_grouped_kernels_get_arguments_of_their_signature(monke
     def capture(expression, grid, block, args, shared_mem=0, cooperative=False, fallback=None):
         captured.append((expression, tuple(args), cooperative))
 
-    for name in ("_RESIDENT", "_WORKSPACES", "_SMS", "_LAUNCHES", "_CONSTANTS", "_PLANS"):
+    for name in ("_RESIDENT", "_WORKSPACES", "_SMS", "_LAUNCHES", "_CONSTANTS", "_PLANS", "_CC", "_OPTIN"):
         monkeypatch.setattr(normalization, name, {})
     monkeypatch.setattr(normalization.FAMILY, "prepare", capture)
     monkeypatch.setattr(normalization.FAMILY, "function", lambda expression: None)
     monkeypatch.setattr(normalization, "FUSED", False)
+    monkeypatch.setattr(normalization, "CLUSTER", False)
     cp = _FakeCupy
     pdtype = np.dtype(np.float32 if dtype in (np.float16, _dtypes.BFLOAT16) else dtype)
     acc = np.dtype(_dtypes.accumulate_dtype(np.dtype(dtype)))
@@ -688,8 +699,32 @@ def test_multi_launch_and_grouped_kernels_get_arguments_of_their_signature(monke
             start = len(captured)
             normalization._build_backward_plan(cp, x, x, x, pdtype, c, outer, inner, recompute, 1e-5, False, True)
             _check_arguments(captured[start:], backward_arrays, acc, seen)
+    # The cluster training forward (a fake sm_90 device): one launch, planes of 16-byte vectors.
+    monkeypatch.setattr(normalization, "CLUSTER", True)
+    kernels = []
+    monkeypatch.setattr(normalization.FAMILY, "function",
+                        lambda expression: kernels.append(type("Kernel", (), {})()) or kernels[-1])
+    for c, outer, inner, cl in ((8, 3, 40 * 120, 2), (5, 13, 64, 8), (4, 1, 16, 1)):
+        x = _fake_device_array((outer, c, inner), dtype)
+        start = len(captured)
+        normalization._build_forward_plan(cp, x, x, pdtype, c, outer, inner, True, True, 0.1, 1e-5, False, False,
+                                          True)
+        assert [e for e, _, _ in captured[start:]] == [
+            f"batchnorm_train_cluster<{_kernels_type(dtype)}, {_kernels_type(pdtype)}, int, {cl}>"]
+        _check_arguments(captured[start:], forward_arrays, acc, seen)
+    shared = 2 * 4800 * np.dtype(dtype).itemsize  # the first case: 3 planes, 2 a block
+    if shared > 48 * 1024:  # opted in above the default (float64)
+        assert kernels[0].max_dynamic_shared_size_bytes == shared
+    else:
+        assert not kernels
     assert {"batchnorm_statistics", "batchnorm_normalize", "batchnorm_backward_reduce", "batchnorm_backward_data",
-            "batchnorm_train_grouped", "batchnorm_backward_grouped", "batchnorm_infer_flat"} <= seen, seen
+            "batchnorm_train_grouped", "batchnorm_backward_grouped", "batchnorm_infer_flat",
+            "batchnorm_train_cluster"} <= seen, seen
+
+
+def _kernels_type(dtype):
+    from dnnprims import _dtypes
+    return _dtypes.cuda_type(np.dtype(dtype))
 
 
 def test_stream_workspace_and_plans_are_per_thread_on_the_per_thread_default_stream(monkeypatch):
@@ -795,6 +830,67 @@ def _check_barrier_paths(xp, rng, dtype, x_shape, layout):
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("x_shape,offset", [((13, 5, 8, 16), 0), ((1, 3, 4, 8), 0), ((3, 7, 2, 8), 0),
+                                            ((7, 2, 40, 48), 0), ((64, 3, 28, 28), 0), ((8, 4, 16), 0),
+                                            ((13, 5, 8, 16), 1), ((5, 3, 7, 7), 0)])
+def test_cluster_training_forward(gpu, rng, monkeypatch, dtype, x_shape, offset):
+    """batchnorm_train_cluster (sm_90+; other GPUs check they do not take it): a
+    cluster of min(8, N) blocks per channel
+    (N = 1, 3 -> 2 blocks, 7 -> 4, 13 / 64 -> 8, so some blocks hold one plane
+    more than others, or none), the channel's planes in shared memory: y, the
+    saved statistics and the running statistics match the float64 reference,
+    bitwise the same on every repeat (a fixed merge order), also on the fast
+    path.  A misaligned x or planes that are not whole 16-byte vectors (7x7)
+    take the other kernels, as do blocks over CLUSTER_BLOCK_BYTES; a 3-D (N, C,
+    L) input runs it too."""
+    from dnnprims import normalization
+    _fresh_plans(monkeypatch)
+    pdtype = np.float32 if dtype in (np.float16, _dtypes.BFLOAT16) else dtype
+    itemsize = np.dtype(dtype).itemsize
+    inner = int(np.prod(x_shape[2:]))
+    hopper = int(gpu.cuda.Device().compute_capability) >= 90   # below: never the cluster kernel
+    expect_cluster = hopper and offset == 0 and inner * itemsize % 16 == 0
+    ran = []
+    prepare = normalization.FAMILY.prepare
+    monkeypatch.setattr(normalization.FAMILY, "prepare",
+                        lambda expression, *a, **k: ran.append(expression) or prepare(expression, *a, **k))
+    x_host = random_array(rng, x_shape, dtype, low=-1, high=3)
+    x = _placed(gpu, x_host, offset)
+    c = x_shape[1]
+    gamma, beta = _params(rng, x_shape, "NCHW", pdtype)
+    f64 = lambda a: _host(a).astype(np.float64)  # noqa: E731
+    rm0, rv0 = random_array(rng, (c,), pdtype), random_array(rng, (c,), pdtype, 0.5, 2)
+    rm64, rv64 = f64(rm0), f64(rv0)
+    y64, mean64, invstd64 = batchnorm(f64(x_host), f64(gamma), f64(beta), rm64, rv64, momentum=0.3,
+                                      return_stats=True)
+    results = []
+    for _ in range(3):  # the later calls take the fast path
+        rm, rv = gpu.asarray(rm0), gpu.asarray(rv0)
+        y, mean, invstd = batchnorm(x, gpu.asarray(gamma), gpu.asarray(beta), rm, rv, momentum=0.3,
+                                    return_stats=True)
+        results.append([_host(a) for a in (y, mean, invstd, rm, rv)])
+    assert any(e.startswith("batchnorm_train_cluster<") for e in ran) == expect_cluster, ran
+    for later in results[1:]:
+        for a, b in zip(results[0], later):
+            np.testing.assert_array_equal(a, b)
+    y, mean, invstd, rm, rv = results[0]
+    assert y.dtype == dtype and y.shape == x_shape
+    assert_close(y, y64, dtype, what="y")
+    assert_close(mean, mean64, dtype, what="mean")
+    assert_close(invstd, invstd64, dtype, what="invstd")
+    assert_close(rm, rm64, pdtype, what="running_mean")
+    assert_close(rv, rv64, pdtype, what="running_var")
+    assert_close(batchnorm(x, None, None), batchnorm(f64(x_host), None, None), dtype, what="y (no parameters)")
+    if expect_cluster:  # blocks over the limit: the other kernels, the same statistics within rounding
+        ran.clear()
+        monkeypatch.setattr(normalization, "CLUSTER_BLOCK_BYTES", 16)
+        y2, mean2, _ = batchnorm(x, gpu.asarray(gamma), gpu.asarray(beta), return_stats=True)
+        assert ran and not any(e.startswith("batchnorm_train_cluster<") for e in ran), ran
+        assert_close(y2, y64, dtype, what="y (other kernels)")
+        assert_close(mean2, mean64, dtype, what="mean (other kernels)")
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 @pytest.mark.parametrize("x_shape,layout", [((6, 5, 40, 48), "NCHW"), ((4, 3, 16, 16), "NCHW"),
                                             ((8, 5, 7, 32), "NHWC"), ((3000, 24), "NHWC")])
 def test_grid_barrier_kernels_run_cooperatively(gpu, rng, monkeypatch, dtype, x_shape, layout):
@@ -804,6 +900,7 @@ def test_grid_barrier_kernels_run_cooperatively(gpu, rng, monkeypatch, dtype, x_
     from dnnprims import _kernels, normalization
     monkeypatch.setattr(normalization, "FUSED_FORWARD_MIN_BYTES", 0)
     monkeypatch.setattr(normalization, "FUSED_BACKWARD_16BIT_SPLITS", True)
+    monkeypatch.setattr(normalization, "CLUSTER", False)
     _fresh_plans(monkeypatch)
     calls = _count_cooperative_launches(monkeypatch)
     refused = _kernels.cooperative_refusals
@@ -822,6 +919,7 @@ def test_refused_cooperative_launch_takes_the_multi_launch_path(gpu, rng, monkey
     block that cannot run, never a wrong answer; later calls (the fast path) too."""
     from dnnprims import _kernels, normalization
     monkeypatch.setattr(normalization, "FUSED_FORWARD_MIN_BYTES", 0)
+    monkeypatch.setattr(normalization, "CLUSTER", False)
     monkeypatch.setattr(normalization, "_RESIDENT", {})
     monkeypatch.setattr(normalization, "_REFUSED", set())
     _fresh_plans(monkeypatch)
