@@ -33,7 +33,7 @@ def ms(fn):
 
 
 def setv(v):
-    for k, val in dict(CLUSTER=True, CLUSTER_BLOCK_BYTES=112 * 1024, **v).items():
+    for k, val in {"CLUSTER": True, "CLUSTER_BLOCK_BYTES": 112 * 1024, **v}.items():
         setattr(bn, k, val)
 
 
