@@ -333,46 +333,45 @@ GROUPED = True
 # Training forward, NCHW with 16-byte planes, sm_90+: batchnorm_train_cluster
 # (kernels/batchnorm.cu), one cluster of up to 8 blocks per channel holding the
 # channel in their shared memory, so x is read from DRAM once (floor: 2 passes
-# over x, not 3).  Used when each block's planes fit CLUSTER_BLOCK_BYTES (two
-# blocks per SM on the H100) and x is at least CLUSTER_MIN_BYTES.  False: the
-# grouped / fused / two-pass paths.
+# over x, not 3).  Used when each block's planes fit CLUSTER_BLOCK_BYTES (and
+# the device's per-block opt-in, 227 KB on the H100) and x is at least
+# CLUSTER_MIN_BYTES (None: the device's L2 size -- below it the two-pass path
+# reads x the second time from L2 and wins).  False: the grouped / fused /
+# two-pass paths.  H100, training forward against the two-pass path
+# (notes/cluster.md): bn_big 64x256x56x56 fp32 0.169 vs 0.218 ms (1.45x
+# PyTorch), fp16 / bf16 0.091 vs 0.123, bn_r50_early 32x64x112x112 fp32 0.097 vs
+# 0.114 (227 KB blocks); 25.7 MB tensors 0.032-0.035 vs 0.031 (slower: in L2).
 CLUSTER = True
-CLUSTER_BLOCK_BYTES = 112 * 1024
-CLUSTER_MIN_BYTES = 0
+CLUSTER_BLOCK_BYTES = 1 << 30
+CLUSTER_MIN_BYTES = None
 _CLUSTER_STATIC_BYTES = 512  # the kernel's static shared memory (mbarrier, slots, scratch), rounded up
-_CC = {}  # device -> compute capability (e.g. 90)
+_DEVICE = {}  # device -> (compute capability, per-block shared memory opt-in, L2 bytes)
+
+
+def _device_facts(cp, device):
+    facts = _DEVICE.get(device)
+    if facts is None:
+        d = cp.cuda.Device(device)
+        try:
+            optin = int(d.attributes["MaxSharedMemoryPerBlockOptin"])
+            l2 = int(d.attributes["L2CacheSize"])
+        except Exception:  # attributes unknown: the default limit, no L2 assumed
+            optin, l2 = 48 * 1024, 0
+        facts = _DEVICE[device] = (int(d.compute_capability), optin, l2)
+    return facts
 
 
 def _cluster_shape(cp, x, outer, inner, aligned):
     """(blocks per cluster, dynamic shared bytes per block) of batchnorm_train_cluster
     for this x, or None where it does not apply."""
-    if not (CLUSTER and aligned and inner > 1 and (inner * x.itemsize) % 16 == 0
-            and x.nbytes >= CLUSTER_MIN_BYTES and outer >= 1):
+    if not (CLUSTER and aligned and inner > 1 and (inner * x.itemsize) % 16 == 0 and outer >= 1):
         return None
-    device = cp.cuda.runtime.getDevice()
-    cc = _CC.get(device)
-    if cc is None:
-        cc = _CC[device] = int(cp.cuda.Device(device).compute_capability)
-    if cc < 90:
+    cc, optin, l2 = _device_facts(cp, cp.cuda.runtime.getDevice())
+    if cc < 90 or x.nbytes < (l2 if CLUSTER_MIN_BYTES is None else CLUSTER_MIN_BYTES):
         return None
     cl = max(size for size in _CLUSTER_SIZES if size <= outer)
     shared = -(-outer // cl) * inner * x.itemsize
-    limit = min(CLUSTER_BLOCK_BYTES, _shared_optin(cp, device) - _CLUSTER_STATIC_BYTES)
-    return (cl, shared) if shared <= limit else None
-
-
-_OPTIN = {}  # device -> the largest dynamic shared memory a block may opt in to
-
-
-def _shared_optin(cp, device):
-    optin = _OPTIN.get(device)
-    if optin is None:
-        try:
-            optin = int(cp.cuda.Device(device).attributes["MaxSharedMemoryPerBlockOptin"])
-        except Exception:  # attribute unknown: the default limit
-            optin = 48 * 1024
-        _OPTIN[device] = optin
-    return optin
+    return (cl, shared) if shared <= min(CLUSTER_BLOCK_BYTES, optin - _CLUSTER_STATIC_BYTES) else None
 
 
 # BN_THREADS * group_items<T>() * VEC in kernels/batchnorm.cu

@@ -224,6 +224,7 @@ def test_several_chunks_per_channel(xp, rng, monkeypatch, dtype, x_shape, offset
     training forward with and without the cluster kernel."""
     from dnnprims import normalization
     monkeypatch.setattr(normalization, "CLUSTER", cluster)
+    monkeypatch.setattr(normalization, "CLUSTER_MIN_BYTES", 0)
     x_host = random_array(rng, x_shape, dtype, low=-1, high=3)
     dy_host = random_array(rng, x_shape, dtype)
     gamma, beta = _params(rng, x_shape, "NCHW", np.float32 if dtype == np.float16 else dtype)
@@ -575,7 +576,7 @@ class _FakeCupy:
 
         get_current_stream = staticmethod(lambda: type("Stream", (), {"ptr": 77})())
         Device = staticmethod(lambda *a: type("Device", (), {
-            "attributes": {"MultiProcessorCount": 4, "MaxSharedMemoryPerBlockOptin": 232448},
+            "attributes": {"MultiProcessorCount": 4, "MaxSharedMemoryPerBlockOptin": 232448, "L2CacheSize": 100},
             "compute_capability": "90"})())
 
     @staticmethod
@@ -602,7 +603,7 @@ def test_grid_barrier_kernels_are_launched_cooperatively_with_arguments_of_their
     def capture(expression, grid, block, args, shared_mem=0, cooperative=False, fallback=None):
         captured.append((expression, tuple(args), cooperative))
 
-    for name in ("_RESIDENT", "_WORKSPACES", "_SMS", "_LAUNCHES", "_CONSTANTS", "_PLANS", "_CC", "_OPTIN"):
+    for name in ("_RESIDENT", "_WORKSPACES", "_SMS", "_LAUNCHES", "_CONSTANTS", "_PLANS", "_DEVICE"):
         monkeypatch.setattr(normalization, name, {})
     monkeypatch.setattr(normalization, "_REFUSED", set())
     monkeypatch.setattr(normalization, "CLUSTER", False)  # the fused kernels, not the cluster one
@@ -676,7 +677,7 @@ def test_multi_launch_and_grouped_kernels_get_arguments_of_their_signature(monke
     def capture(expression, grid, block, args, shared_mem=0, cooperative=False, fallback=None):
         captured.append((expression, tuple(args), cooperative))
 
-    for name in ("_RESIDENT", "_WORKSPACES", "_SMS", "_LAUNCHES", "_CONSTANTS", "_PLANS", "_CC", "_OPTIN"):
+    for name in ("_RESIDENT", "_WORKSPACES", "_SMS", "_LAUNCHES", "_CONSTANTS", "_PLANS", "_DEVICE"):
         monkeypatch.setattr(normalization, name, {})
     monkeypatch.setattr(normalization.FAMILY, "prepare", capture)
     monkeypatch.setattr(normalization.FAMILY, "function", lambda expression: None)
@@ -712,6 +713,10 @@ def test_multi_launch_and_grouped_kernels_get_arguments_of_their_signature(monke
         assert [e for e, _, _ in captured[start:]] == [
             f"batchnorm_train_cluster<{_kernels_type(dtype)}, {_kernels_type(pdtype)}, int, {cl}>"]
         _check_arguments(captured[start:], forward_arrays, acc, seen)
+    x = _fake_device_array((1, 1, 8), dtype)  # 16-byte planes, under the fake device's 100-byte L2
+    start = len(captured)
+    normalization._build_forward_plan(cp, x, x, pdtype, 1, 1, 8, True, True, 0.1, 1e-5, False, False, True)
+    assert not [e for e, _, _ in captured[start:] if e.startswith("batchnorm_train_cluster")]
     shared = 2 * 4800 * np.dtype(dtype).itemsize  # the first case: 3 planes, 2 a block
     if shared > 48 * 1024:  # opted in above the default (float64)
         assert kernels[0].max_dynamic_shared_size_bytes == shared
@@ -845,6 +850,7 @@ def test_cluster_training_forward(gpu, rng, monkeypatch, dtype, x_shape, offset)
     L) input runs it too."""
     from dnnprims import normalization
     _fresh_plans(monkeypatch)
+    monkeypatch.setattr(normalization, "CLUSTER_MIN_BYTES", 0)  # small tensors too (default: beyond L2)
     pdtype = np.float32 if dtype in (np.float16, _dtypes.BFLOAT16) else dtype
     itemsize = np.dtype(dtype).itemsize
     inner = int(np.prod(x_shape[2:]))
