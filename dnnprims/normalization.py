@@ -477,6 +477,36 @@ class _Deferred:
         self._run(*arrays)
 
 
+# CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES, CUDA_ERROR_INVALID_CLUSTER_SIZE: the driver
+# cannot place a cluster (no GPC of a partitioned GPU holds CL such blocks).
+_CLUSTER_REFUSALS = frozenset((701, 912))
+cluster_refusals = 0  # launches refused so far (tests check that the other kernels ran)
+
+
+class _ClusterLaunch:
+    """batchnorm_train_cluster's launch.  Where the driver refuses to place its
+    clusters, the plan's other kernels (``fallback``, a :class:`_Deferred`) run
+    instead, on this and every later call: nothing ran, and the same launch
+    would be refused again."""
+
+    __slots__ = ("_launch", "_fallback", "refused")
+
+    def __init__(self, launch, fallback):
+        self._launch, self._fallback, self.refused = launch, fallback, False
+
+    def __call__(self, *arrays):
+        global cluster_refusals
+        if not self.refused:
+            try:
+                return self._launch(*arrays)
+            except Exception as e:  # CuPy's CUDADriverError (status: the CUresult)
+                if getattr(e, "status", None) not in _CLUSTER_REFUSALS:
+                    raise
+                self.refused = True
+                cluster_refusals += 1
+        return self._fallback(*arrays)
+
+
 ROWS_REDUCE_PER_SM = 4  # blocks per SM of the rows kernels when the occupancy API is missing
 
 
@@ -717,10 +747,13 @@ def _build_forward_plan(cp, x, y, pdtype, channels, outer, inner, training, upda
         spec = f"batchnorm_train_cluster<{t}, {pt}, {index_t}, {cl}>"
         if shared > 48 * 1024:  # opt in above the default dynamic shared memory
             FAMILY.function(spec).max_dynamic_shared_size_bytes = shared
-        launches.append(FAMILY.prepare(
+        others = _Deferred(lambda arrays: _build_forward_plan(
+            cp, arrays[0], arrays[1], pdtype, channels, outer, inner, training, update, momentum, eps, no_gamma,
+            no_beta, aligned, fused_allowed=False))
+        launches.append(_ClusterLaunch(FAMILY.prepare(
             spec, (channels * cl,), (_BLOCK,),
             (X, Y, MEAN, INVSTD, rm, rv, gamma, beta, it(outer), it(channels), it(inner), real(eps),
-             real(momentum), real(n / (n - 1)), np.int32(update)), shared_mem=shared))
+             real(momentum), real(n / (n - 1)), np.int32(update)), shared_mem=shared), others))
     elif group:
         index_t = index_type(x.size + _BLOCK * _GROUP_VALUES[t])
         it = np.int32 if index_t == "int" else np.int64

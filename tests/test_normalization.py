@@ -727,6 +727,45 @@ def test_multi_launch_and_grouped_kernels_get_arguments_of_their_signature(monke
             "batchnorm_train_cluster"} <= seen, seen
 
 
+def test_refused_cluster_launch_takes_the_other_kernels(monkeypatch):
+    """CPU: where the driver refuses to place the cluster kernel's clusters
+    (CUDA_ERROR_INVALID_CLUSTER_SIZE: a partitioned GPU), the call runs the
+    plan's other kernels instead -- on that call and every later one, without
+    trying the cluster launch again; any other error is raised as it is."""
+    from dnnprims import normalization
+    for name in ("_RESIDENT", "_WORKSPACES", "_SMS", "_LAUNCHES", "_CONSTANTS", "_PLANS", "_DEVICE"):
+        monkeypatch.setattr(normalization, name, {})
+    monkeypatch.setattr(normalization, "CLUSTER", True)
+    monkeypatch.setattr(normalization, "FUSED", False)
+    ran = []
+
+    class Refused(Exception):
+        status = 912
+
+    def prepare(expression, grid, block, args, shared_mem=0, cooperative=False, fallback=None):
+        def launch(*arrays):
+            ran.append(expression.split("<")[0])
+            if expression.startswith("batchnorm_train_cluster<"):
+                raise error
+        return launch
+    monkeypatch.setattr(normalization.FAMILY, "prepare", prepare)
+    monkeypatch.setattr(normalization.FAMILY, "function", lambda expression: None)
+    x = _fake_device_array((3, 8, 40 * 120), np.float32)
+    error = RuntimeError("a launch failure that is not a refusal")
+    plan = normalization._build_forward_plan(_FakeCupy, x, x, np.float32, 8, 3, 40 * 120, True, True, 0.1, 1e-5,
+                                             False, False, True)
+    with pytest.raises(RuntimeError, match="not a refusal"):
+        plan.run(x, x)
+    error = Refused("cluster refused")
+    refusals = normalization.cluster_refusals
+    for _ in range(2):
+        ran.clear()
+        plan.run(x, x, x, x, x, x, x, x)
+        assert ran[-2:] == ["batchnorm_statistics", "batchnorm_normalize"], ran
+    assert ran == ["batchnorm_statistics", "batchnorm_normalize"]   # the second call: no cluster try
+    assert normalization.cluster_refusals == refusals + 1
+
+
 def _kernels_type(dtype):
     from dnnprims import _dtypes
     return _dtypes.cuda_type(np.dtype(dtype))
