@@ -118,7 +118,7 @@ def _forward_key(x, gamma, beta, running_mean, running_var, training, momentum, 
             _vector_key(running_mean), _vector_key(running_var), type(training), training,
             type(momentum), momentum, type(eps), eps, layout, FUSED, FUSED_PREFETCH,
             FUSED_FORWARD_MIN_BYTES, FLAT_INFERENCE, GROUPED, ROWS_FUSED, ROWS_FUSED_MIN_ROWS,
-            CLUSTER, CLUSTER_BLOCK_BYTES, CLUSTER_MIN_BYTES,
+            CLUSTER, CLUSTER_BLOCK_BYTES, CLUSTER_MIN_BYTES, CLUSTER_MIN_PLANE_BYTES,
             _current_device(), _kernels.stream_key(_current_stream().ptr))
 
 
@@ -344,6 +344,9 @@ GROUPED = True
 CLUSTER = True
 CLUSTER_BLOCK_BYTES = 1 << 30
 CLUSTER_MIN_BYTES = None
+# Planes smaller than this stay on the other paths: one thread issues a block's
+# bulk copies, one per plane, so many tiny planes would serialise there.
+CLUSTER_MIN_PLANE_BYTES = 512
 _CLUSTER_STATIC_BYTES = 512  # the kernel's static shared memory (mbarrier, slots, scratch), rounded up
 _DEVICE = {}  # device -> (compute capability, per-block shared memory opt-in, L2 bytes)
 
@@ -364,7 +367,9 @@ def _device_facts(cp, device):
 def _cluster_shape(cp, x, outer, inner, aligned):
     """(blocks per cluster, dynamic shared bytes per block) of batchnorm_train_cluster
     for this x, or None where it does not apply."""
-    if not (CLUSTER and aligned and inner > 1 and (inner * x.itemsize) % 16 == 0 and outer >= 1):
+    plane = inner * x.itemsize
+    if not (CLUSTER and aligned and inner > 1 and plane % 16 == 0 and plane >= CLUSTER_MIN_PLANE_BYTES
+            and outer >= 1):
         return None
     cc, optin, l2 = _device_facts(cp, cp.cuda.runtime.getDevice())
     if cc < 90 or x.nbytes < (l2 if CLUSTER_MIN_BYTES is None else CLUSTER_MIN_BYTES):
@@ -718,7 +723,7 @@ def _forward_plan(cp, x, y, pdtype, channels, outer, inner, training, update, mo
     key = (cp.cuda.runtime.getDevice(), _stream(cp), x.shape, x.dtype,
            np.dtype(pdtype), channels, inner, aligned, training, update, float(momentum), float(eps),
            no_gamma, no_beta, FUSED, FUSED_PREFETCH, FUSED_FORWARD_MIN_BYTES, FLAT_INFERENCE,
-           GROUPED, CLUSTER, CLUSTER_BLOCK_BYTES, CLUSTER_MIN_BYTES)
+           GROUPED, CLUSTER, CLUSTER_BLOCK_BYTES, CLUSTER_MIN_BYTES, CLUSTER_MIN_PLANE_BYTES)
     return _cached_plan(key, lambda: _build_forward_plan(
         cp, x, y, pdtype, channels, outer, inner, training, update, float(momentum), float(eps),
         no_gamma, no_beta, aligned))

@@ -225,6 +225,7 @@ def test_several_chunks_per_channel(xp, rng, monkeypatch, dtype, x_shape, offset
     from dnnprims import normalization
     monkeypatch.setattr(normalization, "CLUSTER", cluster)
     monkeypatch.setattr(normalization, "CLUSTER_MIN_BYTES", 0)
+    monkeypatch.setattr(normalization, "CLUSTER_MIN_PLANE_BYTES", 16)
     x_host = random_array(rng, x_shape, dtype, low=-1, high=3)
     dy_host = random_array(rng, x_shape, dtype)
     gamma, beta = _params(rng, x_shape, "NCHW", np.float32 if dtype == np.float16 else dtype)
@@ -702,6 +703,7 @@ def test_multi_launch_and_grouped_kernels_get_arguments_of_their_signature(monke
             _check_arguments(captured[start:], backward_arrays, acc, seen)
     # The cluster training forward (a fake sm_90 device): one launch, planes of 16-byte vectors.
     monkeypatch.setattr(normalization, "CLUSTER", True)
+    monkeypatch.setattr(normalization, "CLUSTER_MIN_PLANE_BYTES", 16)
     kernels = []
     monkeypatch.setattr(normalization.FAMILY, "function",
                         lambda expression: kernels.append(type("Kernel", (), {})()) or kernels[-1])
@@ -890,6 +892,7 @@ def test_cluster_training_forward(gpu, rng, monkeypatch, dtype, x_shape, offset)
     from dnnprims import normalization
     _fresh_plans(monkeypatch)
     monkeypatch.setattr(normalization, "CLUSTER_MIN_BYTES", 0)  # small tensors too (default: beyond L2)
+    monkeypatch.setattr(normalization, "CLUSTER_MIN_PLANE_BYTES", 16)  # and small planes
     pdtype = np.float32 if dtype in (np.float16, _dtypes.BFLOAT16) else dtype
     itemsize = np.dtype(dtype).itemsize
     inner = int(np.prod(x_shape[2:]))
