@@ -155,7 +155,7 @@ def emulate(algorithm, problem, direction, a, b, bias=None, act=None, bug=None):
     assert block == (THREADS,)
     assert k["SPLIT_K"] == (splits > 1) and splits_arg == splits == sum_splits
     groups = problem.groups
-    assert grid[0] * BM >= M and grid[1] * BN >= Kg and grid[2] == groups * splits <= ig.MAX_GRID_Z
+    assert grid[0] * BM >= M and grid[1] * BN >= Kg and grid[2] == groups * splits <= ig.MAX_GRID_YZ
     assert total == M * Ky and channels == Ky and inner == (1 if NHWC else P * Q)
     if bug == "chunk_not_whole_steps" and splits > 1:
         chunk = -(-Kgemm // splits)

@@ -6,7 +6,7 @@
 # the existing implicit_gemm GPU tests of test_conv.py (the patch changes the
 # single-pass kernel's signature and epilogue code), then print the table last.
 #   bash notes/splitk_gpu.sh [seconds of budget, default 120]
-# From the repository root of a copy of the splitk branch (e.g. .wt/splitk), or of
+# From the repository root of a copy of the splitk8 branch (e.g. .wt/splitk8), or of
 # main with the branch merged.
 set -u
 cd "$(dirname "$0")/.."
@@ -20,14 +20,23 @@ PATCH=notes/wip/splitk_forward_unverified.patch
 # it, or `git apply` would take paths from that repository's root and skip them all.
 # A patch applied here is taken back out on exit, so that a later call on the same
 # machine finds the tree as it was sent.
+# All or nothing: `git apply` is atomic, and the `patch` fallback first checks every
+# hunk (--dry-run, no fuzz).  A partly applied patch (session 8: one hunk of
+# implicit_gemm.py rejected, the rest applied with fuzz) ran the tests on a tree
+# whose _plan and prepare disagreed, and every test failed for that alone.
 if ! grep -q conv_implicit_gemm_split_sum kernels/conv_implicit_gemm.cu; then
     if GIT_CEILING_DIRECTORIES="$(dirname "$PWD")" git apply "$PATCH" 2>"$OUT/apply.log"; then
         trap 'GIT_CEILING_DIRECTORIES="$(dirname "$PWD")" git apply -R "$PATCH"' EXIT
-    elif patch -p1 < "$PATCH" >>"$OUT/apply.log" 2>&1; then
+    elif patch -p1 -F0 --dry-run < "$PATCH" >>"$OUT/apply.log" 2>&1 \
+            && patch -p1 -F0 < "$PATCH" >>"$OUT/apply.log" 2>&1; then
         trap 'patch -R -p1 < "$PATCH" > /dev/null' EXIT
+    else
+        echo "patch did not apply (nothing applied): rebase it onto this tree (notes/splitk.md, Session 8 rebase)"
+        cat "$OUT/apply.log"; exit 1
     fi
 fi
-if ! grep -q conv_implicit_gemm_split_sum kernels/conv_implicit_gemm.cu || [ ! -f tests/test_conv_splitk.py ]; then
+if ! grep -q conv_implicit_gemm_split_sum kernels/conv_implicit_gemm.cu || [ ! -f tests/test_conv_splitk.py ] \
+        || ! grep -q "def split_k_plan" dnnprims/algos/implicit_gemm.py; then
     echo "patch did not apply"; cat "$OUT/apply.log"; exit 1
 fi
 echo "patch applied: $(grep -c SPLIT_K kernels/conv_implicit_gemm.cu) SPLIT_K mentions"
