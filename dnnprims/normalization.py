@@ -43,7 +43,7 @@ FAMILY = KernelFamily("batchnorm.cu", [
       for t, p in _TYPE_PAIRS for i in _INDEX_TYPES for v in (1, _VECTOR[t]) for f in _BOOL),
     *(f"batchnorm_backward_fused<{t}, {p}, {i}, {v}>"
       for t, p in _TYPE_PAIRS for i in _INDEX_TYPES for v in (1, _VECTOR[t])),
-    *(f"batchnorm_train_cluster<{t}, {p}, {i}, {cl}>"
+    *(f"batchnorm_{k}_cluster<{t}, {p}, {i}, {cl}>" for k in ("train", "backward")
       for t, p in _TYPE_PAIRS for i in _INDEX_TYPES for cl in _CLUSTER_SIZES),
     *(f"batchnorm_{k}_grouped<{t}, {p}, {i}, {_VECTOR[t]}, {g}>" for k in ("train", "backward")
       for t, p in _TYPE_PAIRS for i in _INDEX_TYPES for g in (2, 4, 8) if g <= _VECTOR[t]),
@@ -131,7 +131,8 @@ def _backward_key(dy, x, gamma, mean, invstd, eps, layout):
         return None
     return ("backward", dy.shape, dy.dtype, dy_data.device_id, x.shape, x.dtype, x_data.device_id,
             _vector_key(gamma), _vector_key(mean), _vector_key(invstd), type(eps), eps, layout, FUSED,
-            FUSED_BACKWARD_16BIT_SPLITS, GROUPED, ROWS_FUSED, ROWS_FUSED_MIN_ROWS, _current_device(),
+            FUSED_BACKWARD_16BIT_SPLITS, GROUPED, ROWS_FUSED, ROWS_FUSED_MIN_ROWS, CLUSTER_BACKWARD,
+            CLUSTER_BLOCK_BYTES, CLUSTER_MIN_BYTES, CLUSTER_MIN_PLANE_BYTES, _current_device(),
             _kernels.stream_key(_current_stream().ptr))
 
 
@@ -342,6 +343,9 @@ GROUPED = True
 # PyTorch), fp16 / bf16 0.091 vs 0.123, bn_r50_early 32x64x112x112 fp32 0.097 vs
 # 0.114 (227 KB blocks); 25.7 MB tensors 0.032-0.035 vs 0.031 (slower: in L2).
 CLUSTER = True
+# The backward with saved statistics likewise (batchnorm_backward_cluster: x and
+# dy in shared memory, read once; planes of both within the block budget).
+CLUSTER_BACKWARD = True
 CLUSTER_BLOCK_BYTES = 1 << 30
 CLUSTER_MIN_BYTES = None
 # Planes smaller than this stay on the other paths: one thread issues a block's
@@ -364,18 +368,19 @@ def _device_facts(cp, device):
     return facts
 
 
-def _cluster_shape(cp, x, outer, inner, aligned):
+def _cluster_shape(cp, x, outer, inner, aligned, tensors=1):
     """(blocks per cluster, dynamic shared bytes per block) of batchnorm_train_cluster
-    for this x, or None where it does not apply."""
+    (``tensors`` = 1: x) or batchnorm_backward_cluster (2: x and dy) for this x, or
+    None where it does not apply."""
     plane = inner * x.itemsize
     if not (CLUSTER and aligned and inner > 1 and plane % 16 == 0 and plane >= CLUSTER_MIN_PLANE_BYTES
             and outer >= 1):
         return None
     cc, optin, l2 = _device_facts(cp, cp.cuda.runtime.getDevice())
-    if cc < 90 or x.nbytes < (l2 if CLUSTER_MIN_BYTES is None else CLUSTER_MIN_BYTES):
+    if cc < 90 or tensors * x.nbytes < (l2 if CLUSTER_MIN_BYTES is None else CLUSTER_MIN_BYTES):
         return None
     cl = max(size for size in _CLUSTER_SIZES if size <= outer)
-    shared = -(-outer // cl) * inner * x.itemsize
+    shared = tensors * -(-outer // cl) * inner * x.itemsize
     return (cl, shared) if shared <= min(CLUSTER_BLOCK_BYTES, optin - _CLUSTER_STATIC_BYTES) else None
 
 
@@ -849,7 +854,8 @@ def _backward_plan(cp, x, dy, dx, pdtype, channels, outer, inner, recompute, eps
     aligned = not (x.data.ptr | dy.data.ptr | dx.data.ptr) & 15
     key = ("backward", cp.cuda.runtime.getDevice(), _stream(cp), x.shape, x.dtype,
            np.dtype(pdtype), channels, inner, aligned, recompute, float(eps), no_gamma, FUSED,
-           FUSED_BACKWARD_16BIT_SPLITS, GROUPED)
+           FUSED_BACKWARD_16BIT_SPLITS, GROUPED, CLUSTER_BACKWARD, CLUSTER_BLOCK_BYTES, CLUSTER_MIN_BYTES,
+           CLUSTER_MIN_PLANE_BYTES)
     return _cached_plan(key, lambda: _build_backward_plan(
         cp, x, dy, dx, pdtype, channels, outer, inner, recompute, float(eps), no_gamma, aligned))
 
@@ -865,6 +871,23 @@ def _build_backward_plan(cp, x, dy, dx, pdtype, channels, outer, inner, recomput
     work = _stream_workspace(cp)
     launches = []
     t = _dtypes.cuda_type(x.dtype)
+    cluster = (_cluster_shape(cp, x, outer, inner, aligned, tensors=2)
+               if CLUSTER_BACKWARD and not recompute and fused_allowed else None)
+    if cluster:
+        cl, shared = cluster
+        index_t = index_type(x.size)
+        it = np.int32 if index_t == "int" else np.int64
+        spec = f"batchnorm_backward_cluster<{t}, {pt}, {index_t}, {cl}>"
+        if shared > 48 * 1024:  # opt in above the default dynamic shared memory
+            FAMILY.function(spec).max_dynamic_shared_size_bytes = shared
+        others = _Deferred(lambda arrays: _build_backward_plan(
+            cp, arrays[0], arrays[1], arrays[5], pdtype, channels, outer, inner, recompute, eps, no_gamma, aligned,
+            fused_allowed=False))
+        launches.append(_ClusterLaunch(FAMILY.prepare(
+            spec, (channels * cl,), (_BLOCK,),
+            (X, DY, A.ARRAY2, A.ARRAY3, gamma, DX, DGAMMA, DBETA, it(outer), it(channels), it(inner)),
+            shared_mem=shared), others))
+        return _Plan(launches, aligned)
     group = 0 if recompute else _group(t, channels, outer, inner, aligned)
     if group:
         index_t = index_type(x.size + _BLOCK * _GROUP_VALUES[t])

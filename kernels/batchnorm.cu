@@ -979,26 +979,72 @@ batchnorm_backward_fused(const T* __restrict__ x, const T* __restrict__ dy,
 }
 
 // ---------------------------------------------------------------------------
-// Cluster training forward (sm_90+; NCHW whose planes are whole 16-byte
-// vectors, 16-byte aligned x and y): x is read from DRAM once, so the floor
-// is two passes over x instead of three.  One cluster of CL blocks per channel
-// (blockIdx.x = c * CL + rank).  Block `rank` takes planes n = rank, rank + CL,
-// ... of channel c and bulk-copies them into its dynamic shared memory (thread
-// 0, one mbarrier).  From there: its values' mean and sum of squared
-// deviations (two-pass exact) into its `part` slot; a cluster barrier; every
-// block merges the CL slots through distributed shared memory in rank order
-// (Chan), so all hold the same, bitwise reproducible statistics; then each
-// normalizes its planes from shared memory into y.  A block exits only after
-// the cluster's second barrier (the others may still read its slot).  No grid
+// Cluster kernels (sm_90+; NCHW whose planes are whole 16-byte vectors, 16-byte
+// aligned tensors): x (and dy) read from DRAM once.  One cluster of CL blocks
+// per channel (blockIdx.x = c * CL + rank); block `rank` takes planes n = rank,
+// rank + CL, ... of channel c and bulk-copies them into its dynamic shared
+// memory (thread 0, one mbarrier; the backward's dy planes after x's).  From
+// there: the block's partial statistics / sums into a shared slot; a cluster
+// barrier; every block merges the CL slots through distributed shared memory
+// in rank order, so all hold the same, bitwise reproducible result; then each
+// writes its planes' outputs from shared memory.  A block exits only after the
+// cluster's second barrier (the others may still read its slot).  No grid
 // barrier: the hardware co-schedules a cluster's blocks, and clusters are
-// independent, so any grid runs.  Why: the two-pass path re-reads x, from DRAM
-// once x outgrows L2 (bn_big: 205 MB), and the single-read fused kernels above
-// lose to it on their global per-round barrier (notes/mem_poolbn.md).
+// independent, so any grid runs.  Why: the two-pass kernels re-read x (and dy),
+// from DRAM once the tensors outgrow L2 (bn_big: 205 MB), and the single-read
+// fused kernels above pay a global per-round barrier (notes/mem_poolbn.md);
+// H100 figures in notes/cluster.md.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
 #define BN_CLUSTER_DIMS(n)
 #else
 #define BN_CLUSTER_DIMS(n) __cluster_dims__(n, 1, 1)
 #endif
+
+// Planes of this cluster block (of `outer`) for channel c of K tensors, bulk
+// copied to smem (tensor k's at smem + k * planes * inner), waited for by every
+// thread.  Returns the number of planes.
+template <int CL, int K, typename T, typename index_t>
+__device__ __forceinline__ index_t cluster_fetch_planes(T* smem, const T* const (&src)[K], unsigned long long* bar,
+                                                        unsigned rank, index_t c, index_t outer, index_t C,
+                                                        index_t inner) {
+    const index_t planes = (index_t)rank < outer ? (outer - 1 - (index_t)rank) / CL + 1 : 0;
+    if (threadIdx.x == 0) {
+        mbarrier_init1(bar);
+        const unsigned plane_bytes = (unsigned)(inner * sizeof(T));
+        for (int t = 0; t < K; ++t)
+            for (index_t k = 0; k < planes; ++k)
+                bulk_copy_expect(bar, smem + (t * planes + k) * inner,
+                                 src[t] + (((index_t)rank + k * CL) * C + c) * inner, plane_bytes,
+                                 t == 0 && k == 0 ? (unsigned)(K * planes * plane_bytes) : 0u);
+    }
+    __syncthreads();  // the barrier is initialised before anyone waits on it
+    if (planes > 0) mbarrier_wait(bar, 0);
+    return planes;
+}
+
+// `part` (NV values in this block's shared memory, thread 0 wrote them) of every
+// block of the cluster, folded in rank order by merge(acc, other) from `init`:
+// the same result in every block, to every thread.  Ends with this block's
+// arrival at the cluster's second barrier: the caller waits on it
+// (cluster_wait) before it exits.
+template <int CL, int NV, typename A, typename Merge>
+__device__ __forceinline__ void cluster_merge(const A* part, const A (&init)[NV], A (&out)[NV], Merge merge) {
+    __shared__ A result[NV];
+    cluster_arrive();  // every block's slot is written ...
+    cluster_wait();
+    if (threadIdx.x == 0) {  // ... and folded in rank order by every block alike
+        A acc[NV], other[NV];
+        for (int v = 0; v < NV; ++v) acc[v] = init[v];
+        for (unsigned r = 0; r < (unsigned)CL; ++r) {
+            for (int v = 0; v < NV; ++v) other[v] = cluster_load(part + v, r);
+            merge(acc, other);
+        }
+        for (int v = 0; v < NV; ++v) result[v] = acc[v];
+    }
+    cluster_arrive();  // done reading the others' slots
+    __syncthreads();
+    for (int v = 0; v < NV; ++v) out[v] = result[v];
+}
 
 template <typename T, typename P, typename index_t, int CL>
 __global__ void BN_CLUSTER_DIMS(CL) __launch_bounds__(BN_THREADS)
@@ -1015,22 +1061,13 @@ batchnorm_train_cluster(const T* __restrict__ x, T* __restrict__ y, acc_t<T>* __
     const V* buf = reinterpret_cast<const V*>(bn_cluster_smem);
     __shared__ __align__(8) unsigned long long bar;
     __shared__ A part[3];  // this block's (count, mean, M2), read by the whole cluster
-    __shared__ A result[2];
     __shared__ A scratch[32];
     const unsigned rank = cluster_rank();
     const index_t c = (index_t)(blockIdx.x / CL);
-    const index_t planes = (index_t)rank < outer ? (outer - 1 - (index_t)rank) / CL + 1 : 0;
+    const T* const src[1] = {x};
+    const index_t planes = cluster_fetch_planes<CL, 1>(reinterpret_cast<T*>(bn_cluster_smem), src, &bar, rank, c,
+                                                       outer, C, inner);
     const index_t pv = inner / VEC, mv = planes * pv;  // vectors of a plane, of this block
-    if (threadIdx.x == 0) {
-        mbarrier_init1(&bar);
-        const unsigned plane_bytes = (unsigned)(inner * sizeof(T));
-        T* dst = reinterpret_cast<T*>(bn_cluster_smem);
-        for (index_t k = 0; k < planes; ++k)
-            bulk_copy_expect(&bar, dst + k * inner, x + (((index_t)rank + k * CL) * C + c) * inner, plane_bytes,
-                             k == 0 ? (unsigned)(planes * plane_bytes) : 0u);
-    }
-    __syncthreads();  // the barrier is initialised before anyone waits on it
-    if (planes > 0) mbarrier_wait(&bar, 0);
     A sum = 0;
 #pragma unroll 4
     for (index_t i = threadIdx.x; i < mv; i += BN_THREADS) {
@@ -1057,18 +1094,11 @@ batchnorm_train_cluster(const T* __restrict__ x, T* __restrict__ y, acc_t<T>* __
         part[1] = mu;
         part[2] = q;
     }
-    cluster_arrive();  // every block's slot is written ...
-    cluster_wait();
-    if (threadIdx.x == 0) {  // ... and merged in rank order by every block alike
-        A n = 0, mean = 0, m2 = 0;
-        for (unsigned r = 0; r < (unsigned)CL; ++r)
-            chan_merge(n, mean, m2, cluster_load(&part[0], r), cluster_load(&part[1], r), cluster_load(&part[2], r));
-        result[0] = mean;
-        result[1] = m2 / n;
-    }
-    cluster_arrive();  // done reading the others' slots (waited on before exit)
-    __syncthreads();
-    const A mean = result[0], var = result[1];
+    const A init[3] = {A(0), A(0), A(0)};
+    A merged[3];  // (count, mean, M2) of the channel
+    cluster_merge<CL>(part, init, merged,
+                      [](A (&a)[3], const A (&b)[3]) { chan_merge(a[0], a[1], a[2], b[0], b[1], b[2]); });
+    const A mean = merged[1], var = merged[2] / merged[0];
     const A invstd = A(1) / sqrt(var + eps);
     if (rank == 0 && threadIdx.x == 0) {
         write_statistics((int)c, mean, var, invstd, mean_out, invstd_out, running_mean, running_var, momentum,
@@ -1083,6 +1113,79 @@ batchnorm_train_cluster(const T* __restrict__ x, T* __restrict__ y, acc_t<T>* __
 #pragma unroll
         for (int v = 0; v < VEC; ++v) out[v] = (A(load(pk.v[v])) - mean) * scale + shift;
         store_pack<T, VEC>(y, (((index_t)rank + k * CL) * C + c) * inner + j * VEC, out);
+    }
+    cluster_wait();
+#else
+    __trap();  // Python launches it only on sm_90+
+#endif
+}
+
+// The backward with saved statistics: dbeta = sum(dy), dgamma = sum(dy * xhat),
+// dx = gamma * invstd * (dy - dbeta / n - xhat * dgamma / n) (store_chunk_dx's
+// formula), x and dy read once.
+template <typename T, typename P, typename index_t, int CL>
+__global__ void BN_CLUSTER_DIMS(CL) __launch_bounds__(BN_THREADS)
+batchnorm_backward_cluster(const T* __restrict__ x, const T* __restrict__ dy,
+                           const acc_t<T>* __restrict__ mean, const acc_t<T>* __restrict__ invstd,
+                           const P* __restrict__ gamma, T* __restrict__ dx, P* __restrict__ dgamma,
+                           P* __restrict__ dbeta, index_t outer, index_t C, index_t inner) {
+#if __CUDA_ARCH__ >= 900
+    typedef acc_t<T> A;
+    constexpr int VEC = 16 / (int)sizeof(T);
+    typedef Pack<T, VEC> V;
+    extern __shared__ __align__(16) unsigned char bn_cluster_smem[];
+    const V* buf = reinterpret_cast<const V*>(bn_cluster_smem);
+    __shared__ __align__(8) unsigned long long bar;
+    __shared__ A part[2];  // this block's sum(dy), sum(dy * (x - mean)), read by the whole cluster
+    __shared__ A scratch[32];
+    const unsigned rank = cluster_rank();
+    const index_t c = (index_t)(blockIdx.x / CL);
+    const T* const src[2] = {x, dy};
+    const index_t planes = cluster_fetch_planes<CL, 2>(reinterpret_cast<T*>(bn_cluster_smem), src, &bar, rank, c,
+                                                       outer, C, inner);
+    const index_t pv = inner / VEC, mv = planes * pv;  // vectors of a plane, of this block (per tensor)
+    const V* dbuf = buf + mv;
+    const A m = mean[c], s = invstd[c];
+    A g = 0, gx = 0;
+#pragma unroll 4
+    for (index_t i = threadIdx.x; i < mv; i += BN_THREADS) {
+        const V xk = buf[i], dk = dbuf[i];
+#pragma unroll
+        for (int v = 0; v < VEC; ++v) {
+            const A d = A(load(dk.v[v]));
+            g += d;
+            gx += d * (A(load(xk.v[v])) - m);
+        }
+    }
+    g = block_sum(g, scratch);
+    gx = block_sum(gx, scratch);
+    if (threadIdx.x == 0) {
+        part[0] = g;
+        part[1] = gx;
+    }
+    const A init[2] = {A(0), A(0)};
+    A sums[2];
+    cluster_merge<CL>(part, init, sums, [](A (&a)[2], const A (&b)[2]) {
+        a[0] += b[0];
+        a[1] += b[1];
+    });
+    const A sg = sums[0], sgx = sums[1] * s;
+    if (rank == 0 && threadIdx.x == 0) {
+        dbeta[c] = store<P>(sg);
+        dgamma[c] = store<P>(sgx);
+    }
+    const A n = A(outer * inner), scale = A(load(gamma[c])) * s, mean_dy = sg / n, mean_dy_xhat = sgx / n;
+#pragma unroll 4
+    for (index_t i = threadIdx.x; i < mv; i += BN_THREADS) {
+        const index_t k = i / pv, j = i - k * pv;
+        const V xk = buf[i], dk = dbuf[i];
+        A out[VEC];
+#pragma unroll
+        for (int v = 0; v < VEC; ++v) {
+            const A xhat = (A(load(xk.v[v])) - m) * s;
+            out[v] = scale * (A(load(dk.v[v])) - mean_dy - xhat * mean_dy_xhat);
+        }
+        store_pack<T, VEC>(dx, (((index_t)rank + k * CL) * C + c) * inner + j * VEC, out);
     }
     cluster_wait();
 #else

@@ -1,8 +1,9 @@
-"""Batch-norm training forward: the cluster kernel (CLUSTER) against the other
-paths, in ONE process, PyTorch side by side, two rounds: ms (median of 20
-CUDA-event timed calls, the bench's `measure`), fraction of the copy bandwidth
-over the bench's floor bytes (3x the tensor; copy of 1 GiB measured in this run),
-torch / ours, and each variant's max |y - y_float64| / max |y_float64|.
+"""Batch-norm training forward and backward (saved statistics): the cluster
+kernels (CLUSTER, CLUSTER_BACKWARD) against the other paths, in ONE process,
+PyTorch side by side, two rounds: ms (median of 20 CUDA-event timed calls, the
+bench's `measure`), fraction of the copy bandwidth over the bench's floor bytes
+(3x / 5x the tensor; copy of 1 GiB measured in this run), torch / ours, and each
+variant's max |out - out_float64| / max |out_float64| (y; dx).
     PYTHONPATH=. python notes/cluster_ab.py"""
 import numpy as np
 import cupy as cp
@@ -16,8 +17,8 @@ PROBLEMS = [("bn_big", (64, 256, 56, 56), np.float32), ("bn_big_f16", (64, 256, 
             ("bn_big_bf16", (64, 256, 56, 56), "bfloat16"), ("bn_r50_early", (32, 64, 112, 112), np.float32),
             ("bn_r50_early_f16", (32, 64, 112, 112), np.float16), ("bn_r50_mid", (32, 256, 28, 28), np.float32),
             ("bn_64x128x28", (64, 128, 28, 28), np.float32), ("bn_big_f64", (64, 256, 56, 56), np.float64)]
-VARIANTS = {"two-pass": dict(CLUSTER=False), "cluster": dict(CLUSTER=True),
-            "cluster 227K": dict(CLUSTER=True, CLUSTER_BLOCK_BYTES=227 * 1024)}
+VARIANTS = {"other": dict(CLUSTER=False, CLUSTER_BACKWARD=False), "cluster": dict(),
+            "cluster 112K": dict(CLUSTER_BLOCK_BYTES=112 * 1024)}
 REPEAT = 20
 
 
@@ -33,7 +34,7 @@ def ms(fn):
 
 
 def setv(v):
-    for k, val in {"CLUSTER": True, "CLUSTER_BLOCK_BYTES": 112 * 1024, **v}.items():
+    for k, val in {"CLUSTER": True, "CLUSTER_BACKWARD": True, "CLUSTER_BLOCK_BYTES": 1 << 30, **v}.items():
         setattr(bn, k, val)
 
 
@@ -41,7 +42,7 @@ copy = copy_gbps()
 print(f"copy {copy:.0f} GB/s  GPU {cp.cuda.runtime.getDeviceProperties(0)['name'].decode()}", flush=True)
 rng = np.random.default_rng(0)
 F = torch.nn.functional
-print(f"{'problem':18s} {'variant':14s} {'ms r1':>8s} {'ms r2':>8s} {'torch':>8s} {'x torch':>7s} {'of copy':>7s} {'err':>9s}")
+print(f"{'problem':26s} {'variant':13s} {'ms r1':>8s} {'ms r2':>8s} {'torch':>8s} {'x torch':>7s} {'of copy':>7s} {'err':>9s}")
 for name, shape, dtype in PROBLEMS:
     dt = dp._dtypes.BFLOAT16 if dtype == "bfloat16" else np.dtype(dtype)
     host = rng.uniform(-1, 3, shape).astype(np.float32)
@@ -63,23 +64,44 @@ for name, shape, dtype in PROBLEMS:
         tx = torch.as_tensor(x, device="cuda")
     tg, tb = torch.as_tensor(gamma, device="cuda"), torch.as_tensor(beta, device="cuda")
     trm, trv = torch.as_tensor(rm.copy(), device="cuda"), torch.as_tensor(rv.copy(), device="cuda")
-    torch_fn = lambda: F.batch_norm(tx, trm, trv, tg, tb, training=True)  # noqa: E731
-    floor = 3 * x.nbytes
-    times = {k: [] for k in VARIANTS}
-    times["torch"] = []
-    errs = {}
-    for rnd in range(2):
-        for k, v in VARIANTS.items():
-            setv(v)
-            fn = lambda: dp.batchnorm(x, gamma, beta, rm, rv, training=True)  # noqa: E731
-            y = fn()
-            if rnd == 0:
-                errs[k] = float(cp.abs(y.astype(cp.float64) - y64).max()) / scale
-            times[k].append(ms(fn))
-        times["torch"].append(ms(torch_fn))
-    setv({})
-    t_torch = min(times["torch"])
-    for k in VARIANTS:
-        best = min(times[k])
-        print(f"{name:18s} {k:14s} {times[k][0]:8.4f} {times[k][1]:8.4f} {t_torch:8.4f} {t_torch / best:7.2f} "
-              f"{floor / (best * 1e-3) / 1e9 / copy:7.3f} {errs[k]:9.2e}", flush=True)
+    dy = cp.asarray(rng.uniform(-1, 1, shape).astype(np.float32)).astype(dt)
+    dy64 = dy.astype(cp.float64)
+    _, mean, invstd = dp.batchnorm(x, gamma, beta, training=True, return_stats=True)
+    xhat = (x64 - mu) / cp.sqrt(var + 1e-5)
+    n = x.size // c
+    g64 = gamma.astype(cp.float64)[:, None, None]
+    sdy = dy64.sum(axis=(0, 2, 3), keepdims=True)
+    sdyx = (dy64 * xhat).sum(axis=(0, 2, 3), keepdims=True)
+    dx64 = g64 / cp.sqrt(var + 1e-5) * (dy64 - sdy / n - xhat * sdyx / n)
+    dscale = float(cp.abs(dx64).max())
+    if dt == dp._dtypes.BFLOAT16:
+        tdy = torch.as_tensor(dy.view(cp.uint16), device="cuda").view(torch.bfloat16)
+    else:
+        tdy = torch.as_tensor(dy, device="cuda")
+    txg, tgg, tbg = (t.detach().clone().requires_grad_() for t in (tx, tg, tb))
+    ty = F.batch_norm(txg, None, None, tgg, tbg, training=True)
+    ops = {
+        "train": (3, lambda: dp.batchnorm(x, gamma, beta, rm, rv, training=True), y64, scale,
+                  lambda: F.batch_norm(tx, trm, trv, tg, tb, training=True)),
+        "backward": (5, lambda: dp.batchnorm_backward(dy, x, gamma, mean=mean, invstd=invstd)[0], dx64, dscale,
+                     lambda: torch.autograd.grad(ty, (txg, tgg, tbg), tdy, retain_graph=True)),
+    }
+    for op, (passes, fn, ref, ref_scale, torch_fn) in ops.items():
+        floor = passes * x.nbytes
+        times = {k: [] for k in VARIANTS}
+        times["torch"] = []
+        errs = {}
+        for rnd in range(2):
+            for k, v in VARIANTS.items():
+                setv(v)
+                out = fn()
+                if rnd == 0:
+                    errs[k] = float(cp.abs(out.astype(cp.float64) - ref).max()) / ref_scale
+                times[k].append(ms(fn))
+            times["torch"].append(ms(torch_fn))
+        setv({})
+        t_torch = min(times["torch"])
+        for k in VARIANTS:
+            best = min(times[k])
+            print(f"{name + ' ' + op:26s} {k:13s} {times[k][0]:8.4f} {times[k][1]:8.4f} {t_torch:8.4f} "
+                  f"{t_torch / best:7.2f} {floor / (best * 1e-3) / 1e9 / copy:7.3f} {errs[k]:9.2e}", flush=True)

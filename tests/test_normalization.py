@@ -221,9 +221,10 @@ def test_matches_reference_hypothesis(xp, problem):
 def test_several_chunks_per_channel(xp, rng, monkeypatch, dtype, x_shape, offset, cluster):
     """More values per channel than one block's chunk (4096), 16-byte vector loads
     (inner % 8 == 0), and the same data at a misaligned address (offset); the
-    training forward with and without the cluster kernel."""
+    training forward and the backward with and without the cluster kernels."""
     from dnnprims import normalization
     monkeypatch.setattr(normalization, "CLUSTER", cluster)
+    monkeypatch.setattr(normalization, "CLUSTER_BACKWARD", cluster)
     monkeypatch.setattr(normalization, "CLUSTER_MIN_BYTES", 0)
     monkeypatch.setattr(normalization, "CLUSTER_MIN_PLANE_BYTES", 16)
     x_host = random_array(rng, x_shape, dtype, low=-1, high=3)
@@ -704,9 +705,9 @@ def test_multi_launch_and_grouped_kernels_get_arguments_of_their_signature(monke
     # The cluster training forward (a fake sm_90 device): one launch, planes of 16-byte vectors.
     monkeypatch.setattr(normalization, "CLUSTER", True)
     monkeypatch.setattr(normalization, "CLUSTER_MIN_PLANE_BYTES", 16)
-    kernels = []
+    kernels = {}  # expression -> a fake kernel whose shared-memory opt-in the plan sets
     monkeypatch.setattr(normalization.FAMILY, "function",
-                        lambda expression: kernels.append(type("Kernel", (), {})()) or kernels[-1])
+                        lambda expression: kernels.setdefault(expression, type("Kernel", (), {})()))
     for c, outer, inner, cl in ((8, 3, 40 * 120, 2), (5, 13, 64, 8), (4, 1, 16, 1)):
         x = _fake_device_array((outer, c, inner), dtype)
         start = len(captured)
@@ -715,18 +716,25 @@ def test_multi_launch_and_grouped_kernels_get_arguments_of_their_signature(monke
         assert [e for e, _, _ in captured[start:]] == [
             f"batchnorm_train_cluster<{_kernels_type(dtype)}, {_kernels_type(pdtype)}, int, {cl}>"]
         _check_arguments(captured[start:], forward_arrays, acc, seen)
+        start = len(captured)
+        normalization._build_backward_plan(cp, x, x, x, pdtype, c, outer, inner, False, 1e-5, False, True)
+        assert [e for e, _, _ in captured[start:]] == [
+            f"batchnorm_backward_cluster<{_kernels_type(dtype)}, {_kernels_type(pdtype)}, int, {cl}>"]
+        _check_arguments(captured[start:], backward_arrays, acc, seen)
     x = _fake_device_array((1, 1, 8), dtype)  # 16-byte planes, under the fake device's 100-byte L2
     start = len(captured)
     normalization._build_forward_plan(cp, x, x, pdtype, 1, 1, 8, True, True, 0.1, 1e-5, False, False, True)
     assert not [e for e, _, _ in captured[start:] if e.startswith("batchnorm_train_cluster")]
-    shared = 2 * 4800 * np.dtype(dtype).itemsize  # the first case: 3 planes, 2 a block
-    if shared > 48 * 1024:  # opted in above the default (float64)
-        assert kernels[0].max_dynamic_shared_size_bytes == shared
-    else:
-        assert not kernels
+    shared = 2 * 4800 * np.dtype(dtype).itemsize  # the first case: 3 planes, 2 a block (and x, dy backward)
+    for kind, tensors in (("train", 1), ("backward", 2)):
+        spec = f"batchnorm_{kind}_cluster<{_kernels_type(dtype)}, {_kernels_type(pdtype)}, int, 2>"
+        if tensors * shared > 48 * 1024:  # opted in above the default
+            assert kernels[spec].max_dynamic_shared_size_bytes == tensors * shared
+        else:
+            assert spec not in kernels
     assert {"batchnorm_statistics", "batchnorm_normalize", "batchnorm_backward_reduce", "batchnorm_backward_data",
             "batchnorm_train_grouped", "batchnorm_backward_grouped", "batchnorm_infer_flat",
-            "batchnorm_train_cluster"} <= seen, seen
+            "batchnorm_train_cluster", "batchnorm_backward_cluster"} <= seen, seen
 
 
 def test_refused_cluster_launch_takes_the_other_kernels(monkeypatch):
@@ -879,14 +887,15 @@ def _check_barrier_paths(xp, rng, dtype, x_shape, layout):
 @pytest.mark.parametrize("x_shape,offset", [((13, 5, 8, 16), 0), ((1, 3, 4, 8), 0), ((3, 7, 2, 8), 0),
                                             ((7, 2, 40, 48), 0), ((64, 3, 28, 28), 0), ((8, 4, 16), 0),
                                             ((13, 5, 8, 16), 1), ((5, 3, 7, 7), 0)])
-def test_cluster_training_forward(gpu, rng, monkeypatch, dtype, x_shape, offset):
+def test_cluster_training_forward_and_backward(gpu, rng, monkeypatch, dtype, x_shape, offset):
     """batchnorm_train_cluster (sm_90+; other GPUs check they do not take it): a
     cluster of min(8, N) blocks per channel
     (N = 1, 3 -> 2 blocks, 7 -> 4, 13 / 64 -> 8, so some blocks hold one plane
     more than others, or none), the channel's planes in shared memory: y, the
     saved statistics and the running statistics match the float64 reference,
     bitwise the same on every repeat (a fixed merge order), also on the fast
-    path.  A misaligned x or planes that are not whole 16-byte vectors (7x7)
+    path; batchnorm_backward_cluster (saved statistics) likewise for dx, dgamma
+    and dbeta.  A misaligned x or planes that are not whole 16-byte vectors (7x7)
     take the other kernels, as do blocks over CLUSTER_BLOCK_BYTES; a 3-D (N, C,
     L) input runs it too."""
     from dnnprims import normalization
@@ -929,6 +938,27 @@ def test_cluster_training_forward(gpu, rng, monkeypatch, dtype, x_shape, offset)
     assert_close(rm, rm64, pdtype, what="running_mean")
     assert_close(rv, rv64, pdtype, what="running_var")
     assert_close(batchnorm(x, None, None), batchnorm(f64(x_host), None, None), dtype, what="y (no parameters)")
+    # The backward with the saved statistics (batchnorm_backward_cluster: x and dy held).
+    dy_host = random_array(rng, x_shape, dtype)
+    dy = _placed(gpu, dy_host, offset)
+    x64, dy64 = f64(x_host), f64(dy_host)
+    axes = (0,) + tuple(range(2, len(x_shape)))
+    expect = batchnorm_backward(dy64, x64, f64(gamma))
+    centred = np.abs(x64 - x64.mean(axis=axes, keepdims=True))
+    magnitudes = dict(dgamma=(np.abs(dy64) * centred).sum(axis=axes) / np.sqrt(x64.var(axis=axes) + 1e-5),
+                      dbeta=np.abs(dy64).sum(axis=axes))
+    ran.clear()
+    grads = []
+    for _ in range(3):  # the later calls take the fast path
+        got = batchnorm_backward(dy, x, gpu.asarray(gamma), mean=gpu.asarray(mean), invstd=gpu.asarray(invstd))
+        grads.append([_host(a) for a in got])
+    assert any(e.startswith("batchnorm_backward_cluster<") for e in ran) == expect_cluster, ran
+    for later in grads[1:]:
+        for a, b in zip(grads[0], later):
+            np.testing.assert_array_equal(a, b)
+    for a, b, what in zip(grads[0], expect, ("dx", "dgamma", "dbeta")):
+        assert a.shape == b.shape
+        assert_close(a, b, dtype, what=what, magnitude=magnitudes.get(what))
     if expect_cluster:  # blocks over the limit: the other kernels, the same statistics within rounding
         ran.clear()
         monkeypatch.setattr(normalization, "CLUSTER_BLOCK_BYTES", 16)
@@ -936,6 +966,10 @@ def test_cluster_training_forward(gpu, rng, monkeypatch, dtype, x_shape, offset)
         assert ran and not any(e.startswith("batchnorm_train_cluster<") for e in ran), ran
         assert_close(y2, y64, dtype, what="y (other kernels)")
         assert_close(mean2, mean64, dtype, what="mean (other kernels)")
+        ran.clear()
+        dx2 = batchnorm_backward(dy, x, gpu.asarray(gamma), mean=gpu.asarray(mean), invstd=gpu.asarray(invstd))[0]
+        assert ran and not any(e.startswith("batchnorm_backward_cluster<") for e in ran), ran
+        assert_close(dx2, expect[0], dtype, what="dx (other kernels)")
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
