@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The lead's one device call: GPU tests on main, partial re-tune (5x5/7x7), main job,
 # overhead, bench all; logs tarred into $OUT (few files come back), summary last.
-#   bash notes/lead_call.sh [tests] [tune] [main] [overhead] [bench:SUITE] ...
+#   bash notes/lead_call.sh [tests] [tune] [main] [overhead] [bench:SUITE] [ab:SCRIPT.py] [sh:SCRIPT.sh] ...
 set -u
 cd "$(dirname "$0")/.."
 L=/tmp/lead_logs; rm -rf "$L"; mkdir -p "$L"
@@ -17,6 +17,8 @@ for step in "$@"; do
         winosmall) rm -rf /tmp/ws; cp -r . /tmp/ws; (cd /tmp/ws && OUT=$L/winosmall timeout 200 bash notes/winosmall_gpu.sh 150 > "$L/winosmall.txt" 2>&1); stamp "winosmall rc $?" ;;
         splitk) rm -rf /tmp/sk; cp -r . /tmp/sk; (cd /tmp/sk && OUT=$L/splitk timeout 150 bash notes/splitk_gpu.sh 120 > "$L/splitk.txt" 2>&1); stamp "splitk rc $?" ;;
         hostnext) rm -rf /tmp/hn; cp -r . /tmp/hn; (cd /tmp/hn && OUT=$L/hostnext timeout 150 bash notes/hostwino_next_gpu.sh 135 > "$L/hostnext.txt" 2>&1); stamp "hostnext rc $?" ;;
+        ab:*) f=${step#ab:}; n=$(basename "$f" .py); PYTHONPATH=$PWD PYTHONUNBUFFERED=1 timeout 200 python "$f" > "$L/ab_$n.txt" 2>&1; stamp "ab $n rc $?" ;;
+        sh:*) f=${step#sh:}; n=$(basename "$f" .sh); rm -rf /tmp/shcopy; cp -r . /tmp/shcopy; (cd /tmp/shcopy && OUT=$L/$n timeout 260 bash "$f" > "$L/sh_$n.txt" 2>&1); stamp "sh $n rc $?" ;;
         bench:*) s=${step#bench:}; left=$(( ${DEADLINE_S:-100000} - ($(date +%s) - T0) )); [ "$left" -gt 260 ] && left=260; [ "$left" -lt 20 ] && { stamp "bench $s skipped (deadline)"; continue; }
                  OUT=$L/bench_$s timeout $left bash scripts/gpu_suite.sh bench $s > "$L/bench_$s.txt" 2>&1; stamp "bench $s rc $?" ;;
     esac
@@ -29,4 +31,5 @@ for f in "$L"/tests.txt "$L"/tune.txt "$L"/main.txt; do [ -f "$f" ] && { echo "-
 [ -f "$L/hostnext.txt" ] && { echo "--- hostnext"; tail -n 40 "$L/hostnext.txt"; }
 [ -f "$L/splitk.txt" ] && { echo "--- splitk"; tail -n 40 "$L/splitk.txt"; }
 [ -f "$L/winosmall.txt" ] && { echo "--- winosmall"; tail -n 30 "$L/winosmall.txt"; }
+for f in "$L"/ab_*.txt "$L"/sh_*.txt; do [ -f "$f" ] && { echo "--- $f"; tail -n 60 "$f"; }; done
 for f in "$L"/bench_*.txt; do [ -f "$f" ] && { echo "--- $f"; grep -A 40 "benchmark summary" "$f" | head -60; }; done
