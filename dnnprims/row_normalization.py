@@ -28,6 +28,7 @@ _X_TYPES = ("half_t", "bfloat16_t", "float", "double")
 _INDEX_TYPES = ("int", "long long")
 _VECTOR = {"half_t": 8, "bfloat16_t": 8, "float": 4, "double": 2}  # values per 16 bytes
 _ACC = {"half_t": "float", "bfloat16_t": "float", "float": "float", "double": "double"}
+_CLUSTER_SIZES = (1, 2, 4, 8)  # blocks per cluster of gn_rows_backward_cluster (8: the portable limit)
 
 FAMILY = KernelFamily("row_normalization.cu", [
     *(f"norm_rows_{d}<{t}, {p}, {i}, {v}>" for d in ("forward", "backward")
@@ -42,6 +43,8 @@ FAMILY = KernelFamily("row_normalization.cu", [
     *(f"gn_rows_backward_pipelined<{t}, {p}, {i}, {_VECTOR[t]}>" for t, p in _TYPE_PAIRS for i in _INDEX_TYPES),
     *(f"gn_rows_backward<{t}, {p}, {i}, {v}>"
       for t, p in _TYPE_PAIRS for i in _INDEX_TYPES for v in sorted({1, _VECTOR[t]})),
+    *(f"gn_rows_backward_cluster<{t}, {p}, {i}, {cl}>"
+      for t, p in _TYPE_PAIRS for i in _INDEX_TYPES for cl in _CLUSTER_SIZES),
 ])
 
 # Dynamic shared memory a row block may hold (the single-read path): two blocks
@@ -106,6 +109,27 @@ PIPELINED_BACKWARD_MODES = ("x", "xl2", "both", None)
 # bulk 0.1614-0.1632 (0.636, 2.25x).  Results bitwise the same.  So BULK on, LATE off.
 PIPELINED_BACKWARD_LATE = False
 PIPELINED_BACKWARD_BULK = True
+# Group / instance norm backward, NCHW with 16-byte planes (S * itemsize % 16 ==
+# 0) and 16-byte aligned dy, x, dx, sm_90+: gn_rows_backward_cluster (a cluster
+# of CL blocks per row, block `rank` holding channels rank * K / CL .. of the
+# row, their x and dy bulk-copied into its shared memory, so both are read from
+# DRAM once; the row sums are exchanged through distributed shared memory).
+# Checked before PIPELINED_BACKWARD.  CL is the smallest of _CLUSTER_SIZES that
+# divides K and gives each block x and dy shares (2 K / CL * S * itemsize) of at
+# most CLUSTER_BLOCK_BYTES (112 KB: two blocks an H100 SM; 64x256x56x56 / 32
+# groups: CL 2 fp32, 1 for half types) and within the device's opt-in.  Rows of
+# x and dy under CLUSTER_MIN_ROW_BYTES (2 M itemsize) stay on the other paths.
+# False: the pipelined / row kernels.  Not yet timed on a GPU (notes/gncluster.md).
+CLUSTER_BACKWARD = True
+CLUSTER_BLOCK_BYTES = 112 * 1024
+CLUSTER_MIN_ROW_BYTES = 0
+_CLUSTER_THREADS = 512  # NORM_CLUSTER_THREADS in kernels/row_normalization.cu
+_CLUSTER_STATIC_BYTES = 1024  # the kernel's static shared memory (mbarrier, shares), rounded up generously
+# CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES, CUDA_ERROR_INVALID_CLUSTER_SIZE: the driver
+# cannot place a cluster; that launch then takes the other kernels from then on.
+_CLUSTER_REFUSALS = frozenset((701, 912))
+_CLUSTER_REFUSED = set()  # (device, expression, block, shared) refused once
+cluster_refusals = 0  # launches refused so far
 
 
 # ---------------------------------------------------------------------- validation
@@ -583,6 +607,10 @@ def _backward_gpu(cp, dy, x, groups, gamma, mean, rstd, eps, layout, pdtype, rms
         fused = _fused_backward(cp, dy, x, gamma, mean, rstd, dx, rows, pt, pdtype, acc, rms)
         if fused is not None:
             return (dx, *fused)
+    if planes and CLUSTER_BACKWARD:
+        done = _cluster_backward(cp, dy, x, gamma, mean, rstd, dx, rows, pt, pdtype, acc)
+        if done is not None:
+            return (dx, *done)
     if planes and PIPELINED_BACKWARD is not None:
         done = _pipelined_backward(cp, dy, x, gamma, mean, rstd, dx, rows, pt, pdtype, acc)
         if done is not None:
@@ -633,6 +661,65 @@ def _pipelined_backward(cp, dy, x, gamma, mean, rstd, dx, rows, pt, pdtype, acc)
                                np.int32(rows.groups), rows.it(rows.rows), part[0], part[1], np.int32(dy_smem),
                                np.int32((PIPELINED_BACKWARD == "xl2") | PIPELINED_BACKWARD_LATE << 1 |
                                         PIPELINED_BACKWARD_BULK << 2)), shared_mem=shared)
+    return _finish_param_grads(cp, part[0], part[1], n, channels, rows.t, pdtype)
+
+
+def _cluster_facts(cp):
+    """(compute capability as 90 for sm_90, per-block shared-memory opt-in) of the current device."""
+    from .normalization import _device_facts
+    cc, optin, _ = _device_facts(cp, cp.cuda.runtime.getDevice())
+    return cc, optin
+
+
+def _cluster_shape(rows, itemsize, acc_itemsize, optin):
+    """(CL, threads, dynamic shared bytes) of gn_rows_backward_cluster for these
+    rows, or None where no cluster size fits the budget."""
+    plane = rows.S * itemsize
+    cl = next((c for c in _CLUSTER_SIZES if rows.K % c == 0 and 2 * rows.K // c * plane <= CLUSTER_BLOCK_BYTES),
+              None)
+    if cl is None:
+        return None
+    kb = rows.K // cl
+    vectors = kb * plane // 16
+    block = min(_CLUSTER_THREADS, max(64, 1 << max(0, (ceil_div(vectors, 8) - 1).bit_length())))
+    shared = 2 * kb * plane + (2 * max(kb, block // 32) + kb) * acc_itemsize
+    if shared > optin - _CLUSTER_STATIC_BYTES:
+        return None
+    return cl, block, shared
+
+
+def _cluster_backward(cp, dy, x, gamma, mean, rstd, dx, rows, pt, pdtype, acc):
+    """(dgamma, dbeta) after gn_rows_backward_cluster wrote dx, or None when it
+    does not apply or the driver refused its clusters (then nothing ran)."""
+    global cluster_refusals
+    if (rows.nhwc or rows.vec == 1 or rows.S < 2 or (rows.S * x.itemsize) % 16
+            or 2 * rows.M * x.itemsize < CLUSTER_MIN_ROW_BYTES):
+        return None
+    cc, optin = _cluster_facts(cp)
+    if cc < 90:
+        return None
+    shape = _cluster_shape(rows, x.itemsize, np.dtype(acc).itemsize, optin)
+    if shape is None:
+        return None
+    cl, block, shared = shape
+    expr = f"gn_rows_backward_cluster<{rows.t}, {pt}, {rows.index_t}, {cl}>"
+    device = cp.cuda.runtime.getDevice()
+    if (device, expr, block, shared) in _CLUSTER_REFUSED:
+        return None
+    kernel = FAMILY.function(expr)
+    _raise_shared(kernel, (device, expr), shared)
+    n, channels = x.shape[0], rows.groups * rows.K
+    part = cp.empty((2, n, channels), acc)
+    try:
+        kernel((rows.rows * cl,), (block,), (dy, x, _param_or_null(cp, gamma), mean, rstd, dx, rows.it(rows.K),
+                                             rows.it(rows.S), np.int32(rows.groups), part[0], part[1]),
+               shared_mem=shared)
+    except Exception as e:  # CuPy's CUDADriverError (status: the CUresult)
+        if getattr(e, "status", None) not in _CLUSTER_REFUSALS:
+            raise
+        _CLUSTER_REFUSED.add((device, expr, block, shared))
+        cluster_refusals += 1
+        return None
     return _finish_param_grads(cp, part[0], part[1], n, channels, rows.t, pdtype)
 
 

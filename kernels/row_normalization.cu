@@ -46,6 +46,9 @@
 // gn_rows_forward_pipelined instead (persistent blocks, two row buffers, the
 // next row's cp.async copies overlap this row's reduction and stores); see
 // there.  gn_rows_backward is an alternative backward kept behind a switch.
+// On sm_90+ the group / instance norm NCHW backward first tries
+// gn_rows_backward_cluster (a cluster of CL blocks per row, each holding its
+// channels' x and dy in shared memory: both read once; see there).
 #include "common.cuh"
 #include "bulk_copy.cuh"
 
@@ -1054,4 +1057,175 @@ __global__ void __launch_bounds__(1024) gn_rows_backward_pipelined(
             }
         }
     }
+}
+
+// ---------------------------------------------------------------------------
+// gn_rows_backward_cluster (sm_90+): group / instance norm NCHW backward where
+// a row's x and dy (2 M values) exceed what one block holds at a good
+// occupancy.  One cluster of CL blocks per row (blockIdx.x = row * CL + rank):
+// block `rank` takes the contiguous channels rank * K / CL .. (rank + 1) * K /
+// CL - 1 of the row (K % CL == 0), so its x and its dy are each one contiguous
+// run of Kb S values (Kb = K / CL), which thread 0 bulk-copies (cp.async.bulk,
+// bulk_copy.cuh) into dynamic shared memory, counted on one mbarrier: x and dy
+// are read from DRAM once (the pipelined kernel above re-reads dy from L2 when
+// four rows do not fit the opt-in: 100 KB fp32 rows at 8x56x56).
+// Plane sums (per channel k of the block): D_k = sum dy, T_k = sum dy (x -
+// mean), from shared memory.  `wpp` warps per plane when the block has more
+// warps than planes (else one, each warp walking planes w, w + warps, ...):
+// warp `sub` of plane k adds vectors sub * 32 + lane, + 32 wpp, ..., warp_sum,
+// and lane 0 writes slot (k, sub); thread k adds its plane's slots in order
+// (fixed order: bitwise reproducible) and writes the partials exactly as the
+// other backward kernels do (dbeta = D_k, dgamma = rstd T_k at row * K + k, for
+// norm_param_grads_finish), and keeps rstd g_k (g_k = gamma of the channel, or
+// 1) for dx.  Warp 0 adds the block's g_k D_k and g_k T_k (lane-strided, then
+// warp_sum) into `share`; after a cluster barrier every block reads the CL
+// shares through distributed shared memory in rank order (all blocks get
+// bitwise the same row sums sum g dy, sum g dy (x - mean)), arrives on the
+// cluster barrier again (done reading), and writes dx from shared memory:
+//   dx = (rstd g) dy + bx (x - mean) + c,  bx = -rstd^3 sum_t / M,
+//   c = -rstd sum_g / M  (as gn_rows_backward_pipelined).
+// It waits on that second barrier before exit (the others may still read its
+// share).  Dynamic shared memory: x run, dy run (Kb S sizeof(T) bytes each, a
+// multiple of 16), then 2 max(Kb, warps) slots, then Kb coefficients (A).
+// Within-block indices are unsigned 32-bit; row offsets use index_t.  The host
+// launches it with 16-byte planes (S sizeof(T) % 16 == 0) and 16-byte aligned
+// dy, x, dx, on sm_90+ only (below it traps: no clusters).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+#define NORM_CLUSTER_DIMS(n)
+#else
+#define NORM_CLUSTER_DIMS(n) __cluster_dims__(n, 1, 1)
+#endif
+#define NORM_CLUSTER_THREADS 512
+
+template <typename T, typename P, typename index_t, int CL>
+__global__ void __launch_bounds__(NORM_CLUSTER_THREADS) NORM_CLUSTER_DIMS(CL) gn_rows_backward_cluster(
+        const T* __restrict__ dy, const T* __restrict__ x, const P* __restrict__ gamma,
+        const acc_t<T>* __restrict__ mean_in, const acc_t<T>* __restrict__ rstd_in, T* __restrict__ dx,
+        index_t K_, index_t S_, int G, acc_t<T>* __restrict__ part_dgamma, acc_t<T>* __restrict__ part_dbeta) {
+#if __CUDA_ARCH__ >= 900
+    typedef acc_t<T> A;
+    constexpr int VEC = 16 / (int)sizeof(T);
+    typedef NormPack<T, VEC> Pack;
+    extern __shared__ __align__(16) unsigned char norm_smem[];
+    __shared__ __align__(8) unsigned long long bar;
+    __shared__ A share[2];   // this block's sum g dy, sum g dy (x - mean): read by the whole cluster
+    __shared__ A merged[2];  // the row's
+    const unsigned rank = cluster_rank();
+    const index_t row = (index_t)(blockIdx.x / CL);
+    const unsigned K = (unsigned)K_, S = (unsigned)S_;
+    const unsigned Kb = K / CL, PV = S / VEC, mv = Kb * PV;  // this block's planes, vectors
+    const unsigned nt = blockDim.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, warps = nt >> 5;
+    const unsigned bytes = mv * 16u;
+    const Pack* const xs = reinterpret_cast<const Pack*>(norm_smem);
+    const Pack* const ds = reinterpret_cast<const Pack*>(norm_smem + bytes);
+    A* const slots = reinterpret_cast<A*>(norm_smem + 2 * bytes);  // (plane k, warp sub): 2 (k wpp + sub)
+    A* const coef = slots + 2 * (Kb > warps ? Kb : warps);         // per plane: rstd g
+    const index_t M = (index_t)K * S;
+    const index_t first = (index_t)rank * Kb;                      // the block's first channel in the group
+    const index_t off = row * M + first * S;
+    if (tid == 0) {
+        mbarrier_init1(&bar);
+        bulk_copy_expect(&bar, norm_smem, x + off, bytes, 2 * bytes);
+        bulk_copy_expect(&bar, norm_smem + bytes, dy + off, bytes, 0u);
+    }
+    __syncthreads();  // the barrier is initialised before anyone waits on it
+    const A mean = mean_in[row], rstd = rstd_in[row];
+    mbarrier_wait(&bar, 0);
+
+    // Plane sums: warp `warp` is warp `sub` of planes p0, p0 + span, ...
+    const unsigned wpp = warps > Kb ? warps / Kb : 1u;
+    const unsigned span = warps / wpp;
+    const unsigned p0 = warp / wpp, sub = warp - p0 * wpp;
+    if (p0 < span) {
+        for (unsigned k = p0; k < Kb; k += span) {
+            const Pack* const xp = xs + k * PV;
+            const Pack* const dp = ds + k * PV;
+            A d = 0, t = 0;
+#pragma unroll 4
+            for (unsigned i = sub * 32 + lane; i < PV; i += wpp * 32) {
+                const Pack xv = xp[i], dv = dp[i];
+#pragma unroll
+                for (int e = 0; e < VEC; ++e) {
+                    const A v = load(dv.v[e]);
+                    d += v;
+                    t += v * (load(xv.v[e]) - mean);
+                }
+            }
+            d = warp_sum(d);
+            t = warp_sum(t);
+            if (lane == 0) {
+                slots[2 * (k * wpp + sub)] = d;
+                slots[2 * (k * wpp + sub) + 1] = t;
+            }
+        }
+    }
+    __syncthreads();  // the slots are complete
+    for (unsigned k = tid; k < Kb; k += nt) {
+        A d = 0, t = 0;
+        for (unsigned s = 0; s < wpp; ++s) {
+            d += slots[2 * (k * wpp + s)];
+            t += slots[2 * (k * wpp + s) + 1];
+        }
+        const A g = param_or(gamma, (index_t)(row % G) * K + first + k, A(1));  // gamma of the channel
+        part_dbeta[row * (index_t)K + first + k] = d;
+        part_dgamma[row * (index_t)K + first + k] = t * rstd;
+        coef[k] = rstd * g;
+        slots[2 * k * wpp] = g * d;  // plane k's own first slot (only thread k reads plane k's slots)
+        slots[2 * k * wpp + 1] = g * t;
+    }
+    __syncthreads();  // g D_k, g T_k and the coefficients are complete
+    if (warp == 0) {
+        A sg = 0, st = 0;
+        for (unsigned k = lane; k < Kb; k += 32) {
+            sg += slots[2 * k * wpp];
+            st += slots[2 * k * wpp + 1];
+        }
+        sg = warp_sum(sg);
+        st = warp_sum(st);
+        if (lane == 0) {
+            share[0] = sg;
+            share[1] = st;
+        }
+    }
+    cluster_arrive();  // every block's share is written ...
+    cluster_wait();
+    if (tid == 0) {  // ... and added in rank order by every block alike
+        A sg = 0, st = 0;
+        for (unsigned r = 0; r < (unsigned)CL; ++r) {
+            sg += cluster_load(&share[0], r);
+            st += cluster_load(&share[1], r);
+        }
+        merged[0] = sg;
+        merged[1] = st;
+    }
+    cluster_arrive();  // done reading the others' shares (waited on before exit)
+    __syncthreads();
+    const A count = A(M);
+    const A bx = -rstd * rstd * rstd * (merged[1] / count);
+    const A c = -rstd * (merged[0] / count);
+    T* const dxb = dx + off;
+    for (unsigned i0 = tid; i0 < mv; i0 += NORM_UNROLL * nt) {
+        Pack xv[NORM_UNROLL], dv[NORM_UNROLL];  // the loads in flight together
+#pragma unroll
+        for (int u = 0; u < NORM_UNROLL; ++u)
+            if (i0 + u * nt < mv) {
+                xv[u] = xs[i0 + u * nt];
+                dv[u] = ds[i0 + u * nt];
+            }
+#pragma unroll
+        for (int u = 0; u < NORM_UNROLL; ++u) {
+            const unsigned i = i0 + u * nt;
+            if (i < mv) {
+                const A a = coef[i / PV];
+                A o[VEC];
+#pragma unroll
+                for (int e = 0; e < VEC; ++e) o[e] = a * load(dv[u].v[e]) + bx * (load(xv[u].v[e]) - mean) + c;
+                norm_store<T, VEC>(dxb, (index_t)i * VEC, o);
+            }
+        }
+    }
+    cluster_wait();
+#else
+    __trap();  // Python launches it only on sm_90+
+#endif
 }

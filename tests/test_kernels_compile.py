@@ -23,7 +23,8 @@ def test_family_compiles_without_warnings(filename):
 
 # Kernels written in inline PTX for sm_90 and up (bulk copies, mbarriers, clusters).
 _INLINE_PTX = [("row_normalization.cu", "gn_rows_backward_pipelined<"),
-               ("batchnorm.cu", "batchnorm_train_cluster<")]
+               ("batchnorm.cu", "batchnorm_train_cluster<"),
+               ("row_normalization.cu", "gn_rows_backward_cluster<")]
 
 
 @pytest.mark.parametrize("arch", ["sm_90", "sm_80"])

@@ -407,7 +407,8 @@ def test_group_norm_backward_plane_sums_and_caches(xp, rng, monkeypatch, gn_back
     8x56x56, both tensors for the small rows, and falls back at 32 planes a
     group when 512 threads would put a warp across three planes)."""
     from dnnprims import row_normalization
-    monkeypatch.setattr(row_normalization, "PIPELINED_BACKWARD", None)  # the kernels named here
+    monkeypatch.setattr(row_normalization, "CLUSTER_BACKWARD", False)  # the kernels named here
+    monkeypatch.setattr(row_normalization, "PIPELINED_BACKWARD", None)
     monkeypatch.setattr(row_normalization, "GN_BACKWARD", gn_backward)
     monkeypatch.setattr(row_normalization, "PLANE_SUMS", plane_sums)
     if cache == "none":
@@ -476,6 +477,7 @@ def test_group_norm_pipelined_backward(xp, rng, monkeypatch, mode, late, bulk, g
     gamma, and cases that must fall back (misaligned data, 49-value planes).
     `runs`: the dtypes for which the kernel must have been launched."""
     from dnnprims import row_normalization
+    monkeypatch.setattr(row_normalization, "CLUSTER_BACKWARD", False)  # the kernel named here
     monkeypatch.setattr(row_normalization, "PIPELINED_BACKWARD", mode)
     monkeypatch.setattr(row_normalization, "PIPELINED_BACKWARD_LATE", late)
     monkeypatch.setattr(row_normalization, "PIPELINED_BACKWARD_BULK", bulk)
@@ -501,6 +503,65 @@ def test_group_norm_pipelined_backward(xp, rng, monkeypatch, mode, late, bulk, g
         _compare(got, want, dtype, ("dx", "dgamma", "dbeta"))
     if xp is not np:
         assert launched == [runs == "all" or np.dtype(dtype).name in runs.split()] * 2
+
+
+@pytest.mark.parametrize("dtype", _dtypes.SUPPORTED, ids=lambda d: d.name)
+@pytest.mark.parametrize("x_shape,groups,cl,offset,affine", [
+    ((1, 16, 56, 56), 2, 2, 0, True), ((1, 16, 56, 56), 2, 4, 0, True), ((3, 8, 2, 4), 2, 4, 0, True),
+    ((13, 6, 4, 6), 3, 2, 0, True), ((3, 8, 1, 8), 1, 8, 0, False), ((13, 12, 4, 6), 3, 1, 0, True),
+    ((3, 4, 1, 24), 1, 2, 0, True), ((3, 8, 2, 4), 2, 2, 1, True), ((5, 3, 8, 4), 3, 1, 0, True)])
+def test_group_norm_cluster_backward(gpu, rng, monkeypatch, dtype, x_shape, groups, cl, offset, affine):
+    """gn_rows_backward_cluster (sm_90+; other GPUs check they do not take it): a
+    cluster of `cl` blocks per row (forced through CLUSTER_BLOCK_BYTES = exactly
+    one block's x and dy share at that size), each block holding K / cl whole
+    channels: K 2, 4, 8 split over 1, 2, 4, 8 blocks (one channel a block too),
+    planes of 8, 24 and 3136 values (100 KB fp32 blocks at 8x56x56 split in two;
+    200 KB fp64), N 1, 3, 13, 5 rows of one channel (instance norm: K 1, cl 1),
+    no gamma.  dx, dgamma, dbeta against the float64 reference, with saved and
+    recomputed statistics, bitwise the same on every repeat (fixed orders: the
+    cluster's shares are added in rank order); a misaligned input takes the
+    other kernels."""
+    from dnnprims import row_normalization as rn
+    monkeypatch.setattr(rn, "CLUSTER_BACKWARD", True)
+    monkeypatch.setattr(rn, "CLUSTER_MIN_ROW_BYTES", 0)
+    itemsize = np.dtype(dtype).itemsize
+    K, S = x_shape[1] // groups, int(np.prod(x_shape[2:]))
+    monkeypatch.setattr(rn, "CLUSTER_BLOCK_BYTES", 2 * K // cl * S * itemsize)
+    hopper = int(gpu.cuda.Device().compute_capability) >= 90   # below: never the cluster kernel
+    expect = hopper and offset == 0
+    ran = []
+    function = rn.FAMILY.function
+    monkeypatch.setattr(rn.FAMILY, "function", lambda expression: ran.append(expression) or function(expression))
+    x = random_array(rng, x_shape, dtype, low=-1, high=3)
+    dy = random_array(rng, x_shape, dtype)
+    pdtype = np.float32 if _dtypes.is_half(dtype) else dtype
+    gamma = random_array(rng, (x_shape[1],), pdtype, 0.5, 1.5) if affine else None
+    on_gamma = None if gamma is None else gpu.asarray(gamma)
+    want = group_norm_backward(_f64(dy), _f64(x), groups, _f64(gamma), eps=1e-4)
+    xs, dys = _placed(gpu, x, offset), _placed(gpu, dy, offset)
+    _, mean, rstd = group_norm(xs, groups, eps=1e-4, return_stats=True)
+    for stats in ({}, dict(mean=mean, rstd=rstd)):
+        ran.clear()
+        results = [[_host(a) for a in group_norm_backward(dys, xs, groups, on_gamma, eps=1e-4, **stats)]
+                   for _ in range(3)]
+        spec = f"gn_rows_backward_cluster<{_dtypes.cuda_type(dtype)}, {_dtypes.cuda_type(pdtype)}, int, {cl}>"
+        assert (spec in ran) == expect and (expect or not any("cluster" in e for e in ran)), ran
+        for later in results[1:]:
+            for a, b in zip(results[0], later):
+                np.testing.assert_array_equal(a, b)
+        _compare(results[0], want, dtype, ("dx", "dgamma", "dbeta"))
+    if groups == x_shape[1]:  # instance norm: the same kernel with one channel a row
+        ran.clear()
+        got = instance_norm_backward(dys, xs, on_gamma, eps=1e-4)
+        assert any(e.startswith("gn_rows_backward_cluster<") for e in ran) == expect, ran
+        _compare(got, instance_norm_backward(_f64(dy), _f64(x), _f64(gamma), eps=1e-4), dtype,
+                 ("dx", "dgamma", "dbeta"))
+    if expect:  # a budget below one channel's x and dy: the other kernels, the same results within rounding
+        ran.clear()
+        monkeypatch.setattr(rn, "CLUSTER_BLOCK_BYTES", 2 * S * itemsize - 16)
+        got = group_norm_backward(dys, xs, groups, on_gamma, eps=1e-4)
+        assert ran and not any("cluster" in e for e in ran), ran
+        _compare(got, want, dtype, ("dx", "dgamma", "dbeta"))
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float16, np.float64])
@@ -655,7 +716,7 @@ def _row_kernel_signature(name):
     of kernels/row_normalization.cu."""
     import re
     from dnnprims import row_normalization
-    match = re.search(r"template <([^>]*)>\s*__global__ void __launch_bounds__\([^)]*\)\s*" + name
+    match = re.search(r"template <([^>]*)>\s*__global__ void (?:\w+\([^()]*\)\s*)*" + name
                       + r"\((.*?)\)\s*\{", row_normalization.FAMILY.source, re.S)
     template = [t.split()[-1] for t in match.group(1).split(",")]
     params = []
@@ -752,6 +813,95 @@ def test_pipelined_backward_launch_matches_its_signature_and_shared_memory_layou
     # Half rows of the benchmark shape are double-buffered with dy ("both"): bulk copies of 2 x 50 KB a phase.
     if mode == "both" and dtype.itemsize == 2 and x_shape[1] == 256:
         assert values["dy_smem"] == 1 and 2 * M * dtype.itemsize < 2**20   # the mbarrier tx-count limit
+
+
+@pytest.mark.parametrize("dtype", _dtypes.SUPPORTED, ids=lambda d: d.name)
+@pytest.mark.parametrize("x_shape,groups,offset", [
+    ((2, 256, 56, 56), 32, 0), ((3, 8, 2, 4), 2, 0), ((13, 6, 4, 6), 3, 0), ((2, 5, 6, 6), 5, 0),
+    ((2, 64, 1, 8), 1, 0), ((2, 8, 7, 7), 2, 0), ((2, 8, 4, 4), 2, 1), ((3, 4, 1, 256), 4, 0),
+    ((2, 8, 112, 112), 1, 0)])
+@pytest.mark.parametrize("budget", [112 * 1024, 227 * 1024, 28 * 1024])
+@pytest.mark.parametrize("cc", [90, 80])
+def test_cluster_backward_launch_matches_its_signature_and_shared_memory_layout(
+        monkeypatch, dtype, x_shape, groups, offset, budget, cc):
+    """CPU: gn_rows_backward_cluster's launch against its C signature (pointer ->
+    array of the pointee dtype, scalars of the exact C type), its cluster size
+    (the smallest of 1, 2, 4, 8 dividing K whose x and dy shares fit the budget),
+    grid (CL blocks a row), block (<= NORM_CLUSTER_THREADS, whole warps) and its
+    dynamic shared memory against the kernel's layout: x and dy runs of K / CL *
+    S * itemsize bytes (a multiple of 16: one bulk copy each), then 2 max(K /
+    CL, warps) slots and K / CL coefficients, within the opt-in less the static
+    shared memory.  Below sm_90, planes that are not whole 16-byte vectors
+    (7x7), misaligned data and shares over the budget: nothing launched."""
+    from test_normalization import _C_TYPES, _fake_device_array
+    from dnnprims import row_normalization as rn
+    optin = 232448   # H100: 227 KB
+    captured = []
+
+    class Kernel:
+        max_threads_per_block = 1024
+        max_dynamic_shared_size_bytes = 48 * 1024
+
+        def __call__(self, grid, block, args, shared_mem=0):
+            captured.append((grid, block, tuple(args), shared_mem))
+
+    class FakeCupy:
+        class cuda:
+            class runtime:
+                getDevice = staticmethod(lambda: 0)
+
+        empty = staticmethod(_fake_device_array)
+
+    expressions = []
+    monkeypatch.setattr(rn.FAMILY, "function", lambda expr: expressions.append(expr) or Kernel())
+    monkeypatch.setattr(rn, "_cluster_facts", lambda cp: (cc, optin))
+    monkeypatch.setattr(rn, "_RAISED", {})
+    monkeypatch.setattr(rn, "_finish_param_grads", lambda *args: ("dgamma", "dbeta"))
+    monkeypatch.setattr(rn, "CLUSTER_BLOCK_BYTES", budget)
+    dtype = np.dtype(dtype)
+    acc = np.dtype(_dtypes.accumulate_dtype(dtype))
+    x, dy, dx = (_fake_device_array(x_shape, dtype) for _ in range(3))
+    if offset:  # x one element into its buffer
+        x = _fake_device_array((int(np.prod(x_shape)) + 1,), dtype)[1:].reshape(x_shape)
+    mean, rstd = (_fake_device_array((x_shape[0], groups), acc) for _ in range(2))
+    rows = rn._Rows(x, groups, "NCHW", (x, dy, dx), 2, rn._cache_limit(FakeCupy))
+    pt = _dtypes.cuda_type(dtype)
+    done = rn._cluster_backward(FakeCupy, dy, x, None, mean, rstd, dx, rows, pt, dtype, acc)
+    K, S = x_shape[1] // groups, int(np.prod(x_shape[2:]))
+    plane = S * dtype.itemsize
+    fits = [c for c in (1, 2, 4, 8) if K % c == 0 and 2 * K // c * plane <= budget]
+    if cc < 90 or offset or plane % 16 or not fits:
+        assert done is None and not captured
+        return
+    cl = fits[0]
+    assert done == ("dgamma", "dbeta") and len(captured) == 1
+    (grid,), (block,), args, shared = captured[0]
+    name, inside = expressions[-1].rstrip(">").split("<", 1)
+    assert name == "gn_rows_backward_cluster"
+    template, params = _row_kernel_signature(name)
+    bound = dict(zip(template, (a.strip() for a in inside.split(","))))
+    assert int(bound["CL"]) == cl and grid == x_shape[0] * groups * cl
+    assert block % 32 == 0 and 64 <= block <= 512
+    ctype = {"T": _C_TYPES[bound["T"]], "P": _C_TYPES[bound["P"]], "acc_t<T>": acc.type,
+             "index_t": np.int32 if bound["index_t"] == "int" else np.int64, "int": np.int32}
+    assert len(args) == len(params)
+    for (c_type, param), a in zip(params, args):
+        if param == "gamma":
+            assert a is rn._NULL   # no gamma: a null pointer
+        elif c_type.endswith("*"):
+            assert a.dtype == np.dtype(ctype[c_type[:-1]]), (param, a.dtype)
+        else:
+            assert type(a) is ctype[c_type], (param, type(a))
+    values = dict(zip((p for _, p in params), args))
+    assert (values["K_"], values["S_"], values["G"]) == (K, S, groups)
+    kb = K // cl
+    run = kb * plane
+    assert run % 16 == 0 and 2 * run < 2**20   # bulk copies: 16-byte multiples; the mbarrier tx-count limit
+    assert shared == 2 * run + (2 * max(kb, block // 32) + kb) * acc.itemsize
+    assert shared <= optin - rn._CLUSTER_STATIC_BYTES
+    assert values["part_dgamma"].shape == values["part_dbeta"].shape == (x_shape[0], x_shape[1])
+    if x_shape[1:] == (256, 56, 56) and budget == 112 * 1024:   # the benchmark's rows: CL 2 fp32, 1 half types
+        assert cl == {4: 2, 2: 1, 8: 4}[dtype.itemsize]
 
 
 # ---------------------------------------------------------------------- review6g: the user's side (CPU)
