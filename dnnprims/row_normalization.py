@@ -116,12 +116,15 @@ PIPELINED_BACKWARD_BULK = True
 # DRAM once; the row sums are exchanged through distributed shared memory).
 # Checked before PIPELINED_BACKWARD.  CL is the smallest of _CLUSTER_SIZES that
 # divides K and gives each block x and dy shares (2 K / CL * S * itemsize) of at
-# most CLUSTER_BLOCK_BYTES (112 KB: two blocks an H100 SM; 64x256x56x56 / 32
-# groups: CL 2 fp32, 1 for half types) and within the device's opt-in.  Rows of
-# x and dy under CLUSTER_MIN_ROW_BYTES (2 M itemsize) stay on the other paths.
-# False: the pipelined / row kernels.  Not yet timed on a GPU (notes/gncluster.md).
+# most CLUSTER_BLOCK_BYTES and within the device's opt-in.  Rows of x and dy
+# under CLUSTER_MIN_ROW_BYTES (2 M itemsize) stay on the other paths.  False:
+# the pipelined / row kernels.  H100 (notes/gncluster.md, session 8), 64x256x56x56
+# / 32 groups, ms against the pipelined kernel: fp32 0.234 vs 0.276 (0.88 of copy,
+# 1.83x PyTorch), fp16 / bf16 0.130 vs 0.162; budgets 112 / 56 / 28 KB gave fp32
+# 0.238 / 0.235 / 0.234 and fp16 0.141 / 0.138 / 0.130: smaller blocks (more of
+# them a cluster and an SM) hide a block's load-compute-store better.
 CLUSTER_BACKWARD = True
-CLUSTER_BLOCK_BYTES = 112 * 1024
+CLUSTER_BLOCK_BYTES = 28 * 1024
 CLUSTER_MIN_ROW_BYTES = 0
 _CLUSTER_THREADS = 512  # NORM_CLUSTER_THREADS in kernels/row_normalization.cu
 _CLUSTER_STATIC_BYTES = 1024  # the kernel's static shared memory (mbarrier, shares), rounded up generously
@@ -673,12 +676,13 @@ def _cluster_facts(cp):
 
 def _cluster_shape(rows, itemsize, acc_itemsize, optin):
     """(CL, threads, dynamic shared bytes) of gn_rows_backward_cluster for these
-    rows, or None where no cluster size fits the budget."""
+    rows, or None where even the largest cluster's shares exceed the opt-in.  CL:
+    the smallest cluster size (dividing K) whose shares fit CLUSTER_BLOCK_BYTES,
+    else the largest (the smallest shares: still x and dy read once, which beat
+    the pipelined kernel at every budget measured)."""
     plane = rows.S * itemsize
-    cl = next((c for c in _CLUSTER_SIZES if rows.K % c == 0 and 2 * rows.K // c * plane <= CLUSTER_BLOCK_BYTES),
-              None)
-    if cl is None:
-        return None
+    sizes = [c for c in _CLUSTER_SIZES if rows.K % c == 0]
+    cl = next((c for c in sizes if 2 * rows.K // c * plane <= CLUSTER_BLOCK_BYTES), sizes[-1])
     kb = rows.K // cl
     vectors = kb * plane // 16
     block = min(_CLUSTER_THREADS, max(64, 1 << max(0, (ceil_div(vectors, 8) - 1).bit_length())))

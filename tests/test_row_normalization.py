@@ -519,8 +519,9 @@ def test_group_norm_cluster_backward(gpu, rng, monkeypatch, dtype, x_shape, grou
     200 KB fp64), N 1, 3, 13, 5 rows of one channel (instance norm: K 1, cl 1),
     no gamma.  dx, dgamma, dbeta against the float64 reference, with saved and
     recomputed statistics, bitwise the same on every repeat (fixed orders: the
-    cluster's shares are added in rank order); a misaligned input takes the
-    other kernels."""
+    cluster's shares are added in rank order); a budget under one channel takes
+    the largest cluster; a misaligned input or the switch off takes the other
+    kernels."""
     from dnnprims import row_normalization as rn
     monkeypatch.setattr(rn, "CLUSTER_BACKWARD", True)
     monkeypatch.setattr(rn, "CLUSTER_MIN_ROW_BYTES", 0)
@@ -544,7 +545,8 @@ def test_group_norm_cluster_backward(gpu, rng, monkeypatch, dtype, x_shape, grou
         ran.clear()
         results = [[_host(a) for a in group_norm_backward(dys, xs, groups, on_gamma, eps=1e-4, **stats)]
                    for _ in range(3)]
-        spec = f"gn_rows_backward_cluster<{_dtypes.cuda_type(dtype)}, {_dtypes.cuda_type(pdtype)}, int, {cl}>"
+        param = pdtype if affine else dtype  # no gamma: the parameter gradients take x's type
+        spec = f"gn_rows_backward_cluster<{_dtypes.cuda_type(dtype)}, {_dtypes.cuda_type(param)}, int, {cl}>"
         assert (spec in ran) == expect and (expect or not any("cluster" in e for e in ran)), ran
         for later in results[1:]:
             for a, b in zip(results[0], later):
@@ -556,9 +558,15 @@ def test_group_norm_cluster_backward(gpu, rng, monkeypatch, dtype, x_shape, grou
         assert any(e.startswith("gn_rows_backward_cluster<") for e in ran) == expect, ran
         _compare(got, instance_norm_backward(_f64(dy), _f64(x), _f64(gamma), eps=1e-4), dtype,
                  ("dx", "dgamma", "dbeta"))
-    if expect:  # a budget below one channel's x and dy: the other kernels, the same results within rounding
+    if expect:  # a budget below one channel's x and dy: the largest cluster (the smallest shares) runs
         ran.clear()
         monkeypatch.setattr(rn, "CLUSTER_BLOCK_BYTES", 2 * S * itemsize - 16)
+        got = group_norm_backward(dys, xs, groups, on_gamma, eps=1e-4)
+        largest = max(c for c in rn._CLUSTER_SIZES if K % c == 0)
+        assert any(e.startswith("gn_rows_backward_cluster<") and e.endswith(f", {largest}>") for e in ran), ran
+        _compare(got, want, dtype, ("dx", "dgamma", "dbeta"))
+        ran.clear()   # switched off: the other kernels, the same results within rounding
+        monkeypatch.setattr(rn, "CLUSTER_BACKWARD", False)
         got = group_norm_backward(dys, xs, groups, on_gamma, eps=1e-4)
         assert ran and not any("cluster" in e for e in ran), ran
         _compare(got, want, dtype, ("dx", "dgamma", "dbeta"))
@@ -832,7 +840,8 @@ def test_cluster_backward_launch_matches_its_signature_and_shared_memory_layout(
     S * itemsize bytes (a multiple of 16: one bulk copy each), then 2 max(K /
     CL, warps) slots and K / CL coefficients, within the opt-in less the static
     shared memory.  Below sm_90, planes that are not whole 16-byte vectors
-    (7x7), misaligned data and shares over the budget: nothing launched."""
+    (7x7) and misaligned data: nothing launched; shares over the budget: the
+    largest cluster."""
     from test_normalization import _C_TYPES, _fake_device_array
     from dnnprims import row_normalization as rn
     optin = 232448   # H100: 227 KB
@@ -869,11 +878,12 @@ def test_cluster_backward_launch_matches_its_signature_and_shared_memory_layout(
     done = rn._cluster_backward(FakeCupy, dy, x, None, mean, rstd, dx, rows, pt, dtype, acc)
     K, S = x_shape[1] // groups, int(np.prod(x_shape[2:]))
     plane = S * dtype.itemsize
-    fits = [c for c in (1, 2, 4, 8) if K % c == 0 and 2 * K // c * plane <= budget]
-    if cc < 90 or offset or plane % 16 or not fits:
+    sizes = [c for c in (1, 2, 4, 8) if K % c == 0]
+    fits = [c for c in sizes if 2 * K // c * plane <= budget]
+    cl = fits[0] if fits else sizes[-1]   # over the budget: the largest cluster, the smallest shares
+    if cc < 90 or offset or plane % 16 or 2 * K // cl * plane > optin - rn._CLUSTER_STATIC_BYTES:
         assert done is None and not captured
         return
-    cl = fits[0]
     assert done == ("dgamma", "dbeta") and len(captured) == 1
     (grid,), (block,), args, shared = captured[0]
     name, inside = expressions[-1].rstrip(">").split("<", 1)
