@@ -40,21 +40,106 @@
 // (activation_math.cuh; ACTIVATION_NONE = none) to the register tile before
 // the stores, so conv + bias + activation is one pass over y.  Indices are int: Python refuses problems whose
 // tensors do not fit 32-bit indexing (the direct algorithm covers them).
+//
+// Split-K (SPLIT_K = true; WORK IN PROGRESS, not registered: dnnprims/algos/implicit_gemm.py).
+// When M * Ngemm gives fewer blocks than the GPU has SMs (batch 1, late layers) and
+// Kgemm is long, the k range is split too: blockIdx.z = g * splits + split, and
+// split s reduces the taps [s * chunk, min((s + 1) * chunk, Kgemm)), chunk a
+// multiple of BK (so a split's last k-step ends at the next split's first tap:
+// no tap twice, none skipped; the host makes every split non-empty).  Its
+// epilogue stores the raw float accumulators, no bias or activation, to
+// partials + split * (N * Ky * P * Q), at y's own layout (NCHW [image][channel]
+// [p*q], NHWC [image*p*q][channel]) with the same store code as y: the stores
+// are coalesced exactly as today's (float4 along p*q for NCHW, along channels
+// for NHWC), and conv_implicit_gemm_split_sum is elementwise over y with no
+// index remapping.  That kernel adds the splits in order 0..splits-1, then the
+// bias, applies the activation and casts: the same bits on every run (no
+// atomics).  SPLIT_K = false is the single-pass kernel above, unchanged (its
+// partials / chunk / splits arguments are not read).
 #include "activation_math.cuh"
 
 // Taps past Kgemm (the table is padded to a multiple of 16) carry this dh so
 // that the bounds test fails without a separate k < Kgemm test for A.
 #define IMPLICIT_GEMM_OUTSIDE (-(1 << 29))
 
-template <typename T, bool NHWC, int BM, int BN, int BK, int TM, int TN>
+// Stores a thread's TM x TN register tile at y's layout.  y points at the
+// group's first channel; S is y's storage type (T) or float (split-K partials).
+template <typename S, bool NHWC, int BM, int BN, int TM, int TN>
+__device__ __forceinline__ void conv_implicit_gemm_store_tile(S* __restrict__ y, const float (&acc)[TM][TN],
+                                                              int m0, int n0, int tm, int tn,
+                                                              int M, int PQ, int Ky, int Kg) {
+    constexpr int M_GROUP = BM * 4 / TM;
+    constexpr int N_GROUP = BN * 4 / TN;
+    typedef float A;
+#pragma unroll
+    for (int i4 = 0; i4 < TM / 4; ++i4) {
+        const int m_first = m0 + i4 * M_GROUP + tm * 4;
+        if (m_first >= M) continue;
+        if (NHWC) {
+#pragma unroll
+            for (int ii = 0; ii < 4; ++ii) {
+                const int m = m_first + ii;
+                if (m >= M) break;
+                S* row = y + m * Ky;
+#pragma unroll
+                for (int j4 = 0; j4 < TN / 4; ++j4) {
+                    const int n_first = n0 + j4 * N_GROUP + tn * 4;
+                    if (n_first >= Kg) continue;
+                    A v[4];
+#pragma unroll
+                    for (int jj = 0; jj < 4; ++jj) v[jj] = acc[4 * i4 + ii][4 * j4 + jj];
+                    bool vector_ok = false;
+                    if constexpr (sizeof(S) == 4) vector_ok = (Ky % 4 == 0) && (Kg % 4 == 0);
+                    if (vector_ok) {
+                        *reinterpret_cast<float4*>(row + n_first) = make_float4(v[0], v[1], v[2], v[3]);
+                    } else {
+#pragma unroll
+                        for (int jj = 0; jj < 4; ++jj)
+                            if (n_first + jj < Kg) row[n_first + jj] = store<S>(v[jj]);
+                    }
+                }
+            }
+        } else {
+            bool vector_ok = false;
+            if constexpr (sizeof(S) == 4) vector_ok = (PQ % 4 == 0);  // then M % 4 == 0 too
+            if (vector_ok) {
+                const int image = m_first / PQ, pq = m_first - image * PQ;
+                S* column = y + image * Ky * PQ + pq;
+#pragma unroll
+                for (int j = 0; j < TN; ++j) {
+                    const int n = n0 + (j / 4) * N_GROUP + tn * 4 + (j % 4);
+                    if (n >= Kg) continue;
+                    const float4 v = make_float4(acc[4 * i4][j], acc[4 * i4 + 1][j],
+                                                 acc[4 * i4 + 2][j], acc[4 * i4 + 3][j]);
+                    *reinterpret_cast<float4*>(column + n * PQ) = v;
+                }
+            } else {
+#pragma unroll
+                for (int ii = 0; ii < 4; ++ii) {
+                    const int m = m_first + ii;
+                    if (m >= M) break;
+                    const int image = m / PQ, pq = m - image * PQ;
+                    S* column = y + image * Ky * PQ + pq;
+#pragma unroll
+                    for (int j = 0; j < TN; ++j) {
+                        const int n = n0 + (j / 4) * N_GROUP + tn * 4 + (j % 4);
+                        if (n < Kg) column[n * PQ] = store<S>(acc[4 * i4 + ii][j]);
+                    }
+                }
+            }
+        }
+    }
+}
+
+template <typename T, bool NHWC, int BM, int BN, int BK, int TM, int TN, bool SPLIT_K>
 __global__ void __launch_bounds__((BM / TM) * (BN / TN))
 conv_implicit_gemm(const T* __restrict__ x, const T* __restrict__ w, const int4* __restrict__ taps,
                    const T* __restrict__ bias, int has_bias, int act_mode, float act_alpha,
-                   T* __restrict__ y,
+                   T* __restrict__ y, float* __restrict__ partials,
                    int H, int W, int Cx, int x_group_channels,
                    int P, int Q, int Ky, int Kg,
                    int Kgemm, int w_n_stride, int w_group_stride,
-                   int sh, int sw, int ph, int pw, int M) {
+                   int sh, int sw, int ph, int pw, int M, int chunk, int splits) {
     typedef acc_t<T> A;
     static_assert(sizeof(A) == 4, "float accumulation only");
     constexpr int THREADS = (BM / TM) * (BN / TN);
@@ -70,7 +155,10 @@ conv_implicit_gemm(const T* __restrict__ x, const T* __restrict__ w, const int4*
     __shared__ __align__(16) A Bs[2][BK][BN + PAD];
 
     const int tid = threadIdx.x;
-    const int g = blockIdx.z;
+    const int g = SPLIT_K ? blockIdx.z / splits : blockIdx.z;
+    const int split = SPLIT_K ? blockIdx.z - g * splits : 0;
+    const int k_begin = SPLIT_K ? split * chunk : 0;
+    const int k_end = SPLIT_K ? min(Kgemm, k_begin + chunk) : Kgemm;
     const int m0 = blockIdx.x * BM;
     const int n0 = blockIdx.y * BN;
     const int PQ = P * Q;
@@ -144,14 +232,14 @@ conv_implicit_gemm(const T* __restrict__ x, const T* __restrict__ w, const int4*
 #pragma unroll
         for (int j = 0; j < TN; ++j) acc[i][j] = A(0);
 
-    const int stages = (Kgemm + BK - 1) / BK;
-    load_stage(0);
+    const int stages = (k_end - k_begin + BK - 1) / BK;
+    load_stage(k_begin);
     store_stage(0);
     __syncthreads();
     for (int t = 0; t < stages; ++t) {
         const int buf = t & 1;
         const bool more = t + 1 < stages;
-        if (more) load_stage((t + 1) * BK);
+        if (more) load_stage(k_begin + (t + 1) * BK);
 #pragma unroll
         for (int kk = 0; kk < BK; ++kk) {
             A a[TM], b[TN];
@@ -174,77 +262,43 @@ conv_implicit_gemm(const T* __restrict__ x, const T* __restrict__ w, const int4*
         __syncthreads();
     }
 
-    // --- epilogue: bias and activation, then store ---------------------------------------------
-    y += NHWC ? g * Kg : g * Kg * PQ;  // first channel of this group
-    const T* group_bias = bias + g * Kg;
-    A bias_of[TN];
+    // --- epilogue: bias and activation, then store (split-K: the raw tile) ---------------------
+    if constexpr (SPLIT_K) {
+        float* split_y = partials + split * (M * Ky) + (NHWC ? g * Kg : g * Kg * PQ);
+        conv_implicit_gemm_store_tile<float, NHWC, BM, BN, TM, TN>(split_y, acc, m0, n0, tm, tn, M, PQ, Ky, Kg);
+    } else {
+        y += NHWC ? g * Kg : g * Kg * PQ;  // first channel of this group
+        const T* group_bias = bias + g * Kg;
+        A bias_of[TN];
 #pragma unroll
-    for (int j = 0; j < TN; ++j) {
-        const int n = n0 + (j / 4) * N_GROUP + tn * 4 + (j % 4);
-        bias_of[j] = (has_bias && n < Kg) ? load(group_bias[n]) : A(0);
-    }
-#pragma unroll
-    for (int i = 0; i < TM; ++i) {
-#pragma unroll
-        for (int j = 0; j < TN; ++j) acc[i][j] += bias_of[j];
-        activate_tile<TN>(act_mode, acc[i], act_alpha);
-    }
-#pragma unroll
-    for (int i4 = 0; i4 < TM / 4; ++i4) {
-        const int m_first = m0 + i4 * M_GROUP + tm * 4;
-        if (m_first >= M) continue;
-        if (NHWC) {
-#pragma unroll
-            for (int ii = 0; ii < 4; ++ii) {
-                const int m = m_first + ii;
-                if (m >= M) break;
-                T* row = y + m * Ky;
-#pragma unroll
-                for (int j4 = 0; j4 < TN / 4; ++j4) {
-                    const int n_first = n0 + j4 * N_GROUP + tn * 4;
-                    if (n_first >= Kg) continue;
-                    A v[4];
-#pragma unroll
-                    for (int jj = 0; jj < 4; ++jj) v[jj] = acc[4 * i4 + ii][4 * j4 + jj];
-                    bool vector_ok = false;
-                    if constexpr (sizeof(T) == 4) vector_ok = (Ky % 4 == 0) && (Kg % 4 == 0);
-                    if (vector_ok) {
-                        *reinterpret_cast<float4*>(row + n_first) = make_float4(v[0], v[1], v[2], v[3]);
-                    } else {
-#pragma unroll
-                        for (int jj = 0; jj < 4; ++jj)
-                            if (n_first + jj < Kg) row[n_first + jj] = store<T>(v[jj]);
-                    }
-                }
-            }
-        } else {
-            bool vector_ok = false;
-            if constexpr (sizeof(T) == 4) vector_ok = (PQ % 4 == 0);  // then M % 4 == 0 too
-            if (vector_ok) {
-                const int image = m_first / PQ, pq = m_first - image * PQ;
-                T* column = y + image * Ky * PQ + pq;
-#pragma unroll
-                for (int j = 0; j < TN; ++j) {
-                    const int n = n0 + (j / 4) * N_GROUP + tn * 4 + (j % 4);
-                    if (n >= Kg) continue;
-                    const float4 v = make_float4(acc[4 * i4][j], acc[4 * i4 + 1][j],
-                                                 acc[4 * i4 + 2][j], acc[4 * i4 + 3][j]);
-                    *reinterpret_cast<float4*>(column + n * PQ) = v;
-                }
-            } else {
-#pragma unroll
-                for (int ii = 0; ii < 4; ++ii) {
-                    const int m = m_first + ii;
-                    if (m >= M) break;
-                    const int image = m / PQ, pq = m - image * PQ;
-                    T* column = y + image * Ky * PQ + pq;
-#pragma unroll
-                    for (int j = 0; j < TN; ++j) {
-                        const int n = n0 + (j / 4) * N_GROUP + tn * 4 + (j % 4);
-                        if (n < Kg) column[n * PQ] = store<T>(acc[4 * i4 + ii][j]);
-                    }
-                }
-            }
+        for (int j = 0; j < TN; ++j) {
+            const int n = n0 + (j / 4) * N_GROUP + tn * 4 + (j % 4);
+            bias_of[j] = (has_bias && n < Kg) ? load(group_bias[n]) : A(0);
         }
+#pragma unroll
+        for (int i = 0; i < TM; ++i) {
+#pragma unroll
+            for (int j = 0; j < TN; ++j) acc[i][j] += bias_of[j];
+            activate_tile<TN>(act_mode, acc[i], act_alpha);
+        }
+        conv_implicit_gemm_store_tile<T, NHWC, BM, BN, TM, TN>(y, acc, m0, n0, tm, tn, M, PQ, Ky, Kg);
     }
+}
+
+// Split-K's second pass, one thread per element i of y (and of each split's
+// partials, which have y's layout):
+//   y[i] = act(partials[0][i] + ... + partials[splits-1][i] + bias[channel of i])
+// in that order (deterministic), cast to T.  channel = (i / inner) % K with
+// inner = P*Q for NCHW, 1 for NHWC.
+template <typename T>
+__global__ void conv_implicit_gemm_split_sum(const float* __restrict__ partials, const T* __restrict__ bias,
+                                             int has_bias, int act_mode, float act_alpha, T* __restrict__ y,
+                                             int total, int splits, int K, int inner) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= total) return;
+    float sum = partials[i];
+    for (int s = 1; s < splits; ++s) sum += partials[s * total + i];
+    if (has_bias) sum += load(bias[(i / inner) % K]);
+    activate_tile<1>(act_mode, &sum, act_alpha);
+    y[i] = store<T>(sum);
 }
