@@ -517,6 +517,21 @@ class _ClusterLaunch:
         return self._fallback(*arrays)
 
 
+def _cluster_launch(kind, t, pt, x, cluster, channels, others, arguments):
+    """The :class:`_ClusterLaunch` of batchnorm_{kind}_cluster (``cluster``: (CL,
+    dynamic shared bytes) from :func:`_cluster_shape`; a grid of CL blocks per
+    channel), running ``others`` where the driver refuses it; ``arguments(it)``
+    gives the kernel's arguments with index_t scalars made by ``it``."""
+    cl, shared = cluster
+    index_t = index_type(x.size)
+    spec = f"batchnorm_{kind}_cluster<{t}, {pt}, {index_t}, {cl}>"
+    if shared > 48 * 1024:  # opt in above the default dynamic shared memory
+        FAMILY.function(spec).max_dynamic_shared_size_bytes = shared
+    it = np.int32 if index_t == "int" else np.int64
+    return _ClusterLaunch(FAMILY.prepare(spec, (channels * cl,), (_BLOCK,), arguments(it), shared_mem=shared),
+                          others)
+
+
 ROWS_REDUCE_PER_SM = 4  # blocks per SM of the rows kernels when the occupancy API is missing
 
 
@@ -751,19 +766,13 @@ def _build_forward_plan(cp, x, y, pdtype, channels, outer, inner, training, upda
     group = _group(t, channels, outer, inner, aligned) if training else 0
     cluster = _cluster_shape(cp, x, outer, inner, aligned) if training and fused_allowed else None
     if cluster:
-        cl, shared = cluster
-        index_t = index_type(x.size)
-        it = np.int32 if index_t == "int" else np.int64
-        spec = f"batchnorm_train_cluster<{t}, {pt}, {index_t}, {cl}>"
-        if shared > 48 * 1024:  # opt in above the default dynamic shared memory
-            FAMILY.function(spec).max_dynamic_shared_size_bytes = shared
         others = _Deferred(lambda arrays: _build_forward_plan(
             cp, arrays[0], arrays[1], pdtype, channels, outer, inner, training, update, momentum, eps, no_gamma,
             no_beta, aligned, fused_allowed=False))
-        launches.append(_ClusterLaunch(FAMILY.prepare(
-            spec, (channels * cl,), (_BLOCK,),
-            (X, Y, MEAN, INVSTD, rm, rv, gamma, beta, it(outer), it(channels), it(inner), real(eps),
-             real(momentum), real(n / (n - 1)), np.int32(update)), shared_mem=shared), others))
+        launches.append(_cluster_launch(
+            "train", t, pt, x, cluster, channels, others,
+            lambda it: (X, Y, MEAN, INVSTD, rm, rv, gamma, beta, it(outer), it(channels), it(inner), real(eps),
+                        real(momentum), real(n / (n - 1)), np.int32(update))))
     elif group:
         index_t = index_type(x.size + _BLOCK * _GROUP_VALUES[t])
         it = np.int32 if index_t == "int" else np.int64
@@ -874,19 +883,12 @@ def _build_backward_plan(cp, x, dy, dx, pdtype, channels, outer, inner, recomput
     cluster = (_cluster_shape(cp, x, outer, inner, aligned, tensors=2)
                if CLUSTER_BACKWARD and not recompute and fused_allowed else None)
     if cluster:
-        cl, shared = cluster
-        index_t = index_type(x.size)
-        it = np.int32 if index_t == "int" else np.int64
-        spec = f"batchnorm_backward_cluster<{t}, {pt}, {index_t}, {cl}>"
-        if shared > 48 * 1024:  # opt in above the default dynamic shared memory
-            FAMILY.function(spec).max_dynamic_shared_size_bytes = shared
         others = _Deferred(lambda arrays: _build_backward_plan(
             cp, arrays[0], arrays[1], arrays[5], pdtype, channels, outer, inner, recompute, eps, no_gamma, aligned,
             fused_allowed=False))
-        launches.append(_ClusterLaunch(FAMILY.prepare(
-            spec, (channels * cl,), (_BLOCK,),
-            (X, DY, A.ARRAY2, A.ARRAY3, gamma, DX, DGAMMA, DBETA, it(outer), it(channels), it(inner)),
-            shared_mem=shared), others))
+        launches.append(_cluster_launch(
+            "backward", t, pt, x, cluster, channels, others,
+            lambda it: (X, DY, A.ARRAY2, A.ARRAY3, gamma, DX, DGAMMA, DBETA, it(outer), it(channels), it(inner))))
         return _Plan(launches, aligned)
     group = 0 if recompute else _group(t, channels, outer, inner, aligned)
     if group:
