@@ -1045,6 +1045,32 @@ def test_cluster_training_forward_and_backward(gpu, rng, monkeypatch, dtype, x_s
         assert_close(dx2, expect[0], dtype, what="dx (other kernels)")
 
 
+def test_cluster_plans_of_two_shapes_keep_their_shared_memory_opt_in(gpu, rng, monkeypatch):
+    """GPU (review8a): two shapes whose cluster plans use the same kernel with
+    different dynamic shared memory (fp32 112x112 planes, CL 8: 2 planes a block
+    at N = 16, 1 at N = 8; backward twice that), called A, B, A: the third call
+    still runs the cluster kernels and is right (before the fix B's plan lowered
+    the kernel's limit under A's launch)."""
+    from dnnprims import normalization
+    _fresh_plans(monkeypatch)
+    monkeypatch.setattr(normalization, "CLUSTER_MIN_BYTES", 0)
+    refusals = normalization.cluster_refusals
+    f64 = lambda a: _host(a).astype(np.float64)  # noqa: E731
+    for shape in ((16, 2, 112, 112), (8, 2, 112, 112), (16, 2, 112, 112)):
+        x_host = random_array(rng, shape, np.float32, low=-1, high=3)
+        dy_host = random_array(rng, shape, np.float32)
+        x = gpu.asarray(x_host)
+        y, mean, invstd = batchnorm(x, None, None, return_stats=True)
+        dx, dgamma, dbeta = batchnorm_backward(gpu.asarray(dy_host), x, None, mean=mean, invstd=invstd)
+        assert_close(_host(y), batchnorm(f64(x_host), None, None), np.float32, what="y")
+        dx64, dgamma64, dbeta64 = batchnorm_backward(f64(dy_host), f64(x_host), None, mean=f64(mean),
+                                                     invstd=f64(invstd))
+        assert_close(_host(dx), dx64, np.float32, what="dx")
+        assert_close(_host(dgamma), dgamma64, np.float32, what="dgamma")
+        assert_close(_host(dbeta), dbeta64, np.float32, what="dbeta")
+    assert normalization.cluster_refusals == refusals
+
+
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 @pytest.mark.parametrize("x_shape,layout", [((6, 5, 40, 48), "NCHW"), ((4, 3, 16, 16), "NCHW"),
                                             ((8, 5, 7, 32), "NHWC"), ((3000, 24), "NHWC")])
