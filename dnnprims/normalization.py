@@ -131,7 +131,7 @@ def _backward_key(dy, x, gamma, mean, invstd, eps, layout):
         return None
     return ("backward", dy.shape, dy.dtype, dy_data.device_id, x.shape, x.dtype, x_data.device_id,
             _vector_key(gamma), _vector_key(mean), _vector_key(invstd), type(eps), eps, layout, FUSED,
-            FUSED_BACKWARD_16BIT_SPLITS, GROUPED, ROWS_FUSED, ROWS_FUSED_MIN_ROWS, CLUSTER_BACKWARD,
+            FUSED_BACKWARD_16BIT_SPLITS, GROUPED, ROWS_FUSED, ROWS_FUSED_MIN_ROWS, CLUSTER, CLUSTER_BACKWARD,
             CLUSTER_BLOCK_BYTES, CLUSTER_MIN_BYTES, CLUSTER_MIN_PLANE_BYTES, _current_device(),
             _kernels.stream_key(_current_stream().ptr))
 
@@ -368,6 +368,18 @@ def _device_facts(cp, device):
     return facts
 
 
+def _opt_in(spec, shared):
+    """Let cluster kernel ``spec`` launch with ``shared`` bytes of dynamic shared
+    memory: opt in where the default (48 KB for static and dynamic together)
+    does not cover them, and never lower a limit that another plan of the same
+    kernel (another shape: more planes a block) was built against and still
+    launches with (review8a)."""
+    if shared + _CLUSTER_STATIC_BYTES > 48 * 1024:
+        kernel = FAMILY.function(spec)
+        if getattr(kernel, "max_dynamic_shared_size_bytes", 0) < shared:
+            kernel.max_dynamic_shared_size_bytes = shared
+
+
 def _cluster_shape(cp, x, outer, inner, aligned, tensors=1):
     """(blocks per cluster, dynamic shared bytes per block) of batchnorm_train_cluster
     (``tensors`` = 1: x) or batchnorm_backward_cluster (2: x and dy) for this x, or
@@ -525,8 +537,7 @@ def _cluster_launch(kind, t, pt, x, cluster, channels, others, arguments):
     cl, shared = cluster
     index_t = index_type(x.size)
     spec = f"batchnorm_{kind}_cluster<{t}, {pt}, {index_t}, {cl}>"
-    if shared > 48 * 1024:  # opt in above the default dynamic shared memory
-        FAMILY.function(spec).max_dynamic_shared_size_bytes = shared
+    _opt_in(spec, shared)
     it = np.int32 if index_t == "int" else np.int64
     return _ClusterLaunch(FAMILY.prepare(spec, (channels * cl,), (_BLOCK,), arguments(it), shared_mem=shared),
                           others)
@@ -863,8 +874,8 @@ def _backward_plan(cp, x, dy, dx, pdtype, channels, outer, inner, recompute, eps
     aligned = not (x.data.ptr | dy.data.ptr | dx.data.ptr) & 15
     key = ("backward", cp.cuda.runtime.getDevice(), _stream(cp), x.shape, x.dtype,
            np.dtype(pdtype), channels, inner, aligned, recompute, float(eps), no_gamma, FUSED,
-           FUSED_BACKWARD_16BIT_SPLITS, GROUPED, CLUSTER_BACKWARD, CLUSTER_BLOCK_BYTES, CLUSTER_MIN_BYTES,
-           CLUSTER_MIN_PLANE_BYTES)
+           FUSED_BACKWARD_16BIT_SPLITS, GROUPED, CLUSTER, CLUSTER_BACKWARD, CLUSTER_BLOCK_BYTES,
+           CLUSTER_MIN_BYTES, CLUSTER_MIN_PLANE_BYTES)  # (_cluster_shape reads CLUSTER for both)
     return _cached_plan(key, lambda: _build_backward_plan(
         cp, x, dy, dx, pdtype, channels, outer, inner, recompute, float(eps), no_gamma, aligned))
 

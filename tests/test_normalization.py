@@ -776,6 +776,79 @@ def test_refused_cluster_launch_takes_the_other_kernels(monkeypatch):
     assert normalization.cluster_refusals == refusals + 1
 
 
+def _cluster_fakes(monkeypatch):
+    """(prepared expressions, fake kernels by expression) with FAMILY.prepare and
+    FAMILY.function faked and the plan caches emptied (the fake sm_90 device)."""
+    from dnnprims import normalization
+    for name in ("_RESIDENT", "_WORKSPACES", "_SMS", "_LAUNCHES", "_CONSTANTS", "_PLANS", "_DEVICE"):
+        monkeypatch.setattr(normalization, name, {})
+    monkeypatch.setattr(normalization, "CLUSTER", True)
+    monkeypatch.setattr(normalization, "CLUSTER_BACKWARD", True)
+    monkeypatch.setattr(normalization, "FUSED", False)
+    prepared, kernels = [], {}
+
+    def prepare(expression, grid, block, args, shared_mem=0, cooperative=False, fallback=None):
+        prepared.append(expression)
+        return lambda *arrays: None
+    monkeypatch.setattr(normalization.FAMILY, "prepare", prepare)
+    monkeypatch.setattr(normalization.FAMILY, "function",
+                        lambda expression: kernels.setdefault(expression, type("Kernel", (), {})()))
+    return prepared, kernels
+
+
+def test_cluster_switch_is_part_of_the_backward_plan_and_fast_keys(monkeypatch):
+    """CPU (review8a): CLUSTER = False turns the backward's cluster kernel off too
+    (_cluster_shape reads it), so it must be part of the backward's plan key and
+    fast-path key; before the fix a plan built with CLUSTER = True kept running
+    batchnorm_backward_cluster after CLUSTER was set to False."""
+    from dnnprims import normalization
+    prepared, _ = _cluster_fakes(monkeypatch)
+    monkeypatch.setattr(normalization, "_current_device", lambda: 0)
+    monkeypatch.setattr(normalization, "_current_stream", lambda: type("Stream", (), {"ptr": 77})())
+    x = _fake_device_array((3, 8, 40 * 120), np.float32)
+    keys = []
+    for cluster in (True, False):
+        monkeypatch.setattr(normalization, "CLUSTER", cluster)
+        prepared.clear()
+        normalization._backward_plan(_FakeCupy, x, x, x, np.float32, 8, 3, 40 * 120, False, 1e-5, False)
+        assert any(e.startswith("batchnorm_backward_cluster<") for e in prepared) == cluster, prepared
+        keys.append(normalization._backward_key(x, x, None, None, None, 1e-5, "NCHW"))
+    assert keys[0] != keys[1]
+
+
+def test_cluster_opt_in_is_never_lowered_and_counts_static_shared_memory(monkeypatch):
+    """CPU (review8a): the dynamic shared-memory limit is a property of the kernel
+    (one per specialisation and device), shared by every plan of that kernel.  A
+    plan for a shape with fewer bytes a block must not lower the limit an earlier
+    plan (more planes a block) still launches with -- before the fix the second
+    plan set it to its own smaller size, and the first plan's next launch asked
+    for more than the limit.  And 48 KB is the default for static and dynamic
+    together: a block of exactly 48 KB of planes (plus the kernel's static
+    bytes) must opt in (before: only above 48 KB of planes)."""
+    from dnnprims import normalization
+    _, kernels = _cluster_fakes(monkeypatch)
+    forward = "batchnorm_train_cluster<float, float, int, 8>"
+    backward = "batchnorm_backward_cluster<float, float, int, 8>"
+
+    def plans(outer, inner):
+        x = _fake_device_array((outer, 1, inner), np.float32)
+        normalization._build_forward_plan(_FakeCupy, x, x, np.float32, 1, outer, inner, True, True, 0.1, 1e-5,
+                                          False, False, True)
+        normalization._build_backward_plan(_FakeCupy, x, x, x, np.float32, 1, outer, inner, False, 1e-5, False,
+                                           True)
+
+    plans(24, 8192)      # 3 planes of 32 KB a block: 96 KB (192 KB backward)
+    assert kernels[forward].max_dynamic_shared_size_bytes == 3 * 32768
+    assert kernels[backward].max_dynamic_shared_size_bytes == 6 * 32768
+    plans(8, 14336)      # 1 plane of 56 KB a block: the first shape's plans still need more
+    assert kernels[forward].max_dynamic_shared_size_bytes == 3 * 32768
+    assert kernels[backward].max_dynamic_shared_size_bytes == 6 * 32768
+    kernels.clear()
+    plans(8, 12288)      # 1 plane of exactly 48 KB a block (96 KB backward) + static: over the default
+    assert kernels[forward].max_dynamic_shared_size_bytes == 49152
+    assert kernels[backward].max_dynamic_shared_size_bytes == 2 * 49152
+
+
 def _kernels_type(dtype):
     from dnnprims import _dtypes
     return _dtypes.cuda_type(np.dtype(dtype))
@@ -970,6 +1043,32 @@ def test_cluster_training_forward_and_backward(gpu, rng, monkeypatch, dtype, x_s
         dx2 = batchnorm_backward(dy, x, gpu.asarray(gamma), mean=gpu.asarray(mean), invstd=gpu.asarray(invstd))[0]
         assert ran and not any(e.startswith("batchnorm_backward_cluster<") for e in ran), ran
         assert_close(dx2, expect[0], dtype, what="dx (other kernels)")
+
+
+def test_cluster_plans_of_two_shapes_keep_their_shared_memory_opt_in(gpu, rng, monkeypatch):
+    """GPU (review8a): two shapes whose cluster plans use the same kernel with
+    different dynamic shared memory (fp32 112x112 planes, CL 8: 2 planes a block
+    at N = 16, 1 at N = 8; backward twice that), called A, B, A: the third call
+    still runs the cluster kernels and is right (before the fix B's plan lowered
+    the kernel's limit under A's launch)."""
+    from dnnprims import normalization
+    _fresh_plans(monkeypatch)
+    monkeypatch.setattr(normalization, "CLUSTER_MIN_BYTES", 0)
+    refusals = normalization.cluster_refusals
+    f64 = lambda a: _host(a).astype(np.float64)  # noqa: E731
+    for shape in ((16, 2, 112, 112), (8, 2, 112, 112), (16, 2, 112, 112)):
+        x_host = random_array(rng, shape, np.float32, low=-1, high=3)
+        dy_host = random_array(rng, shape, np.float32)
+        x = gpu.asarray(x_host)
+        y, mean, invstd = batchnorm(x, None, None, return_stats=True)
+        dx, dgamma, dbeta = batchnorm_backward(gpu.asarray(dy_host), x, None, mean=mean, invstd=invstd)
+        assert_close(_host(y), batchnorm(f64(x_host), None, None), np.float32, what="y")
+        dx64, dgamma64, dbeta64 = batchnorm_backward(f64(dy_host), f64(x_host), None, mean=f64(mean),
+                                                     invstd=f64(invstd))
+        assert_close(_host(dx), dx64, np.float32, what="dx")
+        assert_close(_host(dgamma), dgamma64, np.float32, what="dgamma")
+        assert_close(_host(dbeta), dbeta64, np.float32, what="dbeta")
+    assert normalization.cluster_refusals == refusals
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)

@@ -914,6 +914,24 @@ def test_cluster_backward_launch_matches_its_signature_and_shared_memory_layout(
         assert cl == {4: 2, 2: 1, 8: 4}[dtype.itemsize]
 
 
+def test_shared_memory_opt_in_counts_the_static_bytes(monkeypatch):
+    """CPU (review8a): without opting in a block has 48 KB of shared memory for
+    static and dynamic together, so dynamic bytes just under 48 KB plus a
+    kernel's static bytes (gn_rows_backward_cluster: mbarrier and shares) need
+    the opt-in too; before the fix only dynamic bytes above 48 KB opted in.  The
+    limit is only ever raised."""
+    from dnnprims import row_normalization as rn
+    monkeypatch.setattr(rn, "_RAISED", {})
+    kernel = type("Kernel", (), {})()
+    rn._raise_shared(kernel, (0, "k"), 48 * 1024 - 16)
+    assert kernel.max_dynamic_shared_size_bytes == 48 * 1024 - 16
+    rn._raise_shared(kernel, (0, "k"), 40 * 1024)     # a smaller launch later: the limit stays
+    assert kernel.max_dynamic_shared_size_bytes == 48 * 1024 - 16
+    small = type("Kernel", (), {})()
+    rn._raise_shared(small, (0, "small"), 16 * 1024)  # far below the default: nothing to do
+    assert not hasattr(small, "max_dynamic_shared_size_bytes")
+
+
 # ---------------------------------------------------------------------- review6g: the user's side (CPU)
 
 def test_backward_accepts_none_for_a_zero_output_gradient(xp, rng):
