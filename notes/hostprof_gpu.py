@@ -1,6 +1,7 @@
 """Where the host time of the small memory-bound calls goes (issue 5's 1-13 MB rows:
-global average pooling, bn_r50_late, classifier softmax): per-call host time with the
-GPU held busy (so launches queue), a CuPy elementwise copy of the same bytes for
+global average pooling, bn_r50_late, classifier softmax): per-call wall time of 2000
+back-to-back calls (host time where the host is slower than the GPU; the launch queue
+fills otherwise), a CuPy elementwise copy of the same bytes for
 reference, and a cProfile of 20000 calls of each (top entries by own time).
     PYTHONPATH=. python notes/hostprof_gpu.py      (GPU machine, ~30 s)"""
 import cProfile
