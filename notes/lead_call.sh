@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The lead's one device call: GPU tests on main, partial re-tune (5x5/7x7), main job,
 # overhead, bench all; logs tarred into $OUT (few files come back), summary last.
-#   bash notes/lead_call.sh [tests] [tune] [main] [overhead] [bench:SUITE] [ab:SCRIPT.py] [sh:SCRIPT.sh] ...
+#   bash notes/lead_call.sh [tests] [tune] [tunesk] [main] [overhead] [bench:SUITE] [ab:SCRIPT.py] [sh:SCRIPT.sh] ...
 set -u
 cd "$(dirname "$0")/.."
 L=/tmp/lead_logs; rm -rf "$L"; mkdir -p "$L"
@@ -12,6 +12,8 @@ for step in "$@"; do
         tests) OUT=$L timeout 260 bash scripts/gpu_suite.sh tests > "$L/tests.txt" 2>&1; stamp "tests rc $?" ;;
         tune) OUT=$L timeout $(( ${TUNE_S:-80} + 60 )) bash scripts/gpu_suite.sh tune --filters 5 7 --update --max-seconds ${TUNE_S:-80} > "$L/tune.txt" 2>&1
               stamp "tune rc $?"; cp "$L/conv_table.json" "$OUT/conv_table.json" 2>/dev/null ;;
+        tunesk) OUT=$L timeout 480 bash scripts/gpu_suite.sh tune --filters 1 3 --directions forward backward_data --update --max-seconds 420 > "$L/tune.txt" 2>&1
+              stamp "tune (1x1/3x3 forward + backward data, split-K) rc $?"; cp "$L/conv_table.json" "$OUT/conv_table.json" 2>/dev/null ;;
         main) OUT=$L timeout 60 bash scripts/gpu_suite.sh main > "$L/main.txt" 2>&1; stamp "main rc $?" ;;
         overhead) OUT=$L timeout 90 bash scripts/gpu_suite.sh overhead > "$L/overhead.txt" 2>&1; stamp "overhead rc $?" ;;
         winosmall) rm -rf /tmp/ws; cp -r . /tmp/ws; (cd /tmp/ws && OUT=$L/winosmall timeout 200 bash notes/winosmall_gpu.sh 150 > "$L/winosmall.txt" 2>&1); stamp "winosmall rc $?" ;;
