@@ -339,9 +339,11 @@ GROUPED = True
 # CLUSTER_MIN_BYTES (None: the device's L2 size -- below it the two-pass path
 # reads x the second time from L2 and wins).  False: the grouped / fused /
 # two-pass paths.  H100, training forward against the two-pass path
-# (notes/cluster.md): bn_big 64x256x56x56 fp32 0.169 vs 0.218 ms (1.45x
-# PyTorch), fp16 / bf16 0.091 vs 0.123, bn_r50_early 32x64x112x112 fp32 0.097 vs
-# 0.114 (227 KB blocks); 25.7 MB tensors 0.032-0.035 vs 0.031 (slower: in L2).
+# (notes/cluster.md; two boards, the same code): bn_big 64x256x56x56 fp32
+# 0.169-0.183 vs 0.218 ms (1.34-1.45x PyTorch), fp16 / bf16 0.091-0.099 vs 0.123,
+# bn_r50_early 32x64x112x112 fp32 0.097-0.110 vs 0.114 (227 KB blocks); 25.7 MB
+# tensors 0.030-0.035 vs 0.030-0.031 (no gain: x is in L2).  Backward (saved
+# statistics): bn_big fp32 0.251 vs 0.276, fp16 0.132 vs 0.188.
 CLUSTER = True
 # The backward with saved statistics likewise (batchnorm_backward_cluster: x and
 # dy in shared memory, read once; planes of both within the block budget).
@@ -506,7 +508,7 @@ cluster_refusals = 0  # launches refused so far (tests check that the other kern
 
 
 class _ClusterLaunch:
-    """batchnorm_train_cluster's launch.  Where the driver refuses to place its
+    """A batch-norm cluster kernel's launch.  Where the driver refuses to place its
     clusters, the plan's other kernels (``fallback``, a :class:`_Deferred`) run
     instead, on this and every later call: nothing ran, and the same launch
     would be refused again."""
