@@ -45,7 +45,7 @@ with tempfile.TemporaryDirectory() as d:
 for e in exprs:
     name = lowered[e]
     regs = re.search(rf"Function properties for {re.escape(name)}.*?Used (\d+) registers", log, re.S)
-    regs2 = re.findall(rf"Compiling entry function '{re.escape(name)}'.*?\n.*?Used (\d+) registers", log)
+    regs2 = re.findall(rf"Compiling entry function '{re.escape(name)}'.*?Used (\d+) registers", log, re.S)
     body = re.search(rf"\.text\.{re.escape(name)}:(.*?)(?:\n\s*\.section|\Z)", sass, re.S).group(1)
     ins = re.findall(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", body)
     ops = collections.Counter(i.split(".")[0] for i in ins)
