@@ -738,43 +738,6 @@ template <typename T, typename index_t, int K> struct ColumnPacks {
     }
 };
 
-// 16-bit forward (notes/half16.md): the max of a pair of packed values
-// (max.f16x2 / max.bf16x2, sm_80+: exact, as any max is, and NaN-ignoring like
-// fmax -- the sum catches a NaN), so the max pass costs VEC / 2 instructions a
-// pack instead of VEC conversions and VEC float maxes.
-template <typename T> struct PairMax;
-template <> struct PairMax<half_t> {
-    static constexpr unsigned int lowest = 0xfc00fc00u;  // -inf, -inf
-    static __device__ __forceinline__ unsigned int max(unsigned int a, unsigned int b) {
-        unsigned int r;
-        asm("max.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
-        return r;
-    }
-};
-template <> struct PairMax<bfloat16_t> {
-    static constexpr unsigned int lowest = 0xff80ff80u;
-    static __device__ __forceinline__ unsigned int max(unsigned int a, unsigned int b) {
-        unsigned int r;
-        asm("max.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
-        return r;
-    }
-};
-__device__ __forceinline__ unsigned int pack_word(const words4& w, int i) {
-    return i == 0 ? w.a : i == 1 ? w.b : i == 2 ? w.c : w.d;
-}
-template <typename T> __device__ __forceinline__ acc_t<T> half_of(unsigned int w, int hi) {
-    T v;
-    v.bits = (unsigned short)(hi ? w >> 16 : w & 0xffffu);
-    return load(v);
-}
-
-// 2^(v log2(e) + c) with ex2.approx (16-bit softmax forward output).
-__device__ __forceinline__ float exp2_approx_scaled(float v, float c) {
-    float r;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(fmaf(v, 1.4426950408889634f, c)));
-    return r;
-}
-
 template <typename T, typename index_t, bool LOG, int K, int MINB>
 __global__ void __launch_bounds__(MINB > 1 ? CHANNEL_PACK_BOUNDED_THREADS : CHANNEL_PACK_THREADS, MINB > 1 ? MINB : 0)
     softmax_forward_channels_packs(const T* __restrict__ x, T* __restrict__ y, index_t outer, index_t n,
@@ -791,25 +754,7 @@ __global__ void __launch_bounds__(MINB > 1 ? CHANNEL_PACK_BOUNDED_THREADS : CHAN
         A m[VEC], s[VEC];
 #pragma unroll
         for (int e = 0; e < VEC; ++e) m[e] = negative_infinity<A>(), s[e] = A(0);
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-        if constexpr (sizeof(T) == 2) {
-            unsigned int pm[VEC / 2];
-#pragma unroll
-            for (int i = 0; i < VEC / 2; ++i) pm[i] = PairMax<T>::lowest;
-#pragma unroll
-            for (int k = 0; k < K; ++k) {
-                if (col.holds(k)) {
-#pragma unroll
-                    for (int i = 0; i < VEC / 2; ++i) pm[i] = PairMax<T>::max(pm[i], pack_word(v[k].raw, i));
-                }
-            }
-#pragma unroll
-            for (int e = 0; e < VEC; ++e) m[e] = half_of<T>(pm[e / 2], e & 1);
-        } else
-#endif
-        {
-            col.each([&](int k, int e) { m[e] = fmax(m[e], load(v[k].v[e])); });  // a NaN poisons the sum below
-        }
+        col.each([&](int k, int e) { m[e] = fmax(m[e], load(v[k].v[e])); });  // a NaN poisons the sum below
         column_reduce_packs<A, VEC, true>(m, scratch);
         col.each([&](int k, int e) {
             const A d = exp_for<T>(load(v[k].v[e]) - m[e]);
@@ -817,15 +762,12 @@ __global__ void __launch_bounds__(MINB > 1 ? CHANNEL_PACK_BOUNDED_THREADS : CHAN
             if constexpr (KEEP_EXP && !LOG) v[k].v[e] = d;
         });
         column_reduce_packs<A, VEC, false>(s, scratch);
-        // log s; 1 / s; or, 16-bit softmax, -log2 s: y = 2^((x - m) log2(e) - log2 s),
-        // one FFMA in place of a multiply before and after the ex2 (log2f ~1 ulp,
-        // |log2 s| <= log2 n: ~2^-21 relative in y).
 #pragma unroll
-        for (int e = 0; e < VEC; ++e) s[e] = LOG ? log_acc(s[e]) : KEEP_EXP ? A(1) / s[e] : -log2f(s[e]);
+        for (int e = 0; e < VEC; ++e) s[e] = LOG ? log_acc(s[e]) : A(1) / s[e];  // log s, or 1 / s
         col.write(y, [&](int k, int e) {
             if constexpr (LOG) return load(v[k].v[e]) - m[e] - s[e];
             else if constexpr (KEEP_EXP) return load(v[k].v[e]) * s[e];
-            else return exp2_approx_scaled(load(v[k].v[e]) - m[e], s[e]);
+            else return exp_for<T>(load(v[k].v[e]) - m[e]) * s[e];
         });
     }
 }

@@ -3,12 +3,12 @@
 from the header; ex2.approx / rcp.approx taken as exact float32, their ~2^-22
 error is below the float32 rounding of the steps) over all 65536 float16 bit
 patterns and a dense bfloat16 sweep (every bfloat16 in |x| <= 16), against the
-float64 gelu'(x).  Prints the max relative error of gelu' (away from its zero
+float64 gelu'(x) (with erfc: 1 + erf(x) cancels in the tail even in float64).  Prints the max relative error of gelu' (away from its zero
 near x = -0.7518, where the absolute error is given), and how many 16-bit
 outputs round(gelu'(x)) differ from the correctly rounded float64 value, for the
 fast formula and for the library one (erf / exp in float64 rounded to float32,
 a stand-in for erff / expf's <= 2 ulp).
-    python notes/half16_accuracy.py [ROOT]"""
+    python notes/half16_accuracy.py [ROOT]   (an unpatched ROOT: the constants from notes/wip/gelu16_backward.patch)"""
 import math
 import re
 import sys
@@ -18,6 +18,9 @@ import numpy as np
 
 root = sys.argv[1] if len(sys.argv) > 1 else "."
 src = open(f"{root}/kernels/activation_math.cuh").read()
+if "gelu_derivative_fast(float v)" not in src:  # an unpatched tree: the patch's added lines
+    src = "\n".join(line[1:] for line in open(f"{root}/notes/wip/gelu16_backward.patch").read().splitlines()
+                    if line.startswith("+") and not line.startswith("+++"))
 body = src[src.index("gelu_derivative_fast(float v)"):]
 body = body[:body.index("\n}\n")]
 consts = [np.float32(c) for c in re.findall(r"(-?\d+\.\d+)f", body)]
@@ -82,3 +85,31 @@ report("bfloat16", b, ml_dtypes.bfloat16)
 # large |x|: the exact limits (1 for x >> 0, 0 for x << 0)
 big = np.array([14.5, 20, 100, 65504, -14.5, -20, -65504, 0.0, -0.0], np.float32)
 print("large |x| / zeros:", dict(zip(big.tolist(), fast(big).tolist())))
+
+# ---- softmax forward, 16-bit output: y = e * (1 / s) (main) against
+# y = 2^((x - m) log2(e) - log2 s) (notes/wip/softmax16_forward.patch), both in
+# float32 steps (ex2 taken as exact), then rounded to the storage type; columns
+# of 256 values (the channel axis of the benchmark), x uniform in [-8, 8] and
+# N(0, 3), against the float64 softmax rounded once.
+rng = np.random.default_rng(0)
+L = np.float32(1.4426950408889634)
+for dtype in (np.float16, ml_dtypes.bfloat16):
+    for label, x in (("U(-8,8)", rng.uniform(-8, 8, (256, 4096))), ("N(0,3)", rng.normal(0, 3, (256, 4096)))):
+        x = x.astype(dtype).astype(np.float32)
+        m = x.max(0)
+        d = (x - m).astype(np.float32)
+        e = np.exp2((d * L).astype(np.float64)).astype(np.float32)
+        s = e.sum(0, dtype=np.float64).astype(np.float32)
+        y_main = (e * (np.float32(1) / s)).astype(np.float32)
+        y_new = np.exp2((d.astype(np.float64) * L - np.log2(s).astype(np.float32)).astype(np.float32)
+                        .astype(np.float64)).astype(np.float32)
+        x64 = x.astype(np.float64)
+        ref = np.exp(x64 - x64.max(0))
+        ref /= ref.sum(0)
+        r16 = ref.astype(dtype).astype(np.float64)
+        for tag, y in (("main", y_main), ("patch", y_new)):
+            y16 = y.astype(dtype).astype(np.float64)
+            norm = np.linalg.norm(y16 - ref) / np.linalg.norm(ref)
+            print(f"softmax {np.dtype(dtype).name:8s} {label:8s} {tag:5s} normwise err {norm:.2e}  "
+                  f"outputs != correctly rounded {100 * (y16 != r16).mean():.3f} %  "
+                  f"max rel err before rounding {np.max(np.abs(y - ref) / ref):.1e}")
