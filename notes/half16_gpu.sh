@@ -46,13 +46,13 @@ for i in 0 1; do
     grep -q "$mark" "$file" || { echo "$p did not apply"; cat "$OUT/apply.log"; exit 1; }
 done
 echo "patches applied: ${APPLIED[*]}; $(nvidia-smi -L 2>/dev/null | head -n 1)"
-timeout 70 python3 scripts/warm_kernels.py 12 activation.cu softmax.cu > "$OUT/warm_new.log" 2>&1 &
-timeout 70 python3 notes/half16_warm.py "$OLD" activation.cu:activation_backward \
+timeout 55 python3 scripts/warm_kernels.py 12 activation.cu softmax.cu > "$OUT/warm_new.log" 2>&1 &
+timeout 55 python3 notes/half16_warm.py "$OLD" activation.cu:activation_backward \
     softmax.cu:softmax_forward_channels_packs > "$OUT/warm_old.log" 2>&1 &
 wait
 echo "[$(( $(date +%s) - T0 )) s] warm: $(tail -n 1 "$OUT/warm_new.log" | cut -c1-150)"
 echo "    old: $(tail -n 1 "$OUT/warm_old.log" | cut -c1-200)"
-timeout 50 python3 notes/half16_ab.py "$OLD" --json "$OUT/ab.json" > "$OUT/ab.log" 2>&1
+timeout 45 python3 notes/half16_ab.py "$OLD" --json "$OUT/ab.json" > "$OUT/ab.log" 2>&1
 rc=$?; echo "[$(( $(date +%s) - T0 )) s] ab rc $rc"
 left=$(( 115 - ($(date +%s) - T0) )); [ "$left" -lt 20 ] && left=20
 common=(-q -m gpu --tb=short -p no:cacheprovider)
