@@ -254,6 +254,14 @@ def test_several_chunks_per_channel(xp, rng, monkeypatch, dtype, x_shape, offset
             assert_close(a, b, dtype, what=what)
 
 
+def _grad_magnitudes(x64, dy64, axes):
+    """dgamma / dbeta are sums over the reduced axes that may cancel to ~0: the
+    magnitudes of their terms, which their rounding is relative to."""
+    centred = np.abs(x64 - x64.mean(axis=axes, keepdims=True))
+    return dict(dgamma=(np.abs(dy64) * centred).sum(axis=axes) / np.sqrt(x64.var(axis=axes) + 1e-5),
+                dbeta=np.abs(dy64).sum(axis=axes))
+
+
 def _fresh_plans(monkeypatch):
     """Forget the memoised GPU calls and their prepared plans (grids sized by a patched
     _RESIDENT).  The switches FUSED, FUSED_PREFETCH, FUSED_FORWARD_MIN_BYTES and
@@ -306,9 +314,7 @@ def test_single_read_path_matches_two_pass_path(xp, rng, monkeypatch, prefetch, 
     # case): rounding is relative to the sums of the terms' magnitudes.
     axes = (0, 2, 3)[:x.ndim - 1] if layout == "NCHW" else tuple(range(x.ndim - 1))
     x64, dy64 = f64(x), f64(dy)
-    centred = np.abs(x64 - x64.mean(axis=axes, keepdims=True))
-    magnitudes = dict(dgamma=(np.abs(dy64) * centred).sum(axis=axes) / np.sqrt(x64.var(axis=axes) + 1e-5),
-                      dbeta=np.abs(dy64).sum(axis=axes))
+    magnitudes = _grad_magnitudes(x64, dy64, axes)
     for a, b, what in zip(results[0][5:], expect, ("dx", "dgamma", "dbeta")):
         assert_close(a, b, dtype, what=what, magnitude=magnitudes.get(what))
 
@@ -1017,9 +1023,7 @@ def test_cluster_training_forward_and_backward(gpu, rng, monkeypatch, dtype, x_s
     x64, dy64 = f64(x_host), f64(dy_host)
     axes = (0,) + tuple(range(2, len(x_shape)))
     expect = batchnorm_backward(dy64, x64, f64(gamma))
-    centred = np.abs(x64 - x64.mean(axis=axes, keepdims=True))
-    magnitudes = dict(dgamma=(np.abs(dy64) * centred).sum(axis=axes) / np.sqrt(x64.var(axis=axes) + 1e-5),
-                      dbeta=np.abs(dy64).sum(axis=axes))
+    magnitudes = _grad_magnitudes(x64, dy64, axes)
     ran.clear()
     grads = []
     for _ in range(3):  # the later calls take the fast path
@@ -1189,9 +1193,7 @@ def test_grouped_training_path(xp, rng, monkeypatch, grouped, dtype, x_shape, of
     x64, dy64 = f64(x_host), f64(dy_host)
     axes = (0,) + tuple(range(2, len(x_shape)))
     expect = batchnorm_backward(dy64, x64, f64(gamma))
-    centred = np.abs(x64 - x64.mean(axis=axes, keepdims=True))
-    magnitudes = dict(dgamma=(np.abs(dy64) * centred).sum(axis=axes) / np.sqrt(x64.var(axis=axes) + 1e-5),
-                      dbeta=np.abs(dy64).sum(axis=axes))
+    magnitudes = _grad_magnitudes(x64, dy64, axes)
     for _ in range(2):  # the second call takes the fast path
         got = batchnorm_backward(dy, x, xp.asarray(gamma), mean=mean, invstd=invstd)
         for a, b, what in zip(got, expect, ("dx", "dgamma", "dbeta")):

@@ -734,6 +734,31 @@ def _row_kernel_signature(name):
     return template, params
 
 
+def _capture_row_launches(monkeypatch):
+    """CPU: row_normalization's kernels faked. Returns (launches: (grid, block,
+    args, shared_mem) each, the expressions asked for, a cupy stand-in)."""
+    from test_normalization import _fake_device_array
+    from dnnprims import row_normalization as rn
+    captured, expressions = [], []
+
+    class Kernel:
+        max_threads_per_block = 1024
+        max_dynamic_shared_size_bytes = 48 * 1024
+
+        def __call__(self, grid, block, args, shared_mem=0):
+            captured.append((grid, block, tuple(args), shared_mem))
+
+    class FakeCupy:
+        class cuda:
+            class runtime:
+                getDevice = staticmethod(lambda: 0)
+
+        empty = staticmethod(_fake_device_array)
+
+    monkeypatch.setattr(rn.FAMILY, "function", lambda expr: expressions.append(expr) or Kernel())
+    return captured, expressions, FakeCupy
+
+
 @pytest.mark.parametrize("dtype", _dtypes.SUPPORTED, ids=lambda d: d.name)
 @pytest.mark.parametrize("x_shape,groups", [((1, 256, 56, 56), 32), ((2, 8, 16, 16), 2), ((3, 4, 1, 256), 4)])
 @pytest.mark.parametrize("mode,late,bulk", [("both", False, True), ("x", False, False), ("xl2", True, False)])
@@ -750,24 +775,7 @@ def test_pipelined_backward_launch_matches_its_signature_and_shared_memory_layou
     from test_normalization import _C_TYPES, _fake_device_array
     from dnnprims import row_normalization as rn
     optin = 232448   # H100: 227 KB
-    captured = []
-
-    class Kernel:
-        max_threads_per_block = 1024
-        max_dynamic_shared_size_bytes = 48 * 1024
-
-        def __call__(self, grid, block, args, shared_mem=0):
-            captured.append((grid, block, tuple(args), shared_mem))
-
-    class FakeCupy:
-        class cuda:
-            class runtime:
-                getDevice = staticmethod(lambda: 0)
-
-        empty = staticmethod(_fake_device_array)
-
-    expressions = []
-    monkeypatch.setattr(rn.FAMILY, "function", lambda expr: expressions.append(expr) or Kernel())
+    captured, expressions, FakeCupy = _capture_row_launches(monkeypatch)
     monkeypatch.setattr(rn, "_optin", lambda cp: optin)
     monkeypatch.setattr(rn, "_RAISED", {})
     monkeypatch.setattr(rn, "_resident_blocks", lambda cp, kernel, expr, block, shared: 132)
@@ -845,24 +853,7 @@ def test_cluster_backward_launch_matches_its_signature_and_shared_memory_layout(
     from test_normalization import _C_TYPES, _fake_device_array
     from dnnprims import row_normalization as rn
     optin = 232448   # H100: 227 KB
-    captured = []
-
-    class Kernel:
-        max_threads_per_block = 1024
-        max_dynamic_shared_size_bytes = 48 * 1024
-
-        def __call__(self, grid, block, args, shared_mem=0):
-            captured.append((grid, block, tuple(args), shared_mem))
-
-    class FakeCupy:
-        class cuda:
-            class runtime:
-                getDevice = staticmethod(lambda: 0)
-
-        empty = staticmethod(_fake_device_array)
-
-    expressions = []
-    monkeypatch.setattr(rn.FAMILY, "function", lambda expr: expressions.append(expr) or Kernel())
+    captured, expressions, FakeCupy = _capture_row_launches(monkeypatch)
     monkeypatch.setattr(rn, "_cluster_facts", lambda cp: (cc, optin))
     monkeypatch.setattr(rn, "_RAISED", {})
     monkeypatch.setattr(rn, "_finish_param_grads", lambda *args: ("dgamma", "dbeta"))
