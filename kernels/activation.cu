@@ -21,7 +21,9 @@
 // Python sizes the NHWC row chunks so that the grid is ~2048 blocks whatever N*H*W.
 //
 // The math (modes, derivatives, PyTorch's conventions at the kinks) lives in
-// activation_math.cuh, shared with the fused convolution epilogues.
+// activation_math.cuh, shared with the fused convolution epilogues; the
+// backward kernels take derivative_for<T, MODE> (GELU on 16-bit storage: one
+// exponential, notes/half16.md).
 #include "activation_math.cuh"
 #include "packs.cuh"
 
@@ -74,14 +76,14 @@ __global__ void activation_backward(const T* __restrict__ dy, const T* __restric
                 Pack<T, VEC> out;
 #pragma unroll
                 for (int e = 0; e < VEC; ++e)
-                    out.v[e] = store<T>(load(g[u].v[e]) * derivative<MODE>(load(in[u].v[e]), alpha));
+                    out.v[e] = store<T>(load(g[u].v[e]) * derivative_for<T, MODE>(load(in[u].v[e]), alpha));
                 store_pack<T, VEC>(dx + (base + u * step) * VEC, out);
             }
         }
     }
     const index_t flat_stride = (index_t)gridDim.x * step;
     for (index_t i = packs * VEC + (index_t)blockIdx.x * step + (index_t)threadIdx.x; i < n; i += flat_stride)
-        dx[i] = store<T>(load(dy[i]) * derivative<MODE>(load(x[i]), alpha));
+        dx[i] = store<T>(load(dy[i]) * derivative_for<T, MODE>(load(x[i]), alpha));
 }
 
 // ---- bias + activation ---------------------------------------------------------
@@ -151,7 +153,7 @@ __global__ void bias_activation_backward_planes(const T* __restrict__ dy, const 
                 Pack<T, VEC> out;
 #pragma unroll
                 for (int e = 0; e < VEC; ++e) {
-                    const A d = load(g0.v[e]) * derivative<MODE>(load(x0.v[e]) + bc, alpha);
+                    const A d = load(g0.v[e]) * derivative_for<T, MODE>(load(x0.v[e]) + bc, alpha);
                     out.v[e] = store<T>(d);
                     acc += d;
                 }
@@ -159,7 +161,7 @@ __global__ void bias_activation_backward_planes(const T* __restrict__ dy, const 
                 if (q2 < plen) {
 #pragma unroll
                     for (int e = 0; e < VEC; ++e) {
-                        const A d = load(g1.v[e]) * derivative<MODE>(load(x1.v[e]) + bc, alpha);
+                        const A d = load(g1.v[e]) * derivative_for<T, MODE>(load(x1.v[e]) + bc, alpha);
                         out.v[e] = store<T>(d);
                         acc += d;
                     }
@@ -168,7 +170,7 @@ __global__ void bias_activation_backward_planes(const T* __restrict__ dy, const 
             }
         } else {
             for (index_t q = threadIdx.x; q < len; q += (index_t)blockDim.x) {
-                const A d = load(dy[start + q]) * derivative<MODE>(load(x[start + q]) + bc, alpha);
+                const A d = load(dy[start + q]) * derivative_for<T, MODE>(load(x[start + q]) + bc, alpha);
                 dx[start + q] = store<T>(d);
                 acc += d;
             }
@@ -196,7 +198,7 @@ __global__ void bias_activation_backward_rows(const T* __restrict__ dy, const T*
 #pragma unroll 4
         for (index_t r = first + threadIdx.y; r < last; r += blockDim.y) {
             const index_t at = r * channels + c;
-            const A d = load(dy[at]) * derivative<MODE>(load(x[at]) + bc, alpha);
+            const A d = load(dy[at]) * derivative_for<T, MODE>(load(x[at]) + bc, alpha);
             dx[at] = store<T>(d);
             acc += d;
         }
@@ -237,7 +239,7 @@ __global__ void bias_activation_backward_rows_packed(const T* __restrict__ dy, c
             Pack<T, VEC> out;
 #pragma unroll
             for (int e = 0; e < VEC; ++e) {
-                const A d = load(g.v[e]) * derivative<MODE>(load(in.v[e]) + bc[e], alpha);
+                const A d = load(g.v[e]) * derivative_for<T, MODE>(load(in.v[e]) + bc[e], alpha);
                 out.v[e] = store<T>(d);
                 acc[e] += d;
             }

@@ -94,6 +94,53 @@ template <int MODE, typename A> __device__ __forceinline__ A derivative(A v, A a
     return (v > A(0) && v < alpha) ? A(1) : A(0);
 }
 
+// ---- 16-bit storage: a cheaper GELU derivative ------------------------------
+// A float16 / bfloat16 backward keeps 11 / 8 significant bits of dx, and with
+// erff + expf (~45 SASS instructions an element, two MUFU) the pointwise
+// kernel was issue-bound at 2-byte elements (notes/half16.md).  Here both terms
+// of gelu'(x) = Phi(x) + x phi(x) share one exponential e = exp(-x^2 / 2):
+//   Phi(-|x|) = e * h(x),  h = t P(t),  t = 1 / (1 + |x| / (2 sqrt 2)),
+// P a degree-6 polynomial fitted here (reweighted least squares on the relative
+// error of erfc(z) exp(z^2), z = |x| / sqrt 2 in [0, 10.5]: max 1.5e-6; beyond,
+// e is 0 in float), so
+//   gelu'(x) = [x >= 0] + e * (x / sqrt(2 pi) -+ h)      (- for x >= 0),
+// with ex2.approx / rcp.approx (~2^-22 relative).  Error of gelu' against
+// float64 <= 2e-6 (relative, away from its zero near x = -0.75; absolute 2e-7
+// there): notes/half16_accuracy.py over every float16 and a dense bfloat16
+// sweep.  ~20 instructions.  float and double keep the library erf / exp.
+// NaN propagates; +-inf gives NaN, as the library formula does (inf * 0).
+__device__ __forceinline__ float ex2_approx(float v) {
+    float r;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(v));
+    return r;
+}
+__device__ __forceinline__ float rcp_approx(float v) {
+    float r;
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(v));
+    return r;
+}
+__device__ __forceinline__ float gelu_derivative_fast(float v) {
+    const float e = ex2_approx(v * (v * -0.721347520f));  // exp(-v^2 / 2) = 2^(-v^2 log2(e) / 2)
+    const float t = rcp_approx(fmaf(fabsf(v), 0.353553391f, 1.0f));
+    float p = 0.0436620973f;
+    p = fmaf(p, t, -0.176825091f);
+    p = fmaf(p, t, 0.192460239f);
+    p = fmaf(p, t, 0.0204604492f);
+    p = fmaf(p, t, 0.140187606f);
+    p = fmaf(p, t, 0.13889575f);
+    p = fmaf(p, t, 0.141158193f);
+    const float h = t * p;  // Phi(-|v|) exp(v^2 / 2)
+    const float r = fmaf(v, 0.398942280f, v < 0.0f ? h : -h);  // 1 / sqrt(2 pi)
+    return fmaf(e, r, v >= 0.0f ? 1.0f : 0.0f);
+}
+
+// The derivative a kernel on storage type T uses: derivative<MODE> but for GELU
+// on 16-bit storage.
+template <typename T, int MODE> __device__ __forceinline__ acc_t<T> derivative_for(acc_t<T> v, acc_t<T> alpha) {
+    if constexpr (MODE == GELU && sizeof(T) == 2) return gelu_derivative_fast(v);
+    else return derivative<MODE>(v, alpha);
+}
+
 #define ACTIVATION_NONE (-1)
 
 template <typename A> __device__ __forceinline__ A activate_dynamic(int mode, A v, A alpha) {

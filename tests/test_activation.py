@@ -155,6 +155,41 @@ def test_non_contiguous_input(xp, rng, dtype):
                      dtype)
 
 
+# Significant bits kept by each 16-bit storage dtype, less one: 1 ulp = 2^-bits * |v| at most.
+_ULP_BITS = {"float16": 10, "bfloat16": 7}
+
+
+@pytest.mark.parametrize("dtype", [d for d in FLOAT_DTYPES if d.values[0].itemsize == 2])
+def test_gelu_backward_every_16bit_input(xp, rng, dtype):
+    """Every finite float16 x (every bfloat16 with |x| <= 16, and a few beyond),
+    dy in [0.5, 2): dx within one unit in the last place of dy * gelu'(x) in
+    float64 -- with erfc, exact in the tail where 1 + erf(x) cancels -- plus 2^-21
+    |dy| for the sum of two terms that cancel near x = -0.75.  The 16-bit GPU
+    kernel computes gelu' with one shared exponential and a fitted erfc
+    (activation_math.cuh, gelu_derivative_fast; notes/half16.md); a wrong
+    coefficient or sign fails here, where the normwise bound would not see it."""
+    dtype = np.dtype(dtype)
+    x = np.arange(65536, dtype=np.uint16).view(dtype)
+    x = x[np.isfinite(x.astype(np.float32))]
+    if dtype.name == "bfloat16":
+        x = np.concatenate([x[np.abs(x.astype(np.float32)) <= 16],
+                            np.array([-1e30, -100, 20, 1e4, 3e38], np.float32).astype(dtype)])
+    dy = rng.uniform(0.5, 2.0, x.size).astype(dtype)
+    x64, dy64 = x.astype(np.float64), dy.astype(np.float64)
+    erfc = np.frompyfunc(math.erfc, 1, 1)
+    with np.errstate(over="ignore"):
+        d64 = (0.5 * erfc(-x64 / math.sqrt(2)).astype(np.float64)
+               + x64 / math.sqrt(2 * math.pi) * np.exp(-0.5 * x64 * x64))
+    want = dy64 * d64
+    with np.errstate(over="ignore", invalid="ignore"):  # the NumPy reference squares 65504 in float16
+        got = to_numpy(activation_backward(xp.asarray(dy), xp.asarray(x), "gelu")).astype(np.float64)
+    err = np.abs(got - want)
+    limit = 2.0 ** -_ULP_BITS[dtype.name] * np.abs(want) + 2.0 ** -21 * dy64
+    bad = np.flatnonzero(~(err <= limit))
+    assert bad.size == 0, (f"{bad.size} of {x.size}: x {x64[bad[:5]]} dy {dy64[bad[:5]]} "
+                           f"got {got[bad[:5]]} want {want[bad[:5]]}")
+
+
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 def test_misaligned_and_long(xp, rng, dtype):
     """A view one element into its buffer (no 16-byte packs), and enough elements
