@@ -19,38 +19,42 @@ torch.backends.cuda.matmul.allow_tf32 = False
 torch.backends.cudnn.allow_tf32 = False
 rng = np.random.default_rng(0)
 f32 = np.float32
-N, C, H, K, R, d, pad = 1, 256, 28, 256, 3, 2, 2
-x = cp.asarray(rng.standard_normal((N, C, H, H)).astype(f32))
-w = cp.asarray(rng.standard_normal((K, C, R, R)).astype(f32) * 0.05)
-y = dp.conv2d_forward(x, w, padding=pad, dilation=d)
-dy = cp.asarray(rng.standard_normal(y.shape).astype(f32))
-tx, tw, tdy = (torch.from_dlpack(a) for a in (x, w, dy))
-F = torch.nn.functional
-opts = dict(padding=pad, dilation=d)
-calls = {
-    "forward": (lambda algo: dp.conv2d_forward(x, w, algo=algo, **opts),
-                lambda: F.conv2d(tx, tw, padding=pad, dilation=d)),
-    "backward_data": (lambda algo: dp.conv2d_backward_data(dy, w, x.shape, algo=algo, **opts),
-                      lambda: torch.nn.grad.conv2d_input(tx.shape, tw, tdy, padding=pad, dilation=d)),
-    "backward_filter": (lambda algo: dp.conv2d_backward_filter(x, dy, w.shape, algo=algo, **opts),
-                        lambda: torch.nn.grad.conv2d_weight(tx, tw.shape, tdy, padding=pad, dilation=d)),
-}
-for direction, (ours, theirs) in calls.items():
-    t_torch = measure(theirs, xp=cp, warmup=5, repeat=30).median_ms
-    ref = None
-    rows = []
-    for name in sorted(REGISTRY):
-        try:
-            out = ours(name)
-        except Exception:  # not supported by this algorithm: its refusal names why
-            continue
-        cp.cuda.Device().synchronize()
-        t = measure(lambda: ours(name), xp=cp, warmup=5, repeat=30).median_ms
-        rows.append((t, name))
-    t_auto = measure(lambda: ours("auto"), xp=cp, warmup=5, repeat=30).median_ms
-    print(f"== {direction}: torch {t_torch:.4f} ms; auto {t_auto:.4f} ms")
-    for t, name in sorted(rows):
-        print(f"   {name:28s} {t:.4f} ms  {t_torch / t:5.2f}x torch")
+def compare(N, C, H, K, R, d, pad, directions):
+    x = cp.asarray(rng.standard_normal((N, C, H, H)).astype(f32))
+    w = cp.asarray(rng.standard_normal((K, C, R, R)).astype(f32) * 0.05)
+    y = dp.conv2d_forward(x, w, padding=pad, dilation=d)
+    dy = cp.asarray(rng.standard_normal(y.shape).astype(f32))
+    tx, tw, tdy = (torch.from_dlpack(a) for a in (x, w, dy))
+    F = torch.nn.functional
+    opts = dict(padding=pad, dilation=d)
+    calls = {
+        "forward": (lambda algo: dp.conv2d_forward(x, w, algo=algo, **opts),
+                    lambda: F.conv2d(tx, tw, padding=pad, dilation=d)),
+        "backward_data": (lambda algo: dp.conv2d_backward_data(dy, w, x.shape, algo=algo, **opts),
+                          lambda: torch.nn.grad.conv2d_input(tx.shape, tw, tdy, padding=pad, dilation=d)),
+        "backward_filter": (lambda algo: dp.conv2d_backward_filter(x, dy, w.shape, algo=algo, **opts),
+                            lambda: torch.nn.grad.conv2d_weight(tx, tw.shape, tdy, padding=pad, dilation=d)),
+    }
+    for direction in directions:
+        ours, theirs = calls[direction]
+        t_torch = measure(theirs, xp=cp, warmup=5, repeat=30).median_ms
+        rows = []
+        for name in sorted(REGISTRY):
+            try:
+                ours(name)
+            except Exception:  # not supported by this algorithm: its refusal names why
+                continue
+            cp.cuda.Device().synchronize()
+            rows.append((measure(lambda: ours(name), xp=cp, warmup=5, repeat=30).median_ms, name))
+        t_auto = measure(lambda: ours("auto"), xp=cp, warmup=5, repeat=30).median_ms
+        print(f"== N={N} C={C} H={H} K={K} {R}x{R} dilation {d} {direction}: torch {t_torch:.4f} ms; "
+              f"auto {t_auto:.4f} ms")
+        for t, name in sorted(rows):
+            print(f"   {name:28s} {t:.4f} ms  {t_torch / t:5.2f}x torch")
+
+
+compare(1, 256, 28, 256, 3, 2, 2, ("forward", "backward_data", "backward_filter"))   # dilated_3x3_d2 N1
+compare(32, 512, 7, 2048, 1, 1, 0, ("backward_filter",))                            # r50_5_1x1_up N32
 
 M, Nn, Kk = 256, 784, 2304
 a = cp.asarray(rng.standard_normal((M, Kk)).astype(f32))
