@@ -70,8 +70,16 @@ _BACKWARD_BLOCKS_CHOICES = (1, 2, 3)
 ROLLED_BACKWARD = True
 _ROLLED_STEPS = 2
 _ROLLED_BLOCKS = 2
-_ROLLED_STEPS_CHOICES = (2, 4)
+_ROLLED_STEPS_CHOICES = (1, 2, 4)
 _ROLLED_BLOCKS_CHOICES = (1, 2, 3)
+# _ROLLED_HINT: the x rows loaded with the L2 prefetch-size hint .L2::256B (compiled
+# for MINB = _ROLLED_HINT_BLOCKS only).  notes/maxpool16.md.
+_ROLLED_HINT = False
+_ROLLED_HINT_BLOCKS = 2
+# _ROLLED_MAX_BLOCKS: at most this many blocks (the kernel strides over the rest of
+# the items); None: one thread an item.  The A/B of notes/maxpool16.md times a grid of
+# k x 132 x MINB blocks (k resident waves) against None.
+_ROLLED_MAX_BLOCKS = None
 # NHWC float32 max 3x3 / 2 / 1 backward with window rows exchanged by warp
 # shuffles (pool_nhwc_k3s2_backward_shfl <T, index_t, SLOTS, MINB>): SLOTS
 # vertically adjacent bands a warp (SLOTS - 1 own dx rows), MINB blocks per SM.
@@ -111,9 +119,9 @@ FAMILY = KernelFamily("pooling.cu", [
     *(f"pool_k3s2_backward<{t}, {i}, {r}, {b}>"
       for t in _dtypes.CUDA_TYPES for i in ("int", "long long") for r in _K3S2_BACKWARD_ROWS_CHOICES
       for b in (_BACKWARD_BLOCKS_CHOICES if r == 1 else (1,))),
-    *(f"pool_k3s2_backward_rolled<{t}, {i}, {s}, {b}>"
+    *(f"pool_k3s2_backward_rolled<{t}, {i}, {s}, {b}, {h}>"
       for t in ("half_t", "bfloat16_t") for i in ("int", "long long") for s in _ROLLED_STEPS_CHOICES
-      for b in _ROLLED_BLOCKS_CHOICES),
+      for b in _ROLLED_BLOCKS_CHOICES for h in (("false", "true") if b == _ROLLED_HINT_BLOCKS else ("false",))),
     *(f"pool_k2s2_avg_backward<{t}, {i}, {_K2S2_ROWS}>"
       for t in _dtypes.CUDA_TYPES for i in ("int", "long long")),
     # NHWC 3x3 / 2 / 1, column-rolling: forward <T, index_t, MAX, R>, backward (max) <T, index_t, R, MINB>
@@ -445,7 +453,8 @@ def _vector_launch(problem, direction, aligned):
     if (problem.window == (3, 3) and problem.padding == (1, 1) and direction == "backward"
             and problem.mode == "max" and size == 2 and ROLLED_BACKWARD and _packed_compares()):
         bands = ceil_div(ho, 2 * _ROLLED_STEPS)  # segments of 2 * _ROLLED_STEPS window rows
-        expr = f"pool_k3s2_backward_rolled<{t}, {{}}, {_ROLLED_STEPS}, {_ROLLED_BLOCKS}>"
+        expr = (f"pool_k3s2_backward_rolled<{t}, {{}}, {_ROLLED_STEPS}, {_ROLLED_BLOCKS}, "
+                f"{_BOOL[_ROLLED_HINT]}>")
     elif problem.window == (3, 3) and problem.padding == (1, 1):
         kernel = _k3s2_kernel(problem, direction, "pool_k3s2", _K3S2_FORWARD_ROWS, _K3S2_BACKWARD_ROWS,
                               _K3S2_BACKWARD_BLOCKS)
@@ -460,6 +469,8 @@ def _vector_launch(problem, direction, aligned):
         return None
     items = problem.n * problem.c * bands * (problem.w * size // 16)
     blocks = min(ceil_div(items, _BLOCK), _MAX_ITEMS_BLOCKS)
+    if expr.startswith("pool_k3s2_backward_rolled") and _ROLLED_MAX_BLOCKS:
+        blocks = min(blocks, _ROLLED_MAX_BLOCKS)  # grid-stride over the items
     index_t = index_type(items + blocks * _BLOCK)
     it = np.int32 if index_t == "int" else np.int64
     args = (it(items), np.int32(problem.h), np.int32(problem.w), np.int32(ho), np.int32(bands))

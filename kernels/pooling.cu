@@ -2030,15 +2030,28 @@ pool_nhwc_k3s2_backward(const T* __restrict__ x, const T* __restrict__ dy, T* __
 // S = 3 0.0976, and each step's x rows loaded one step ahead (119 registers,
 // still two blocks per SM) 0.0977-0.0990 for S = 2 / 3 / 4, MINB 1 or 2.
 
+// 16 bytes of x at p (16-byte aligned) as four words; HINT: with the L2 prefetch-size hint
+// .L2::256B (a miss fetches the whole 256-byte block around the sector into L2).
+template <bool HINT>
+__device__ __forceinline__ PackN<unsigned, 4> load_words4(const unsigned* p) {
+    if constexpr (HINT) {
+        PackN<unsigned, 4> r;
+        asm("ld.global.nc.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+            : "=r"(r.v[0]), "=r"(r.v[1]), "=r"(r.v[2]), "=r"(r.v[3]) : "l"(p));
+        return r;
+    }
+    return load_pack<unsigned, 4>(p);
+}
+
 // x row h of the tile at xp as words (local columns 2i + 1, 2i + 2), i = 0..3,
 // [4] = the right halo (9, 10), and `halo` = local column 0; -inf outside.
-template <typename T>
+template <typename T, bool HINT = false>
 __device__ __forceinline__ void load_k3s2_words(unsigned (&q)[5], unsigned& halo, const T* __restrict__ xp,
                                                 int h, int H, int W, bool left, bool right, bool wanted) {
     constexpr unsigned NINF = NegInfBits<T>::value, NINF2 = NINF * 0x10001u;
     if (wanted && h >= 0 && h < H) {
         const T* row = xp + (long long)h * W;
-        const PackN<unsigned, 4> pk = load_pack<unsigned, 4>(reinterpret_cast<const unsigned*>(row));
+        const PackN<unsigned, 4> pk = load_words4<HINT>(reinterpret_cast<const unsigned*>(row));
 #pragma unroll
         for (int i = 0; i < 4; ++i) q[i] = pk.v[i];
         q[4] = right ? *reinterpret_cast<const unsigned*>(row + 8) : NINF2;
@@ -2058,7 +2071,58 @@ __device__ __forceinline__ void store_float_row(T* __restrict__ p, const float (
     *reinterpret_cast<PackN<T, 8>*>(p) = pk;
 }
 
-template <typename T, typename index_t, int S, int MINB>
+// The rolled kernel's tail step on its fast path: window row oh alone (x rows 2oh - 1,
+// 2oh, 2oh + 1 as words r0, r1, r2 with their left halo columns h0, h1, h2; dy row oh as
+// d[0] = windows (0, 1), d[1] = (2, 3), d[2] = window 4 in the low half) finishes dx row
+// 2oh - 1, the windows' row a = 0 = r0: each window's first-max shares among its first
+// three elements (row-major order: they come first, so no later row can take them) are
+// added to `row` in the gather's order.  Only the maximum needs the other two rows.
+// Raw words, no vertical pairing: word m of r0 = columns (2m + 1, 2m + 2) = (c = 1, c = 2)
+// of window m, column 2m (c = 0) = the high half of word m - 1 (m = 0: the halo); the
+// window maximum is broadcast to both halves so one packed compare serves c = 1 and 2.
+// About 110 instructions instead of a whole pair step (~420).  Returns false (row
+// untouched) where an existing window's maximum is NaN or -inf: the caller then runs
+// the general step with the exact rule.
+template <typename T>
+__device__ __forceinline__ bool k3s2_tail_row_pairs(const unsigned (&r0)[5], unsigned h0, const unsigned (&r1)[5],
+                                                    unsigned h1, const unsigned (&r2)[5], unsigned h2,
+                                                    const unsigned (&d)[3], bool right, float (&row)[8]) {
+#if PACKED_CMP_PAIRS
+    constexpr unsigned NINF2 = NegInfBits<T>::value * 0x10001u;
+    unsigned cm[5], MM[5];
+#pragma unroll
+    for (int i = 0; i < 5; ++i) cm[i] = max_nan_pairs<T>(max_nan_pairs<T>(r0[i], r1[i]), r2[i]);
+    const unsigned ch = max_nan_pairs<T>(max_nan_pairs<T>(h0, h1), h2);  // the halo column (low half)
+    unsigned ok = 0xffffffffu;
+#pragma unroll
+    for (int m = 0; m < 5; ++m) {
+        const unsigned c0 = m == 0 ? permute_bytes(ch, 0u, 0x1010u) : permute_bytes(cm[m - 1], 0u, 0x3232u);
+        MM[m] = max_nan_pairs<T>(max_nan_pairs<T>(cm[m], permute_bytes(cm[m], 0u, 0x1032u)), c0);
+        if (m < 4 || right) ok &= gt_pairs<T>(MM[m], NINF2);
+    }
+    if (ok != 0xffffffffu) return false;
+#pragma unroll
+    for (int m = 0; m < 5; ++m) {
+        const unsigned gg = permute_bytes(d[m / 2], 0u, m % 2 ? 0x3232u : 0x1010u);  // dy in both halves
+        const unsigned e12 = eq_pairs<T>(r0[m], MM[m]);                            // (c = 1, c = 2)
+        const unsigned e0 = permute_bytes(eq_pairs<T>(m == 0 ? h0 << 16 : r0[m - 1], MM[m]), 0u, 0x3232u);
+        const unsigned e1 = e12 & ~e0;
+        const unsigned s12 = e1 & ~(e1 << 16) & gg;  // shares of c = 1 (low), c = 2 (high)
+        const unsigned s0 = e0 & gg;                  // share of c = 0 (low)
+#pragma unroll
+        for (int c = 0; c < 3; ++c) {
+            const int f = 2 * m + c - 1;
+            if (f < 0 || f >= 8) continue;
+            row[f] += c == 0 ? half_of<T, false>(s0) : c == 1 ? half_of<T, false>(s12) : half_of<T, true>(s12);
+        }
+    }
+    return true;
+#else
+    return false;
+#endif
+}
+
+template <typename T, typename index_t, int S, int MINB, bool HINT>
 __global__ void __launch_bounds__(256, MINB)
 pool_k3s2_backward_rolled(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ dx,
                           index_t items, int H, int W, int Ho, int segments) {
@@ -2077,14 +2141,19 @@ pool_k3s2_backward_rolled(const T* __restrict__ x, const T* __restrict__ dy, T* 
         T* dxp = dx + (long long)plane * H * W + VEC * j;
         const bool left = j > 0, right = j + 1 < lanes;
         const int oh_start = 2 * S * seg, oh_end = min(oh_start + 2 * S, Ho);
+        const bool has_tail = oh_end < Ho;  // the tail step computes window row oh_end
         unsigned q[5][5], halo[5];
-        load_k3s2_words<T>(q[0], halo[0], xp, 2 * oh_start - 1, H, W, left, right, true);
+        // the tail step's x rows 2oh_end, 2oh_end + 1 and dy row oh_end (words 0, 1 and the
+        // right halo), loaded with the last full step's rows: no load phase of its own
+        unsigned qt[2][5], halot[2], dt[3] = {0u, 0u, 0u};
+        load_k3s2_words<T, HINT>(q[0], halo[0], xp, 2 * oh_start - 1, H, W, left, right, true);
         float carry[8];  // dx row 2oh - 1 so far: window row oh - 1's shares (a = 2)
 #pragma unroll
         for (int f = 0; f < 8; ++f) carry[f] = 0.0f;
         for (int oh = oh_start;; oh += 2) {
             const bool tail = oh >= oh_end;  // only dx row 2oh - 1 is left
-            if (tail && oh >= Ho) {
+            if (tail && (!has_tail || k3s2_tail_row_pairs<T>(q[0], halo[0], qt[0], halot[0], qt[1], halot[1], dt,
+                                                             right, carry))) {
                 if (2 * oh - 1 < H) store_float_row<T>(dxp + (long long)(2 * oh - 1) * W, carry);
                 break;
             }
@@ -2092,9 +2161,46 @@ pool_k3s2_backward_rolled(const T* __restrict__ x, const T* __restrict__ dy, T* 
             bool rok[5];
 #pragma unroll
             for (int r = 0; r < 5; ++r) rok[r] = 2 * oh - 1 + r >= 0 && 2 * oh - 1 + r < H && (r <= 2 || second);
+            unsigned d0[2], d1[2] = {0u, 0u}, g0, g1 = 0u;  // dy rows oh, oh + 1 (0 where no window)
+            if (tail) {
 #pragma unroll
-            for (int r = 1; r < 5; ++r)
-                load_k3s2_words<T>(q[r], halo[r], xp, 2 * oh - 1 + r, H, W, left, right, r <= 2 || second);
+                for (int c = 0; c < 5; ++c) {
+                    q[1][c] = qt[0][c];
+                    q[2][c] = qt[1][c];
+                    q[3][c] = q[4][c] = NINF2;
+                }
+                halo[1] = halot[0];
+                halo[2] = halot[1];
+                halo[3] = halo[4] = NegInfBits<T>::value;
+                d0[0] = dt[0];
+                d0[1] = dt[1];
+                g0 = dt[2];
+            } else {
+#pragma unroll
+                for (int r = 1; r < 5; ++r)
+                    load_k3s2_words<T, HINT>(q[r], halo[r], xp, 2 * oh - 1 + r, H, W, left, right,
+                                             r <= 2 || second);
+                const bool pre = has_tail && oh + 2 >= oh_end;  // the next step is the tail
+                load_k3s2_words<T, HINT>(qt[0], halot[0], xp, 2 * oh + 4, H, W, left, right, pre);
+                load_k3s2_words<T, HINT>(qt[1], halot[1], xp, 2 * oh + 5, H, W, left, right, pre);
+                const T* drow = dyp + (long long)oh * Wo;
+                const PackN<unsigned, 2> p0 = load_pack<unsigned, 2>(reinterpret_cast<const unsigned*>(drow));
+                d0[0] = p0.v[0];
+                d0[1] = p0.v[1];
+                g0 = right ? (unsigned)drow[4].bits : 0u;
+                if (second) {
+                    const PackN<unsigned, 2> p1 = load_pack<unsigned, 2>(reinterpret_cast<const unsigned*>(drow + Wo));
+                    d1[0] = p1.v[0];
+                    d1[1] = p1.v[1];
+                    g1 = right ? (unsigned)drow[Wo + 4].bits : 0u;
+                }
+                if (pre) {
+                    const PackN<unsigned, 2> pt = load_pack<unsigned, 2>(reinterpret_cast<const unsigned*>(drow + 2 * Wo));
+                    dt[0] = pt.v[0];
+                    dt[1] = pt.v[1];
+                    dt[2] = right ? (unsigned)drow[2 * Wo + 4].bits : 0u;
+                }
+            }
             unsigned P[3][11];
 #pragma unroll
             for (int a = 0; a < 3; ++a) {
@@ -2117,21 +2223,11 @@ pool_k3s2_backward_rolled(const T* __restrict__ x, const T* __restrict__ dy, T* 
             }
             const bool fast = ok == 0xffffffffu;
             unsigned G[5];  // dy of window pairs m: (row oh, row oh + 1), 0 where no window
-            {
-                const PackN<unsigned, 2> d0 =
-                    load_pack<unsigned, 2>(reinterpret_cast<const unsigned*>(dyp + (long long)oh * Wo));
-                PackN<unsigned, 2> d1;
-                d1.v[0] = d1.v[1] = 0u;
-                if (second)
-                    d1 = load_pack<unsigned, 2>(reinterpret_cast<const unsigned*>(dyp + (long long)(oh + 1) * Wo));
-                G[0] = permute_bytes(d0.v[0], d1.v[0], 0x5410u);
-                G[1] = permute_bytes(d0.v[0], d1.v[0], 0x7632u);
-                G[2] = permute_bytes(d0.v[1], d1.v[1], 0x5410u);
-                G[3] = permute_bytes(d0.v[1], d1.v[1], 0x7632u);
-                const unsigned g0 = right ? (unsigned)dyp[(long long)oh * Wo + 4].bits : 0u;
-                const unsigned g1 = right && second ? (unsigned)dyp[(long long)(oh + 1) * Wo + 4].bits : 0u;
-                G[4] = g0 | (g1 << 16);
-            }
+            G[0] = permute_bytes(d0[0], d1[0], 0x5410u);
+            G[1] = permute_bytes(d0[0], d1[0], 0x7632u);
+            G[2] = permute_bytes(d0[1], d1[1], 0x5410u);
+            G[3] = permute_bytes(d0[1], d1[1], 0x7632u);
+            G[4] = g0 | (g1 << 16);
             float row0[8], row2[8], row4[8];
             unsigned mid[8];  // dx rows 2oh (low halves) and 2oh + 2 (high) by column
 #pragma unroll
