@@ -2145,7 +2145,10 @@ pool_k3s2_backward_rolled(const T* __restrict__ x, const T* __restrict__ dy, T* 
         unsigned q[5][5], halo[5];
         // the tail step's x rows 2oh_end, 2oh_end + 1 and dy row oh_end (words 0, 1 and the
         // right halo), loaded with the last full step's rows: no load phase of its own
-        unsigned qt[2][5], halot[2], dt[3] = {0u, 0u, 0u};
+        unsigned qt[2][5], halot[2], dt[3];
+#pragma unroll
+        for (int c = 0; c < 5; ++c) qt[0][c] = qt[1][c] = NINF2;
+        halot[0] = halot[1] = dt[0] = dt[1] = dt[2] = 0u;
         load_k3s2_words<T, HINT>(q[0], halo[0], xp, 2 * oh_start - 1, H, W, left, right, true);
         float carry[8];  // dx row 2oh - 1 so far: window row oh - 1's shares (a = 2)
 #pragma unroll
@@ -2161,46 +2164,29 @@ pool_k3s2_backward_rolled(const T* __restrict__ x, const T* __restrict__ dy, T* 
             bool rok[5];
 #pragma unroll
             for (int r = 0; r < 5; ++r) rok[r] = 2 * oh - 1 + r >= 0 && 2 * oh - 1 + r < H && (r <= 2 || second);
-            unsigned d0[2], d1[2] = {0u, 0u}, g0, g1 = 0u;  // dy rows oh, oh + 1 (0 where no window)
-            if (tail) {
 #pragma unroll
-                for (int c = 0; c < 5; ++c) {
-                    q[1][c] = qt[0][c];
-                    q[2][c] = qt[1][c];
-                    q[3][c] = q[4][c] = NINF2;
-                }
-                halo[1] = halot[0];
-                halo[2] = halot[1];
-                halo[3] = halo[4] = NegInfBits<T>::value;
-                d0[0] = dt[0];
-                d0[1] = dt[1];
-                g0 = dt[2];
-            } else {
-#pragma unroll
-                for (int r = 1; r < 5; ++r)
-                    load_k3s2_words<T, HINT>(q[r], halo[r], xp, 2 * oh - 1 + r, H, W, left, right,
-                                             r <= 2 || second);
-                const bool pre = has_tail && oh + 2 >= oh_end;  // the next step is the tail
-                load_k3s2_words<T, HINT>(qt[0], halot[0], xp, 2 * oh + 4, H, W, left, right, pre);
-                load_k3s2_words<T, HINT>(qt[1], halot[1], xp, 2 * oh + 5, H, W, left, right, pre);
-                const T* drow = dyp + (long long)oh * Wo;
-                const PackN<unsigned, 2> p0 = load_pack<unsigned, 2>(reinterpret_cast<const unsigned*>(drow));
-                d0[0] = p0.v[0];
-                d0[1] = p0.v[1];
-                g0 = right ? (unsigned)drow[4].bits : 0u;
-                if (second) {
-                    const PackN<unsigned, 2> p1 = load_pack<unsigned, 2>(reinterpret_cast<const unsigned*>(drow + Wo));
-                    d1[0] = p1.v[0];
-                    d1[1] = p1.v[1];
-                    g1 = right ? (unsigned)drow[Wo + 4].bits : 0u;
-                }
-                if (pre) {
-                    const PackN<unsigned, 2> pt = load_pack<unsigned, 2>(reinterpret_cast<const unsigned*>(drow + 2 * Wo));
-                    dt[0] = pt.v[0];
-                    dt[1] = pt.v[1];
-                    dt[2] = right ? (unsigned)drow[2 * Wo + 4].bits : 0u;
-                }
+            for (int r = 1; r < 5; ++r)
+                load_k3s2_words<T, HINT>(q[r], halo[r], xp, 2 * oh - 1 + r, H, W, left, right, r <= 2 || second);
+            // the last full step also loads the tail step's rows (its fast path uses them;
+            // the exact fallback, rare, loads them again as a step of its own)
+            const bool pre = has_tail && !tail && oh + 2 >= oh_end;
+            if (pre) {
+                load_k3s2_words<T, HINT>(qt[0], halot[0], xp, 2 * oh + 4, H, W, left, right, true);
+                load_k3s2_words<T, HINT>(qt[1], halot[1], xp, 2 * oh + 5, H, W, left, right, true);
             }
+            const T* drow = dyp + (long long)oh * Wo;
+            const PackN<unsigned, 2> d0 = load_pack<unsigned, 2>(reinterpret_cast<const unsigned*>(drow));
+            PackN<unsigned, 2> d1;
+            d1.v[0] = d1.v[1] = 0u;
+            if (second) d1 = load_pack<unsigned, 2>(reinterpret_cast<const unsigned*>(drow + Wo));
+            if (pre) {
+                const PackN<unsigned, 2> d2 = load_pack<unsigned, 2>(reinterpret_cast<const unsigned*>(drow + 2 * Wo));
+                dt[0] = d2.v[0];
+                dt[1] = d2.v[1];
+                dt[2] = right ? (unsigned)drow[2 * Wo + 4].bits : 0u;
+            }
+            const unsigned g0 = right ? (unsigned)drow[4].bits : 0u;
+            const unsigned g1 = right && second ? (unsigned)drow[Wo + 4].bits : 0u;
             unsigned P[3][11];
 #pragma unroll
             for (int a = 0; a < 3; ++a) {
@@ -2223,10 +2209,10 @@ pool_k3s2_backward_rolled(const T* __restrict__ x, const T* __restrict__ dy, T* 
             }
             const bool fast = ok == 0xffffffffu;
             unsigned G[5];  // dy of window pairs m: (row oh, row oh + 1), 0 where no window
-            G[0] = permute_bytes(d0[0], d1[0], 0x5410u);
-            G[1] = permute_bytes(d0[0], d1[0], 0x7632u);
-            G[2] = permute_bytes(d0[1], d1[1], 0x5410u);
-            G[3] = permute_bytes(d0[1], d1[1], 0x7632u);
+            G[0] = permute_bytes(d0.v[0], d1.v[0], 0x5410u);
+            G[1] = permute_bytes(d0.v[0], d1.v[0], 0x7632u);
+            G[2] = permute_bytes(d0.v[1], d1.v[1], 0x5410u);
+            G[3] = permute_bytes(d0.v[1], d1.v[1], 0x7632u);
             G[4] = g0 | (g1 << 16);
             float row0[8], row2[8], row4[8];
             unsigned mid[8];  // dx rows 2oh (low halves) and 2oh + 2 (high) by column
