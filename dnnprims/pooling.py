@@ -67,6 +67,8 @@ _BACKWARD_BLOCKS_CHOICES = (1, 2, 3)
 # 1 / 2 / 3; 99 registers, 80 with 20 bytes of spill at 3): S = 2 0.0967 / 0.0967 /
 # 0.1100, S = 4 0.0990 / 0.0998 / 0.1323, S = 7 0.1053 / 0.1056 / 0.1352 (dropped);
 # bfloat16 S = 2 0.0964 / 0.0961 / 0.0984; pool_k3s2_backward 0.1065 (MINB 3).
+# Those figures are before the tail step lost its own load phase (notes/maxpool16.md:
+# S = 1 added, 117 registers at MINB 2; the A/B there picks the table).
 ROLLED_BACKWARD = True
 _ROLLED_STEPS = 2
 _ROLLED_BLOCKS = 2
