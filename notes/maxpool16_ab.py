@@ -43,7 +43,7 @@ SMS = cp.cuda.Device().attributes["MultiProcessorCount"]
 # new variants: tag -> (steps S, MINB, hint, max blocks); "new" = the patch's default
 VARIANTS = {"new": (2, 2, False, None)}
 for s in (1, 2, 4):
-    for b in (1, 2, 3):
+    for b in (2, 3):
         VARIANTS.setdefault(f"S{s} B{b}", (s, b, False, None))
     VARIANTS[f"S{s} B2 hint"] = (s, 2, True, None)
 for s in (1, 2):

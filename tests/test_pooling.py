@@ -642,7 +642,7 @@ def test_k3s2_backward_blocks_variants(gpu, rng, monkeypatch, blocks, layout, dt
 
 # (steps, blocks, hint, max blocks) of pool_k3s2_backward_rolled: every compiled
 # choice; the hint only where it is compiled; max blocks 1: one block strides over all items
-_ROLLED_VARIANTS = [(s, b, False, None) for s in (1, 2, 4) for b in (1, 2, 3)] + [
+_ROLLED_VARIANTS = [(s, b, False, None) for s in (1, 2, 4) for b in (2, 3)] + [
     (s, 2, True, None) for s in (1, 2, 4)] + [(1, 2, False, 1), (2, 2, False, 1)]
 
 
