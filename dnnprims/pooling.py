@@ -78,10 +78,10 @@ _ROLLED_BLOCKS_CHOICES = (2, 3)  # 1 = 2 since the tail change: 117-123 register
 # for MINB = _ROLLED_HINT_BLOCKS only).  notes/maxpool16.md.
 _ROLLED_HINT = False
 _ROLLED_HINT_BLOCKS = 2
-# _ROLLED_MAX_BLOCKS: at most this many blocks (the kernel strides over the rest of
-# the items); None: one thread an item.  The A/B of notes/maxpool16.md times a grid of
-# k x 132 x MINB blocks (k resident waves) against None.
-_ROLLED_MAX_BLOCKS = None
+# _ROLLED_WAVES: None, one thread an item; else a grid of at most max(1, int(waves x SMs
+# x MINB)) blocks (that many waves of resident blocks; the kernel strides over the other
+# items).  The A/B of notes/maxpool16.md times 1 / 2 / 4 waves against None.
+_ROLLED_WAVES = None
 # NHWC float32 max 3x3 / 2 / 1 backward with window rows exchanged by warp
 # shuffles (pool_nhwc_k3s2_backward_shfl <T, index_t, SLOTS, MINB>): SLOTS
 # vertically adjacent bands a warp (SLOTS - 1 own dx rows), MINB blocks per SM.
@@ -471,8 +471,8 @@ def _vector_launch(problem, direction, aligned):
         return None
     items = problem.n * problem.c * bands * (problem.w * size // 16)
     blocks = min(ceil_div(items, _BLOCK), _MAX_ITEMS_BLOCKS)
-    if expr.startswith("pool_k3s2_backward_rolled") and _ROLLED_MAX_BLOCKS:
-        blocks = min(blocks, _ROLLED_MAX_BLOCKS)  # grid-stride over the items
+    if expr.startswith("pool_k3s2_backward_rolled") and _ROLLED_WAVES is not None:
+        blocks = min(blocks, max(1, int(_ROLLED_WAVES * _sm_count() * _ROLLED_BLOCKS)))
     index_t = index_type(items + blocks * _BLOCK)
     it = np.int32 if index_t == "int" else np.int64
     args = (it(items), np.int32(problem.h), np.int32(problem.w), np.int32(ho), np.int32(bands))
@@ -482,6 +482,20 @@ def _vector_launch(problem, direction, aligned):
 
 
 _PACKED_COMPARES = {}
+_SM_COUNTS = {}
+
+
+def _sm_count():
+    """Multiprocessors of the current GPU (132 without one: the H100's, for plans made on the CPU)."""
+    try:
+        device = _current_device()
+        count = _SM_COUNTS.get(device)
+        if count is None:
+            count = _SM_COUNTS[device] = int(
+                _validate._cupy.cuda.Device(device).attributes["MultiProcessorCount"])
+        return count
+    except Exception:
+        return 132
 
 
 def _packed_compares():

@@ -40,7 +40,7 @@ PROBLEMS = [  # (name, shape, dtype): the bench's rows and their 16-bit twins
     ("r50_maxpool", (32, 64, 112, 112), "float32"),
 ]
 SMS = cp.cuda.Device().attributes["MultiProcessorCount"]
-# new variants: tag -> (steps S, MINB, hint, max blocks); "new" = the patch's default
+# new variants: tag -> (steps S, MINB, hint, waves); "new" = the patch's default
 VARIANTS = {"new": (2, 2, False, None)}
 for s in (1, 2, 4):
     for b in (2, 3):
@@ -48,14 +48,14 @@ for s in (1, 2, 4):
     VARIANTS[f"S{s} B2 hint"] = (s, 2, True, None)
 for s in (1, 2):
     for k in (1, 2, 4):
-        VARIANTS[f"S{s} B2 grid{k}"] = (s, 2, False, k * SMS * 2)
+        VARIANTS[f"S{s} B2 waves{k}"] = (s, 2, False, k)
 del VARIANTS["S2 B2"]  # = "new"
-DEFAULTS = (newp._ROLLED_STEPS, newp._ROLLED_BLOCKS, newp._ROLLED_HINT, newp._ROLLED_MAX_BLOCKS)
+DEFAULTS = (newp._ROLLED_STEPS, newp._ROLLED_BLOCKS, newp._ROLLED_HINT, newp._ROLLED_WAVES)
 assert DEFAULTS == VARIANTS["new"], DEFAULTS
 
 
 def use(v):
-    newp._ROLLED_STEPS, newp._ROLLED_BLOCKS, newp._ROLLED_HINT, newp._ROLLED_MAX_BLOCKS = v
+    newp._ROLLED_STEPS, newp._ROLLED_BLOCKS, newp._ROLLED_HINT, newp._ROLLED_WAVES = v
     newp._MEMO = _validate.CallMemo()  # forget the memoised launches
 
 

@@ -640,15 +640,15 @@ def test_k3s2_backward_blocks_variants(gpu, rng, monkeypatch, blocks, layout, dt
             _check_integer_data_exactly(gpu, rng, data, dict(stride=2, padding=1, layout=layout))
 
 
-# (steps, blocks, hint, max blocks) of pool_k3s2_backward_rolled: every compiled
-# choice; the hint only where it is compiled; max blocks 1: one block strides over all items
+# (steps, blocks, hint, waves) of pool_k3s2_backward_rolled: every compiled choice; the
+# hint only where it is compiled; waves 1e-9: a grid of one block strides over all items
 _ROLLED_VARIANTS = [(s, b, False, None) for s in (1, 2, 4) for b in (2, 3)] + [
-    (s, 2, True, None) for s in (1, 2, 4)] + [(1, 2, False, 1), (2, 2, False, 1)]
+    (s, 2, True, None) for s in (1, 2, 4)] + [(1, 2, False, 1e-9), (2, 2, False, 1e-9), (2, 2, False, 1)]
 
 
 @pytest.mark.parametrize("dtype", [p for p in FLOAT_DTYPES if np.dtype(p.values[0]).itemsize == 2])
-@pytest.mark.parametrize("steps, blocks, hint, max_blocks", _ROLLED_VARIANTS)
-def test_k3s2_backward_rolled_variants(gpu, rng, monkeypatch, steps, blocks, hint, max_blocks, dtype):
+@pytest.mark.parametrize("steps, blocks, hint, waves", _ROLLED_VARIANTS)
+def test_k3s2_backward_rolled_variants(gpu, rng, monkeypatch, steps, blocks, hint, waves, dtype):
     """pool_k3s2_backward_rolled (NCHW 16-bit max 3x3 / 2 / 1 backward rolling
     down the plane), every steps / blocks / hint choice and a one-block grid:
     odd and even heights, 1 and 2 rows, several segments (segment seams), random
@@ -661,7 +661,7 @@ def test_k3s2_backward_rolled_variants(gpu, rng, monkeypatch, steps, blocks, hin
     monkeypatch.setattr(pooling, "_ROLLED_STEPS", steps)
     monkeypatch.setattr(pooling, "_ROLLED_BLOCKS", blocks)
     monkeypatch.setattr(pooling, "_ROLLED_HINT", hint)
-    monkeypatch.setattr(pooling, "_ROLLED_MAX_BLOCKS", max_blocks)
+    monkeypatch.setattr(pooling, "_ROLLED_WAVES", waves)
     opts = dict(mode="max", stride=2, padding=1)
     for hw in K3S2_SIZES + [(30, 24), (57, 16), (60, 8), (57, 64)]:  # (57, 64): > 256 items
         shape = (2, 3, *hw)

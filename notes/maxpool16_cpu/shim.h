@@ -2,6 +2,7 @@
 // round-to-nearest-even conversions, and the PTX pair instructions (max.NaN, set.eq / set.gt,
 // add.rn on two 16-bit floats a word) and prmt, one half at a time.
 #include <cstdint>
+#include <type_traits>
 #include <cstring>
 #include <cmath>
 #include <cstdio>
