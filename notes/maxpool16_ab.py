@@ -147,3 +147,14 @@ for r in rows:
     print(f"{r['problem']:18s} max |old - torch| = {r['max_abs_old_minus_torch']:.3g}")
 if len(sys.argv) > 3 and sys.argv[2] == "--json":
     json.dump(rows, open(sys.argv[3], "w"), indent=1)
+print()
+print("summary (best of the two rounds; best = the fastest new variant; ok = every new variant's dx == old's)")
+print(f"{'problem':18s} {'old ms':>7s} {'new ms':>7s} {'best':>15s} {'ms':>7s} {'torch':>7s}"
+      f" {'of copy old/new/best':>20s} {'x torch best':>12s} {'ok':>3s}")
+for r in rows:
+    b = {tag: min(t) for tag, t in r["ms"].items()}
+    v = min((t for t in b if t not in ("old", "torch")), key=b.get)
+    oc = r["of_copy"]
+    print(f"{r['problem']:18s} {b['old']:7.4f} {b['new']:7.4f} {v:>15s} {b[v]:7.4f} {b['torch']:7.4f}"
+          f" {oc['old']:6.3f}/{oc['new']:.3f}/{oc[v]:.3f} {r['torch_over'][v]:12.2f}"
+          f" {'yes' if all(r['bitwise_equal_old'].values()) else 'NO':>3s}")

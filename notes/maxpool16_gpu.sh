@@ -82,4 +82,4 @@ done
 echo "== kernels (new variants, max3x3s2_big_f16)"
 python3 -c "import json; r = json.load(open('$OUT/ab.json'))[0]; print('\n'.join(f'{k}: {v}' for k, v in r['kernels'].items()))" 2>/dev/null | head -n 24
 echo "== A/B (old = main's kernels, new = patched; torch side by side)"
-grep -vE '^\{' "$OUT/ab.log" | tail -n 80
+grep -vE '^\{' "$OUT/ab.log" | tail -n 100
