@@ -754,6 +754,286 @@ batchnorm_backward_grouped(const T* __restrict__ x, const T* __restrict__ dy, co
     });
 }
 
+// Strided grouped kernels (batchnorm_train_strided / batchnorm_backward_strided):
+// the grouped kernels' block of G channels (same G, same 16-byte vectors
+// crossing channel boundaries), with the thread mapping turned so that all the
+// vectors of one thread share their place in the sample.  The block's
+// SV = G * inner / VEC vectors of one sample (outer index o) are taken by SV
+// consecutive threads, M = BN_THREADS / SV (rounded down) samples at a time:
+// thread t holds vector p = t % SV of samples o = t / SV + k * M, k < ITEMS
+// (BN_STRIDED_ITEMS; Python needs ceil(outer / M) <= ITEMS, SV <= 256 and
+// inner > VEC, and launches 32 * ceil(SV * M / 32) threads; threads past
+// SV * M hold nothing).  With inner > VEC a vector spans at most two channels:
+// values v < split are in local channel c, the others in c + 1, the same for
+// every k (two small integers, instead of GroupTile's offset / channel /
+// position per vector); the offsets step by M * C * inner.  Values stay raw
+// 16-byte packs (4 registers in every type) and are converted where used.
+// Why: the grouped kernels take 110 (train, float) / 128 (backward) registers,
+// two resident blocks of 256 threads an SM, so ResNet-50's 32x2048x7x7 (512
+// blocks of 4 channels) ran in two waves of load -> block sums -> store; these
+// are bounded to 64 (__launch_bounds__(256, 4)): 528 resident blocks, one
+// wave.  The backward stages dy in shared memory (cp.async; each thread reads
+// back only its own slots, so no barrier) so that x and dy do not both take
+// registers: 32 KB a block.  Block sums: one barrier each (a scratch buffer per
+// sum), the warps' sums added in warp order (deterministic, the same value in
+// every thread).
+#define BN_STRIDED_ITEMS 8
+
+template <int G, typename A>
+__device__ __forceinline__ void block_sums_once(A (&v)[G], A* scratch) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int warps = (int)(blockDim.x >> 5);  // blockDim.x: a multiple of 32, <= BN_THREADS
+#pragma unroll
+    for (int g = 0; g < G; ++g) v[g] = warp_sum(v[g]);
+    if (lane == 0) {
+#pragma unroll
+        for (int g = 0; g < G; ++g) scratch[g * 32 + warp] = v[g];
+    }
+    __syncthreads();
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+        A r = scratch[g * 32];
+#pragma unroll
+        for (int w = 1; w < BN_THREADS / 32; ++w)
+            if (w < warps) r += scratch[g * 32 + w];
+        v[g] = r;
+    }
+}
+
+// Where a strided-kernel thread's vectors are: the first one's offset, the step
+// between them, how many it holds; the local channel c of its first values and
+// `split`, the count of its values in c (the rest are in c + 1).
+template <int VEC, int G, typename index_t>
+struct StridedPlace {
+    index_t off, step;
+    int items, c, split;
+
+    __device__ __forceinline__ StridedPlace(index_t outer, index_t C, index_t inner, int sv, int m) {
+        const int t = threadIdx.x;
+        const int pv = t % sv, o0 = t / sv;
+        items = 0;
+        if (t < sv * m && (index_t)o0 < outer) {
+            const index_t n = (outer - 1 - (index_t)o0) / (index_t)m + 1;  // o0 + k * m < outer
+            items = n < (index_t)BN_STRIDED_ITEMS ? (int)n : BN_STRIDED_ITEMS;
+        }
+        off = ((index_t)o0 * C + (index_t)blockIdx.x * G) * inner + (index_t)pv * VEC;
+        step = (index_t)m * C * inner;
+        const int e = pv * VEC, in = (int)inner;
+        c = e / in;
+        const int left = in - (e - c * in);  // values left in channel c
+        split = left < VEC ? left : VEC;
+    }
+    // Channel c's and c + 1's per-channel values, picked once.
+    template <typename A>
+    __device__ __forceinline__ void pick2(const A (&v)[G], A& lo, A& hi) const {
+        lo = pick<G>(v, c);
+        hi = pick<G>(v, c + 1 < G ? c + 1 : c);
+    }
+    // Per-value partials into the two channels' sums (value order), added to out.
+    template <typename A>
+    __device__ __forceinline__ void fold(const A (&part)[VEC], A (&out)[G]) const {
+        A lo = 0, hi = 0;
+#pragma unroll
+        for (int v = 0; v < VEC; ++v) {
+            if (v < split) lo += part[v];
+            else hi += part[v];
+        }
+#pragma unroll
+        for (int g = 0; g < G; ++g) out[g] += g == c ? lo : (g == c + 1 ? hi : A(0));
+    }
+};
+
+template <typename T, typename P, typename index_t, int VEC, int G>
+__global__ void __launch_bounds__(BN_THREADS, 4)
+batchnorm_train_strided(const T* __restrict__ x, T* __restrict__ y, acc_t<T>* __restrict__ mean_out,
+                        acc_t<T>* __restrict__ invstd_out, P* __restrict__ running_mean,
+                        P* __restrict__ running_var, const P* __restrict__ gamma, const P* __restrict__ beta,
+                        index_t outer, index_t C, index_t inner, acc_t<T> eps, acc_t<T> momentum,
+                        acc_t<T> unbias, int update_running, int sv, int m) {
+    typedef acc_t<T> A;
+    constexpr int ITEMS = BN_STRIDED_ITEMS;
+    __shared__ A scratch[2][32 * G];
+    const int c0 = (int)blockIdx.x * G;
+    const StridedPlace<VEC, G, index_t> at(outer, C, inner, sv, m);
+    Pack<T, VEC> raw[ITEMS];
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k)
+        if (k < at.items) raw[k] = *reinterpret_cast<const Pack<T, VEC>*>(x + (at.off + (index_t)k * at.step));
+    A part[VEC], sum[G];
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) part[v] = 0;
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k) {
+        if (k < at.items) {
+#pragma unroll
+            for (int v = 0; v < VEC; ++v) part[v] += load(raw[k].v[v]);
+        }
+    }
+#pragma unroll
+    for (int g = 0; g < G; ++g) sum[g] = 0;
+    at.fold(part, sum);
+    block_sums_once<G>(sum, scratch[0]);
+    const A count = A(outer * inner);
+#pragma unroll
+    for (int g = 0; g < G; ++g) sum[g] /= count;  // the means
+    A mlo, mhi;
+    at.pick2(sum, mlo, mhi);
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) part[v] = 0;
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k) {
+        if (k < at.items) {
+#pragma unroll
+            for (int v = 0; v < VEC; ++v) {
+                const A d = load(raw[k].v[v]) - (v < at.split ? mlo : mhi);
+                part[v] += d * d;
+            }
+        }
+    }
+    A m2[G];
+#pragma unroll
+    for (int g = 0; g < G; ++g) m2[g] = 0;
+    at.fold(part, m2);
+    block_sums_once<G>(m2, scratch[1]);
+    A scale[G], shift[G];
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+        const A var = m2[g] / count;
+        const A invstd = A(1) / sqrt(var + eps);
+        if ((int)threadIdx.x == g) {
+            write_statistics(c0 + g, sum[g], var, invstd, mean_out, invstd_out, running_mean, running_var,
+                             momentum, unbias, update_running);
+        }
+        scale[g] = invstd * A(load(gamma[c0 + g]));
+        shift[g] = A(load(beta[c0 + g]));
+    }
+    A slo, shi, blo, bhi;
+    at.pick2(scale, slo, shi);
+    at.pick2(shift, blo, bhi);
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k) {
+        if (k < at.items) {
+            Pack<T, VEC> out;
+#pragma unroll
+            for (int v = 0; v < VEC; ++v) {
+                const bool lo = v < at.split;
+                out.v[v] = store<T>((load(raw[k].v[v]) - (lo ? mlo : mhi)) * (lo ? slo : shi) + (lo ? blo : bhi));
+            }
+            *reinterpret_cast<Pack<T, VEC>*>(y + (at.off + (index_t)k * at.step)) = out;
+        }
+    }
+}
+
+// 16 bytes global -> shared memory, asynchronously where the GPU can (sm_80+).
+__device__ __forceinline__ void bn_copy16_async(void* smem, const void* __restrict__ gmem) {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(shared_address(smem)), "l"(gmem) : "memory");
+#else
+    *reinterpret_cast<int4*>(smem) = *reinterpret_cast<const int4*>(gmem);
+#endif
+}
+
+__device__ __forceinline__ void bn_copy_async_wait_all() {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_all;" ::: "memory");
+#endif
+}
+
+template <typename T, typename P, typename index_t, int VEC, int G>
+__global__ void __launch_bounds__(BN_THREADS, 4)
+batchnorm_backward_strided(const T* __restrict__ x, const T* __restrict__ dy, const acc_t<T>* __restrict__ mean,
+                           const acc_t<T>* __restrict__ invstd, const P* __restrict__ gamma, T* __restrict__ dx,
+                           P* __restrict__ dgamma, P* __restrict__ dbeta, index_t outer, index_t C,
+                           index_t inner, int sv, int m) {
+    typedef acc_t<T> A;
+    constexpr int ITEMS = BN_STRIDED_ITEMS;
+    __shared__ Pack<T, VEC> dys[ITEMS * BN_THREADS];  // thread t's item k at k * BN_THREADS + t
+    __shared__ A scratch[32 * 2 * G];
+    const int c0 = (int)blockIdx.x * G;
+    const StridedPlace<VEC, G, index_t> at(outer, C, inner, sv, m);
+    Pack<T, VEC> xs[ITEMS];
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k) {
+        if (k < at.items) {
+            const index_t o = at.off + (index_t)k * at.step;
+            bn_copy16_async(&dys[k * BN_THREADS + threadIdx.x], dy + o);
+            xs[k] = *reinterpret_cast<const Pack<T, VEC>*>(x + o);
+        }
+    }
+    A mlo, mhi, ilo, ihi;
+    {
+        A mg[G], sg[G];
+#pragma unroll
+        for (int g = 0; g < G; ++g) {
+            mg[g] = mean[c0 + g];
+            sg[g] = invstd[c0 + g];
+        }
+        at.pick2(mg, mlo, mhi);
+        at.pick2(sg, ilo, ihi);
+    }
+    bn_copy_async_wait_all();  // this thread's dy slots (only it reads them)
+    A sums[2 * G];  // sum(dy) per channel, then sum(dy * (x - mean))
+    {
+        A part_d[VEC], part_dx[VEC], first[G], second[G];
+#pragma unroll
+        for (int v = 0; v < VEC; ++v) part_d[v] = part_dx[v] = 0;
+#pragma unroll
+        for (int k = 0; k < ITEMS; ++k) {
+            if (k < at.items) {
+                const Pack<T, VEC> d = dys[k * BN_THREADS + threadIdx.x];
+#pragma unroll
+                for (int v = 0; v < VEC; ++v) {
+                    const A dv = load(d.v[v]);
+                    part_d[v] += dv;
+                    part_dx[v] += dv * (load(xs[k].v[v]) - (v < at.split ? mlo : mhi));
+                }
+            }
+        }
+#pragma unroll
+        for (int g = 0; g < G; ++g) first[g] = second[g] = 0;
+        at.fold(part_d, first);
+        at.fold(part_dx, second);
+#pragma unroll
+        for (int g = 0; g < G; ++g) {
+            sums[g] = first[g];
+            sums[G + g] = second[g];
+        }
+    }
+    block_sums_once<2 * G>(sums, scratch);
+    const A n = A(outer * inner);
+    A scale[G], mean_dy[G], mean_dy_xhat[G];
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+        const A s = invstd[c0 + g];
+        const A gx = sums[G + g] * s;
+        if ((int)threadIdx.x == g) {
+            dbeta[c0 + g] = store<P>(sums[g]);
+            dgamma[c0 + g] = store<P>(gx);
+        }
+        scale[g] = A(load(gamma[c0 + g])) * s;
+        mean_dy[g] = sums[g] / n;
+        mean_dy_xhat[g] = gx / n;
+    }
+    A slo, shi, dlo, dhi, xlo, xhi;
+    at.pick2(scale, slo, shi);
+    at.pick2(mean_dy, dlo, dhi);
+    at.pick2(mean_dy_xhat, xlo, xhi);
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k) {
+        if (k < at.items) {
+            const Pack<T, VEC> d = dys[k * BN_THREADS + threadIdx.x];
+            Pack<T, VEC> out;
+#pragma unroll
+            for (int v = 0; v < VEC; ++v) {
+                const bool lo = v < at.split;
+                const A xhat = (load(xs[k].v[v]) - (lo ? mlo : mhi)) * (lo ? ilo : ihi);
+                out.v[v] = store<T>((lo ? slo : shi) * (load(d.v[v]) - (lo ? dlo : dhi) - xhat * (lo ? xlo : xhi)));
+            }
+            *reinterpret_cast<Pack<T, VEC>*>(dx + (at.off + (index_t)k * at.step)) = out;
+        }
+    }
+}
+
 // Pass 1 of the backward: per chunk, sum(dy) and sum(dy * xhat) into part_dy /
 // part_dy_xhat; the last block of channel c to finish (arrive[c]) sums them in
 // a fixed order (merge_sums) into sums[c] / sums[C + c] and writes dbeta[c] /
