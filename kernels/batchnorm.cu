@@ -765,44 +765,40 @@ batchnorm_backward_grouped(const T* __restrict__ x, const T* __restrict__ dy, co
 // inner > VEC, and launches 32 * ceil(SV * M / 32) threads; threads past
 // SV * M hold nothing).  With inner > VEC a vector spans at most two channels:
 // values v < split are in local channel c, the others in c + 1, the same for
-// every k (two small integers, instead of GroupTile's offset / channel /
-// position per vector); the offsets step by M * C * inner.  Values stay raw
-// 16-byte packs (4 registers in every type) and are converted where used.
-// Why: the grouped kernels take 110 (train, float) / 128 (backward) registers,
-// two resident blocks of 256 threads an SM, so ResNet-50's 32x2048x7x7 (512
-// blocks of 4 channels) ran in two waves of load -> block sums -> store; these
-// are bounded to 64 (__launch_bounds__(256, 4)): 528 resident blocks, one
-// wave.  The backward stages dy in shared memory (cp.async; each thread reads
-// back only its own slots, so no barrier) so that x and dy do not both take
-// registers: 32 KB a block.  Block sums: one barrier each (a scratch buffer per
-// sum), the warps' sums added in warp order (deterministic, the same value in
-// every thread).
+// every k, so a thread needs two channels' statistics, never G: its partial
+// sums go to shared memory as a (lo, hi) pair, warp g adds channel g's
+// contributions over the threads in thread order (then a shuffle tree), and
+// each thread reads back its two channels' totals (channel_sums: two barriers,
+// deterministic).  The offsets step by M * C * inner.  Values stay raw 16-byte
+// packs (4 registers in every type) and are converted where used.
+// Why: the grouped kernels take 96-150 registers (G sums, scales and shifts
+// per thread, an offset / channel / position per vector), one or two resident
+// blocks of 256 threads an SM, so ResNet-50's 32x2048x7x7 (512 blocks of 4
+// channels) ran in two waves (float; four in float16 backward) of load ->
+// block sums -> store; these are bounded to 64 registers
+// (__launch_bounds__(256, 4)): 528 resident blocks, one wave.  The backward
+// stages dy in shared memory (cp.async; each thread reads back only its own
+// slots, so no barrier) so that x and dy do not both take registers.
 #define BN_STRIDED_ITEMS 8
 
-template <int G, typename A>
-__device__ __forceinline__ void block_sums_once(A (&v)[G], A* scratch) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int warps = (int)(blockDim.x >> 5);  // blockDim.x: a multiple of 32, <= BN_THREADS
-#pragma unroll
-    for (int g = 0; g < G; ++g) v[g] = warp_sum(v[g]);
-    if (lane == 0) {
-#pragma unroll
-        for (int g = 0; g < G; ++g) scratch[g * 32 + warp] = v[g];
-    }
-    __syncthreads();
-#pragma unroll
-    for (int g = 0; g < G; ++g) {
-        A r = scratch[g * 32];
-#pragma unroll
-        for (int w = 1; w < BN_THREADS / 32; ++w)
-            if (w < warps) r += scratch[g * 32 + w];
-        v[g] = r;
-    }
+// A 16-bit value converted where it is used, each time: the conversion as
+// volatile asm cannot be shared between the passes, so the compiler keeps the
+// raw packs (4 registers a 16-byte vector) instead of 8 floats a vector.
+template <typename T> __device__ __forceinline__ acc_t<T> fresh(const T& v) { return load(v); }
+template <> __device__ __forceinline__ float fresh<half_t>(const half_t& v) {
+    float f;
+    asm volatile("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(v.bits));
+    return f;
+}
+template <> __device__ __forceinline__ float fresh<bfloat16_t>(const bfloat16_t& v) {
+    unsigned u;
+    asm volatile("shl.b32 %0, %1, 16;" : "=r"(u) : "r"((unsigned)v.bits));
+    return __uint_as_float(u);
 }
 
 // Where a strided-kernel thread's vectors are: the first one's offset, the step
 // between them, how many it holds; the local channel c of its first values and
-// `split`, the count of its values in c (the rest are in c + 1).
+// `split`, the count of its values in c (the rest are in c + 1, or none).
 template <int VEC, int G, typename index_t>
 struct StridedPlace {
     index_t off, step;
@@ -823,25 +819,69 @@ struct StridedPlace {
         const int left = in - (e - c * in);  // values left in channel c
         split = left < VEC ? left : VEC;
     }
-    // Channel c's and c + 1's per-channel values, picked once.
+    // Per-value partials -> (the sum of channel c's, the sum of channel c + 1's), value order.
     template <typename A>
-    __device__ __forceinline__ void pick2(const A (&v)[G], A& lo, A& hi) const {
-        lo = pick<G>(v, c);
-        hi = pick<G>(v, c + 1 < G ? c + 1 : c);
-    }
-    // Per-value partials into the two channels' sums (value order), added to out.
-    template <typename A>
-    __device__ __forceinline__ void fold(const A (&part)[VEC], A (&out)[G]) const {
-        A lo = 0, hi = 0;
+    __device__ __forceinline__ void split_sum(const A (&part)[VEC], A& lo, A& hi) const {
+        lo = 0;
+        hi = 0;
 #pragma unroll
         for (int v = 0; v < VEC; ++v) {
             if (v < split) lo += part[v];
             else hi += part[v];
         }
-#pragma unroll
-        for (int g = 0; g < G; ++g) out[g] += g == c ? lo : (g == c + 1 ? hi : A(0));
     }
 };
+
+// Shared memory of channel_sums for K quantities.
+template <int K, typename A>
+struct ChannelScratch {
+    A lo[K][BN_THREADS];
+    A hi[K][BN_THREADS];
+    A total[K][8];  // G <= 8
+    int ch[BN_THREADS];
+};
+
+// Block sums of K quantities per local channel: thread t contributes lo[k] to
+// its channel c and hi[k] to c + 1; on return lo[k] / hi[k] hold the block
+// totals of channels c and c + 1 (hi: of c when c + 1 == G), and s.total[k][g]
+// every channel's (for the writers of per-channel outputs).  Warp g adds
+// channel g's contributions lane-strided in thread order, then warp_sum: the
+// same order in every launch.  Called by all threads; two barriers; s may be
+// reused by the next call (its writes follow the first barrier of that call,
+// which every reader of this call's totals has passed).
+template <int K, int G, typename A>
+__device__ __forceinline__ void channel_sums(A (&lo)[K], A (&hi)[K], int c, ChannelScratch<K, A>& s) {
+    const int t = threadIdx.x, lane = t & 31, warp = t >> 5, warps = (int)(blockDim.x >> 5);
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+        s.lo[k][t] = lo[k];
+        s.hi[k][t] = hi[k];
+    }
+    s.ch[t] = c;
+    __syncthreads();
+    for (int g = warp; g < G; g += warps) {
+        A r[K];
+#pragma unroll
+        for (int k = 0; k < K; ++k) r[k] = 0;
+        for (int u = lane; u < (int)blockDim.x; u += 32) {
+            const int cu = s.ch[u];
+#pragma unroll
+            for (int k = 0; k < K; ++k) r[k] += cu == g ? s.lo[k][u] : (cu + 1 == g ? s.hi[k][u] : A(0));
+        }
+#pragma unroll
+        for (int k = 0; k < K; ++k) {
+            r[k] = warp_sum(r[k]);
+            if (lane == 0) s.total[k][g] = r[k];
+        }
+    }
+    __syncthreads();
+    const int c1 = c + 1 < G ? c + 1 : c;
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+        lo[k] = s.total[k][c];
+        hi[k] = s.total[k][c1];
+    }
+}
 
 template <typename T, typename P, typename index_t, int VEC, int G>
 __global__ void __launch_bounds__(BN_THREADS, 4)
@@ -852,32 +892,29 @@ batchnorm_train_strided(const T* __restrict__ x, T* __restrict__ y, acc_t<T>* __
                         acc_t<T> unbias, int update_running, int sv, int m) {
     typedef acc_t<T> A;
     constexpr int ITEMS = BN_STRIDED_ITEMS;
-    __shared__ A scratch[2][32 * G];
+    __shared__ ChannelScratch<1, A> scratch;
     const int c0 = (int)blockIdx.x * G;
     const StridedPlace<VEC, G, index_t> at(outer, C, inner, sv, m);
     Pack<T, VEC> raw[ITEMS];
 #pragma unroll
     for (int k = 0; k < ITEMS; ++k)
         if (k < at.items) raw[k] = *reinterpret_cast<const Pack<T, VEC>*>(x + (at.off + (index_t)k * at.step));
-    A part[VEC], sum[G];
+    A part[VEC], lo[1], hi[1];
 #pragma unroll
     for (int v = 0; v < VEC; ++v) part[v] = 0;
 #pragma unroll
     for (int k = 0; k < ITEMS; ++k) {
         if (k < at.items) {
 #pragma unroll
-            for (int v = 0; v < VEC; ++v) part[v] += load(raw[k].v[v]);
+            for (int v = 0; v < VEC; ++v) part[v] += fresh(raw[k].v[v]);
         }
     }
-#pragma unroll
-    for (int g = 0; g < G; ++g) sum[g] = 0;
-    at.fold(part, sum);
-    block_sums_once<G>(sum, scratch[0]);
+    at.split_sum(part, lo[0], hi[0]);
+    channel_sums<1, G>(lo, hi, at.c, scratch);
     const A count = A(outer * inner);
-#pragma unroll
-    for (int g = 0; g < G; ++g) sum[g] /= count;  // the means
-    A mlo, mhi;
-    at.pick2(sum, mlo, mhi);
+    const A mlo = lo[0] / count, mhi = hi[0] / count;
+    const int mine = (int)threadIdx.x;  // thread g < G writes channel g's statistics
+    const A my_mean = mine < G ? scratch.total[0][mine] / count : A(0);
 #pragma unroll
     for (int v = 0; v < VEC; ++v) part[v] = 0;
 #pragma unroll
@@ -885,39 +922,30 @@ batchnorm_train_strided(const T* __restrict__ x, T* __restrict__ y, acc_t<T>* __
         if (k < at.items) {
 #pragma unroll
             for (int v = 0; v < VEC; ++v) {
-                const A d = load(raw[k].v[v]) - (v < at.split ? mlo : mhi);
+                const A d = fresh(raw[k].v[v]) - (v < at.split ? mlo : mhi);
                 part[v] += d * d;
             }
         }
     }
-    A m2[G];
-#pragma unroll
-    for (int g = 0; g < G; ++g) m2[g] = 0;
-    at.fold(part, m2);
-    block_sums_once<G>(m2, scratch[1]);
-    A scale[G], shift[G];
-#pragma unroll
-    for (int g = 0; g < G; ++g) {
-        const A var = m2[g] / count;
-        const A invstd = A(1) / sqrt(var + eps);
-        if ((int)threadIdx.x == g) {
-            write_statistics(c0 + g, sum[g], var, invstd, mean_out, invstd_out, running_mean, running_var,
-                             momentum, unbias, update_running);
-        }
-        scale[g] = invstd * A(load(gamma[c0 + g]));
-        shift[g] = A(load(beta[c0 + g]));
+    at.split_sum(part, lo[0], hi[0]);
+    channel_sums<1, G>(lo, hi, at.c, scratch);
+    if (mine < G) {
+        const A var = scratch.total[0][mine] / count;
+        write_statistics(c0 + mine, my_mean, var, A(1) / sqrt(var + eps), mean_out, invstd_out, running_mean,
+                         running_var, momentum, unbias, update_running);
     }
-    A slo, shi, blo, bhi;
-    at.pick2(scale, slo, shi);
-    at.pick2(shift, blo, bhi);
+    const int c1 = at.c + 1 < G ? at.c + 1 : at.c;
+    const A slo = A(1) / sqrt(lo[0] / count + eps) * A(load(gamma[c0 + at.c]));
+    const A shi = A(1) / sqrt(hi[0] / count + eps) * A(load(gamma[c0 + c1]));
+    const A blo = A(load(beta[c0 + at.c])), bhi = A(load(beta[c0 + c1]));
 #pragma unroll
     for (int k = 0; k < ITEMS; ++k) {
         if (k < at.items) {
             Pack<T, VEC> out;
 #pragma unroll
             for (int v = 0; v < VEC; ++v) {
-                const bool lo = v < at.split;
-                out.v[v] = store<T>((load(raw[k].v[v]) - (lo ? mlo : mhi)) * (lo ? slo : shi) + (lo ? blo : bhi));
+                const bool low = v < at.split;
+                out.v[v] = store<T>((fresh(raw[k].v[v]) - (low ? mlo : mhi)) * (low ? slo : shi) + (low ? blo : bhi));
             }
             *reinterpret_cast<Pack<T, VEC>*>(y + (at.off + (index_t)k * at.step)) = out;
         }
@@ -948,7 +976,7 @@ batchnorm_backward_strided(const T* __restrict__ x, const T* __restrict__ dy, co
     typedef acc_t<T> A;
     constexpr int ITEMS = BN_STRIDED_ITEMS;
     __shared__ Pack<T, VEC> dys[ITEMS * BN_THREADS];  // thread t's item k at k * BN_THREADS + t
-    __shared__ A scratch[32 * 2 * G];
+    __shared__ ChannelScratch<2, A> scratch;
     const int c0 = (int)blockIdx.x * G;
     const StridedPlace<VEC, G, index_t> at(outer, C, inner, sv, m);
     Pack<T, VEC> xs[ITEMS];
@@ -960,21 +988,12 @@ batchnorm_backward_strided(const T* __restrict__ x, const T* __restrict__ dy, co
             xs[k] = *reinterpret_cast<const Pack<T, VEC>*>(x + o);
         }
     }
-    A mlo, mhi, ilo, ihi;
-    {
-        A mg[G], sg[G];
-#pragma unroll
-        for (int g = 0; g < G; ++g) {
-            mg[g] = mean[c0 + g];
-            sg[g] = invstd[c0 + g];
-        }
-        at.pick2(mg, mlo, mhi);
-        at.pick2(sg, ilo, ihi);
-    }
+    const int c1 = at.c + 1 < G ? at.c + 1 : at.c;
+    const A mlo = mean[c0 + at.c], mhi = mean[c0 + c1];
     bn_copy_async_wait_all();  // this thread's dy slots (only it reads them)
-    A sums[2 * G];  // sum(dy) per channel, then sum(dy * (x - mean))
+    A lo[2], hi[2];  // sum(dy), then sum(dy * (x - mean)), of channels c and c + 1
     {
-        A part_d[VEC], part_dx[VEC], first[G], second[G];
+        A part_d[VEC], part_dx[VEC];
 #pragma unroll
         for (int v = 0; v < VEC; ++v) part_d[v] = part_dx[v] = 0;
 #pragma unroll
@@ -983,41 +1002,26 @@ batchnorm_backward_strided(const T* __restrict__ x, const T* __restrict__ dy, co
                 const Pack<T, VEC> d = dys[k * BN_THREADS + threadIdx.x];
 #pragma unroll
                 for (int v = 0; v < VEC; ++v) {
-                    const A dv = load(d.v[v]);
+                    const A dv = fresh(d.v[v]);
                     part_d[v] += dv;
-                    part_dx[v] += dv * (load(xs[k].v[v]) - (v < at.split ? mlo : mhi));
+                    part_dx[v] += dv * (fresh(xs[k].v[v]) - (v < at.split ? mlo : mhi));
                 }
             }
         }
-#pragma unroll
-        for (int g = 0; g < G; ++g) first[g] = second[g] = 0;
-        at.fold(part_d, first);
-        at.fold(part_dx, second);
-#pragma unroll
-        for (int g = 0; g < G; ++g) {
-            sums[g] = first[g];
-            sums[G + g] = second[g];
-        }
+        at.split_sum(part_d, lo[0], hi[0]);
+        at.split_sum(part_dx, lo[1], hi[1]);
     }
-    block_sums_once<2 * G>(sums, scratch);
+    channel_sums<2, G>(lo, hi, at.c, scratch);
+    const int mine = (int)threadIdx.x;  // thread g < G writes channel g's gradients
+    if (mine < G) {
+        dbeta[c0 + mine] = store<P>(scratch.total[0][mine]);
+        dgamma[c0 + mine] = store<P>(scratch.total[1][mine] * invstd[c0 + mine]);
+    }
     const A n = A(outer * inner);
-    A scale[G], mean_dy[G], mean_dy_xhat[G];
-#pragma unroll
-    for (int g = 0; g < G; ++g) {
-        const A s = invstd[c0 + g];
-        const A gx = sums[G + g] * s;
-        if ((int)threadIdx.x == g) {
-            dbeta[c0 + g] = store<P>(sums[g]);
-            dgamma[c0 + g] = store<P>(gx);
-        }
-        scale[g] = A(load(gamma[c0 + g])) * s;
-        mean_dy[g] = sums[g] / n;
-        mean_dy_xhat[g] = gx / n;
-    }
-    A slo, shi, dlo, dhi, xlo, xhi;
-    at.pick2(scale, slo, shi);
-    at.pick2(mean_dy, dlo, dhi);
-    at.pick2(mean_dy_xhat, xlo, xhi);
+    const A ilo = invstd[c0 + at.c], ihi = invstd[c0 + c1];
+    const A slo = A(load(gamma[c0 + at.c])) * ilo, shi = A(load(gamma[c0 + c1])) * ihi;
+    const A dlo = lo[0] / n, dhi = hi[0] / n;  // mean of dy
+    const A xlo = lo[1] * ilo / n, xhi = hi[1] * ihi / n;  // mean of dy * xhat
 #pragma unroll
     for (int k = 0; k < ITEMS; ++k) {
         if (k < at.items) {
@@ -1025,9 +1029,9 @@ batchnorm_backward_strided(const T* __restrict__ x, const T* __restrict__ dy, co
             Pack<T, VEC> out;
 #pragma unroll
             for (int v = 0; v < VEC; ++v) {
-                const bool lo = v < at.split;
-                const A xhat = (load(xs[k].v[v]) - (lo ? mlo : mhi)) * (lo ? ilo : ihi);
-                out.v[v] = store<T>((lo ? slo : shi) * (load(d.v[v]) - (lo ? dlo : dhi) - xhat * (lo ? xlo : xhi)));
+                const bool low = v < at.split;
+                const A xhat = (fresh(xs[k].v[v]) - (low ? mlo : mhi)) * (low ? ilo : ihi);
+                out.v[v] = store<T>((low ? slo : shi) * (fresh(d.v[v]) - (low ? dlo : dhi) - xhat * (low ? xlo : xhi)));
             }
             *reinterpret_cast<Pack<T, VEC>*>(dx + (at.off + (index_t)k * at.step)) = out;
         }
