@@ -409,9 +409,10 @@ _GROUP_VALUES = {"half_t": 8192, "bfloat16_t": 8192, "float": 8192, "double": 40
 # channels).  Registers bounded to 64 (the grouped kernels: 96-150, two or one
 # resident blocks of 256 threads), so 32x2048x7x7's 512 blocks run in one wave.
 # Used for the storage types in STRIDED_TYPES (not measured yet: notes/smallcalls.md).
-# ptxas under the bound (sm_90): float train 63 / backward 64 registers, no
-# spill; half_t train no spill, backward 108 bytes; bfloat16_t 116-296 bytes;
-# double 36-96 bytes -- those stay on the grouped kernels unless listed.
+# ptxas under the bound (sm_90, index int): float train 63 / backward 64 registers,
+# no spill; half_t / bfloat16_t train no spill, backward 8 bytes; double 36 / 80
+# bytes -- the 16-bit types wait for the A/B (notes/smallcalls_ab.py `new+s16`),
+# double stays on the grouped kernels unless listed.
 STRIDED = True
 STRIDED_TYPES = ("float",)
 _STRIDED_ITEMS = 8  # BN_STRIDED_ITEMS in kernels/batchnorm.cu

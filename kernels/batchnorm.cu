@@ -792,7 +792,7 @@ template <> __device__ __forceinline__ float fresh<half_t>(const half_t& v) {
 }
 template <> __device__ __forceinline__ float fresh<bfloat16_t>(const bfloat16_t& v) {
     unsigned u;
-    asm volatile("shl.b32 %0, %1, 16;" : "=r"(u) : "r"((unsigned)v.bits));
+    asm volatile("mov.b32 %0, {%1, %2};" : "=r"(u) : "h"((unsigned short)0), "h"(v.bits));
     return __uint_as_float(u);
 }
 
@@ -993,23 +993,39 @@ batchnorm_backward_strided(const T* __restrict__ x, const T* __restrict__ dy, co
     bn_copy_async_wait_all();  // this thread's dy slots (only it reads them)
     A lo[2], hi[2];  // sum(dy), then sum(dy * (x - mean)), of channels c and c + 1
     {
-        A part_d[VEC], part_dx[VEC];
+        // Partials per pair of values (VEC / 2 chains a quantity; a pair that
+        // straddles the split is split), then per channel in pair order.
+        constexpr int PAIRS = VEC / 2;
+        A d_lo[PAIRS], d_hi[PAIRS], dx_lo[PAIRS], dx_hi[PAIRS];
 #pragma unroll
-        for (int v = 0; v < VEC; ++v) part_d[v] = part_dx[v] = 0;
+        for (int q = 0; q < PAIRS; ++q) d_lo[q] = d_hi[q] = dx_lo[q] = dx_hi[q] = 0;
 #pragma unroll
         for (int k = 0; k < ITEMS; ++k) {
             if (k < at.items) {
                 const Pack<T, VEC> d = dys[k * BN_THREADS + threadIdx.x];
 #pragma unroll
                 for (int v = 0; v < VEC; ++v) {
+                    const bool low = v < at.split;
                     const A dv = fresh(d.v[v]);
-                    part_d[v] += dv;
-                    part_dx[v] += dv * (fresh(xs[k].v[v]) - (v < at.split ? mlo : mhi));
+                    const A p = dv * (fresh(xs[k].v[v]) - (low ? mlo : mhi));
+                    if (low) {
+                        d_lo[v / 2] += dv;
+                        dx_lo[v / 2] += p;
+                    } else {
+                        d_hi[v / 2] += dv;
+                        dx_hi[v / 2] += p;
+                    }
                 }
             }
         }
-        at.split_sum(part_d, lo[0], hi[0]);
-        at.split_sum(part_dx, lo[1], hi[1]);
+        lo[0] = hi[0] = lo[1] = hi[1] = 0;
+#pragma unroll
+        for (int q = 0; q < PAIRS; ++q) {
+            lo[0] += d_lo[q];
+            hi[0] += d_hi[q];
+            lo[1] += dx_lo[q];
+            hi[1] += dx_hi[q];
+        }
     }
     channel_sums<2, G>(lo, hi, at.c, scratch);
     const int mine = (int)threadIdx.x;  // thread g < G writes channel g's gradients
