@@ -648,15 +648,12 @@ def _tiled_launch(problem, direction, rows, shared, x_rows, windows):
 # kernels/pooling.cu.
 GLOBAL_SMALL_COUNT = 64
 GLOBAL_SMALL_PLANES = 128
-# Vectors of dx a thread of pool_global_avg_backward_flat writes (GLOBAL_FLAT_UNROLL
-# in kernels/pooling.cu).
-GLOBAL_FLAT_UNROLL = 4
 
 
 def _global_launch(problem, direction, aligned):
     """(expr, grid, scalar args) of the whole-plane kernels: one warp per plane,
     a block per GLOBAL_SMALL_PLANES small planes for average forward, a thread
-    per GLOBAL_FLAT_UNROLL 16-byte vectors of dx for average backward (aligned arrays)."""
+    per 16 bytes of dx for average backward (aligned arrays)."""
     planes = problem.n * problem.c
     count = problem.h * problem.w
     index_t = index_type(planes * count + _BLOCK * 16, 2 * planes + _BLOCK,
@@ -666,9 +663,8 @@ def _global_launch(problem, direction, aligned):
         t = _dtypes.cuda_type(problem.dtype)
         total = planes * count
         vectors = ceil_div(total, 16 // _ITEMSIZE[t])
-        blocks = min(ceil_div(vectors, _BLOCK * GLOBAL_FLAT_UNROLL), _MAX_ITEMS_BLOCKS)
-        # the loop's last index: one grid stride past the vectors, VEC (<= 8) elements each
-        index_t = index_type(total + blocks * _BLOCK * GLOBAL_FLAT_UNROLL * 8)
+        blocks = min(ceil_div(vectors, _BLOCK), _MAX_ITEMS_BLOCKS)
+        index_t = index_type(total + blocks * _BLOCK * 16)
         it = np.int32 if index_t == "int" else np.int64
         return (f"pool_global_avg_backward_flat<{t}, {index_t}>", (blocks,),
                 (it(vectors), it(total), np.int32(count)))

@@ -418,27 +418,21 @@ __global__ void pool_global_forward(const T* __restrict__ x, T* __restrict__ y, 
 // ResNet's 7x7): one warp per plane would leave most lanes idle and keep only
 // two loads in flight per warp.  Instead a block stages GLOBAL_SMALL_PLANES
 // consecutive planes -- one contiguous run of memory -- into shared memory
-// with coalesced 16-byte loads (when the run is aligned) spread over all its
-// threads: every load of the block is issued before the first is used
-// (GLOBAL_SMALL_LOADS a thread cover the largest run), then the values go to
-// the tile as float4 stores (a 16-byte load's VEC values are 4 or 8
-// consecutive floats of the tile: conflict-free 128-bit stores, where the
-// earlier scalar stores at a stride of VEC words were 4- / 8-way bank
-// conflicts); then two threads sum one plane from shared memory (even / odd
-// positions, one shuffle: half the dependent chain of one thread per plane;
-// thread t reads tile[(t/2) * count + e]: for odd count the lanes' reads
-// spread over the banks).  Not for double (the tile is float).
+// with coalesced 16-byte loads (when the run is aligned; 4 unrolled per
+// thread, so several are in flight) spread over all its threads, then two
+// threads sum one plane from shared memory (even / odd positions, one shuffle:
+// half the dependent chain of one thread per plane; thread t reads
+// tile[(t/2) * count + e]: for odd count the lanes' reads spread over the banks).
+// Not for double (the tile is float).
 #define GLOBAL_SMALL_COUNT 64
 #define GLOBAL_SMALL_PLANES 128
-#define GLOBAL_SMALL_THREADS 256
 
 template <typename T, typename index_t>
-__global__ void __launch_bounds__(GLOBAL_SMALL_THREADS)
+__global__ void __launch_bounds__(256)
 pool_global_avg_forward_small(const T* __restrict__ x, T* __restrict__ y, index_t planes, int count) {
     static_assert(sizeof(acc_t<T>) == 4, "float accumulation only");
     constexpr int VEC = 16 / sizeof(T);
-    constexpr int LOADS = GLOBAL_SMALL_PLANES * GLOBAL_SMALL_COUNT / VEC / GLOBAL_SMALL_THREADS;
-    __shared__ __align__(16) float tile[GLOBAL_SMALL_PLANES * GLOBAL_SMALL_COUNT];
+    __shared__ float tile[GLOBAL_SMALL_PLANES * GLOBAL_SMALL_COUNT];
     for (index_t first = (index_t)blockIdx.x * GLOBAL_SMALL_PLANES; first < planes;
          first += (index_t)gridDim.x * GLOBAL_SMALL_PLANES) {
         const int here = (int)(planes - first < GLOBAL_SMALL_PLANES ? planes - first : GLOBAL_SMALL_PLANES);
@@ -448,28 +442,17 @@ pool_global_avg_forward_small(const T* __restrict__ x, T* __restrict__ y, index_
         if ((((unsigned long long)src) & 15ull) == 0) {
             const int vectors = n / VEC;
             const PackN<T, VEC>* vsrc = reinterpret_cast<const PackN<T, VEC>*>(src);
-            PackN<T, VEC> pk[LOADS];
+#pragma unroll 4
+            for (int i = threadIdx.x; i < vectors; i += blockDim.x) {
+                const PackN<T, VEC> pk = vsrc[i];
 #pragma unroll
-            for (int k = 0; k < LOADS; ++k) {
-                const int i = k * GLOBAL_SMALL_THREADS + threadIdx.x;
-                if (i < vectors) pk[k] = vsrc[i];
-            }
-#pragma unroll
-            for (int k = 0; k < LOADS; ++k) {
-                const int i = k * GLOBAL_SMALL_THREADS + threadIdx.x;
-                if (i < vectors) {
-                    float4* dst = reinterpret_cast<float4*>(tile + i * VEC);
-#pragma unroll
-                    for (int q = 0; q < VEC / 4; ++q)
-                        dst[q] = make_float4(load(pk[k].v[4 * q]), load(pk[k].v[4 * q + 1]),
-                                             load(pk[k].v[4 * q + 2]), load(pk[k].v[4 * q + 3]));
-                }
+                for (int k = 0; k < VEC; ++k) tile[i * VEC + k] = load(pk.v[k]);
             }
             done = vectors * VEC;
         }
-        for (int i = done + threadIdx.x; i < n; i += GLOBAL_SMALL_THREADS) tile[i] = load(src[i]);
+        for (int i = done + threadIdx.x; i < n; i += blockDim.x) tile[i] = load(src[i]);
         __syncthreads();
-        // GLOBAL_SMALL_THREADS == 2 * GLOBAL_SMALL_PLANES (Python launches 256 threads)
+        // blockDim.x == 2 * GLOBAL_SMALL_PLANES (Python launches 256 threads)
         const int p = threadIdx.x >> 1, half = threadIdx.x & 1;
         float r = 0.f;
         if (p < here) {
@@ -508,67 +491,38 @@ __global__ void pool_global_backward(const T* __restrict__ x, const T* __restric
 // count over each plane.  One warp per plane (pool_global_backward) leaves
 // most lanes idle on 7x7 planes and stores 4 bytes a lane; here a thread
 // writes VEC consecutive elements of dx with one 16-byte store (the run may
-// span planes: the divisions happen once per vector, then a counter walks the
-// plane boundary), so the kernel is bound by dx's bytes alone.  A thread
-// handles GLOBAL_FLAT_UNROLL vectors blockDim.x apart (coalesced), the dy
-// loads of all of them issued before the first store: with one vector a
-// thread, 32x2048x7x7 took 3136 short blocks (~3 rounds of 8 an SM), each
-// waiting on its dy load.  Needs a 16-byte aligned dx; the last thread stores
-// its tail element by element.
-#define GLOBAL_FLAT_UNROLL 4
+// span planes: the divisions happen once per thread, then a counter walks the
+// plane boundary), so the kernel is bound by dx's bytes alone.  Needs a
+// 16-byte aligned dx; the last thread stores its tail element by element.
 template <typename T, typename index_t>
 __global__ void __launch_bounds__(256)
 pool_global_avg_backward_flat(const T* __restrict__ /* x: not needed */, const T* __restrict__ dy,
                               T* __restrict__ dx, index_t vectors, index_t total, int count) {
     typedef acc_t<T> A;
     constexpr int VEC = 16 / sizeof(T);
-    for (index_t i0 = (index_t)blockIdx.x * blockDim.x * GLOBAL_FLAT_UNROLL + threadIdx.x; i0 < vectors;
-         i0 += (index_t)blockDim.x * gridDim.x * GLOBAL_FLAT_UNROLL) {
-        index_t plane[GLOBAL_FLAT_UNROLL];
-        int off[GLOBAL_FLAT_UNROLL];
-        A g[GLOBAL_FLAT_UNROLL], g2[GLOBAL_FLAT_UNROLL];
+    for (index_t i = (index_t)blockIdx.x * blockDim.x + threadIdx.x; i < vectors;
+         i += (index_t)blockDim.x * gridDim.x) {
+        const index_t e0 = i * VEC;
+        index_t plane = e0 / count;
+        int off = (int)(e0 - plane * count);
+        A g = load(dy[plane]) / A(count);
+        PackN<T, VEC> pk;
 #pragma unroll
-        for (int u = 0; u < GLOBAL_FLAT_UNROLL; ++u) {
-            const index_t i = i0 + (index_t)u * blockDim.x;
-            plane[u] = 0;
-            off[u] = 0;
-            g[u] = g2[u] = A(0);
-            if (i < vectors) {
-                const index_t e0 = i * VEC;
-                plane[u] = e0 / count;
-                off[u] = (int)(e0 - plane[u] * count);
-                g[u] = load(dy[plane[u]]);
-                // the next plane's gradient, where this vector reaches into it
-                if (off[u] + VEC > count && (plane[u] + 1) * count < total) g2[u] = load(dy[plane[u] + 1]);
+        for (int v = 0; v < VEC; ++v) {
+            if (off == count) {  // the next plane starts here
+                off = 0;
+                ++plane;
+                if (e0 + v < total) g = load(dy[plane]) / A(count);
             }
+            pk.v[v] = store<T>(g);
+            ++off;
         }
+        if (e0 + VEC <= total) {
+            *reinterpret_cast<PackN<T, VEC>*>(dx + e0) = pk;
+        } else {
 #pragma unroll
-        for (int u = 0; u < GLOBAL_FLAT_UNROLL; ++u) {
-            const index_t i = i0 + (index_t)u * blockDim.x;
-            if (i < vectors) {
-                const index_t e0 = i * VEC;
-                index_t pl = plane[u];
-                int o = off[u];
-                A v = g[u] / A(count);
-                PackN<T, VEC> pk;
-#pragma unroll
-                for (int w = 0; w < VEC; ++w) {
-                    if (o == count) {  // the next plane starts here
-                        o = 0;
-                        ++pl;
-                        if (e0 + w < total) v = (pl == plane[u] + 1 ? g2[u] : load(dy[pl])) / A(count);
-                    }
-                    pk.v[w] = store<T>(v);
-                    ++o;
-                }
-                if (e0 + VEC <= total) {
-                    *reinterpret_cast<PackN<T, VEC>*>(dx + e0) = pk;
-                } else {
-#pragma unroll
-                    for (int w = 0; w < VEC; ++w)
-                        if (e0 + w < total) dx[e0 + w] = pk.v[w];
-                }
-            }
+            for (int v = 0; v < VEC; ++v)
+                if (e0 + v < total) dx[e0 + v] = pk.v[v];
         }
     }
 }

