@@ -48,6 +48,7 @@ timeout 70 python3 scripts/warm_kernels.py 12 pooling.cu softmax.cu batchnorm.cu
 timeout 70 python3 notes/half16_warm.py "$OLD" pooling.cu:pool_global_avg_forward_small \
     pooling.cu:pool_global_avg_backward_flat batchnorm.cu:batchnorm_train_grouped \
     batchnorm.cu:batchnorm_backward_grouped batchnorm.cu:batchnorm_infer_flat \
+    batchnorm.cu:batchnorm_train_fused batchnorm.cu:batchnorm_backward_fused \
     softmax.cu:softmax_forward_rows_registers softmax.cu:softmax_backward_rows_registers \
     > "$OUT/warm_old.log" 2>&1 &
 wait
