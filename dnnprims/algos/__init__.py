@@ -325,9 +325,10 @@ def _polyphase_preferences(problem, direction, options):
     Depthwise is memory-bound and its kernel runs any dilation: the copies
     would add two passes over x and y."""
     algorithm = REGISTRY.get("polyphase")
-    if (algorithm is None or problem.dilation == (1, 1) or problem.groups == problem.C
-            or not algorithm.supports(problem, direction)[0]):
+    if problem.dilation == (1, 1) or problem.groups == problem.C:
         return []
+    if algorithm is None or not algorithm.supports(problem, direction)[0]:
+        return _undilated_twin_preferences(problem, direction, options)
     from .polyphase import sub_problem
     sub, (dh, dw) = sub_problem(problem), problem.dilation
     what = (f"dilation {problem.dilation}, stride 1, padding and image multiples of it: the "
@@ -346,13 +347,35 @@ def _polyphase_preferences(problem, direction, options):
         return []
     inner = algorithm.under(options).inner(problem, direction)[0]
     if inner.name == "direct":
-        return []
+        return _undilated_twin_preferences(problem, direction, options)
     if admits(inner, problem, direction, options)[0]:
         return as_it_is(inner)
     if problem.flops < AUTO_POLYPHASE_MIN_FLOPS:
-        return []
+        return _undilated_twin_preferences(problem, direction, options)
     return [("polyphase", what + f"; {problem.flops / 1e9:.3g} GFLOP of direct "
                                  f"work >= AUTO_POLYPHASE_MIN_FLOPS")]
+
+
+def _undilated_twin_preferences(problem, direction, options):
+    """Where "polyphase" does not run a dilated problem (or does not pay): the
+    measured table's ranking at its undilated twin (the same shapes, P and Q
+    included, with dilation 1), keeping the algorithms that run the dilated
+    filter themselves -- an implicit GEMM or im2col gathers other taps for the
+    same work, so the twin's times hold for them.  The table has no dilated
+    entries; without this the rule picked "gemm", which at batch 1 (ResNet-style
+    dilated 3x3, C = K = 256, 28x28) measured 0.10 ms against 0.060 for
+    implicit_gemm_splitk and cuDNN's 0.060 (notes/dilated_ab.py, session 9)."""
+    from . import table
+    measured = table.current()
+    ranking = None if measured is None else \
+        measured.ranking(dataclasses.replace(problem, dilation=(1, 1)), direction)
+    if ranking is None:
+        return []
+    ranked, how, entry, distance = ranking
+    return [(name, f"dilated: the table's ranking at the undilated twin ({how}, log2 distance "
+                   f"{distance:.2f}; {ms:.3f} ms there), among algorithms that run the dilated filter")
+            for ms, name in ranked
+            if name in REGISTRY and admits(REGISTRY[name], problem, direction, options)[0]]
 
 
 def auto_preferences(problem, direction, options=DEFAULT_OPTIONS):
