@@ -305,7 +305,9 @@ def winograd_wgrad_wins(problem, direction):
 # 0.42 ms by polyphase + Winograd, 2.1-2.4x cuDNN and 2.2-2.9x our previous pick,
 # in all three directions; at batch 1 (0.92 GFLOP) its two CuPy layout copies
 # (~30 us of host time each, whatever the size) make it 0.12-0.19 ms against
-# 0.14-0.16 for gemm and 0.064 for implicit_gemm_wgrad (backward filter).
+# 0.14-0.16 for gemm and 0.064 for implicit_gemm_wgrad (backward filter); below
+# the threshold the table's ranking at the undilated twin decides
+# (:func:`_undilated_twin_preferences`: implicit_gemm_splitk 0.060 ms there, session 9).
 AUTO_POLYPHASE_MIN_FLOPS = 4e9
 
 
@@ -411,7 +413,9 @@ def auto_preferences(problem, direction, options=DEFAULT_OPTIONS):
     Before all of them, for dilated stride-1 problems "polyphase" supports
     (depthwise excepted), ``auto``'s pick for the dilation-1 sub-problem: as it
     is where it runs dilated filters, else inside "polyphase" from
-    AUTO_POLYPHASE_MIN_FLOPS of work (:func:`_polyphase_preferences`); then the 5x5 Winograd
+    AUTO_POLYPHASE_MIN_FLOPS of work (:func:`_polyphase_preferences`), else the measured
+    table's ranking at the problem's undilated twin among algorithms that run
+    dilated filters (:func:`_undilated_twin_preferences`); then the 5x5 Winograd
     variants (forward, backward data: "winograd_f4x4_5x5", "winograd_f3x3_5x5", "winograd_f2x2_5x5", F(2x2) first
     under AUTO_WINOGRAD_MIN_FLOPS; backward filter: "winograd_wgrad_f5x5_4x4",
     "_3x3", "_2x2") for 5x5 problems of the Winograd conditions
