@@ -47,6 +47,8 @@ FAMILY = KernelFamily("batchnorm.cu", [
       for t, p in _TYPE_PAIRS for i in _INDEX_TYPES for cl in _CLUSTER_SIZES),
     *(f"batchnorm_{k}_grouped<{t}, {p}, {i}, {_VECTOR[t]}, {g}>" for k in ("train", "backward")
       for t, p in _TYPE_PAIRS for i in _INDEX_TYPES for g in (2, 4, 8) if g <= _VECTOR[t]),
+    *(f"batchnorm_{k}_strided<{t}, {p}, {i}, {_VECTOR[t]}, {g}>" for k in ("train", "backward")
+      for t, p in _TYPE_PAIRS for i in _INDEX_TYPES for g in (2, 4, 8) if g <= _VECTOR[t]),
     # channel-last (inner == 1) paths
     *(f"batchnorm_rows_{k}<{t}, {i}, {v}>" for k in ("statistics", "backward_reduce")
       for t in _X_TYPES for i in _INDEX_TYPES for v in (1, _VECTOR[t])),
@@ -118,7 +120,7 @@ def _forward_key(x, gamma, beta, running_mean, running_var, training, momentum, 
             _vector_key(running_mean), _vector_key(running_var), type(training), training,
             type(momentum), momentum, type(eps), eps, layout, FUSED, FUSED_PREFETCH,
             FUSED_FORWARD_MIN_BYTES, FLAT_INFERENCE, GROUPED, ROWS_FUSED, ROWS_FUSED_MIN_ROWS,
-            CLUSTER, CLUSTER_BLOCK_BYTES, CLUSTER_MIN_BYTES, CLUSTER_MIN_PLANE_BYTES,
+            CLUSTER, CLUSTER_BLOCK_BYTES, CLUSTER_MIN_BYTES, CLUSTER_MIN_PLANE_BYTES, STRIDED, STRIDED_TYPES,
             _current_device(), _kernels.stream_key(_current_stream().ptr))
 
 
@@ -132,8 +134,8 @@ def _backward_key(dy, x, gamma, mean, invstd, eps, layout):
     return ("backward", dy.shape, dy.dtype, dy_data.device_id, x.shape, x.dtype, x_data.device_id,
             _vector_key(gamma), _vector_key(mean), _vector_key(invstd), type(eps), eps, layout, FUSED,
             FUSED_BACKWARD_16BIT_SPLITS, GROUPED, ROWS_FUSED, ROWS_FUSED_MIN_ROWS, CLUSTER, CLUSTER_BACKWARD,
-            CLUSTER_BLOCK_BYTES, CLUSTER_MIN_BYTES, CLUSTER_MIN_PLANE_BYTES, _current_device(),
-            _kernels.stream_key(_current_stream().ptr))
+            CLUSTER_BLOCK_BYTES, CLUSTER_MIN_BYTES, CLUSTER_MIN_PLANE_BYTES, STRIDED, STRIDED_TYPES,
+            _current_device(), _kernels.stream_key(_current_stream().ptr))
 
 
 def batchnorm(x, gamma, beta, running_mean=None, running_var=None, *, training=True, momentum=0.1,
@@ -400,6 +402,22 @@ def _cluster_shape(cp, x, outer, inner, aligned, tensors=1):
 
 # BN_THREADS * group_items<T>() * VEC in kernels/batchnorm.cu
 _GROUP_VALUES = {"half_t": 8192, "bfloat16_t": 8192, "float": 8192, "double": 4096}
+# The grouped kernels' blocks of G channels with each thread's vectors at one
+# place of the sample (batchnorm_{train,backward}_strided, kernels/batchnorm.cu):
+# SV = G * inner / VEC vectors a sample, M = 256 // SV samples at a time, up to
+# _STRIDED_ITEMS vectors a thread, inner > VEC (a vector spans at most two
+# channels).  Registers bounded to 64 (the grouped kernels: 96-150, two or one
+# resident blocks of 256 threads), so 32x2048x7x7's 512 blocks run in one wave.
+# Used for the storage types in STRIDED_TYPES.  ptxas under the bound (sm_90, index
+# int): float train 63 / backward 64 registers, no spill; half_t / bfloat16_t train no
+# spill, backward 8 bytes; double 36 / 80 bytes of spill, so double stays on the
+# grouped kernels.  H100, 32x2048x7x7 (notes/smallcalls.md, session 9; device time of
+# one call in a CUDA graph, ms): float train 0.0154 -> 0.0089, backward 0.0179 -> 0.0139;
+# half_t (which took the fused cooperative kernels on 2-byte loads) train 0.0419 ->
+# 0.0071, backward 0.0255 -> 0.0121 -- PyTorch 0.0237 / 0.0294 (float), 0.0226 / 0.0249.
+STRIDED = True
+STRIDED_TYPES = ("float", "half_t", "bfloat16_t")
+_STRIDED_ITEMS = 8  # BN_STRIDED_ITEMS in kernels/batchnorm.cu
 
 
 def _group(t, channels, outer, inner, aligned):
@@ -411,6 +429,21 @@ def _group(t, channels, outer, inner, aligned):
     if channels % group or group * outer * inner > _GROUP_VALUES[t]:
         return 0
     return group
+
+
+def _strided(t, channels, outer, inner, aligned):
+    """(G, SV, M, threads) of batchnorm_{train,backward}_strided for this call, or None."""
+    vec = _VECTOR[t]
+    if not (STRIDED and GROUPED and aligned and t in STRIDED_TYPES) or inner % vec == 0 or inner <= vec:
+        return None
+    group = vec // math.gcd(inner, vec)
+    sv = group * inner // vec
+    if channels % group or sv > _BLOCK:
+        return None
+    m = _BLOCK // sv
+    if ceil_div(outer, m) > _STRIDED_ITEMS:
+        return None
+    return group, sv, m, 32 * ceil_div(sv * m, 32)
 
 
 _RESIDENT = {}  # (device, expression) -> blocks of that kernel resident at once
@@ -756,7 +789,8 @@ def _forward_plan(cp, x, y, pdtype, channels, outer, inner, training, update, mo
     key = (cp.cuda.runtime.getDevice(), _stream(cp), x.shape, x.dtype,
            np.dtype(pdtype), channels, inner, aligned, training, update, float(momentum), float(eps),
            no_gamma, no_beta, FUSED, FUSED_PREFETCH, FUSED_FORWARD_MIN_BYTES, FLAT_INFERENCE,
-           GROUPED, CLUSTER, CLUSTER_BLOCK_BYTES, CLUSTER_MIN_BYTES, CLUSTER_MIN_PLANE_BYTES)
+           GROUPED, CLUSTER, CLUSTER_BLOCK_BYTES, CLUSTER_MIN_BYTES, CLUSTER_MIN_PLANE_BYTES, STRIDED,
+           STRIDED_TYPES)
     return _cached_plan(key, lambda: _build_forward_plan(
         cp, x, y, pdtype, channels, outer, inner, training, update, float(momentum), float(eps),
         no_gamma, no_beta, aligned))
@@ -777,6 +811,7 @@ def _build_forward_plan(cp, x, y, pdtype, channels, outer, inner, training, upda
     launches = []
     t = _dtypes.cuda_type(x.dtype)
     group = _group(t, channels, outer, inner, aligned) if training else 0
+    strided = _strided(t, channels, outer, inner, aligned) if training else None
     cluster = _cluster_shape(cp, x, outer, inner, aligned) if training and fused_allowed else None
     if cluster:
         others = _Deferred(lambda arrays: _build_forward_plan(
@@ -786,6 +821,15 @@ def _build_forward_plan(cp, x, y, pdtype, channels, outer, inner, training, upda
             "train", t, pt, x, cluster, channels, others,
             lambda it: (X, Y, MEAN, INVSTD, rm, rv, gamma, beta, it(outer), it(channels), it(inner), real(eps),
                         real(momentum), real(n / (n - 1)), np.int32(update))))
+    elif strided:
+        group, sv, m, threads = strided
+        index_t = index_type(x.size + _BLOCK * channels * inner)
+        it = np.int32 if index_t == "int" else np.int64
+        launches.append(FAMILY.prepare(
+            f"batchnorm_train_strided<{t}, {pt}, {index_t}, {_VECTOR[t]}, {group}>", (channels // group,),
+            (threads,), (X, Y, MEAN, INVSTD, rm, rv, gamma, beta, it(outer), it(channels), it(inner),
+                         real(eps), real(momentum), real(n / (n - 1)), np.int32(update), np.int32(sv),
+                         np.int32(m))))
     elif group:
         index_t = index_type(x.size + _BLOCK * _GROUP_VALUES[t])
         it = np.int32 if index_t == "int" else np.int64
@@ -877,7 +921,8 @@ def _backward_plan(cp, x, dy, dx, pdtype, channels, outer, inner, recompute, eps
     key = ("backward", cp.cuda.runtime.getDevice(), _stream(cp), x.shape, x.dtype,
            np.dtype(pdtype), channels, inner, aligned, recompute, float(eps), no_gamma, FUSED,
            FUSED_BACKWARD_16BIT_SPLITS, GROUPED, CLUSTER, CLUSTER_BACKWARD, CLUSTER_BLOCK_BYTES,
-           CLUSTER_MIN_BYTES, CLUSTER_MIN_PLANE_BYTES)  # (_cluster_shape reads CLUSTER for both)
+           CLUSTER_MIN_BYTES, CLUSTER_MIN_PLANE_BYTES,
+           STRIDED, STRIDED_TYPES)  # (_cluster_shape reads CLUSTER for both)
     return _cached_plan(key, lambda: _build_backward_plan(
         cp, x, dy, dx, pdtype, channels, outer, inner, recompute, float(eps), no_gamma, aligned))
 
@@ -902,6 +947,16 @@ def _build_backward_plan(cp, x, dy, dx, pdtype, channels, outer, inner, recomput
         launches.append(_cluster_launch(
             "backward", t, pt, x, cluster, channels, others,
             lambda it: (X, DY, A.ARRAY2, A.ARRAY3, gamma, DX, DGAMMA, DBETA, it(outer), it(channels), it(inner))))
+        return _Plan(launches, aligned)
+    strided = None if recompute else _strided(t, channels, outer, inner, aligned)
+    if strided:
+        group, sv, m, threads = strided
+        index_t = index_type(x.size + _BLOCK * channels * inner)
+        it = np.int32 if index_t == "int" else np.int64
+        launches.append(FAMILY.prepare(
+            f"batchnorm_backward_strided<{t}, {pt}, {index_t}, {_VECTOR[t]}, {group}>", (channels // group,),
+            (threads,), (X, DY, A.ARRAY2, A.ARRAY3, gamma, DX, DGAMMA, DBETA, it(outer), it(channels), it(inner),
+                         np.int32(sv), np.int32(m))))
         return _Plan(launches, aligned)
     group = 0 if recompute else _group(t, channels, outer, inner, aligned)
     if group:

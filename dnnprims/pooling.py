@@ -67,11 +67,21 @@ _BACKWARD_BLOCKS_CHOICES = (1, 2, 3)
 # 1 / 2 / 3; 99 registers, 80 with 20 bytes of spill at 3): S = 2 0.0967 / 0.0967 /
 # 0.1100, S = 4 0.0990 / 0.0998 / 0.1323, S = 7 0.1053 / 0.1056 / 0.1352 (dropped);
 # bfloat16 S = 2 0.0964 / 0.0961 / 0.0984; pool_k3s2_backward 0.1065 (MINB 3).
+# Those figures are before the tail step lost its own load phase (notes/maxpool16.md:
+# S = 1 added, 117 registers at MINB 2; the A/B there picks the table).
 ROLLED_BACKWARD = True
 _ROLLED_STEPS = 2
 _ROLLED_BLOCKS = 2
-_ROLLED_STEPS_CHOICES = (2, 4)
-_ROLLED_BLOCKS_CHOICES = (1, 2, 3)
+_ROLLED_STEPS_CHOICES = (1, 2, 4)
+_ROLLED_BLOCKS_CHOICES = (2, 3)  # 1 = 2 since the tail change: 117-123 registers, two blocks
+# _ROLLED_HINT: the x rows loaded with the L2 prefetch-size hint .L2::256B (compiled
+# for MINB = _ROLLED_HINT_BLOCKS only).  notes/maxpool16.md.
+_ROLLED_HINT = False
+_ROLLED_HINT_BLOCKS = 2
+# _ROLLED_WAVES: None, one thread an item; else a grid of at most max(1, int(waves x SMs
+# x MINB)) blocks (that many waves of resident blocks; the kernel strides over the other
+# items).  The A/B of notes/maxpool16.md times 1 / 2 / 4 waves against None.
+_ROLLED_WAVES = None
 # NHWC float32 max 3x3 / 2 / 1 backward with window rows exchanged by warp
 # shuffles (pool_nhwc_k3s2_backward_shfl <T, index_t, SLOTS, MINB>): SLOTS
 # vertically adjacent bands a warp (SLOTS - 1 own dx rows), MINB blocks per SM.
@@ -111,9 +121,9 @@ FAMILY = KernelFamily("pooling.cu", [
     *(f"pool_k3s2_backward<{t}, {i}, {r}, {b}>"
       for t in _dtypes.CUDA_TYPES for i in ("int", "long long") for r in _K3S2_BACKWARD_ROWS_CHOICES
       for b in (_BACKWARD_BLOCKS_CHOICES if r == 1 else (1,))),
-    *(f"pool_k3s2_backward_rolled<{t}, {i}, {s}, {b}>"
+    *(f"pool_k3s2_backward_rolled<{t}, {i}, {s}, {b}, {h}>"
       for t in ("half_t", "bfloat16_t") for i in ("int", "long long") for s in _ROLLED_STEPS_CHOICES
-      for b in _ROLLED_BLOCKS_CHOICES),
+      for b in _ROLLED_BLOCKS_CHOICES for h in (("false", "true") if b == _ROLLED_HINT_BLOCKS else ("false",))),
     *(f"pool_k2s2_avg_backward<{t}, {i}, {_K2S2_ROWS}>"
       for t in _dtypes.CUDA_TYPES for i in ("int", "long long")),
     # NHWC 3x3 / 2 / 1, column-rolling: forward <T, index_t, MAX, R>, backward (max) <T, index_t, R, MINB>
@@ -445,7 +455,8 @@ def _vector_launch(problem, direction, aligned):
     if (problem.window == (3, 3) and problem.padding == (1, 1) and direction == "backward"
             and problem.mode == "max" and size == 2 and ROLLED_BACKWARD and _packed_compares()):
         bands = ceil_div(ho, 2 * _ROLLED_STEPS)  # segments of 2 * _ROLLED_STEPS window rows
-        expr = f"pool_k3s2_backward_rolled<{t}, {{}}, {_ROLLED_STEPS}, {_ROLLED_BLOCKS}>"
+        expr = (f"pool_k3s2_backward_rolled<{t}, {{}}, {_ROLLED_STEPS}, {_ROLLED_BLOCKS}, "
+                f"{_BOOL[_ROLLED_HINT]}>")
     elif problem.window == (3, 3) and problem.padding == (1, 1):
         kernel = _k3s2_kernel(problem, direction, "pool_k3s2", _K3S2_FORWARD_ROWS, _K3S2_BACKWARD_ROWS,
                               _K3S2_BACKWARD_BLOCKS)
@@ -460,6 +471,8 @@ def _vector_launch(problem, direction, aligned):
         return None
     items = problem.n * problem.c * bands * (problem.w * size // 16)
     blocks = min(ceil_div(items, _BLOCK), _MAX_ITEMS_BLOCKS)
+    if expr.startswith("pool_k3s2_backward_rolled") and _ROLLED_WAVES is not None:
+        blocks = min(blocks, max(1, int(_ROLLED_WAVES * _sm_count() * _ROLLED_BLOCKS)))
     index_t = index_type(items + blocks * _BLOCK)
     it = np.int32 if index_t == "int" else np.int64
     args = (it(items), np.int32(problem.h), np.int32(problem.w), np.int32(ho), np.int32(bands))
@@ -469,6 +482,20 @@ def _vector_launch(problem, direction, aligned):
 
 
 _PACKED_COMPARES = {}
+_SM_COUNTS = {}
+
+
+def _sm_count():
+    """Multiprocessors of the current GPU (132 without one: the H100's, for plans made on the CPU)."""
+    try:
+        device = _current_device()
+        count = _SM_COUNTS.get(device)
+        if count is None:
+            count = _SM_COUNTS[device] = int(
+                _validate._cupy.cuda.Device(device).attributes["MultiProcessorCount"])
+        return count
+    except Exception:
+        return 132
 
 
 def _packed_compares():

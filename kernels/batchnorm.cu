@@ -754,6 +754,306 @@ batchnorm_backward_grouped(const T* __restrict__ x, const T* __restrict__ dy, co
     });
 }
 
+// Strided grouped kernels (batchnorm_train_strided / batchnorm_backward_strided):
+// the grouped kernels' block of G channels (same G, same 16-byte vectors
+// crossing channel boundaries), with the thread mapping turned so that all the
+// vectors of one thread share their place in the sample.  The block's
+// SV = G * inner / VEC vectors of one sample (outer index o) are taken by SV
+// consecutive threads, M = BN_THREADS / SV (rounded down) samples at a time:
+// thread t holds vector p = t % SV of samples o = t / SV + k * M, k < ITEMS
+// (BN_STRIDED_ITEMS; Python needs ceil(outer / M) <= ITEMS, SV <= 256 and
+// inner > VEC, and launches 32 * ceil(SV * M / 32) threads; threads past
+// SV * M hold nothing).  With inner > VEC a vector spans at most two channels:
+// values v < split are in local channel c, the others in c + 1, the same for
+// every k, so a thread needs two channels' statistics, never G: its partial
+// sums go to shared memory as a (lo, hi) pair, warp g adds channel g's
+// contributions over the threads in thread order (then a shuffle tree), and
+// each thread reads back its two channels' totals (channel_sums: two barriers,
+// deterministic).  The offsets step by M * C * inner.  Values stay raw 16-byte
+// packs (4 registers in every type) and are converted where used.
+// Why: the grouped kernels take 96-150 registers (G sums, scales and shifts
+// per thread, an offset / channel / position per vector), one or two resident
+// blocks of 256 threads an SM, so ResNet-50's 32x2048x7x7 (512 blocks of 4
+// channels) ran in two waves of load -> block sums -> store (float; float16
+// missed them: 8 x 32 x 49 values a block); these are bounded to 64 registers
+// (__launch_bounds__(256, 4)): 528 resident blocks, one wave.  The backward
+// stages dy in shared memory (cp.async; each thread reads back only its own
+// slots, so no barrier) so that x and dy do not both take registers.
+#define BN_STRIDED_ITEMS 8
+
+// A 16-bit value converted where it is used, each time: the conversion as
+// volatile asm cannot be shared between the passes, so the compiler keeps the
+// raw packs (4 registers a 16-byte vector) instead of 8 floats a vector.
+template <typename T> __device__ __forceinline__ acc_t<T> fresh(const T& v) { return load(v); }
+template <> __device__ __forceinline__ float fresh<half_t>(const half_t& v) {
+    float f;
+    asm volatile("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(v.bits));
+    return f;
+}
+template <> __device__ __forceinline__ float fresh<bfloat16_t>(const bfloat16_t& v) {
+    unsigned u;
+    asm volatile("mov.b32 %0, {%1, %2};" : "=r"(u) : "h"((unsigned short)0), "h"(v.bits));
+    return __uint_as_float(u);
+}
+
+// Where a strided-kernel thread's vectors are: the first one's offset, the step
+// between them, how many it holds; the local channel c of its first values and
+// `split`, the count of its values in c (the rest are in c + 1, or none).
+template <int VEC, int G, typename index_t>
+struct StridedPlace {
+    index_t off, step;
+    int items, c, split;
+
+    __device__ __forceinline__ StridedPlace(index_t outer, index_t C, index_t inner, int sv, int m) {
+        const int t = threadIdx.x;
+        const int pv = t % sv, o0 = t / sv;
+        items = 0;
+        if (t < sv * m && (index_t)o0 < outer) {
+            const index_t n = (outer - 1 - (index_t)o0) / (index_t)m + 1;  // o0 + k * m < outer
+            items = n < (index_t)BN_STRIDED_ITEMS ? (int)n : BN_STRIDED_ITEMS;
+        }
+        off = ((index_t)o0 * C + (index_t)blockIdx.x * G) * inner + (index_t)pv * VEC;
+        step = (index_t)m * C * inner;
+        const int e = pv * VEC, in = (int)inner;
+        c = e / in;
+        const int left = in - (e - c * in);  // values left in channel c
+        split = left < VEC ? left : VEC;
+    }
+    // Per-value partials -> (the sum of channel c's, the sum of channel c + 1's), value order.
+    template <typename A>
+    __device__ __forceinline__ void split_sum(const A (&part)[VEC], A& lo, A& hi) const {
+        lo = 0;
+        hi = 0;
+#pragma unroll
+        for (int v = 0; v < VEC; ++v) {
+            if (v < split) lo += part[v];
+            else hi += part[v];
+        }
+    }
+};
+
+// Shared memory of channel_sums for K quantities.
+template <int K, typename A>
+struct ChannelScratch {
+    A lo[K][BN_THREADS];
+    A hi[K][BN_THREADS];
+    A total[K][8];  // G <= 8
+    int ch[BN_THREADS];
+};
+
+// Block sums of K quantities per local channel: thread t contributes lo[k] to
+// its channel c and hi[k] to c + 1; on return lo[k] / hi[k] hold the block
+// totals of channels c and c + 1 (hi: of c when c + 1 == G), and s.total[k][g]
+// every channel's (for the writers of per-channel outputs).  Warp g adds
+// channel g's contributions lane-strided in thread order, then warp_sum: the
+// same order in every launch.  Called by all threads; two barriers; s may be
+// reused by the next call (its writes follow the first barrier of that call,
+// which every reader of this call's totals has passed).
+template <int K, int G, typename A>
+__device__ __forceinline__ void channel_sums(A (&lo)[K], A (&hi)[K], int c, ChannelScratch<K, A>& s) {
+    const int t = threadIdx.x, lane = t & 31, warp = t >> 5, warps = (int)(blockDim.x >> 5);
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+        s.lo[k][t] = lo[k];
+        s.hi[k][t] = hi[k];
+    }
+    s.ch[t] = c;
+    __syncthreads();
+    for (int g = warp; g < G; g += warps) {
+        A r[K];
+#pragma unroll
+        for (int k = 0; k < K; ++k) r[k] = 0;
+        for (int u = lane; u < (int)blockDim.x; u += 32) {
+            const int cu = s.ch[u];
+#pragma unroll
+            for (int k = 0; k < K; ++k) r[k] += cu == g ? s.lo[k][u] : (cu + 1 == g ? s.hi[k][u] : A(0));
+        }
+#pragma unroll
+        for (int k = 0; k < K; ++k) {
+            r[k] = warp_sum(r[k]);
+            if (lane == 0) s.total[k][g] = r[k];
+        }
+    }
+    __syncthreads();
+    const int c1 = c + 1 < G ? c + 1 : c;
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+        lo[k] = s.total[k][c];
+        hi[k] = s.total[k][c1];
+    }
+}
+
+template <typename T, typename P, typename index_t, int VEC, int G>
+__global__ void __launch_bounds__(BN_THREADS, 4)
+batchnorm_train_strided(const T* __restrict__ x, T* __restrict__ y, acc_t<T>* __restrict__ mean_out,
+                        acc_t<T>* __restrict__ invstd_out, P* __restrict__ running_mean,
+                        P* __restrict__ running_var, const P* __restrict__ gamma, const P* __restrict__ beta,
+                        index_t outer, index_t C, index_t inner, acc_t<T> eps, acc_t<T> momentum,
+                        acc_t<T> unbias, int update_running, int sv, int m) {
+    typedef acc_t<T> A;
+    constexpr int ITEMS = BN_STRIDED_ITEMS;
+    __shared__ ChannelScratch<1, A> scratch;
+    const int c0 = (int)blockIdx.x * G;
+    const StridedPlace<VEC, G, index_t> at(outer, C, inner, sv, m);
+    Pack<T, VEC> raw[ITEMS];
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k)
+        if (k < at.items) raw[k] = *reinterpret_cast<const Pack<T, VEC>*>(x + (at.off + (index_t)k * at.step));
+    A part[VEC], lo[1], hi[1];
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) part[v] = 0;
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k) {
+        if (k < at.items) {
+#pragma unroll
+            for (int v = 0; v < VEC; ++v) part[v] += fresh(raw[k].v[v]);
+        }
+    }
+    at.split_sum(part, lo[0], hi[0]);
+    channel_sums<1, G>(lo, hi, at.c, scratch);
+    const A count = A(outer * inner);
+    const A mlo = lo[0] / count, mhi = hi[0] / count;
+    const int mine = (int)threadIdx.x;  // thread g < G writes channel g's statistics
+    const A my_mean = mine < G ? scratch.total[0][mine] / count : A(0);
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) part[v] = 0;
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k) {
+        if (k < at.items) {
+#pragma unroll
+            for (int v = 0; v < VEC; ++v) {
+                const A d = fresh(raw[k].v[v]) - (v < at.split ? mlo : mhi);
+                part[v] += d * d;
+            }
+        }
+    }
+    at.split_sum(part, lo[0], hi[0]);
+    channel_sums<1, G>(lo, hi, at.c, scratch);
+    if (mine < G) {
+        const A var = scratch.total[0][mine] / count;
+        write_statistics(c0 + mine, my_mean, var, A(1) / sqrt(var + eps), mean_out, invstd_out, running_mean,
+                         running_var, momentum, unbias, update_running);
+    }
+    const int c1 = at.c + 1 < G ? at.c + 1 : at.c;
+    const A slo = A(1) / sqrt(lo[0] / count + eps) * A(load(gamma[c0 + at.c]));
+    const A shi = A(1) / sqrt(hi[0] / count + eps) * A(load(gamma[c0 + c1]));
+    const A blo = A(load(beta[c0 + at.c])), bhi = A(load(beta[c0 + c1]));
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k) {
+        if (k < at.items) {
+            Pack<T, VEC> out;
+#pragma unroll
+            for (int v = 0; v < VEC; ++v) {
+                const bool low = v < at.split;
+                out.v[v] = store<T>((fresh(raw[k].v[v]) - (low ? mlo : mhi)) * (low ? slo : shi) + (low ? blo : bhi));
+            }
+            *reinterpret_cast<Pack<T, VEC>*>(y + (at.off + (index_t)k * at.step)) = out;
+        }
+    }
+}
+
+// 16 bytes global -> shared memory, asynchronously where the GPU can (sm_80+).
+__device__ __forceinline__ void bn_copy16_async(void* smem, const void* __restrict__ gmem) {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(shared_address(smem)), "l"(gmem) : "memory");
+#else
+    *reinterpret_cast<int4*>(smem) = *reinterpret_cast<const int4*>(gmem);
+#endif
+}
+
+__device__ __forceinline__ void bn_copy_async_wait_all() {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_all;" ::: "memory");
+#endif
+}
+
+template <typename T, typename P, typename index_t, int VEC, int G>
+__global__ void __launch_bounds__(BN_THREADS, 4)
+batchnorm_backward_strided(const T* __restrict__ x, const T* __restrict__ dy, const acc_t<T>* __restrict__ mean,
+                           const acc_t<T>* __restrict__ invstd, const P* __restrict__ gamma, T* __restrict__ dx,
+                           P* __restrict__ dgamma, P* __restrict__ dbeta, index_t outer, index_t C,
+                           index_t inner, int sv, int m) {
+    typedef acc_t<T> A;
+    constexpr int ITEMS = BN_STRIDED_ITEMS;
+    __shared__ Pack<T, VEC> dys[ITEMS * BN_THREADS];  // thread t's item k at k * BN_THREADS + t
+    __shared__ ChannelScratch<2, A> scratch;
+    const int c0 = (int)blockIdx.x * G;
+    const StridedPlace<VEC, G, index_t> at(outer, C, inner, sv, m);
+    Pack<T, VEC> xs[ITEMS];
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k) {
+        if (k < at.items) {
+            const index_t o = at.off + (index_t)k * at.step;
+            bn_copy16_async(&dys[k * BN_THREADS + threadIdx.x], dy + o);
+            xs[k] = *reinterpret_cast<const Pack<T, VEC>*>(x + o);
+        }
+    }
+    const int c1 = at.c + 1 < G ? at.c + 1 : at.c;
+    const A mlo = mean[c0 + at.c], mhi = mean[c0 + c1];
+    bn_copy_async_wait_all();  // this thread's dy slots (only it reads them)
+    A lo[2], hi[2];  // sum(dy), then sum(dy * (x - mean)), of channels c and c + 1
+    {
+        // Partials per pair of values (VEC / 2 chains a quantity; a pair that
+        // straddles the split is split), then per channel in pair order.
+        constexpr int PAIRS = VEC / 2;
+        A d_lo[PAIRS], d_hi[PAIRS], dx_lo[PAIRS], dx_hi[PAIRS];
+#pragma unroll
+        for (int q = 0; q < PAIRS; ++q) d_lo[q] = d_hi[q] = dx_lo[q] = dx_hi[q] = 0;
+#pragma unroll
+        for (int k = 0; k < ITEMS; ++k) {
+            if (k < at.items) {
+                const Pack<T, VEC> d = dys[k * BN_THREADS + threadIdx.x];
+#pragma unroll
+                for (int v = 0; v < VEC; ++v) {
+                    const bool low = v < at.split;
+                    const A dv = fresh(d.v[v]);
+                    const A p = dv * (fresh(xs[k].v[v]) - (low ? mlo : mhi));
+                    if (low) {
+                        d_lo[v / 2] += dv;
+                        dx_lo[v / 2] += p;
+                    } else {
+                        d_hi[v / 2] += dv;
+                        dx_hi[v / 2] += p;
+                    }
+                }
+            }
+        }
+        lo[0] = hi[0] = lo[1] = hi[1] = 0;
+#pragma unroll
+        for (int q = 0; q < PAIRS; ++q) {
+            lo[0] += d_lo[q];
+            hi[0] += d_hi[q];
+            lo[1] += dx_lo[q];
+            hi[1] += dx_hi[q];
+        }
+    }
+    channel_sums<2, G>(lo, hi, at.c, scratch);
+    const int mine = (int)threadIdx.x;  // thread g < G writes channel g's gradients
+    if (mine < G) {
+        dbeta[c0 + mine] = store<P>(scratch.total[0][mine]);
+        dgamma[c0 + mine] = store<P>(scratch.total[1][mine] * invstd[c0 + mine]);
+    }
+    const A n = A(outer * inner);
+    const A ilo = invstd[c0 + at.c], ihi = invstd[c0 + c1];
+    const A slo = A(load(gamma[c0 + at.c])) * ilo, shi = A(load(gamma[c0 + c1])) * ihi;
+    const A dlo = lo[0] / n, dhi = hi[0] / n;  // mean of dy
+    const A xlo = lo[1] * ilo / n, xhi = hi[1] * ihi / n;  // mean of dy * xhat
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k) {
+        if (k < at.items) {
+            const Pack<T, VEC> d = dys[k * BN_THREADS + threadIdx.x];
+            Pack<T, VEC> out;
+#pragma unroll
+            for (int v = 0; v < VEC; ++v) {
+                const bool low = v < at.split;
+                const A xhat = (fresh(xs[k].v[v]) - (low ? mlo : mhi)) * (low ? ilo : ihi);
+                out.v[v] = store<T>((low ? slo : shi) * (fresh(d.v[v]) - (low ? dlo : dhi) - xhat * (low ? xlo : xhi)));
+            }
+            *reinterpret_cast<Pack<T, VEC>*>(dx + (at.off + (index_t)k * at.step)) = out;
+        }
+    }
+}
+
 // Pass 1 of the backward: per chunk, sum(dy) and sum(dy * xhat) into part_dy /
 // part_dy_xhat; the last block of channel c to finish (arrive[c]) sums them in
 // a fixed order (merge_sums) into sums[c] / sums[C + c] and writes dbeta[c] /

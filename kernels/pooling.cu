@@ -2014,10 +2014,18 @@ pool_nhwc_k3s2_backward(const T* __restrict__ x, const T* __restrict__ dy, T* __
 //   dx 2oh - 1: carried window row oh - 1 (a = 2), then oh (a = 0, low halves);
 //   dx 2oh: low halves, a = 1;  dx 2oh + 1: low a = 2, then high a = 0;
 //   dx 2oh + 2: high a = 1;  dx 2oh + 3: high a = 2, carried (float) to the next step.
-// Each window row is computed once, plus one per segment (the step past the
+// Each window row is computed once, plus one per segment (the tail step past the
 // segment's end finishes its last dx row: window row oh_end, a = 0); x goes
-// through L1 (4S + 1) / 4S times.  Sums are the gather's order (row-major
-// windows, from +0): dx rows 2oh and 2oh + 2 (at most two shares a column) by
+// through L1 (4S + 3) / 4S times.  The tail step has no load phase of its own: the
+// last full step also loads its x rows 2oh_end, 2oh_end + 1 and dy row oh_end, and
+// its fast path (k3s2_tail_row_pairs, ~100 instructions instead of a pair step's
+// ~420) computes only the a = 0 shares on raw words; a tail window with a NaN or
+// only -inf reloads its rows and runs as an ordinary step (exact rule).  So a
+// thread waits for memory S times per segment, not S + 1 (S = 1: one load phase
+// an item, a block's footprint one contiguous run of rows, like float32's R = 2
+// tile).  HINT: x rows loaded with the .L2::256B prefetch-size hint.
+// Sums are the gather's order (row-major windows, from +0): dx rows 2oh and
+// 2oh + 2 (at most two shares a column) by
 // add_pairs (the float sum rounded once), the others in float, so dx is bitwise
 // pool_k3s2_backward's.  A step whose windows hold a NaN or only -inf takes
 // the exact rule per element (argmax3x3<true>) for that step's shares.
@@ -2029,16 +2037,31 @@ pool_nhwc_k3s2_backward(const T* __restrict__ x, const T* __restrict__ dy, T* __
 // Also measured and dropped (notes/mem5.md, same call: S = 2 0.0963-0.0966):
 // S = 3 0.0976, and each step's x rows loaded one step ahead (119 registers,
 // still two blocks per SM) 0.0977-0.0990 for S = 2 / 3 / 4, MINB 1 or 2.
+// (Those figures are before the tail change; notes/maxpool16.md times S = 1 / 2 / 4,
+// MINB 1 / 2 / 3, the hint and a resident grid against them: 117 registers at MINB 2.)
 
-// x row h of the tile at xp as words (local columns 2i + 1, 2i + 2), i = 0..3,
-// [4] = the right halo (9, 10), and `halo` = local column 0; -inf outside.
-template <typename T>
-__device__ __forceinline__ void load_k3s2_words(unsigned (&q)[5], unsigned& halo, const T* __restrict__ xp,
-                                                int h, int H, int W, bool left, bool right, bool wanted) {
+// 16 bytes of x at p (16-byte aligned) as four words; HINT: with the L2 prefetch-size hint
+// .L2::256B (a miss fetches the whole 256-byte block around the sector into L2).
+template <bool HINT>
+__device__ __forceinline__ PackN<unsigned, 4> load_words4(const unsigned* p) {
+    if constexpr (HINT) {
+        PackN<unsigned, 4> r;
+        asm("ld.global.nc.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+            : "=r"(r.v[0]), "=r"(r.v[1]), "=r"(r.v[2]), "=r"(r.v[3]) : "l"(p));
+        return r;
+    }
+    return load_pack<unsigned, 4>(p);
+}
+
+// x row h of the tile (at `row`: read only when 0 <= h < H) as words (local columns
+// 2i + 1, 2i + 2), i = 0..3, [4] = the right halo (9, 10), and `halo` = local column 0;
+// -inf outside.
+template <typename T, bool HINT = false>
+__device__ __forceinline__ void load_k3s2_words(unsigned (&q)[5], unsigned& halo, const T* __restrict__ row,
+                                                int h, int H, bool left, bool right, bool wanted) {
     constexpr unsigned NINF = NegInfBits<T>::value, NINF2 = NINF * 0x10001u;
     if (wanted && h >= 0 && h < H) {
-        const T* row = xp + (long long)h * W;
-        const PackN<unsigned, 4> pk = load_pack<unsigned, 4>(reinterpret_cast<const unsigned*>(row));
+        const PackN<unsigned, 4> pk = load_words4<HINT>(reinterpret_cast<const unsigned*>(row));
 #pragma unroll
         for (int i = 0; i < 4; ++i) q[i] = pk.v[i];
         q[4] = right ? *reinterpret_cast<const unsigned*>(row + 8) : NINF2;
@@ -2058,7 +2081,58 @@ __device__ __forceinline__ void store_float_row(T* __restrict__ p, const float (
     *reinterpret_cast<PackN<T, 8>*>(p) = pk;
 }
 
-template <typename T, typename index_t, int S, int MINB>
+// The rolled kernel's tail step on its fast path: window row oh alone (x rows 2oh - 1,
+// 2oh, 2oh + 1 as words r0, r1, r2 with their left halo columns h0, h1, h2; dy row oh as
+// d[0] = windows (0, 1), d[1] = (2, 3), d[2] = window 4 in the low half) finishes dx row
+// 2oh - 1, the windows' row a = 0 = r0: each window's first-max shares among its first
+// three elements (row-major order: they come first, so no later row can take them) are
+// added to `row` in the gather's order.  Only the maximum needs the other two rows.
+// Raw words, no vertical pairing: word m of r0 = columns (2m + 1, 2m + 2) = (c = 1, c = 2)
+// of window m, column 2m (c = 0) = the high half of word m - 1 (m = 0: the halo); the
+// window maximum is broadcast to both halves so one packed compare serves c = 1 and 2.
+// About 110 instructions instead of a whole pair step (~420).  Returns false (row
+// untouched) where an existing window's maximum is NaN or -inf: the caller then runs
+// the general step with the exact rule.
+template <typename T>
+__device__ __forceinline__ bool k3s2_tail_row_pairs(const unsigned (&r0)[5], unsigned h0, const unsigned (&r1)[5],
+                                                    unsigned h1, const unsigned (&r2)[5], unsigned h2,
+                                                    const unsigned (&d)[3], bool right, float (&row)[8]) {
+#if PACKED_CMP_PAIRS
+    constexpr unsigned NINF2 = NegInfBits<T>::value * 0x10001u;
+    unsigned cm[5], MM[5];
+#pragma unroll
+    for (int i = 0; i < 5; ++i) cm[i] = max_nan_pairs<T>(max_nan_pairs<T>(r0[i], r1[i]), r2[i]);
+    const unsigned ch = max_nan_pairs<T>(max_nan_pairs<T>(h0, h1), h2);  // the halo column (low half)
+    unsigned ok = 0xffffffffu;
+#pragma unroll
+    for (int m = 0; m < 5; ++m) {
+        const unsigned c0 = m == 0 ? permute_bytes(ch, 0u, 0x1010u) : permute_bytes(cm[m - 1], 0u, 0x3232u);
+        MM[m] = max_nan_pairs<T>(max_nan_pairs<T>(cm[m], permute_bytes(cm[m], 0u, 0x1032u)), c0);
+        if (m < 4 || right) ok &= gt_pairs<T>(MM[m], NINF2);
+    }
+    if (ok != 0xffffffffu) return false;
+#pragma unroll
+    for (int m = 0; m < 5; ++m) {
+        const unsigned gg = permute_bytes(d[m / 2], 0u, m % 2 ? 0x3232u : 0x1010u);  // dy in both halves
+        const unsigned e12 = eq_pairs<T>(r0[m], MM[m]);                            // (c = 1, c = 2)
+        const unsigned e0 = permute_bytes(eq_pairs<T>(m == 0 ? h0 << 16 : r0[m - 1], MM[m]), 0u, 0x3232u);
+        const unsigned e1 = e12 & ~e0;
+        const unsigned s12 = e1 & ~(e1 << 16) & gg;  // shares of c = 1 (low), c = 2 (high)
+        const unsigned s0 = e0 & gg;                  // share of c = 0 (low)
+#pragma unroll
+        for (int c = 0; c < 3; ++c) {
+            const int f = 2 * m + c - 1;
+            if (f < 0 || f >= 8) continue;
+            row[f] += c == 0 ? half_of<T, false>(s0) : c == 1 ? half_of<T, false>(s12) : half_of<T, true>(s12);
+        }
+    }
+    return true;
+#else
+    return false;
+#endif
+}
+
+template <typename T, typename index_t, int S, int MINB, bool HINT>
 __global__ void __launch_bounds__(256, MINB)
 pool_k3s2_backward_rolled(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ dx,
                           index_t items, int H, int W, int Ho, int segments) {
@@ -2075,26 +2149,59 @@ pool_k3s2_backward_rolled(const T* __restrict__ x, const T* __restrict__ dy, T* 
         const T* xp = x + (long long)plane * H * W + VEC * j;
         const T* dyp = dy + (long long)plane * Ho * Wo + OUT * j;
         T* dxp = dx + (long long)plane * H * W + VEC * j;
+        // offsets inside a plane in int: H * W < 2^31 on the NCHW paths (Python), and a
+        // row is addressed only once it is known to lie in the plane
         const bool left = j > 0, right = j + 1 < lanes;
         const int oh_start = 2 * S * seg, oh_end = min(oh_start + 2 * S, Ho);
+        const bool has_tail = oh_end < Ho;  // the tail step computes window row oh_end
         unsigned q[5][5], halo[5];
-        load_k3s2_words<T>(q[0], halo[0], xp, 2 * oh_start - 1, H, W, left, right, true);
+        // the tail step's x rows 2oh_end, 2oh_end + 1 and dy row oh_end (words 0, 1 and the
+        // right halo), loaded with the last full step's rows: no load phase of its own
+        unsigned qt[2][5], halot[2], dt[3];
+#pragma unroll
+        for (int c = 0; c < 5; ++c) qt[0][c] = qt[1][c] = NINF2;
+        halot[0] = halot[1] = dt[0] = dt[1] = dt[2] = 0u;
+        load_k3s2_words<T, HINT>(q[0], halo[0], xp + (long long)(2 * oh_start - 1) * W, 2 * oh_start - 1, H,
+                                 left, right, true);
         float carry[8];  // dx row 2oh - 1 so far: window row oh - 1's shares (a = 2)
 #pragma unroll
         for (int f = 0; f < 8; ++f) carry[f] = 0.0f;
         for (int oh = oh_start;; oh += 2) {
             const bool tail = oh >= oh_end;  // only dx row 2oh - 1 is left
-            if (tail && oh >= Ho) {
-                if (2 * oh - 1 < H) store_float_row<T>(dxp + (long long)(2 * oh - 1) * W, carry);
+            if (tail && (!has_tail || k3s2_tail_row_pairs<T>(q[0], halo[0], qt[0], halot[0], qt[1], halot[1], dt,
+                                                             right, carry))) {
+                if (2 * oh - 1 < H) store_float_row<T>(dxp + (2 * oh - 1) * W, carry);
                 break;
             }
             const bool second = !tail && oh + 1 < Ho;  // window row oh + 1 is this step's
             bool rok[5];
 #pragma unroll
             for (int r = 0; r < 5; ++r) rok[r] = 2 * oh - 1 + r >= 0 && 2 * oh - 1 + r < H && (r <= 2 || second);
+            const T* xs = xp + (long long)(2 * oh) * W;  // x row 2oh of the tile
 #pragma unroll
             for (int r = 1; r < 5; ++r)
-                load_k3s2_words<T>(q[r], halo[r], xp, 2 * oh - 1 + r, H, W, left, right, r <= 2 || second);
+                load_k3s2_words<T, HINT>(q[r], halo[r], xs + (r - 1) * W, 2 * oh - 1 + r, H, left, right,
+                                         r <= 2 || second);
+            // the last full step also loads the tail step's rows (its fast path uses them;
+            // the exact fallback, rare, loads them again as a step of its own)
+            const bool pre = has_tail && !tail && oh + 2 >= oh_end;
+            if (pre) {
+                load_k3s2_words<T, HINT>(qt[0], halot[0], xs + 4 * W, 2 * oh + 4, H, left, right, true);
+                load_k3s2_words<T, HINT>(qt[1], halot[1], xs + 5 * W, 2 * oh + 5, H, left, right, true);
+            }
+            const T* drow = dyp + oh * Wo;
+            const PackN<unsigned, 2> d0 = load_pack<unsigned, 2>(reinterpret_cast<const unsigned*>(drow));
+            PackN<unsigned, 2> d1;
+            d1.v[0] = d1.v[1] = 0u;
+            if (second) d1 = load_pack<unsigned, 2>(reinterpret_cast<const unsigned*>(drow + Wo));
+            if (pre) {
+                const PackN<unsigned, 2> d2 = load_pack<unsigned, 2>(reinterpret_cast<const unsigned*>(drow + 2 * Wo));
+                dt[0] = d2.v[0];
+                dt[1] = d2.v[1];
+                dt[2] = right ? (unsigned)drow[2 * Wo + 4].bits : 0u;
+            }
+            const unsigned g0 = right ? (unsigned)drow[4].bits : 0u;
+            const unsigned g1 = right && second ? (unsigned)drow[Wo + 4].bits : 0u;
             unsigned P[3][11];
 #pragma unroll
             for (int a = 0; a < 3; ++a) {
@@ -2117,21 +2224,11 @@ pool_k3s2_backward_rolled(const T* __restrict__ x, const T* __restrict__ dy, T* 
             }
             const bool fast = ok == 0xffffffffu;
             unsigned G[5];  // dy of window pairs m: (row oh, row oh + 1), 0 where no window
-            {
-                const PackN<unsigned, 2> d0 =
-                    load_pack<unsigned, 2>(reinterpret_cast<const unsigned*>(dyp + (long long)oh * Wo));
-                PackN<unsigned, 2> d1;
-                d1.v[0] = d1.v[1] = 0u;
-                if (second)
-                    d1 = load_pack<unsigned, 2>(reinterpret_cast<const unsigned*>(dyp + (long long)(oh + 1) * Wo));
-                G[0] = permute_bytes(d0.v[0], d1.v[0], 0x5410u);
-                G[1] = permute_bytes(d0.v[0], d1.v[0], 0x7632u);
-                G[2] = permute_bytes(d0.v[1], d1.v[1], 0x5410u);
-                G[3] = permute_bytes(d0.v[1], d1.v[1], 0x7632u);
-                const unsigned g0 = right ? (unsigned)dyp[(long long)oh * Wo + 4].bits : 0u;
-                const unsigned g1 = right && second ? (unsigned)dyp[(long long)(oh + 1) * Wo + 4].bits : 0u;
-                G[4] = g0 | (g1 << 16);
-            }
+            G[0] = permute_bytes(d0.v[0], d1.v[0], 0x5410u);
+            G[1] = permute_bytes(d0.v[0], d1.v[0], 0x7632u);
+            G[2] = permute_bytes(d0.v[1], d1.v[1], 0x5410u);
+            G[3] = permute_bytes(d0.v[1], d1.v[1], 0x7632u);
+            G[4] = g0 | (g1 << 16);
             float row0[8], row2[8], row4[8];
             unsigned mid[8];  // dx rows 2oh (low halves) and 2oh + 2 (high) by column
 #pragma unroll
@@ -2185,7 +2282,7 @@ pool_k3s2_backward_rolled(const T* __restrict__ x, const T* __restrict__ dy, T* 
                     const int f = 2 * m + c - 1;
                     if (f >= 0 && f < 8) row2[f] += half_of<T, true>(upper[m][c]);
                 }
-            if (oh > oh_start) store_float_row<T>(dxp + (long long)(2 * oh - 1) * W, row0);
+            if (oh > oh_start) store_float_row<T>(dxp + (2 * oh - 1) * W, row0);
             if (tail) break;
             {
                 PackN<unsigned, 4> r1, r3;
@@ -2194,9 +2291,9 @@ pool_k3s2_backward_rolled(const T* __restrict__ x, const T* __restrict__ dy, T* 
                     r1.v[w] = permute_bytes(mid[2 * w], mid[2 * w + 1], 0x5410u);
                     r3.v[w] = permute_bytes(mid[2 * w], mid[2 * w + 1], 0x7632u);
                 }
-                *reinterpret_cast<PackN<unsigned, 4>*>(dxp + (long long)(2 * oh) * W) = r1;
-                if (2 * oh + 1 < H) store_float_row<T>(dxp + (long long)(2 * oh + 1) * W, row2);
-                if (2 * oh + 2 < H) *reinterpret_cast<PackN<unsigned, 4>*>(dxp + (long long)(2 * oh + 2) * W) = r3;
+                *reinterpret_cast<PackN<unsigned, 4>*>(dxp + 2 * oh * W) = r1;
+                if (2 * oh + 1 < H) store_float_row<T>(dxp + (2 * oh + 1) * W, row2);
+                if (2 * oh + 2 < H) *reinterpret_cast<PackN<unsigned, 4>*>(dxp + (2 * oh + 2) * W) = r3;
             }
 #pragma unroll
             for (int f = 0; f < 8; ++f) carry[f] = row4[f];

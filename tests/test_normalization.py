@@ -697,17 +697,21 @@ def test_multi_launch_and_grouped_kernels_get_arguments_of_their_signature(monke
     forward_arrays = (dtype, dtype, acc, acc, pdtype, pdtype, pdtype, pdtype)
     backward_arrays = (dtype, dtype, acc, acc, pdtype, dtype, pdtype, pdtype)
     seen = set()
-    for c, outer, inner in ((8, 3, 40 * 120), (8, 16, 49)):  # two chunks a channel; a grouped 7x7 plane
-        x = _fake_device_array((outer, c, inner), dtype)
-        for training in (True, False):
-            start = len(captured)
-            normalization._build_forward_plan(cp, x, x, pdtype, c, outer, inner, training, training, 0.1, 1e-5,
-                                              False, False, True)
-            _check_arguments(captured[start:], forward_arrays, acc, seen)
-        for recompute in (False, True):
-            start = len(captured)
-            normalization._build_backward_plan(cp, x, x, x, pdtype, c, outer, inner, recompute, 1e-5, False, True)
-            _check_arguments(captured[start:], backward_arrays, acc, seen)
+    monkeypatch.setattr(normalization, "STRIDED_TYPES", _dtypes.CUDA_TYPES)
+    for strided in (True, False):  # a 7x7 plane: the strided grouped kernels, or the grouped ones
+        monkeypatch.setattr(normalization, "STRIDED", strided)
+        for c, outer, inner in ((8, 3, 40 * 120), (8, 16, 49)):  # two chunks a channel; a grouped 7x7 plane
+            x = _fake_device_array((outer, c, inner), dtype)
+            for training in (True, False):
+                start = len(captured)
+                normalization._build_forward_plan(cp, x, x, pdtype, c, outer, inner, training, training, 0.1,
+                                                  1e-5, False, False, True)
+                _check_arguments(captured[start:], forward_arrays, acc, seen)
+            for recompute in (False, True):
+                start = len(captured)
+                normalization._build_backward_plan(cp, x, x, x, pdtype, c, outer, inner, recompute, 1e-5, False,
+                                                   True)
+                _check_arguments(captured[start:], backward_arrays, acc, seen)
     # The cluster training forward (a fake sm_90 device): one launch, planes of 16-byte vectors.
     monkeypatch.setattr(normalization, "CLUSTER", True)
     monkeypatch.setattr(normalization, "CLUSTER_MIN_PLANE_BYTES", 16)
@@ -740,6 +744,7 @@ def test_multi_launch_and_grouped_kernels_get_arguments_of_their_signature(monke
             assert spec not in kernels
     assert {"batchnorm_statistics", "batchnorm_normalize", "batchnorm_backward_reduce", "batchnorm_backward_data",
             "batchnorm_train_grouped", "batchnorm_backward_grouped", "batchnorm_infer_flat",
+            "batchnorm_train_strided", "batchnorm_backward_strided",
             "batchnorm_train_cluster", "batchnorm_backward_cluster"} <= seen, seen
 
 
@@ -1156,11 +1161,13 @@ def test_barrier_timeout_writes_nan_not_a_wrong_value(gpu):
         assert bool(cp.isnan(a).all()), name
 
 
-@pytest.mark.parametrize("grouped", [True, False])
+@pytest.mark.parametrize("grouped", ["strided", True, False])
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 @pytest.mark.parametrize("x_shape,offset", [((32, 8, 7, 7), 0), ((40, 4, 7, 7), 0), ((32, 8, 7, 7), 1),
                                             ((3, 8, 2, 3), 0), ((5, 16, 1, 5), 0), ((2, 4, 1, 2), 0),
-                                            ((4, 6, 3, 3), 0), ((7, 16, 13), 0), ((1, 8, 3), 0)])
+                                            ((4, 6, 3, 3), 0), ((7, 16, 13), 0), ((1, 8, 3), 0),
+                                            ((41, 4, 7, 7), 0), ((13, 8, 5, 5), 0), ((5, 8, 15, 17), 0),
+                                            ((33, 16, 3, 3), 0)])
 def test_grouped_training_path(xp, rng, monkeypatch, grouped, dtype, x_shape, offset):
     """Training forward and backward (saved statistics) of small channels with an
     inner size not a multiple of the vector width: batchnorm_train_grouped /
@@ -1168,9 +1175,17 @@ def test_grouped_training_path(xp, rng, monkeypatch, grouped, dtype, x_shape, of
     channel boundaries; inner 2 < VEC puts several channels in one vector) against
     the fused / two-pass kernels and the float64 reference, with running
     statistics; C % G != 0 (6 channels), misaligned data and channels too large
-    for a block fall back to the other kernels."""
+    for a block fall back to the other kernels.  "strided": the strided grouped
+    kernels (batchnorm_{train,backward}_strided) for every storage type where they
+    apply (inner > VEC, at most 8 samples' vectors a thread: 41 samples of 7x7 and
+    inner <= VEC fall back; 15x17 = 255 takes one sample a block row, 33 x 3x3 in
+    float / double 4 / 8 a thread with idle threads in the last warp)."""
     from dnnprims import normalization
-    monkeypatch.setattr(normalization, "GROUPED", grouped)
+    if grouped == "strided":
+        monkeypatch.setattr(normalization, "STRIDED_TYPES", _dtypes.CUDA_TYPES)
+    else:
+        monkeypatch.setattr(normalization, "STRIDED", False)
+    monkeypatch.setattr(normalization, "GROUPED", bool(grouped))
     pdtype, x_host, x, gamma, beta, rm, rv = _small_channel_problem(xp, rng, dtype, x_shape, offset)
     f64 = lambda a: _host(a).astype(np.float64)  # noqa: E731
     rm64, rv64 = f64(rm), f64(rv)
@@ -1405,3 +1420,32 @@ def test_none_x_names_the_argument():
         batchnorm(None, gamma, beta)
     with pytest.raises(TypeError, match="x must be a numpy.ndarray or cupy.ndarray, got None"):
         batchnorm_backward(np.ones((2, 3), np.float32), None, gamma)
+
+
+def test_strided_grouped_plan(monkeypatch):
+    """CPU: which calls take batchnorm_{train,backward}_strided, and their (G, SV,
+    M, threads): ResNet-50's 32x2048x7x7 in float is 4 channels a block, 49 vectors
+    a sample, 5 samples at a time (245 threads -> 256, 7 vectors a thread); inner a multiple of VEC or <= VEC, more than
+    8 vectors a thread, C % G, misaligned data and the switches off take None;
+    double only when listed in STRIDED_TYPES (float and the 16-bit types are)."""
+    from dnnprims import normalization
+    assert normalization._strided("float", 2048, 32, 49, True) == (4, 49, 5, 256)
+    assert normalization._strided("double", 2048, 32, 49, True) is None  # not in STRIDED_TYPES
+    assert normalization._strided("half_t", 2048, 32, 49, True) == (8, 49, 5, 256)
+    assert normalization._strided("bfloat16_t", 2048, 32, 49, True) == (8, 49, 5, 256)
+    assert normalization._strided("float", 8, 5, 255, True) == (4, 255, 1, 256)
+    assert normalization._strided("float", 16, 33, 9, True) == (4, 9, 28, 256)
+    assert normalization._strided("float", 16, 40, 49, True) == (4, 49, 5, 256)  # 8 a thread
+    for args in (("float", 16, 41, 49, True), ("float", 2048, 32, 48, True), ("float", 16, 32, 3, True),
+                 ("float", 6, 32, 49, True), ("float", 16, 32, 49, False), ("float", 16, 2, 257, True)):
+        assert normalization._strided(*args) is None, args
+    monkeypatch.setattr(normalization, "STRIDED_TYPES", _dtypes.CUDA_TYPES)
+    assert normalization._strided("half_t", 2048, 32, 49, True) == (8, 49, 5, 256)
+    assert normalization._strided("bfloat16_t", 16, 13, 25, True) == (8, 25, 10, 256)
+    assert normalization._strided("double", 2048, 32, 49, True) == (2, 49, 5, 256)
+    assert normalization._strided("half_t", 16, 13, 6, True) is None  # inner <= VEC
+    monkeypatch.setattr(normalization, "STRIDED", False)
+    assert normalization._strided("float", 2048, 32, 49, True) is None
+    monkeypatch.setattr(normalization, "STRIDED", True)
+    monkeypatch.setattr(normalization, "GROUPED", False)
+    assert normalization._strided("float", 2048, 32, 49, True) is None

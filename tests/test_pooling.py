@@ -640,31 +640,45 @@ def test_k3s2_backward_blocks_variants(gpu, rng, monkeypatch, blocks, layout, dt
             _check_integer_data_exactly(gpu, rng, data, dict(stride=2, padding=1, layout=layout))
 
 
+# (steps, blocks, hint, waves) of pool_k3s2_backward_rolled: every compiled choice; the
+# hint only where it is compiled; waves 1e-9: a grid of one block strides over all items
+_ROLLED_VARIANTS = [(s, b, False, None) for s in (1, 2, 4) for b in (2, 3)] + [
+    (s, 2, True, None) for s in (1, 2, 4)] + [(1, 2, False, 1e-9), (2, 2, False, 1e-9), (2, 2, False, 1)]
+
+
 @pytest.mark.parametrize("dtype", [p for p in FLOAT_DTYPES if np.dtype(p.values[0]).itemsize == 2])
-@pytest.mark.parametrize("steps", [2, 4])
-@pytest.mark.parametrize("blocks", [1, 2, 3])
-def test_k3s2_backward_rolled_variants(gpu, rng, monkeypatch, blocks, steps, dtype):
+@pytest.mark.parametrize("steps, blocks, hint, waves", _ROLLED_VARIANTS)
+def test_k3s2_backward_rolled_variants(gpu, rng, monkeypatch, steps, blocks, hint, waves, dtype):
     """pool_k3s2_backward_rolled (NCHW 16-bit max 3x3 / 2 / 1 backward rolling
-    down the plane), every steps / blocks choice: odd and even heights, 1 and 2
-    rows, several segments (segment seams), random data against the reference,
-    integer data (ties, NaN, +-inf, -0.0) exactly, and dx bitwise equal to
-    pool_k3s2_backward's."""
+    down the plane), every steps / blocks / hint choice and a one-block grid:
+    odd and even heights, 1 and 2 rows, several segments (segment seams), random
+    data against the reference, integer data (ties, NaN, +-inf, -0.0) exactly,
+    and dx bitwise equal to pool_k3s2_backward's (also on the tail step's fast
+    path, k3s2_tail_row_pairs, and its exact fallback)."""
     from dnnprims import pooling
     assert steps in pooling._ROLLED_STEPS_CHOICES and blocks in pooling._ROLLED_BLOCKS_CHOICES
+    assert not hint or blocks == pooling._ROLLED_HINT_BLOCKS
     monkeypatch.setattr(pooling, "_ROLLED_STEPS", steps)
     monkeypatch.setattr(pooling, "_ROLLED_BLOCKS", blocks)
+    monkeypatch.setattr(pooling, "_ROLLED_HINT", hint)
+    monkeypatch.setattr(pooling, "_ROLLED_WAVES", waves)
     opts = dict(mode="max", stride=2, padding=1)
-    for hw in K3S2_SIZES + [(30, 24), (57, 16), (60, 8)]:
+    for hw in K3S2_SIZES + [(30, 24), (57, 16), (60, 8), (57, 64)]:  # (57, 64): > 256 items
         shape = (2, 3, *hw)
         monkeypatch.setattr(pooling, "ROLLED_BACKWARD", True)
         _fresh_plans(monkeypatch)
         bwd = _k3s2_expressions(shape, dtype, "max")[1]
-        assert bwd.startswith("pool_k3s2_backward_rolled<") and bwd.endswith(f", {steps}, {blocks}>")
+        assert bwd.startswith("pool_k3s2_backward_rolled<")
+        assert bwd.endswith(f", {steps}, {blocks}, {'true' if hint else 'false'}>")
         x = random_array(rng, shape, dtype)
         y_shape = pool(x.astype(np.float64), 3, **opts).shape
         dy = random_array(rng, y_shape, dtype)
         _check_against_reference(gpu, x, dy, 3, opts, "NCHW")
         data = _nchw_integer_data(rng, dtype, hw)
+        _check_integer_data_exactly(gpu, rng, data, dict(stride=2, padding=1))
+        # NaN in the tail steps' windows (x rows 2 oh_end - 1 .. 2 oh_end + 1 for every
+        # segment length: rows 1 and 3 mod 4) and a NaN column: their exact fallback
+        data[0, 0, 1::4, :] = data[0, 3, 3::4, 1::3] = data[1, 1, :, hw[1] // 2] = np.nan
         _check_integer_data_exactly(gpu, rng, data, dict(stride=2, padding=1))
         got = _host(pool_backward(gpu.asarray(dy), gpu.asarray(x), None, 3, **opts))
         monkeypatch.setattr(pooling, "ROLLED_BACKWARD", False)
