@@ -60,7 +60,11 @@ for shape in ((32, 2048, 7, 7), (32, 1024, 14, 14), (32, 256, 14, 14), (8, 512, 
         tg, tb = torch.from_dlpack(g).requires_grad_(True), torch.from_dlpack(b).requires_grad_(True)
         trm, trv = torch.from_dlpack(rm.copy()), torch.from_dlpack(rv.copy())
         F = torch.nn.functional
-        ty = F.batch_norm(tx, trm, trv, tg, tb, training=True)
+        try:
+            ty = F.batch_norm(tx, trm, trv, tg, tb, training=True)
+        except RuntimeError as e:   # a dtype mix torch refuses: no torch column
+            print(f"torch: {e}".splitlines()[0])
+            ty = None
         tdy = as_torch(dy)
         theirs = {"train": lambda: F.batch_norm(tx.detach(), trm, trv, tg.detach(), tb.detach(), training=True),
                   "backward": lambda: torch.autograd.grad(ty, (tx, tg, tb), tdy, retain_graph=True)}
@@ -76,7 +80,7 @@ for shape in ((32, 2048, 7, 7), (32, 1024, 14, 14), (32, 256, 14, 14), (8, 512, 
                     rows[label] = (eager_ms(fn), graph_ms(fn))
                 finally:
                     normalization.STRIDED_TYPES = saved
-            t_torch = eager_ms(theirs[op])
+            t_torch = eager_ms(theirs[op]) if ty is not None else float("nan")
             diff = float(np.abs(outs["before"] - outs["after"]).max())
             name = np.dtype(dtype).name
             print(f"{str(shape):18s} {name:9s} {op:9s} {rows['before'][0]:8.4f}/{rows['before'][1]:.4f} "
