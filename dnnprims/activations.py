@@ -36,7 +36,7 @@ _KERNEL_MODE = {"relu": 0, "sigmoid": 1, "tanh": 2, "elu": 3, "gelu": 4, "gelu_t
                 "silu": 6, "leaky_relu": 7, "clipped_relu": 8}
 
 _BLOCK = 256
-_UNROLL = 4          # UNROLL in activation.cu: packs per thread per grid-stride step
+_UNROLL = 4          # UNROLL in activation.cu: bias_activation_forward's packs per thread per step
 _MAX_BLOCKS = 65536  # grid cap; kernels loop with a grid stride
 _STRIDE_SLACK = 4 * _BLOCK * _UNROLL * _MAX_BLOCKS  # index + one stride, in elements (VEC <= 8)
 _PLANE_CHUNK = 8192  # elements per block in the NCHW bias backward (a multiple of every VEC)
@@ -102,9 +102,16 @@ def _kernel_args(mode, approximate, alpha, n, dtype):
     return template, (np.int32 if index_t == "int" else np.int64), atype(alpha if alpha is not None else 0.0)
 
 
-def _grid(n, packs, vec):
-    """Blocks for the pack loop and the scalar tail, capped (the kernels grid-stride)."""
-    blocks = max(_kernels.ceil_div(packs, _BLOCK * _UNROLL), _kernels.ceil_div(n - packs * vec, _BLOCK))
+def _unroll(direction, dtype):
+    """Packs per thread per step of activation_<direction> (activation_unroll in
+    activation.cu: 4 for 16-bit forward, else 1 -- the session 9 H100 sweep)."""
+    return 4 if direction == "forward" and np.dtype(dtype).itemsize == 2 else 1
+
+
+def _grid(n, packs, vec, unroll=_UNROLL):
+    """Blocks for the pack loop (``unroll`` packs a thread) and the scalar tail,
+    capped (the kernels grid-stride)."""
+    blocks = max(_kernels.ceil_div(packs, _BLOCK * unroll), _kernels.ceil_div(n - packs * vec, _BLOCK))
     return min(max(blocks, 1), _MAX_BLOCKS)
 
 
@@ -117,7 +124,7 @@ def _cached_plan(direction, mode, approximate, alpha, n, dtype, aligned):
     if plan is None:
         template, itype, a = _kernel_args(mode, approximate, alpha, n, dtype)
         packs = n // (16 // np.dtype(dtype).itemsize) if aligned else 0
-        grid = _grid(n, packs, 16 // np.dtype(dtype).itemsize)
+        grid = _grid(n, packs, 16 // np.dtype(dtype).itemsize, _unroll(direction, dtype))
         if len(_PLANS) >= 4096:
             _PLANS.clear()
         plan = _PLANS[key] = (f"activation_{direction}{template}", (grid,), (itype(n), itype(packs), a))

@@ -1,9 +1,10 @@
 // Pointwise activations, forward and backward.
 //
 // Elementwise kernels move 16-byte packs (pack_width<T> values, packs.cuh):
-// thread t of a block handles packs t, t + blockDim, ... UNROLL of them per
-// grid-stride step, all loads issued before any math, so each thread keeps
-// UNROLL (backward: 2 x UNROLL) 16-byte loads in flight.  Python passes the
+// thread t of a block handles packs t, t + blockDim, ... U of them per
+// grid-stride step (activation_unroll; UNROLL for bias_activation_forward), all
+// loads issued before any math, so each thread keeps U (backward: 2 x U) 16-byte
+// loads in flight.  Python passes the
 // number of packs (0 when a pointer is not 16-byte aligned); the elements
 // past the last pack take a scalar grid-stride loop.  The mode is a template
 // parameter, so each specialisation is a branch-free elementwise kernel.
@@ -27,21 +28,32 @@
 #include "activation_math.cuh"
 #include "packs.cuh"
 
-#define UNROLL 4
+#define UNROLL 4  // bias_activation_forward's packs per thread per step
+
+// Packs per thread per grid-stride step of activation_forward / _backward.  An H100
+// sweep (session 9, notes/actsweep_gpu.py: UNROLL 1/2/4/8 x blocks of 128/256/512 x
+// streaming cache hints, 64x256x56x56) found one pack a thread in a one-shot grid
+// fastest or tied for float forward and every backward (float relu backward 0.2055 ->
+// 0.2040 ms, half gelu backward 0.1060 -> 0.1040), and four faster for 16-bit forward
+// (half gelu forward: 0.0749 at 4, 0.0763 at 1).  Python's _unroll mirrors this.
+template <typename T, bool FORWARD> struct activation_unroll {
+    static constexpr int value = (FORWARD && sizeof(T) == 2) ? 4 : 1;
+};
 
 template <typename T, typename index_t, int MODE>
 __global__ void activation_forward(const T* __restrict__ x, T* __restrict__ y, index_t n, index_t packs,
                                    acc_t<T> alpha) {
     constexpr int VEC = pack_width<T>::value;
+    constexpr int U = activation_unroll<T, true>::value;
     const index_t step = (index_t)blockDim.x;
-    const index_t stride = (index_t)gridDim.x * step * UNROLL;
-    for (index_t base = (index_t)blockIdx.x * step * UNROLL + (index_t)threadIdx.x; base < packs; base += stride) {
-        Pack<T, VEC> in[UNROLL];
+    const index_t stride = (index_t)gridDim.x * step * U;
+    for (index_t base = (index_t)blockIdx.x * step * U + (index_t)threadIdx.x; base < packs; base += stride) {
+        Pack<T, VEC> in[U];
 #pragma unroll
-        for (int u = 0; u < UNROLL; ++u)
+        for (int u = 0; u < U; ++u)
             if (base + u * step < packs) in[u] = load_pack<T, VEC>(x + (base + u * step) * VEC);
 #pragma unroll
-        for (int u = 0; u < UNROLL; ++u) {
+        for (int u = 0; u < U; ++u) {
             if (base + u * step < packs) {
                 Pack<T, VEC> out;
 #pragma unroll
@@ -59,19 +71,20 @@ template <typename T, typename index_t, int MODE>
 __global__ void activation_backward(const T* __restrict__ dy, const T* __restrict__ x, T* __restrict__ dx,
                                     index_t n, index_t packs, acc_t<T> alpha) {
     constexpr int VEC = pack_width<T>::value;
+    constexpr int U = activation_unroll<T, false>::value;
     const index_t step = (index_t)blockDim.x;
-    const index_t stride = (index_t)gridDim.x * step * UNROLL;
-    for (index_t base = (index_t)blockIdx.x * step * UNROLL + (index_t)threadIdx.x; base < packs; base += stride) {
-        Pack<T, VEC> g[UNROLL], in[UNROLL];
+    const index_t stride = (index_t)gridDim.x * step * U;
+    for (index_t base = (index_t)blockIdx.x * step * U + (index_t)threadIdx.x; base < packs; base += stride) {
+        Pack<T, VEC> g[U], in[U];
 #pragma unroll
-        for (int u = 0; u < UNROLL; ++u) {
+        for (int u = 0; u < U; ++u) {
             if (base + u * step < packs) {
                 g[u] = load_pack<T, VEC>(dy + (base + u * step) * VEC);
                 in[u] = load_pack<T, VEC>(x + (base + u * step) * VEC);
             }
         }
 #pragma unroll
-        for (int u = 0; u < UNROLL; ++u) {
+        for (int u = 0; u < U; ++u) {
             if (base + u * step < packs) {
                 Pack<T, VEC> out;
 #pragma unroll

@@ -539,3 +539,23 @@ def test_a_zero_alpha_runs_as_zero_whatever_its_sign(mode):
     w = np.ones((1, 1, 1, 1))
     assert conv2d_forward(xc, w, activation=mode, alpha=-0.0).tobytes() == \
         conv2d_forward(xc, w, activation=mode, alpha=0.0).tobytes()
+
+
+def test_elementwise_grid_matches_the_kernels_packs_per_thread():
+    """CPU: activation_unroll in activation.cu (4 packs a thread for 16-bit forward, 1
+    otherwise: the session 9 sweep) and the Python grid agree, so the one-shot grid
+    covers every pack in one step; the grid is capped and the kernels grid-stride."""
+    from dnnprims import activations, _dtypes
+    source = activations.FAMILY.source
+    assert "(FORWARD && sizeof(T) == 2) ? 4 : 1" in source
+    n = 64 * 256 * 56 * 56
+    for dtype in (np.float16, _dtypes.BFLOAT16, np.float32, np.float64):
+        if dtype is None:
+            continue
+        vec = 16 // np.dtype(dtype).itemsize
+        for direction in ("forward", "backward"):
+            expr, grid, scalars = activations._cached_plan(direction, "relu", "none", None, n, dtype, True)
+            unroll = 4 if direction == "forward" and np.dtype(dtype).itemsize == 2 else 1
+            assert activations._unroll(direction, dtype) == unroll
+            assert grid == (min(-(-(n // vec) // (activations._BLOCK * unroll)), activations._MAX_BLOCKS),)
+            assert int(scalars[1]) == n // vec
