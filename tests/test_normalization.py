@@ -194,7 +194,8 @@ def test_matches_reference_hypothesis(xp, problem):
     gamma, beta = _params(rng, x.shape, layout, np.float32)
     if not problem["affine"]:
         gamma = beta = None
-    c = x.shape[_channel_axis(x, layout)]
+    c_axis = _channel_axis(x, layout)
+    c = x.shape[c_axis]
     rm, rv = np.zeros(c, np.float32), np.ones(c, np.float32)
     rm_x, rv_x = xp.array(rm), xp.array(rv)
     on = lambda a: None if a is None else xp.array(a)  # noqa: E731  (a copy)
@@ -203,7 +204,13 @@ def test_matches_reference_hypothesis(xp, problem):
     y = batchnorm(on(x), on(gamma), on(beta), rm_x, rv_x, **opts)
     rm64, rv64 = f64(rm), f64(rv)
     assert_close(y, batchnorm(f64(x), f64(gamma), f64(beta), rm64, rv64, **opts), np.float32)
-    assert_close(rm_x, rm64, np.float32, what="running_mean")
+    # A channel's mean cancels (x uniform in [-1, 1)): its rounding error is proportional to
+    # mean(|x|), not to the mean -- the H100 run drew a 1x1x7x13 x whose mean is 1.4e-4 of
+    # mean(|x|), where float32 is off by 4.6e-5 of the mean and 6e-9 of mean(|x|).
+    axes = tuple(a for a in range(x.ndim) if a != c_axis)
+    magnitude = problem["momentum"] * np.abs(x.astype(np.float64)).mean(axis=axes) \
+        + (1 - problem["momentum"]) * np.abs(rm.astype(np.float64))
+    assert_close(rm_x, rm64, np.float32, what="running_mean", magnitude=magnitude)
     assert_close(rv_x, rv64, np.float32, what="running_var")
     dy = random_array(rng, x.shape, np.float32)
     dx, dgamma, dbeta = batchnorm_backward(on(dy), on(x), on(gamma), eps=problem["eps"], layout=layout)
