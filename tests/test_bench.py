@@ -158,3 +158,20 @@ def test_geometric_mean_skips_missing_and_summary_flags_errors():
                "GBps": 1.0, "error": "check: E"}]
     text = summary({"rows": conv + memory, "device": "cpu"})
     assert "ERROR" in text and "2 rows recorded an error" in text
+
+
+def test_graph_timing_replays_the_captured_calls(gpu):
+    """GPU: measure_graph captures `calls` calls (rotating among the input sets) into one
+    CUDA graph and times its replays; every replay does the captured work."""
+    from dnnprims.bench import timing
+    counts = [gpu.zeros(4, gpu.float32), gpu.zeros(4, gpu.float32)]
+
+    def bump(a):
+        a += 1
+
+    t = timing.measure_graph(bump, [(counts[0],), (counts[1],)], xp=gpu, calls=4, warmup=2, repeat=5)
+    gpu.cuda.Device().synchronize()
+    assert t.median_ms > 0 and t.min_ms > 0 and t.repeats == 5
+    # 2 direct warm-up calls (sets 0, 1), then 2 + 5 replays of 4 captured calls (sets 0, 1, 0, 1)
+    assert counts[0].get().tolist() == [1 + 7 * 2] * 4
+    assert counts[1].get().tolist() == [1 + 7 * 2] * 4

@@ -104,7 +104,13 @@ class Backend:
         repeat = int(max(3, min(repeat, 300 / max(once_ms, 1e-3))))
         return timing.measure(fn, inputs, xp=self.xp, warmup=2, repeat=repeat).median_ms
 
-    def copy_ms(self, floor_bytes, repeat=20):
+    def device_ms(self, fn, inputs=None, torch_side=False):
+        """Device time of one call (:func:`timing.measure_graph`; GPU only)."""
+        if torch_side:
+            return timing.measure_torch_graph(self.torch, fn, inputs, xp=self.xp).median_ms
+        return timing.measure_graph(fn, inputs, xp=self.xp).median_ms
+
+    def copy_ms(self, floor_bytes, repeat=20, device=False):
         """Time of one plain device-to-device copy moving ``floor_bytes`` (half read, half
         written: cudaMemcpyAsync on the current stream), timed like every row.
 
@@ -113,16 +119,17 @@ class Backend:
         microseconds while the bytes take a fraction of one), so each memory row also says
         what a copy of its own size reaches.  Cached per size."""
         each = max(int(floor_bytes) // 2, 1)
-        if each not in self._copy_cache:
+        key = (each, device)
+        if key not in self._copy_cache:
             src, dst = self.xp.empty(each, self.xp.uint8), self.xp.empty(each, self.xp.uint8)
             src[...] = 1
             if self.gpu:
                 copy = lambda: dst.data.copy_from_device_async(src.data, each)  # noqa: E731
             else:
                 copy = lambda: np.copyto(dst, src)  # noqa: E731
-            self._copy_cache[each] = self.measure(copy, None, repeat)
+            self._copy_cache[key] = self.device_ms(copy) if device else self.measure(copy, None, repeat)
             del src, dst
-        return self._copy_cache[each]
+        return self._copy_cache[key]
 
     def free(self):
         if self.gpu:
@@ -303,6 +310,18 @@ def _memory_row(be, op, name, shape, floor, once, ours, theirs, check, repeat, i
             row["copy_same_size_GBps"] = timing.gbps(floor, row["copy_same_size_ms"])
         except Exception as e:
             row["copy_error"] = _error_text(e)
+    if "ms" in row and be.gpu and floor <= timing.L2_BYTES:
+        # A tensor that fits in L2 takes a few microseconds of device time; the per-call
+        # timing above is then mostly host time and launch latency (ours, PyTorch's and the
+        # copy's alike).  Device time of one call, 20 calls in a CUDA graph, says what the
+        # kernels do (a failure here is recorded, not an error of the row).
+        try:
+            row["device_ms"] = be.device_ms(ours, inputs)
+            row["copy_same_size_device_ms"] = be.copy_ms(floor, device=True)
+            if be.torch is not None and theirs is not None:
+                row["torch_device_ms"] = be.device_ms(theirs, torch_inputs, torch_side=True)
+        except Exception as e:
+            row["device_error"] = _error_text(e)
     if "ms" in row and check is not None:
         try:
             row["rel_error"] = check()
@@ -849,6 +868,13 @@ def _of_same_size_copy(r):
     return r["copy_same_size_ms"] / r["ms"] if r.get("copy_same_size_ms") and r.get("ms") else None
 
 
+def _device_columns(r):
+    """(PyTorch / ours, of same-size copy) in device time (rows that fit in L2), or "-"."""
+    ours, torch_ms, copy_ms = r.get("device_ms"), r.get("torch_device_ms"), r.get("copy_same_size_device_ms")
+    return (_fmt(torch_ms / ours if ours and torch_ms else None, 2),
+            _fmt(copy_ms / ours if ours and copy_ms else None, 2))
+
+
 def _error_of(r):
     return (r.get("error") or r.get("torch_error") or "")[:60]
 
@@ -870,13 +896,16 @@ def tables(result):
     if memory:
         rows = [(r["op"], r["name"], _fmt(r.get("ms")), _fmt(r.get("torch_ms")), _fmt(r.get("ratio"), 2),
                  _fmt(r.get("GBps"), 4), _fmt(r["GBps"] / copy if copy and r.get("GBps") else None, 2),
-                 _fmt(_of_same_size_copy(r), 2), _fmt(r.get("rel_error"), 2), _error_of(r)) for r in memory]
+                 _fmt(_of_same_size_copy(r), 2), _fmt(r.get("device_ms")), *_device_columns(r),
+                 _fmt(r.get("rel_error"), 2), _error_of(r)) for r in memory]
         lines += ["memory-bound, fp32 NCHW unless the problem or op says fp16/bf16/_f16 or NHWC/_nhwc "
                   "(GB/s over the floor bytes; ratio = PyTorch time / ours)",
                   "(of copy: over the 1 GiB copy ceiling; of same-size copy: over a plain copy of the "
-                  "row's floor bytes, timed the same way)",
+                  "row's floor bytes, timed the same way; device: rows that fit in L2, one call's device "
+                  "time from 20 calls in a CUDA graph -- ms, PyTorch / ours, of a same-size copy)",
                   _table(("op", "problem", "ours ms", "torch ms", "ratio", "GB/s", "of copy",
-                          "of same-size copy", "rel.err", "error"), rows), ""]
+                          "of same-size copy", "device ms", "device ratio", "device of copy", "rel.err",
+                          "error"), rows), ""]
     rnn = [r for r in result["rows"] if r["kind"] == "rnn"]
     if rnn:
         rows = [(r["op"], r["name"], _fmt(r.get("ms")), _fmt(r.get("torch_ms")), _fmt(r.get("ratio"), 2),
@@ -898,9 +927,10 @@ def summary(result):
     if memory:
         rows = [(r["op"], r["name"], _fmt(r.get("ratio"), 2),
                  _fmt(r["GBps"] / copy if copy and r.get("GBps") else None, 2),
-                 _fmt(_of_same_size_copy(r), 2), "ERROR" if "error" in r else "") for r in memory]
-        lines.append(_table(("memory-bound op", "problem", "torch/ours", "of copy", "of same-size copy", ""),
-                            rows))
+                 _fmt(_of_same_size_copy(r), 2), *_device_columns(r), "ERROR" if "error" in r else "")
+                for r in memory]
+        lines.append(_table(("memory-bound op", "problem", "torch/ours", "of copy", "of same-size copy",
+                             "device torch/ours", "device of same-size copy", ""), rows))
     rnn = [r for r in result["rows"] if r["kind"] == "rnn"]
     if rnn:
         lines.append(_table(("cell", "problem", "torch/ours", ""),
