@@ -2,6 +2,8 @@
 each family records rows, and no row or family set-up records an error."""
 import json
 
+import numpy as np
+
 from dnnprims.bench.__main__ import main
 
 TINY = {
@@ -160,18 +162,24 @@ def test_geometric_mean_skips_missing_and_summary_flags_errors():
     assert "ERROR" in text and "2 rows recorded an error" in text
 
 
-def test_graph_timing_replays_the_captured_calls(gpu):
-    """GPU: measure_graph captures `calls` calls (rotating among the input sets) into one
-    CUDA graph and times its replays; every replay does the captured work."""
+def test_queued_timing_runs_every_call_behind_the_hold(gpu):
+    """GPU: measure_queued holds the stream with the busy-wait kernel, queues `calls`
+    calls (rotating among the input sets) behind it and times them; every call runs,
+    and a burst issued within the hold is reported covered."""
     from dnnprims.bench import timing
+    from dnnprims.bench.overhead import SPIN
     counts = [gpu.zeros(4, gpu.float32), gpu.zeros(4, gpu.float32)]
 
     def bump(a):
         a += 1
 
-    t = timing.measure_graph(bump, [(counts[0],), (counts[1],)], xp=gpu, calls=4, warmup=2, repeat=5)
+    def hold(ns):
+        SPIN.launch("spin_wait_ns", (1,), (1,), (np.int64(ns),))
+
+    t, covered = timing.measure_queued(bump, [(counts[0],), (counts[1],)], xp=gpu, hold=hold, calls=4,
+                                       warmup=2, repeat=5, hold_s=0.2)
     gpu.cuda.Device().synchronize()
-    assert t.median_ms > 0 and t.min_ms > 0 and t.repeats == 5
-    # 2 direct warm-up calls (sets 0, 1), then 2 + 5 replays of 4 captured calls (sets 0, 1, 0, 1)
-    assert counts[0].get().tolist() == [1 + 7 * 2] * 4
-    assert counts[1].get().tolist() == [1 + 7 * 2] * 4
+    assert t.median_ms > 0 and t.min_ms > 0 and t.repeats == 5 and covered
+    # 2 warm-up calls (sets 0, 1), then 5 bursts of 4 calls (sets 0, 1, 0, 1)
+    assert counts[0].get().tolist() == [1 + 5 * 2] * 4
+    assert counts[1].get().tolist() == [1 + 5 * 2] * 4

@@ -61,50 +61,34 @@ def measure(fn, inputs=None, *, xp=None, warmup=3, repeat=20):
     return Timing(statistics.median(samples), min(samples), repeat)
 
 
-def measure_graph(fn, inputs=None, *, xp, calls=20, warmup=2, repeat=20):
-    """Device time of one call of ``fn``: ``calls`` calls (rotating among the input
-    sets) captured into one CUDA graph on a side stream of CuPy's, the graph's
-    replays timed with :func:`measure`, divided by ``calls``.
-
-    What a call costs the GPU once host time and launch latency are out of the way
-    (a user who captures a training step into a graph): for tensors of a few MB the
-    per-call timing of :func:`measure` is mostly those.  Warm-up calls run on the
-    side stream first (plans, outputs and workspaces kept per stream)."""
+def measure_queued(fn, inputs=None, *, xp, hold, calls=20, warmup=2, repeat=10, hold_s=5e-3):
+    """Device time of one call of ``fn``, host time and launch latency taken out:
+    ``hold(ns)`` launches a busy-wait kernel that holds the current stream for
+    ``hold_s``, ``calls`` calls (rotating among the input sets) queue behind it,
+    and CUDA events from the hold's end to the last call's end time them back to
+    back.  Works for any callable that does not synchronise (ours, PyTorch's,
+    a copy), with no graph capture.  Returns (Timing per call, covered): covered
+    is False when a burst took the host longer than the hold (a hidden
+    synchronisation, or calls slower to issue than ``hold_s``), so the GPU may
+    have idled between calls and the figure is an upper bound."""
     sets = [()] if inputs is None else [tuple(s) for s in inputs]
-    stream = xp.cuda.Stream(non_blocking=True)
-    with stream:
-        for i in range(max(warmup, 1)):
-            fn(*sets[i % len(sets)])
-        stream.synchronize()
-        stream.begin_capture()
-        try:
-            for i in range(calls):
-                fn(*sets[i % len(sets)])
-        finally:
-            graph = stream.end_capture()
-        graph.upload(stream)
-        t = measure(lambda: graph.launch(stream), xp=xp, warmup=warmup, repeat=repeat)
-    return Timing(t.median_ms / calls, t.min_ms / calls, t.repeats)
-
-
-def measure_torch_graph(torch, fn, inputs=None, *, xp, calls=20, warmup=2, repeat=20):
-    """:func:`measure_graph` for a PyTorch callable: captured with ``torch.cuda.graph``
-    (PyTorch's side stream and memory pool), replays timed on the current stream."""
-    sets = [()] if inputs is None else [tuple(s) for s in inputs]
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for i in range(max(warmup, 1)):
-            fn(*sets[i % len(sets)])
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    stream = xp.cuda.get_current_stream()
+    for i in range(warmup):
+        fn(*sets[i % len(sets)])
+    stream.synchronize()
+    start, end = xp.cuda.Event(), xp.cuda.Event()
+    samples, covered = [], True
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        hold(int(hold_s * 1e9))
+        start.record(stream)
         for i in range(calls):
             fn(*sets[i % len(sets)])
-    torch.cuda.synchronize()
-    t = measure(graph.replay, xp=xp, warmup=warmup, repeat=repeat)
-    return Timing(t.median_ms / calls, t.min_ms / calls, t.repeats)
+        end.record(stream)
+        covered &= time.perf_counter() - t0 < hold_s
+        end.synchronize()
+        samples.append(xp.cuda.get_elapsed_time(start, end) / calls)
+    return Timing(statistics.median(samples), min(samples), repeat), covered
 
 
 def rotation_count(nbytes, limit=L2_BYTES, most=4):
