@@ -446,6 +446,17 @@ def _strided(t, channels, outer, inner, aligned):
     return group, sv, m, 32 * ceil_div(sv * m, 32)
 
 
+def _prepare_strided(direction, t, pt, x, channels, inner, strided, arguments):
+    """The prepared launch of batchnorm_<direction>_strided for a plan of :func:`_strided`;
+    ``arguments(it)`` gives the kernel's leading arguments (``it``: the index type's
+    scalar); SV (vectors of a group's sample) and M (samples a pass) follow."""
+    group, sv, m, threads = strided
+    index_t = index_type(x.size + _BLOCK * channels * inner)
+    it = np.int32 if index_t == "int" else np.int64
+    return FAMILY.prepare(f"batchnorm_{direction}_strided<{t}, {pt}, {index_t}, {_VECTOR[t]}, {group}>",
+                          (channels // group,), (threads,), (*arguments(it), np.int32(sv), np.int32(m)))
+
+
 _RESIDENT = {}  # (device, expression) -> blocks of that kernel resident at once
 _WORKSPACES = {}  # (device, stream) -> _Workspace, the oldest dropped beyond MAX_WORKSPACES
 # Streams whose workspace is kept (a program that makes a stream per step would
@@ -822,14 +833,10 @@ def _build_forward_plan(cp, x, y, pdtype, channels, outer, inner, training, upda
             lambda it: (X, Y, MEAN, INVSTD, rm, rv, gamma, beta, it(outer), it(channels), it(inner), real(eps),
                         real(momentum), real(n / (n - 1)), np.int32(update))))
     elif strided:
-        group, sv, m, threads = strided
-        index_t = index_type(x.size + _BLOCK * channels * inner)
-        it = np.int32 if index_t == "int" else np.int64
-        launches.append(FAMILY.prepare(
-            f"batchnorm_train_strided<{t}, {pt}, {index_t}, {_VECTOR[t]}, {group}>", (channels // group,),
-            (threads,), (X, Y, MEAN, INVSTD, rm, rv, gamma, beta, it(outer), it(channels), it(inner),
-                         real(eps), real(momentum), real(n / (n - 1)), np.int32(update), np.int32(sv),
-                         np.int32(m))))
+        launches.append(_prepare_strided(
+            "train", t, pt, x, channels, inner, strided,
+            lambda it: (X, Y, MEAN, INVSTD, rm, rv, gamma, beta, it(outer), it(channels), it(inner), real(eps),
+                        real(momentum), real(n / (n - 1)), np.int32(update))))
     elif group:
         index_t = index_type(x.size + _BLOCK * _GROUP_VALUES[t])
         it = np.int32 if index_t == "int" else np.int64
@@ -950,13 +957,9 @@ def _build_backward_plan(cp, x, dy, dx, pdtype, channels, outer, inner, recomput
         return _Plan(launches, aligned)
     strided = None if recompute else _strided(t, channels, outer, inner, aligned)
     if strided:
-        group, sv, m, threads = strided
-        index_t = index_type(x.size + _BLOCK * channels * inner)
-        it = np.int32 if index_t == "int" else np.int64
-        launches.append(FAMILY.prepare(
-            f"batchnorm_backward_strided<{t}, {pt}, {index_t}, {_VECTOR[t]}, {group}>", (channels // group,),
-            (threads,), (X, DY, A.ARRAY2, A.ARRAY3, gamma, DX, DGAMMA, DBETA, it(outer), it(channels), it(inner),
-                         np.int32(sv), np.int32(m))))
+        launches.append(_prepare_strided(
+            "backward", t, pt, x, channels, inner, strided,
+            lambda it: (X, DY, A.ARRAY2, A.ARRAY3, gamma, DX, DGAMMA, DBETA, it(outer), it(channels), it(inner))))
         return _Plan(launches, aligned)
     group = 0 if recompute else _group(t, channels, outer, inner, aligned)
     if group:
