@@ -242,6 +242,20 @@ def test_auto_ranks_a_dilated_problem_polyphase_passes_by_its_undilated_twin_in_
         assert algos.admits(algos.REGISTRY[name], p, direction, options)[0]
 
 
+def test_the_undilated_twin_ranking_keeps_the_tuners_workspace_bound():
+    # Without a caller's limit the table admits no algorithm needing more workspace than the
+    # tuner measured with (FIND_WORKSPACE_LIMIT); the twin's ranking is judged the same way on the
+    # dilated problem.  Here polyphase does not apply (padding 1 is no multiple of dilation 2).
+    from dnnprims.algos.find import FIND_WORKSPACE_LIMIT
+    for shape in ((1, 256, 28, 28), (64, 512, 56, 56)):
+        p = _problem(shape, (shape[1], shape[1], 3, 3), 1, 2)
+        assert not algos.REGISTRY["polyphase"].supports(p, "forward")[0]
+        for direction in algos.DIRECTIONS:
+            name, reason = algos.explain_auto(p, direction)
+            assert algos.REGISTRY[name].workspace_bytes(p, direction) <= FIND_WORKSPACE_LIMIT, reason
+            assert algos.admits(algos.REGISTRY[name], p, direction)[0]
+
+
 def test_auto_runs_the_sub_problems_pick_itself_where_that_takes_dilated_filters():
     # NHWC float32: the table picks gemm / implicit GEMM for the dilation-1 sub-problem,
     # which run the dilated filter as it is: no layout copies.

@@ -369,15 +369,13 @@ def _undilated_twin_preferences(problem, direction, options):
     implicit_gemm_splitk and cuDNN's 0.060 (notes/dilated_ab.py, session 9)."""
     from . import table
     measured = table.current()
-    ranking = None if measured is None else \
-        measured.ranking(dataclasses.replace(problem, dilation=(1, 1)), direction)
-    if ranking is None:
+    choice = None if measured is None else measured.explain(
+        problem, direction, options, REGISTRY, admits, ranked_as=dataclasses.replace(problem, dilation=(1, 1)))
+    if choice is None:
         return []
-    ranked, how, entry, distance = ranking
-    return [(name, f"dilated: the table's ranking at the undilated twin ({how}, log2 distance "
-                   f"{distance:.2f}; {ms:.3f} ms there), among algorithms that run the dilated filter")
-            for ms, name in ranked
-            if name in REGISTRY and admits(REGISTRY[name], problem, direction, options)[0]]
+    name, reason = choice
+    return [(name, "dilated: the table's ranking at the undilated twin, among algorithms that run the "
+                   "dilated filter -- " + reason)]
 
 
 def auto_preferences(problem, direction, options=DEFAULT_OPTIONS):

@@ -222,9 +222,11 @@ class Table:
         return ([(ms, name) for ms, _, name in predicted] + rest,
                 f"interpolated from the {len(near)} nearest entries", entry, distance)
 
-    def explain(self, problem, direction, options, registry, admits):
-        """(name, reason) from the table, or None where the rule must decide."""
-        ranking = self.ranking(problem, direction)
+    def explain(self, problem, direction, options, registry, admits, ranked_as=None):
+        """(name, reason) from the table, or None where the rule must decide.
+        ``ranked_as``: rank by this problem's entries instead (a dilated problem's
+        undilated twin); admission and workspace are still judged on ``problem``."""
+        ranking = self.ranking(problem if ranked_as is None else ranked_as, direction)
         if ranking is None:
             return None
         ranked, how, entry, distance = ranking
