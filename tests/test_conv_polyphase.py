@@ -256,6 +256,40 @@ def test_the_undilated_twin_ranking_keeps_the_tuners_workspace_bound():
             assert algos.admits(algos.REGISTRY[name], p, direction)[0]
 
 
+# (x shape, w shape, stride, padding = dilation): DeepLab's ASPP branches (3x3 dilation 6 / 12 /
+# 18 on 33x33 or 65x65: "polyphase" refuses the image size), a stride-2 dilated layer (polyphase
+# refuses stride 2) and a large stride-1 one (polyphase's inner pick is direct).
+_TWIN_CASES = [((16, 2048, 65, 65), (256, 2048, 3, 3), 1, 12), ((16, 2048, 33, 33), (256, 2048, 3, 3), 1, 18),
+               ((8, 2048, 33, 33), (256, 2048, 3, 3), 1, 6), ((64, 1024, 112, 112), (512, 1024, 3, 3), 2, 2),
+               ((8, 512, 129, 129), (256, 512, 3, 3), 1, 2)]
+
+
+@pytest.mark.parametrize("x_shape,w_shape,stride,dilation", _TWIN_CASES)
+def test_the_undilated_twin_never_picks_more_work_or_workspace_than_the_twin_measured(x_shape, w_shape, stride,
+                                                                                    dilation):
+    # The twin's times hold only for algorithms whose work the dilation leaves alone: the FFT family
+    # transforms the dilated extent (DeepLab 3x3 dilation 12: fft 23 GB, dft 20 GB of workspace
+    # against 13 / 11 at the twin) and was picked; and without a workspace_limit nothing over the
+    # FIND_WORKSPACE_LIMIT the tuner measured with (gemm took 7 GB of im2col at batch 64, stride 2).
+    from dataclasses import replace
+    from dnnprims.algos import table as table_module
+    p = _problem(x_shape, w_shape, dilation, dilation, stride=stride)
+    twin = replace(p, dilation=(1, 1))
+    for direction in algos.DIRECTIONS:
+        for name, _ in algos._undilated_twin_preferences(p, direction, algos.DEFAULT_OPTIONS):
+            need = algos.REGISTRY[name].workspace_bytes(p, direction)
+            assert need <= algos.REGISTRY[name].workspace_bytes(twin, direction), (direction, name)
+            assert need <= table_module.FIND_WORKSPACE_LIMIT, (direction, name)
+        name, reason = algos.explain_auto(p, direction)
+        assert algos.REGISTRY[name].workspace_bytes(p, direction) <= table_module.FIND_WORKSPACE_LIMIT, reason
+        assert name not in ("fft", "fft_tiled", "dft"), reason
+        # a caller's limit still decides alone (here one that admits everything)
+        options = algos.ConvOptions(workspace_limit=1 << 40)
+        for name, _ in algos._undilated_twin_preferences(p, direction, options):
+            assert algos.REGISTRY[name].workspace_bytes(p, direction) <= \
+                algos.REGISTRY[name].workspace_bytes(twin, direction), (direction, name)
+
+
 def test_auto_runs_the_sub_problems_pick_itself_where_that_takes_dilated_filters():
     # NHWC float32: the table picks gemm / implicit GEMM for the dilation-1 sub-problem,
     # which run the dilated filter as it is: no layout copies.

@@ -362,15 +362,34 @@ def _undilated_twin_preferences(problem, direction, options):
     """Where "polyphase" does not run a dilated problem (or does not pay): the
     measured table's ranking at its undilated twin (the same shapes, P and Q
     included, with dilation 1), keeping the algorithms that run the dilated
-    filter themselves -- an implicit GEMM or im2col gathers other taps for the
-    same work, so the twin's times hold for them.  The table has no dilated
-    entries; without this the rule picked "gemm", which at batch 1 (ResNet-style
-    dilated 3x3, C = K = 256, 28x28) measured 0.10 ms against 0.060 for
-    implicit_gemm_splitk and cuDNN's 0.060 (notes/dilated_ab.py, session 9)."""
+    filter themselves at the twin's cost -- an implicit GEMM or im2col gathers
+    other taps for the same work, so the twin's times hold for them.  The table
+    has no dilated entries; without this the rule picked "gemm", which at batch 1
+    (ResNet-style dilated 3x3, C = K = 256, 28x28) measured 0.10 ms against 0.060
+    for implicit_gemm_splitk and cuDNN's 0.060 (notes/dilated_ab.py, session 9).
+
+    "The same work" is checked by the workspace: an algorithm that needs more at
+    the dilated problem than at the twin is refused (the FFT family transforms the
+    dilated filter's whole extent: DeepLab's 3x3 dilation 12 on 65x65 needs 20-23 GB
+    for "fft" / "fft_tiled" / "dft" against 0.8-13 GB at the twin, whose times say
+    nothing about it; review9).  Table.explain also applies the tuner's workspace
+    bound (FIND_WORKSPACE_LIMIT) where the caller sets no limit."""
     from . import table
     measured = table.current()
-    choice = None if measured is None else measured.explain(
-        problem, direction, options, REGISTRY, admits, ranked_as=dataclasses.replace(problem, dilation=(1, 1)))
+    if measured is None:
+        return []
+    twin = dataclasses.replace(problem, dilation=(1, 1))
+
+    def admits_at_the_twins_work(algorithm, p, direction, options):
+        ok, why = admits(algorithm, p, direction, options)
+        if ok:
+            need, there = (algorithm.under(options).workspace_bytes(q, direction) for q in (p, twin))
+            if need > there:
+                return False, (f"the dilation grows its workspace ({need} bytes, {there} at the twin): "
+                               f"not the work the twin measured")
+        return ok, why
+
+    choice = measured.explain(problem, direction, options, REGISTRY, admits_at_the_twins_work, ranked_as=twin)
     if choice is None:
         return []
     name, reason = choice
