@@ -426,7 +426,9 @@ def entry_problem(entry):
 
 
 def rule_pick(problem, direction, options=algos.DEFAULT_OPTIONS):
-    """The documented rule's pick (no table), or None."""
+    """The documented rule's pick, or None.  The rule reads no table entry of the
+    problem itself; a dilated problem's rule consults the table at its undilated
+    twin (the tuning grids hold no dilated points, so the holdout is unaffected)."""
     for name, _ in algos.auto_preferences(problem, direction):
         algorithm = algos.REGISTRY.get(name)
         try:
