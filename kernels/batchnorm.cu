@@ -511,6 +511,111 @@ batchnorm_infer_flat(const T* __restrict__ x, T* __restrict__ y, acc_t<T>* __res
     }
 }
 
+// Inference, NCHW with planes of at least VEC values (python: PACKED_INFERENCE):
+// the elementwise map y = (x - mean[c]) * scale[c] + shift[c] laid out like
+// activation_forward (kernels/activation.cu), the launch shape that runs at copy
+// speed there: x as flat packs of VEC values (16 bytes; VEC = 1 when a pointer
+// is misaligned), thread t of block b takes packs b * U * BN_THREADS + u *
+// BN_THREADS + t (u < U: 1 for 4- and 8-byte types, 4 for 16-bit, the
+// activation sweep's best), all U loads issued before any use, a one-shot grid
+// (capped: then a grid stride); the values past the last whole pack in a scalar
+// loop.  The per-channel constants are those of the chunk kernel, in the same
+// expressions (mean = running_mean, scale = 1 / sqrt(running_var + eps) *
+// gamma, shift = beta; y = (x - mean) * scale + shift): bitwise its output.
+// Where they come from (the chunk kernel: a j / inner division a pack and a
+// block a chunk of one channel; batchnorm_infer_flat: two divisions a vector
+// and the constants recomputed, with a sqrt and a division, whenever a value's
+// channel changes inside the vector):
+//  !SPLIT (inner % VEC == 0: a pack is inside one plane): plane p = e / inner,
+//    c = p % C, the four parameters of c (the warp's lanes mostly share c: L1
+//    broadcasts) and one sqrt + division a pack, off the x load's latency.
+//  SPLIT (inner % VEC != 0, inner > VEC: a pack spans at most two planes, and a
+//    warp's 32 packs at most 32 planes): a warp table -- lane l computes the
+//    constants of plane pw + l (pw: the plane of lane 0's first value) once,
+//    each thread takes its planes p and p + 1 by shuffles; value v of a pack
+//    at position r of plane p is in p when r + v < inner.  Loops run over
+//    block-uniform bounds so every lane reaches the shuffles.
+// Threads 0..C-1 of the grid write mean/invstd (the running statistics, in A).
+template <typename T, typename P, typename A>
+__device__ __forceinline__ void infer_constants(const P* __restrict__ running_mean,
+                                                const P* __restrict__ running_var, const P* __restrict__ gamma,
+                                                const P* __restrict__ beta, int c, A eps, A& mean, A& scale,
+                                                A& shift) {
+    mean = A(load(running_mean[c]));
+    scale = (A(1) / sqrt(A(load(running_var[c])) + eps)) * A(load(gamma[c]));
+    shift = A(load(beta[c]));
+}
+
+template <typename T, typename P, typename index_t, int VEC, int U, bool SPLIT>
+__global__ void __launch_bounds__(BN_THREADS)
+batchnorm_infer_packs(const T* __restrict__ x, T* __restrict__ y, acc_t<T>* __restrict__ mean_out,
+                      acc_t<T>* __restrict__ invstd_out, const P* __restrict__ running_mean,
+                      const P* __restrict__ running_var, const P* __restrict__ gamma,
+                      const P* __restrict__ beta, index_t size, index_t packs, index_t C, index_t inner,
+                      acc_t<T> eps) {
+    typedef acc_t<T> A;
+    const index_t tid = (index_t)blockIdx.x * BN_THREADS + threadIdx.x;
+    if (tid < C) {
+        mean_out[tid] = A(load(running_mean[tid]));
+        invstd_out[tid] = A(1) / sqrt(A(load(running_var[tid])) + eps);
+    }
+    const index_t stride = (index_t)gridDim.x * (BN_THREADS * U);
+    for (index_t b0 = (index_t)blockIdx.x * (BN_THREADS * U); b0 < packs; b0 += stride) {  // block-uniform
+        Pack<T, VEC> in[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const index_t q = b0 + (index_t)(u * BN_THREADS + threadIdx.x);
+            if (q < packs) in[u] = *reinterpret_cast<const Pack<T, VEC>*>(x + q * VEC);
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const index_t q = b0 + (index_t)(u * BN_THREADS + threadIdx.x);
+            const index_t e = q * VEC;
+            const index_t p = e / inner;
+            A out[VEC];
+            if (!SPLIT) {
+                if (q < packs) {
+                    A mean, scale, shift;
+                    infer_constants<T>(running_mean, running_var, gamma, beta, (int)(p % C), eps, mean, scale,
+                                       shift);
+#pragma unroll
+                    for (int v = 0; v < VEC; ++v) out[v] = (load(in[u].v[v]) - mean) * scale + shift;
+                }
+            } else {
+                const int lane = threadIdx.x & 31;
+                const index_t pw = __shfl_sync(0xffffffffu, p, 0);
+                A tm, ts, tb;  // the constants of plane pw + lane (always a valid channel)
+                infer_constants<T>(running_mean, running_var, gamma, beta, (int)((pw + lane) % C), eps, tm, ts,
+                                   tb);
+                const int k = (int)(p - pw);
+                const int k1 = k < 31 ? k + 1 : 31;  // 31 only where the pack does not reach plane p + 1
+                const A m0 = __shfl_sync(0xffffffffu, tm, k), s0 = __shfl_sync(0xffffffffu, ts, k);
+                const A h0 = __shfl_sync(0xffffffffu, tb, k);
+                const A m1 = __shfl_sync(0xffffffffu, tm, k1), s1 = __shfl_sync(0xffffffffu, ts, k1);
+                const A h1 = __shfl_sync(0xffffffffu, tb, k1);
+                const index_t first = inner - (e - p * inner);  // values of the pack in plane p
+#pragma unroll
+                for (int v = 0; v < VEC; ++v) {
+                    const bool lo = (index_t)v < first;
+                    out[v] = (load(in[u].v[v]) - (lo ? m0 : m1)) * (lo ? s0 : s1) + (lo ? h0 : h1);
+                }
+            }
+            if (q < packs) {
+                Pack<T, VEC> pk;
+#pragma unroll
+                for (int v = 0; v < VEC; ++v) pk.v[v] = store<T>(out[v]);
+                *reinterpret_cast<Pack<T, VEC>*>(y + q * VEC) = pk;
+            }
+        }
+    }
+    for (index_t i = packs * VEC + tid; i < size; i += (index_t)gridDim.x * BN_THREADS) {
+        A mean, scale, shift;
+        infer_constants<T>(running_mean, running_var, gamma, beta, (int)((i / inner) % C), eps, mean, scale,
+                           shift);
+        y[i] = store<T>((load(x[i]) - mean) * scale + shift);
+    }
+}
+
 // Training forward and backward (saved statistics) in ONE launch with 16-byte
 // accesses for small channels whose inner size is not a multiple of VEC
 // (ResNet's 7x7 = 49: the chunk and fused kernels fall back to 4-byte
