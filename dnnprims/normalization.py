@@ -46,6 +46,8 @@ FAMILY = KernelFamily("batchnorm.cu", [
       for t, p in _TYPE_PAIRS for i in _INDEX_TYPES for v in (1, _VECTOR[t])),
     *(f"batchnorm_infer_packs<{t}, {p}, {i}, {v}, {u}, {s}>"
       for t, p in _TYPE_PAIRS for i in _INDEX_TYPES for v, u, s in _PACKS_VARIANTS[t]),
+    *(f"batchnorm_infer_rows_packs<{t}, {p}, {i}, {v}, {u}>"
+      for t, p in _TYPE_PAIRS for i in _INDEX_TYPES for v, u, s in _PACKS_VARIANTS[t] if s == "false"),
     *(f"batchnorm_train_fused<{t}, {p}, {i}, {v}, {f}>"
       for t, p in _TYPE_PAIRS for i in _INDEX_TYPES for v in (1, _VECTOR[t]) for f in _BOOL),
     *(f"batchnorm_backward_fused<{t}, {p}, {i}, {v}>"
@@ -770,6 +772,32 @@ def _packs_launch(x, aligned, channels, inner, pt):
             (it(x.size), it(packs), it(channels), it(inner)))
 
 
+# Channel-last inference (inner == 1) with PACKED_INFERENCE: batchnorm_infer_rows_packs
+# (the same flat packs, a pack = VEC consecutive channels, the constants a table of
+# 3 * C values in each block's shared memory) when the table fits _ROWS_TABLE_BYTES;
+# else batchnorm_rows_normalize.
+_ROWS_TABLE_BYTES = 48 * 1024
+
+
+def _rows_packs_launch(x, aligned, channels, pt):
+    """(spec, grid, scalars, shared bytes) of batchnorm_infer_rows_packs, or None."""
+    if not PACKED_INFERENCE:
+        return None
+    t = _dtypes.cuda_type(x.dtype)
+    shared = 3 * channels * np.dtype(_dtypes.accumulate_dtype(x.dtype)).itemsize
+    if shared > _ROWS_TABLE_BYTES:
+        return None
+    vec = _VECTOR[t] if aligned and channels % _VECTOR[t] == 0 else 1
+    unroll = (PACKED_UNROLL_16BIT if x.itemsize == 2 else PACKED_UNROLL_WIDE) if vec > 1 else 1
+    packs = x.size // vec
+    per_block = unroll * _BLOCK
+    index_t = index_type((packs + per_block) * vec, channels + _BLOCK)
+    it = np.int32 if index_t == "int" else np.int64
+    grid = (max(min(ceil_div(packs, per_block), _PACKS_MAX_BLOCKS), ceil_div(channels, _BLOCK), 1),)
+    return (f"batchnorm_infer_rows_packs<{t}, {pt}, {index_t}, {vec}, {unroll}>", grid,
+            (it(packs), np.int32(channels)), shared)
+
+
 _CONSTANTS = {}  # (device, value, channels, dtype) -> a vector the kernels only read
 
 
@@ -1099,7 +1127,7 @@ def _rows_forward_plan(cp, x, y, pdtype, channels, rows_count, inner, training, 
     aligned = not (x.data.ptr | y.data.ptr) & 15
     key = ("rows", cp.cuda.runtime.getDevice(), _stream(cp), x.shape, x.dtype,
            np.dtype(pdtype), channels, aligned, training, update, float(momentum), float(eps), no_gamma, no_beta,
-           ROWS_FUSED, ROWS_FUSED_MIN_ROWS)
+           ROWS_FUSED, ROWS_FUSED_MIN_ROWS, PACKED_INFERENCE, PACKED_UNROLL_16BIT, PACKED_UNROLL_WIDE)
     return _cached_plan(key, lambda: _build_rows_forward_plan(
         cp, x, pdtype, channels, rows_count, training, update, float(momentum), float(eps), no_gamma, no_beta,
         aligned))
@@ -1120,6 +1148,13 @@ def _build_rows_forward_plan(cp, x, pdtype, channels, rows_count, training, upda
     unbias = real(_unbias(rows_count))
     work = _stream_workspace(cp)
     launches = []
+    packed = None if training else _rows_packs_launch(x, aligned, channels, pt)
+    if packed is not None:
+        spec, grid, shape, shared = packed
+        launches.append(FAMILY.prepare(spec, grid, (_BLOCK,),
+                                       (X, Y, MEAN, INVSTD, rm, rv, gamma, beta, *shape, real(eps)),
+                                       shared_mem=shared))
+        return _Plan(launches, aligned, stats)
     if training:
         spec = rows.spec("train_fused", pt)
         fused = _rows_fused_grid(cp, rows, spec, channels) if fused_allowed and ROWS_FUSED else None

@@ -616,6 +616,68 @@ batchnorm_infer_packs(const T* __restrict__ x, T* __restrict__ y, acc_t<T>* __re
     }
 }
 
+// Inference, channel-last (inner == 1: NHWC, 2-D), python: PACKED_INFERENCE: the
+// same flat packs and one-shot grid as batchnorm_infer_packs, a pack = VEC
+// consecutive channels c0 = (q % (C / VEC)) * VEC of one row (VEC = 1 when C %
+// VEC != 0 or a pointer is misaligned).  A pack's VEC channels differ, so the
+// constants are a table per block in shared memory (dynamic: 3 * C values of A):
+// the block's threads fill it, channel c by thread c % BN_THREADS, after issuing
+// their first loads (the parameter loads and the sqrt overlap them), one
+// barrier, then each pack reads its VEC means / scales / shifts as vectors.
+// (batchnorm_rows_normalize, the other path: a persistent grid of row lanes, each
+// thread's columns fixed, constants in registers.)  Same expressions as every
+// other inference kernel.  Threads 0..C-1 of the grid write mean/invstd.
+// (__launch_bounds__(BN_THREADS, 8) for U = 1 spills: float 16 bytes, double 124.)
+template <typename T, typename P, typename index_t, int VEC, int U>
+__global__ void __launch_bounds__(BN_THREADS)
+batchnorm_infer_rows_packs(const T* __restrict__ x, T* __restrict__ y, acc_t<T>* __restrict__ mean_out,
+                           acc_t<T>* __restrict__ invstd_out, const P* __restrict__ running_mean,
+                           const P* __restrict__ running_var, const P* __restrict__ gamma,
+                           const P* __restrict__ beta, index_t packs, int C, acc_t<T> eps) {
+    typedef acc_t<T> A;
+    extern __shared__ __align__(16) unsigned char bn_infer_table[];
+    A* t_mean = reinterpret_cast<A*>(bn_infer_table);  // C % VEC == 0: each array 16-byte aligned
+    A* t_scale = t_mean + C;
+    A* t_shift = t_scale + C;
+    const index_t tid = (index_t)blockIdx.x * BN_THREADS + threadIdx.x;
+    if (tid < C) {
+        mean_out[tid] = A(load(running_mean[tid]));
+        invstd_out[tid] = A(1) / sqrt(A(load(running_var[tid])) + eps);
+    }
+    const index_t cv = (index_t)(C / VEC);
+    const index_t stride = (index_t)gridDim.x * (BN_THREADS * U);
+    bool table = false;
+    for (index_t b0 = (index_t)blockIdx.x * (BN_THREADS * U); b0 < packs; b0 += stride) {  // block-uniform
+        Pack<T, VEC> in[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const index_t q = b0 + (index_t)(u * BN_THREADS + threadIdx.x);
+            if (q < packs) in[u] = *reinterpret_cast<const Pack<T, VEC>*>(x + q * VEC);
+        }
+        if (!table) {
+            for (int c = threadIdx.x; c < C; c += BN_THREADS)
+                infer_constants<T>(running_mean, running_var, gamma, beta, c, eps, t_mean[c], t_scale[c],
+                                   t_shift[c]);
+            __syncthreads();
+            table = true;
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const index_t q = b0 + (index_t)(u * BN_THREADS + threadIdx.x);
+            if (q < packs) {
+                const int c0 = (int)(q % cv) * VEC;
+                const Pack<A, VEC> m = *reinterpret_cast<const Pack<A, VEC>*>(t_mean + c0);
+                const Pack<A, VEC> sc = *reinterpret_cast<const Pack<A, VEC>*>(t_scale + c0);
+                const Pack<A, VEC> sh = *reinterpret_cast<const Pack<A, VEC>*>(t_shift + c0);
+                Pack<T, VEC> pk;
+#pragma unroll
+                for (int v = 0; v < VEC; ++v) pk.v[v] = store<T>((load(in[u].v[v]) - m.v[v]) * sc.v[v] + sh.v[v]);
+                *reinterpret_cast<Pack<T, VEC>*>(y + q * VEC) = pk;
+            }
+        }
+    }
+}
+
 // Training forward and backward (saved statistics) in ONE launch with 16-byte
 // accesses for small channels whose inner size is not a multiple of VEC
 // (ResNet's 7x7 = 49: the chunk and fused kernels fall back to 4-byte

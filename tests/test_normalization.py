@@ -456,12 +456,14 @@ def test_inference_flat_path(xp, rng, monkeypatch, flat, dtype, x_shape, offset)
 
 
 # Planes of 1, 3, 7x7, 13 and whole packs (4x4, 8x8, 2x5), aligned or not (offset),
-# C = 1, 3, 2048; channel-last (the rows kernel, unchanged) alongside.
+# C = 1, 3, 2048; channel-last and 2-D (batchnorm_infer_rows_packs: C a multiple of
+# VEC or not, misaligned; C = 5000 > the shared table: batchnorm_rows_normalize).
 _PACKS_CASES = [((2, 3, 7, 7), "NCHW", 0), ((2, 3, 7, 7), "NCHW", 1), ((3, 1, 13), "NCHW", 0),
                 ((2, 5, 3), "NCHW", 0), ((2, 2048, 7, 7), "NCHW", 0), ((2, 3, 4, 4), "NCHW", 0),
                 ((3, 3, 8, 8), "NCHW", 3), ((5, 3, 1, 1), "NCHW", 0), ((3, 7, 2, 5), "NCHW", 0),
                 ((2, 3, 1, 3, 7), "NCHW", 0), ((1, 1, 9, 9), "NCHW", 2), ((2, 3, 7, 7), "NHWC", 0),
-                ((2, 7, 7, 2048), "NHWC", 0)]
+                ((2, 7, 7, 2048), "NHWC", 0), ((3, 5, 5, 8), "NHWC", 1), ((4, 3, 3, 16), "NHWC", 0),
+                ((6, 1), "NCHW", 0), ((7, 3), "NCHW", 1), ((3, 1, 1, 5000), "NHWC", 0), ((2, 13, 1, 1), "NHWC", 0)]
 
 
 @pytest.mark.parametrize("variant", ["default", "unroll1", "unroll4", "capped", "int64"])
@@ -532,6 +534,21 @@ def test_inference_packs_launch_shapes(monkeypatch):
             assert spec in normalization.FAMILY.name_expressions
         else:
             assert spec.startswith("batchnorm_infer_flat")
+    rows = [((64, 56, 56, 256), np.float32, True, "batchnorm_infer_rows_packs<float, float, int, 4, 1>", 50176),
+            ((64, 56, 56, 256), np.float16, True, "batchnorm_infer_rows_packs<half_t, float, int, 8, 4>", 6272),
+            ((5, 7), np.float32, True, "batchnorm_infer_rows_packs<float, float, int, 1, 1>", 1),
+            ((2, 4096), np.float32, False, "batchnorm_infer_rows_packs<float, float, int, 1, 1>", 32),
+            ((2, 2048), np.float64, True, "batchnorm_infer_rows_packs<double, double, int, 2, 1>", 8)]
+    for shape, dtype, aligned, spec, grid in rows:
+        x = _fake_device_array(shape, dtype)
+        pt = "double" if dtype == np.float64 else "float"
+        got, g, scalars, shared = normalization._rows_packs_launch(x, aligned, shape[-1], pt)
+        assert (got, g[0], shared) == (spec, grid, 3 * shape[-1] * (8 if dtype == np.float64 else 4)), got
+        assert [int(s) for s in scalars] == [x.size // int(spec.split(", ")[3]), shape[-1]]
+        assert spec in normalization.FAMILY.name_expressions
+    assert normalization._rows_packs_launch(_fake_device_array((2, 2049), np.float64), True, 2049, "double") is None
+    monkeypatch.setattr(normalization, "PACKED_INFERENCE", False)
+    assert normalization._rows_packs_launch(_fake_device_array((2, 8), np.float32), True, 8, "float") is None
     big = types.SimpleNamespace(dtype=np.dtype(np.float16), itemsize=2, size=64 * 1024 * 192 * 192)  # 64-bit
     assert ", long long, 8, 4, false>" in normalization._packs_launch(big, True, 1024, 192 * 192, "float")[0]
 
@@ -803,6 +820,13 @@ def test_multi_launch_and_grouped_kernels_get_arguments_of_their_signature(monke
                 normalization._build_backward_plan(cp, x, x, x, pdtype, c, outer, inner, recompute, 1e-5, False,
                                                    True)
                 _check_arguments(captured[start:], backward_arrays, acc, seen)
+    monkeypatch.setattr(normalization, "PACKED_INFERENCE", True)
+    for c, rows in ((8, 40), (7, 3)):  # channel-last inference: the shared-table packs kernel
+        x = _fake_device_array((rows, c), dtype)
+        start = len(captured)
+        normalization._build_rows_forward_plan(cp, x, pdtype, c, rows, False, False, 0.1, 1e-5, False, False, True)
+        assert [e.split("<")[0] for e, _, _ in captured[start:]] == ["batchnorm_infer_rows_packs"]
+        _check_arguments(captured[start:], forward_arrays, acc, seen)
     # The cluster training forward (a fake sm_90 device): one launch, planes of 16-byte vectors.
     monkeypatch.setattr(normalization, "CLUSTER", True)
     monkeypatch.setattr(normalization, "CLUSTER_MIN_PLANE_BYTES", 16)
@@ -835,7 +859,7 @@ def test_multi_launch_and_grouped_kernels_get_arguments_of_their_signature(monke
             assert spec not in kernels
     assert {"batchnorm_statistics", "batchnorm_normalize", "batchnorm_backward_reduce", "batchnorm_backward_data",
             "batchnorm_train_grouped", "batchnorm_backward_grouped", "batchnorm_infer_flat",
-            "batchnorm_infer_packs", "batchnorm_train_strided", "batchnorm_backward_strided",
+            "batchnorm_infer_packs", "batchnorm_infer_rows_packs", "batchnorm_train_strided", "batchnorm_backward_strided",
             "batchnorm_train_cluster", "batchnorm_backward_cluster"} <= seen, seen
 
 
