@@ -764,10 +764,11 @@ def _packs_launch(x, aligned, channels, inner, pt):
     split = _BOOL[inner % vec != 0]
     packs = x.size // vec
     per_block = unroll * _BLOCK
-    # A block forms pack indices up to a block's packs past the last (values: x VEC).
-    index_t = index_type((packs + per_block) * vec, channels + _BLOCK)
-    it = np.int32 if index_t == "int" else np.int64
     grid = (max(min(ceil_div(packs, per_block), _PACKS_MAX_BLOCKS), ceil_div(channels, _BLOCK), 1),)
+    # The grid stride takes a block's pack index up to one stride past the last pack
+    # (values: x VEC) before the loop ends: that must not overflow index_t.
+    index_t = index_type((packs + grid[0] * per_block) * vec, channels + _BLOCK)
+    it = np.int32 if index_t == "int" else np.int64
     return (f"batchnorm_infer_packs<{t}, {pt}, {index_t}, {vec}, {unroll}, {split}>", grid,
             (it(x.size), it(packs), it(channels), it(inner)))
 
@@ -791,9 +792,9 @@ def _rows_packs_launch(x, aligned, channels, pt):
     unroll = (PACKED_UNROLL_16BIT if x.itemsize == 2 else PACKED_UNROLL_WIDE) if vec > 1 else 1
     packs = x.size // vec
     per_block = unroll * _BLOCK
-    index_t = index_type((packs + per_block) * vec, channels + _BLOCK)
-    it = np.int32 if index_t == "int" else np.int64
     grid = (max(min(ceil_div(packs, per_block), _PACKS_MAX_BLOCKS), ceil_div(channels, _BLOCK), 1),)
+    index_t = index_type((packs + grid[0] * per_block) * vec, channels + _BLOCK)  # as _packs_launch
+    it = np.int32 if index_t == "int" else np.int64
     return (f"batchnorm_infer_rows_packs<{t}, {pt}, {index_t}, {vec}, {unroll}>", grid,
             (it(packs), np.int32(channels)), shared)
 

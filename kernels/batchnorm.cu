@@ -536,14 +536,25 @@ batchnorm_infer_flat(const T* __restrict__ x, T* __restrict__ y, acc_t<T>* __res
 //    at position r of plane p is in p when r + v < inner.  Loops run over
 //    block-uniform bounds so every lane reaches the shuffles.
 // Threads 0..C-1 of the grid write mean/invstd (the running statistics, in A).
-template <typename T, typename P, typename A>
+// An empty asm that takes v: the load that makes v is issued (and waited for) here.
+__device__ __forceinline__ void bn_pin(float& v) { asm volatile("" : "+f"(v)); }
+__device__ __forceinline__ void bn_pin(double& v) { asm volatile("" : "+d"(v)); }
+
+template <typename T, bool PIN = true, typename P, typename A>
 __device__ __forceinline__ void infer_constants(const P* __restrict__ running_mean,
                                                 const P* __restrict__ running_var, const P* __restrict__ gamma,
                                                 const P* __restrict__ beta, int c, A eps, A& mean, A& scale,
                                                 A& shift) {
-    mean = A(load(running_mean[c]));
-    scale = (A(1) / sqrt(A(load(running_var[c])) + eps)) * A(load(gamma[c]));
-    shift = A(load(beta[c]));
+    // All four loads before the sqrt and the division, whose slow-path branches
+    // would otherwise hold the gamma / beta loads back (one round trip, not two).
+    A m = A(load(running_mean[c])), var = A(load(running_var[c]));
+    A g = A(load(gamma[c])), b = A(load(beta[c]));
+    if (PIN) {  // (else the compiler sinks these loads past the branches; off for the table fill)
+        bn_pin(m); bn_pin(g); bn_pin(b);
+    }
+    mean = m;
+    scale = (A(1) / sqrt(var + eps)) * g;
+    shift = b;
 }
 
 template <typename T, typename P, typename index_t, int VEC, int U, bool SPLIT>
@@ -627,9 +638,13 @@ batchnorm_infer_packs(const T* __restrict__ x, T* __restrict__ y, acc_t<T>* __re
 // (batchnorm_rows_normalize, the other path: a persistent grid of row lanes, each
 // thread's columns fixed, constants in registers.)  Same expressions as every
 // other inference kernel.  Threads 0..C-1 of the grid write mean/invstd.
-// (__launch_bounds__(BN_THREADS, 8) for U = 1 spills: float 16 bytes, double 124.)
+// One pack a thread, float constants: 6 blocks of 256 an SM (<= 40 registers; 48
+// unbounded; a bound of 8 spills 16 bytes, and double 68-124 at 6 or 8): unbounded else.
+template <typename T, int U> struct rows_packs_min_blocks {
+    static constexpr int value = (U == 1 && sizeof(acc_t<T>) == 4) ? 6 : 1;
+};
 template <typename T, typename P, typename index_t, int VEC, int U>
-__global__ void __launch_bounds__(BN_THREADS)
+__global__ void __launch_bounds__(BN_THREADS, rows_packs_min_blocks<T, U>::value)
 batchnorm_infer_rows_packs(const T* __restrict__ x, T* __restrict__ y, acc_t<T>* __restrict__ mean_out,
                            acc_t<T>* __restrict__ invstd_out, const P* __restrict__ running_mean,
                            const P* __restrict__ running_var, const P* __restrict__ gamma,
@@ -656,8 +671,8 @@ batchnorm_infer_rows_packs(const T* __restrict__ x, T* __restrict__ y, acc_t<T>*
         }
         if (!table) {
             for (int c = threadIdx.x; c < C; c += BN_THREADS)
-                infer_constants<T>(running_mean, running_var, gamma, beta, c, eps, t_mean[c], t_scale[c],
-                                   t_shift[c]);
+                infer_constants<T, false>(running_mean, running_var, gamma, beta, c, eps, t_mean[c], t_scale[c],
+                                          t_shift[c]);
             __syncthreads();
             table = true;
         }

@@ -1,10 +1,11 @@
 """Old (main's unpatched dnnprims/ + kernels/, copied aside) against new (this tree,
 notes/wip/bninfer.patch applied) against PyTorch, in ONE process: batch-norm INFERENCE
 forward on the bench's problems (dnnprims/bench/problems.json): bn_r50_early
-[32,64,112,112], bn_big [64,256,56,56], bn_big_nhwc [64,56,56,256] (NHWC: the rows kernel,
-unchanged -- the control), bn_big_f16, bn_r50_late [32,2048,7,7] (float32 unless named).
-Variants of new: `new` (the shipped switches), `new U4` / `new U1` (PACKED_UNROLL_WIDE = 4
-for float, PACKED_UNROLL_16BIT = 1 for float16: the other unroll, plan-key switches).
+[32,64,112,112], bn_big [64,256,56,56], bn_big_nhwc [64,56,56,256] (NHWC: old the rows
+kernel, new batchnorm_infer_rows_packs), bn_big_f16, bn_r50_late [32,2048,7,7] (float32
+unless named).  Variants of new: `new` (the shipped switches), `new U4` / `new U1`
+(PACKED_UNROLL_WIDE = 4 for float, PACKED_UNROLL_16BIT = 1 for float16: the other unroll,
+plan-key switches).
 
 Each callable timed two ways, two rounds (A B A B):
 - eager: dnnprims.bench.timing.measure (CUDA events around each call, median of 20) --
@@ -63,7 +64,6 @@ def copy_gbps():
     src = cp.random.random(2**28, dtype=cp.float32)
     dst = cp.empty_like(src)
     t = timing.measure(lambda: dst.__setitem__(Ellipsis, src), xp=cp, warmup=3, repeat=10)
-    del src, dst
     return 2 * 2**30 / (t.median_ms * 1e-3) / 1e9
 
 
@@ -99,7 +99,11 @@ def max_abs(a, b):
 def kernel_of(norm, x, channels, inner, layout):
     """The inference kernel the plan of `norm` (old or new module) launches."""
     if layout == "NHWC" or inner == 1:
-        return "rows_normalize"
+        if getattr(norm, "PACKED_INFERENCE", False):
+            packed = norm._rows_packs_launch(x, True, channels, "float")
+            if packed is not None:
+                return packed[0]
+        return "batchnorm_rows_normalize"
     t = norm._dtypes.cuda_type(x.dtype)
     if getattr(norm, "PACKED_INFERENCE", False) and inner >= norm._VECTOR[t]:
         return norm._packs_launch(x, True, channels, inner, "float")[0]
@@ -133,12 +137,12 @@ for name, shape, dtype, layout in PROBLEMS:
     fns = {"old": lambda: old.batchnorm(x, gamma, beta, rm, rv, training=False, layout=layout),
            "new": lambda: new.batchnorm(x, gamma, beta, rm, rv, training=False, layout=layout)}
     diffs = {"new": max_abs(y_new, y_old), "new_mean": max_abs(m_new, m_old), "new_invstd": max_abs(s_new, s_old)}
-    if layout == "NCHW":
-        tag, sw = ("new U1", {"PACKED_UNROLL_16BIT": 1}) if dtype == "float16" else \
-            ("new U4", {"PACKED_UNROLL_WIDE": 4})
-        fns[tag] = switched(fns["new"], **sw)
-        diffs[tag] = max_abs(switched(lambda: new.batchnorm(x, gamma, beta, rm, rv, training=False,
-                                                            layout=layout), **sw)(), y_old)
+    # the other unroll (NHWC too: the rows packs kernel reads the same switches)
+    tag, sw = ("new U1", {"PACKED_UNROLL_16BIT": 1}) if dtype == "float16" else \
+        ("new U4", {"PACKED_UNROLL_WIDE": 4})
+    fns[tag] = switched(fns["new"], **sw)
+    diffs[tag] = max_abs(switched(lambda: new.batchnorm(x, gamma, beta, rm, rv, training=False,
+                                                        layout=layout), **sw)(), y_old)
     assert bool((rm == rm0).all()) and bool((rv == rv0).all()), "running statistics changed"
     tx, tg, tb, trm, trv = (as_torch(a) for a in (x, gamma, beta, rm.copy(), rv.copy()))
     if layout == "NHWC":

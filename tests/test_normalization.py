@@ -551,6 +551,12 @@ def test_inference_packs_launch_shapes(monkeypatch):
     assert normalization._rows_packs_launch(_fake_device_array((2, 8), np.float32), True, 8, "float") is None
     big = types.SimpleNamespace(dtype=np.dtype(np.float16), itemsize=2, size=64 * 1024 * 192 * 192)  # 64-bit
     assert ", long long, 8, 4, false>" in normalization._packs_launch(big, True, 1024, 192 * 192, "float")[0]
+    monkeypatch.setattr(normalization, "PACKED_INFERENCE", True)
+    # 1-value packs, a capped grid: the index one grid stride past the last must fit (int up to 2**31 - 1)
+    for size, index_t in ((2**31 - 1 - 65536 * 256, "int"), (2**31 - 65536 * 256, "long long")):
+        odd = types.SimpleNamespace(dtype=np.dtype(np.float32), itemsize=4, size=size)
+        assert f"<float, float, {index_t}, 1, 1, false>" in normalization._packs_launch(odd, False, 1, 8, "float")[0]
+        assert f"<float, float, {index_t}, 1, 1>" in normalization._rows_packs_launch(odd, False, 1, "float")[0]
 
 
 @pytest.mark.parametrize("fused", [True, False])
