@@ -5,6 +5,7 @@ once on CuPy; the CuPy run is marked ``gpu`` and skips cleanly without one.
 """
 import importlib.util
 import os
+import zlib
 
 import numpy as np
 import pytest
@@ -52,8 +53,13 @@ def gpu():
 
 
 @pytest.fixture
-def rng():
-    return np.random.default_rng()
+def rng(request):
+    """Random data, seeded from the test's id: every run of a test draws the same data, and
+    different tests (and parameters) draw different data.  Unseeded, a rare ill-conditioned
+    draw (a sum that cancels to 1e-5 of its terms, compared relative to itself) failed CI once
+    in a while with data nobody could reproduce (session 9: an LSTM 1x1x1 dh and a group-norm
+    adjoint identity); hypothesis tests explore shapes and values with their own seeds."""
+    return np.random.default_rng(zlib.crc32(request.node.nodeid.encode()))
 
 
 def random_array(rng, shape, dtype=np.float64, low=-1.0, high=1.0):
