@@ -27,6 +27,11 @@ _VECTOR = {"half_t": 8, "bfloat16_t": 8, "float": 4, "double": 2}
 _CHUNK = 4096  # values of one channel per block: BN_CHUNK in kernels/batchnorm.cu
 _CLUSTER_SIZES = (1, 2, 4, 8)  # blocks per cluster of batchnorm_train_cluster (8: the portable limit)
 _BOOL = ("false", "true")
+# batchnorm_infer_packs<T, P, index_t, VEC, U, SPLIT> specialisations per storage
+# type: (VEC, U, SPLIT) -- the 16-byte packs with one or four a thread, split or
+# whole planes, and the 1-value fallback of misaligned tensors.
+_PACKS_VARIANTS = {t: ((1, 1, "false"), *((_VECTOR[t], u, s) for u in (1, 4) for s in _BOOL))
+                   for t in ("half_t", "bfloat16_t", "float", "double")}
 
 FAMILY = KernelFamily("batchnorm.cu", [
     *(f"batchnorm_statistics<{t}, {p}, {i}, {v}, {f}>"
@@ -39,6 +44,10 @@ FAMILY = KernelFamily("batchnorm.cu", [
       for t, p in _TYPE_PAIRS for i in _INDEX_TYPES for v in (1, _VECTOR[t])),
     *(f"batchnorm_infer_flat<{t}, {p}, {i}, {v}>"
       for t, p in _TYPE_PAIRS for i in _INDEX_TYPES for v in (1, _VECTOR[t])),
+    *(f"batchnorm_infer_packs<{t}, {p}, {i}, {v}, {u}, {s}>"
+      for t, p in _TYPE_PAIRS for i in _INDEX_TYPES for v, u, s in _PACKS_VARIANTS[t]),
+    *(f"batchnorm_infer_rows_packs<{t}, {p}, {i}, {v}, {u}>"
+      for t, p in _TYPE_PAIRS for i in _INDEX_TYPES for v, u, s in _PACKS_VARIANTS[t] if s == "false"),
     *(f"batchnorm_train_fused<{t}, {p}, {i}, {v}, {f}>"
       for t, p in _TYPE_PAIRS for i in _INDEX_TYPES for v in (1, _VECTOR[t]) for f in _BOOL),
     *(f"batchnorm_backward_fused<{t}, {p}, {i}, {v}>"
@@ -119,7 +128,8 @@ def _forward_key(x, gamma, beta, running_mean, running_var, training, momentum, 
     return (x.shape, x.dtype, data.device_id, _vector_key(gamma), _vector_key(beta),
             _vector_key(running_mean), _vector_key(running_var), type(training), training,
             type(momentum), momentum, type(eps), eps, layout, FUSED, FUSED_PREFETCH,
-            FUSED_FORWARD_MIN_BYTES, FLAT_INFERENCE, GROUPED, ROWS_FUSED, ROWS_FUSED_MIN_ROWS,
+            FUSED_FORWARD_MIN_BYTES, FLAT_INFERENCE, PACKED_INFERENCE, PACKED_INFERENCE_ROWS,
+            PACKED_UNROLL, PACKED_ROWS_UNROLL, GROUPED, ROWS_FUSED, ROWS_FUSED_MIN_ROWS,
             CLUSTER, CLUSTER_BLOCK_BYTES, CLUSTER_MIN_BYTES, CLUSTER_MIN_PLANE_BYTES, STRIDED, STRIDED_TYPES,
             _current_device(), _kernels.stream_key(_current_stream().ptr))
 
@@ -730,6 +740,74 @@ def _flat_launch(x, y, channels, inner, pt):
     return plan
 
 
+# Inference of NCHW x whose planes hold at least VEC values (every ResNet plane, 7x7
+# included): batchnorm_infer_packs, the activation kernels' launch shape (flat 16-byte
+# packs, PACKED_UNROLL a thread, a one-shot grid) with the channel constants from
+# the running statistics per pack (planes of whole packs) or per warp (a 7x7 plane:
+# packs that cross planes; notes/bninfer.md).  False: the chunk kernel, or
+# batchnorm_infer_flat where inner % VEC != 0 (tests compare them).  Smaller planes
+# (inner < VEC) always take batchnorm_infer_flat.
+PACKED_INFERENCE = True
+# Packs a thread (1 or 4: the specialisations declared).  H100 A/B (notes/bninfer.md, session 10): one pack a thread for NCHW in every dtype
+# (float16 bn_big 0.947 of copy at 1 against 0.936 at 4; float 4 lost on bn_big and
+# bn_r50_early); four for channel-last, whose blocks each refill the channel table
+# (bn_big_nhwc 0.978 at 4 against 0.944 at 1).
+PACKED_UNROLL = 1
+PACKED_ROWS_UNROLL = 4
+_PACKS_MAX_BLOCKS = 65536  # the grid cap of kernels/activation.cu; the kernel strides beyond
+
+
+def _packs_grid(packs, vec, unroll, channels):
+    """(grid, index_t) of a flat-packs kernel: a one-shot grid of `unroll` packs a
+    thread (capped; the kernel strides beyond), at least one thread a channel for the
+    per-block tables."""
+    per_block = unroll * _BLOCK
+    grid = (max(min(ceil_div(packs, per_block), _PACKS_MAX_BLOCKS), ceil_div(channels, _BLOCK), 1),)
+    # The grid stride takes a block's pack index up to one stride past the last pack
+    # (values: x VEC) before the loop ends: that must not overflow index_t.
+    return grid, index_type((packs + grid[0] * per_block) * vec, channels + _BLOCK)
+
+
+def _packs_launch(x, aligned, channels, inner, pt):
+    """(spec, grid, scalars) of batchnorm_infer_packs for this call (x's planes hold
+    at least VEC values)."""
+    t = _dtypes.cuda_type(x.dtype)
+    vec = _VECTOR[t] if aligned else 1
+    unroll = PACKED_UNROLL if vec > 1 else 1
+    split = _BOOL[inner % vec != 0]
+    packs = x.size // vec
+    grid, index_t = _packs_grid(packs, vec, unroll, channels)
+    it = np.int32 if index_t == "int" else np.int64
+    return (f"batchnorm_infer_packs<{t}, {pt}, {index_t}, {vec}, {unroll}, {split}>", grid,
+            (it(x.size), it(packs), it(channels), it(inner)))
+
+
+# Channel-last inference (inner == 1) with PACKED_INFERENCE: batchnorm_infer_rows_packs
+# (the same flat packs, a pack = VEC consecutive channels, the constants a table of
+# 3 * C values in each block's shared memory) when the table fits _ROWS_TABLE_BYTES;
+# else batchnorm_rows_normalize.  PACKED_INFERENCE_ROWS = False keeps channel-last
+# inference on batchnorm_rows_normalize alone (NCHW unaffected).
+PACKED_INFERENCE_ROWS = True
+_ROWS_TABLE_BYTES = 48 * 1024
+
+
+def _rows_packs_launch(x, aligned, channels, pt):
+    """(spec, grid, scalars, shared bytes) of batchnorm_infer_rows_packs, or None."""
+    if not (PACKED_INFERENCE and PACKED_INFERENCE_ROWS):
+        return None
+    t = _dtypes.cuda_type(x.dtype)
+    shared = 3 * channels * np.dtype(_dtypes.accumulate_dtype(x.dtype)).itemsize
+    if shared > _ROWS_TABLE_BYTES:
+        return None
+    vec = _VECTOR[t] if aligned and channels % _VECTOR[t] == 0 else 1
+    unroll = PACKED_ROWS_UNROLL if vec > 1 else 1
+    packs = x.size // vec
+    grid, index_t = _packs_grid(packs, vec, unroll, channels)
+    it = np.int32 if index_t == "int" else np.int64
+    return (f"batchnorm_infer_rows_packs<{t}, {pt}, {index_t}, {vec}, {unroll}>", grid,
+            (it(packs), np.int32(channels)), shared)
+
+
 _CONSTANTS = {}  # (device, value, channels, dtype) -> a vector the kernels only read
 
 
@@ -800,8 +878,8 @@ def _forward_plan(cp, x, y, pdtype, channels, outer, inner, training, update, mo
     key = (cp.cuda.runtime.getDevice(), _stream(cp), x.shape, x.dtype,
            np.dtype(pdtype), channels, inner, aligned, training, update, float(momentum), float(eps),
            no_gamma, no_beta, FUSED, FUSED_PREFETCH, FUSED_FORWARD_MIN_BYTES, FLAT_INFERENCE,
-           GROUPED, CLUSTER, CLUSTER_BLOCK_BYTES, CLUSTER_MIN_BYTES, CLUSTER_MIN_PLANE_BYTES, STRIDED,
-           STRIDED_TYPES)
+           PACKED_INFERENCE, PACKED_UNROLL, GROUPED, CLUSTER, CLUSTER_BLOCK_BYTES,
+           CLUSTER_MIN_BYTES, CLUSTER_MIN_PLANE_BYTES, STRIDED, STRIDED_TYPES)
     return _cached_plan(key, lambda: _build_forward_plan(
         cp, x, y, pdtype, channels, outer, inner, training, update, float(momentum), float(eps),
         no_gamma, no_beta, aligned))
@@ -870,6 +948,10 @@ def _build_forward_plan(cp, x, y, pdtype, channels, outer, inner, training, upda
                 launch.spec("batchnorm_normalize", pt, "true"), launch.grid, (_BLOCK,),
                 (X, Y, part_mean, part_m2, MEAN, INVSTD, rm, rv, gamma, beta, *launch.shape, real(eps),
                  real(momentum), real(n / (n - 1)), np.int32(update), np.int32(1))))
+    elif PACKED_INFERENCE and inner >= _VECTOR[t]:
+        spec, grid, shape = _packs_launch(x, aligned, channels, inner, pt)
+        launches.append(FAMILY.prepare(spec, grid, (_BLOCK,),
+                                       (X, Y, MEAN, INVSTD, rm, rv, gamma, beta, *shape, real(eps))))
     elif FLAT_INFERENCE and inner % _VECTOR[t]:
         spec, grid, shape = _flat_launch(x, y, channels, inner, pt)
         launches.append(FAMILY.prepare(spec, grid, (_BLOCK,),
@@ -1055,7 +1137,8 @@ def _rows_forward_plan(cp, x, y, pdtype, channels, rows_count, inner, training, 
     aligned = not (x.data.ptr | y.data.ptr) & 15
     key = ("rows", cp.cuda.runtime.getDevice(), _stream(cp), x.shape, x.dtype,
            np.dtype(pdtype), channels, aligned, training, update, float(momentum), float(eps), no_gamma, no_beta,
-           ROWS_FUSED, ROWS_FUSED_MIN_ROWS)
+           ROWS_FUSED, ROWS_FUSED_MIN_ROWS, PACKED_INFERENCE, PACKED_INFERENCE_ROWS,
+           PACKED_ROWS_UNROLL)
     return _cached_plan(key, lambda: _build_rows_forward_plan(
         cp, x, pdtype, channels, rows_count, training, update, float(momentum), float(eps), no_gamma, no_beta,
         aligned))
@@ -1076,6 +1159,13 @@ def _build_rows_forward_plan(cp, x, pdtype, channels, rows_count, training, upda
     unbias = real(_unbias(rows_count))
     work = _stream_workspace(cp)
     launches = []
+    packed = None if training else _rows_packs_launch(x, aligned, channels, pt)
+    if packed is not None:
+        spec, grid, shape, shared = packed
+        launches.append(FAMILY.prepare(spec, grid, (_BLOCK,),
+                                       (X, Y, MEAN, INVSTD, rm, rv, gamma, beta, *shape, real(eps)),
+                                       shared_mem=shared))
+        return _Plan(launches, aligned, stats)
     if training:
         spec = rows.spec("train_fused", pt)
         fused = _rows_fused_grid(cp, rows, spec, channels) if fused_allowed and ROWS_FUSED else None

@@ -511,6 +511,188 @@ batchnorm_infer_flat(const T* __restrict__ x, T* __restrict__ y, acc_t<T>* __res
     }
 }
 
+// Inference, NCHW with planes of at least VEC values (python: PACKED_INFERENCE):
+// the elementwise map y = (x - mean[c]) * scale[c] + shift[c] laid out like
+// activation_forward (kernels/activation.cu), the launch shape that runs at copy
+// speed there: x as flat packs of VEC values (16 bytes; VEC = 1 when a pointer
+// is misaligned), thread t of block b takes packs b * U * BN_THREADS + u *
+// BN_THREADS + t (u < U: 1 for 4- and 8-byte types, 4 for 16-bit, the
+// activation sweep's best), all U loads issued before any use, a one-shot grid
+// (capped: then a grid stride); the values past the last whole pack in a scalar
+// loop.  The per-channel constants are those of the chunk kernel, in the same
+// expressions (mean = running_mean, scale = 1 / sqrt(running_var + eps) *
+// gamma, shift = beta; y = (x - mean) * scale + shift): bitwise its output.
+// Where they come from (the chunk kernel: a j / inner division a pack and a
+// block a chunk of one channel; batchnorm_infer_flat: two divisions a vector
+// and the constants recomputed, with a sqrt and a division, whenever a value's
+// channel changes inside the vector):
+//  !SPLIT (inner % VEC == 0: a pack is inside one plane): plane p = e / inner,
+//    c = p % C, the four parameters of c (the warp's lanes mostly share c: L1
+//    broadcasts) and one sqrt + division a pack, off the x load's latency.
+//  SPLIT (inner % VEC != 0, inner > VEC: a pack spans at most two planes, and a
+//    warp's 32 packs at most 32 planes): a warp table -- lane l computes the
+//    constants of plane pw + l (pw: the plane of lane 0's first value) once,
+//    each thread takes its planes p and p + 1 by shuffles; value v of a pack
+//    at position r of plane p is in p when r + v < inner.  Loops run over
+//    block-uniform bounds so every lane reaches the shuffles.
+// Threads 0..C-1 of the grid write mean/invstd (the running statistics, in A).
+// An empty asm that takes v: the load that makes v is issued (and waited for) here.
+__device__ __forceinline__ void bn_pin(float& v) { asm volatile("" : "+f"(v)); }
+__device__ __forceinline__ void bn_pin(double& v) { asm volatile("" : "+d"(v)); }
+
+template <typename T, bool PIN = true, typename P, typename A>
+__device__ __forceinline__ void infer_constants(const P* __restrict__ running_mean,
+                                                const P* __restrict__ running_var, const P* __restrict__ gamma,
+                                                const P* __restrict__ beta, int c, A eps, A& mean, A& scale,
+                                                A& shift) {
+    // All four loads before the sqrt and the division, whose slow-path branches
+    // would otherwise hold the gamma / beta loads back (one round trip, not two).
+    A m = A(load(running_mean[c])), var = A(load(running_var[c]));
+    A g = A(load(gamma[c])), b = A(load(beta[c]));
+    if (PIN) {  // (else the compiler sinks these loads past the branches; off for the table fill)
+        bn_pin(m); bn_pin(g); bn_pin(b);
+    }
+    mean = m;
+    scale = (A(1) / sqrt(var + eps)) * g;
+    shift = b;
+}
+
+template <typename T, typename P, typename index_t, int VEC, int U, bool SPLIT>
+__global__ void __launch_bounds__(BN_THREADS)
+batchnorm_infer_packs(const T* __restrict__ x, T* __restrict__ y, acc_t<T>* __restrict__ mean_out,
+                      acc_t<T>* __restrict__ invstd_out, const P* __restrict__ running_mean,
+                      const P* __restrict__ running_var, const P* __restrict__ gamma,
+                      const P* __restrict__ beta, index_t size, index_t packs, index_t C, index_t inner,
+                      acc_t<T> eps) {
+    typedef acc_t<T> A;
+    const index_t tid = (index_t)blockIdx.x * BN_THREADS + threadIdx.x;
+    if (tid < C) {
+        mean_out[tid] = A(load(running_mean[tid]));
+        invstd_out[tid] = A(1) / sqrt(A(load(running_var[tid])) + eps);
+    }
+    const index_t stride = (index_t)gridDim.x * (BN_THREADS * U);
+    for (index_t b0 = (index_t)blockIdx.x * (BN_THREADS * U); b0 < packs; b0 += stride) {  // block-uniform
+        Pack<T, VEC> in[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const index_t q = b0 + (index_t)(u * BN_THREADS + threadIdx.x);
+            if (q < packs) in[u] = *reinterpret_cast<const Pack<T, VEC>*>(x + q * VEC);
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const index_t q = b0 + (index_t)(u * BN_THREADS + threadIdx.x);
+            const index_t e = q * VEC;
+            const index_t p = e / inner;
+            A out[VEC];
+            if (!SPLIT) {
+                if (q < packs) {
+                    A mean, scale, shift;
+                    infer_constants<T>(running_mean, running_var, gamma, beta, (int)(p % C), eps, mean, scale,
+                                       shift);
+#pragma unroll
+                    for (int v = 0; v < VEC; ++v) out[v] = (load(in[u].v[v]) - mean) * scale + shift;
+                }
+            } else {
+                const int lane = threadIdx.x & 31;
+                const index_t pw = __shfl_sync(0xffffffffu, p, 0);
+                A tm, ts, tb;  // the constants of plane pw + lane (always a valid channel)
+                infer_constants<T>(running_mean, running_var, gamma, beta, (int)((pw + lane) % C), eps, tm, ts,
+                                   tb);
+                const int k = (int)(p - pw);
+                const int k1 = k < 31 ? k + 1 : 31;  // 31 only where the pack does not reach plane p + 1
+                const A m0 = __shfl_sync(0xffffffffu, tm, k), s0 = __shfl_sync(0xffffffffu, ts, k);
+                const A h0 = __shfl_sync(0xffffffffu, tb, k);
+                const A m1 = __shfl_sync(0xffffffffu, tm, k1), s1 = __shfl_sync(0xffffffffu, ts, k1);
+                const A h1 = __shfl_sync(0xffffffffu, tb, k1);
+                const index_t first = inner - (e - p * inner);  // values of the pack in plane p
+#pragma unroll
+                for (int v = 0; v < VEC; ++v) {
+                    const bool lo = (index_t)v < first;
+                    out[v] = (load(in[u].v[v]) - (lo ? m0 : m1)) * (lo ? s0 : s1) + (lo ? h0 : h1);
+                }
+            }
+            if (q < packs) {
+                Pack<T, VEC> pk;
+#pragma unroll
+                for (int v = 0; v < VEC; ++v) pk.v[v] = store<T>(out[v]);
+                *reinterpret_cast<Pack<T, VEC>*>(y + q * VEC) = pk;
+            }
+        }
+    }
+    for (index_t i = packs * VEC + tid; i < size; i += (index_t)gridDim.x * BN_THREADS) {
+        A mean, scale, shift;
+        infer_constants<T>(running_mean, running_var, gamma, beta, (int)((i / inner) % C), eps, mean, scale,
+                           shift);
+        y[i] = store<T>((load(x[i]) - mean) * scale + shift);
+    }
+}
+
+// Inference, channel-last (inner == 1: NHWC, 2-D), python: PACKED_INFERENCE: the
+// same flat packs and one-shot grid as batchnorm_infer_packs, a pack = VEC
+// consecutive channels c0 = (q % (C / VEC)) * VEC of one row (VEC = 1 when C %
+// VEC != 0 or a pointer is misaligned).  A pack's VEC channels differ, so the
+// constants are a table per block in shared memory (dynamic: 3 * C values of A):
+// the block's threads fill it, channel c by thread c % BN_THREADS, after issuing
+// their first loads (the parameter loads and the sqrt overlap them), one
+// barrier, then each pack reads its VEC means / scales / shifts as vectors.
+// (batchnorm_rows_normalize, the other path: a persistent grid of row lanes, each
+// thread's columns fixed, constants in registers.)  Same expressions as every
+// other inference kernel.  Threads 0..C-1 of the grid write mean/invstd.
+// One pack a thread, float constants: 6 blocks of 256 an SM (<= 40 registers; 48
+// unbounded; a bound of 8 spills 16 bytes, and double 68-124 at 6 or 8): unbounded else.
+template <typename T, int U> struct rows_packs_min_blocks {
+    static constexpr int value = (U == 1 && sizeof(acc_t<T>) == 4) ? 6 : 1;
+};
+template <typename T, typename P, typename index_t, int VEC, int U>
+__global__ void __launch_bounds__(BN_THREADS, rows_packs_min_blocks<T, U>::value)
+batchnorm_infer_rows_packs(const T* __restrict__ x, T* __restrict__ y, acc_t<T>* __restrict__ mean_out,
+                           acc_t<T>* __restrict__ invstd_out, const P* __restrict__ running_mean,
+                           const P* __restrict__ running_var, const P* __restrict__ gamma,
+                           const P* __restrict__ beta, index_t packs, int C, acc_t<T> eps) {
+    typedef acc_t<T> A;
+    extern __shared__ __align__(16) unsigned char bn_infer_table[];
+    A* t_mean = reinterpret_cast<A*>(bn_infer_table);  // C % VEC == 0: each array 16-byte aligned
+    A* t_scale = t_mean + C;
+    A* t_shift = t_scale + C;
+    const index_t tid = (index_t)blockIdx.x * BN_THREADS + threadIdx.x;
+    if (tid < C) {
+        mean_out[tid] = A(load(running_mean[tid]));
+        invstd_out[tid] = A(1) / sqrt(A(load(running_var[tid])) + eps);
+    }
+    const index_t cv = (index_t)(C / VEC);
+    const index_t stride = (index_t)gridDim.x * (BN_THREADS * U);
+    bool table = false;
+    for (index_t b0 = (index_t)blockIdx.x * (BN_THREADS * U); b0 < packs; b0 += stride) {  // block-uniform
+        Pack<T, VEC> in[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const index_t q = b0 + (index_t)(u * BN_THREADS + threadIdx.x);
+            if (q < packs) in[u] = *reinterpret_cast<const Pack<T, VEC>*>(x + q * VEC);
+        }
+        if (!table) {
+            for (int c = threadIdx.x; c < C; c += BN_THREADS)
+                infer_constants<T, false>(running_mean, running_var, gamma, beta, c, eps, t_mean[c], t_scale[c],
+                                          t_shift[c]);
+            __syncthreads();
+            table = true;
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const index_t q = b0 + (index_t)(u * BN_THREADS + threadIdx.x);
+            if (q < packs) {
+                const int c0 = (int)(q % cv) * VEC;
+                const Pack<A, VEC> m = *reinterpret_cast<const Pack<A, VEC>*>(t_mean + c0);
+                const Pack<A, VEC> sc = *reinterpret_cast<const Pack<A, VEC>*>(t_scale + c0);
+                const Pack<A, VEC> sh = *reinterpret_cast<const Pack<A, VEC>*>(t_shift + c0);
+                Pack<T, VEC> pk;
+#pragma unroll
+                for (int v = 0; v < VEC; ++v) pk.v[v] = store<T>((load(in[u].v[v]) - m.v[v]) * sc.v[v] + sh.v[v]);
+                *reinterpret_cast<Pack<T, VEC>*>(y + q * VEC) = pk;
+            }
+        }
+    }
+}
+
 // Training forward and backward (saved statistics) in ONE launch with 16-byte
 // accesses for small channels whose inner size is not a multiple of VEC
 // (ResNet's 7x7 = 49: the chunk and fused kernels fall back to 4-byte

@@ -1,5 +1,7 @@
 """Batch normalization: the reference against the formula and loops, finite
 differences; both paths against the reference; running statistics; bad inputs."""
+import types
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -441,6 +443,7 @@ def test_inference_flat_path(xp, rng, monkeypatch, flat, dtype, x_shape, offset)
     float64 reference; the returned mean/invstd are the running statistics."""
     from dnnprims import normalization
     monkeypatch.setattr(normalization, "FLAT_INFERENCE", flat)
+    monkeypatch.setattr(normalization, "PACKED_INFERENCE", False)  # (test_inference_packs_path: the packs)
     pdtype, x_host, x, gamma, beta, rm, rv = _small_channel_problem(xp, rng, dtype, x_shape, offset)
     y, mean, invstd = batchnorm(x, xp.asarray(gamma), xp.asarray(beta), xp.asarray(rm), xp.asarray(rv),
                                 training=False, return_stats=True)
@@ -451,6 +454,112 @@ def test_inference_flat_path(xp, rng, monkeypatch, flat, dtype, x_shape, offset)
     assert_close(y, y64, dtype, what="y")
     assert_close(mean, mean64, dtype, what="mean")
     assert_close(invstd, invstd64, dtype, what="invstd")
+
+
+# Planes of 1, 3, 7x7, 13 and whole packs (4x4, 8x8, 2x5), aligned or not (offset),
+# C = 1, 3, 2048; channel-last and 2-D (batchnorm_infer_rows_packs: C a multiple of
+# VEC or not, misaligned; C = 5000 > the shared table: batchnorm_rows_normalize).
+_PACKS_CASES = [((2, 3, 7, 7), "NCHW", 0), ((2, 3, 7, 7), "NCHW", 1), ((3, 1, 13), "NCHW", 0),
+                ((2, 5, 3), "NCHW", 0), ((2, 2048, 7, 7), "NCHW", 0), ((2, 3, 4, 4), "NCHW", 0),
+                ((3, 3, 8, 8), "NCHW", 3), ((5, 3, 1, 1), "NCHW", 0), ((3, 7, 2, 5), "NCHW", 0),
+                ((2, 3, 1, 3, 7), "NCHW", 0), ((1, 1, 9, 9), "NCHW", 2), ((2, 3, 7, 7), "NHWC", 0),
+                ((2, 7, 7, 2048), "NHWC", 0), ((3, 5, 5, 8), "NHWC", 1), ((4, 3, 3, 16), "NHWC", 0),
+                ((6, 1), "NCHW", 0), ((7, 3), "NCHW", 1), ((3, 1, 1, 5000), "NHWC", 0), ((2, 13, 1, 1), "NHWC", 0)]
+
+
+@pytest.mark.parametrize("variant", ["default", "unroll1", "unroll4", "capped", "int64"])
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("x_shape,layout,offset", _PACKS_CASES)
+def test_inference_packs_path(xp, rng, monkeypatch, variant, dtype, x_shape, layout, offset):
+    """Inference through batchnorm_infer_packs (NCHW planes of at least VEC values;
+    the others take the flat / rows kernels) against the float64 reference, and on
+    the GPU bitwise against the chunk / flat kernels it replaces (the same
+    expressions); the returned mean/invstd are the running statistics, which stay
+    untouched.  Variants: one or four packs a thread, a grid capped at one block
+    (the grid stride), 64-bit indices."""
+    from dnnprims import normalization
+    if variant in ("unroll1", "unroll4"):
+        for name in ("PACKED_UNROLL", "PACKED_ROWS_UNROLL"):
+            monkeypatch.setattr(normalization, name, int(variant[-1]))
+    elif variant == "capped":
+        _fresh_plans(monkeypatch)
+        monkeypatch.setattr(normalization, "_PACKS_MAX_BLOCKS", 1)
+    elif variant == "int64":
+        _fresh_plans(monkeypatch)
+        monkeypatch.setattr(normalization, "index_type", lambda *sizes: "long long")
+    pdtype = np.float32 if dtype in (np.float16, _dtypes.BFLOAT16) else dtype
+    x_host = random_array(rng, x_shape, dtype, low=-1, high=3)
+    gamma, beta = _params(rng, x_shape, layout, pdtype)
+    c = gamma.shape[0]
+    rm, rv = random_array(rng, (c,), pdtype), random_array(rng, (c,), pdtype, 0.5, 2)
+    x = _placed(xp, x_host, offset)
+    args = [xp.asarray(v) for v in (gamma, beta, rm, rv)]
+    y, mean, invstd = batchnorm(x, *args, training=False, return_stats=True, layout=layout)
+    f64 = lambda a: _host(a).astype(np.float64)  # noqa: E731
+    y64, mean64, invstd64 = batchnorm(f64(x_host), f64(gamma), f64(beta), f64(rm), f64(rv), training=False,
+                                      return_stats=True, layout=layout)
+    assert y.dtype == dtype and y.shape == x_shape
+    assert_close(y, y64, dtype, what="y")
+    assert_close(mean, mean64, dtype, what="mean")
+    assert_close(invstd, invstd64, dtype, what="invstd")
+    assert np.array_equal(_host(args[2]), rm) and np.array_equal(_host(args[3]), rv)
+    if xp is not np:
+        monkeypatch.setattr(normalization, "PACKED_INFERENCE", False)
+        y_old, mean_old, invstd_old = batchnorm(x, *args, training=False, return_stats=True, layout=layout)
+        bits = f"u{np.dtype(dtype).itemsize}"
+        assert np.array_equal(_host(y).view(bits), _host(y_old).view(bits))
+        assert np.array_equal(_host(mean), _host(mean_old)) and np.array_equal(_host(invstd), _host(invstd_old))
+
+
+def test_inference_packs_launch_shapes(monkeypatch):
+    """CPU: which inference kernel each NCHW call plans (packs for planes of at least
+    VEC values, split where a pack can cross planes; flat below VEC; 1-value packs
+    when misaligned), the grid (one-shot, capped, at least C threads) and the index type."""
+    from dnnprims import normalization
+    cases = [((32, 2048, 7, 7), np.float32, True, "batchnorm_infer_packs<float, float, int, 4, 1, true>", 3136),
+             ((64, 256, 56, 56), np.float32, True, "batchnorm_infer_packs<float, float, int, 4, 1, false>", 50176),
+             ((64, 256, 56, 56), np.float16, True, "batchnorm_infer_packs<half_t, float, int, 8, 1, false>", 25088),
+             ((32, 64, 112, 112), np.float32, True, "batchnorm_infer_packs<float, float, int, 4, 1, false>", 25088),
+             ((2, 3, 7, 7), np.float64, False, "batchnorm_infer_packs<double, double, int, 1, 1, false>", 2),
+             ((1, 5000, 2, 2), np.float32, True, "batchnorm_infer_packs<float, float, int, 4, 1, false>", 20),
+             ((2, 3, 3), np.float32, True, "batchnorm_infer_flat<float, float, int, 4>", None)]
+    for shape, dtype, aligned, spec, grid in cases:
+        x = _fake_device_array(shape, dtype)
+        t = _dtypes.cuda_type(np.dtype(dtype))
+        inner = int(np.prod(shape[2:]))
+        if inner >= normalization._VECTOR[t]:
+            got, g, scalars = normalization._packs_launch(x, aligned, shape[1], inner, "double" if t == "double"
+                                                          else "float")
+            assert (got, g[0]) == (spec, grid), (shape, got, g)
+            assert [int(s) for s in scalars] == [x.size, x.size // int(spec.split(", ")[3]), shape[1], inner]
+            assert spec in normalization.FAMILY.name_expressions
+        else:
+            assert spec.startswith("batchnorm_infer_flat")
+    rows = [((64, 56, 56, 256), np.float32, True, "batchnorm_infer_rows_packs<float, float, int, 4, 4>", 12544),
+            ((64, 56, 56, 256), np.float16, True, "batchnorm_infer_rows_packs<half_t, float, int, 8, 4>", 6272),
+            ((5, 7), np.float32, True, "batchnorm_infer_rows_packs<float, float, int, 1, 1>", 1),
+            ((2, 4096), np.float32, False, "batchnorm_infer_rows_packs<float, float, int, 1, 1>", 32),
+            ((2, 2048), np.float64, True, "batchnorm_infer_rows_packs<double, double, int, 2, 4>", 8)]
+    for shape, dtype, aligned, spec, grid in rows:
+        x = _fake_device_array(shape, dtype)
+        pt = "double" if dtype == np.float64 else "float"
+        got, g, scalars, shared = normalization._rows_packs_launch(x, aligned, shape[-1], pt)
+        assert (got, g[0], shared) == (spec, grid, 3 * shape[-1] * (8 if dtype == np.float64 else 4)), got
+        assert [int(s) for s in scalars] == [x.size // int(spec.split(", ")[3]), shape[-1]]
+        assert spec in normalization.FAMILY.name_expressions
+    assert normalization._rows_packs_launch(_fake_device_array((2, 2049), np.float64), True, 2049, "double") is None
+    for switch in ("PACKED_INFERENCE_ROWS", "PACKED_INFERENCE"):
+        monkeypatch.setattr(normalization, switch, False)
+        assert normalization._rows_packs_launch(_fake_device_array((2, 8), np.float32), True, 8, "float") is None
+    monkeypatch.setattr(normalization, "PACKED_INFERENCE_ROWS", True)
+    big = types.SimpleNamespace(dtype=np.dtype(np.float16), itemsize=2, size=64 * 1024 * 192 * 192)  # 64-bit
+    assert ", long long, 8, 1, false>" in normalization._packs_launch(big, True, 1024, 192 * 192, "float")[0]
+    monkeypatch.setattr(normalization, "PACKED_INFERENCE", True)
+    # 1-value packs, a capped grid: the index one grid stride past the last must fit (int up to 2**31 - 1)
+    for size, index_t in ((2**31 - 1 - 65536 * 256, "int"), (2**31 - 65536 * 256, "long long")):
+        odd = types.SimpleNamespace(dtype=np.dtype(np.float32), itemsize=4, size=size)
+        assert f"<float, float, {index_t}, 1, 1, false>" in normalization._packs_launch(odd, False, 1, 8, "float")[0]
+        assert f"<float, float, {index_t}, 1, 1>" in normalization._rows_packs_launch(odd, False, 1, "float")[0]
 
 
 @pytest.mark.parametrize("fused", [True, False])
@@ -709,7 +818,8 @@ def test_multi_launch_and_grouped_kernels_get_arguments_of_their_signature(monke
         monkeypatch.setattr(normalization, "STRIDED", strided)
         for c, outer, inner in ((8, 3, 40 * 120), (8, 16, 49)):  # two chunks a channel; a grouped 7x7 plane
             x = _fake_device_array((outer, c, inner), dtype)
-            for training in (True, False):
+            for training, packed in ((True, True), (False, True), (False, False)):
+                monkeypatch.setattr(normalization, "PACKED_INFERENCE", packed)
                 start = len(captured)
                 normalization._build_forward_plan(cp, x, x, pdtype, c, outer, inner, training, training, 0.1,
                                                   1e-5, False, False, True)
@@ -719,6 +829,13 @@ def test_multi_launch_and_grouped_kernels_get_arguments_of_their_signature(monke
                 normalization._build_backward_plan(cp, x, x, x, pdtype, c, outer, inner, recompute, 1e-5, False,
                                                    True)
                 _check_arguments(captured[start:], backward_arrays, acc, seen)
+    monkeypatch.setattr(normalization, "PACKED_INFERENCE", True)
+    for c, rows in ((8, 40), (7, 3)):  # channel-last inference: the shared-table packs kernel
+        x = _fake_device_array((rows, c), dtype)
+        start = len(captured)
+        normalization._build_rows_forward_plan(cp, x, pdtype, c, rows, False, False, 0.1, 1e-5, False, False, True)
+        assert [e.split("<")[0] for e, _, _ in captured[start:]] == ["batchnorm_infer_rows_packs"]
+        _check_arguments(captured[start:], forward_arrays, acc, seen)
     # The cluster training forward (a fake sm_90 device): one launch, planes of 16-byte vectors.
     monkeypatch.setattr(normalization, "CLUSTER", True)
     monkeypatch.setattr(normalization, "CLUSTER_MIN_PLANE_BYTES", 16)
@@ -751,7 +868,7 @@ def test_multi_launch_and_grouped_kernels_get_arguments_of_their_signature(monke
             assert spec not in kernels
     assert {"batchnorm_statistics", "batchnorm_normalize", "batchnorm_backward_reduce", "batchnorm_backward_data",
             "batchnorm_train_grouped", "batchnorm_backward_grouped", "batchnorm_infer_flat",
-            "batchnorm_train_strided", "batchnorm_backward_strided",
+            "batchnorm_infer_packs", "batchnorm_infer_rows_packs", "batchnorm_train_strided", "batchnorm_backward_strided",
             "batchnorm_train_cluster", "batchnorm_backward_cluster"} <= seen, seen
 
 
