@@ -53,7 +53,7 @@ echo "$PATCH applied; $(nvidia-smi -L 2>/dev/null | head -n 1)"
 timeout 70 python3 scripts/warm_kernels.py 12 $WARM > "$OUT/warm_new.log" 2>&1 &
 if [ -n "$OLD_WARM" ]; then
     # shellcheck disable=SC2086
-    timeout 70 python3 notes/half16_warm.py "$OLD" $OLD_WARM > "$OUT/warm_old.log" 2>&1 &
+    timeout 70 python3 scripts/warm_kernels.py --root "$OLD" 12 $OLD_WARM > "$OUT/warm_old.log" 2>&1 &
 fi
 wait
 echo "[$(( $(date +%s) - T0 )) s] warm: $(tail -n 1 "$OUT/warm_new.log" | cut -c1-150)"
