@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The lead's one device call: GPU tests on main, partial re-tune (5x5/7x7), main job,
-# overhead, bench all; logs tarred into $OUT (few files come back), summary last.
+# The lead's device call: GPU tests on main, partial re-tunes, main job, overhead, benches,
+# A/B scripts (ab:) and helper GPU scripts (sh:, each in a copy of the tree); logs tarred
+# into $OUT (few files come back), summary last.
 #   bash notes/lead_call.sh [tests] [tune] [tunesk] [main] [overhead] [bench:SUITE] [ab:SCRIPT.py] [sh:SCRIPT.sh] ...
 set -u
 cd "$(dirname "$0")/.."
@@ -16,9 +17,6 @@ for step in "$@"; do
               stamp "tune (1x1/3x3 forward + backward data, split-K) rc $?"; cp "$L/conv_table.json" "$OUT/conv_table.json" 2>/dev/null ;;
         main) OUT=$L timeout 60 bash scripts/gpu_suite.sh main > "$L/main.txt" 2>&1; stamp "main rc $?" ;;
         overhead) OUT=$L timeout 90 bash scripts/gpu_suite.sh overhead > "$L/overhead.txt" 2>&1; stamp "overhead rc $?" ;;
-        winosmall) rm -rf /tmp/ws; cp -r . /tmp/ws; (cd /tmp/ws && OUT=$L/winosmall timeout 200 bash notes/winosmall_gpu.sh 150 > "$L/winosmall.txt" 2>&1); stamp "winosmall rc $?" ;;
-        splitk) rm -rf /tmp/sk; cp -r . /tmp/sk; (cd /tmp/sk && OUT=$L/splitk timeout 150 bash notes/splitk_gpu.sh 120 > "$L/splitk.txt" 2>&1); stamp "splitk rc $?" ;;
-        hostnext) rm -rf /tmp/hn; cp -r . /tmp/hn; (cd /tmp/hn && OUT=$L/hostnext timeout 150 bash notes/hostwino_next_gpu.sh 135 > "$L/hostnext.txt" 2>&1); stamp "hostnext rc $?" ;;
         ab:*) f=${step#ab:}; n=$(basename "$f" .py); PYTHONPATH=$PWD PYTHONUNBUFFERED=1 timeout 200 python "$f" > "$L/ab_$n.txt" 2>&1; stamp "ab $n rc $?" ;;
         sh:*) f=${step#sh:}; n=$(basename "$f" .sh); rm -rf /tmp/shcopy; cp -r . /tmp/shcopy; (cd /tmp/shcopy && OUT=$L/$n timeout 260 bash "$f" > "$L/sh_$n.txt" 2>&1); stamp "sh $n rc $?" ;;
         bench:*) s=${step#bench:}; left=$(( ${DEADLINE_S:-100000} - ($(date +%s) - T0) )); [ "$left" -gt 260 ] && left=260; [ "$left" -lt 20 ] && { stamp "bench $s skipped (deadline)"; continue; }
@@ -30,8 +28,5 @@ echo "===== SUMMARY"
 cat "$L/steps.txt"
 for f in "$L"/tests.txt "$L"/tune.txt "$L"/main.txt; do [ -f "$f" ] && { echo "--- $f"; grep -E "^(FAILED|ERROR)" "$f" | head -20; tail -n 8 "$f"; }; done
 [ -f "$L/overhead.txt" ] && { echo "--- overhead"; tail -n 20 "$L/overhead.txt"; }
-[ -f "$L/hostnext.txt" ] && { echo "--- hostnext"; tail -n 40 "$L/hostnext.txt"; }
-[ -f "$L/splitk.txt" ] && { echo "--- splitk"; tail -n 40 "$L/splitk.txt"; }
-[ -f "$L/winosmall.txt" ] && { echo "--- winosmall"; tail -n 30 "$L/winosmall.txt"; }
 for f in "$L"/ab_*.txt "$L"/sh_*.txt; do [ -f "$f" ] && { echo "--- $f"; tail -n 60 "$f"; }; done
 for f in "$L"/bench_*.txt; do [ -f "$f" ] && { echo "--- $f"; grep -A 40 "benchmark summary" "$f" | head -60; }; done
