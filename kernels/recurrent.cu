@@ -32,6 +32,36 @@ __device__ __forceinline__ acc_t<T> gate_preactivation(const acc_t<T>* gx, const
     return gx[row + col] + gh[row + col] + load(b_ih[col]) + load(b_hh[col]);
 }
 
+// The four LSTM gates of unit j in the batch row starting at `row` (forward and
+// backward recompute them from the saved GEMM outputs instead of storing them).
+template <typename A>
+struct LstmGates { A i, f, g, o; };
+
+template <typename T, typename index_t>
+__device__ __forceinline__ LstmGates<acc_t<T>> lstm_gates(const acc_t<T>* gx, const acc_t<T>* gh, const T* b_ih,
+                                                          const T* b_hh, index_t row, index_t j, index_t hidden) {
+    return {sigmoid_acc(gate_preactivation<T>(gx, gh, b_ih, b_hh, row, j)),
+            sigmoid_acc(gate_preactivation<T>(gx, gh, b_ih, b_hh, row, hidden + j)),
+            tanh_acc(gate_preactivation<T>(gx, gh, b_ih, b_hh, row, 2 * hidden + j)),
+            sigmoid_acc(gate_preactivation<T>(gx, gh, b_ih, b_hh, row, 3 * hidden + j))};
+}
+
+// The GRU's r and z gates, the hidden part of n's pre-activation hn = gh_n + b_hn
+// (r scales it), and n = tanh(gx_n + b_in + r * hn).
+template <typename A>
+struct GruGates { A r, z, hn, n; };
+
+template <typename T, typename index_t>
+__device__ __forceinline__ GruGates<acc_t<T>> gru_gates(const acc_t<T>* gx, const acc_t<T>* gh, const T* b_ih,
+                                                        const T* b_hh, index_t row, index_t j, index_t hidden) {
+    typedef acc_t<T> A;
+    const A r = sigmoid_acc(gate_preactivation<T>(gx, gh, b_ih, b_hh, row, j));
+    const A z = sigmoid_acc(gate_preactivation<T>(gx, gh, b_ih, b_hh, row, hidden + j));
+    const index_t nj = 2 * hidden + j;
+    const A hn = gh[row + nj] + load(b_hh[nj]);
+    return {r, z, hn, tanh_acc(gx[row + nj] + load(b_ih[nj]) + r * hn)};
+}
+
 // h1 = o * tanh(c1), c1 = f * c + i * g.
 template <typename T, typename index_t>
 __global__ void lstm_cell_forward(const acc_t<T>* gx, const acc_t<T>* gh, const T* b_ih, const T* b_hh,
@@ -42,10 +72,8 @@ __global__ void lstm_cell_forward(const acc_t<T>* gx, const acc_t<T>* gh, const 
     for (index_t t = (index_t)blockIdx.x * (index_t)blockDim.x + (index_t)threadIdx.x; t < total; t += stride) {
         const index_t b = t / hidden, j = t - b * hidden;
         const index_t row = b * 4 * hidden;
-        const A i = sigmoid_acc(gate_preactivation<T>(gx, gh, b_ih, b_hh, row, j));
-        const A f = sigmoid_acc(gate_preactivation<T>(gx, gh, b_ih, b_hh, row, hidden + j));
-        const A g = tanh_acc(gate_preactivation<T>(gx, gh, b_ih, b_hh, row, 2 * hidden + j));
-        const A o = sigmoid_acc(gate_preactivation<T>(gx, gh, b_ih, b_hh, row, 3 * hidden + j));
+        const LstmGates<A> q = lstm_gates<T>(gx, gh, b_ih, b_hh, row, j, hidden);
+        const A i = q.i, f = q.f, g = q.g, o = q.o;
         const A cn = f * load(c[t]) + i * g;
         c1[t] = store<T>(cn);
         h1[t] = store<T>(o * tanh_acc(cn));
@@ -64,10 +92,8 @@ __global__ void lstm_cell_backward(const acc_t<T>* gx, const acc_t<T>* gh, const
     for (index_t t = (index_t)blockIdx.x * (index_t)blockDim.x + (index_t)threadIdx.x; t < total; t += stride) {
         const index_t b = t / hidden, j = t - b * hidden;
         const index_t row = b * 4 * hidden;
-        const A i = sigmoid_acc(gate_preactivation<T>(gx, gh, b_ih, b_hh, row, j));
-        const A f = sigmoid_acc(gate_preactivation<T>(gx, gh, b_ih, b_hh, row, hidden + j));
-        const A g = tanh_acc(gate_preactivation<T>(gx, gh, b_ih, b_hh, row, 2 * hidden + j));
-        const A o = sigmoid_acc(gate_preactivation<T>(gx, gh, b_ih, b_hh, row, 3 * hidden + j));
+        const LstmGates<A> q = lstm_gates<T>(gx, gh, b_ih, b_hh, row, j, hidden);
+        const A i = q.i, f = q.f, g = q.g, o = q.o;
         const A cp = load(c[t]);
         const A tc = tanh_acc(f * cp + i * g);
         const A dh = load(dh1[t]);
@@ -91,11 +117,8 @@ __global__ void gru_cell_forward(const acc_t<T>* gx, const acc_t<T>* gh, const T
     for (index_t t = (index_t)blockIdx.x * (index_t)blockDim.x + (index_t)threadIdx.x; t < total; t += stride) {
         const index_t b = t / hidden, j = t - b * hidden;
         const index_t row = b * 3 * hidden;
-        const A r = sigmoid_acc(gate_preactivation<T>(gx, gh, b_ih, b_hh, row, j));
-        const A z = sigmoid_acc(gate_preactivation<T>(gx, gh, b_ih, b_hh, row, hidden + j));
-        const index_t nj = 2 * hidden + j;
-        const A n = tanh_acc(gx[row + nj] + load(b_ih[nj]) + r * (gh[row + nj] + load(b_hh[nj])));
-        h1[t] = store<T>((A(1) - z) * n + z * load(h[t]));
+        const GruGates<A> q = gru_gates<T>(gx, gh, b_ih, b_hh, row, j, hidden);
+        h1[t] = store<T>((A(1) - q.z) * q.n + q.z * load(h[t]));
     }
 }
 
@@ -112,11 +135,9 @@ __global__ void gru_cell_backward(const acc_t<T>* gx, const acc_t<T>* gh, const 
     for (index_t t = (index_t)blockIdx.x * (index_t)blockDim.x + (index_t)threadIdx.x; t < total; t += stride) {
         const index_t b = t / hidden, j = t - b * hidden;
         const index_t row = b * 3 * hidden;
-        const A r = sigmoid_acc(gate_preactivation<T>(gx, gh, b_ih, b_hh, row, j));
-        const A z = sigmoid_acc(gate_preactivation<T>(gx, gh, b_ih, b_hh, row, hidden + j));
+        const GruGates<A> q = gru_gates<T>(gx, gh, b_ih, b_hh, row, j, hidden);
+        const A r = q.r, z = q.z, hn = q.hn, n = q.n;
         const index_t nj = 2 * hidden + j;
-        const A hn = gh[row + nj] + load(b_hh[nj]);
-        const A n = tanh_acc(gx[row + nj] + load(b_ih[nj]) + r * hn);
         const A dh = load(dh1[t]);
         const A dn = dh * (A(1) - z) * (A(1) - n * n);
         const A dr = dn * hn * r * (A(1) - r);
