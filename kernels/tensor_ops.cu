@@ -126,6 +126,24 @@ __device__ __forceinline__ A reduce_finish(A v, int finish, A scale) {
     return finish == 0 ? v : (finish == 1 ? v * scale : sqrt(v));
 }
 
+// The block's partials combined in a fixed order (warp shuffles, then warp 0 over
+// the warps; deterministic), finished and stored by thread 0 to *out.
+template <typename A, typename Tout>
+__device__ __forceinline__ void reduce_block_and_store(A acc, A* scratch, Tout* out, int combine, int finish,
+                                                       A scale) {
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) acc = reduce_combine(acc, __shfl_xor_sync(0xffffffffu, acc, off), combine);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (lane == 0) scratch[warp] = acc;
+    __syncthreads();
+    if (warp == 0) {
+        acc = lane < (int)(blockDim.x >> 5) ? scratch[lane] : reduce_identity<A>(combine);
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) acc = reduce_combine(acc, __shfl_xor_sync(0xffffffffu, acc, off), combine);
+        if (lane == 0) *out = store<Tout>(reduce_finish(acc, finish, scale));
+    }
+}
+
 template <typename Tin, typename Tout, typename index_t>
 __global__ void reduce_rows(const Tin* __restrict__ x, Tout* __restrict__ out, index_t R,
                             index_t per_split, int map, int combine, int finish, acc_t<Tin> scale) {
@@ -148,18 +166,7 @@ __global__ void reduce_rows(const Tin* __restrict__ x, Tout* __restrict__ out, i
 #pragma unroll
         for (int u = 0; u < TENSOR_UNROLL; ++u) acc = reduce_combine(acc, v[u], combine);
     }
-    // Block reduction in a fixed order: warp shuffles, then warp 0 over the warps.
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) acc = reduce_combine(acc, __shfl_xor_sync(0xffffffffu, acc, off), combine);
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    if (lane == 0) scratch[warp] = acc;
-    __syncthreads();
-    if (warp == 0) {
-        acc = lane < (int)(blockDim.x >> 5) ? scratch[lane] : reduce_identity<A>(combine);
-#pragma unroll
-        for (int off = 16; off > 0; off >>= 1) acc = reduce_combine(acc, __shfl_xor_sync(0xffffffffu, acc, off), combine);
-        if (lane == 0) out[block] = store<Tout>(reduce_finish(acc, finish, scale));
-    }
+    reduce_block_and_store(acc, scratch, out + block, combine, finish, scale);
 }
 
 // reduce_planes: x viewed as (R1, O, R2), one block per output o reduces its
@@ -194,17 +201,7 @@ __global__ void reduce_planes(const Tin* __restrict__ x, Tout* __restrict__ out,
 #pragma unroll
                 for (int e = 0; e < VEC; ++e) acc = reduce_combine(acc, reduce_map(A(load(pk[u].v[e])), map), combine);
     }
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) acc = reduce_combine(acc, __shfl_xor_sync(0xffffffffu, acc, off), combine);
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    if (lane == 0) scratch[warp] = acc;
-    __syncthreads();
-    if (warp == 0) {
-        acc = lane < (int)(blockDim.x >> 5) ? scratch[lane] : reduce_identity<A>(combine);
-#pragma unroll
-        for (int off = 16; off > 0; off >>= 1) acc = reduce_combine(acc, __shfl_xor_sync(0xffffffffu, acc, off), combine);
-        if (lane == 0) out[o] = store<Tout>(reduce_finish(acc, finish, scale));
-    }
+    reduce_block_and_store(acc, scratch, out + o, combine, finish, scale);
 }
 
 // Output (split, o1, o2) at (split * O1 + o1) * O2 + o2.
