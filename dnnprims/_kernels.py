@@ -34,6 +34,8 @@ Without a GPU, :func:`compile_with_nvrtc` compiles a family to PTX through
 NVRTC alone; CI uses it to prove that every specialisation builds cleanly.
 """
 import array
+import functools
+import hashlib
 import os
 import pathlib
 import sys
@@ -61,6 +63,15 @@ def index_type(*sizes):
     return "int" if max(sizes, default=0) <= INT32_LIMIT else "long long"
 
 
+@functools.lru_cache(maxsize=None)
+def headers_digest(kernel_dir=None):
+    """SHA-256 (first 16 hex digits) of every kernels/*.cuh, names and contents."""
+    h = hashlib.sha256()
+    for path in sorted(pathlib.Path(kernel_dir or KERNEL_DIR).glob("*.cuh")):
+        h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()[:16]
+
+
 class KernelFamily:
     """One ``kernels/*.cu`` file and the specialisations the library launches."""
 
@@ -74,7 +85,11 @@ class KernelFamily:
 
     @property
     def source(self):
-        return (KERNEL_DIR / self.filename).read_text()
+        # CuPy's kernel cache keys on this text and the options, not on the headers
+        # it includes: the headers' digest in the text (last, so compiler messages keep
+        # the file's line numbers) makes a changed header compile afresh instead of
+        # loading stale binaries.
+        return (KERNEL_DIR / self.filename).read_text() + f"\n// headers {headers_digest()}\n"
 
     def function(self, expression):
         """The compiled kernel for one name expression on the current device."""

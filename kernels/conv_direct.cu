@@ -24,27 +24,7 @@
 // the reduction kernels loop over blocks, so any size runs with any grid.
 // Sizes of single dimensions are int; flattened indices are index_t.
 #include "common.cuh"
-
-template <bool NHWC, typename index_t>
-__device__ __forceinline__ index_t offset4(index_t n, index_t c, index_t h, index_t w,
-                                           int C, int H, int W) {
-    return NHWC ? ((n * H + h) * W + w) * C + c : ((n * C + c) * H + h) * W + w;
-}
-
-// Split a flat index of a (N, C, H, W) tensor stored in the given layout.
-template <bool NHWC, typename index_t>
-__device__ __forceinline__ void split4(index_t i, int C, int H, int W,
-                                       index_t& n, int& c, int& h, int& w) {
-    if (NHWC) {
-        c = (int)(i % C); i /= C;
-        w = (int)(i % W); i /= W;
-        h = (int)(i % H); n = i / H;
-    } else {
-        w = (int)(i % W); i /= W;
-        h = (int)(i % H); i /= H;
-        c = (int)(i % C); n = i / C;
-    }
-}
+#include "conv_indexing.cuh"
 
 template <typename T, typename index_t, bool NHWC>
 __global__ void conv_direct_forward(const T* __restrict__ x, const T* __restrict__ w,
@@ -93,25 +73,14 @@ __global__ void conv_direct_backward_data(const T* __restrict__ dy, const T* __r
         split4<NHWC>(i, C, H, W, n, c, h, wi);
         const int g = c / Cg, cl = c - g * Cg, k0 = g * Kg;
         A acc = A(0);
-        for (int r = 0; r < R; ++r) {
-            const int ph = h + pad_h - r * dil_h;  // = p * stride_h when tap r reaches row h
-            if (ph < 0) break;                     // decreases with r
-            if (ph % stride_h != 0) continue;
-            const int p = ph / stride_h;
-            if (p >= P) continue;
-            for (int s = 0; s < S; ++s) {
-                const int qw = wi + pad_w - s * dil_w;
-                if (qw < 0) break;
-                if (qw % stride_w != 0) continue;
-                const int q = qw / stride_w;
-                if (q >= Q) continue;
-                const T* wp = w + (((index_t)k0 * Cg + cl) * R + r) * S + s;  // w[k0, cl, r, s]
-                for (int k = 0; k < Kg; ++k) {
-                    acc += load(dy[offset4<NHWC, index_t>(n, k0 + k, p, q, K, P, Q)]) *
-                           load(wp[(index_t)k * Cg * R * S]);
-                }
+        for_each_tap_reaching(h, wi, R, S, P, Q, stride_h, stride_w, pad_h, pad_w, dil_h, dil_w,
+                              [&](int r, int s, int p, int q) {
+            const T* wp = w + (((index_t)k0 * Cg + cl) * R + r) * S + s;  // w[k0, cl, r, s]
+            for (int k = 0; k < Kg; ++k) {
+                acc += load(dy[offset4<NHWC, index_t>(n, k0 + k, p, q, K, P, Q)]) *
+                       load(wp[(index_t)k * Cg * R * S]);
             }
-        }
+        });
         dx[i] = store<T>(acc);
     }
 }

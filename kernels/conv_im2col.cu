@@ -21,6 +21,7 @@
 //           result is deterministic.  Accumulates in acc_t<T>.
 // Grid-stride loops; the grid is capped in Python.
 #include "common.cuh"
+#include "conv_indexing.cuh"
 
 template <typename T, typename index_t, bool NHWC>
 __global__ void conv_im2col(const T* __restrict__ x, T* __restrict__ col,
@@ -48,7 +49,7 @@ __global__ void conv_im2col(const T* __restrict__ x, T* __restrict__ col,
         const int w = q * stride_w - pad_w + s * dil_w;
         T v = store<T>(acc_t<T>(0));
         if (h >= 0 && h < H && w >= 0 && w < W) {
-            v = x[NHWC ? ((n * H + h) * W + w) * C + c : ((n * C + c) * H + h) * W + w];
+            v = x[offset4<NHWC, index_t>(n, c, h, w, C, H, W)];
         }
         col[n * stride_n + (((index_t)c * R + r) * S + s) * stride_j + ((index_t)p * Q + q) * stride_pq] = v;
     }
@@ -62,34 +63,15 @@ __global__ void conv_col2im(const T* __restrict__ col, T* __restrict__ dx,
     typedef acc_t<T> A;
     for (index_t i = (index_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
          i += (index_t)blockDim.x * gridDim.x) {
-        index_t t = i, n;
+        index_t n;
         int c, h, w;
-        if (NHWC) {
-            c = (int)(t % C); t /= C;
-            w = (int)(t % W); t /= W;
-            h = (int)(t % H); n = t / H;
-        } else {
-            w = (int)(t % W); t /= W;
-            h = (int)(t % H); t /= H;
-            c = (int)(t % C); n = t / C;
-        }
+        split4<NHWC>(i, C, H, W, n, c, h, w);
         A acc = A(0);
-        for (int r = 0; r < R; ++r) {
-            const int ph = h + pad_h - r * dil_h;  // = p * stride_h when tap r reaches row h
-            if (ph < 0) break;                     // decreases with r
-            if (ph % stride_h != 0) continue;
-            const int p = ph / stride_h;
-            if (p >= P) continue;
-            for (int s = 0; s < S; ++s) {
-                const int qw = w + pad_w - s * dil_w;
-                if (qw < 0) break;
-                if (qw % stride_w != 0) continue;
-                const int q = qw / stride_w;
-                if (q >= Q) continue;
-                acc += load(col[n * stride_n + (((index_t)c * R + r) * S + s) * stride_j +
-                                ((index_t)p * Q + q) * stride_pq]);
-            }
-        }
+        for_each_tap_reaching(h, w, R, S, P, Q, stride_h, stride_w, pad_h, pad_w, dil_h, dil_w,
+                              [&](int r, int s, int p, int q) {
+            acc += load(col[n * stride_n + (((index_t)c * R + r) * S + s) * stride_j +
+                            ((index_t)p * Q + q) * stride_pq]);
+        });
         dx[i] = store<T>(acc);
     }
 }

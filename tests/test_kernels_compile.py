@@ -45,3 +45,19 @@ def test_inline_ptx_assembles(arch, filename, prefix):
     subset = types.SimpleNamespace(source=family.source, filename=family.filename, name_expressions=expressions)
     log = _kernels.compile_with_nvrtc(subset, arch=arch)
     assert log == "", f"NVRTC / ptxas messages for {arch}:\n{log}"
+
+
+def test_kernel_source_carries_the_headers_digest(tmp_path):
+    """CuPy caches compiled kernels by source text and options only: each family's
+    source ends with a digest of the kernels/*.cuh it may include, so a changed
+    header changes every family's cache key."""
+    from dnnprims import _kernels
+    for family in _kernels.families().values():
+        assert family.source.endswith(f"\n// headers {_kernels.headers_digest()}\n"), family.filename
+    (tmp_path / "a.cuh").write_text("int a;")
+    (tmp_path / "b.cuh").write_text("int b;")
+    before = _kernels.headers_digest(str(tmp_path))
+    (tmp_path / "b.cuh").write_text("int b2;")
+    _kernels.headers_digest.cache_clear()
+    assert _kernels.headers_digest(str(tmp_path)) != before
+    assert len(_kernels.headers_digest()) == 16
