@@ -13,6 +13,7 @@ every variant are checked bitwise against old before timing (same lanes, batches
 merge order: diff 0 expected; fp16 old runs 1 block an SM, new 2, so its lanes and
 hence its rounding differ: diff within fp16 rounding there).  Table last.
     python notes/bnnhwc_ab.py OLD_ROOT --json PATH"""
+import importlib
 import sys
 
 sys.path.insert(0, "notes/ab")
@@ -25,7 +26,7 @@ import dnnprims as new  # noqa: E402
 from dnnprims import normalization as new_norm  # noqa: E402
 
 old = common.load_old(sys.argv[1])
-old_norm = sys.modules["dnnprims_old.normalization"]
+old_norm = importlib.import_module("dnnprims_old.normalization")
 assert "batchnorm_rows_train_resident" not in old_norm.FAMILY.source, "old must be unpatched"
 assert "batchnorm_rows_train_resident" in new_norm.FAMILY.source, "new must be patched"
 F = torch.nn.functional
