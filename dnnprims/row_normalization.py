@@ -39,6 +39,8 @@ FAMILY = KernelFamily("row_normalization.cu", [
     *(f"norm_rows_backward_fused<{t}, {p}, {i}, {v}>"
       for t, p in _TYPE_PAIRS for i in _INDEX_TYPES for v in sorted({1, _VECTOR[t]})),
     *sorted({f"norm_param_grads_finish_wide<{_ACC[t]}, {p}>" for t, p in _TYPE_PAIRS}),
+    *(f"norm_rows_{d}_pipelined<{t}, {p}, {i}, {_VECTOR[t]}>" for d in ("forward", "backward_fused")
+      for t, p in _TYPE_PAIRS for i in _INDEX_TYPES),
     *(f"gn_rows_forward_pipelined<{t}, {p}, {i}, {_VECTOR[t]}>" for t, p in _TYPE_PAIRS for i in _INDEX_TYPES),
     *(f"gn_rows_backward_pipelined<{t}, {p}, {i}, {_VECTOR[t]}>" for t, p in _TYPE_PAIRS for i in _INDEX_TYPES),
     *(f"gn_rows_backward<{t}, {p}, {i}, {v}>"
@@ -56,6 +58,22 @@ _SM_TARGET = 132 * 8  # blocks for the parameter-gradient column reduction
 # the kernel's registers allow.  False: the row kernel + the column kernel.
 FUSED_BACKWARD = True
 _FUSED_ITEMS = 2  # NORM_FUSED_ITEMS in kernels/row_normalization.cu
+# The fused backward on 16-byte rows through norm_rows_backward_fused_pipelined:
+# each thread's vectors of the block's next NORM_STAGES - 1 rows are copied
+# (cp.async) into its own shared-memory slots while this row is reduced and dx
+# written, and the partials are added by 32 split lanes a block instead of 8.
+# False: norm_rows_backward_fused (each row's loads issued only after the
+# previous row's stores: H100 65536 x 1024 fp32 0.86 of copy, fp16 0.65).
+LAYER_BACKWARD_PIPELINED = True
+_FUSED_STAGES = 3  # NORM_STAGES in kernels/row_normalization.cu
+# Layer / RMS norm forward (and group norm with one group and S == 1) on 16-byte
+# rows of at most 2 vectors a thread: norm_rows_forward_pipelined (persistent
+# blocks, thread t owns the same vectors of every row, the next rows' copies in
+# flight in its own shared-memory slots), for the storage types listed; the others
+# take norm_rows_forward (one block per row).  H100 A/B, 65536 x 1024 (session 10,
+# notes/rownorm.md): float16 layer norm 0.137 -> 0.111 ms (0.65 -> 0.80 of copy), but
+# float32 layer 0.197 -> 0.203 and RMS 0.184 -> 0.200 ms: 16-bit only.
+LAYER_FORWARD_PIPELINED = ("half_t", "bfloat16_t")
 # Group norm backward, NCHW: the per-(sample, channel) dgamma/dbeta partials come
 # from the row kernel's own read of x and dy (norm_rows_backward `plane_sums`)
 # instead of norm_param_grads_planes reading both again.  Needs S >= 32 vectors
@@ -576,6 +594,27 @@ def _pipelined_forward(cp, x, y, gamma, beta, mean, rstd, rows, pt, eps):
     return True
 
 
+def _layer_forward_pipelined(cp, x, y, gamma, beta, mean, rstd, rows, pt, eps, rms):
+    """Launch norm_rows_forward_pipelined and return True, or False when it does not apply
+    (then nothing was launched)."""
+    if not (rows.t in LAYER_FORWARD_PIPELINED and not rows.nhwc and rows.S == 1 and rows.groups == 1 and rows.vec > 1
+            and rows.block * _FUSED_ITEMS * rows.vec >= rows.M):
+        return False
+    shared = _FUSED_STAGES * _FUSED_ITEMS * rows.block * 16  # 16-byte slots: stage, item, thread
+    if shared > _optin(cp) - 1024:
+        return False
+    expr = f"norm_rows_forward_pipelined<{rows.t}, {pt}, {rows.index_t}, {rows.vec}>"
+    kernel = FAMILY.function(expr)
+    _raise_shared(kernel, (cp.cuda.runtime.getDevice(), expr), shared)
+    resident = _resident_blocks(cp, kernel, expr, rows.block, shared)
+    if resident <= 0:
+        return False
+    grid = min(rows.rows, resident, _PIPELINE_GRID_CAP or resident)
+    kernel((grid,), (rows.block,), (x, y, _param_or_null(cp, gamma), _param_or_null(cp, beta), mean, rstd,
+                                    rows.it(rows.rows), rows.it(rows.M), eps, np.int32(rms)), shared_mem=shared)
+    return True
+
+
 def _forward_gpu(cp, x, groups, gamma, beta, eps, layout, rms, write_y=True):
     acc = _dtypes.accumulate_dtype(x.dtype)
     x = _validate.contiguous(cp, x)
@@ -587,6 +626,11 @@ def _forward_gpu(cp, x, groups, gamma, beta, eps, layout, rms, write_y=True):
     real = np.float32 if acc == np.float32 else np.float64
     if write_y and not rms and _pipelined_forward(cp, x, y, gamma, beta, mean, rstd, rows,
                                                   _dtypes.cuda_type(pdtype), real(eps)):
+        return y, mean, rstd
+    if write_y and _layer_forward_pipelined(cp, x, y, gamma, beta, mean, rstd, rows, _dtypes.cuda_type(pdtype),
+                                            real(eps), rms):
+        if rms:
+            mean[...] = 0
         return y, mean, rstd
     _launch_rows(rows.spec("norm_rows_forward", _dtypes.cuda_type(pdtype)), rows,
                  (x, _NULL if y is None else y, _param_or_null(cp, gamma), _param_or_null(cp, beta), mean, rstd,
@@ -767,6 +811,10 @@ def _fused_backward(cp, dy, x, gamma, mean, rstd, dx, rows, pt, pdtype, acc, rms
     row does not fit its registers (then nothing was launched)."""
     if rows.block * _FUSED_ITEMS * rows.vec < rows.M:
         return None
+    if LAYER_BACKWARD_PIPELINED and rows.vec > 1:
+        done = _fused_pipelined_backward(cp, dy, x, gamma, mean, rstd, dx, rows, pt, pdtype, acc, rms)
+        if done is not None:
+            return done
     expr = rows.spec("norm_rows_backward_fused", pt)
     kernel = FAMILY.function(expr)
     key = (cp.cuda.runtime.getDevice(), expr, rows.block)
@@ -788,10 +836,36 @@ def _fused_backward(cp, dy, x, gamma, mean, rstd, dx, rows, pt, pdtype, acc, rms
     part = cp.empty((2, grid, channels), acc)
     kernel((grid,), (rows.block,), (dy, x, _param_or_null(cp, gamma), mean, rstd, dx, part[0], part[1],
                                     rows.it(rows.rows), rows.it(channels), np.int32(rms)))
+    return _finish_wide(cp, part, grid, channels, rows, pt, pdtype, 8)
+
+
+def _fused_pipelined_backward(cp, dy, x, gamma, mean, rstd, dx, rows, pt, pdtype, acc, rms):
+    """(dgamma, dbeta) after norm_rows_backward_fused_pipelined wrote dx, or None when
+    its ring does not fit the shared memory or no block is resident (nothing launched)."""
+    shared = _FUSED_STAGES * 2 * _FUSED_ITEMS * rows.block * 16  # 16-byte slots: stage, x / dy, item, thread
+    if shared > _optin(cp) - 1024:
+        return None
+    expr = f"norm_rows_backward_fused_pipelined<{rows.t}, {pt}, {rows.index_t}, {rows.vec}>"
+    kernel = FAMILY.function(expr)
+    _raise_shared(kernel, (cp.cuda.runtime.getDevice(), expr), shared)
+    resident = _resident_blocks(cp, kernel, expr, rows.block, shared)
+    if resident <= 0:
+        return None
+    grid = min(rows.rows, resident, _PIPELINE_GRID_CAP or resident)
+    channels = rows.M
+    part = cp.empty((2, grid, channels), acc)
+    kernel((grid,), (rows.block,), (dy, x, _param_or_null(cp, gamma), mean, rstd, dx, part[0], part[1],
+                                    rows.it(rows.rows), rows.it(channels), np.int32(rms)), shared_mem=shared)
+    return _finish_wide(cp, part, grid, channels, rows, pt, pdtype, 32)
+
+
+def _finish_wide(cp, part, splits, channels, rows, pt, pdtype, lanes):
+    """(dgamma, dbeta) from the (2, splits, channels) partials: norm_param_grads_finish_wide,
+    `lanes` split lanes a block of 32 columns."""
     dgamma = cp.empty(channels, pdtype)
     dbeta = cp.empty(channels, pdtype)
-    FAMILY.launch(f"norm_param_grads_finish_wide<{_ACC[rows.t]}, {pt}>", (ceil_div(channels, 32),), (32, 8),
-                  (part[0], part[1], dgamma, dbeta, np.int64(grid), np.int64(channels)))
+    FAMILY.launch(f"norm_param_grads_finish_wide<{_ACC[rows.t]}, {pt}>", (ceil_div(channels, 32),), (32, lanes),
+                  (part[0], part[1], dgamma, dbeta, np.int64(splits), np.int64(channels)))
     return dgamma, dbeta
 
 

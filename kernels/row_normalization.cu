@@ -40,7 +40,9 @@
 // Both write partial sums per (split, p); norm_param_grads_finish adds them in
 // order.  No atomics: results are deterministic.  Layer and RMS norm instead
 // run norm_rows_backward_fused (dx and the gradient partials from one read of
-// x and dy; see there) when a row fits NORM_FUSED_ITEMS vectors a thread.
+// x and dy; see there) when a row fits NORM_FUSED_ITEMS vectors a thread, or
+// with 16-byte rows norm_rows_backward_fused_pipelined (the same, the next
+// rows' copies in flight; at the end of the file).
 //
 // Group / instance norm NCHW forward with 16-byte rows runs
 // gn_rows_forward_pipelined instead (persistent blocks, two row buffers, the
@@ -438,26 +440,32 @@ __global__ void norm_rows_backward_fused(const T* __restrict__ dy, const T* __re
 }
 
 // dgamma[p] = sum over splits s of part[s * count + p], many splits: block (32,
-// 8) per 32 columns, row lane ty adds splits ty, ty + 8, ... (4 loads ahead),
-// then lane 0 adds the 8 lane sums in order.  Deterministic.
+// L) per 32 columns (L = blockDim.y <= 32 split lanes: 8, or 32 for the
+// pipelined kernel's ~1000 splits), split lane ty adds splits ty, ty + L, ...
+// in that order, NORM_FINISH_AHEAD loads of each array in flight (1056 splits
+// with 32 lanes: 5 dependent steps; with 8 lanes and 4 ahead main took 33,
+// ~256 KB in flight on 32 SMs for 8.7 MB), then lane 0 adds the L lane sums in
+// order.  Deterministic; the order does not depend on the loads in flight.
+#define NORM_FINISH_AHEAD 8
 template <typename A, typename P>
 __global__ void norm_param_grads_finish_wide(const A* __restrict__ part_dgamma, const A* __restrict__ part_dbeta,
                                              P* __restrict__ dgamma, P* __restrict__ dbeta, long long splits,
                                              long long count) {
-    __shared__ A red_g[8][33], red_b[8][33];
+    __shared__ A red_g[32][33], red_b[32][33];
     const long long p = (long long)blockIdx.x * 32 + threadIdx.x;
+    const long long lanes = blockDim.y;
     A sg = 0, sb = 0;
     if (p < count) {
-        for (long long s0 = threadIdx.y; s0 < splits; s0 += 8 * 4) {
-            A vg[4], vb[4];
+        for (long long s0 = threadIdx.y; s0 < splits; s0 += lanes * NORM_FINISH_AHEAD) {
+            A vg[NORM_FINISH_AHEAD], vb[NORM_FINISH_AHEAD];
 #pragma unroll
-            for (int u = 0; u < 4; ++u) {
-                const long long s = s0 + 8 * u;
+            for (int u = 0; u < NORM_FINISH_AHEAD; ++u) {
+                const long long s = s0 + lanes * u;
                 vg[u] = s < splits ? part_dgamma[s * count + p] : A(0);
                 vb[u] = s < splits ? part_dbeta[s * count + p] : A(0);
             }
 #pragma unroll
-            for (int u = 0; u < 4; ++u) {
+            for (int u = 0; u < NORM_FINISH_AHEAD; ++u) {
                 sg += vg[u];
                 sb += vb[u];
             }
@@ -467,7 +475,7 @@ __global__ void norm_param_grads_finish_wide(const A* __restrict__ part_dgamma, 
     red_b[threadIdx.y][threadIdx.x] = sb;
     __syncthreads();
     if (threadIdx.y == 0 && p < count) {
-        for (int k = 1; k < 8; ++k) {
+        for (int k = 1; k < (int)blockDim.y; ++k) {
             sg += red_g[k][threadIdx.x];
             sb += red_b[k][threadIdx.x];
         }
@@ -1228,4 +1236,240 @@ __global__ void __launch_bounds__(NORM_CLUSTER_THREADS) NORM_CLUSTER_DIMS(CL) gn
 #else
     __trap();  // Python launches it only on sm_90+
 #endif
+}
+
+// ---------------------------------------------------------------------------
+// norm_rows_backward_fused_pipelined: layer / RMS norm backward with the
+// parameter gradients fused, as norm_rows_backward_fused (persistent grid,
+// thread t owns vectors t and t + blockDim of every row, dgamma / dbeta
+// accumulated in registers, block partials at [blockIdx.x * M + column]),
+// with the next rows' loads in flight while a row is reduced and written.
+// There each thread loaded its 4 vectors, then waited on them, two block
+// barriers and its dx stores before the next row's loads went out: with ~8
+// resident blocks an SM had its loads in flight only part of the time (H100,
+// 65536 x 1024 fp32: 0.86 of copy; fp16 0.65: two thirds of fp32's time for
+// half the bytes).  Here each thread copies ITS OWN vectors of x and dy by
+// 16-byte cp.async into its own slots of a ring of NORM_STAGES rows in
+// dynamic shared memory (slot (stage, tensor, item) of thread t at
+// ((stage * 2 + tensor) * NORM_FUSED_ITEMS + item) * blockDim + t): rows
+// row + gridDim.x and row + 2 gridDim.x are in flight while row `row` runs.
+// A thread reads only the slots it copied, so cp.async.wait_group alone makes
+// them visible (no barrier for the data); the stage it refills at the top of
+// an iteration is the one it read in the previous iteration.  One group is
+// committed per iteration (possibly empty), so "all but the NORM_STAGES - 1
+// most recent groups" is this row.  Needs VEC > 1 (16-byte aligned rows);
+// cp.async needs sm_80 (older devices copy synchronously, still correct).
+#define NORM_STAGES 3
+
+template <int N>
+__device__ __forceinline__ void copy_async_wait_pending() {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+#endif
+}
+
+template <typename T, typename P, typename index_t, int VEC>
+__global__ void norm_rows_backward_fused_pipelined(const T* __restrict__ dy, const T* __restrict__ x,
+                                                   const P* __restrict__ gamma,
+                                                   const acc_t<T>* __restrict__ mean_in,
+                                                   const acc_t<T>* __restrict__ rstd_in, T* __restrict__ dx,
+                                                   acc_t<T>* __restrict__ part_dgamma,
+                                                   acc_t<T>* __restrict__ part_dbeta, index_t rows, index_t M,
+                                                   int rms) {
+    typedef acc_t<T> A;
+    typedef NormPack<T, VEC> Pack;
+    constexpr int I = NORM_FUSED_ITEMS;
+    extern __shared__ __align__(16) unsigned char norm_smem[];
+    __shared__ A scratch[64];
+    Pack* const ring = reinterpret_cast<Pack*>(norm_smem);
+    const index_t Mv = M / VEC;
+    const unsigned nt = blockDim.x, tid = threadIdx.x;
+    const A count = A(M);
+    // This thread's slot of (stage, tensor 0 = x / 1 = dy, item).
+    const auto slot = [&](unsigned stage, unsigned tensor, int u) -> T* {
+        return reinterpret_cast<T*>(ring + ((stage * 2 + tensor) * I + u) * nt + tid);
+    };
+    // The copies of this thread's vectors of row r into `stage`, then one commit (empty past the rows).
+    const auto issue = [&](long long r, unsigned stage) {
+        if (r < (long long)rows) {
+#pragma unroll
+            for (int u = 0; u < I; ++u) {
+                const index_t vi = tid + u * nt;
+                if (vi < Mv) {
+                    const index_t off = (index_t)r * M + vi * VEC;
+                    copy16_async<T, VEC>(slot(stage, 0, u), x + off);
+                    copy16_async<T, VEC>(slot(stage, 1, u), dy + off);
+                }
+            }
+        }
+        copy_async_commit();
+    };
+    A dg[I][VEC], db[I][VEC], g[I][VEC];
+#pragma unroll
+    for (int u = 0; u < I; ++u) {
+        const index_t vi = tid + u * nt;
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) {
+            dg[u][e] = db[u][e] = A(0);
+            g[u][e] = vi < Mv ? param_or(gamma, vi * VEC + e, A(1)) : A(0);
+        }
+    }
+    const long long first = blockIdx.x, step = gridDim.x;
+#pragma unroll
+    for (int s = 0; s < NORM_STAGES - 1; ++s) issue(first + s * step, (unsigned)s);
+    unsigned stage = 0;  // it % NORM_STAGES
+    for (long long row = first; row < (long long)rows; row += step) {
+        issue(row + (NORM_STAGES - 1) * step, stage == 0 ? NORM_STAGES - 1 : stage - 1);
+        copy_async_wait_pending<NORM_STAGES - 1>();  // this thread's copies of `row` have landed
+        const A mean = rms ? A(0) : mean_in[row];
+        const A rstd = rstd_in[row];
+        A xv[I][VEC], dv[I][VEC];
+#pragma unroll
+        for (int u = 0; u < I; ++u) {
+            if (tid + u * nt < Mv) {
+                norm_load<T, VEC>(slot(stage, 0, u), 0, xv[u]);
+                norm_load<T, VEC>(slot(stage, 1, u), 0, dv[u]);
+            }
+        }
+        A sum_g = 0, sum_gx = 0;
+#pragma unroll
+        for (int u = 0; u < I; ++u) {
+            if (tid + u * nt < Mv) {
+#pragma unroll
+                for (int e = 0; e < VEC; ++e) {
+                    const A gdy = dv[u][e] * g[u][e];
+                    sum_g += gdy;
+                    sum_gx += gdy * (xv[u][e] - mean) * rstd;
+                }
+            }
+        }
+        block_sum2(sum_g, sum_gx, scratch);
+        const A mean_g = rms ? A(0) : sum_g / count;
+        const A mean_gx = sum_gx / count;
+        T* const dxr = dx + (index_t)row * M;
+#pragma unroll
+        for (int u = 0; u < I; ++u) {
+            const index_t vi = tid + u * nt;
+            if (vi < Mv) {
+#pragma unroll
+                for (int e = 0; e < VEC; ++e) {
+                    const A xhat = (xv[u][e] - mean) * rstd;
+                    dg[u][e] += dv[u][e] * xhat;
+                    db[u][e] += dv[u][e];
+                    xv[u][e] = rstd * (dv[u][e] * g[u][e] - mean_g - xhat * mean_gx);
+                }
+                norm_store<T, VEC>(dxr, vi * VEC, xv[u]);
+            }
+        }
+        stage = stage + 1 == NORM_STAGES ? 0 : stage + 1;
+    }
+#pragma unroll
+    for (int u = 0; u < I; ++u) {
+        const index_t vi = tid + u * nt;
+        if (vi < Mv) {
+            const index_t off = (index_t)blockIdx.x * M + vi * VEC;
+            norm_store<A, VEC>(part_dgamma, off, dg[u]);
+            norm_store<A, VEC>(part_dbeta, off, db[u]);
+        }
+    }
+}
+
+// norm_rows_forward_pipelined: layer / RMS norm forward (G == 1, S == 1, NCHW)
+// with the same ring: a persistent grid walks rows blockIdx.x, + gridDim.x,
+// ...; thread t owns vectors t and t + blockDim of every row (the host picks
+// blockDim >= M / (2 VEC)) and keeps their gamma / beta in registers; its
+// vectors of the next NORM_STAGES - 1 rows are in flight (cp.async into its
+// own slots: stage s, item u at (s * NORM_FUSED_ITEMS + u) * blockDim + t)
+// while this row's statistics are reduced and y stored.  The one-block-per-
+// row norm_rows_forward issues a row's loads only when its block starts,
+// after the previous block on that slot stored its row.  Statistics as
+// there: two-pass exact (mean, then the sum of squared deviations, from
+// registers), RMS from mean(x^2); mean_out is unused for RMS.
+template <typename T, typename P, typename index_t, int VEC>
+__global__ void norm_rows_forward_pipelined(const T* __restrict__ x, T* __restrict__ y,
+                                            const P* __restrict__ gamma, const P* __restrict__ beta,
+                                            acc_t<T>* __restrict__ mean_out, acc_t<T>* __restrict__ rstd_out,
+                                            index_t rows, index_t M, acc_t<T> eps, int rms) {
+    typedef acc_t<T> A;
+    typedef NormPack<T, VEC> Pack;
+    constexpr int I = NORM_FUSED_ITEMS;
+    extern __shared__ __align__(16) unsigned char norm_smem[];
+    __shared__ A scratch[32];
+    Pack* const ring = reinterpret_cast<Pack*>(norm_smem);
+    const index_t Mv = M / VEC;
+    const unsigned nt = blockDim.x, tid = threadIdx.x;
+    const A count = A(M);
+    const auto slot = [&](unsigned stage, int u) -> T* {
+        return reinterpret_cast<T*>(ring + (stage * I + u) * nt + tid);
+    };
+    const auto issue = [&](long long r, unsigned stage) {
+        if (r < (long long)rows) {
+#pragma unroll
+            for (int u = 0; u < I; ++u) {
+                const index_t vi = tid + u * nt;
+                if (vi < Mv) copy16_async<T, VEC>(slot(stage, u), x + (index_t)r * M + vi * VEC);
+            }
+        }
+        copy_async_commit();
+    };
+    A g[I][VEC], b[I][VEC];
+#pragma unroll
+    for (int u = 0; u < I; ++u) {
+        const index_t vi = tid + u * nt;
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) {
+            g[u][e] = vi < Mv ? param_or(gamma, vi * VEC + e, A(1)) : A(0);
+            b[u][e] = vi < Mv ? param_or(beta, vi * VEC + e, A(0)) : A(0);
+        }
+    }
+    const long long first = blockIdx.x, step = gridDim.x;
+#pragma unroll
+    for (int s = 0; s < NORM_STAGES - 1; ++s) issue(first + s * step, (unsigned)s);
+    unsigned stage = 0;  // it % NORM_STAGES
+    for (long long row = first; row < (long long)rows; row += step) {
+        issue(row + (NORM_STAGES - 1) * step, stage == 0 ? NORM_STAGES - 1 : stage - 1);
+        copy_async_wait_pending<NORM_STAGES - 1>();  // this thread's copies of `row` have landed
+        A xv[I][VEC];
+        A s1 = 0;
+#pragma unroll
+        for (int u = 0; u < I; ++u) {
+            if (tid + u * nt < Mv) {
+                norm_load<T, VEC>(slot(stage, u), 0, xv[u]);
+#pragma unroll
+                for (int e = 0; e < VEC; ++e) s1 += rms ? xv[u][e] * xv[u][e] : xv[u][e];
+            }
+        }
+        s1 = block_sum(s1, scratch);
+        A mean = 0, rstd;
+        if (rms) {
+            rstd = A(1) / sqrt(s1 / count + eps);
+        } else {
+            mean = s1 / count;
+            A s2 = 0;
+#pragma unroll
+            for (int u = 0; u < I; ++u) {
+                if (tid + u * nt < Mv) {
+#pragma unroll
+                    for (int e = 0; e < VEC; ++e) s2 += (xv[u][e] - mean) * (xv[u][e] - mean);
+                }
+            }
+            s2 = block_sum(s2, scratch);
+            rstd = A(1) / sqrt(s2 / count + eps);
+        }
+        if (tid == 0) {
+            if (!rms) mean_out[row] = mean;
+            rstd_out[row] = rstd;
+        }
+        T* const yr = y + (index_t)row * M;
+#pragma unroll
+        for (int u = 0; u < I; ++u) {
+            const index_t vi = tid + u * nt;
+            if (vi < Mv) {
+#pragma unroll
+                for (int e = 0; e < VEC; ++e) xv[u][e] = (xv[u][e] - mean) * rstd * g[u][e] + b[u][e];
+                norm_store<T, VEC>(yr, vi * VEC, xv[u]);
+            }
+        }
+        stage = stage + 1 == NORM_STAGES ? 0 : stage + 1;
+    }
 }

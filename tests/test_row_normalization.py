@@ -326,19 +326,22 @@ def test_layer_and_rms_norm_match_reference(xp, rng, dtype, pdtype, x_shape, nor
         _compare(got[int(not big):], want[int(not big):], dtype, ("dx", "dgamma")[int(not big):])
 
 
-@pytest.mark.parametrize("fused", [True, False])
 @pytest.mark.parametrize("dtype,pdtype", _param_dtypes())
 @pytest.mark.parametrize("x_shape,offset", [((3, 1), 0), ((5, 3), 0), ((4, 7), 0), ((6, 13), 1), ((3000, 8), 0),
-                                            ((700, 96), 1), ((5, 1024), 0), ((3, 5000), 0), ((2, 40000), 0)])
+                                            ((700, 96), 1), ((5, 1024), 0), ((3, 5000), 0), ((2, 40000), 0),
+                                            ((37, 64), 0)])
 @pytest.mark.parametrize("affine", [True, False])
-def test_layer_and_rms_norm_fused_backward(xp, rng, monkeypatch, fused, dtype, pdtype, x_shape, offset, affine):
+def test_layer_and_rms_norm_fused_backward(xp, rng, monkeypatch, dtype, pdtype, x_shape, offset, affine):
     """dx and dgamma/dbeta from one read of x and dy (norm_rows_backward_fused:
     rows of 1 to 5000 values, more rows than the resident blocks so a block
     walks many rows, misaligned data) against the separate kernels (fused off)
     and the float64 reference; a row too long for the registers (40000) falls
-    back to the separate kernels."""
+    back to the separate kernels.  "pipelined": norm_rows_backward_fused_pipelined
+    on the 16-byte rows (8, 64, 1024, 5000 values; the misaligned ones take the
+    unpipelined kernel), its grid capped at 7 blocks so each walks its ring
+    of NORM_STAGES rows many times (37 rows: 5 or 6 a block, ending at every
+    stage).  The three GPU modes in one test (NumPy: the reference path once)."""
     from dnnprims import row_normalization
-    monkeypatch.setattr(row_normalization, "FUSED_BACKWARD", fused)
     L = x_shape[-1]
     x = random_array(rng, x_shape, dtype, low=-1, high=3)
     dy = random_array(rng, x_shape, dtype)
@@ -347,15 +350,53 @@ def test_layer_and_rms_norm_fused_backward(xp, rng, monkeypatch, fused, dtype, p
     big = L >= 3  # 1 or 2 values a row: dx ~0 up to eps terms, no relative error to compare
     names = ("dx", "dgamma", "dbeta")[int(not big):]
     want = layer_norm_backward(_f64(dy), _f64(x), L, _f64(gamma))
-    _, mean, rstd = layer_norm(on(x), L, on(gamma), return_stats=True)
-    for stats in ({}, dict(mean=mean, rstd=rstd)):
-        got = layer_norm_backward(on(dy), on(x), L, on(gamma), **stats)
-        assert got[0].dtype == dtype and got[1].dtype == (pdtype if affine else dtype)
-        _compare(got[int(not big):], want[int(not big):], dtype, names, _layer_norm_magnitudes(dy, x))
     eps = float(np.finfo(_dtypes.accumulate_dtype(dtype)).eps)
-    want = rms_norm_backward(_f64(dy), _f64(x), L, _f64(gamma), eps=eps)
-    got = rms_norm_backward(on(dy), on(x), L, on(gamma))
-    _compare(got[int(not big):], want[int(not big):], dtype, ("dx", "dgamma")[int(not big):])
+    want_rms = rms_norm_backward(_f64(dy), _f64(x), L, _f64(gamma), eps=eps)
+    for mode in ("pipelined", "fused", "separate") if xp is not np else ("pipelined",):
+        monkeypatch.setattr(row_normalization, "FUSED_BACKWARD", mode != "separate")
+        monkeypatch.setattr(row_normalization, "LAYER_BACKWARD_PIPELINED", mode == "pipelined")
+        monkeypatch.setattr(row_normalization, "_PIPELINE_GRID_CAP", 7 if mode == "pipelined" else None)
+        _, mean, rstd = layer_norm(on(x), L, on(gamma), return_stats=True)
+        for stats in ({}, dict(mean=mean, rstd=rstd)):
+            got = layer_norm_backward(on(dy), on(x), L, on(gamma), **stats)
+            assert got[0].dtype == dtype and got[1].dtype == (pdtype if affine else dtype)
+            _compare(got[int(not big):], want[int(not big):], dtype, names, _layer_norm_magnitudes(dy, x))
+        got = rms_norm_backward(on(dy), on(x), L, on(gamma))
+        _compare(got[int(not big):], want_rms[int(not big):], dtype, ("dx", "dgamma")[int(not big):])
+
+
+@pytest.mark.parametrize("dtype,pdtype", _param_dtypes())
+@pytest.mark.parametrize("x_shape,offset", [((3, 1), 0), ((5, 3), 0), ((6, 13), 1), ((3000, 8), 0),
+                                            ((700, 96), 1), ((37, 64), 0), ((5, 1024), 0), ((3, 5000), 0),
+                                            ((2, 40000), 0)])
+@pytest.mark.parametrize("affine", [True, False])
+def test_layer_and_rms_norm_pipelined_forward(xp, rng, monkeypatch, dtype, pdtype, x_shape, offset, affine):
+    """norm_rows_forward_pipelined (16-byte rows of at most 2 vectors a thread:
+    8, 64, 1024, 5000 values; the misaligned and the 40000-value rows take
+    norm_rows_forward) with its grid capped at 7 blocks, so each walks its ring
+    of NORM_STAGES rows many times (3000 and 37 rows), and norm_rows_forward
+    (switch off), against the float64 reference: y and the saved statistics of
+    layer norm, RMS norm, and group norm with one group on (N, C) x (the same
+    rows).  Both GPU modes in one test (NumPy: the reference path once)."""
+    from dnnprims import row_normalization
+    L = x_shape[-1]
+    x = random_array(rng, x_shape, dtype, low=-1, high=3)
+    gamma = random_array(rng, (L,), pdtype, 0.5, 1.5) if affine else None
+    beta = random_array(rng, (L,), pdtype) if affine else None
+    on = lambda a: None if a is None else _placed(xp, a, offset)  # noqa: E731
+    eps = float(np.finfo(_dtypes.accumulate_dtype(dtype)).eps)
+    want_layer = layer_norm(_f64(x), L, _f64(gamma), _f64(beta), return_stats=True)
+    want_rms = rms_norm(_f64(x), L, _f64(gamma), eps=eps, return_stats=True)
+    want_group = group_norm(_f64(x), 1, _f64(gamma), _f64(beta), return_stats=True)
+    for pipelined in (True, False) if xp is not np else (True,):
+        monkeypatch.setattr(row_normalization, "LAYER_FORWARD_PIPELINED", row_normalization._X_TYPES if pipelined
+                            else ())
+        monkeypatch.setattr(row_normalization, "_PIPELINE_GRID_CAP", 7 if pipelined else None)
+        _compare(layer_norm(on(x), L, on(gamma), on(beta), return_stats=True), want_layer, dtype,
+                 ("y", "mean", "rstd"))
+        _compare(rms_norm(on(x), L, on(gamma), return_stats=True), want_rms, dtype, ("y", "rstd"))
+        _compare(group_norm(on(x), 1, on(gamma), on(beta), return_stats=True), want_group, dtype,
+                 ("y", "mean", "rstd"))
 
 
 GROUP_SHAPES = [((2, 6, 3, 5), 3, "NCHW"), ((2, 8, 4, 4), 2, "NCHW"), ((3, 4, 7), 4, "NCHW"),
@@ -832,6 +873,93 @@ def test_pipelined_backward_launch_matches_its_signature_and_shared_memory_layou
     # Half rows of the benchmark shape are double-buffered with dy ("both"): bulk copies of 2 x 50 KB a phase.
     if mode == "both" and dtype.itemsize == 2 and x_shape[1] == 256:
         assert values["dy_smem"] == 1 and 2 * M * dtype.itemsize < 2**20   # the mbarrier tx-count limit
+
+
+@pytest.mark.parametrize("dtype", _dtypes.SUPPORTED, ids=lambda d: d.name)
+@pytest.mark.parametrize("x_shape", [(65536, 1024), (3, 5000), (7, 8), (5, 6), (2, 40000), (4, 16384)])
+@pytest.mark.parametrize("rms", [False, True])
+def test_pipelined_layer_norm_launches_match_their_signatures_and_shared_memory_layouts(
+        monkeypatch, dtype, x_shape, rms):
+    """CPU: norm_rows_backward_fused_pipelined's launch against its C signature
+    (pointer -> array of the pointee dtype, scalars of the exact C type), its ring
+    of NORM_STAGES x (x, dy) x NORM_FUSED_ITEMS 16-byte slots per thread (the .cu
+    constants as Python counts them), within the opt-in less 1 KB of static shared
+    memory, a grid of at most the resident blocks, and the finish over `grid`
+    splits with 32 split lanes; rows the kernel cannot take (misaligned / not
+    16-byte vectors, more than 2 vectors a thread) go to the unpipelined kernel."""
+    import re
+    from test_normalization import _C_TYPES, _fake_device_array
+    from dnnprims import row_normalization as rn
+    source = rn.FAMILY.source
+    assert int(re.search(r"#define NORM_STAGES (\d+)", source).group(1)) == rn._FUSED_STAGES
+    assert int(re.search(r"#define NORM_FUSED_ITEMS (\d+)", source).group(1)) == rn._FUSED_ITEMS
+    optin = 232448   # H100: 227 KB
+    captured, expressions, FakeCupy = _capture_row_launches(monkeypatch)
+    monkeypatch.setattr(rn, "_optin", lambda cp: optin)
+    monkeypatch.setattr(rn, "LAYER_FORWARD_PIPELINED", rn._X_TYPES)  # every type, whatever the default
+    monkeypatch.setattr(rn, "_RAISED", {})
+    monkeypatch.setattr(rn, "_resident_blocks", lambda cp, kernel, expr, block, shared: 1056)
+    finishes = []
+    monkeypatch.setattr(rn, "_finish_wide", lambda cp, part, splits, channels, rows, pt, pdtype, lanes:
+                        finishes.append((part.shape, splits, channels, lanes)) or ("dgamma", "dbeta"))
+    dtype = np.dtype(dtype)
+    acc = np.dtype(_dtypes.accumulate_dtype(dtype))
+    x, dy, dx = (_fake_device_array(x_shape, dtype) for _ in range(3))
+    mean, rstd = (_fake_device_array((x_shape[0],), acc) for _ in range(2))
+    rows = rn._Rows(x, 1, "NCHW", (x, dy, dx), 2)
+    pt = _dtypes.cuda_type(dtype)
+    done = rn._fused_backward(FakeCupy, dy, x, None, mean, rstd, dx, rows, pt, dtype, acc, rms)
+    if rows.block * rn._FUSED_ITEMS * rows.vec < rows.M:   # too long a row for the fused kernels
+        assert done is None and not captured
+        return
+    shared_needed = rn._FUSED_STAGES * 2 * rn._FUSED_ITEMS * rows.block * 16
+    if rows.vec == 1 or shared_needed > optin - 1024:   # the unpipelined kernel (its occupancy: a GPU)
+        assert not any(e.startswith("norm_rows_backward_fused_pipelined") for e in expressions)
+        return
+    name = expressions[-1].split("<", 1)[0]
+    assert name == "norm_rows_backward_fused_pipelined"
+    assert done == ("dgamma", "dbeta") and len(captured) == 1 and len(finishes) == 1
+    (grid,), (block,), args, shared = captured[0]
+    assert block == rows.block and 1 <= grid <= min(rows.rows, 1056)
+    assert shared == shared_needed and shared <= optin - 1024
+    assert int(expressions[-1].rstrip(">").split(",")[-1]) * dtype.itemsize == 16   # 16-byte slots
+    assert (rows.M * dtype.itemsize) % 16 == 0 and all(a.data.ptr % 16 == 0 for a in (x, dy, dx))
+    template, params = _row_kernel_signature(name)
+    bound = dict(zip(template, (a.strip() for a in expressions[-1].rstrip(">").split("<", 1)[1].split(","))))
+    ctype = {"T": _C_TYPES[bound["T"]], "P": _C_TYPES[bound["P"]], "acc_t<T>": acc.type,
+             "index_t": np.int32 if bound["index_t"] == "int" else np.int64, "int": np.int32}
+    assert len(args) == len(params)
+    for (c_type, param), a in zip(params, args):
+        if param == "gamma":
+            assert a is rn._NULL
+        elif c_type.endswith("*"):
+            assert a.dtype == np.dtype(ctype[c_type[:-1]]), (param, a.dtype)
+        else:
+            assert type(a) is ctype[c_type], (param, type(a))
+    values = dict(zip((p for _, p in params), args))
+    assert values["rows"] == x_shape[0] and values["M"] == x_shape[1] and values["rms"] == int(rms)
+    assert values["part_dgamma"].shape == (grid, rows.M)
+    assert finishes[0] == ((2, grid, rows.M), grid, rows.M, 32)
+
+    # The forward's ring: NORM_STAGES x NORM_FUSED_ITEMS slots a thread (x only).
+    captured.clear()
+    y = _fake_device_array(x_shape, dtype)
+    rows = rn._Rows(x, 1, "NCHW", (x, y), 1)
+    assert rn._layer_forward_pipelined(FakeCupy, x, y, None, None, mean, rstd, rows, pt, acc.type(1e-5), rms)
+    (grid,), (block,), args, shared = captured[0]
+    assert block == rows.block and 1 <= grid <= min(rows.rows, 1056)
+    assert shared == rn._FUSED_STAGES * rn._FUSED_ITEMS * block * 16 <= optin - 1024
+    template, params = _row_kernel_signature("norm_rows_forward_pipelined")
+    assert expressions[-1].startswith("norm_rows_forward_pipelined<") and len(args) == len(params)
+    for (c_type, param), a in zip(params, args):
+        if param in ("gamma", "beta"):
+            assert a is rn._NULL
+        elif c_type.endswith("*"):
+            assert a.dtype == np.dtype(ctype[c_type[:-1]]), (param, a.dtype)
+        else:
+            assert type(a) is ctype[c_type], (param, type(a))
+    values = dict(zip((p for _, p in params), args))
+    assert values["rows"] == x_shape[0] and values["M"] == x_shape[1] and values["rms"] == int(rms)
 
 
 @pytest.mark.parametrize("dtype", _dtypes.SUPPORTED, ids=lambda d: d.name)
