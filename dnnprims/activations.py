@@ -31,9 +31,10 @@ APPROXIMATIONS = ("none", "tanh")
 # Default alpha of each mode that has one; other modes take no alpha.
 DEFAULT_ALPHA = {"elu": 1.0, "leaky_relu": 0.01, "clipped_relu": 6.0}
 
-# ActivationMode in kernels/activation.cu; "gelu_tanh" is gelu with approximate="tanh".
+# ActivationMode in kernels/activation.cu; "gelu_tanh" is gelu with approximate="tanh";
+# "gelu_one_exp" the same erf GELU from one exponential (forward on 16-bit storage).
 _KERNEL_MODE = {"relu": 0, "sigmoid": 1, "tanh": 2, "elu": 3, "gelu": 4, "gelu_tanh": 5,
-                "silu": 6, "leaky_relu": 7, "clipped_relu": 8}
+                "silu": 6, "leaky_relu": 7, "clipped_relu": 8, "gelu_one_exp": 9}
 
 _BLOCK = 256
 _UNROLL = 4          # UNROLL in activation.cu: bias_activation_forward's packs per thread per step
@@ -45,16 +46,46 @@ _NHWC_BLOCKS = 2048  # blocks the NHWC bias backward aims at (a few waves of 132
 NHWC_PACKED = True   # NHWC bias backward with 16-byte packs of channels when C % VEC == 0
 LAYOUTS = ("NCHW", "NHWC")
 
-_MODE_VALUES = sorted(set(_KERNEL_MODE.values()))
+# Switches (session 10, notes/biasact.md; they key the plans, so an A/B flips them
+# in one process).  The session 9 behaviour: 4 / False / False / ().  H100 A/B, 64x256x56x56:
+# Packs a thread of the 16-bit elementwise forward (1 or 4: the declared specialisations):
+# 1 (gelu fp16 0.0738 -> 0.0709 ms with gelu_one_exp, relu 0.0715 -> 0.0711).
+FORWARD_UNROLL_16BIT = 1
+# 16-bit gelu forward (erf) through gelu_one_exp (activation_math.cuh) instead of erff
+# (within one unit in the last place of float64's x Phi(x); fp16 / bf16 +2 %, with one
+# pack a thread +4 %).
+GELU_ONE_EXP_16BIT = True
+# Bias backward, packed cases: NCHW through bias_activation_backward_plane_packs (one trip
+# to memory a block; fp32 gelu 0.2220 -> 0.2084 ms, fp16 gelu +6 %, relu +0.6 %) and NHWC
+# through bias_activation_backward_rows_sweep (a resident grid sweeping slabs of rows) for
+# the storage types listed (fp32 gelu 0.2359 -> 0.2270, relu +0.3 %; fp16 gelu -2 %: not
+# for 16-bit) instead of *_planes / *_rows_packed.
+PLANE_PACKS = True
+NHWC_SWEEP = ("float",)
+_SWEEP_UNROLL = 4  # SWEEP_UNROLL in activation.cu
+
+_MODE_VALUES = sorted(set(_KERNEL_MODE.values()) - {_KERNEL_MODE["gelu_one_exp"]})
+_HALF_TYPES = tuple(t for t in _dtypes.CUDA_TYPES if t in ("half_t", "bfloat16_t"))
+_INDEX_TYPES = ("int", "long long")
 FAMILY = _kernels.KernelFamily("activation.cu", [
-    *(f"{kernel}<{t}, {i}, {m}>"
-      for kernel in ("activation_forward", "activation_backward", "bias_activation_forward",
-                     "bias_activation_backward_planes", "bias_activation_backward_rows",
-                     "bias_activation_backward_rows_packed")
+    # activation_forward<T, index, mode, packs a thread>: 16-bit takes gelu_one_exp and 1 or 4.
+    *(f"activation_forward<{t}, {i}, {m}, {u}>"
       for t in _dtypes.CUDA_TYPES
-      for i in ("int", "long long")
+      for i in _INDEX_TYPES
+      for m in (_MODE_VALUES + [_KERNEL_MODE["gelu_one_exp"]] if t in _HALF_TYPES else _MODE_VALUES)
+      for u in ((1, 4) if t in _HALF_TYPES else (1,))),
+    *(f"bias_activation_forward<{t}, {i}, {m}>"
+      for t in _dtypes.CUDA_TYPES
+      for i in _INDEX_TYPES
+      for m in (_MODE_VALUES + [_KERNEL_MODE["gelu_one_exp"]] if t in _HALF_TYPES else _MODE_VALUES)),
+    *(f"{kernel}<{t}, {i}, {m}>"
+      for kernel in ("activation_backward", "bias_activation_backward_planes", "bias_activation_backward_rows",
+                     "bias_activation_backward_rows_packed", "bias_activation_backward_plane_packs",
+                     "bias_activation_backward_rows_sweep")
+      for t in _dtypes.CUDA_TYPES
+      for i in _INDEX_TYPES
       for m in _MODE_VALUES),
-    *(f"bias_grad_reduce<{t}, {i}>" for t in _dtypes.CUDA_TYPES for i in ("int", "long long")),
+    *(f"bias_grad_reduce<{t}, {i}>" for t in _dtypes.CUDA_TYPES for i in _INDEX_TYPES),
 ])
 
 
@@ -93,19 +124,30 @@ def _packs(n, dtype, arrays):
     return n // vec if all(a.data.ptr % 16 == 0 for a in arrays) else 0
 
 
-def _kernel_args(mode, approximate, alpha, n, dtype):
+def _kernel_mode(mode, approximate, dtype, forward=False):
+    """ActivationMode of a call: gelu_one_exp for a 16-bit gelu forward (GELU_ONE_EXP_16BIT)."""
+    if mode == "gelu" and approximate == "tanh":
+        return _KERNEL_MODE["gelu_tanh"]
+    if forward and mode == "gelu" and GELU_ONE_EXP_16BIT and np.dtype(dtype).itemsize == 2:
+        return _KERNEL_MODE["gelu_one_exp"]
+    return _KERNEL_MODE[mode]
+
+
+def _kernel_args(mode, approximate, alpha, n, dtype, forward=False):
     """(template arguments, index type, alpha scalar) of one call."""
-    kernel_mode = _KERNEL_MODE["gelu_tanh" if approximate == "tanh" else mode]
+    kernel_mode = _kernel_mode(mode, approximate, dtype, forward)
     index_t = _kernels.index_type(n + _STRIDE_SLACK)
     atype = np.float64 if np.dtype(dtype) == _dtypes.FLOAT64 else np.float32
     template = f"<{_dtypes.cuda_type(dtype)}, {index_t}, {kernel_mode}>"
     return template, (np.int32 if index_t == "int" else np.int64), atype(alpha if alpha is not None else 0.0)
 
 
-def _unroll(direction, dtype):
-    """Packs per thread per step of activation_<direction> (activation_unroll in
-    activation.cu: 4 for 16-bit forward, else 1 -- the session 9 H100 sweep)."""
-    return 4 if direction == "forward" and np.dtype(dtype).itemsize == 2 else 1
+def _unroll(direction, dtype, mode):
+    """Packs per thread per step of activation_<direction> (U in activation.cu): 1 but
+    for 16-bit forward, FORWARD_UNROLL_16BIT."""
+    if direction != "forward" or np.dtype(dtype).itemsize != 2:
+        return 1
+    return FORWARD_UNROLL_16BIT
 
 
 def _grid(n, packs, vec, unroll=_UNROLL):
@@ -115,16 +157,25 @@ def _grid(n, packs, vec, unroll=_UNROLL):
     return min(max(blocks, 1), _MAX_BLOCKS)
 
 
-_PLANS = {}  # (direction, mode, approximate, alpha, n, dtype, aligned) -> (expression, grid, scalars)
+_PLANS = {}  # (direction, mode, approximate, alpha, n, dtype, aligned, switches) -> (expression, grid, scalars)
+
+
+def _switches():
+    """The switches a plan of the elementwise kernels depends on (part of its keys)."""
+    return FORWARD_UNROLL_16BIT, GELU_ONE_EXP_16BIT
 
 
 def _cached_plan(direction, mode, approximate, alpha, n, dtype, aligned):
-    key = (direction, mode, approximate, alpha, n, dtype, aligned)
+    key = (direction, mode, approximate, alpha, n, dtype, aligned, _switches())
     plan = _PLANS.get(key)
     if plan is None:
-        template, itype, a = _kernel_args(mode, approximate, alpha, n, dtype)
+        forward = direction == "forward"
+        template, itype, a = _kernel_args(mode, approximate, alpha, n, dtype, forward)
+        unroll = _unroll(direction, dtype, mode)
+        if forward:
+            template = f"{template[:-1]}, {unroll}>"
         packs = n // (16 // np.dtype(dtype).itemsize) if aligned else 0
-        grid = _grid(n, packs, 16 // np.dtype(dtype).itemsize, _unroll(direction, dtype))
+        grid = _grid(n, packs, 16 // np.dtype(dtype).itemsize, unroll)
         if len(_PLANS) >= 4096:
             _PLANS.clear()
         plan = _PLANS[key] = (f"activation_{direction}{template}", (grid,), (itype(n), itype(packs), a))
@@ -169,7 +220,7 @@ def activation(x, mode, *, alpha=None, approximate="none"):
         data = x.data
         try:
             fast = _FAST.get((x.shape, x.dtype, data.device_id, _current_device(), mode, alpha,
-                              type(alpha), approximate))
+                              type(alpha), approximate, _switches()))
         except TypeError:  # an unhashable option: the slow path says what is wrong
             fast = None
         if fast is not None and not data.ptr & 15:
@@ -189,7 +240,7 @@ def activation(x, mode, *, alpha=None, approximate="none"):
     xp, (resolved,) = _validate._cupy, checked
     if x._c_contiguous:
         fast_key = (x.shape, x.dtype, x.data.device_id, _current_device(), mode, alpha, type(alpha),
-                    approximate)
+                    approximate, _switches())
         launch, output = _FAST.get(fast_key) or _MEMO.put_fast(
             fast_key, (_prepare("forward", mode, approximate, resolved, x.size, x.dtype),
                        _kernels.OutputSlot(x.shape, x.dtype)))
@@ -262,6 +313,26 @@ def _bias_view(x, bias, layout):
     return outer, channels, inner
 
 
+_RESIDENT = {}  # (device, expression) -> blocks of 256 threads the device holds at once
+
+
+def _resident_blocks(expression):
+    """Blocks of 256 threads of one kernel that the current device runs at once (the
+    occupancy API times the SM count; 4 a SM if the API fails)."""
+    import cupy
+    device = cupy.cuda.runtime.getDevice()
+    blocks = _RESIDENT.get((device, expression))
+    if blocks is None:
+        sms = int(cupy.cuda.Device(device).attributes["MultiProcessorCount"])
+        try:
+            from cupy_backends.cuda.api import driver
+            per_sm = int(driver.occupancyMaxActiveBlocksPerMultiprocessor(FAMILY.function(expression).ptr, 256, 0))
+        except Exception:  # noqa: BLE001 -- no occupancy API: a guess that still fills the device
+            per_sm = 4
+        blocks = _RESIDENT[(device, expression)] = max(per_sm, 1) * sms
+    return blocks
+
+
 def bias_activation(x, bias, mode, *, alpha=None, approximate="none", layout="NCHW"):
     """``activation(x + bias[c], mode)`` in one pass, ``c`` the channel of each element.
 
@@ -281,7 +352,7 @@ def bias_activation(x, bias, mode, *, alpha=None, approximate="none", layout="NC
     n = x.size
     if n == 0:
         return y
-    template, itype, a = _kernel_args(mode, approximate, alpha, n, x.dtype)
+    template, itype, a = _kernel_args(mode, approximate, alpha, n, x.dtype, forward=True)
     vec = 16 // x.dtype.itemsize
     # A pack holds one channel (NCHW, inner % vec == 0) or vec consecutive ones (C % vec == 0).
     packable = inner % vec == 0 if inner > 1 else channels % vec == 0
@@ -315,19 +386,34 @@ def bias_activation_backward(dy, x, bias, mode, *, alpha=None, approximate="none
         return dx, dbias
     template, itype, a = _kernel_args(mode, approximate, alpha, n, x.dtype)
     acc = _dtypes.accumulate_dtype(x.dtype)
-    if inner > 1:  # NCHW: chunks of (n, c) planes
-        vec = 16 // x.dtype.itemsize
+    vec = 16 // x.dtype.itemsize
+    aligned = all(v.data.ptr % 16 == 0 for v in (dy, x, dx))
+    planes = outer * channels
+    if inner > 1 and PLANE_PACKS and inner % vec == 0 and aligned:  # NCHW: one trip a block
+        chunks = _kernels.ceil_div(inner // vec, _BLOCK * _SWEEP_UNROLL)
+        groups = outer * chunks
+        partial = xp.empty((groups, channels), acc)
+        FAMILY.launch(f"bias_activation_backward_plane_packs{template}", (min(planes * chunks, _MAX_BLOCKS),),
+                      (_BLOCK,), (dy, x, bias, dx, partial, itype(planes), itype(channels), itype(inner),
+                                  itype(chunks), a))
+    elif inner > 1:  # NCHW: chunks of (n, c) planes
         chunks = _kernels.ceil_div(inner, _PLANE_CHUNK)
-        planes = outer * channels
-        vector = int(inner % vec == 0 and all(v.data.ptr % 16 == 0 for v in (dy, x, dx)))
+        vector = int(inner % vec == 0 and aligned)
         groups = outer * chunks
         partial = xp.empty((groups, channels), acc)
         FAMILY.launch(f"bias_activation_backward_planes{template}", (min(planes * chunks, _MAX_BLOCKS),),
                       (_BLOCK,), (dy, x, bias, dx, partial, itype(planes), itype(channels), itype(inner),
                                   itype(chunks), itype(_PLANE_CHUNK), np.int32(vector), a))
+    elif _dtypes.cuda_type(x.dtype) in NHWC_SWEEP and NHWC_PACKED and channels % vec == 0 and aligned:  # channels last: a resident grid sweeps
+        kernel = f"bias_activation_backward_rows_sweep{template}"
+        lanes = _kernels.ceil_div(channels // vec, 32)
+        groups = min(max(_resident_blocks(kernel) // lanes, 1), 65535,
+                     _kernels.ceil_div(outer, 8 * _SWEEP_UNROLL))
+        partial = xp.empty((groups, channels), acc)
+        FAMILY.launch(kernel, (lanes, groups), (32, 8),
+                      (dy, x, bias, dx, partial, itype(outer), itype(channels), a))
     else:  # channels last (or no spatial axes): 32 channels (or packs of them) x rows per block
-        vec = 16 // x.dtype.itemsize
-        if NHWC_PACKED and channels % vec == 0 and all(v.data.ptr % 16 == 0 for v in (dy, x, dx)):
+        if NHWC_PACKED and channels % vec == 0 and aligned:
             kernel, lanes = "bias_activation_backward_rows_packed", _kernels.ceil_div(channels // vec, 32)
         else:
             kernel, lanes = "bias_activation_backward_rows", _kernels.ceil_div(channels, 32)

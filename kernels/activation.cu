@@ -2,7 +2,7 @@
 //
 // Elementwise kernels move 16-byte packs (pack_width<T> values, packs.cuh):
 // thread t of a block handles packs t, t + blockDim, ... U of them per
-// grid-stride step (activation_unroll; UNROLL for bias_activation_forward), all
+// grid-stride step (U below; UNROLL for bias_activation_forward), all
 // loads issued before any math, so each thread keeps U (backward: 2 x U) 16-byte
 // loads in flight.  Python passes the
 // number of packs (0 when a pointer is not 16-byte aligned); the elements
@@ -20,6 +20,11 @@
 //   *_rows    (NHWC) blockDim (32, 8): 32 consecutive channels by 8 rows;
 //   *_rows_packed  the same with 32 packs of VEC channels (C % VEC == 0).
 // Python sizes the NHWC row chunks so that the grid is ~2048 blocks whatever N*H*W.
+// Since session 10 (activations.py: PLANE_PACKS, NHWC_SWEEP) the packed cases take
+//   *_plane_packs  (NCHW) one block per chunk of blockDim x SWEEP_UNROLL packs of a
+//                  plane, every load issued before any math: one trip to memory;
+//   *_rows_sweep   (NHWC) a grid the device holds at once sweeping slabs of rows,
+//                  per-thread sums in registers to the end (notes/biasact.md).
 //
 // The math (modes, derivatives, PyTorch's conventions at the kinks) lives in
 // activation_math.cuh, shared with the fused convolution epilogues; the
@@ -29,22 +34,20 @@
 #include "packs.cuh"
 
 #define UNROLL 4  // bias_activation_forward's packs per thread per step
+#define SWEEP_UNROLL 4  // packs (rows) per thread per trip of *_plane_packs / *_rows_sweep
 
-// Packs per thread per grid-stride step of activation_forward / _backward.  An H100
-// sweep (session 9, notes/actsweep_gpu.py: UNROLL 1/2/4/8 x blocks of 128/256/512 x
-// streaming cache hints, 64x256x56x56) found one pack a thread in a one-shot grid
-// fastest or tied for float forward and every backward (float relu backward 0.2055 ->
-// 0.2040 ms, half gelu backward 0.1060 -> 0.1040), and four faster for 16-bit forward
-// (half gelu forward: 0.0749 at 4, 0.0763 at 1).  Python's _unroll mirrors this.
-template <typename T, bool FORWARD> struct activation_unroll {
-    static constexpr int value = (FORWARD && sizeof(T) == 2) ? 4 : 1;
-};
-
-template <typename T, typename index_t, int MODE>
+// Packs per thread per grid-stride step: U, a template parameter of
+// activation_forward (Python picks it per dtype and mode), one for
+// activation_backward.  An H100 sweep (session 9, notes/actsweep_gpu.py: UNROLL
+// 1/2/4/8 x blocks of 128/256/512 x streaming cache hints, 64x256x56x56) found one
+// pack a thread in a one-shot grid fastest or tied for float forward and every
+// backward (float relu backward 0.2055 -> 0.2040 ms, half gelu backward 0.1060 ->
+// 0.1040), and for 16-bit forward four for gelu (0.0749 at 4, 0.0763 at 1) but
+// one for relu (~1 %): math-heavy modes hide their math behind more loads.
+template <typename T, typename index_t, int MODE, int U>
 __global__ void activation_forward(const T* __restrict__ x, T* __restrict__ y, index_t n, index_t packs,
                                    acc_t<T> alpha) {
     constexpr int VEC = pack_width<T>::value;
-    constexpr int U = activation_unroll<T, true>::value;
     const index_t step = (index_t)blockDim.x;
     const index_t stride = (index_t)gridDim.x * step * U;
     for (index_t base = (index_t)blockIdx.x * step * U + (index_t)threadIdx.x; base < packs; base += stride) {
@@ -71,7 +74,7 @@ template <typename T, typename index_t, int MODE>
 __global__ void activation_backward(const T* __restrict__ dy, const T* __restrict__ x, T* __restrict__ dx,
                                     index_t n, index_t packs, acc_t<T> alpha) {
     constexpr int VEC = pack_width<T>::value;
-    constexpr int U = activation_unroll<T, false>::value;
+    constexpr int U = 1;
     const index_t step = (index_t)blockDim.x;
     const index_t stride = (index_t)gridDim.x * step * U;
     for (index_t base = (index_t)blockIdx.x * step * U + (index_t)threadIdx.x; base < packs; base += stride) {
@@ -267,6 +270,130 @@ __global__ void bias_activation_backward_rows_packed(const T* __restrict__ dy, c
         for (int e = 0; e < VEC; ++e) {
             A s = acc[e];
             for (int k = 1; k < 8; ++k) s += scratch[k][threadIdx.x * VEC + e];
+            partial[(index_t)blockIdx.y * channels + c0 + e] = s;
+        }
+    }
+}
+
+// NCHW backward with packs (inner % VEC == 0, aligned), all loads first: block b owns
+// chunk j of plane p = (n, c), packs [j * blockDim * SWEEP_UNROLL, ..) of the plane's
+// inner / VEC; thread t takes packs t, t + blockDim, ... (SWEEP_UNROLL of them) and
+// issues their 2 x SWEEP_UNROLL loads of dy and x before any math, so a block makes one
+// trip to memory (the planes kernel above makes one per two packs a thread: three on a
+// 56 x 56 plane, with the math of the last in between -- GELU's erff + expf showed).
+// partial[(n * chunks + j) * channels + c] gets the block's sum of dx.  Launch bounds:
+// <= 64 registers, 4 blocks of 256 a SM (float gelu took 72 without: 3 a SM).
+template <typename T, typename index_t, int MODE>
+__global__ void __launch_bounds__(256, 4)
+bias_activation_backward_plane_packs(const T* __restrict__ dy, const T* __restrict__ x,
+                                     const T* __restrict__ bias, T* __restrict__ dx,
+                                     acc_t<T>* __restrict__ partial, index_t planes,
+                                     index_t channels, index_t inner, index_t chunks,
+                                     acc_t<T> alpha) {
+    typedef acc_t<T> A;
+    constexpr int VEC = pack_width<T>::value, U = SWEEP_UNROLL;
+    __shared__ A scratch[32];
+    const index_t blocks = planes * chunks;
+    const index_t chunk = (index_t)blockDim.x * U;  // packs
+    const index_t plane_packs = inner / VEC;
+    for (index_t b = blockIdx.x; b < blocks; b += (index_t)gridDim.x) {
+        const index_t p = b / chunks, j = b - p * chunks;
+        const index_t c = p % channels;
+        const index_t start = p * inner + j * chunk * VEC;  // elements
+        const index_t len = min(chunk, plane_packs - j * chunk);
+        const A bc = load(bias[c]);
+        Pack<T, VEC> g[U], in[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const index_t q = (index_t)threadIdx.x + u * (index_t)blockDim.x;
+            if (q < len) {
+                g[u] = load_pack<T, VEC>(dy + start + q * VEC);
+                in[u] = load_pack<T, VEC>(x + start + q * VEC);
+            }
+        }
+        A acc = A(0);
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const index_t q = (index_t)threadIdx.x + u * (index_t)blockDim.x;
+            if (q < len) {
+                Pack<T, VEC> out;
+#pragma unroll
+                for (int e = 0; e < VEC; ++e) {
+                    const A d = load(g[u].v[e]) * derivative_for<T, MODE>(load(in[u].v[e]) + bc, alpha);
+                    out.v[e] = store<T>(d);
+                    acc += d;
+                }
+                store_pack<T, VEC>(dx + start + q * VEC, out);
+            }
+        }
+        acc = block_sum(acc, scratch);
+        if (threadIdx.x == 0) partial[((p / channels) * chunks + j) * channels + c] = acc;
+    }
+}
+
+// NHWC backward with packs (C % VEC == 0, aligned), sweeping: blockDim (32, 8), grid
+// (lanes, groups) with lanes x groups about the blocks the device holds at once (Python:
+// the occupancy API).  Thread (tx, ty) of block (bx, by) owns the VEC channels of pack
+// 32 bx + tx.  The grid takes slabs of groups x 8 x SWEEP_UNROLL consecutive rows; block
+// by takes the by-th 8 x SWEEP_UNROLL rows of each slab, warp ty rows ty, ty + 8, ...,
+// all SWEEP_UNROLL loads of dy and x issued before any math.  So the rows in flight are
+// one band moving through the tensor in address order (as the flat kernels read), not
+// ~2000 chunks read side by side, and every block lives the whole kernel: no tail of a
+// second wave.  The VEC sums of dx stay in registers over all slabs; one partial row a
+// block at the end (partial[by * channels + c]).  Launch bounds as *_plane_packs (16-bit
+// gelu spills 8 bytes: L1).
+template <typename T, typename index_t, int MODE>
+__global__ void __launch_bounds__(256, 4)
+bias_activation_backward_rows_sweep(const T* __restrict__ dy, const T* __restrict__ x,
+                                    const T* __restrict__ bias, T* __restrict__ dx,
+                                    acc_t<T>* __restrict__ partial, index_t rows,
+                                    index_t channels, acc_t<T> alpha) {
+    typedef acc_t<T> A;
+    constexpr int VEC = pack_width<T>::value, U = SWEEP_UNROLL, ROWS = 8;  // ROWS = blockDim.y
+    __shared__ A scratch[ROWS][32 * VEC];
+    const index_t c0 = ((index_t)blockIdx.x * 32 + threadIdx.x) * VEC;
+    A acc[VEC];
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) acc[e] = A(0);
+    if (c0 < channels) {
+        A bc[VEC];
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) bc[e] = load(bias[c0 + e]);
+        const index_t slab = (index_t)gridDim.y * (ROWS * U);
+        for (index_t r0 = (index_t)blockIdx.y * (ROWS * U) + threadIdx.y; r0 < rows; r0 += slab) {
+            Pack<T, VEC> g[U], in[U];
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                if (r0 + u * ROWS < rows) {
+                    const index_t at = (r0 + u * ROWS) * channels + c0;
+                    g[u] = load_pack<T, VEC>(dy + at);
+                    in[u] = load_pack<T, VEC>(x + at);
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                if (r0 + u * ROWS < rows) {
+                    const index_t at = (r0 + u * ROWS) * channels + c0;
+                    Pack<T, VEC> out;
+#pragma unroll
+                    for (int e = 0; e < VEC; ++e) {
+                        const A d = load(g[u].v[e]) * derivative_for<T, MODE>(load(in[u].v[e]) + bc[e], alpha);
+                        out.v[e] = store<T>(d);
+                        acc[e] += d;
+                    }
+                    store_pack<T, VEC>(dx + at, out);
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) scratch[threadIdx.y][threadIdx.x * VEC + e] = acc[e];
+    __syncthreads();
+    if (threadIdx.y == 0 && c0 < channels) {
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) {
+            A s = acc[e];
+            for (int k = 1; k < ROWS; ++k) s += scratch[k][threadIdx.x * VEC + e];
             partial[(index_t)blockIdx.y * channels + c0 + e] = s;
         }
     }

@@ -27,7 +27,9 @@ enum ActivationMode {
     GELU_TANH = 5,   // the tanh approximation of GELU
     SILU = 6,
     LEAKY_RELU = 7,  // alpha = negative slope
-    CLIPPED_RELU = 8 // alpha = ceiling
+    CLIPPED_RELU = 8, // alpha = ceiling
+    GELU_ONE_EXP = 9  // GELU (erf) in float from one exponential and a fitted erfc (gelu_one_exp below),
+                      // for 16-bit storage; never an epilogue's mode (activate_dynamic: identity)
 };
 
 __device__ __forceinline__ float exp_acc(float v) { return expf(v); }
@@ -49,6 +51,62 @@ template <typename A> __device__ __forceinline__ A gelu_tanh_inner(A v) {
     return tanh_acc(A(0.7978845608028654) * (v + A(0.044715) * v * v * v));  // sqrt(2/pi)
 }
 
+// ---- 16-bit storage: a cheaper GELU derivative (and forward) -----------------
+// A float16 / bfloat16 backward keeps 11 / 8 significant bits of dx, and with
+// erff + expf (~45 SASS instructions an element, two MUFU) the pointwise
+// kernel was issue-bound at 2-byte elements (notes/half16.md).  Here both terms
+// of gelu'(x) = Phi(x) + x phi(x) share one exponential e = exp(-x^2 / 2):
+//   Phi(-|x|) = e * h(x),  h = t P(t),  t = 1 / (1 + |x| / (2 sqrt 2)),
+// P a degree-6 polynomial fitted here (reweighted least squares on the relative
+// error of erfc(z) exp(z^2), z = |x| / sqrt 2 in [0, 10.5]: max 1.5e-6; beyond,
+// e is 0 in float), so
+//   gelu'(x) = [x >= 0] + e * (x / sqrt(2 pi) -+ h)      (- for x >= 0),
+// with ex2.approx / rcp.approx (~2^-22 relative).  Error of gelu' against
+// float64 <= 2e-6 (relative, away from its zero near x = -0.75; absolute 2e-7
+// there): notes/half16_accuracy.py over every float16 and a dense bfloat16
+// sweep.  ~20 instructions.  float and double keep the library erf / exp.
+// NaN propagates; +-inf gives NaN, as the library formula does (inf * 0).
+__device__ __forceinline__ float ex2_approx(float v) {
+    float r;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(v));
+    return r;
+}
+__device__ __forceinline__ float rcp_approx(float v) {
+    float r;
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(v));
+    return r;
+}
+// Phi(-|v|) exp(v^2 / 2) = t P(t), the fitted erfc above.
+__device__ __forceinline__ float gelu_tail_scaled(float v) {
+    const float t = rcp_approx(fmaf(fabsf(v), 0.353553391f, 1.0f));
+    float p = 0.0436620973f;
+    p = fmaf(p, t, -0.176825091f);
+    p = fmaf(p, t, 0.192460239f);
+    p = fmaf(p, t, 0.0204604492f);
+    p = fmaf(p, t, 0.140187606f);
+    p = fmaf(p, t, 0.13889575f);
+    p = fmaf(p, t, 0.141158193f);
+    return t * p;
+}
+__device__ __forceinline__ float gelu_derivative_fast(float v) {
+    const float e = ex2_approx(v * (v * -0.721347520f));  // exp(-v^2 / 2) = 2^(-v^2 log2(e) / 2)
+    const float h = gelu_tail_scaled(v);
+    const float r = fmaf(v, 0.398942280f, v < 0.0f ? h : -h);  // 1 / sqrt(2 pi)
+    return fmaf(e, r, v >= 0.0f ? 1.0f : 0.0f);
+}
+
+// GELU forward on 16-bit storage, the same way: gelu(v) = v Phi(v) with
+// q = Phi(-|v|) = e h (relative error ~2e-6) and Phi(v) = 1 - q for v >= 0, q
+// below.  ~17 instructions an element against ~30 for erff: the 16-bit forward
+// moves 8 values per 16-byte pack, so erff's cost per byte made it issue-bound
+// next to the copy (notes/biasact.md).  More accurate than the erff form in the
+// tail, where 1 + erff(v / sqrt 2) cancels (v < -4: Phi(v) below float's ulp of 1).
+// +inf gives +inf, -inf NaN, NaN NaN: as 0.5 v (1 + erf(v / sqrt 2)).
+__device__ __forceinline__ float gelu_one_exp(float v) {
+    const float q = ex2_approx(v * (v * -0.721347520f)) * gelu_tail_scaled(v);
+    return v * (v >= 0.0f ? 1.0f - q : q);
+}
+
 template <int MODE, typename A> __device__ __forceinline__ A activate(A v, A alpha) {
     if constexpr (MODE == RELU) return v < A(0) ? A(0) : v;
     if constexpr (MODE == SIGMOID) return sigmoid_acc(v);
@@ -58,6 +116,10 @@ template <int MODE, typename A> __device__ __forceinline__ A activate(A v, A alp
     if constexpr (MODE == GELU_TANH) return A(0.5) * v * (A(1) + gelu_tanh_inner(v));
     if constexpr (MODE == SILU) return v * sigmoid_acc(v);
     if constexpr (MODE == LEAKY_RELU) return v < A(0) ? alpha * v : v;
+    if constexpr (MODE == GELU_ONE_EXP) {
+        if constexpr (sizeof(A) == 4) return gelu_one_exp(v);
+        else return activate<GELU>(v, alpha);
+    }
     // CLIPPED_RELU
     return v < A(0) ? A(0) : (v > alpha ? alpha : v);
 }
@@ -90,48 +152,12 @@ template <int MODE, typename A> __device__ __forceinline__ A derivative(A v, A a
         return s * (A(1) + v * (A(1) - s));
     }
     if constexpr (MODE == LEAKY_RELU) return v > A(0) ? A(1) : alpha;
+    if constexpr (MODE == GELU_ONE_EXP) {
+        if constexpr (sizeof(A) == 4) return gelu_derivative_fast(v);
+        else return derivative<GELU>(v, alpha);
+    }
     // CLIPPED_RELU
     return (v > A(0) && v < alpha) ? A(1) : A(0);
-}
-
-// ---- 16-bit storage: a cheaper GELU derivative ------------------------------
-// A float16 / bfloat16 backward keeps 11 / 8 significant bits of dx, and with
-// erff + expf (~45 SASS instructions an element, two MUFU) the pointwise
-// kernel was issue-bound at 2-byte elements (notes/half16.md).  Here both terms
-// of gelu'(x) = Phi(x) + x phi(x) share one exponential e = exp(-x^2 / 2):
-//   Phi(-|x|) = e * h(x),  h = t P(t),  t = 1 / (1 + |x| / (2 sqrt 2)),
-// P a degree-6 polynomial fitted here (reweighted least squares on the relative
-// error of erfc(z) exp(z^2), z = |x| / sqrt 2 in [0, 10.5]: max 1.5e-6; beyond,
-// e is 0 in float), so
-//   gelu'(x) = [x >= 0] + e * (x / sqrt(2 pi) -+ h)      (- for x >= 0),
-// with ex2.approx / rcp.approx (~2^-22 relative).  Error of gelu' against
-// float64 <= 2e-6 (relative, away from its zero near x = -0.75; absolute 2e-7
-// there): notes/half16_accuracy.py over every float16 and a dense bfloat16
-// sweep.  ~20 instructions.  float and double keep the library erf / exp.
-// NaN propagates; +-inf gives NaN, as the library formula does (inf * 0).
-__device__ __forceinline__ float ex2_approx(float v) {
-    float r;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(v));
-    return r;
-}
-__device__ __forceinline__ float rcp_approx(float v) {
-    float r;
-    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(v));
-    return r;
-}
-__device__ __forceinline__ float gelu_derivative_fast(float v) {
-    const float e = ex2_approx(v * (v * -0.721347520f));  // exp(-v^2 / 2) = 2^(-v^2 log2(e) / 2)
-    const float t = rcp_approx(fmaf(fabsf(v), 0.353553391f, 1.0f));
-    float p = 0.0436620973f;
-    p = fmaf(p, t, -0.176825091f);
-    p = fmaf(p, t, 0.192460239f);
-    p = fmaf(p, t, 0.0204604492f);
-    p = fmaf(p, t, 0.140187606f);
-    p = fmaf(p, t, 0.13889575f);
-    p = fmaf(p, t, 0.141158193f);
-    const float h = t * p;  // Phi(-|v|) exp(v^2 / 2)
-    const float r = fmaf(v, 0.398942280f, v < 0.0f ? h : -h);  // 1 / sqrt(2 pi)
-    return fmaf(e, r, v >= 0.0f ? 1.0f : 0.0f);
 }
 
 // The derivative a kernel on storage type T uses: derivative<MODE> but for GELU

@@ -190,6 +190,71 @@ def test_gelu_backward_every_16bit_input(xp, rng, dtype):
                            f"got {got[bad[:5]]} want {want[bad[:5]]}")
 
 
+@pytest.mark.parametrize("one_exp", [True, False])
+@pytest.mark.parametrize("dtype", [d for d in FLOAT_DTYPES if d.values[0].itemsize == 2])
+def test_gelu_forward_every_16bit_input(xp, monkeypatch, one_exp, dtype):
+    """Every finite float16 x (every bfloat16 with |x| <= 16, and a few beyond): gelu(x)
+    within one unit in the last place of x Phi(x) in float64 (with erfc), plus 2^-23 |x|
+    for the float rounding of 1 + erf(x / sqrt 2) in the erf form (the NumPy path, and
+    the kernel with GELU_ONE_EXP_16BIT off).  The 16-bit kernel computes Phi from one
+    exponential and the fitted erfc of gelu_derivative_fast (activation_math.cuh,
+    gelu_one_exp); a wrong coefficient or branch fails here."""
+    from dnnprims import activations
+    monkeypatch.setattr(activations, "GELU_ONE_EXP_16BIT", one_exp)
+    dtype = np.dtype(dtype)
+    x = np.arange(65536, dtype=np.uint16).view(dtype)
+    x = x[np.isfinite(x.astype(np.float32))]
+    if dtype.name == "bfloat16":
+        x = np.concatenate([x[np.abs(x.astype(np.float32)) <= 16],
+                            np.array([-1e30, -100, 20, 1e4, 3e38], np.float32).astype(dtype)])
+    x64 = x.astype(np.float64)
+    erfc = np.frompyfunc(math.erfc, 1, 1)
+    want = x64 * 0.5 * erfc(-x64 / math.sqrt(2)).astype(np.float64)
+    with np.errstate(over="ignore", invalid="ignore"):
+        got = to_numpy(activation(xp.asarray(x), "gelu")).astype(np.float64)
+    err = np.abs(got - want)
+    # + the spacing of the storage's subnormals, where one unit is not 2^-bits |want|
+    limit = (2.0 ** -_ULP_BITS[dtype.name] * np.abs(want) + 2.0 ** -23 * np.abs(x64)
+             + {"float16": 2.0 ** -24, "bfloat16": 2.0 ** -133}[dtype.name])
+    if xp is not np and dtype.name == "bfloat16":
+        # bfloat16's subnormals are float32's: the GPU kernels (both formulas, H100
+        # session 10) flush a result below 2^-126 to zero -- an absolute error under
+        # 2^-126, accepted there and nowhere else.
+        limit = np.where(np.abs(want) < 2.0 ** -126, np.maximum(limit, np.abs(want)), limit)
+    bad = np.flatnonzero(~(err <= limit))
+    assert bad.size == 0, f"{bad.size} of {x.size}: x {x64[bad[:5]]} got {got[bad[:5]]} want {want[bad[:5]]}"
+    assert to_numpy(activation(xp.asarray(np.array([np.inf, -np.inf, np.nan], dtype)), "gelu")).astype(
+        np.float64)[0] == np.inf
+
+
+@pytest.mark.parametrize("unroll,one_exp", [(4, True), (1, False), (1, True)])
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_forward_switches(xp, rng, monkeypatch, dtype, unroll, one_exp):
+    """The 16-bit forward's switches (packs a thread, gelu_one_exp) in
+    each setting, over several grid-stride steps with a tail, against the reference;
+    a repeated call after a switch takes the switched plan."""
+    from dnnprims import activations
+    x = random_array(rng, (3 * 2**16 + 13,), dtype, low=-6, high=6)
+    x64 = x.astype(np.float64)
+    activation(xp.asarray(x), "gelu")  # a plan under the default switches first
+    monkeypatch.setattr(activations, "FORWARD_UNROLL_16BIT", unroll)
+    monkeypatch.setattr(activations, "GELU_ONE_EXP_16BIT", one_exp)
+    for mode in ("relu", "gelu", "sigmoid", "clipped_relu"):
+        for _ in range(2):
+            assert_close(activation(xp.asarray(x), mode), ref.activation(x64, mode, DEFAULT_ALPHA.get(mode)),
+                         dtype, what=f"{mode} forward")
+    if xp is not np and np.dtype(dtype).itemsize == 2:
+        expr = activations._cached_plan("forward", "gelu", "none", None, x.size, dtype, True)[0]
+        assert expr.endswith(f", {9 if one_exp else 4}, {unroll}>"), expr
+        expr = activations._cached_plan("forward", "relu", "none", None, x.size, dtype, True)[0]
+        assert expr.endswith(f", 0, {unroll}>"), expr
+    bias = random_array(rng, (13,), dtype)
+    xb = x[:13 * 1000].reshape(1000, 13)
+    assert_close(bias_activation(xp.asarray(xb), xp.asarray(bias), "gelu", layout="NHWC"),
+                 ref.bias_activation(xb.astype(np.float64), bias.astype(np.float64), "gelu", None, "none", "NHWC"),
+                 dtype, what="bias gelu forward")
+
+
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 def test_misaligned_and_long(xp, rng, dtype):
     """A view one element into its buffer (no 16-byte packs), and enough elements
@@ -394,13 +459,18 @@ def test_bias_activation_against_reference(xp, rng, dtype, shape, layout):
                      magnitude=np.abs(dx_ref).sum(axis=_other_axes(len(shape), layout)))
 
 
-@pytest.mark.parametrize("packed", [True, False])
+@pytest.mark.parametrize("packed,sweep", [(True, True), (True, False), (False, True)],
+                         ids=["rows_sweep", "rows_packed", "rows"])
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
-def test_bias_activation_nhwc_backward_paths(xp, rng, monkeypatch, packed, dtype):
-    """NHWC backward with and without 16-byte packs of channels, over many row
-    chunks, against the float64 reference (dx and dbias)."""
+def test_bias_activation_nhwc_backward_paths(xp, rng, monkeypatch, packed, sweep, dtype):
+    """NHWC backward through each kernel (the resident sweep, chunks of rows with and
+    without 16-byte packs of channels) over many rows, against the float64
+    reference (dx and dbias).  The sweep's grid is cut to 3 row groups, so each
+    block takes many slabs and the last slab is partial."""
     from dnnprims import activations
     monkeypatch.setattr(activations, "NHWC_PACKED", packed)
+    monkeypatch.setattr(activations, "NHWC_SWEEP", activations._dtypes.CUDA_TYPES if sweep else ())
+    monkeypatch.setattr(activations, "_resident_blocks", lambda expression: 3)
     shape = (4, 33, 29, 32)
     x = random_array(rng, shape, dtype, low=-4, high=4)
     bias = random_array(rng, (32,), dtype)
@@ -411,6 +481,27 @@ def test_bias_activation_nhwc_backward_paths(xp, rng, monkeypatch, packed, dtype
         dx_ref, dbias_ref = ref.bias_activation_backward(dy64, x64, b64, mode, None, "none", "NHWC")
         assert_close(dx, dx_ref, dtype, what=f"{mode} dx")
         assert_close(dbias, dbias_ref, dtype, what=f"{mode} dbias", magnitude=np.abs(dx_ref).sum(axis=(0, 1, 2)))
+
+
+@pytest.mark.parametrize("plane_packs", [True, False])
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_bias_activation_nchw_backward_paths(xp, rng, monkeypatch, plane_packs, dtype):
+    """NCHW backward through bias_activation_backward_plane_packs (one trip to memory a
+    block; planes of one chunk, of several with a partial last, and of one pack) and
+    through the planes kernel, against the float64 reference (dx and dbias)."""
+    from dnnprims import activations
+    monkeypatch.setattr(activations, "PLANE_PACKS", plane_packs)
+    for shape in [(3, 5, 56, 56), (2, 3, 80, 120), (2, 3, 1, 8), (1, 2, 64, 72)]:
+        x = random_array(rng, shape, dtype, low=-4, high=4)
+        bias = random_array(rng, (shape[1],), dtype)
+        dy = random_array(rng, shape, dtype)
+        x64, b64, dy64 = (a.astype(np.float64) for a in (x, bias, dy))
+        for mode in ("relu", "gelu"):
+            dx, dbias = bias_activation_backward(xp.asarray(dy), xp.asarray(x), xp.asarray(bias), mode)
+            dx_ref, dbias_ref = ref.bias_activation_backward(dy64, x64, b64, mode, None, "none", "NCHW")
+            assert_close(dx, dx_ref, dtype, what=f"{shape} {mode} dx")
+            assert_close(dbias, dbias_ref, dtype, what=f"{shape} {mode} dbias",
+                         magnitude=np.abs(dx_ref).sum(axis=(0, 2, 3)))
 
 
 @SETTINGS
@@ -542,20 +633,26 @@ def test_a_zero_alpha_runs_as_zero_whatever_its_sign(mode):
 
 
 def test_elementwise_grid_matches_the_kernels_packs_per_thread():
-    """CPU: activation_unroll in activation.cu (4 packs a thread for 16-bit forward, 1
-    otherwise: the session 9 sweep) and the Python grid agree, so the one-shot grid
-    covers every pack in one step; the grid is capped and the kernels grid-stride."""
+    """CPU: the packs a thread of the plan's kernel (activation_forward's U template
+    argument; activation_backward's U = 1) and the Python grid agree, so the one-shot
+    grid covers every pack in one step; the grid is capped and the kernels grid-stride.
+    16-bit forward: FORWARD_UNROLL_16BIT packs a thread (float: 1)."""
     from dnnprims import activations, _dtypes
-    source = activations.FAMILY.source
-    assert "(FORWARD && sizeof(T) == 2) ? 4 : 1" in source
+    assert "constexpr int U = 1;" in activations.FAMILY.source
     n = 64 * 256 * 56 * 56
     for dtype in (np.float16, _dtypes.BFLOAT16, np.float32, np.float64):
         if dtype is None:
             continue
         vec = 16 // np.dtype(dtype).itemsize
+        half = np.dtype(dtype).itemsize == 2
         for direction in ("forward", "backward"):
-            expr, grid, scalars = activations._cached_plan(direction, "relu", "none", None, n, dtype, True)
-            unroll = 4 if direction == "forward" and np.dtype(dtype).itemsize == 2 else 1
-            assert activations._unroll(direction, dtype) == unroll
-            assert grid == (min(-(-(n // vec) // (activations._BLOCK * unroll)), activations._MAX_BLOCKS),)
-            assert int(scalars[1]) == n // vec
+            for mode in ("relu", "gelu", "leaky_relu", "sigmoid"):
+                expr, grid, scalars = activations._cached_plan(direction, mode, "none", None, n, dtype, True)
+                unroll = 1
+                if direction == "forward" and half:
+                    unroll = activations.FORWARD_UNROLL_16BIT
+                    assert expr.endswith(f", {unroll}>")
+                assert expr in activations.FAMILY.name_expressions
+                assert activations._unroll(direction, dtype, mode) == unroll
+                assert grid == (min(-(-(n // vec) // (activations._BLOCK * unroll)), activations._MAX_BLOCKS),)
+                assert int(scalars[1]) == n // vec
