@@ -1700,7 +1700,8 @@ batchnorm_backward_cluster(const T* __restrict__ x, const T* __restrict__ dy,
 // every rows grid to the blocks resident at once (occupancy API): a grid of
 // 1.3 waves left a tail of one block per SM for the last third of the rows.
 // By default training forward and backward run instead as one launch each
-// (batchnorm_rows_train_fused / batchnorm_rows_backward_fused, end of file).
+// (batchnorm_rows_train_resident / batchnorm_rows_backward_resident, end of
+// file; batchnorm_rows_{train,backward}_fused with ROWS_RESIDENT off).
 
 #define ROWS_MERGE_AHEAD 8
 
@@ -2432,4 +2433,262 @@ batchnorm_rows_backward_fused(const T* __restrict__ x, const T* __restrict__ dy,
     const T* const src[2] = {x, dy};
     acc_t<T>* const parts[2] = {part_g, part_gx};
     rows_fused<T, VEC>(op, src, dx, parts, M, C, cols, arrive);
+}
+
+// ---------------------------------------------------------------------------
+// Channel-last training forward and backward with more rows on chip and L2
+// eviction hints (issue 5, bnnhwc; switch normalization.ROWS_RESIDENT):
+// batchnorm_rows_{train,backward}_resident.  The passes, the lane mapping,
+// the batches, the partials and the merge are those of rows_fused above (same
+// B, same lanes for the same grid: bitwise the same results); what differs is
+// where the rows between the passes live and what the L2 keeps:
+//   - the lane's last batch stays in registers as storage packs (16-bit types:
+//     half the registers of acc_t values, so two blocks fit an SM);
+//   - the `cached` batches before it (a runtime count, the host sizes it to the
+//     shared memory an SM has for the resident blocks: ~110 KB a block at two
+//     blocks per SM, 3 batches of 8 fp32 rows a thread instead of rows_fused's
+//     static 1) live in DYNAMIC shared memory, layout [k][batch][row][thread];
+//   - `window` >= 0: the `window` batches before those are read with normal L2
+//     priority in pass 1 and every other access of both passes is evict-first
+//     (PTX .cs: the batches that stay on chip, the early batches pass 2 reaches
+//     last, pass 2's loads and the y / dx stores), so the L2 holds the window
+//     for pass 2 (which reads it right after the on-chip rows) instead of lines
+//     that are on chip anyway or that y's writes would push out.  window < 0:
+//     plain accesses everywhere (the A/B of the hints alone).
+// DRAM traffic: x (and dy) once + the output + the second read less
+// (on-chip + window) batches: notes/bnnhwc.md has the numbers.
+
+// 16-byte accesses with the evict-first cache operator (.cs); other widths plain.
+template <typename T, int VEC, typename index_t>
+__device__ __forceinline__ void load_pack_cs(const T* __restrict__ p, index_t off, Pack<T, VEC>& out,
+                                             bool first) {
+    if constexpr (sizeof(Pack<T, VEC>) == 16) {
+        if (first) {
+            unsigned* w = reinterpret_cast<unsigned*>(&out);
+            asm("ld.global.cs.v4.u32 {%0, %1, %2, %3}, [%4];"
+                : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3]) : "l"(p + off));
+            return;
+        }
+    }
+    out = *reinterpret_cast<const Pack<T, VEC>*>(p + off);
+}
+
+template <typename T, int VEC, typename index_t>
+__device__ __forceinline__ void store_pack_cs(T* __restrict__ p, index_t off, const acc_t<T> (&in)[VEC],
+                                              bool first) {
+    Pack<T, VEC> pk;
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) pk.v[v] = store<T>(in[v]);
+    if constexpr (sizeof(Pack<T, VEC>) == 16) {
+        if (first) {
+            const unsigned* w = reinterpret_cast<const unsigned*>(&pk);
+            asm volatile("st.global.cs.v4.u32 [%0], {%1, %2, %3, %4};"
+                         :: "l"(p + off), "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3]) : "memory");
+            return;
+        }
+    }
+    *reinterpret_cast<Pack<T, VEC>*>(p + off) = pk;
+}
+
+
+// Pass 1 of the resident kernels: as rows_first_pass, with the loads' L2
+// priority chosen per batch and the on-chip batches kept as storage packs
+// (registers: keep; dynamic shared memory: cache[((k * cached + back - 1) * B
+// + i) * BN_THREADS + thread]).
+template <int B, typename Op, typename T, int VEC, typename index_t>
+__device__ __forceinline__ void rows_resident_first_pass(Op& op, const T* const (&src)[Op::K], const RowLanes& rl,
+                                                         index_t M, int C, index_t col, index_t batches,
+                                                         Pack<T, VEC> (&keep)[Op::K][B],
+                                                         Pack<T, VEC>* __restrict__ cache, int cached,
+                                                         int window) {
+    typedef acc_t<T> A;
+    constexpr int K = Op::K;
+    for (index_t j = 0; j < batches; ++j) {
+        const index_t first = (j * rl.L + rl.lane) * B;
+        const index_t back = batches - 1 - j;  // 0: the last batch
+        const bool evict_first = window >= 0 && (back <= cached || back > cached + window);
+        Pack<T, VEC> pk[K][B];
+#pragma unroll
+        for (int i = 0; i < B; ++i) {
+#pragma unroll
+            for (int k = 0; k < K; ++k) {
+                if (first + i < M) {
+                    load_pack_cs<T, VEC>(src[k], (first + i) * C + col, pk[k][i], evict_first);
+                } else {
+#pragma unroll
+                    for (int v = 0; v < VEC; ++v) pk[k][i].v[v] = store<T>(A(0));
+                }
+            }
+        }
+        // The packs go on chip before the arithmetic (they are dead during it: registers).
+        if (back == 0) {
+#pragma unroll
+            for (int k = 0; k < K; ++k)
+#pragma unroll
+                for (int i = 0; i < B; ++i) keep[k][i] = pk[k][i];
+        } else if (back <= cached) {
+#pragma unroll
+            for (int k = 0; k < K; ++k)
+#pragma unroll
+                for (int i = 0; i < B; ++i)
+                    cache[((k * cached + (int)back - 1) * B + i) * BN_THREADS + threadIdx.x] = pk[k][i];
+        }
+        A vals[K][B][VEC];
+#pragma unroll
+        for (int k = 0; k < K; ++k)
+#pragma unroll
+            for (int i = 0; i < B; ++i)
+#pragma unroll
+                for (int v = 0; v < VEC; ++v) vals[k][i][v] = A(load(pk[k][i].v[v]));
+        op.accumulate(vals, (int)(M - first < (index_t)B ? M - first : (index_t)B));
+    }
+}
+
+// Row i of packs as acc_t values, in the [K][1][VEC] shape Op::map takes.
+template <int K, int B, typename T, int VEC>
+__device__ __forceinline__ void unpack_row(const Pack<T, VEC> (&pk)[K][B], int i, acc_t<T> (&row)[K][1][VEC]) {
+#pragma unroll
+    for (int k = 0; k < K; ++k)
+#pragma unroll
+        for (int v = 0; v < VEC; ++v) row[k][0][v] = acc_t<T>(load(pk[k][i].v[v]));
+}
+
+// Pass 2 of the resident kernels: op.map of the register batch, the cached
+// batches (last to first), then the other batches last to first -- the first
+// of them are the L2 window; evict-first loads and stores when window >= 0.
+template <int B, typename Op, typename T, int VEC, typename index_t>
+__device__ __forceinline__ void rows_resident_second_pass(const Op& op, const T* const (&src)[Op::K],
+                                                          T* __restrict__ dst, const RowLanes& rl, index_t M,
+                                                          int C, index_t col, index_t batches,
+                                                          const Pack<T, VEC> (&keep)[Op::K][B],
+                                                          const Pack<T, VEC>* __restrict__ cache, int cached,
+                                                          int window) {
+    typedef acc_t<T> A;
+    constexpr int K = Op::K;
+    const bool hint = window >= 0;
+    {  // the last batch, from registers
+        const index_t first = ((batches - 1) * rl.L + rl.lane) * B;
+#pragma unroll
+        for (int i = 0; i < B; ++i) {
+            if (first + i < M) {
+                A row[K][1][VEC], out[VEC];
+                unpack_row<K, B, T, VEC>(keep, i, row);
+                op.map(row, 0, out);
+                store_pack_cs<T, VEC>(dst, (first + i) * C + col, out, hint);
+            }
+        }
+    }
+    const int on_chip = (index_t)cached < batches - 1 ? cached : (int)(batches - 1);
+    for (int back = 1; back <= on_chip; ++back) {  // the cached batches
+        const index_t first = ((batches - 1 - back) * rl.L + rl.lane) * B;
+        Pack<T, VEC> pk[K][B];
+#pragma unroll
+        for (int k = 0; k < K; ++k)
+#pragma unroll
+            for (int i = 0; i < B; ++i) pk[k][i] = cache[((k * cached + back - 1) * B + i) * BN_THREADS + threadIdx.x];
+#pragma unroll
+        for (int i = 0; i < B; ++i) {  // a cached batch is whole: only the last batch can pass M
+            A row[K][1][VEC], out[VEC];
+            unpack_row<K, B, T, VEC>(pk, i, row);
+            op.map(row, 0, out);
+            store_pack_cs<T, VEC>(dst, (first + i) * C + col, out, hint);
+        }
+    }
+    for (index_t j = batches - 2 - on_chip; j >= 0; --j) {  // the rest, last to first
+        const index_t first = (j * rl.L + rl.lane) * B;
+        Pack<T, VEC> pk[K][B];
+#pragma unroll
+        for (int i = 0; i < B; ++i)
+#pragma unroll
+            for (int k = 0; k < K; ++k) load_pack_cs<T, VEC>(src[k], (first + i) * C + col, pk[k][i], hint);
+#pragma unroll
+        for (int i = 0; i < B; ++i) {
+            A row[K][1][VEC], out[VEC];
+            unpack_row<K, B, T, VEC>(pk, i, row);
+            op.map(row, 0, out);
+            store_pack_cs<T, VEC>(dst, (first + i) * C + col, out, hint);
+        }
+    }
+}
+
+// The resident kernel for an op: rows_fused with the passes above.
+template <typename T, int VEC, typename Op, typename index_t>
+__device__ __forceinline__ void rows_resident(Op& op, const T* const (&src)[Op::K], T* __restrict__ dst,
+                                              acc_t<T>* const (&parts)[Op::Q], index_t M, int C, int cols,
+                                              int cached, int window, unsigned* __restrict__ arrive) {
+    constexpr int K = Op::K, Q = Op::Q;
+    constexpr int B = fused_rows_batch<T, VEC, K>();
+    extern __shared__ __align__(16) unsigned char rows_cache_bytes[];
+    Pack<T, VEC>* cache = reinterpret_cast<Pack<T, VEC>*>(rows_cache_bytes);
+    const RowLanes rl(cols);
+    const bool active = rl.active(C / VEC);
+    const index_t col = (index_t)rl.cv * VEC;
+    const index_t batches = active ? lane_batches<B>(rl, M) : 0;
+    op.start(rl, active);
+    Pack<T, VEC> keep[K][B];
+    rows_resident_first_pass<B>(op, src, rl, M, C, col, batches, keep, cache, cached, window);
+    if (active) {
+#pragma unroll
+        for (int v = 0; v < VEC; ++v) {
+            const index_t o = (index_t)(rl.cv * VEC + v) * rl.L + rl.lane;
+#pragma unroll
+            for (int q = 0; q < Q; ++q) parts[q][o] = op.part[q][v];
+        }
+        __threadfence();
+    }
+    int block, blocks;
+    grid_block(block, blocks);
+    const bool gathered = channel_barrier(arrive, 0, 2, blocks);
+    rows_merge_channels(op, parts, rl.L, C, block, blocks, gathered);
+    const bool merged_all = channel_barrier(arrive, 1, 2, blocks);
+    if (!active || batches == 0) return;
+    op.prepare(rl, M, C, merged_all);
+    rows_resident_second_pass<B>(op, src, dst, rl, M, C, col, batches, keep, cache, cached, window);
+}
+
+// Two blocks an SM (the grid is resident; pass 1 needs the loads of two blocks in flight).
+template <typename T, typename P, typename index_t, int VEC>
+__global__ void __launch_bounds__(BN_THREADS, 2)
+batchnorm_rows_train_resident(const T* __restrict__ x, T* __restrict__ y, acc_t<T>* __restrict__ part_n,
+                              acc_t<T>* __restrict__ part_mean, acc_t<T>* __restrict__ part_m2,
+                              acc_t<T>* __restrict__ mean_out, acc_t<T>* __restrict__ invstd_out,
+                              P* __restrict__ running_mean, P* __restrict__ running_var,
+                              const P* __restrict__ gamma, const P* __restrict__ beta, index_t M, int C, int cols,
+                              acc_t<T> eps, acc_t<T> momentum, acc_t<T> unbias, int update_running, int cached,
+                              int window, unsigned* __restrict__ arrive) {
+    RowsTrainOp<T, P, VEC> op;
+    op.mean_out = mean_out;
+    op.invstd_out = invstd_out;
+    op.running_mean = running_mean;
+    op.running_var = running_var;
+    op.gamma = gamma;
+    op.beta = beta;
+    op.eps = eps;
+    op.momentum = momentum;
+    op.unbias = unbias;
+    op.update_running = update_running;
+    const T* const src[1] = {x};
+    acc_t<T>* const parts[3] = {part_n, part_mean, part_m2};
+    rows_resident<T, VEC>(op, src, y, parts, M, C, cols, cached, window, arrive);
+}
+
+template <typename T, typename P, typename index_t, int VEC>
+__global__ void __launch_bounds__(BN_THREADS, 2)
+batchnorm_rows_backward_resident(const T* __restrict__ x, const T* __restrict__ dy,
+                                 const acc_t<T>* __restrict__ mean, const acc_t<T>* __restrict__ invstd,
+                                 const P* __restrict__ gamma, acc_t<T>* __restrict__ part_g,
+                                 acc_t<T>* __restrict__ part_gx, acc_t<T>* __restrict__ sums, T* __restrict__ dx,
+                                 P* __restrict__ dgamma, P* __restrict__ dbeta, index_t M, int C, int cols,
+                                 int cached, int window, unsigned* __restrict__ arrive) {
+    RowsBackwardOp<T, P, VEC> op;
+    op.mean = mean;
+    op.invstd = invstd;
+    op.gamma = gamma;
+    op.sums = sums;
+    op.dgamma = dgamma;
+    op.dbeta = dbeta;
+    op.C = C;
+    const T* const src[2] = {x, dy};
+    acc_t<T>* const parts[2] = {part_g, part_gx};
+    rows_resident<T, VEC>(op, src, dx, parts, M, C, cols, cached, window, arrive);
 }

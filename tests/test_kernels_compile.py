@@ -24,6 +24,8 @@ def test_family_compiles_without_warnings(filename):
 # Kernels written in inline PTX for sm_90 and up (bulk copies, mbarriers, clusters).
 _INLINE_PTX = [("row_normalization.cu", "gn_rows_backward_pipelined<"),
                ("batchnorm.cu", "batchnorm_train_cluster<"),
+               # the resident rows kernels' evict-first loads / stores (one 16-byte specialisation)
+               ("batchnorm.cu", "batchnorm_rows_train_resident<half_t, float, int, 8>"),
                ("row_normalization.cu", "gn_rows_backward_cluster<")]
 
 

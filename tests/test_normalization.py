@@ -562,23 +562,24 @@ def test_inference_packs_launch_shapes(monkeypatch):
         assert f"<float, float, {index_t}, 1, 1>" in normalization._rows_packs_launch(odd, False, 1, "float")[0]
 
 
-@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("path", ["resident", "fused", "launches"])
 @pytest.mark.parametrize("resident", [None, 1, 6])
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 @pytest.mark.parametrize("x_shape,offset", [((8, 5, 7, 32), 0), ((8, 5, 7, 32), 1), ((3, 4, 4, 13), 0),
                                             ((3, 1, 1, 8), 0), ((16, 7, 7, 520), 0), ((4, 4, 4, 2100), 0),
                                             ((3000, 24), 0)])
-def test_channel_last_fused_paths(xp, rng, monkeypatch, fused, resident, dtype, x_shape, offset):
-    """batchnorm_rows_train_fused / batchnorm_rows_backward_fused (one launch each,
-    grid barriers, the last rows of each lane kept in registers and shared
-    memory) against the three-launch rows paths and the float64 reference,
+def test_channel_last_fused_paths(xp, rng, monkeypatch, path, resident, dtype, x_shape, offset):
+    """batchnorm_rows_{train,backward}_resident (ROWS_RESIDENT) and _fused (one
+    launch each, grid barriers, the last rows of each lane kept in registers and
+    shared memory) against the three-launch rows paths and the float64 reference,
     running statistics included; the backward with recomputed and (twice)
     saved statistics.  `resident` fakes
     the occupancy API: 1 or 6 blocks make each lane own hundreds of rows (every
     batch, the cache and the reverse walk run; a block merges many channels);
     1 block with several column groups (2100 channels) falls back."""
     from dnnprims import normalization
-    monkeypatch.setattr(normalization, "ROWS_FUSED", fused)
+    monkeypatch.setattr(normalization, "ROWS_FUSED", path != "launches")
+    monkeypatch.setattr(normalization, "ROWS_RESIDENT", path == "resident")
     _fresh_plans(monkeypatch)  # the prepared plans hold grids sized by _RESIDENT
     monkeypatch.setattr(normalization, "_RESIDENT", {})
     if resident is not None:
@@ -611,6 +612,74 @@ def test_channel_last_fused_paths(xp, rng, monkeypatch, fused, resident, dtype, 
         got = batchnorm_backward(dy, x, xp.asarray(gamma), layout=layout, **stats)
         for a, b, what in zip(got, expect, ("dx", "dgamma", "dbeta")):
             assert_close(a, b, dtype, what=what)
+
+
+def test_channel_last_l2_window_table(monkeypatch):
+    """CPU: ROWS_L2_WINDOW as one fraction for every call or (direction, itemsize,
+    fraction) rows, no row meaning no hints."""
+    from dnnprims import normalization
+    for value in (None, 0.5):
+        monkeypatch.setattr(normalization, "ROWS_L2_WINDOW", value)
+        assert normalization._rows_l2_window("backward", 4) == value
+    monkeypatch.setattr(normalization, "ROWS_L2_WINDOW", (("train", 4, 0.25), ("backward", 2, 0.5)))
+    assert normalization._rows_l2_window("train", 4) == 0.25
+    assert normalization._rows_l2_window("backward", 2) == 0.5
+    assert normalization._rows_l2_window("backward", 4) is None
+    assert normalization._rows_l2_window("train", 8) is None
+
+
+@pytest.mark.parametrize("cache_bytes,window", [(None, "default"), (None, 0.5), (None, None), (0, 0.0), (32768, 2.0)])
+@pytest.mark.parametrize("resident", [1, 6, None])
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("x_shape", [(8, 5, 7, 32), (3, 4, 4, 13), (3000, 40), (1, 3, 1, 16)])
+def test_channel_last_resident_kernels_equal_the_fused_ones(gpu, rng, monkeypatch, cache_bytes, window, resident,
+                                                            dtype, x_shape):
+    """batchnorm_rows_{train,backward}_resident with any number of cached batches
+    (ROWS_CACHE_BYTES: none, 32 KB = one or two batches of a block, what fits), with and
+    without the L2 hints (ROWS_L2_WINDOW None / 0 / a window / more than every
+    batch) give BITWISE the results of the _fused kernels (same lanes, batches,
+    partials and merge), which match the float64 reference; the resident kernels
+    really ran (plans hold their launches); counters reset (two calls)."""
+    from dnnprims import normalization
+    monkeypatch.setattr(normalization, "_RESIDENT", {})
+    if resident is not None:
+        monkeypatch.setattr(normalization, "_resident_blocks", lambda cp, kernel: resident)
+    monkeypatch.setattr(normalization, "ROWS_CACHE_BYTES", cache_bytes)
+    if window != "default":
+        monkeypatch.setattr(normalization, "ROWS_L2_WINDOW", window)
+    pdtype = np.float32 if dtype in (np.float16, _dtypes.BFLOAT16) else dtype
+    x_host = random_array(rng, x_shape, dtype, low=-1, high=3)
+    dy_host = random_array(rng, x_shape, dtype)
+    gamma, beta = _params(rng, x_shape, "NHWC", pdtype)
+    c = gamma.shape[0]
+    x, dy, g, b = (gpu.asarray(a) for a in (x_host, dy_host, gamma, beta))
+    rm0, rv0 = random_array(rng, (c,), pdtype), random_array(rng, (c,), pdtype, 0.5, 2)
+    got = {}
+    for on in (True, False):
+        monkeypatch.setattr(normalization, "ROWS_RESIDENT", on)
+        _fresh_plans(monkeypatch)
+        rm, rv = gpu.asarray(rm0), gpu.asarray(rv0)
+        for _ in range(2):
+            y, mean, invstd = batchnorm(x, g, b, rm, rv, momentum=0.3, layout="NHWC", return_stats=True)
+        dx, dg, db = batchnorm_backward(dy, x, g, layout="NHWC", mean=mean, invstd=invstd)
+        dx2 = batchnorm_backward(dy, x, g, layout="NHWC")[0]
+        got[on] = [_host(a) for a in (y, mean, invstd, rm, rv, dx, dg, db, dx2)]
+        kinds = {spec.split("<")[0].rsplit("_", 1)[-1] for plan in normalization._PLANS.values()
+                 for spec in _plan_specs(plan)}
+        assert ("resident" in kinds) == on, kinds
+    for a, b_, what in zip(got[True], got[False], ("y", "mean", "invstd", "rm", "rv", "dx", "dg", "db", "dx2")):
+        np.testing.assert_array_equal(a.view(np.uint8), b_.view(np.uint8), err_msg=what)
+    f64 = lambda a: _host(a).astype(np.float64)  # noqa: E731
+    y64 = batchnorm(f64(x_host), f64(gamma), f64(beta), None, None, layout="NHWC")
+    assert_close(got[True][0], y64, dtype, what="y")
+    for a, e, what in zip(got[True][5:8], batchnorm_backward(f64(dy_host), f64(x_host), f64(gamma), layout="NHWC"),
+                          ("dx", "dgamma", "dbeta")):
+        assert_close(a, e, dtype, what=what)
+
+
+def _plan_specs(plan):
+    """Kernel expressions of a prepared plan's launches (for asserting which kernels run)."""
+    return [getattr(launch, "expression", "") for launch in getattr(plan, "launches", ())]
 
 
 @pytest.mark.parametrize("min_rows", [1, 5, 64])
@@ -655,7 +724,8 @@ def test_channel_last_plans_and_rows_per_lane(gpu, rng, monkeypatch, min_rows, d
 
 _C_TYPES = {"half_t": np.float16, "bfloat16_t": _dtypes.BFLOAT16, "float": np.float32, "double": np.float64}
 _COOPERATIVE_KERNELS = ("batchnorm_train_fused", "batchnorm_backward_fused", "batchnorm_rows_train_fused",
-                        "batchnorm_rows_backward_fused")
+                        "batchnorm_rows_backward_fused", "batchnorm_rows_train_resident",
+                        "batchnorm_rows_backward_resident")
 
 
 def _kernel_signature(name):
@@ -745,14 +815,18 @@ def test_grid_barrier_kernels_are_launched_cooperatively_with_arguments_of_their
                                       True)
     normalization._build_backward_plan(cp, x, y, y, pdtype, c, outer, inner, False, 1e-5, False, True)
     rows_x = _fake_device_array((outer * inner, c), dtype)
-    normalization._build_rows_forward_plan(cp, rows_x, pdtype, c, outer * inner, True, True, 0.1, 1e-5, False,
-                                           False, True)
-    normalization._build_rows_backward_plan(cp, rows_x, pdtype, c, outer * inner, False, 1e-5, False, True)
+    for resident in (False, True):  # batchnorm_rows_*_fused, then batchnorm_rows_*_resident
+        monkeypatch.setattr(normalization, "ROWS_RESIDENT", resident)
+        normalization._build_rows_forward_plan(cp, rows_x, pdtype, c, outer * inner, True, True, 0.1, 1e-5, False,
+                                               False, True)
+        normalization._build_rows_backward_plan(cp, rows_x, pdtype, c, outer * inner, False, 1e-5, False, True)
     # The call's arrays (ARRAY0...) of a prepared forward / backward plan, by dtype.
     marked = {"batchnorm_train_fused": (dtype, dtype, acc, acc, pdtype, pdtype, pdtype, pdtype),
               "batchnorm_backward_fused": (dtype, dtype, acc, acc, pdtype, dtype, pdtype, pdtype)}
     marked["batchnorm_rows_train_fused"] = marked["batchnorm_train_fused"]
     marked["batchnorm_rows_backward_fused"] = marked["batchnorm_backward_fused"]
+    marked["batchnorm_rows_train_resident"] = marked["batchnorm_train_fused"]
+    marked["batchnorm_rows_backward_resident"] = marked["batchnorm_backward_fused"]
     seen = set()
     for expression, args, cooperative in captured:
         name, inside = expression.rstrip(">").split("<", 1)
