@@ -58,6 +58,26 @@ CHANNEL_PAIRS = {"forward": True, "backward": True}
 # 16-bit log-softmax forward: the bounded kernels, 0.078 ms against 0.082 for (4,
 # 256) and 0.088 for (8, 256) unbounded (notes/bw16.md); the softmax forward stays
 # unbounded (0.0777 against 0.081 bounded), float gains nothing (0.1432-0.1437).
+# 16-bit forward where the packs apply: True = softmax_forward_channels_words with the
+# CHANNEL_WORDS shape (packed max, base-2 exp against a per-column offset, one FFMA + one
+# ex2 a value, outputs converted in pairs; with persistent True the next tile's packs are
+# copied to shared memory while this tile computes, on a grid of blocks-an-SM x SMs;
+# notes/chsoft16.md);
+# a (K, 256, MINB[, persistent]) tuple = that kernel with this shape (A/B, tests;
+# persistent False: one tile a block, so nothing is prefetched); False =
+# softmax_forward_channels_packs with CHANNEL_PACKS.  Keys the plans and the fast table.
+PACKED16_FORWARD = True
+# log -> CUDA type -> (K, threads (256 only), MINB[, persistent]); ptxas sm_90: (8, 3) 80
+# registers without spills (MINB 4: 64 with 16-128 spilled bytes), 40 KB shared memory a
+# block.  H100 A/B, 64x256x56x56 (session 10, notes/chsoft16.md): one tile a block
+# (persistent False, no prefetch) 0.0737-0.0740 ms for all four 16-bit forwards against
+# 0.0764-0.0770 for the packs kernel (0.91 of copy against 0.88); the persistent,
+# prefetching grid 0.087-0.088 ms, (8, 4) 0.092, (4, 5) 0.095-0.102: slower.
+CHANNEL_WORDS = {False: {"half_t": (8, 256, 3, False), "bfloat16_t": (8, 256, 3, False)},
+                 True: {"half_t": (8, 256, 3, False), "bfloat16_t": (8, 256, 3, False)}}
+_WORDS_BOUNDS = ((4, 5), (8, 3), (8, 4))  # the (K, MINB) the family declares
+_H100_SMS = 132  # the grid of a plan made without a device (CPU tests; never launched)
+_SMS = {}
 _PACKS_PER_THREAD = (4, 8)   # the K the family declares
 # Forward (K, MINB): MINB > 1 = __launch_bounds__(256, MINB), registers capped so
 # MINB blocks of 256 threads share an SM (8 packs: 64 registers, 4 blocks instead
@@ -85,12 +105,26 @@ FAMILY = _kernels.KernelFamily("softmax.cu", [
     *_names([f"softmax_{d}_channels_pairs" for d in _DIRECTIONS], _REGISTER_CHANNEL_TYPES),
     *_names(["softmax_forward_channels_packs"], _dtypes.CUDA_TYPES,
             lambda t: tuple(f", {k}, {b}" for k, b in _FORWARD_PACK_BOUNDS)),
+    *_names(["softmax_forward_channels_words"], _REGISTER_CHANNEL_TYPES,
+            lambda t: tuple(f", {k}, {b}" for k, b in _WORDS_BOUNDS)),
     *_names(["softmax_backward_channels_packs"], _dtypes.CUDA_TYPES,
             lambda t: tuple(f", {k}" for k in _PACKS_PER_THREAD)),
     *_names(["softmax_forward_channels_registers"], _REGISTER_CHANNEL_TYPES),
     *_names([f"softmax_{d}_rows_registers" for d in _DIRECTIONS], _dtypes.CUDA_TYPES,
             lambda t: tuple(f", {vec}" for vec in sorted({1, 16 // _ITEMSIZE[t]}))),
 ])
+
+
+def _sm_count():
+    try:
+        import cupy
+        device = cupy.cuda.runtime.getDevice()
+        sms = _SMS.get(device)
+        if sms is None:
+            sms = _SMS[device] = int(cupy.cuda.Device(device).attributes["MultiProcessorCount"])
+        return sms
+    except Exception:  # no device: a plan for inspection only
+        return _H100_SMS
 
 
 def _normalize_axis(axis, ndim, name="x"):
@@ -125,7 +159,7 @@ def _launch(direction, log, arrays, shape, axis, dtype):
 
 
 def _cached_plan(direction, log, shape, axis, dtype, aligned):
-    key = (direction, log, shape, axis, dtype, aligned)
+    key = (direction, log, shape, axis, dtype, aligned, PACKED16_FORWARD)
     plan = _PLANS.get(key)
     if plan is None:
         if len(_PLANS) >= 4096:
@@ -134,7 +168,7 @@ def _cached_plan(direction, log, shape, axis, dtype, aligned):
     return plan
 
 
-_PLANS = {}  # (direction, log, shape, axis, dtype, 16-byte aligned) -> launch, or None (empty)
+_PLANS = {}  # (direction, log, shape, axis, dtype, 16-byte aligned, PACKED16_FORWARD) -> launch, or None (empty)
 
 
 def _no_launch(*arrays):
@@ -179,14 +213,25 @@ def _plan(direction, log, shape, axis, dtype, aligned):
         return (f"softmax_{direction}_rows_block<{template}>", (min(outer, _MAX_BLOCKS),),
                 (_ROW_BLOCK,), (itype(outer), itype(n)), 0)
     vec = 16 // itemsize
-    packs_table = CHANNEL_PACKS[(direction, log)]
+    # An axis of one takes the packs kernel: its softmax is 1 and log-softmax 0 exactly,
+    # where the words kernel's base-2 offset leaves a unit in the last place.
+    words = (direction == "forward" and PACKED16_FORWARD is not False and ctype in _REGISTER_CHANNEL_TYPES
+             and n > 1)
+    packs_table = CHANNEL_WORDS[log] if words else CHANNEL_PACKS[(direction, log)]
     if ctype in packs_table and aligned and inner % vec == 0:
         # CY rows of threads (the fewest >= 8 that hold n in K packs each, with
         # TW = threads / CY >= _MIN_PACK_WIDTH threads of VEC positions along
         # inner), TW then narrowed (CY grows) while half the tile covers inner.
-        packs, threads, *bound = packs_table[ctype]
+        packs, threads, *bound = PACKED16_FORWARD if words and PACKED16_FORWARD is not True else packs_table[ctype]
         blocks_per_sm = bound[0] if bound else 1
-        if direction == "forward":
+        persistent = bound[1] if len(bound) > 1 else True
+        kernel = f"softmax_{direction}_channels_packs"
+        if words:
+            if (packs, blocks_per_sm) not in _WORDS_BOUNDS or threads != 256:
+                raise ValueError(f"CHANNEL_WORDS: no kernel ({packs}, {threads}, {blocks_per_sm})")
+            kernel = "softmax_forward_channels_words"
+            template_k = f"{packs}, {blocks_per_sm}"
+        elif direction == "forward":
             if (packs, blocks_per_sm) not in _FORWARD_PACK_BOUNDS or (blocks_per_sm > 1 and threads != 256):
                 raise ValueError(f"CHANNEL_PACKS: no forward kernel ({packs}, {threads}, {blocks_per_sm})")
             template_k = f"{packs}, {blocks_per_sm}"
@@ -203,7 +248,9 @@ def _plan(direction, log, shape, axis, dtype, aligned):
                 width //= 2
             tiles_per_outer = _kernels.ceil_div(inner, width * vec)
             grid = min(outer * tiles_per_outer, _MAX_BLOCKS)
-            return (f"softmax_{direction}_channels_packs<{template}, {template_k}>", (grid,),
+            if words and persistent:  # each block prefetches its next tile
+                grid = min(grid, blocks_per_sm * _sm_count())
+            return (f"{kernel}<{template}, {template_k}>", (grid,),
                     (width, threads // width),
                     (itype(outer), itype(n), itype(inner), itype(tiles_per_outer)), 0)
     if CHANNEL_PAIRS[direction] and ctype in _REGISTER_CHANNEL_TYPES and inner % 2 == 0 and aligned:
@@ -254,7 +301,8 @@ def _plan(direction, log, shape, axis, dtype, aligned):
 
 # Validated GPU calls: the normalised axis per kind of call (see _validate.CallMemo);
 # _FAST: the fast path's table, (shapes, dtypes, devices, current device, axis,
-# log) of C-contiguous 16-byte-aligned arrays -> (prepared launch, output slot).
+# log[, PACKED16_FORWARD: forward]) of C-contiguous 16-byte-aligned arrays -> (prepared
+# launch, output slot).
 _MEMO = _validate.CallMemo()
 _FAST = _MEMO.fast
 _NDARRAY = _validate.NDARRAY
@@ -264,7 +312,7 @@ _current_device = _validate.current_device
 def _forward(x, axis, log):
     if type(x) is _NDARRAY and type(axis) is int and x._c_contiguous:
         data = x.data
-        fast = _FAST.get((x.shape, x.dtype, data.device_id, _current_device(), axis, log))
+        fast = _FAST.get((x.shape, x.dtype, data.device_id, _current_device(), axis, log, PACKED16_FORWARD))
         if fast is not None and not data.ptr & 15:
             y = fast[1]()
             if not y.data.ptr & 15:
@@ -282,7 +330,7 @@ def _forward(x, axis, log):
         checked = _MEMO.put(key, axis)
     xp, normalized = _validate._cupy, checked
     if type(axis) is int and x._c_contiguous:
-        fast_key = (x.shape, x.dtype, x.data.device_id, _current_device(), axis, log)
+        fast_key = (x.shape, x.dtype, x.data.device_id, _current_device(), axis, log, PACKED16_FORWARD)
         launch, output = _FAST.get(fast_key) or _MEMO.put_fast(
             fast_key, (_prepare("forward", log, x.shape, normalized, x.dtype),
                        _kernels.OutputSlot(x.shape, x.dtype)))

@@ -653,10 +653,12 @@ __global__ void __launch_bounds__(256) softmax_forward_channels_registers(const 
 // tx): a butterfly over the lanes of a warp with the same tx (every lane gets
 // the same bits), then the warps' results through shared memory, combined in
 // warp order.  `scratch` holds warps x TW x VEC <= 256 x VEC values.
-template <typename A, int VEC, bool MAX> __device__ __forceinline__ void column_reduce_packs(A (&v)[VEC], A* scratch) {
+// WARPS > 0: the block's warps as a constant (the loop over them unrolled).
+template <typename A, int VEC, bool MAX, int WARPS = 0>
+__device__ __forceinline__ void column_reduce_packs(A (&v)[VEC], A* scratch) {
     const int tw = blockDim.x, tx = threadIdx.x;
     const int flat = threadIdx.y * tw + tx;
-    const int lane = flat & 31, warp = flat >> 5, warps = (tw * blockDim.y) >> 5;
+    const int lane = flat & 31, warp = flat >> 5, warps = WARPS > 0 ? WARPS : (tw * blockDim.y) >> 5;
     for (int off = 16; off >= tw; off >>= 1) {  // lanes off apart share tx when off >= TW
 #pragma unroll
         for (int e = 0; e < VEC; ++e) {
@@ -769,6 +771,280 @@ __global__ void __launch_bounds__(MINB > 1 ? CHANNEL_PACK_BOUNDED_THREADS : CHAN
             else if constexpr (KEEP_EXP) return load(v[k].v[e]) * s[e];
             else return exp_for<T>(load(v[k].v[e]) - m[e]) * s[e];
         });
+    }
+}
+
+// ---- 16-bit forward in register words (notes/chsoft16.md) ---------------------------
+//
+// softmax_forward_channels_words: the *_channels_packs forward for half_t /
+// bfloat16_t with fewer instructions a value (Python: PACKED16_FORWARD).  A
+// 16-bit value moves half the bytes of a float for the same per-value work, so
+// the packs kernel spent 27.6 SASS instructions a value (6.9 a byte moved,
+// float 5.3) and issue, in bursts between its barriers, kept the loads of the
+// next tiles waiting.  Here each 32-bit word of a pack (two values) is handled
+// as a word:
+//  - the max pass in packed max.f16x2 / max.bf16x2 (exact; NaN-ignoring like
+//    fmax, the sum then turns the column NaN), and the column max reduced as
+//    words too (half the shuffles and scratch of floats);
+//  - each word is unpacked to two floats by two conversions (no shifts or moves);
+//  - exp in base 2 against a per-column offset: e(x) = 2^(x log2(e) - M), M =
+//    m log2(e) rounded, one FFMA (exact product inside) and one ex2.approx a
+//    value, for the sum and again for the output, so any rounding of M cancels
+//    between numerator and denominator; log-softmax takes the exact remainder
+//    r = m log2(e) - M (one fma a column) back out of log s;
+//  - outputs packed two to a word (cvt.rn.f16x2 / bf16x2).
+// Sums stay float, added in the packs kernel's order.  bfloat16 maxima beyond
+// 2^126 (M would overflow) take (x - m) log2(e) instead, per thread.
+template <typename T> struct WordMath;
+// (Before sm_80, which lacks the packed max and the pair conversions, the same
+// results through floats.)
+template <> struct WordMath<half_t> {
+    static constexpr unsigned int lowest = 0xfc00fc00u;  // -inf, -inf
+    static constexpr bool offset_finite = true;          // |m| log2(e) <= 94500 for every finite m
+    static __device__ __forceinline__ unsigned int max(unsigned int a, unsigned int b);
+    static __device__ __forceinline__ void unpack(unsigned int w, float& lo, float& hi) {
+        asm("{\n\t.reg .b16 l, h;\n\tmov.b32 {l, h}, %2;\n\tcvt.f32.f16 %0, l;\n\tcvt.f32.f16 %1, h;\n\t}"
+            : "=f"(lo), "=f"(hi) : "r"(w));
+    }
+    static __device__ __forceinline__ unsigned int pack(float lo, float hi);
+};
+template <> struct WordMath<bfloat16_t> {
+    static constexpr unsigned int lowest = 0xff80ff80u;
+    static constexpr bool offset_finite = false;  // m log2(e) overflows beyond ~2.4e38
+    static __device__ __forceinline__ unsigned int max(unsigned int a, unsigned int b);
+    static __device__ __forceinline__ void unpack(unsigned int w, float& lo, float& hi) {
+        lo = __uint_as_float(w << 16);
+        hi = __uint_as_float(w & 0xffff0000u);
+    }
+    static __device__ __forceinline__ unsigned int pack(float lo, float hi);
+};
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+__device__ __forceinline__ unsigned int WordMath<half_t>::max(unsigned int a, unsigned int b) {
+    unsigned int r;
+    asm("max.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+    return r;
+}
+__device__ __forceinline__ unsigned int WordMath<half_t>::pack(float lo, float hi) {
+    unsigned int r;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));  // first source -> upper half
+    return r;
+}
+__device__ __forceinline__ unsigned int WordMath<bfloat16_t>::max(unsigned int a, unsigned int b) {
+    unsigned int r;
+    asm("max.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+    return r;
+}
+__device__ __forceinline__ unsigned int WordMath<bfloat16_t>::pack(float lo, float hi) {
+    unsigned int r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+#else
+template <typename T> __device__ __forceinline__ unsigned int pack_through_storage(float lo, float hi) {
+    return (unsigned int)store<T>(lo).bits | ((unsigned int)store<T>(hi).bits << 16);
+}
+template <typename T> __device__ __forceinline__ unsigned int max_through_floats(unsigned int a, unsigned int b) {
+    float alo, ahi, blo, bhi;
+    WordMath<T>::unpack(a, alo, ahi);
+    WordMath<T>::unpack(b, blo, bhi);
+    return pack_through_storage<T>(fmaxf(alo, blo), fmaxf(ahi, bhi));  // exact: a max is one of its inputs
+}
+__device__ __forceinline__ unsigned int WordMath<half_t>::max(unsigned int a, unsigned int b) {
+    return max_through_floats<half_t>(a, b);
+}
+__device__ __forceinline__ unsigned int WordMath<half_t>::pack(float lo, float hi) {
+    return pack_through_storage<half_t>(lo, hi);
+}
+__device__ __forceinline__ unsigned int WordMath<bfloat16_t>::max(unsigned int a, unsigned int b) {
+    return max_through_floats<bfloat16_t>(a, b);
+}
+__device__ __forceinline__ unsigned int WordMath<bfloat16_t>::pack(float lo, float hi) {
+    return pack_through_storage<bfloat16_t>(lo, hi);
+}
+#endif
+
+__device__ __forceinline__ unsigned int& word_of(words4& w, int i) {
+    return i == 0 ? w.a : i == 1 ? w.b : i == 2 ? w.c : w.d;
+}
+
+// 16-byte copy global -> shared that completes asynchronously (sm_80+; before, a
+// plain copy through registers), the commit of the thread's copies as a group, and
+// the wait for all of them.
+__device__ __forceinline__ void copy16_async(words4* smem, const void* gmem) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    unsigned int s;
+    asm volatile("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(s) : "l"(smem));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
+#else
+    *smem = *reinterpret_cast<const words4*>(gmem);
+#endif
+}
+__device__ __forceinline__ void copy16_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void copy16_wait_all() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_group 0;" ::: "memory");
+#endif
+}
+
+// 1 / v within ~1 ulp (rcp.approx; the IEEE division costs ~10 instructions and a
+// slow-path branch a column, for outputs rounded to 16 bits).
+__device__ __forceinline__ float reciprocal_approx(float v) {
+    float r;
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(v));
+    return r;
+}
+
+__device__ __forceinline__ float exp2_approx(float v) {
+    float r;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(v));
+    return r;
+}
+
+// The column max of W words (2 W values) a thread: a butterfly over the lanes
+// with the same tx, then the warps' words through shared memory (as
+// column_reduce_packs, in words).
+template <typename T, int W, int WARPS> __device__ __forceinline__ void column_max_words(unsigned int (&v)[W],
+                                                                                         unsigned int* scratch) {
+    const int tw = blockDim.x, tx = threadIdx.x;
+    const int flat = threadIdx.y * tw + tx;
+    const int lane = flat & 31, warp = flat >> 5;
+    for (int off = 16; off >= tw; off >>= 1) {
+#pragma unroll
+        for (int i = 0; i < W; ++i) v[i] = WordMath<T>::max(v[i], __shfl_xor_sync(0xffffffffu, v[i], off));
+    }
+    __syncthreads();  // scratch may still be read by the previous call
+    if (lane < tw) {
+#pragma unroll
+        for (int i = 0; i < W; ++i) scratch[(warp * tw + tx) * W + i] = v[i];
+    }
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < W; ++i) v[i] = scratch[tx * W + i];
+#pragma unroll
+    for (int w = 1; w < WARPS; ++w) {
+#pragma unroll
+        for (int i = 0; i < W; ++i) v[i] = WordMath<T>::max(v[i], scratch[(w * tw + tx) * W + i]);
+    }
+}
+
+template <bool B> struct bool_constant { static constexpr bool value = B; };
+
+// Blocks of CHANNEL_WORDS_THREADS (Python), MINB of them an SM (registers capped).
+#define CHANNEL_WORDS_THREADS 256
+template <typename T, typename index_t, bool LOG, int K, int MINB>
+__global__ void __launch_bounds__(CHANNEL_WORDS_THREADS, MINB)
+    softmax_forward_channels_words(const T* __restrict__ x, T* __restrict__ y, index_t outer, index_t n,
+                                   index_t inner, index_t tiles_per_outer) {
+    constexpr int VEC = pack_width<T>::value, W = VEC / 2, WARPS = CHANNEL_WORDS_THREADS / 32;
+    constexpr float LOG2E = 1.4426950408889634f, LN2 = 0.6931471805599453f;
+    __shared__ float scratch[256 * VEC];
+    __shared__ words4 staged[K][CHANNEL_WORDS_THREADS];  // this thread's packs of its next tile
+    const int flat = threadIdx.y * blockDim.x + threadIdx.x;
+    const index_t tiles = outer * tiles_per_outer;
+    // Copies of tile t's packs into the thread's own slots (no barrier: only it reads them back).
+    auto stage = [&](index_t t) {
+        const ColumnPacks<T, index_t, K> col(t, tiles_per_outer, n, inner);
+#pragma unroll
+        for (int k = 0; k < K; ++k)
+            if (col.holds(k)) copy16_async(&staged[k][flat], x + col.base + col.row(k) * inner);
+        copy16_commit();
+    };
+    if ((index_t)blockIdx.x < tiles) stage(blockIdx.x);
+    for (index_t t = blockIdx.x; t < tiles; t += (index_t)gridDim.x) {
+        const ColumnPacks<T, index_t, K> col(t, tiles_per_outer, n, inner);
+        Pack<T, VEC> v[K];
+        copy16_wait_all();
+#pragma unroll
+        for (int k = 0; k < K; ++k)
+            if (col.holds(k)) v[k].raw = staged[k][flat];
+        unsigned int mw[W];
+#pragma unroll
+        for (int i = 0; i < W; ++i) mw[i] = WordMath<T>::lowest;
+#pragma unroll
+        for (int k = 0; k < K; ++k) {
+            if (col.holds(k)) {
+#pragma unroll
+                for (int i = 0; i < W; ++i) mw[i] = WordMath<T>::max(mw[i], word_of(v[k].raw, i));
+            }
+        }
+        // The next tile's copies reuse the slots just read: issued only once the maxima
+        // (which consumed every slot read) exist, so no copy can land before its read
+        // (PTX orders cp.async after nothing without a wait; the volatile asm keeps the
+        // data dependence ahead of the copies' issue).
+        asm volatile("" ::"r"(mw[0]), "r"(mw[W - 1]), "r"(mw[W / 2]), "r"(mw[(W - 1) / 2]));
+        if (t + (index_t)gridDim.x < tiles) stage(t + (index_t)gridDim.x);  // in flight during this tile
+        column_max_words<T, W, WARPS>(mw, reinterpret_cast<unsigned int*>(scratch));
+        float m[VEC], offset[VEC], s[VEC];
+        bool in_range = true;
+#pragma unroll
+        for (int i = 0; i < W; ++i) WordMath<T>::unpack(mw[i], m[2 * i], m[2 * i + 1]);
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) in_range = in_range && !(fabsf(m[e]) > 0x1p126f);
+        // The exponent of value x at position e: fast, x log2(e) + offset, offset = -M;
+        // else (bfloat16 maxima beyond 2^126) (x - offset) log2(e), offset = m (one
+        // array either way: registers).  The per-value passes branch per thread; the
+        // column reduction between them stays outside, reached by every thread alike.
+        const bool fast = WordMath<T>::offset_finite || in_range;
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) {
+            offset[e] = fast ? -(m[e] * LOG2E) : m[e];
+            s[e] = 0.0f;
+        }
+        auto sum_pass = [&](auto form) {
+            constexpr bool FAST = decltype(form)::value;
+#pragma unroll
+            for (int k = 0; k < K; ++k) {
+                if (col.holds(k)) {
+#pragma unroll
+                    for (int i = 0; i < W; ++i) {
+                        float lo, hi;
+                        WordMath<T>::unpack(word_of(v[k].raw, i), lo, hi);
+                        s[2 * i] += exp2_approx(FAST ? fmaf(lo, LOG2E, offset[2 * i]) : (lo - offset[2 * i]) * LOG2E);
+                        s[2 * i + 1] += exp2_approx(FAST ? fmaf(hi, LOG2E, offset[2 * i + 1])
+                                                         : (hi - offset[2 * i + 1]) * LOG2E);
+                    }
+                }
+            }
+        };
+        auto write_pass = [&](auto form) {
+            constexpr bool FAST = decltype(form)::value;
+#pragma unroll
+            for (int k = 0; k < K; ++k) {
+                if (col.holds(k)) {
+#pragma unroll
+                    for (int i = 0; i < W; ++i) {
+                        float lo, hi;
+                        WordMath<T>::unpack(word_of(v[k].raw, i), lo, hi);
+                        if (LOG) {
+                            lo = (lo - m[2 * i]) - s[2 * i];
+                            hi = (hi - m[2 * i + 1]) - s[2 * i + 1];
+                        } else {
+                            lo = exp2_approx(FAST ? fmaf(lo, LOG2E, offset[2 * i]) : (lo - offset[2 * i]) * LOG2E) * s[2 * i];
+                            hi = exp2_approx(FAST ? fmaf(hi, LOG2E, offset[2 * i + 1])
+                                                  : (hi - offset[2 * i + 1]) * LOG2E) * s[2 * i + 1];
+                        }
+                        word_of(v[k].raw, i) = WordMath<T>::pack(lo, hi);
+                    }
+                    store_pack<T, VEC>(y + col.base + col.row(k) * col.inner, v[k]);
+                }
+            }
+        };
+        if (fast) sum_pass(bool_constant<true>());
+        else sum_pass(bool_constant<false>());
+        column_reduce_packs<float, VEC, false, WARPS>(s, scratch);
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) {
+            // log of the true sum = log s + (M - m log2(e)) ln 2, with r = m log2(e) - M
+            // exactly (fma); 1 / s for softmax.
+            if (LOG) s[e] = fast ? logf(s[e]) - fmaf(m[e], LOG2E, offset[e]) * LN2 : logf(s[e]);
+            else s[e] = reciprocal_approx(s[e]);
+        }
+        if (fast) write_pass(bool_constant<true>());
+        else write_pass(bool_constant<false>());
     }
 }
 

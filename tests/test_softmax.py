@@ -6,6 +6,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 from conftest import FLOAT_DTYPES, random_array
+from dnnprims import _dtypes
 from dnnprims.reference import softmaxes as ref
 from dnnprims.softmaxes import log_softmax, log_softmax_backward, softmax, softmax_backward
 from dnnprims.testing import assert_close
@@ -149,6 +150,7 @@ def use_packs(monkeypatch, shape):
     monkeypatch.setattr(softmaxes, "CHANNEL_PACKS", {
         key: ({t: (shape if key[0] == "forward" else shape[:2]) for t in types} if shape else {})
         for key in softmaxes.CHANNEL_PACKS})
+    monkeypatch.setattr(softmaxes, "PACKED16_FORWARD", False)  # the 16-bit forward too (words: below)
     monkeypatch.setattr(softmaxes, "_PLANS", {})
 
 
@@ -187,6 +189,98 @@ def test_channel_packs_shapes(xp, rng, monkeypatch, fresh_fast_table, pack_shape
     against the float64 reference."""
     use_packs(monkeypatch, pack_shape)
     check_four_ops(xp, rng, dtype, shape, axis)
+
+
+WORDS_DTYPES = [d for d in _dtypes.SUPPORTED if d.itemsize == 2]
+WORDS_SWITCHES = [False, True, (8, 256, 4), (8, 256, 3), (4, 256, 5), (8, 256, 3, False)]
+WORDS_CASES = PACK_CASES + [((2, 256, 3136), 1), ((3, 17, 8, 2), 1), ((1, 1, 64), 1)]
+
+
+@pytest.mark.parametrize("switch", WORDS_SWITCHES, ids=str)
+@pytest.mark.parametrize("dtype", WORDS_DTYPES, ids=lambda d: d.name)
+@pytest.mark.parametrize("shape,axis", WORDS_CASES, ids=[f"{s}-axis{a}" for s, a in WORDS_CASES])
+def test_channel_words_forward(xp, rng, monkeypatch, fresh_fast_table, switch, dtype, shape, axis):
+    """The 16-bit forward in words (PACKED16_FORWARD: the default table, each declared
+    (K, 256, MINB), one tile a block (no prefetch), and off): axis up to the capacity and one past it, partial and
+    narrow tiles, more tiles than the persistent grid (2 x 49 tiles of 64 positions at
+    (2, 256, 3136): each block walks and prefetches several), an axis of 1,
+    forward and backward against the float64 reference."""
+    from dnnprims import softmaxes
+    monkeypatch.setattr(softmaxes, "PACKED16_FORWARD", switch)
+    monkeypatch.setattr(softmaxes, "_SMS", {})
+    if xp is not np:
+        # A 2-SM grid as well: every block walks many tiles (the prefetch of the next one).
+        monkeypatch.setattr(softmaxes, "_sm_count", lambda: 2 if shape == (2, 256, 3136) else 132)
+    check_four_ops(xp, rng, dtype, shape, axis)
+
+
+@pytest.mark.parametrize("switch", [False, True, (8, 256, 4), (4, 256, 5)], ids=str)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_channel_forward_special_values(xp, rng, monkeypatch, fresh_fast_table, switch, dtype):
+    """The forward packs / words kernels on an axis of 37 with, by inner position: a
+    fully masked column (NaN, as in PyTorch), one NaN (the whole column NaN: the
+    packed max ignores it, the sum does not), some -inf (probability 0,
+    log-probability -inf), values near the largest the dtype allows (bfloat16 up to
+    3e38: the words kernel's base-2 offset would overflow there and takes x - max),
+    all equal values, large negative ones, and random data elsewhere; against the
+    float64 reference.  (float16: +-30000, so that a log-probability x - max stays finite.)"""
+    from dnnprims import softmaxes
+    use_packs(monkeypatch, (8, 256))
+    monkeypatch.setattr(softmaxes, "PACKED16_FORWARD", switch)
+    dtype = np.dtype(dtype)
+    big = {"float16": 30000.0, "bfloat16": 1e30, "float32": 1e30, "float64": 1e150}[dtype.name]
+    x = rng.uniform(-4, 4, (2, 37, 24))
+    x[:, :, 0] = -np.inf
+    x[0, 5, 1] = np.nan
+    x[:, ::3, 2] = -np.inf
+    x[:, :, 3] = rng.uniform(-1, 1, (2, 37)) * big
+    x[:, 7, 3] = big
+    x[:, :, 4] = 1.5
+    x[1, :, 9] = -big
+    x[:, :, 10] = rng.uniform(-1, 1, (2, 37)) + (3e38 if dtype.name == "bfloat16" else 0.5 * big)
+    x[:, :, 11] = rng.uniform(-60, 60, (2, 37)) + 1000.0
+    x = x.astype(dtype)
+    x64 = x.astype(np.float64)
+    with np.errstate(invalid="ignore", over="ignore"):
+        want = {"softmax": ref.softmax(x64, 1), "log_softmax": ref.log_softmax(x64, 1)}
+    for name, f in (("softmax", softmax), ("log_softmax", log_softmax)):
+        got = f(xp.asarray(x), axis=1)
+        got = np.asarray(got.get() if hasattr(got, "get") else got, np.float64)
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(want[name]), err_msg=name)
+        assert np.isnan(got[:, :, 0]).all() and np.isnan(got[0, :, 1]).all()
+        finite = np.isfinite(want[name])
+        infinite = ~finite & ~np.isnan(want[name])
+        np.testing.assert_array_equal(got[infinite], want[name][infinite])
+        assert_close(got[finite], want[name][finite], dtype, what=name)
+
+
+def test_channel_words_table_declared_and_refusals(monkeypatch):
+    """Every CHANNEL_WORDS entry plans a declared words kernel with a grid of at most
+    blocks-an-SM x SMs; shapes without a kernel (512 threads, an undeclared bound) are
+    refused; float never takes the words kernel."""
+    from dnnprims import softmaxes
+    monkeypatch.setattr(softmaxes, "_PLANS", {})
+    monkeypatch.setattr(softmaxes, "_sm_count", lambda: 132)
+    for log, table in softmaxes.CHANNEL_WORDS.items():
+        for dtype in WORDS_DTYPES:
+            expr, grid, block = softmaxes._plan("forward", log, (64, 256, 56, 56), 1, dtype, True)[:3]
+            k, threads, minb, *persistent = table[_dtypes.cuda_type(dtype)]
+            assert "channels_words" in expr and expr in softmaxes.FAMILY.name_expressions, expr
+            tiles = 64 * 49  # of 64 positions
+            assert grid == ((minb * 132,) if persistent in ([], [True]) else (tiles,))
+            assert block[0] * block[1] == threads == 256
+    monkeypatch.setattr(softmaxes, "PACKED16_FORWARD", (8, 256, 3, False))  # one tile a block
+    assert softmaxes._plan("forward", False, (64, 256, 56, 56), 1, np.dtype(np.float16), True)[1] == (64 * 49,)
+    monkeypatch.setattr(softmaxes, "PACKED16_FORWARD", (8, 256, 3))  # persistent
+    assert softmaxes._plan("forward", False, (64, 256, 56, 56), 1, np.dtype(np.float16), True)[1] == (3 * 132,)
+    monkeypatch.setattr(softmaxes, "PACKED16_FORWARD", True)
+    # an axis of one: the packs kernel (exact 1 / 0)
+    assert "channels_packs" in softmaxes._plan("forward", True, (2, 1, 64), 1, np.dtype(np.float16), True)[0]
+    assert "channels_packs" in softmaxes._plan("forward", False, (2, 256, 64), 1, np.dtype(np.float32), True)[0]
+    for entry in ((8, 512, 3), (8, 256, 1), (4, 256, 4)):
+        monkeypatch.setattr(softmaxes, "PACKED16_FORWARD", entry)
+        with pytest.raises(ValueError, match="CHANNEL_WORDS"):
+            softmaxes._plan("forward", False, (2, 256, 64), 1, np.dtype(np.float16), True)
 
 
 ROW_CASES = [((7, 13), -1), ((3, 1000), 1), ((5, 1024), 1), ((9, 2048), 1), ((6, 2049), -1), ((3, 2, 300), -1),
@@ -230,6 +324,7 @@ def test_channel_packs_table_names_declared_kernels(monkeypatch):
     and an entry without a kernel (a launch bound on 512 threads or on the backward) is
     refused instead of launched."""
     from dnnprims import _dtypes, softmaxes
+    monkeypatch.setattr(softmaxes, "PACKED16_FORWARD", False)  # CHANNEL_WORDS: test_channel_words_table_*
     for (direction, log), table in softmaxes.CHANNEL_PACKS.items():
         for dtype in _dtypes.SUPPORTED:
             if _dtypes.cuda_type(dtype) in table:
