@@ -51,7 +51,6 @@
 // offsets are 64-bit; offsets inside one plane (H*W, P*Q < 2^31, checked in
 // Python) are int.  NHWC flat position indices are index_t.
 #include "activation_math.cuh"
-#include "conv_indexing.cuh"
 
 #define DW_V 4
 
@@ -412,18 +411,30 @@ dw_backward_data_nhwc(const T* __restrict__ dy, const T* __restrict__ w, T* __re
         A acc[V];
 #pragma unroll
         for (int v = 0; v < V; ++v) acc[v] = A(0);
-        for_each_tap_reaching(h, wi, R, S, P, Q, sh, sw, ph, pw, dh, dw, [&](int r, int s, int p, int q) {
-            const T* dyv = dy + ((n * P + p) * Q + q) * K;
-            const A* wt = ws + (r * S + s) * KBM;
-            if constexpr (V == 1) {
-                for (int j = 0; j < mult; ++j) acc[0] += load(dyv[c * mult + j]) * wt[cl * mult + j];
-            } else {  // multiplier 1: k = c
-                A d[V];
-                load_vec<T, V>(dyv + c, d);
+        for (int r = 0; r < R; ++r) {
+            const int ph_ = h + ph - r * dh;         // = p * sh when tap r reaches row h
+            if (ph_ < 0) break;                      // decreases with r
+            if (ph_ % sh != 0) continue;
+            const int p = ph_ / sh;
+            if (p >= P) continue;
+            for (int s = 0; s < S; ++s) {
+                const int qw = wi + pw - s * dw;
+                if (qw < 0) break;
+                if (qw % sw != 0) continue;
+                const int q = qw / sw;
+                if (q >= Q) continue;
+                const T* dyv = dy + ((n * P + p) * Q + q) * K;
+                const A* wt = ws + (r * S + s) * KBM;
+                if constexpr (V == 1) {
+                    for (int j = 0; j < mult; ++j) acc[0] += load(dyv[c * mult + j]) * wt[cl * mult + j];
+                } else {  // multiplier 1: k = c
+                    A d[V];
+                    load_vec<T, V>(dyv + c, d);
 #pragma unroll
-                for (int v = 0; v < V; ++v) acc[v] += d[v] * wt[cl + v];
+                    for (int v = 0; v < V; ++v) acc[v] += d[v] * wt[cl + v];
+                }
             }
-        });
+        }
         store_vec<T, V>(dx + pos * C + c, acc);
     }
 }
