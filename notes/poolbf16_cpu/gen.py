@@ -61,7 +61,8 @@ int main() {
         total += run<bfloat16_t, 1, false, 2>(planes, H, W, g, kind, 1);
         total += run<bfloat16_t, 4, false, 2>(planes, H, W, g, kind, 0);
         total += run<bfloat16_t, 2, false, 0>(planes, H, W, g, kind, 0);
-        cases += 7;
+        total += run<half_t, 2, false, 0>(planes, H, W, g, kind, 0);
+        cases += 8;
     }
     printf("%d cases, %d mismatching elements; tail fast path %ld hits, %ld exact fallbacks\n",
            cases, total, g_ok, g_fail);
