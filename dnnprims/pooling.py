@@ -82,6 +82,18 @@ _ROLLED_HINT_BLOCKS = 2
 # x MINB)) blocks (that many waves of resident blocks; the kernel strides over the other
 # items).  The A/B of notes/maxpool16.md times 1 / 2 / 4 waves against None.
 _ROLLED_WAVES = None
+# ROLLED_SHARES_HALF / ROLLED_SHARES_BFLOAT16: the kernel's SHARES by type (kernels/pooling.cu):
+# 0 = main's fast path (a branch a window), 1 = pairwise first-max shares and one branch a
+# step, 2 = 1 with bfloat16's high halves converted on the FMA pipe (bfloat16 only).  1 and 2
+# are compiled for MINB = 2 without the hint and S in _ROLLED_SHARES_STEPS; other settings
+# run 0.  ROLLED_BFLOAT16: None, or (steps, waves) overriding _ROLLED_STEPS / _ROLLED_WAVES
+# for bfloat16.  All are in the call keys (the A/B times them in one process).  The same dx
+# bit for bit.  SASS and the H100 A/B: notes/poolbf16.md.
+ROLLED_SHARES_HALF = 0
+ROLLED_SHARES_BFLOAT16 = 1
+ROLLED_BFLOAT16 = None
+_ROLLED_SHARES_CHOICES = {"half_t": (0, 1), "bfloat16_t": (0, 1, 2)}
+_ROLLED_SHARES_STEPS = (1, 2)  # S compiled with SHARES 1 and 2
 # NHWC float32 max 3x3 / 2 / 1 backward with window rows exchanged by warp
 # shuffles (pool_nhwc_k3s2_backward_shfl <T, index_t, SLOTS, MINB>): SLOTS
 # vertically adjacent bands a warp (SLOTS - 1 own dx rows), MINB blocks per SM.
@@ -121,9 +133,12 @@ FAMILY = KernelFamily("pooling.cu", [
     *(f"pool_k3s2_backward<{t}, {i}, {r}, {b}>"
       for t in _dtypes.CUDA_TYPES for i in ("int", "long long") for r in _K3S2_BACKWARD_ROWS_CHOICES
       for b in (_BACKWARD_BLOCKS_CHOICES if r == 1 else (1,))),
-    *(f"pool_k3s2_backward_rolled<{t}, {i}, {s}, {b}, {h}>"
+    *(f"pool_k3s2_backward_rolled<{t}, {i}, {s}, {b}, {h}, 0>"
       for t in ("half_t", "bfloat16_t") for i in ("int", "long long") for s in _ROLLED_STEPS_CHOICES
       for b in _ROLLED_BLOCKS_CHOICES for h in (("false", "true") if b == _ROLLED_HINT_BLOCKS else ("false",))),
+    *(f"pool_k3s2_backward_rolled<{t}, {i}, {s}, {_ROLLED_HINT_BLOCKS}, false, {k}>"
+      for t, ks in _ROLLED_SHARES_CHOICES.items() for i in ("int", "long long") for s in _ROLLED_SHARES_STEPS
+      for k in ks if k > 0),
     *(f"pool_k2s2_avg_backward<{t}, {i}, {_K2S2_ROWS}>"
       for t in _dtypes.CUDA_TYPES for i in ("int", "long long")),
     # NHWC 3x3 / 2 / 1, column-rolling: forward <T, index_t, MAX, R>, backward (max) <T, index_t, R, MINB>
@@ -247,7 +262,7 @@ def _fast_key(x, window, mode, stride, padding, count_include_pad, layout, *othe
     if data.ptr & 15:
         return None
     return (x.shape, x.dtype, data.device_id, *others, _current_device(), window, mode, stride, padding,
-            count_include_pad, layout)
+            count_include_pad, layout, ROLLED_SHARES_HALF, ROLLED_SHARES_BFLOAT16, ROLLED_BFLOAT16)
 
 
 class _Call:
@@ -343,7 +358,8 @@ def pool_backward(dy, x, y, window, *, mode="max", stride=None, padding=0, count
                 fast[0](x, dy, dx)
                 return dx
     key = _MEMO.key("pool_backward", (dy, x, y),
-                    _options(window, mode, stride, padding, count_include_pad, layout))
+                    _options(window, mode, stride, padding, count_include_pad, layout)
+                    + (ROLLED_SHARES_HALF, ROLLED_SHARES_BFLOAT16, ROLLED_BFLOAT16))
     call = _MEMO.get(key) if dy is not None else None
     if call is None:
         xp = _validate.array_module(dy=dy, x=x, y=y)
@@ -452,11 +468,13 @@ def _vector_launch(problem, direction, aligned):
     if not VECTOR_KERNELS or not aligned or problem.w % (16 // size) or problem.stride != (2, 2):
         return None
     ho, _ = problem.out_hw
+    waves = None
     if (problem.window == (3, 3) and problem.padding == (1, 1) and direction == "backward"
             and problem.mode == "max" and size == 2 and ROLLED_BACKWARD and _packed_compares()):
-        bands = ceil_div(ho, 2 * _ROLLED_STEPS)  # segments of 2 * _ROLLED_STEPS window rows
-        expr = (f"pool_k3s2_backward_rolled<{t}, {{}}, {_ROLLED_STEPS}, {_ROLLED_BLOCKS}, "
-                f"{_BOOL[_ROLLED_HINT]}>")
+        steps, waves, shares = _rolled_settings(t)
+        bands = ceil_div(ho, 2 * steps)  # segments of 2 * steps window rows
+        expr = (f"pool_k3s2_backward_rolled<{t}, {{}}, {steps}, {_ROLLED_BLOCKS}, "
+                f"{_BOOL[_ROLLED_HINT]}, {shares}>")
     elif problem.window == (3, 3) and problem.padding == (1, 1):
         kernel = _k3s2_kernel(problem, direction, "pool_k3s2", _K3S2_FORWARD_ROWS, _K3S2_BACKWARD_ROWS,
                               _K3S2_BACKWARD_BLOCKS)
@@ -471,14 +489,26 @@ def _vector_launch(problem, direction, aligned):
         return None
     items = problem.n * problem.c * bands * (problem.w * size // 16)
     blocks = min(ceil_div(items, _BLOCK), _MAX_ITEMS_BLOCKS)
-    if expr.startswith("pool_k3s2_backward_rolled") and _ROLLED_WAVES is not None:
-        blocks = min(blocks, max(1, int(_ROLLED_WAVES * _sm_count() * _ROLLED_BLOCKS)))
+    if expr.startswith("pool_k3s2_backward_rolled") and waves is not None:
+        blocks = min(blocks, max(1, int(waves * _sm_count() * _ROLLED_BLOCKS)))
     index_t = index_type(items + blocks * _BLOCK)
     it = np.int32 if index_t == "int" else np.int64
     args = (it(items), np.int32(problem.h), np.int32(problem.w), np.int32(ho), np.int32(bands))
     if expr.startswith("pool_k3s2_forward"):
         args += (np.int32(problem.count_include_pad),)
     return expr.format(index_t), (blocks,), args
+
+
+def _rolled_settings(t):
+    """(steps, waves, SHARES) of pool_k3s2_backward_rolled for CUDA type t (the tables above)."""
+    steps, waves = _ROLLED_STEPS, _ROLLED_WAVES
+    if t == "bfloat16_t" and ROLLED_BFLOAT16 is not None:
+        steps, waves = ROLLED_BFLOAT16
+    shares = ROLLED_SHARES_BFLOAT16 if t == "bfloat16_t" else ROLLED_SHARES_HALF
+    if (shares not in _ROLLED_SHARES_CHOICES[t] or _ROLLED_BLOCKS != _ROLLED_HINT_BLOCKS or _ROLLED_HINT
+            or steps not in _ROLLED_SHARES_STEPS):
+        shares = 0  # compiled for two blocks per SM without the hint, S in _ROLLED_SHARES_STEPS
+    return steps, waves, shares
 
 
 _PACKED_COMPARES = {}

@@ -1249,6 +1249,27 @@ __device__ __forceinline__ void first_max_shares(At at, unsigned M, unsigned g, 
         }
 }
 
+// first_max_shares with the running mask taken two elements a step: `left` = g where no
+// element before element k equals M; element k's share = eq_k & left, element k + 1's =
+// eq_k+1 & ~eq_k & left (three inputs: one LOP3), and `left` skips to k + 2 in one more
+// (left & ~eq_k & ~eq_k+1): 9 + 4 logic operations a window instead of 9 + 7 (the shares
+// are the same words; notes/poolbf16.md).  The 16-bit rolled backward is short of issue
+// slots on the ALU pipe, bfloat16 most (its conversions to float are integer operations).
+template <typename T, typename At>
+__device__ __forceinline__ void first_max_shares_pairwise(At at, unsigned M, unsigned g, unsigned (&share)[3][3]) {
+    unsigned left = g;
+#pragma unroll
+    for (int k = 0; k < 9; k += 2) {
+        const unsigned e0 = eq_pairs<T>(at(k / 3, k % 3), M);
+        share[k / 3][k % 3] = e0 & left;
+        if (k + 1 < 9) {
+            const unsigned e1 = eq_pairs<T>(at((k + 1) / 3, (k + 1) % 3), M);
+            share[(k + 1) / 3][(k + 1) % 3] = e1 & ~e0 & left;
+            left &= ~(e0 | e1);
+        }
+    }
+}
+
 // Bytes of a and b by selector s (prmt: a = bytes 0..3, b = bytes 4..7).
 __device__ __forceinline__ unsigned permute_bytes(unsigned a, unsigned b, unsigned s) {
     unsigned d;
@@ -1262,6 +1283,20 @@ __device__ __forceinline__ float half_of(unsigned w) {
     T h;
     h.bits = (unsigned short)(HIGH ? w >> 16 : w & 0xffffu);
     return load(h);
+}
+
+// half_of<T, true> for the rolled backward's SHARES = 2: bfloat16's high half by two integer
+// multiplies (w >> 16 as the high word of w * 2^16, then * 2^16: the FMA pipe) instead of
+// a LOP3 on the ALU pipe, which the step is short of; float16 as half_of.
+template <typename T, bool FMA_PIPE>
+__device__ __forceinline__ float high_half(unsigned w) {
+    if constexpr (FMA_PIPE && NegInfBits<T>::value == 0xff80u) {  // bfloat16
+        unsigned h;
+        asm("mul.hi.u32 %0, %1, 65536;" : "=r"(h) : "r"(w));
+        asm("mul.lo.u32 %0, %1, 65536;" : "=r"(h) : "r"(h));
+        return __uint_as_float(h);
+    }
+    return half_of<T, true>(w);
 }
 
 // One tile of pool_k3s2_backward (R = 1: dx rows h0 + 1, h0 + 2, columns VEC*j
@@ -2041,6 +2076,18 @@ pool_nhwc_k3s2_backward(const T* __restrict__ x, const T* __restrict__ dy, T* __
 // MINB 1 / 2 / 3, the hint and a resident grid against them: 117 registers at MINB 2.
 // With the tail change, H100 session 9: 0.0880 ms float16 = 0.875 of copy, bfloat16
 // unchanged at 0.0966; the hint, MINB 3 and S = 4 were slower.)
+// SHARES: 0 = main's fast path (first_max_shares, a branch a window), main's source kept as
+// it was; 1 = the shares by first_max_shares_pairwise (3 logic operations fewer a window)
+// and one branch a step (fast or exact for all five windows: the fast step is one straight
+// block, no BSSY / BSYNC / BRA a window); 2 = 1 with bfloat16's high halves converted on the
+// FMA pipe (high_half; float16 as 1).  The step is short of ALU issue slots, bfloat16 more
+// than float16: its 24 high-half conversions a step are LOP3s where float16's are HADD2.F32s.
+// SASS (NVRTC 13.0 -arch=sm_90 cubin, CuPy's options; S 2, MINB 2, int; whole kernel),
+// instructions / ALU pipe / highest register + 1: float16 1648 / 975 / 117 (SHARES 0 =
+// main's, instruction for instruction), 1688 / 979 / 126 (1); bfloat16 1648 / 1043 / 117 (0
+// = main's), 1656 / 1026 / 126 (1), 1704 / 993 / 125 (2).  H100, session 10: bfloat16 0.0954
+// -> 0.0867 ms with SHARES 1 (2: 0.0950), float16 0.0868 at SHARES 0 (notes/poolbf16.md,
+// notes/poolbf16_sass.py).  The same shares in the same order: dx bitwise the same.
 
 // 16 bytes of x at p (16-byte aligned) as four words; HINT: with the L2 prefetch-size hint
 // .L2::256B (a miss fetches the whole 256-byte block around the sector into L2).
@@ -2134,7 +2181,7 @@ __device__ __forceinline__ bool k3s2_tail_row_pairs(const unsigned (&r0)[5], uns
 #endif
 }
 
-template <typename T, typename index_t, int S, int MINB, bool HINT>
+template <typename T, typename index_t, int S, int MINB, bool HINT, int SHARES>
 __global__ void __launch_bounds__(256, MINB)
 pool_k3s2_backward_rolled(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ dx,
                           index_t items, int H, int W, int Ho, int segments) {
@@ -2240,12 +2287,64 @@ pool_k3s2_backward_rolled(const T* __restrict__ x, const T* __restrict__ dy, T* 
                 mid[f] = 0u;
             }
             unsigned upper[5][3];  // high halves of a = 0: window row oh + 1 -> dx row 2oh + 1
+            if constexpr (SHARES == 0) {
+                // main's loop token for token (a branch a window).  Written once with the
+                // lambdas below, NVRTC 13.0 compiled SHARES 0 to other SASS (float16 9 % slower
+                // on the H100, notes/poolbf16.md): the exact rule and the accumulation stay
+                // duplicated so that SHARES 0 is main's code instruction for instruction.
 #pragma unroll
-            for (int m = 0; m < 5; ++m) {
-                unsigned share[3][3];
-                if (fast) {
-                    first_max_shares<T>([&](int a, int c) { return P[a][2 * m + c]; }, M[m], G[m], share);
-                } else {
+                for (int m = 0; m < 5; ++m) {
+                    unsigned share[3][3];
+                    if (fast) {
+                        first_max_shares<T>([&](int a, int c) { return P[a][2 * m + c]; }, M[m], G[m], share);
+                    } else {
+#pragma unroll
+                        for (int a = 0; a < 3; ++a)
+#pragma unroll
+                            for (int c = 0; c < 3; ++c) share[a][c] = 0u;
+#pragma unroll
+                        for (int k = 0; k < 2; ++k) {
+                            const bool w = (k == 0 || second) && (m < 4 || right);
+                            const bool row[3] = {w && rok[2 * k], w && rok[2 * k + 1], w && rok[2 * k + 2]};
+                            const bool col[3] = {m > 0 || left, true, true};
+                            const int pos = argmax3x3<true, float>([&](int a, int c) {
+                                return k == 0 ? half_of<T, false>(P[a][2 * m + c]) : half_of<T, true>(P[a][2 * m + c]);
+                            }, row, col);
+                            const unsigned gk = G[m] & (k == 0 ? 0x0000ffffu : 0xffff0000u);
+#pragma unroll
+                            for (int a = 0; a < 3; ++a)
+#pragma unroll
+                                for (int c = 0; c < 3; ++c)
+                                    if (pos == a * 3 + c) share[a][c] |= gk;
+                        }
+                    }
+#pragma unroll
+                    for (int c = 0; c < 3; ++c) {
+                        upper[m][c] = share[0][c];
+                        const int f = 2 * m + c - 1;
+                        if (f < 0 || f >= 8) continue;
+                        row0[f] += half_of<T, false>(share[0][c]);
+                        mid[f] = add_pairs<T>(mid[f], share[1][c]);
+                        row2[f] += half_of<T, false>(share[2][c]);
+                        row4[f] += half_of<T, true>(share[2][c]);
+                    }
+                }
+            } else {
+                // window m's shares into the rows, in the gather's order
+                auto add_shares = [&](int m, const unsigned (&share)[3][3]) {
+#pragma unroll
+                    for (int c = 0; c < 3; ++c) {
+                        upper[m][c] = share[0][c];
+                        const int f = 2 * m + c - 1;
+                        if (f < 0 || f >= 8) continue;
+                        row0[f] += half_of<T, false>(share[0][c]);
+                        mid[f] = add_pairs<T>(mid[f], share[1][c]);
+                        row2[f] += half_of<T, false>(share[2][c]);
+                        row4[f] += high_half<T, SHARES == 2>(share[2][c]);
+                    }
+                };
+                // window m's shares by the exact rule (argmax3x3<true> per half)
+                auto exact_shares = [&](int m, unsigned (&share)[3][3]) {
 #pragma unroll
                     for (int a = 0; a < 3; ++a)
 #pragma unroll
@@ -2265,16 +2364,23 @@ pool_k3s2_backward_rolled(const T* __restrict__ x, const T* __restrict__ dy, T* 
                             for (int c = 0; c < 3; ++c)
                                 if (pos == a * 3 + c) share[a][c] |= gk;
                     }
-                }
+                };
+                // one branch a step: the fast path's five windows are one straight block
+                if (fast) {
 #pragma unroll
-                for (int c = 0; c < 3; ++c) {
-                    upper[m][c] = share[0][c];
-                    const int f = 2 * m + c - 1;
-                    if (f < 0 || f >= 8) continue;
-                    row0[f] += half_of<T, false>(share[0][c]);
-                    mid[f] = add_pairs<T>(mid[f], share[1][c]);
-                    row2[f] += half_of<T, false>(share[2][c]);
-                    row4[f] += half_of<T, true>(share[2][c]);
+                    for (int m = 0; m < 5; ++m) {
+                        unsigned share[3][3];
+                        first_max_shares_pairwise<T>([&](int a, int c) { return P[a][2 * m + c]; }, M[m], G[m],
+                                                     share);
+                        add_shares(m, share);
+                    }
+                } else {
+#pragma unroll
+                    for (int m = 0; m < 5; ++m) {
+                        unsigned share[3][3];
+                        exact_shares(m, share);
+                        add_shares(m, share);
+                    }
                 }
             }
 #pragma unroll
@@ -2282,7 +2388,7 @@ pool_k3s2_backward_rolled(const T* __restrict__ x, const T* __restrict__ dy, T* 
 #pragma unroll
                 for (int c = 0; c < 3; ++c) {
                     const int f = 2 * m + c - 1;
-                    if (f >= 0 && f < 8) row2[f] += half_of<T, true>(upper[m][c]);
+                    if (f >= 0 && f < 8) row2[f] += high_half<T, SHARES == 2>(upper[m][c]);
                 }
             if (oh > oh_start) store_float_row<T>(dxp + (2 * oh - 1) * W, row0);
             if (tail) break;

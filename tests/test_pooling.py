@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from dnnprims import pool, pool_backward
+from dnnprims import _dtypes, pool, pool_backward
 from dnnprims.reference import pooling as reference
 from dnnprims.testing.strategies import pool_problems
 from dnnprims.testing.tolerances import assert_close
@@ -640,17 +640,22 @@ def test_k3s2_backward_blocks_variants(gpu, rng, monkeypatch, blocks, layout, dt
             _check_integer_data_exactly(gpu, rng, data, dict(stride=2, padding=1, layout=layout))
 
 
-# (steps, blocks, hint, waves) of pool_k3s2_backward_rolled: every compiled choice; the
-# hint only where it is compiled; waves 1e-9: a grid of one block strides over all items
-_ROLLED_VARIANTS = [(s, b, False, None) for s in (1, 2, 4) for b in (2, 3)] + [
-    (s, 2, True, None) for s in (1, 2, 4)] + [(1, 2, False, 1e-9), (2, 2, False, 1e-9), (2, 2, False, 1)]
+# (steps, blocks, hint, waves, shares) of pool_k3s2_backward_rolled: every compiled choice;
+# the hint only where it is compiled; waves 1e-9: a grid of one block strides over all
+# items; shares: both ROLLED_SHARES_* switches (the kernel's SHARES where compiled: two
+# blocks, no hint, S 1 / 2, 2 for bfloat16 only; elsewhere SHARES 0, as _rolled_settings says)
+_ROLLED_VARIANTS = [(s, b, False, None, 0) for s in (1, 2, 4) for b in (2, 3)] + [
+    (s, 2, True, None, 0) for s in (1, 2, 4)] + [(1, 2, False, 1e-9, 0), (2, 2, False, 1e-9, 0),
+                                                  (2, 2, False, 1, 0)] + [
+    (s, 2, False, None, k) for s in (1, 2) for k in (1, 2)] + [(4, 2, False, None, 1),
+    (2, 2, False, 1e-9, 1), (1, 2, False, 1, 2), (2, 3, False, None, 1), (2, 2, True, None, 2)]
 
 
 @pytest.mark.parametrize("dtype", [p for p in FLOAT_DTYPES if np.dtype(p.values[0]).itemsize == 2])
-@pytest.mark.parametrize("steps, blocks, hint, waves", _ROLLED_VARIANTS)
-def test_k3s2_backward_rolled_variants(gpu, rng, monkeypatch, steps, blocks, hint, waves, dtype):
+@pytest.mark.parametrize("steps, blocks, hint, waves, shares", _ROLLED_VARIANTS)
+def test_k3s2_backward_rolled_variants(gpu, rng, monkeypatch, steps, blocks, hint, waves, shares, dtype):
     """pool_k3s2_backward_rolled (NCHW 16-bit max 3x3 / 2 / 1 backward rolling
-    down the plane), every steps / blocks / hint choice and a one-block grid:
+    down the plane), every steps / blocks / hint / shares choice and a one-block grid:
     odd and even heights, 1 and 2 rows, several segments (segment seams), random
     data against the reference, integer data (ties, NaN, +-inf, -0.0) exactly,
     and dx bitwise equal to pool_k3s2_backward's (also on the tail step's fast
@@ -662,6 +667,13 @@ def test_k3s2_backward_rolled_variants(gpu, rng, monkeypatch, steps, blocks, hin
     monkeypatch.setattr(pooling, "_ROLLED_BLOCKS", blocks)
     monkeypatch.setattr(pooling, "_ROLLED_HINT", hint)
     monkeypatch.setattr(pooling, "_ROLLED_WAVES", waves)
+    monkeypatch.setattr(pooling, "ROLLED_SHARES_HALF", shares)
+    monkeypatch.setattr(pooling, "ROLLED_SHARES_BFLOAT16", shares)
+    monkeypatch.setattr(pooling, "ROLLED_BFLOAT16", None)
+    t = "bfloat16_t" if np.dtype(dtype) == _dtypes.BFLOAT16 else "half_t"
+    # the kernel's SHARES: the switch where compiled (two blocks, no hint, S 1 / 2, the type's choices), else 0
+    k = (shares if shares in pooling._ROLLED_SHARES_CHOICES[t] and blocks == 2 and not hint
+         and steps in pooling._ROLLED_SHARES_STEPS else 0)
     opts = dict(mode="max", stride=2, padding=1)
     for hw in K3S2_SIZES + [(30, 24), (57, 16), (60, 8), (57, 64)]:  # (57, 64): > 256 items
         shape = (2, 3, *hw)
@@ -669,7 +681,7 @@ def test_k3s2_backward_rolled_variants(gpu, rng, monkeypatch, steps, blocks, hin
         _fresh_plans(monkeypatch)
         bwd = _k3s2_expressions(shape, dtype, "max")[1]
         assert bwd.startswith("pool_k3s2_backward_rolled<")
-        assert bwd.endswith(f", {steps}, {blocks}, {'true' if hint else 'false'}>")
+        assert bwd.endswith(f", {steps}, {blocks}, {'true' if hint else 'false'}, {k}>")
         x = random_array(rng, shape, dtype)
         y_shape = pool(x.astype(np.float64), 3, **opts).shape
         dy = random_array(rng, y_shape, dtype)
@@ -685,6 +697,65 @@ def test_k3s2_backward_rolled_variants(gpu, rng, monkeypatch, steps, blocks, hin
         _fresh_plans(monkeypatch)
         want = _host(pool_backward(gpu.asarray(dy), gpu.asarray(x), None, 3, **opts))
         np.testing.assert_array_equal(got.view(np.uint16), want.view(np.uint16))
+
+
+def test_rolled_settings_by_type(monkeypatch):
+    """_rolled_settings: the SHARES switch by type where that kernel is compiled (two blocks
+    per SM, no hint; 2 for bfloat16 only), else 0; ROLLED_BFLOAT16 overrides bfloat16's
+    steps and waves only; every expression it can make is declared in the family."""
+    from dnnprims import pooling
+    for name, value in (("_ROLLED_STEPS", 2), ("_ROLLED_WAVES", None), ("_ROLLED_BLOCKS", 2),
+                        ("_ROLLED_HINT", False), ("ROLLED_SHARES_HALF", 1), ("ROLLED_SHARES_BFLOAT16", 2),
+                        ("ROLLED_BFLOAT16", (1, 1))):
+        monkeypatch.setattr(pooling, name, value)
+    assert pooling._rolled_settings("half_t") == (2, None, 1)
+    assert pooling._rolled_settings("bfloat16_t") == (1, 1, 2)
+    declared = set(pooling.FAMILY.name_expressions)
+    for problem_dtype in (np.float16, _dtypes.BFLOAT16):
+        for shares in (0, 1, 2):
+            monkeypatch.setattr(pooling, "ROLLED_SHARES_HALF", shares)
+            monkeypatch.setattr(pooling, "ROLLED_SHARES_BFLOAT16", shares)
+            for steps in pooling._ROLLED_STEPS_CHOICES:
+                monkeypatch.setattr(pooling, "_ROLLED_STEPS", steps)
+                monkeypatch.setattr(pooling, "ROLLED_BFLOAT16", None)
+                t = "bfloat16_t" if problem_dtype == _dtypes.BFLOAT16 else "half_t"
+                _, _, k = pooling._rolled_settings(t)
+                assert k == (shares if shares in pooling._ROLLED_SHARES_CHOICES[t]
+                             and steps in pooling._ROLLED_SHARES_STEPS else 0)
+                for i in ("int", "long long"):
+                    assert f"pool_k3s2_backward_rolled<{t}, {i}, {steps}, 2, false, {k}>" in declared
+    monkeypatch.setattr(pooling, "ROLLED_SHARES_HALF", 2)  # not compiled for float16
+    assert pooling._rolled_settings("half_t")[2] == 0
+    monkeypatch.setattr(pooling, "ROLLED_SHARES_BFLOAT16", 1)
+    monkeypatch.setattr(pooling, "_ROLLED_HINT", True)
+    assert pooling._rolled_settings("bfloat16_t")[2] == 0
+    monkeypatch.setattr(pooling, "_ROLLED_HINT", False)
+    monkeypatch.setattr(pooling, "_ROLLED_BLOCKS", 3)
+    assert pooling._rolled_settings("bfloat16_t")[2] == 0
+
+
+@pytest.mark.parametrize("dtype", [p for p in FLOAT_DTYPES if np.dtype(p.values[0]).itemsize == 2])
+def test_rolled_switches_key_the_calls(gpu, rng, monkeypatch, dtype):
+    """ROLLED_SHARES_HALF / ROLLED_SHARES_BFLOAT16 / ROLLED_BFLOAT16 are in the call keys:
+    switched between calls without forgetting the memo, each setting runs its own kernel
+    (a new fast-table entry) and dx stays bitwise the same."""
+    from dnnprims import pooling
+    _fresh_plans(monkeypatch)
+    monkeypatch.setattr(pooling, "ROLLED_BACKWARD", True)
+    opts = dict(mode="max", stride=2, padding=1)
+    shape = (2, 5, 30, 24)
+    x = gpu.asarray(random_array(rng, shape, dtype))
+    dy = gpu.asarray(random_array(rng, pool(_host(x).astype(np.float64), 3, **opts).shape, dtype))
+    got, entries = [], []
+    for half, bf16, override in ((0, 0, None), (1, 1, None), (1, 2, None), (1, 1, (1, 1e-9)), (0, 0, None)):
+        monkeypatch.setattr(pooling, "ROLLED_SHARES_HALF", half)
+        monkeypatch.setattr(pooling, "ROLLED_SHARES_BFLOAT16", bf16)
+        monkeypatch.setattr(pooling, "ROLLED_BFLOAT16", override)
+        got.append(_host(pool_backward(dy, x, None, 3, **opts)).view(np.uint16))
+        entries.append(len(pooling._MEMO.fast))
+    for g in got[1:]:
+        np.testing.assert_array_equal(g, got[0])
+    assert entries[:4] == [1, 2, 3, 4] and entries[4] == 4  # the last setting is the first's
 
 
 @pytest.mark.parametrize("slots", [4, 8])
