@@ -21,22 +21,13 @@ import importlib.util
 import os
 import pathlib
 import re
-import subprocess
 import sys
-import tempfile
 
-from cupy_backends.cuda.libs import nvrtc
-
-NVDISASM = os.environ.get("NVDISASM", "/tmp/nvd/nvidia/cu13/bin/nvdisasm")
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "ab"))
+import sass_compare  # noqa: E402  (NVRTC with CuPy's options, nvdisasm, the normalised listing)
 HERE = pathlib.Path(__file__).resolve().parent.parent
 ALU = ("LOP3", "ISETP", "SEL", "PRMT", "SHF", "IADD3", "LEA", "VHMNMX", "FSETP", "FSEL", "PLOP3", "HSETP2",
        "HMNMX2", "LOP", "BMSK", "SGXT", "FMNMX", "IMNMX", "VIMNMX", "P2R", "R2P")
-
-
-def _nvrtc():
-    import ctypes
-    lib = ctypes.CDLL(os.environ.get("LIBNVRTC", str(pathlib.Path(nvrtc.__file__).parents[3] / "nvidia/cu13/lib/libnvrtc.so.13")))
-    return ctypes, lib
 
 
 def family_of(root, name):
@@ -51,77 +42,13 @@ def family_of(root, name):
     return pooling.FAMILY.source, str(kernels.KERNEL_DIR), list(pooling.FAMILY.name_expressions)
 
 
-def cubin_of(source, kernel_dir, exprs):
-    """NVRTC through ctypes: CuPy's getCUBIN wrapper drops the CUBIN's last byte."""
-    ctypes, lib = _nvrtc()
-    prog = ctypes.c_void_p()
-
-    def ok(status, what):
-        if status:
-            size = ctypes.c_size_t()
-            lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
-            log = ctypes.create_string_buffer(size.value)
-            lib.nvrtcGetProgramLog(prog, log)
-            sys.exit(f"{what}: NVRTC error {status}\n{log.value.decode()}")
-
-    ok(lib.nvrtcCreateProgram(ctypes.byref(prog), source.encode(), b"pooling.cu", 0, None, None), "create")
-    try:
-        for e in exprs:
-            ok(lib.nvrtcAddNameExpression(prog, e.encode()), e)
-        # as CuPy compiles a RawModule on the device (cupy/cuda/compiler.py): -arch=sm_90 (a cubin),
-        # the family's options, --device-as-default-execution-space and -ftz=true
-        opts = [b"-arch=sm_90", b"-std=c++17", f"-I{kernel_dir}".encode(), b"--device-as-default-execution-space",
-                b"-ftz=true"]
-        ok(lib.nvrtcCompileProgram(prog, len(opts), (ctypes.c_char_p * len(opts))(*opts)), "compile")
-        size = ctypes.c_size_t()
-        ok(lib.nvrtcGetCUBINSize(prog, ctypes.byref(size)), "cubin size")
-        cubin = ctypes.create_string_buffer(size.value)
-        ok(lib.nvrtcGetCUBIN(prog, cubin), "cubin")
-        lowered = {}
-        for e in exprs:
-            name = ctypes.c_char_p()
-            ok(lib.nvrtcGetLoweredName(prog, e.encode(), ctypes.byref(name)), e)
-            lowered[e] = name.value.decode()
-        return cubin.raw, lowered
-    finally:
-        lib.nvrtcDestroyProgram(ctypes.byref(prog))
-
-
 def sass_of(family, exprs, group):
     """{expr: (registers, [normalised instruction lines])} of exprs (group: of the whole group)"""
     source, kernel_dir, declared = family
     compiled = [e for e in declared if e.startswith("pool_k3s2_backward_rolled<")] if group else exprs
     assert set(exprs) <= set(compiled), set(exprs) - set(compiled)
-    cubin, lowered = cubin_of(source, kernel_dir, compiled)
-    with tempfile.TemporaryDirectory() as d:
-        open(f"{d}/k.cubin", "wb").write(cubin)
-        sass = subprocess.run([NVDISASM, "-c", f"{d}/k.cubin"], capture_output=True, text=True, check=True).stdout
-    bodies = collections.defaultdict(list)
-    label_maps = collections.defaultdict(dict)
-    current = None
-    for line in sass.splitlines():
-        m = re.match(r"\s*\.text\.(\S+):", line)
-        if m:
-            current = m.group(1)
-            continue
-        m = re.search(r"/\*[0-9a-f]{4}\*/\s+(.*?);", line)
-        if m and current:
-            ins = m.group(1)  # immediates and offsets kept; only names that differ by program go below
-            # branch targets: labels numbered through the program, renumbered in the function's order
-            labels = label_maps[current]
-            ins = re.sub(r"\.L_x_\d+", lambda t: labels.setdefault(t.group(0), f"L{len(labels)}"), ins)
-            ins = ins.replace(f"`({current})", "SELF")  # a return into the kernel names it (SHARES adds ", 0")
-            ins = re.sub(r"\$__internal_\d+_", "$__internal_N_", ins)  # helpers (64-bit division) numbered per program
-            ins = " ".join(ins.split())  # nvdisasm pads its (*"SpillRefill"*) notes by the name's length
-            bodies[current].append(ins)
-    # registers: the .nv.info REGCOUNT is awkward to read without cuobjdump; nvdisasm's
-    # highest R index + 1 is what the function uses (plus the two the ABI reserves not counted)
-    out = {}
-    for e, low in lowered.items():
-        ins = bodies.get(low, [])
-        regs = max((int(r) for i in ins for r in re.findall(r"\bR(\d+)\b", i)), default=-1) + 1
-        out[e] = (regs, ins)
-    return out
+    lines = sass_compare.listings(*sass_compare.cubin_of(source, kernel_dir, compiled, "pooling.cu"))
+    return {e: (sass_compare.registers(lines[e]), lines[e]) for e in exprs}
 
 
 def opcode(ins):
@@ -146,10 +73,7 @@ def main():
                  if not (t == "half_t" and k == 2)]
     this = sys.argv[sys.argv.index("--new") + 1] if "--new" in sys.argv else str(HERE)
     new = sass_of(family_of(this, "dnnprims_this"), new_exprs, group)
-    ctypes, lib = _nvrtc()
-    major, minor = ctypes.c_int(), ctypes.c_int()
-    lib.nvrtcVersion(ctypes.byref(major), ctypes.byref(minor))
-    print(f"NVRTC {major.value}.{minor.value} ({lib._name}) -arch=sm_90 cubin, {NVDISASM}"
+    print(f"{sass_compare.version()} -arch=sm_90 cubin, {sass_compare.NVDISASM}"
           f"{', whole rolled groups' if group else ''}")
     for t in types:
         o = old[f"pool_k3s2_backward_rolled<{t}, int, 2, 2, false>"]
