@@ -594,6 +594,21 @@ def _pipelined_forward(cp, x, y, gamma, beta, mean, rstd, rows, pt, eps):
     return True
 
 
+def _pipelined_kernel(cp, name, rows, pt, shared):
+    """(kernel, grid) of the pipelined rows kernel `name` with a ring of `shared` bytes a
+    block: the persistent grid of the blocks resident at once (capped by the rows and
+    _PIPELINE_GRID_CAP); None when the ring does not fit or no block is resident."""
+    if shared > _optin(cp) - 1024:
+        return None
+    expr = f"{name}<{rows.t}, {pt}, {rows.index_t}, {rows.vec}>"
+    kernel = FAMILY.function(expr)
+    _raise_shared(kernel, (cp.cuda.runtime.getDevice(), expr), shared)
+    resident = _resident_blocks(cp, kernel, expr, rows.block, shared)
+    if resident <= 0:
+        return None
+    return kernel, min(rows.rows, resident, _PIPELINE_GRID_CAP or resident)
+
+
 def _layer_forward_pipelined(cp, x, y, gamma, beta, mean, rstd, rows, pt, eps, rms):
     """Launch norm_rows_forward_pipelined and return True, or False when it does not apply
     (then nothing was launched)."""
@@ -601,15 +616,10 @@ def _layer_forward_pipelined(cp, x, y, gamma, beta, mean, rstd, rows, pt, eps, r
             and rows.block * _FUSED_ITEMS * rows.vec >= rows.M):
         return False
     shared = _FUSED_STAGES * _FUSED_ITEMS * rows.block * 16  # 16-byte slots: stage, item, thread
-    if shared > _optin(cp) - 1024:
+    ready = _pipelined_kernel(cp, "norm_rows_forward_pipelined", rows, pt, shared)
+    if ready is None:
         return False
-    expr = f"norm_rows_forward_pipelined<{rows.t}, {pt}, {rows.index_t}, {rows.vec}>"
-    kernel = FAMILY.function(expr)
-    _raise_shared(kernel, (cp.cuda.runtime.getDevice(), expr), shared)
-    resident = _resident_blocks(cp, kernel, expr, rows.block, shared)
-    if resident <= 0:
-        return False
-    grid = min(rows.rows, resident, _PIPELINE_GRID_CAP or resident)
+    kernel, grid = ready
     kernel((grid,), (rows.block,), (x, y, _param_or_null(cp, gamma), _param_or_null(cp, beta), mean, rstd,
                                     rows.it(rows.rows), rows.it(rows.M), eps, np.int32(rms)), shared_mem=shared)
     return True
@@ -843,15 +853,10 @@ def _fused_pipelined_backward(cp, dy, x, gamma, mean, rstd, dx, rows, pt, pdtype
     """(dgamma, dbeta) after norm_rows_backward_fused_pipelined wrote dx, or None when
     its ring does not fit the shared memory or no block is resident (nothing launched)."""
     shared = _FUSED_STAGES * 2 * _FUSED_ITEMS * rows.block * 16  # 16-byte slots: stage, x / dy, item, thread
-    if shared > _optin(cp) - 1024:
+    ready = _pipelined_kernel(cp, "norm_rows_backward_fused_pipelined", rows, pt, shared)
+    if ready is None:
         return None
-    expr = f"norm_rows_backward_fused_pipelined<{rows.t}, {pt}, {rows.index_t}, {rows.vec}>"
-    kernel = FAMILY.function(expr)
-    _raise_shared(kernel, (cp.cuda.runtime.getDevice(), expr), shared)
-    resident = _resident_blocks(cp, kernel, expr, rows.block, shared)
-    if resident <= 0:
-        return None
-    grid = min(rows.rows, resident, _PIPELINE_GRID_CAP or resident)
+    kernel, grid = ready
     channels = rows.M
     part = cp.empty((2, grid, channels), acc)
     kernel((grid,), (rows.block,), (dy, x, _param_or_null(cp, gamma), mean, rstd, dx, part[0], part[1],

@@ -227,6 +227,24 @@ __global__ void bias_activation_backward_rows(const T* __restrict__ dy, const T*
     }
 }
 
+// The NHWC packed kernels' block column sums: the ROWS warps' VEC sums a thread
+// meet in scratch, warp 0 adds them in warp order and writes partial[by * channels + c].
+template <int ROWS, int VEC, typename A, typename index_t>
+__device__ __forceinline__ void write_lane_partials(A (&scratch)[ROWS][32 * VEC], const A (&acc)[VEC],
+                                                    A* __restrict__ partial, index_t channels, index_t c0) {
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) scratch[threadIdx.y][threadIdx.x * VEC + e] = acc[e];
+    __syncthreads();
+    if (threadIdx.y == 0 && c0 < channels) {
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) {
+            A s = acc[e];
+            for (int k = 1; k < ROWS; ++k) s += scratch[k][threadIdx.x * VEC + e];
+            partial[(index_t)blockIdx.y * channels + c0 + e] = s;
+        }
+    }
+}
+
 // NHWC backward with 16-byte packs (C % VEC == 0, aligned): thread tx of block bx owns
 // the VEC channels of pack 32 bx + tx, so a warp reads 32 x 16 contiguous bytes of a row
 // (the scalar kernel above moves 4 or 2 bytes a thread).
@@ -262,17 +280,7 @@ __global__ void bias_activation_backward_rows_packed(const T* __restrict__ dy, c
             store_pack<T, VEC>(dx + at, out);
         }
     }
-#pragma unroll
-    for (int e = 0; e < VEC; ++e) scratch[threadIdx.y][threadIdx.x * VEC + e] = acc[e];
-    __syncthreads();
-    if (threadIdx.y == 0 && c0 < channels) {
-#pragma unroll
-        for (int e = 0; e < VEC; ++e) {
-            A s = acc[e];
-            for (int k = 1; k < 8; ++k) s += scratch[k][threadIdx.x * VEC + e];
-            partial[(index_t)blockIdx.y * channels + c0 + e] = s;
-        }
-    }
+    write_lane_partials(scratch, acc, partial, channels, c0);
 }
 
 // NCHW backward with packs (inner % VEC == 0, aligned), all loads first: block b owns
@@ -374,6 +382,8 @@ bias_activation_backward_rows_sweep(const T* __restrict__ dy, const T* __restric
             for (int u = 0; u < U; ++u) {
                 if (r0 + u * ROWS < rows) {
                     const index_t at = (r0 + u * ROWS) * channels + c0;
+                    // The pack loop of *_rows_packed, written out: as a shared helper it changes
+                    // the SASS of both kernels (notes/dedupe.md), so the two stay apart.
                     Pack<T, VEC> out;
 #pragma unroll
                     for (int e = 0; e < VEC; ++e) {
@@ -386,17 +396,7 @@ bias_activation_backward_rows_sweep(const T* __restrict__ dy, const T* __restric
             }
         }
     }
-#pragma unroll
-    for (int e = 0; e < VEC; ++e) scratch[threadIdx.y][threadIdx.x * VEC + e] = acc[e];
-    __syncthreads();
-    if (threadIdx.y == 0 && c0 < channels) {
-#pragma unroll
-        for (int e = 0; e < VEC; ++e) {
-            A s = acc[e];
-            for (int k = 1; k < ROWS; ++k) s += scratch[k][threadIdx.x * VEC + e];
-            partial[(index_t)blockIdx.y * channels + c0 + e] = s;
-        }
-    }
+    write_lane_partials(scratch, acc, partial, channels, c0);
 }
 
 // dbias[c] = sum over groups g of partial[g * channels + c]: blockDim (32, 32),

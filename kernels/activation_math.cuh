@@ -61,21 +61,11 @@ template <typename A> __device__ __forceinline__ A gelu_tanh_inner(A v) {
 // error of erfc(z) exp(z^2), z = |x| / sqrt 2 in [0, 10.5]: max 1.5e-6; beyond,
 // e is 0 in float), so
 //   gelu'(x) = [x >= 0] + e * (x / sqrt(2 pi) -+ h)      (- for x >= 0),
-// with ex2.approx / rcp.approx (~2^-22 relative).  Error of gelu' against
+// with ex2_approx / rcp_approx (common.cuh; ~2^-22 relative).  Error of gelu' against
 // float64 <= 2e-6 (relative, away from its zero near x = -0.75; absolute 2e-7
 // there): notes/half16_accuracy.py over every float16 and a dense bfloat16
 // sweep.  ~20 instructions.  float and double keep the library erf / exp.
 // NaN propagates; +-inf gives NaN, as the library formula does (inf * 0).
-__device__ __forceinline__ float ex2_approx(float v) {
-    float r;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(v));
-    return r;
-}
-__device__ __forceinline__ float rcp_approx(float v) {
-    float r;
-    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(v));
-    return r;
-}
 // Phi(-|v|) exp(v^2 / 2) = t P(t), the fitted erfc above.
 __device__ __forceinline__ float gelu_tail_scaled(float v) {
     const float t = rcp_approx(fmaf(fabsf(v), 0.353553391f, 1.0f));

@@ -87,6 +87,21 @@ template <> __device__ __forceinline__ double negative_infinity<double>() {
     return __longlong_as_double(0xfff0000000000000ULL);
 }
 
+// 2^v and 1 / v by the SFU (ex2.approx / rcp.approx, flush to zero: relative
+// error ~2^-22, within ~1 ulp of float): the 16-bit paths' exp and division,
+// where the accurate forms cost ~10 instructions and a slow-path branch a value
+// for results rounded to 16 bits (activation GELU, softmax).
+__device__ __forceinline__ float ex2_approx(float v) {
+    float r;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(v));
+    return r;
+}
+__device__ __forceinline__ float rcp_approx(float v) {
+    float r;
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(v));
+    return r;
+}
+
 // Warp-wide reductions over all 32 lanes (every lane gets the result).
 template <typename A> __device__ __forceinline__ A warp_sum(A v) {
 #pragma unroll

@@ -351,6 +351,53 @@ __device__ __forceinline__ void block_sum2(A& a, A& b, A* scratch) {
     b = warp_sum(lane < warps ? scratch[32 + lane] : A(0));
 }
 
+// The pieces norm_rows_backward_fused and its _pipelined twin share; item(u) /
+// valid(u) are each kernel's own index arithmetic for vector u of its thread.
+// Start: the thread's gamma in registers, dgamma / dbeta sums zero.
+template <int I, int VEC, typename A, typename P, typename index_t, typename Item>
+__device__ __forceinline__ void norm_fused_start(A (&g)[I][VEC], A (&dg)[I][VEC], A (&db)[I][VEC],
+                                                 const P* __restrict__ gamma, index_t Mv, Item item) {
+#pragma unroll
+    for (int u = 0; u < I; ++u) {
+        const index_t vi = item(u);
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) {
+            dg[u][e] = db[u][e] = A(0);
+            g[u][e] = vi < Mv ? param_or(gamma, vi * VEC + e, A(1)) : A(0);
+        }
+    }
+}
+
+// This thread's terms of the row's sums of gamma * dy and gamma * dy * xhat.
+template <int I, int VEC, typename A, typename Valid>
+__device__ __forceinline__ void norm_fused_sums(const A (&xv)[I][VEC], const A (&dv)[I][VEC], const A (&g)[I][VEC],
+                                                A mean, A rstd, A& sum_g, A& sum_gx, Valid valid) {
+#pragma unroll
+    for (int u = 0; u < I; ++u) {
+        if (valid(u)) {
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) {
+                const A gdy = dv[u][e] * g[u][e];
+                sum_g += gdy;
+                sum_gx += gdy * (xv[u][e] - mean) * rstd;
+            }
+        }
+    }
+}
+
+// One vector: dgamma / dbeta sums updated, x replaced by dx.
+template <int VEC, typename A>
+__device__ __forceinline__ void norm_fused_dx(A (&xv)[VEC], const A (&dv)[VEC], const A (&g)[VEC], A (&dg)[VEC],
+                                              A (&db)[VEC], A mean, A rstd, A mean_g, A mean_gx) {
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) {
+        const A xhat = (xv[e] - mean) * rstd;
+        dg[e] += dv[e] * xhat;
+        db[e] += dv[e];
+        xv[e] = rstd * (dv[e] * g[e] - mean_g - xhat * mean_gx);
+    }
+}
+
 // Layer / RMS norm backward with the parameter gradients fused (G == 1, S == 1,
 // NCHW: element j of every row is column j).  A persistent grid (the blocks
 // resident at once) walks rows blockIdx.x, + gridDim.x, ...; thread t owns
@@ -374,15 +421,7 @@ __global__ void norm_rows_backward_fused(const T* __restrict__ dy, const T* __re
     const index_t T_ = blockDim.x;
     const A count = A(M);
     A dg[NORM_FUSED_ITEMS][VEC], db[NORM_FUSED_ITEMS][VEC], g[NORM_FUSED_ITEMS][VEC];
-#pragma unroll
-    for (int u = 0; u < NORM_FUSED_ITEMS; ++u) {
-        const index_t vi = threadIdx.x + u * T_;
-#pragma unroll
-        for (int e = 0; e < VEC; ++e) {
-            dg[u][e] = db[u][e] = A(0);
-            g[u][e] = vi < Mv ? param_or(gamma, vi * VEC + e, A(1)) : A(0);
-        }
-    }
+    norm_fused_start(g, dg, db, gamma, Mv, [&](int u) -> index_t { return threadIdx.x + u * T_; });
     for (index_t row = blockIdx.x; row < rows; row += gridDim.x) {
         const A mean = rms ? A(0) : mean_in[row];
         const A rstd = rstd_in[row];
@@ -396,18 +435,10 @@ __global__ void norm_rows_backward_fused(const T* __restrict__ dy, const T* __re
             }
         }
         A sum_g = 0, sum_gx = 0;
-#pragma unroll
-        for (int u = 0; u < NORM_FUSED_ITEMS; ++u) {
+        norm_fused_sums(xv, dv, g, mean, rstd, sum_g, sum_gx, [&](int u) {
             const index_t vi = threadIdx.x + u * T_;
-            if (vi < Mv) {
-#pragma unroll
-                for (int e = 0; e < VEC; ++e) {
-                    const A gdy = dv[u][e] * g[u][e];
-                    sum_g += gdy;
-                    sum_gx += gdy * (xv[u][e] - mean) * rstd;
-                }
-            }
-        }
+            return vi < Mv;
+        });
         block_sum2(sum_g, sum_gx, scratch);
         const A mean_g = rms ? A(0) : sum_g / count;
         const A mean_gx = sum_gx / count;
@@ -415,13 +446,7 @@ __global__ void norm_rows_backward_fused(const T* __restrict__ dy, const T* __re
         for (int u = 0; u < NORM_FUSED_ITEMS; ++u) {
             const index_t vi = threadIdx.x + u * T_;
             if (vi < Mv) {
-#pragma unroll
-                for (int e = 0; e < VEC; ++e) {
-                    const A xhat = (xv[u][e] - mean) * rstd;
-                    dg[u][e] += dv[u][e] * xhat;
-                    db[u][e] += dv[u][e];
-                    xv[u][e] = rstd * (dv[u][e] * g[u][e] - mean_g - xhat * mean_gx);
-                }
+                norm_fused_dx(xv[u], dv[u], g[u], dg[u], db[u], mean, rstd, mean_g, mean_gx);
                 norm_store<T, VEC>(dx, row * M + vi * VEC, xv[u]);
             }
         }
@@ -1305,15 +1330,7 @@ __global__ void norm_rows_backward_fused_pipelined(const T* __restrict__ dy, con
         copy_async_commit();
     };
     A dg[I][VEC], db[I][VEC], g[I][VEC];
-#pragma unroll
-    for (int u = 0; u < I; ++u) {
-        const index_t vi = tid + u * nt;
-#pragma unroll
-        for (int e = 0; e < VEC; ++e) {
-            dg[u][e] = db[u][e] = A(0);
-            g[u][e] = vi < Mv ? param_or(gamma, vi * VEC + e, A(1)) : A(0);
-        }
-    }
+    norm_fused_start(g, dg, db, gamma, Mv, [&](int u) -> index_t { return tid + u * nt; });
     const long long first = blockIdx.x, step = gridDim.x;
 #pragma unroll
     for (int s = 0; s < NORM_STAGES - 1; ++s) issue(first + s * step, (unsigned)s);
@@ -1332,17 +1349,7 @@ __global__ void norm_rows_backward_fused_pipelined(const T* __restrict__ dy, con
             }
         }
         A sum_g = 0, sum_gx = 0;
-#pragma unroll
-        for (int u = 0; u < I; ++u) {
-            if (tid + u * nt < Mv) {
-#pragma unroll
-                for (int e = 0; e < VEC; ++e) {
-                    const A gdy = dv[u][e] * g[u][e];
-                    sum_g += gdy;
-                    sum_gx += gdy * (xv[u][e] - mean) * rstd;
-                }
-            }
-        }
+        norm_fused_sums(xv, dv, g, mean, rstd, sum_g, sum_gx, [&](int u) { return tid + u * nt < Mv; });
         block_sum2(sum_g, sum_gx, scratch);
         const A mean_g = rms ? A(0) : sum_g / count;
         const A mean_gx = sum_gx / count;
@@ -1351,13 +1358,7 @@ __global__ void norm_rows_backward_fused_pipelined(const T* __restrict__ dy, con
         for (int u = 0; u < I; ++u) {
             const index_t vi = tid + u * nt;
             if (vi < Mv) {
-#pragma unroll
-                for (int e = 0; e < VEC; ++e) {
-                    const A xhat = (xv[u][e] - mean) * rstd;
-                    dg[u][e] += dv[u][e] * xhat;
-                    db[u][e] += dv[u][e];
-                    xv[u][e] = rstd * (dv[u][e] * g[u][e] - mean_g - xhat * mean_gx);
-                }
+                norm_fused_dx(xv[u], dv[u], g[u], dg[u], db[u], mean, rstd, mean_g, mean_gx);
                 norm_store<T, VEC>(dxr, vi * VEC, xv[u]);
             }
         }
@@ -1422,6 +1423,8 @@ __global__ void norm_rows_forward_pipelined(const T* __restrict__ x, T* __restri
             b[u][e] = vi < Mv ? param_or(beta, vi * VEC + e, A(0)) : A(0);
         }
     }
+    // The ring walk of norm_rows_backward_fused_pipelined, written out: as one helper taking
+    // the row body as a lambda it changes both kernels' SASS (notes/dedupe.md).
     const long long first = blockIdx.x, step = gridDim.x;
 #pragma unroll
     for (int s = 0; s < NORM_STAGES - 1; ++s) issue(first + s * step, (unsigned)s);

@@ -121,9 +121,7 @@ template <typename A> __device__ __forceinline__ void block_online_merge(A& m, A
 // a value these kernels otherwise run out of issue slots before bandwidth.
 template <typename T> __device__ __forceinline__ acc_t<T> exp_for(acc_t<T> v) {
     if constexpr (sizeof(T) == 2) {
-        float r;
-        asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(v * 1.4426950408889634f));
-        return r;
+        return ex2_approx(v * 1.4426950408889634f);
     } else {
         return exp_acc(v);
     }
@@ -649,6 +647,22 @@ __global__ void __launch_bounds__(256) softmax_forward_channels_registers(const 
 #define CHANNEL_PACK_THREADS 512  // the most threads of a *_channels_packs block
 #define CHANNEL_PACK_BOUNDED_THREADS 256  // the forward's block when MINB > 1 blocks must share an SM
 
+// The shared-memory step of the column reductions below: lane tx < TW of each
+// warp (its butterfly's result) puts its N values at scratch[(warp * TW + tx) * N
+// ..], and after the barrier every thread takes warp 0's of its column; the
+// caller combines warps 1, 2, ... from scratch in order.
+template <int N, typename V>
+__device__ __forceinline__ void column_scratch_exchange(V (&v)[N], V* scratch, int lane, int warp, int tw, int tx) {
+    __syncthreads();  // scratch may still be read by the previous call
+    if (lane < tw) {
+#pragma unroll
+        for (int i = 0; i < N; ++i) scratch[(warp * tw + tx) * N + i] = v[i];
+    }
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < N; ++i) v[i] = scratch[tx * N + i];
+}
+
 // Reduce VEC values per thread over the CY threads of its tile column (same
 // tx): a butterfly over the lanes of a warp with the same tx (every lane gets
 // the same bits), then the warps' results through shared memory, combined in
@@ -666,14 +680,7 @@ __device__ __forceinline__ void column_reduce_packs(A (&v)[VEC], A* scratch) {
             v[e] = MAX ? fmax(v[e], o) : v[e] + o;
         }
     }
-    __syncthreads();  // scratch may still be read by the previous call
-    if (lane < tw) {
-#pragma unroll
-        for (int e = 0; e < VEC; ++e) scratch[(warp * tw + tx) * VEC + e] = v[e];
-    }
-    __syncthreads();
-#pragma unroll
-    for (int e = 0; e < VEC; ++e) v[e] = scratch[tx * VEC + e];
+    column_scratch_exchange(v, scratch, lane, warp, tw, tx);
     for (int w = 1; w < warps; ++w) {
 #pragma unroll
         for (int e = 0; e < VEC; ++e) {
@@ -890,20 +897,6 @@ __device__ __forceinline__ void copy16_wait_all() {
 #endif
 }
 
-// 1 / v within ~1 ulp (rcp.approx; the IEEE division costs ~10 instructions and a
-// slow-path branch a column, for outputs rounded to 16 bits).
-__device__ __forceinline__ float reciprocal_approx(float v) {
-    float r;
-    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(v));
-    return r;
-}
-
-__device__ __forceinline__ float exp2_approx(float v) {
-    float r;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(v));
-    return r;
-}
-
 // The column max of W words (2 W values) a thread: a butterfly over the lanes
 // with the same tx, then the warps' words through shared memory (as
 // column_reduce_packs, in words).
@@ -916,14 +909,7 @@ template <typename T, int W, int WARPS> __device__ __forceinline__ void column_m
 #pragma unroll
         for (int i = 0; i < W; ++i) v[i] = WordMath<T>::max(v[i], __shfl_xor_sync(0xffffffffu, v[i], off));
     }
-    __syncthreads();  // scratch may still be read by the previous call
-    if (lane < tw) {
-#pragma unroll
-        for (int i = 0; i < W; ++i) scratch[(warp * tw + tx) * W + i] = v[i];
-    }
-    __syncthreads();
-#pragma unroll
-    for (int i = 0; i < W; ++i) v[i] = scratch[tx * W + i];
+    column_scratch_exchange(v, scratch, lane, warp, tw, tx);
 #pragma unroll
     for (int w = 1; w < WARPS; ++w) {
 #pragma unroll
@@ -994,8 +980,13 @@ __global__ void __launch_bounds__(CHANNEL_WORDS_THREADS, MINB)
             offset[e] = fast ? -(m[e] * LOG2E) : m[e];
             s[e] = 0.0f;
         }
-        auto sum_pass = [&](auto form) {
+        // exp(x - m) of value x at position e, scaled by 2^-M when FAST.
+        auto exp_at = [&](auto form, float x, int e) {
             constexpr bool FAST = decltype(form)::value;
+            return ex2_approx(FAST ? fmaf(x, LOG2E, offset[e]) : (x - offset[e]) * LOG2E);
+        };
+        // word(k, i, lo, hi) on the two values of every word of the thread's rows k, then row_done(k).
+        auto each_word = [&](auto word, auto row_done) {
 #pragma unroll
             for (int k = 0; k < K; ++k) {
                 if (col.holds(k)) {
@@ -1003,35 +994,29 @@ __global__ void __launch_bounds__(CHANNEL_WORDS_THREADS, MINB)
                     for (int i = 0; i < W; ++i) {
                         float lo, hi;
                         WordMath<T>::unpack(word_of(v[k].raw, i), lo, hi);
-                        s[2 * i] += exp2_approx(FAST ? fmaf(lo, LOG2E, offset[2 * i]) : (lo - offset[2 * i]) * LOG2E);
-                        s[2 * i + 1] += exp2_approx(FAST ? fmaf(hi, LOG2E, offset[2 * i + 1])
-                                                         : (hi - offset[2 * i + 1]) * LOG2E);
+                        word(k, i, lo, hi);
                     }
+                    row_done(k);
                 }
             }
         };
+        auto sum_pass = [&](auto form) {
+            each_word([&](int, int i, float lo, float hi) {
+                s[2 * i] += exp_at(form, lo, 2 * i);
+                s[2 * i + 1] += exp_at(form, hi, 2 * i + 1);
+            }, [](int) {});
+        };
         auto write_pass = [&](auto form) {
-            constexpr bool FAST = decltype(form)::value;
-#pragma unroll
-            for (int k = 0; k < K; ++k) {
-                if (col.holds(k)) {
-#pragma unroll
-                    for (int i = 0; i < W; ++i) {
-                        float lo, hi;
-                        WordMath<T>::unpack(word_of(v[k].raw, i), lo, hi);
-                        if (LOG) {
-                            lo = (lo - m[2 * i]) - s[2 * i];
-                            hi = (hi - m[2 * i + 1]) - s[2 * i + 1];
-                        } else {
-                            lo = exp2_approx(FAST ? fmaf(lo, LOG2E, offset[2 * i]) : (lo - offset[2 * i]) * LOG2E) * s[2 * i];
-                            hi = exp2_approx(FAST ? fmaf(hi, LOG2E, offset[2 * i + 1])
-                                                  : (hi - offset[2 * i + 1]) * LOG2E) * s[2 * i + 1];
-                        }
-                        word_of(v[k].raw, i) = WordMath<T>::pack(lo, hi);
-                    }
-                    store_pack<T, VEC>(y + col.base + col.row(k) * col.inner, v[k]);
+            each_word([&](int k, int i, float lo, float hi) {
+                if (LOG) {
+                    lo = (lo - m[2 * i]) - s[2 * i];
+                    hi = (hi - m[2 * i + 1]) - s[2 * i + 1];
+                } else {
+                    lo = exp_at(form, lo, 2 * i) * s[2 * i];
+                    hi = exp_at(form, hi, 2 * i + 1) * s[2 * i + 1];
                 }
-            }
+                word_of(v[k].raw, i) = WordMath<T>::pack(lo, hi);
+            }, [&](int k) { store_pack<T, VEC>(y + col.base + col.row(k) * col.inner, v[k]); });
         };
         if (fast) sum_pass(bool_constant<true>());
         else sum_pass(bool_constant<false>());
@@ -1041,7 +1026,7 @@ __global__ void __launch_bounds__(CHANNEL_WORDS_THREADS, MINB)
             // log of the true sum = log s + (M - m log2(e)) ln 2, with r = m log2(e) - M
             // exactly (fma); 1 / s for softmax.
             if (LOG) s[e] = fast ? logf(s[e]) - fmaf(m[e], LOG2E, offset[e]) * LN2 : logf(s[e]);
-            else s[e] = reciprocal_approx(s[e]);
+            else s[e] = rcp_approx(s[e]);
         }
         if (fast) write_pass(bool_constant<true>());
         else write_pass(bool_constant<false>());
