@@ -18,7 +18,7 @@ for step in "$@"; do
         main) OUT=$L timeout 60 bash scripts/gpu_suite.sh main > "$L/main.txt" 2>&1; stamp "main rc $?" ;;
         overhead) OUT=$L timeout 90 bash scripts/gpu_suite.sh overhead > "$L/overhead.txt" 2>&1; stamp "overhead rc $?" ;;
         ab:*) f=${step#ab:}; n=$(basename "$f" .py); PYTHONPATH=$PWD PYTHONUNBUFFERED=1 timeout 200 python "$f" > "$L/ab_$n.txt" 2>&1; stamp "ab $n rc $?" ;;
-        sh:*) f=${step#sh:}; n=$(basename "$f" .sh); rm -rf /tmp/shcopy; cp -r . /tmp/shcopy; (cd /tmp/shcopy && OUT=$L/$n timeout 260 bash "$f" > "$L/sh_$n.txt" 2>&1); stamp "sh $n rc $?" ;;
+        sh:*) f=${step#sh:}; n=$(basename "$f" .sh); rm -rf /tmp/shcopy; cp -r . /tmp/shcopy; (cd /tmp/shcopy && OUT=$L/$n timeout ${SH_S:-260} bash "$f" > "$L/sh_$n.txt" 2>&1); stamp "sh $n rc $?" ;;
         bench:*) s=${step#bench:}; left=$(( ${DEADLINE_S:-100000} - ($(date +%s) - T0) )); [ "$left" -gt 260 ] && left=260; [ "$left" -lt 20 ] && { stamp "bench $s skipped (deadline)"; continue; }
                  OUT=$L/bench_$s timeout $left bash scripts/gpu_suite.sh bench $s > "$L/bench_$s.txt" 2>&1; stamp "bench $s rc $?" ;;
     esac
