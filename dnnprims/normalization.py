@@ -71,6 +71,12 @@ FAMILY = KernelFamily("batchnorm.cu", [
       for t, p in _TYPE_PAIRS for i in _INDEX_TYPES for v in (1, _VECTOR[t])),
     *(f"batchnorm_rows_{k}_resident<{t}, {p}, {i}, {v}>" for k in ("train", "backward")
       for t, p in _TYPE_PAIRS for i in _INDEX_TYPES for v in (1, _VECTOR[t])),
+    *(f"batchnorm_rows_train_resident<{t}, {p}, {i}, {v}, true>"
+      for t, p in _TYPE_PAIRS if t != "double" for i in _INDEX_TYPES for v in (1, _VECTOR[t])),
+    *(f"batchnorm_rows_train_resident<{t}, {p}, {i}, 8, {one}, true>"
+      for t, p in _TYPE_PAIRS if _VECTOR[t] == 8 for i in _INDEX_TYPES for one in _BOOL),
+    *(f"batchnorm_rows_backward_resident<{t}, {p}, {i}, 8, true>"
+      for t, p in _TYPE_PAIRS if _VECTOR[t] == 8 for i in _INDEX_TYPES),
 ])
 
 _BLOCK = 256  # BN_THREADS in kernels/batchnorm.cu
@@ -132,7 +138,8 @@ def _forward_key(x, gamma, beta, running_mean, running_var, training, momentum, 
             type(momentum), momentum, type(eps), eps, layout, FUSED, FUSED_PREFETCH,
             FUSED_FORWARD_MIN_BYTES, FLAT_INFERENCE, PACKED_INFERENCE, PACKED_INFERENCE_ROWS,
             PACKED_UNROLL, PACKED_ROWS_UNROLL, GROUPED, ROWS_FUSED, ROWS_FUSED_MIN_ROWS, ROWS_RESIDENT,
-            ROWS_CACHE_BYTES, ROWS_L2_WINDOW, CLUSTER, CLUSTER_BLOCK_BYTES, CLUSTER_MIN_BYTES,
+            ROWS_CACHE_BYTES, ROWS_L2_WINDOW, ROWS_TRAIN_ONE_COUNT, ROWS_16BIT_WORDS, CLUSTER,
+            CLUSTER_BLOCK_BYTES, CLUSTER_MIN_BYTES,
             CLUSTER_MIN_PLANE_BYTES, STRIDED, STRIDED_TYPES,
             _current_device(), _kernels.stream_key(_current_stream().ptr))
 
@@ -147,7 +154,7 @@ def _backward_key(dy, x, gamma, mean, invstd, eps, layout):
     return ("backward", dy.shape, dy.dtype, dy_data.device_id, x.shape, x.dtype, x_data.device_id,
             _vector_key(gamma), _vector_key(mean), _vector_key(invstd), type(eps), eps, layout, FUSED,
             FUSED_BACKWARD_16BIT_SPLITS, GROUPED, ROWS_FUSED, ROWS_FUSED_MIN_ROWS, ROWS_RESIDENT, ROWS_CACHE_BYTES,
-            ROWS_L2_WINDOW, CLUSTER, CLUSTER_BACKWARD,
+            ROWS_L2_WINDOW, ROWS_16BIT_WORDS, CLUSTER, CLUSTER_BACKWARD,
             CLUSTER_BLOCK_BYTES, CLUSTER_MIN_BYTES, CLUSTER_MIN_PLANE_BYTES, STRIDED, STRIDED_TYPES,
             _current_device(), _kernels.stream_key(_current_stream().ptr))
 
@@ -713,6 +720,18 @@ ROWS_CACHE_BYTES = None
 # in training (fp32 +2.8 % over the fused kernel, fp16 +17 %) and in the fp16
 # backward (+21 %); the fp32 backward lost 1.6 % with hints, none +0.2 %.
 ROWS_L2_WINDOW = (("train", 2, 0.25), ("train", 4, 0.25), ("backward", 2, 0.25))
+# Item sizes whose resident training forward computes a thread's batch statistics
+# with one count for its channels (RowsTrainOp ONE_COUNT: 1 division a batch instead
+# of 2 a channel; bitwise the same results).  The 16-bit forward ran at 0.65 of copy
+# against fp32's 0.90 (notes/bn16nhwc.md: 16 IEEE divisions a batch of 4 rows).
+# H100 A/B, 64x56x56x256 (session 10): fp16 0.1583 -> 0.1493 ms, bf16 0.1587 -> 0.1492
+# (+6 %); float32 with it (4) +0.6 %, under the rule's 1 %.  Plan and fast keys.
+ROWS_TRAIN_ONE_COUNT = (2,)
+# 16-bit resident kernels (both directions) carry rows as 32-bit words (RowWords:
+# no 16-bit register moves, pairs converted at once; bitwise the same results).
+# Off: the same A/B had it 1-1.4 % slower in training and no faster backward
+# (fp16 0.2056 off, 0.2064 on).  Plan and fast keys.
+ROWS_16BIT_WORDS = False
 _SHARED_RESERVED = 1024  # the driver's shared memory per block (sm_80+)
 _ROWS_STATIC_BYTES = 1024  # the resident kernels' static shared memory (the merge), rounded up
 
@@ -759,6 +778,17 @@ def _rows_resident_launch(cp, rows, spec, channels, tensors, itemsize):
     if work.arrive.size < 4:
         work.arrive = cp.zeros(max(4, 2 * channels), np.uint32)
     return (gx, rows.groups), lanes, work, cached, window, cached * per_batch
+
+
+def _rows_resident_flags(rows, one_count=None):
+    """The template flags after VEC of a resident kernel's expression (None: the
+    defaults): ONE_COUNT (training forward only: one_count not None), WORDS."""
+    words = ROWS_16BIT_WORDS and rows.vec == 8
+    if one_count is None:
+        return "true" if words else None
+    if words:
+        return f"{_BOOL[one_count]}, true"
+    return "true" if one_count else None
 
 
 def _fused_rows_batch(t, vec, tensors):
@@ -1230,7 +1260,8 @@ def _rows_forward_plan(cp, x, y, pdtype, channels, rows_count, inner, training, 
     key = ("rows", cp.cuda.runtime.getDevice(), _stream(cp), x.shape, x.dtype,
            np.dtype(pdtype), channels, aligned, training, update, float(momentum), float(eps), no_gamma, no_beta,
            ROWS_FUSED, ROWS_FUSED_MIN_ROWS, PACKED_INFERENCE, PACKED_INFERENCE_ROWS,
-           PACKED_ROWS_UNROLL, ROWS_RESIDENT, ROWS_CACHE_BYTES, ROWS_L2_WINDOW)
+           PACKED_ROWS_UNROLL, ROWS_RESIDENT, ROWS_CACHE_BYTES, ROWS_L2_WINDOW, ROWS_TRAIN_ONE_COUNT,
+           ROWS_16BIT_WORDS)
     return _cached_plan(key, lambda: _build_rows_forward_plan(
         cp, x, pdtype, channels, rows_count, training, update, float(momentum), float(eps), no_gamma, no_beta,
         aligned))
@@ -1259,7 +1290,8 @@ def _build_rows_forward_plan(cp, x, pdtype, channels, rows_count, training, upda
                                        shared_mem=shared))
         return _Plan(launches, aligned, stats)
     if training and fused_allowed and ROWS_FUSED and ROWS_RESIDENT:
-        spec = rows.spec("train_resident", pt)
+        flags = _rows_resident_flags(rows, x.itemsize in ROWS_TRAIN_ONE_COUNT and rows.t != "double")
+        spec = rows.spec("train_resident", pt, flag=flags)
         launch = _rows_resident_launch(cp, rows, spec, channels, 1, x.itemsize)
         if launch is not None:
             grid, lanes, work, cached, window, shared = launch
@@ -1317,7 +1349,7 @@ def _rows_backward_plan(cp, x, dy, dx, pdtype, channels, rows_count, inner, reco
     aligned = not (x.data.ptr | dy.data.ptr | dx.data.ptr) & 15
     key = ("rows backward", cp.cuda.runtime.getDevice(), _stream(cp), x.shape, x.dtype,
            np.dtype(pdtype), channels, aligned, recompute, float(eps), no_gamma, ROWS_FUSED,
-           ROWS_FUSED_MIN_ROWS, ROWS_RESIDENT, ROWS_CACHE_BYTES, ROWS_L2_WINDOW)
+           ROWS_FUSED_MIN_ROWS, ROWS_RESIDENT, ROWS_CACHE_BYTES, ROWS_L2_WINDOW, ROWS_16BIT_WORDS)
     return _cached_plan(key, lambda: _build_rows_backward_plan(
         cp, x, pdtype, channels, rows_count, recompute, float(eps), no_gamma, aligned))
 
@@ -1339,7 +1371,7 @@ def _build_rows_backward_plan(cp, x, pdtype, channels, rows_count, recompute, ep
     else:
         mean, invstd = A.ARRAY2, A.ARRAY3
     if fused_allowed and ROWS_FUSED and ROWS_RESIDENT:
-        spec = rows.spec("backward_resident", pt)
+        spec = rows.spec("backward_resident", pt, flag=_rows_resident_flags(rows))
         launch = _rows_resident_launch(cp, rows, spec, channels, 2, x.itemsize)
         if launch is not None:
             grid, lanes, work, cached, window, shared = launch

@@ -2254,7 +2254,14 @@ __device__ __forceinline__ void rows_fused(Op& op, const T* const (&src)[Op::K],
 
 // Training forward: partials (count, mean, M2) per channel; the merged channel
 // writes mean / invstd / running statistics; y = (x - mean) * scale + shift.
-template <typename T, typename P, int VEC>
+// ONE_COUNT (the resident kernel's 16-bit types, switch
+// normalization.ROWS_TRAIN_ONE_COUNT; notes/bn16nhwc.md): the VEC channels of a
+// thread see the same rows, so their counts are equal and the batch mean's
+// divisor and chan_merge's nb / n are computed once a batch instead of once a
+// channel (16 IEEE divisions a batch of 4 half rows -> 1), and a whole batch's
+// mean is s * (1 / B) (B a power of two: exact, the same bits as s / B).  The
+// same operations on the same operands: bitwise the results of ONE_COUNT false.
+template <typename T, typename P, int VEC, bool ONE_COUNT = false>
 struct RowsTrainOp {
     typedef acc_t<T> A;
     static constexpr int K = 1, Q = 3;
@@ -2276,6 +2283,10 @@ struct RowsTrainOp {
     // Exact two-pass statistics of the batch's `rows` rows, Chan-merged in.
     template <int B>
     __device__ __forceinline__ void accumulate(const A (&vals)[K][B][VEC], int rows) {
+        if constexpr (ONE_COUNT) {
+            accumulate_one_count(vals, rows);
+            return;
+        }
         const A nb = A(rows);
 #pragma unroll
         for (int v = 0; v < VEC; ++v) {
@@ -2290,6 +2301,47 @@ struct RowsTrainOp {
                 if (i < rows) q += d * d;
             }
             chan_merge(part[0][v], part[1][v], part[2][v], nb, mb, q);
+        }
+    }
+    // accumulate with ONE_COUNT: chan_merge's steps with the count and f = nb / n
+    // shared by the VEC channels (part[0][v] all hold the same count).
+    template <int B>
+    __device__ __forceinline__ void accumulate_one_count(const A (&vals)[K][B][VEC], int rows) {
+        static_assert((B & (B - 1)) == 0, "1 / B must be exact");
+        const A nb = A(rows), na = part[0][0];
+        const bool whole = rows == B;
+        A mb[VEC], q[VEC];
+#pragma unroll
+        for (int v = 0; v < VEC; ++v) {
+            A s = 0;
+#pragma unroll
+            for (int i = 0; i < B; ++i) s += vals[0][i][v];
+            mb[v] = whole ? __fmul_rn(s, A(1) / A(B)) : s / nb;
+            A sq = 0;
+#pragma unroll
+            for (int i = 0; i < B; ++i) {
+                const A d = vals[0][i][v] - mb[v];
+                if (i < rows) sq += d * d;
+            }
+            q[v] = sq;
+        }
+        if (nb == A(0)) return;
+        if (na == A(0)) {
+#pragma unroll
+            for (int v = 0; v < VEC; ++v) {
+                part[0][v] = nb;
+                part[1][v] = mb[v];
+                part[2][v] = q[v];
+            }
+            return;
+        }
+        const A n = na + nb, f = nb / n;
+#pragma unroll
+        for (int v = 0; v < VEC; ++v) {
+            const A delta = mb[v] - part[1][v];
+            part[1][v] = part[1][v] + delta * f;
+            part[2][v] = part[2][v] + q[v] + delta * delta * na * f;
+            part[0][v] = n;
         }
     }
     __device__ __forceinline__ static void combine(A (&a)[Q], const A (&b)[Q]) {
@@ -2491,32 +2543,133 @@ __device__ __forceinline__ void store_pack_cs(T* __restrict__ p, index_t off, co
 }
 
 
+// 16-bit rows as 32-bit words (WORDS; switch normalization.ROWS_16BIT_WORDS,
+// notes/bn16nhwc.md).  A Pack of 8 half_t is 8 16-bit values to the compiler:
+// pass 1's zero fill, the copies into registers / shared memory and the
+// conversions became ~100 PRMT byte moves a batch in the backward (SASS).  As
+// four words a row is moved whole, converted half by half (cvt.f32.f16 of a
+// word's halves; bf16: a shift or a mask) and stored from pairs converted at
+// once (cvt.rn.{f16,bf16}x2.f32: the same rounding as two single conversions).
+// Same values, same arithmetic: bitwise the results of Pack.
+template <typename T, int VEC>
+struct alignas(16) RowWords {
+    unsigned w[VEC * sizeof(T) / 4];
+};
+
+template <bool WORDS, typename T, int VEC> struct row_pack { typedef Pack<T, VEC> type; };
+template <typename T, int VEC> struct row_pack<true, T, VEC> { typedef RowWords<T, VEC> type; };
+
+template <typename T, int VEC>
+__device__ __forceinline__ void zero_row(Pack<T, VEC>& pk) {
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) pk.v[v] = store<T>(acc_t<T>(0));
+}
+
+template <typename T, int VEC>
+__device__ __forceinline__ void zero_row(RowWords<T, VEC>& pk) {
+#pragma unroll
+    for (int i = 0; i < VEC * (int)sizeof(T) / 4; ++i) pk.w[i] = 0u;
+}
+
+template <typename T, int VEC>
+__device__ __forceinline__ acc_t<T> row_value(const Pack<T, VEC>& pk, int v) {
+    return acc_t<T>(load(pk.v[v]));
+}
+
+// Value `high` (0: low half, 1: high half) of a word of two 16-bit values.
+__device__ __forceinline__ float word_value(unsigned w, int high, half_t) {
+    float f;
+    if (high)
+        asm("{ .reg .b16 lo, hi; mov.b32 {lo, hi}, %1; cvt.f32.f16 %0, hi; }" : "=f"(f) : "r"(w));
+    else
+        asm("{ .reg .b16 lo, hi; mov.b32 {lo, hi}, %1; cvt.f32.f16 %0, lo; }" : "=f"(f) : "r"(w));
+    return f;
+}
+
+__device__ __forceinline__ float word_value(unsigned w, int high, bfloat16_t) {
+    return __uint_as_float(high ? (w & 0xffff0000u) : (w << 16));
+}
+
+template <typename T, int VEC>
+__device__ __forceinline__ float row_value(const RowWords<T, VEC>& pk, int v) {
+    return word_value(pk.w[v >> 1], v & 1, T());
+}
+
+// A word of two values (lo in the low half), each rounded as store<T> rounds.
+__device__ __forceinline__ unsigned word_of(float lo, float hi, half_t) {
+    unsigned w;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(w) : "f"(hi), "f"(lo));
+#else
+    w = (unsigned)store<half_t>(lo).bits | ((unsigned)store<half_t>(hi).bits << 16);
+#endif
+    return w;
+}
+
+__device__ __forceinline__ unsigned word_of(float lo, float hi, bfloat16_t) {
+    unsigned w;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(w) : "f"(hi), "f"(lo));
+#else
+    w = (unsigned)store<bfloat16_t>(lo).bits | ((unsigned)store<bfloat16_t>(hi).bits << 16);
+#endif
+    return w;
+}
+
+template <typename T, int VEC, typename index_t>
+__device__ __forceinline__ void load_pack_cs(const T* __restrict__ p, index_t off, RowWords<T, VEC>& out,
+                                             bool first) {
+    if (first) {
+        asm("ld.global.cs.v4.u32 {%0, %1, %2, %3}, [%4];"
+            : "=r"(out.w[0]), "=r"(out.w[1]), "=r"(out.w[2]), "=r"(out.w[3]) : "l"(p + off));
+        return;
+    }
+    out = *reinterpret_cast<const RowWords<T, VEC>*>(p + off);
+}
+
+// store_pack_cs, or with WORDS the row converted a pair at a time.
+template <bool WORDS, typename T, int VEC, typename index_t>
+__device__ __forceinline__ void store_row_cs(T* __restrict__ p, index_t off, const acc_t<T> (&in)[VEC], bool first) {
+    if constexpr (WORDS) {
+        RowWords<T, VEC> pk;
+#pragma unroll
+        for (int i = 0; i < VEC / 2; ++i) pk.w[i] = word_of(in[2 * i], in[2 * i + 1], T());
+        if (first) {
+            asm volatile("st.global.cs.v4.u32 [%0], {%1, %2, %3, %4};"
+                         :: "l"(p + off), "r"(pk.w[0]), "r"(pk.w[1]), "r"(pk.w[2]), "r"(pk.w[3]) : "memory");
+            return;
+        }
+        *reinterpret_cast<RowWords<T, VEC>*>(p + off) = pk;
+    } else {
+        store_pack_cs<T, VEC>(p, off, in, first);
+    }
+}
+
+
 // Pass 1 of the resident kernels: as rows_first_pass, with the loads' L2
 // priority chosen per batch and the on-chip batches kept as storage packs
 // (registers: keep; dynamic shared memory: cache[((k * cached + back - 1) * B
 // + i) * BN_THREADS + thread]).
-template <int B, typename Op, typename T, int VEC, typename index_t>
+template <int B, typename S, typename Op, typename T, typename index_t>
 __device__ __forceinline__ void rows_resident_first_pass(Op& op, const T* const (&src)[Op::K], const RowLanes& rl,
                                                          index_t M, int C, index_t col, index_t batches,
-                                                         Pack<T, VEC> (&keep)[Op::K][B],
-                                                         Pack<T, VEC>* __restrict__ cache, int cached,
+                                                         S (&keep)[Op::K][B], S* __restrict__ cache, int cached,
                                                          int window) {
     typedef acc_t<T> A;
-    constexpr int K = Op::K;
+    constexpr int K = Op::K, VEC = (int)(sizeof(S) / sizeof(T));
     for (index_t j = 0; j < batches; ++j) {
         const index_t first = (j * rl.L + rl.lane) * B;
         const index_t back = batches - 1 - j;  // 0: the last batch
         const bool evict_first = window >= 0 && (back <= cached || back > cached + window);
-        Pack<T, VEC> pk[K][B];
+        S pk[K][B];
 #pragma unroll
         for (int i = 0; i < B; ++i) {
 #pragma unroll
             for (int k = 0; k < K; ++k) {
                 if (first + i < M) {
-                    load_pack_cs<T, VEC>(src[k], (first + i) * C + col, pk[k][i], evict_first);
+                    load_pack_cs(src[k], (first + i) * C + col, pk[k][i], evict_first);
                 } else {
-#pragma unroll
-                    for (int v = 0; v < VEC; ++v) pk[k][i].v[v] = store<T>(A(0));
+                    zero_row(pk[k][i]);
                 }
             }
         }
@@ -2539,32 +2692,31 @@ __device__ __forceinline__ void rows_resident_first_pass(Op& op, const T* const 
 #pragma unroll
             for (int i = 0; i < B; ++i)
 #pragma unroll
-                for (int v = 0; v < VEC; ++v) vals[k][i][v] = A(load(pk[k][i].v[v]));
+                for (int v = 0; v < VEC; ++v) vals[k][i][v] = row_value(pk[k][i], v);
         op.accumulate(vals, (int)(M - first < (index_t)B ? M - first : (index_t)B));
     }
 }
 
 // Row i of packs as acc_t values, in the [K][1][VEC] shape Op::map takes.
-template <int K, int B, typename T, int VEC>
-__device__ __forceinline__ void unpack_row(const Pack<T, VEC> (&pk)[K][B], int i, acc_t<T> (&row)[K][1][VEC]) {
+template <int K, int B, typename T, int VEC, typename S>
+__device__ __forceinline__ void unpack_row(const S (&pk)[K][B], int i, acc_t<T> (&row)[K][1][VEC]) {
 #pragma unroll
     for (int k = 0; k < K; ++k)
 #pragma unroll
-        for (int v = 0; v < VEC; ++v) row[k][0][v] = acc_t<T>(load(pk[k][i].v[v]));
+        for (int v = 0; v < VEC; ++v) row[k][0][v] = row_value(pk[k][i], v);
 }
 
 // Pass 2 of the resident kernels: op.map of the register batch, the cached
 // batches (last to first), then the other batches last to first -- the first
 // of them are the L2 window; evict-first loads and stores when window >= 0.
-template <int B, typename Op, typename T, int VEC, typename index_t>
+template <int B, bool WORDS, typename S, typename Op, typename T, typename index_t>
 __device__ __forceinline__ void rows_resident_second_pass(const Op& op, const T* const (&src)[Op::K],
                                                           T* __restrict__ dst, const RowLanes& rl, index_t M,
                                                           int C, index_t col, index_t batches,
-                                                          const Pack<T, VEC> (&keep)[Op::K][B],
-                                                          const Pack<T, VEC>* __restrict__ cache, int cached,
-                                                          int window) {
+                                                          const S (&keep)[Op::K][B], const S* __restrict__ cache,
+                                                          int cached, int window) {
     typedef acc_t<T> A;
-    constexpr int K = Op::K;
+    constexpr int K = Op::K, VEC = (int)(sizeof(S) / sizeof(T));
     const bool hint = window >= 0;
     {  // the last batch, from registers
         const index_t first = ((batches - 1) * rl.L + rl.lane) * B;
@@ -2574,14 +2726,14 @@ __device__ __forceinline__ void rows_resident_second_pass(const Op& op, const T*
                 A row[K][1][VEC], out[VEC];
                 unpack_row<K, B, T, VEC>(keep, i, row);
                 op.map(row, 0, out);
-                store_pack_cs<T, VEC>(dst, (first + i) * C + col, out, hint);
+                store_row_cs<WORDS, T, VEC>(dst, (first + i) * C + col, out, hint);
             }
         }
     }
     const int on_chip = (index_t)cached < batches - 1 ? cached : (int)(batches - 1);
     for (int back = 1; back <= on_chip; ++back) {  // the cached batches
         const index_t first = ((batches - 1 - back) * rl.L + rl.lane) * B;
-        Pack<T, VEC> pk[K][B];
+        S pk[K][B];
 #pragma unroll
         for (int k = 0; k < K; ++k)
 #pragma unroll
@@ -2591,41 +2743,42 @@ __device__ __forceinline__ void rows_resident_second_pass(const Op& op, const T*
             A row[K][1][VEC], out[VEC];
             unpack_row<K, B, T, VEC>(pk, i, row);
             op.map(row, 0, out);
-            store_pack_cs<T, VEC>(dst, (first + i) * C + col, out, hint);
+            store_row_cs<WORDS, T, VEC>(dst, (first + i) * C + col, out, hint);
         }
     }
     for (index_t j = batches - 2 - on_chip; j >= 0; --j) {  // the rest, last to first
         const index_t first = (j * rl.L + rl.lane) * B;
-        Pack<T, VEC> pk[K][B];
+        S pk[K][B];
 #pragma unroll
         for (int i = 0; i < B; ++i)
 #pragma unroll
-            for (int k = 0; k < K; ++k) load_pack_cs<T, VEC>(src[k], (first + i) * C + col, pk[k][i], hint);
+            for (int k = 0; k < K; ++k) load_pack_cs(src[k], (first + i) * C + col, pk[k][i], hint);
 #pragma unroll
         for (int i = 0; i < B; ++i) {
             A row[K][1][VEC], out[VEC];
             unpack_row<K, B, T, VEC>(pk, i, row);
             op.map(row, 0, out);
-            store_pack_cs<T, VEC>(dst, (first + i) * C + col, out, hint);
+            store_row_cs<WORDS, T, VEC>(dst, (first + i) * C + col, out, hint);
         }
     }
 }
 
 // The resident kernel for an op: rows_fused with the passes above.
-template <typename T, int VEC, typename Op, typename index_t>
+template <typename T, int VEC, bool WORDS, typename Op, typename index_t>
 __device__ __forceinline__ void rows_resident(Op& op, const T* const (&src)[Op::K], T* __restrict__ dst,
                                               acc_t<T>* const (&parts)[Op::Q], index_t M, int C, int cols,
                                               int cached, int window, unsigned* __restrict__ arrive) {
     constexpr int K = Op::K, Q = Op::Q;
     constexpr int B = fused_rows_batch<T, VEC, K>();
+    typedef typename row_pack<WORDS, T, VEC>::type S;
     extern __shared__ __align__(16) unsigned char rows_cache_bytes[];
-    Pack<T, VEC>* cache = reinterpret_cast<Pack<T, VEC>*>(rows_cache_bytes);
+    S* cache = reinterpret_cast<S*>(rows_cache_bytes);
     const RowLanes rl(cols);
     const bool active = rl.active(C / VEC);
     const index_t col = (index_t)rl.cv * VEC;
     const index_t batches = active ? lane_batches<B>(rl, M) : 0;
     op.start(rl, active);
-    Pack<T, VEC> keep[K][B];
+    S keep[K][B];
     rows_resident_first_pass<B>(op, src, rl, M, C, col, batches, keep, cache, cached, window);
     if (active) {
 #pragma unroll
@@ -2643,11 +2796,13 @@ __device__ __forceinline__ void rows_resident(Op& op, const T* const (&src)[Op::
     const bool merged_all = channel_barrier(arrive, 1, 2, blocks);
     if (!active || batches == 0) return;
     op.prepare(rl, M, C, merged_all);
-    rows_resident_second_pass<B>(op, src, dst, rl, M, C, col, batches, keep, cache, cached, window);
+    rows_resident_second_pass<B, WORDS>(op, src, dst, rl, M, C, col, batches, keep, cache, cached, window);
 }
 
 // Two blocks an SM (the grid is resident; pass 1 needs the loads of two blocks in flight).
-template <typename T, typename P, typename index_t, int VEC>
+// ONE_COUNT: RowsTrainOp's shared-count statistics; WORDS: 16-bit rows as 32-bit
+// words (RowWords).  Both give bitwise the results of false.
+template <typename T, typename P, typename index_t, int VEC, bool ONE_COUNT = false, bool WORDS = false>
 __global__ void __launch_bounds__(BN_THREADS, 2)
 batchnorm_rows_train_resident(const T* __restrict__ x, T* __restrict__ y, acc_t<T>* __restrict__ part_n,
                               acc_t<T>* __restrict__ part_mean, acc_t<T>* __restrict__ part_m2,
@@ -2656,7 +2811,7 @@ batchnorm_rows_train_resident(const T* __restrict__ x, T* __restrict__ y, acc_t<
                               const P* __restrict__ gamma, const P* __restrict__ beta, index_t M, int C, int cols,
                               acc_t<T> eps, acc_t<T> momentum, acc_t<T> unbias, int update_running, int cached,
                               int window, unsigned* __restrict__ arrive) {
-    RowsTrainOp<T, P, VEC> op;
+    RowsTrainOp<T, P, VEC, ONE_COUNT> op;
     op.mean_out = mean_out;
     op.invstd_out = invstd_out;
     op.running_mean = running_mean;
@@ -2669,10 +2824,10 @@ batchnorm_rows_train_resident(const T* __restrict__ x, T* __restrict__ y, acc_t<
     op.update_running = update_running;
     const T* const src[1] = {x};
     acc_t<T>* const parts[3] = {part_n, part_mean, part_m2};
-    rows_resident<T, VEC>(op, src, y, parts, M, C, cols, cached, window, arrive);
+    rows_resident<T, VEC, WORDS>(op, src, y, parts, M, C, cols, cached, window, arrive);
 }
 
-template <typename T, typename P, typename index_t, int VEC>
+template <typename T, typename P, typename index_t, int VEC, bool WORDS = false>
 __global__ void __launch_bounds__(BN_THREADS, 2)
 batchnorm_rows_backward_resident(const T* __restrict__ x, const T* __restrict__ dy,
                                  const acc_t<T>* __restrict__ mean, const acc_t<T>* __restrict__ invstd,
@@ -2690,5 +2845,5 @@ batchnorm_rows_backward_resident(const T* __restrict__ x, const T* __restrict__ 
     op.C = C;
     const T* const src[2] = {x, dy};
     acc_t<T>* const parts[2] = {part_g, part_gx};
-    rows_resident<T, VEC>(op, src, dx, parts, M, C, cols, cached, window, arrive);
+    rows_resident<T, VEC, WORDS>(op, src, dx, parts, M, C, cols, cached, window, arrive);
 }

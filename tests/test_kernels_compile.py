@@ -26,6 +26,9 @@ _INLINE_PTX = [("row_normalization.cu", "gn_rows_backward_pipelined<"),
                ("batchnorm.cu", "batchnorm_train_cluster<"),
                # the resident rows kernels' evict-first loads / stores (one 16-byte specialisation)
                ("batchnorm.cu", "batchnorm_rows_train_resident<half_t, float, int, 8>"),
+               # their 16-bit rows as words (cvt.f32.f16 of a word's halves, cvt.rn.{f16,bf16}x2.f32)
+               ("batchnorm.cu", "batchnorm_rows_train_resident<half_t, float, int, 8, true, true>"),
+               ("batchnorm.cu", "batchnorm_rows_backward_resident<bfloat16_t, float, int, 8, true>"),
                ("row_normalization.cu", "gn_rows_backward_cluster<")]
 
 

@@ -677,6 +677,57 @@ def test_channel_last_resident_kernels_equal_the_fused_ones(gpu, rng, monkeypatc
         assert_close(a, e, dtype, what=what)
 
 
+@pytest.mark.parametrize("resident,window", [(1, "default"), (6, None), (None, "default")])
+@pytest.mark.parametrize("dtype", [np.float16, _dtypes.BFLOAT16, np.float32])
+@pytest.mark.parametrize("x_shape", [(8, 5, 7, 32), (3, 4, 4, 13), (3000, 40), (1, 3, 1, 16), (5, 7, 9, 24)])
+def test_channel_last_resident_flags_are_bitwise(gpu, rng, monkeypatch, resident, window, dtype, x_shape):
+    """The resident kernels' flags (ROWS_TRAIN_ONE_COUNT: one count and nb / n per
+    thread's channels, 1 / B for whole batches; ROWS_16BIT_WORDS: 16-bit rows as
+    32-bit words) give BITWISE the results of the kernels without them, whole and
+    partial batches (5x7x9 rows: lanes end mid-batch), every cached batch and the
+    reverse walk (1 / 6 resident blocks), with and without hints; the plans hold
+    the flagged expressions exactly when they are on (WORDS: vectorised 16-bit only)."""
+    from dnnprims import normalization
+    monkeypatch.setattr(normalization, "_RESIDENT", {})
+    if resident is not None:
+        monkeypatch.setattr(normalization, "_resident_blocks", lambda cp, kernel: resident)
+    if window != "default":
+        monkeypatch.setattr(normalization, "ROWS_L2_WINDOW", window)
+    pdtype = np.float32
+    x_host = random_array(rng, x_shape, dtype, low=-1, high=3)
+    dy_host = random_array(rng, x_shape, dtype)
+    gamma, beta = _params(rng, x_shape, "NHWC", pdtype)
+    c = gamma.shape[0]
+    x, dy, g, b = (gpu.asarray(a) for a in (x_host, dy_host, gamma, beta))
+    rm0, rv0 = random_array(rng, (c,), pdtype), random_array(rng, (c,), pdtype, 0.5, 2)
+    got = {}
+    for on in (True, False):
+        monkeypatch.setattr(normalization, "ROWS_TRAIN_ONE_COUNT", (2, 4) if on else ())
+        monkeypatch.setattr(normalization, "ROWS_16BIT_WORDS", on)
+        _fresh_plans(monkeypatch)
+        rm, rv = gpu.asarray(rm0), gpu.asarray(rv0)
+        for _ in range(2):
+            y, mean, invstd = batchnorm(x, g, b, rm, rv, momentum=0.3, layout="NHWC", return_stats=True)
+        dx, dg, db = batchnorm_backward(dy, x, g, layout="NHWC", mean=mean, invstd=invstd)
+        got[on] = [_host(a) for a in (y, mean, invstd, rm, rv, dx, dg, db)]
+        specs = [spec for plan in normalization._PLANS.values() for spec in _plan_specs(plan)]
+        resident_specs = [spec for spec in specs if "_resident<" in spec]
+        assert resident_specs, specs
+        words = on and c % 8 == 0 and np.dtype(dtype).itemsize == 2
+        for spec in resident_specs:
+            flags = [a.strip() for a in spec.rstrip(">").split(",")[4:]]
+            expect = (["true"] if on and "train" in spec else []) + (["true"] if words else [])
+            assert flags == expect, spec
+    for a, b_, what in zip(got[True], got[False], ("y", "mean", "invstd", "rm", "rv", "dx", "dg", "db")):
+        np.testing.assert_array_equal(a.view(np.uint8), b_.view(np.uint8), err_msg=what)
+    f64 = lambda a: _host(a).astype(np.float64)  # noqa: E731
+    y64 = batchnorm(f64(x_host), f64(gamma), f64(beta), None, None, layout="NHWC")
+    assert_close(got[True][0], y64, dtype, what="y")
+    for a, e, what in zip(got[True][5:8], batchnorm_backward(f64(dy_host), f64(x_host), f64(gamma), layout="NHWC"),
+                          ("dx", "dgamma", "dbeta")):
+        assert_close(a, e, dtype, what=what)
+
+
 def _plan_specs(plan):
     """Kernel expressions of a prepared plan's launches (for asserting which kernels run)."""
     return [getattr(launch, "expression", "") for launch in getattr(plan, "launches", ())]
