@@ -47,6 +47,8 @@ FAMILY = KernelFamily("row_normalization.cu", [
       for t, p in _TYPE_PAIRS for i in _INDEX_TYPES for v in sorted({1, _VECTOR[t]})),
     *(f"gn_rows_backward_cluster<{t}, {p}, {i}, {cl}>"
       for t, p in _TYPE_PAIRS for i in _INDEX_TYPES for cl in _CLUSTER_SIZES),
+    *(f"gn_rows_forward_cluster<{t}, {p}, {i}, {cl}>"
+      for t, p in _TYPE_PAIRS for i in _INDEX_TYPES for cl in _CLUSTER_SIZES),
 ])
 
 # Dynamic shared memory a row block may hold (the single-read path): two blocks
@@ -94,7 +96,31 @@ _OPTIN = {}  # device -> the largest dynamic shared memory a block may opt in to
 # False: norm_rows_forward (one block per row).  H100, 64x256x56x56 / 32 groups:
 # 0.1557 ms (0.89 of copy) vs 0.1699 ms (0.82).
 PIPELINED_FORWARD = True
-_PIPELINE_GRID_CAP = None  # tests: at most this many persistent blocks (each then walks many rows)
+_PIPELINE_GRID_CAP = None
+# Group / instance norm forward, NCHW with 16-byte planes (S * itemsize % 16 ==
+# 0) and 16-byte aligned x, y, sm_90+: gn_rows_forward_cluster (a cluster of CL
+# blocks per row, block `rank` holding channels rank * K / CL .. of the row,
+# bulk-copied into its shared memory: x read once; the blocks' (sum, sum of
+# squared deviations) merged through distributed shared memory).  Checked
+# before PIPELINED_FORWARD.  CL: the smallest of _CLUSTER_SIZES dividing K whose
+# x share (K / CL * S * itemsize) is at most CLUSTER_FORWARD_BYTES, else the
+# largest dividing K.  Block: the next power of two >= the share's 16-byte
+# vectors / CLUSTER_FORWARD_ITEMS, in [64, 512].  Why (notes/gnorm.md): the
+# persistent pipelined kernel (one 1024-thread block per SM at 100 KB rows)
+# loses ~3 % to its static wave tail (2048 rows / 132 SMs) and more to its
+# per-row bursts; many small blocks an SM stream like an elementwise kernel.
+# False: the pipelined / row kernels (main before issue 5's gnorm); a tuple of
+# storage types ("float", "half_t", ...): those only.
+# Rows (M * itemsize) under CLUSTER_FORWARD_MIN_ROW_BYTES stay on the other paths.
+# H100 A/B (session 11, notes/gnorm.md): a 32 KB share beat 16 KB and 8 KB on every
+# row (64x256x56x56 / 32 fp32 0.1556 -> 0.1503 ms, fp16 0.0842 -> 0.0790, bf16 equal;
+# 32x640x40x40 / 32 fp32 0.1137 -> 0.0956; instance norm 0.1660 -> 0.1604), while
+# 4 KB rows (1024x128x16x16 / 32) lost 0.112 -> 0.171 ms and 12.5 KB rows (instance
+# norm above) won: rows under 8 KB keep the persistent kernels.
+CLUSTER_FORWARD = True
+CLUSTER_FORWARD_BYTES = 32 * 1024
+CLUSTER_FORWARD_ITEMS = 8
+CLUSTER_FORWARD_MIN_ROW_BYTES = 8 * 1024
 # Group / instance norm backward, NCHW: gn_rows_backward (contiguous warp ranges,
 # plane sums in registers).  "x": x cached, dy re-read (mostly L2), blocks of at
 # most 512 threads and rows within CACHE_BYTES, so two blocks share an SM;
@@ -594,6 +620,58 @@ def _pipelined_forward(cp, x, y, gamma, beta, mean, rstd, rows, pt, eps):
     return True
 
 
+def _cluster_forward_on(t):
+    return CLUSTER_FORWARD is True or (isinstance(CLUSTER_FORWARD, tuple) and t in CLUSTER_FORWARD)
+
+
+def _cluster_forward_shape(rows, itemsize, acc_itemsize, optin):
+    """(CL, threads, dynamic shared bytes) of gn_rows_forward_cluster for these rows,
+    or None where even the largest cluster's share exceeds the opt-in."""
+    plane = rows.S * itemsize
+    sizes = [c for c in _CLUSTER_SIZES if rows.K % c == 0]
+    cl = next((c for c in sizes if rows.K // c * plane <= CLUSTER_FORWARD_BYTES), sizes[-1])
+    kb = rows.K // cl
+    vectors = kb * plane // 16
+    block = min(_CLUSTER_THREADS, max(64, 1 << max(0, (ceil_div(vectors, CLUSTER_FORWARD_ITEMS) - 1).bit_length())))
+    shared = kb * plane + 2 * kb * acc_itemsize
+    if shared > optin - _CLUSTER_STATIC_BYTES:
+        return None
+    return cl, block, shared
+
+
+def _cluster_forward(cp, x, y, gamma, beta, mean, rstd, rows, pt, eps):
+    """Launch gn_rows_forward_cluster and return True, or False when it does not apply
+    or the driver refused its clusters (then nothing ran)."""
+    global cluster_refusals
+    if (rows.nhwc or rows.vec == 1 or rows.S < 2 or (rows.S * x.itemsize) % 16
+            or rows.M * x.itemsize < CLUSTER_FORWARD_MIN_ROW_BYTES):
+        return False
+    cc, optin = _cluster_facts(cp)
+    if cc < 90:
+        return False
+    shape = _cluster_forward_shape(rows, x.itemsize, np.dtype(mean.dtype).itemsize, optin)
+    if shape is None or rows.rows * shape[0] >= 2**31:
+        return False
+    cl, block, shared = shape
+    expr = f"gn_rows_forward_cluster<{rows.t}, {pt}, {rows.index_t}, {cl}>"
+    device = cp.cuda.runtime.getDevice()
+    if (device, expr, block, shared) in _CLUSTER_REFUSED:
+        return False
+    kernel = FAMILY.function(expr)
+    _raise_shared(kernel, (device, expr), shared)
+    try:
+        kernel((rows.rows * cl,), (block,),
+               (x, y, _param_or_null(cp, gamma), _param_or_null(cp, beta), mean, rstd, rows.it(rows.K),
+                rows.it(rows.S), np.int32(rows.groups), eps), shared_mem=shared)
+    except Exception as e:  # CuPy's CUDADriverError (status: the CUresult)
+        if getattr(e, "status", None) not in _CLUSTER_REFUSALS:
+            raise
+        _CLUSTER_REFUSED.add((device, expr, block, shared))
+        cluster_refusals += 1
+        return False
+    return True
+
+
 def _pipelined_kernel(cp, name, rows, pt, shared):
     """(kernel, grid) of the pipelined rows kernel `name` with a ring of `shared` bytes a
     block: the persistent grid of the blocks resident at once (capped by the rows and
@@ -634,6 +712,9 @@ def _forward_gpu(cp, x, groups, gamma, beta, eps, layout, rms, write_y=True):
     rstd = cp.empty((x.shape[0], groups), acc)
     pdtype = next((p.dtype for p in (gamma, beta) if p is not None), x.dtype)
     real = np.float32 if acc == np.float32 else np.float64
+    if write_y and not rms and _cluster_forward_on(rows.t) and _cluster_forward(cp, x, y, gamma, beta, mean, rstd, rows,
+                                                                    _dtypes.cuda_type(pdtype), real(eps)):
+        return y, mean, rstd
     if write_y and not rms and _pipelined_forward(cp, x, y, gamma, beta, mean, rstd, rows,
                                                   _dtypes.cuda_type(pdtype), real(eps)):
         return y, mean, rstd

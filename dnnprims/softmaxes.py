@@ -76,6 +76,31 @@ PACKED16_FORWARD = True
 CHANNEL_WORDS = {False: {"half_t": (8, 256, 3, False), "bfloat16_t": (8, 256, 3, False)},
                  True: {"half_t": (8, 256, 3, False), "bfloat16_t": (8, 256, 3, False)}}
 _WORDS_BOUNDS = ((4, 5), (8, 3), (8, 4))  # the (K, MINB) the family declares
+# float forward where the packs apply: True = softmax_forward_channels_floats with the
+# CHANNEL_FLOATS shape: the packs kernel's tiles with the compute between a tile's loads
+# and its stores cut from ~1380 to ~570-660 SASS instructions a thread (rows not held are
+# -inf instead of a branch a slot, reductions over a constant 8 warps; with exp2 True also
+# exp(x - m) = ex2.approx((x - m) log2 e) and 1 / s by rcp.approx + a Newton step -- no
+# faster, so not shipped), registers capped for
+# MINB blocks an SM (notes/chsoftf32.md); a (K, 256, MINB, exp2, stream) tuple = that
+# kernel with these settings (A/B, tests; exp2 False: expf and the IEEE 1 / s, bitwise
+# the packs kernel's results; stream True: stores with .cs, evict first); False =
+# softmax_forward_channels_packs with CHANNEL_PACKS.  Keys the plans and the fast table.
+FLOAT_FORWARD = True
+# log -> (K, threads (256 only), MINB, exp2, stream).  ptxas sm_90 (NVRTC 13.0): MINB 3
+# 78 registers, no spills (MINB 4: 64 with 36-48 spilled bytes); the packs kernel: 62
+# (softmax, 4 blocks an SM) and 99 (log-softmax, 2).  H100 A/B (session 11,
+# notes/chsoftf32.md), device ms old -> exp2 False (expf, bitwise the packs kernel's
+# results) / exp2 True: 64x256x56x56 softmax 0.1425 -> 0.1416 / 0.1416, log-softmax
+# 0.1429 -> 0.1416 / 0.1416; 64x192x28x28 softmax 0.0305 -> 0.0304 / 0.0299,
+# log-softmax 0.0333 -> 0.0304 / 0.0300: the gain is the instruction cut, not the
+# approximate exp, so the shipped setting keeps the exact one.
+CHANNEL_FLOATS = {False: (8, 256, 3, False, False), True: (8, 256, 3, False, False)}
+# The declared (K, MINB, exp2, stream); (16, 2): 16 packs a thread, so 16 rows of threads
+# cover 256 channels and a tile is 16 threads (256 bytes a row) wide, 64 KB (110 / 126
+# registers, 2 blocks an SM).
+_FLOATS_VARIANTS = ((8, 3, True, False), (8, 4, True, False), (8, 3, False, False), (8, 3, True, True),
+                    (16, 2, True, False))
 _H100_SMS = 132  # the grid of a plan made without a device (CPU tests; never launched)
 _SMS = {}
 _PACKS_PER_THREAD = (4, 8)   # the K the family declares
@@ -107,6 +132,8 @@ FAMILY = _kernels.KernelFamily("softmax.cu", [
             lambda t: tuple(f", {k}, {b}" for k, b in _FORWARD_PACK_BOUNDS)),
     *_names(["softmax_forward_channels_words"], _REGISTER_CHANNEL_TYPES,
             lambda t: tuple(f", {k}, {b}" for k, b in _WORDS_BOUNDS)),
+    *_names(["softmax_forward_channels_floats"], ("float",),
+            lambda t: tuple(f", {k}, {b}, {str(e).lower()}, {str(c).lower()}" for k, b, e, c in _FLOATS_VARIANTS)),
     *_names(["softmax_backward_channels_packs"], _dtypes.CUDA_TYPES,
             lambda t: tuple(f", {k}" for k in _PACKS_PER_THREAD)),
     *_names(["softmax_forward_channels_registers"], _REGISTER_CHANNEL_TYPES),
@@ -159,7 +186,7 @@ def _launch(direction, log, arrays, shape, axis, dtype):
 
 
 def _cached_plan(direction, log, shape, axis, dtype, aligned):
-    key = (direction, log, shape, axis, dtype, aligned, PACKED16_FORWARD)
+    key = (direction, log, shape, axis, dtype, aligned, PACKED16_FORWARD, FLOAT_FORWARD)
     plan = _PLANS.get(key)
     if plan is None:
         if len(_PLANS) >= 4096:
@@ -168,7 +195,8 @@ def _cached_plan(direction, log, shape, axis, dtype, aligned):
     return plan
 
 
-_PLANS = {}  # (direction, log, shape, axis, dtype, 16-byte aligned, PACKED16_FORWARD) -> launch, or None (empty)
+_PLANS = {}  # (direction, log, shape, axis, dtype, 16-byte aligned, PACKED16_FORWARD, FLOAT_FORWARD) -> launch,
+#              or None (empty)
 
 
 def _no_launch(*arrays):
@@ -214,19 +242,28 @@ def _plan(direction, log, shape, axis, dtype, aligned):
                 (_ROW_BLOCK,), (itype(outer), itype(n)), 0)
     vec = 16 // itemsize
     # An axis of one takes the packs kernel: its softmax is 1 and log-softmax 0 exactly,
-    # where the words kernel's base-2 offset leaves a unit in the last place.
+    # where the words kernel's base-2 offset (the floats kernel's ex2 / rcp.approx) leaves a
+    # unit in the last place.
     words = (direction == "forward" and PACKED16_FORWARD is not False and ctype in _REGISTER_CHANNEL_TYPES
              and n > 1)
-    packs_table = CHANNEL_WORDS[log] if words else CHANNEL_PACKS[(direction, log)]
+    floats = direction == "forward" and FLOAT_FORWARD is not False and ctype == "float" and n > 1
+    packs_table = CHANNEL_WORDS[log] if words else {"float": CHANNEL_FLOATS[log]} if floats \
+        else CHANNEL_PACKS[(direction, log)]
     if ctype in packs_table and aligned and inner % vec == 0:
         # CY rows of threads (the fewest >= 8 that hold n in K packs each, with
         # TW = threads / CY >= _MIN_PACK_WIDTH threads of VEC positions along
         # inner), TW then narrowed (CY grows) while half the tile covers inner.
-        packs, threads, *bound = PACKED16_FORWARD if words and PACKED16_FORWARD is not True else packs_table[ctype]
+        packs, threads, *bound = PACKED16_FORWARD if words and PACKED16_FORWARD is not True else \
+            FLOAT_FORWARD if floats and FLOAT_FORWARD is not True else packs_table[ctype]
         blocks_per_sm = bound[0] if bound else 1
-        persistent = bound[1] if len(bound) > 1 else True
+        persistent = bound[1] if len(bound) > 1 and not floats else True
         kernel = f"softmax_{direction}_channels_packs"
-        if words:
+        if floats:
+            if len(bound) != 3 or (packs, *bound) not in _FLOATS_VARIANTS or threads != 256:
+                raise ValueError(f"FLOAT_FORWARD / CHANNEL_FLOATS: no kernel ({packs}, {threads}, {bound})")
+            kernel = "softmax_forward_channels_floats"
+            template_k = f"{packs}, {blocks_per_sm}, {str(bound[1]).lower()}, {str(bound[2]).lower()}"
+        elif words:
             if (packs, blocks_per_sm) not in _WORDS_BOUNDS or threads != 256:
                 raise ValueError(f"CHANNEL_WORDS: no kernel ({packs}, {threads}, {blocks_per_sm})")
             kernel = "softmax_forward_channels_words"
@@ -301,7 +338,7 @@ def _plan(direction, log, shape, axis, dtype, aligned):
 
 # Validated GPU calls: the normalised axis per kind of call (see _validate.CallMemo);
 # _FAST: the fast path's table, (shapes, dtypes, devices, current device, axis,
-# log[, PACKED16_FORWARD: forward]) of C-contiguous 16-byte-aligned arrays -> (prepared
+# log[, PACKED16_FORWARD, FLOAT_FORWARD: forward]) of C-contiguous 16-byte-aligned arrays -> (prepared
 # launch, output slot).
 _MEMO = _validate.CallMemo()
 _FAST = _MEMO.fast
@@ -312,7 +349,8 @@ _current_device = _validate.current_device
 def _forward(x, axis, log):
     if type(x) is _NDARRAY and type(axis) is int and x._c_contiguous:
         data = x.data
-        fast = _FAST.get((x.shape, x.dtype, data.device_id, _current_device(), axis, log, PACKED16_FORWARD))
+        fast = _FAST.get((x.shape, x.dtype, data.device_id, _current_device(), axis, log, PACKED16_FORWARD,
+                          FLOAT_FORWARD))
         if fast is not None and not data.ptr & 15:
             y = fast[1]()
             if not y.data.ptr & 15:
@@ -330,7 +368,8 @@ def _forward(x, axis, log):
         checked = _MEMO.put(key, axis)
     xp, normalized = _validate._cupy, checked
     if type(axis) is int and x._c_contiguous:
-        fast_key = (x.shape, x.dtype, x.data.device_id, _current_device(), axis, log, PACKED16_FORWARD)
+        fast_key = (x.shape, x.dtype, x.data.device_id, _current_device(), axis, log, PACKED16_FORWARD,
+                    FLOAT_FORWARD)
         launch, output = _FAST.get(fast_key) or _MEMO.put_fast(
             fast_key, (_prepare("forward", log, x.shape, normalized, x.dtype),
                        _kernels.OutputSlot(x.shape, x.dtype)))

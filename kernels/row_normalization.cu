@@ -50,7 +50,9 @@
 // there.  gn_rows_backward is an alternative backward kept behind a switch.
 // On sm_90+ the group / instance norm NCHW backward first tries
 // gn_rows_backward_cluster (a cluster of CL blocks per row, each holding its
-// channels' x and dy in shared memory: both read once; see there).
+// channels' x and dy in shared memory: both read once; see there), and the
+// forward gn_rows_forward_cluster (the same split, statistics merged across
+// the cluster; see there).
 #include "common.cuh"
 #include "bulk_copy.cuh"
 
@@ -1254,6 +1256,148 @@ __global__ void __launch_bounds__(NORM_CLUSTER_THREADS) NORM_CLUSTER_DIMS(CL) gn
 #pragma unroll
                 for (int e = 0; e < VEC; ++e) o[e] = a * load(dv[u].v[e]) + bx * (load(xv[u].v[e]) - mean) + c;
                 norm_store<T, VEC>(dxb, (index_t)i * VEC, o);
+            }
+        }
+    }
+    cluster_wait();
+#else
+    __trap();  // Python launches it only on sm_90+
+#endif
+}
+
+// ---------------------------------------------------------------------------
+// gn_rows_forward_cluster: group / instance norm forward, NCHW, as a cluster of
+// CL blocks per row (the forward twin of gn_rows_backward_cluster).  Grid rows
+// * CL; block `rank` of row r takes the contiguous channels rank * Kb ..
+// (rank + 1) * Kb - 1 (Kb = K / CL), one run of Kb S values of x, which thread
+// 0 bulk-copies into dynamic shared memory (x read from DRAM once); threads
+// k < Kb meanwhile put gamma / beta of the block's channels after it (A).
+// Statistics: each block computes its own sum and its sum of squared
+// deviations from its own mean (two passes over shared memory, block_sum),
+// writes them to `share`; after a cluster barrier warp 0 reads the CL shares
+// through distributed shared memory (lane r reads rank r) and every lane adds
+// them in rank order (Chan's merge of equal-count parts, exact in exact
+// arithmetic: mean = sum s_b / M, q = sum (q_b + n_b (s_b / n_b - mean)^2)),
+// so every block of the cluster gets bitwise the same mean and rstd.  Then the
+// block writes y = (x - mean) (rstd gamma) + beta from shared memory and rank
+// 0 the row's mean / rstd; a second arrive says the shares were read, waited
+// on before exit.  Why: the persistent gn_rows_forward_pipelined (one 1024-
+// thread block per SM at 100 KB fp32 rows) ends with a static wave tail (2048
+// rows over 132 SMs: 68 SMs do 16 rows, 64 do 15) and fill / drain, and keeps
+// one row's copies in flight per SM in bursts; here 12.5 KB blocks (CL 8 at
+// 8x56x56 fp32), 8-16 resident per SM at different phases, stream like an
+// elementwise kernel and the hardware scheduler balances the last wave block
+// by block.  Dynamic shared memory: the x run (Kb S sizeof(T), a multiple of
+// 16), then 2 Kb values (A).  Within-block indices are unsigned 32-bit; row
+// offsets use index_t.  The host launches it with 16-byte planes (S sizeof(T)
+// % 16 == 0), 16-byte aligned x and y, on sm_90+ only (below it traps).
+template <typename T, typename P, typename index_t, int CL>
+__global__ void __launch_bounds__(NORM_CLUSTER_THREADS) NORM_CLUSTER_DIMS(CL) gn_rows_forward_cluster(
+        const T* __restrict__ x, T* __restrict__ y, const P* __restrict__ gamma, const P* __restrict__ beta,
+        acc_t<T>* __restrict__ mean_out, acc_t<T>* __restrict__ rstd_out, index_t K_, index_t S_, int G,
+        acc_t<T> eps) {
+#if __CUDA_ARCH__ >= 900
+    typedef acc_t<T> A;
+    constexpr int VEC = 16 / (int)sizeof(T);
+    typedef NormPack<T, VEC> Pack;
+    extern __shared__ __align__(16) unsigned char norm_smem[];
+    __shared__ __align__(8) unsigned long long bar;
+    __shared__ A scratch[32];
+    __shared__ A share[2];   // this block's sum x, sum (x - its mean)^2: read by the whole cluster
+    __shared__ A merged[2];  // the row's mean and rstd
+    const unsigned rank = cluster_rank();
+    const index_t row = (index_t)(blockIdx.x / CL);
+    const unsigned K = (unsigned)K_, S = (unsigned)S_;
+    const unsigned Kb = K / CL, PV = S / VEC, mv = Kb * PV;  // this block's planes, vectors
+    const unsigned nt = blockDim.x, tid = threadIdx.x;
+    const unsigned bytes = mv * 16u;
+    const Pack* const xs = reinterpret_cast<const Pack*>(norm_smem);
+    A* const coef = reinterpret_cast<A*>(norm_smem + bytes);  // per plane: gamma, beta
+    const index_t M = (index_t)K * S;
+    const index_t first = (index_t)rank * Kb;  // the block's first channel in the group
+    const index_t off = row * M + first * S;
+    if (tid == 0) {
+        mbarrier_init1(&bar);
+        bulk_copy_expect(&bar, norm_smem, x + off, bytes, bytes);
+    }
+    const index_t cbase = (row % G) * (index_t)K + first;
+    for (unsigned k = tid; k < Kb; k += nt) {
+        coef[2 * k] = param_or(gamma, cbase + k, A(1));
+        coef[2 * k + 1] = param_or(beta, cbase + k, A(0));
+    }
+    __syncthreads();  // the barrier is initialised before anyone waits on it; coef is complete
+    mbarrier_wait(&bar, 0);
+    const A nb = A(mv) * A(VEC);  // values in this block
+    A s1 = 0;
+#pragma unroll 4
+    for (unsigned i = tid; i < mv; i += nt) {
+        const Pack v = xs[i];
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) s1 += load(v.v[e]);
+    }
+    const A sb = block_sum(s1, scratch);
+    const A mb = sb / nb;
+    A s2 = 0;
+#pragma unroll 4
+    for (unsigned i = tid; i < mv; i += nt) {
+        const Pack v = xs[i];
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) {
+            const A d = load(v.v[e]) - mb;
+            s2 += d * d;
+        }
+    }
+    const A qb = block_sum(s2, scratch);
+    if (tid == 0) {
+        share[0] = sb;
+        share[1] = qb;
+    }
+    cluster_arrive();  // every block's share is written ...
+    cluster_wait();
+    if (tid < 32) {  // ... read by lane r from rank r, added in rank order by every lane alike
+        A s = 0, q = 0;
+        if (tid < (unsigned)CL) {
+            s = cluster_load(&share[0], tid);
+            q = cluster_load(&share[1], tid);
+        }
+        A total = 0;
+#pragma unroll
+        for (int r = 0; r < CL; ++r) total += __shfl_sync(0xffffffffu, s, r);
+        const A mean = total / A(M);
+        A dev = 0;
+#pragma unroll
+        for (int r = 0; r < CL; ++r) {
+            const A d = __shfl_sync(0xffffffffu, s, r) / nb - mean;
+            dev += __shfl_sync(0xffffffffu, q, r) + nb * d * d;
+        }
+        if (tid == 0) {
+            merged[0] = mean;
+            merged[1] = A(1) / sqrt(dev / A(M) + eps);
+        }
+    }
+    cluster_arrive();  // done reading the others' shares (waited on before exit)
+    __syncthreads();
+    const A mean = merged[0], rstd = merged[1];
+    if (rank == 0 && tid == 0) {
+        mean_out[row] = mean;
+        rstd_out[row] = rstd;
+    }
+    T* const yb = y + off;
+    for (unsigned i0 = tid; i0 < mv; i0 += NORM_UNROLL * nt) {
+        Pack xv[NORM_UNROLL];
+#pragma unroll
+        for (int u = 0; u < NORM_UNROLL; ++u)
+            if (i0 + u * nt < mv) xv[u] = xs[i0 + u * nt];
+#pragma unroll
+        for (int u = 0; u < NORM_UNROLL; ++u) {
+            const unsigned i = i0 + u * nt;
+            if (i < mv) {
+                const unsigned k = i / PV;
+                const A scale = rstd * coef[2 * k], shift = coef[2 * k + 1];
+                A o[VEC];
+#pragma unroll
+                for (int e = 0; e < VEC; ++e) o[e] = (load(xv[u].v[e]) - mean) * scale + shift;
+                norm_store<T, VEC>(yb, (index_t)i * VEC, o);
             }
         }
     }

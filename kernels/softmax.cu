@@ -1033,6 +1033,106 @@ __global__ void __launch_bounds__(CHANNEL_WORDS_THREADS, MINB)
     }
 }
 
+// ---- float forward with fewer instructions a value (notes/chsoftf32.md) -------------
+//
+// softmax_forward_channels_floats: the *_channels_packs forward for float
+// (Python: FLOAT_FORWARD), same tiles and mapping (blockDim (TW, CY), 256
+// threads, K packs of 4 inner positions a thread, every load issued before any
+// math), with the compute between a tile's loads and its stores cut from ~1380
+// to ~570 (softmax) / ~660 (log-softmax) SASS instructions a thread, so that the
+// block is back to loading sooner:
+//  - rows a thread does not hold are -inf in registers (they add nothing to the
+//    max or the sum), so the max and exp passes run over all K slots without a
+//    per-slot branch; only the loads and stores test the row;
+//  - one pass after the max: c = x - m, d = exp(c) into the sum, the slot keeps d
+//    (softmax) or c (log-softmax: y = c - log s, m no longer live);
+//  - EXP2: d = ex2.approx(c log2(e)) (2 ulp, as expf; one FMUL + MUFU against
+//    expf's ~9 instructions) and 1 / s = rcp.approx and one Newton step (the IEEE
+//    division has a slow-path branch); EXP2 false: expf and the IEEE division,
+//    bitwise the packs kernel's results (the sums are added in its order);
+//  - the column reductions over a constant 8 warps (unrolled), addresses as
+//    index_t offsets from one base (first row + k rows of threads);
+//  - MINB blocks an SM (registers capped: K 8, MINB 3 -> 80, no spills; MINB 4 -> 64,
+//    spills; K 16 (tiles 16 threads wide, 64 KB), MINB 2 -> 110-126);
+//  - STREAM: the stores with .cs (evict first: y is not read again here).
+#define CHANNEL_FLOATS_THREADS 256
+template <bool STREAM> __device__ __forceinline__ void store_floats(float* p, const Pack<float, 4>& v) {
+    if (STREAM) {
+        asm volatile("st.global.cs.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(p), "f"(v.v[0]), "f"(v.v[1]), "f"(v.v[2]),
+                     "f"(v.v[3])
+                     : "memory");
+    } else {
+        store_pack<float, 4>(p, v);
+    }
+}
+
+template <typename T, typename index_t, bool LOG, int K, int MINB, bool EXP2, bool STREAM>
+__global__ void __launch_bounds__(CHANNEL_FLOATS_THREADS, MINB)
+    softmax_forward_channels_floats(const T* __restrict__ x, T* __restrict__ y, index_t outer, index_t n,
+                                    index_t inner, index_t tiles_per_outer) {
+    static_assert(sizeof(T) == sizeof(float), "float only");
+    constexpr int VEC = 4, WARPS = CHANNEL_FLOATS_THREADS / 32;
+    constexpr float LOG2E = 1.4426950408889634f;
+    __shared__ float scratch[256 * VEC];
+    const index_t tiles = outer * tiles_per_outer;
+    for (index_t t = blockIdx.x; t < tiles; t += (index_t)gridDim.x) {
+        const ColumnPacks<float, index_t, K> col(t, tiles_per_outer, n, inner);
+        const index_t first = col.base + (index_t)threadIdx.y * inner, stride = (index_t)blockDim.y * inner;
+        Pack<float, VEC> v[K];
+#pragma unroll
+        for (int k = 0; k < K; ++k) {
+            if (col.holds(k)) {
+                v[k] = load_pack<float, VEC>(x + (first + k * stride));
+            } else {
+#pragma unroll
+                for (int e = 0; e < VEC; ++e) v[k].v[e] = negative_infinity<float>();
+            }
+        }
+        float m[VEC], s[VEC];
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) m[e] = negative_infinity<float>(), s[e] = 0.0f;
+#pragma unroll
+        for (int k = 0; k < K; ++k) {
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) m[e] = fmaxf(m[e], v[k].v[e]);  // a NaN poisons the sum below
+        }
+        column_reduce_packs<float, VEC, true, WARPS>(m, scratch);
+        // One pass: d = exp(x - m) into s; the slot keeps d (softmax) or x - m (log-softmax).
+#pragma unroll
+        for (int k = 0; k < K; ++k) {
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) {
+                const float c = v[k].v[e] - m[e];
+                const float d = EXP2 ? ex2_approx(c * LOG2E) : expf(c);
+                s[e] += d;
+                v[k].v[e] = LOG ? c : d;
+            }
+        }
+        column_reduce_packs<float, VEC, false, WARPS>(s, scratch);
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) {
+            // log s, or 1 / s (EXP2: rcp.approx and one Newton step, within an ulp).
+            if (LOG) {
+                s[e] = logf(s[e]);
+            } else if (EXP2) {
+                const float r = rcp_approx(s[e]);
+                s[e] = fmaf(r, fmaf(-s[e], r, 1.0f), r);
+            } else {
+                s[e] = 1.0f / s[e];
+            }
+        }
+#pragma unroll
+        for (int k = 0; k < K; ++k) {
+            if (col.holds(k)) {
+                Pack<float, VEC> out;
+#pragma unroll
+                for (int e = 0; e < VEC; ++e) out.v[e] = LOG ? v[k].v[e] - s[e] : v[k].v[e] * s[e];
+                store_floats<STREAM>(y + (first + k * stride), out);
+            }
+        }
+    }
+}
+
 template <typename T, typename index_t, bool LOG, int K>
 __global__ void __launch_bounds__(CHANNEL_PACK_THREADS) softmax_backward_channels_packs(const T* __restrict__ dy,
                                                                                   const T* __restrict__ y,

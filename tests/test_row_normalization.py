@@ -485,6 +485,7 @@ def test_group_norm_pipelined_forward(xp, rng, monkeypatch, pipelined, grid_cap,
     block has fewer), misaligned data (falls back), against the float64
     reference and the saved statistics."""
     from dnnprims import row_normalization
+    monkeypatch.setattr(row_normalization, "CLUSTER_FORWARD", False)  # this test is about the kernels below it
     monkeypatch.setattr(row_normalization, "PIPELINED_FORWARD", pipelined)
     monkeypatch.setattr(row_normalization, "_PIPELINE_GRID_CAP", grid_cap)
     x = random_array(rng, x_shape, dtype, low=-1, high=3)
@@ -496,6 +497,81 @@ def test_group_norm_pipelined_forward(xp, rng, monkeypatch, pipelined, grid_cap,
     got = group_norm(_placed(xp, x, offset), groups, None if gamma is None else xp.asarray(gamma),
                      None if beta is None else xp.asarray(beta), eps=1e-4, return_stats=True)
     _compare(got, want, dtype, ("y", "mean", "rstd"))
+
+
+@pytest.mark.parametrize("dtype", _dtypes.SUPPORTED, ids=lambda d: d.name)
+@pytest.mark.parametrize("x_shape,groups,cl,offset,affine", [
+    ((1, 16, 56, 56), 2, 2, 0, True), ((1, 16, 56, 56), 2, 8, 0, True), ((3, 8, 2, 4), 2, 4, 0, True),
+    ((13, 6, 4, 6), 3, 2, 0, True), ((3, 8, 1, 8), 1, 8, 0, False), ((13, 12, 4, 6), 3, 1, 0, True),
+    ((3, 4, 1, 24), 1, 2, 0, True), ((3, 8, 2, 4), 2, 2, 1, True), ((5, 3, 8, 4), 3, 1, 0, True),
+    ((7, 40, 5, 8), 4, 2, 0, True), ((2, 20, 16, 16), 1, 4, 0, False)])
+def test_group_norm_cluster_forward(gpu, rng, monkeypatch, dtype, x_shape, groups, cl, offset, affine):
+    """gn_rows_forward_cluster (sm_90+; other GPUs check they do not take it): a
+    cluster of `cl` blocks per row (forced through CLUSTER_FORWARD_BYTES = exactly
+    one block's x share at that size), each block holding K / cl whole channels:
+    K 2, 4, 8, 10, 20 split over 1, 2, 4, 8 blocks (one channel a block too),
+    planes of 8, 24, 32, 40, 256 and 3136 values (the 56x56 rows: 6 vectors a
+    thread of 512, blocks of 64 threads with 2 vectors), N 1, 2, 3, 5, 7, 13,
+    instance norm (K 1, cl 1), no gamma / beta; both block sizes
+    (CLUSTER_FORWARD_ITEMS 8 and 2).  y, mean, rstd against the float64
+    reference, bitwise the same on every repeat (the shares are merged in rank
+    order); a budget under one channel takes the largest cluster; a misaligned
+    input or the switch off takes the other kernels."""
+    from dnnprims import row_normalization as rn
+    monkeypatch.setattr(rn, "CLUSTER_FORWARD", True)
+    monkeypatch.setattr(rn, "CLUSTER_FORWARD_MIN_ROW_BYTES", 0)
+    itemsize = np.dtype(dtype).itemsize
+    K, S = x_shape[1] // groups, int(np.prod(x_shape[2:]))
+    monkeypatch.setattr(rn, "CLUSTER_FORWARD_BYTES", K // cl * S * itemsize)
+    hopper = int(gpu.cuda.Device().compute_capability) >= 90   # below: never the cluster kernel
+    expect = hopper and offset == 0
+    ran = []
+    function = rn.FAMILY.function
+    monkeypatch.setattr(rn.FAMILY, "function", lambda expression: ran.append(expression) or function(expression))
+    x = random_array(rng, x_shape, dtype, low=-1, high=3)
+    pdtype = np.float32 if _dtypes.is_half(dtype) else dtype
+    gamma = random_array(rng, (x_shape[1],), pdtype, 0.5, 1.5) if affine else None
+    beta = random_array(rng, (x_shape[1],), pdtype) if affine else None
+    on = lambda a: None if a is None else gpu.asarray(a)  # noqa: E731
+    want = group_norm(_f64(x), groups, _f64(gamma), _f64(beta), eps=1e-4, return_stats=True)
+    xs = _placed(gpu, x, offset)
+    for items in (8, 2):
+        monkeypatch.setattr(rn, "CLUSTER_FORWARD_ITEMS", items)
+        ran.clear()
+        results = [[_host(a) for a in group_norm(xs, groups, on(gamma), on(beta), eps=1e-4, return_stats=True)]
+                   for _ in range(3)]
+        param = pdtype if affine else dtype  # no gamma: the parameter type is x's
+        spec = f"gn_rows_forward_cluster<{_dtypes.cuda_type(dtype)}, {_dtypes.cuda_type(param)}, int, {cl}>"
+        assert (spec in ran) == expect and (expect or not any("cluster" in e for e in ran)), ran
+        for later in results[1:]:
+            for a, b in zip(results[0], later):
+                np.testing.assert_array_equal(a, b)
+        _compare(results[0], want, dtype, ("y", "mean", "rstd"))
+    if groups == x_shape[1]:  # instance norm: the same kernel with one channel a row
+        ran.clear()
+        got = instance_norm(xs, on(gamma), on(beta), eps=1e-4)
+        assert any(e.startswith("gn_rows_forward_cluster<") for e in ran) == expect, ran
+        _compare((got,), (instance_norm(_f64(x), _f64(gamma), _f64(beta), eps=1e-4),), dtype, ("y",))
+    if expect:  # a budget below one channel: the largest cluster (the smallest shares) runs
+        ran.clear()
+        monkeypatch.setattr(rn, "CLUSTER_FORWARD_BYTES", S * itemsize - 16)
+        got = group_norm(xs, groups, on(gamma), on(beta), eps=1e-4, return_stats=True)
+        largest = max(c for c in rn._CLUSTER_SIZES if K % c == 0)
+        assert any(e.startswith("gn_rows_forward_cluster<") and e.endswith(f", {largest}>") for e in ran), ran
+        _compare(got, want, dtype, ("y", "mean", "rstd"))
+        ran.clear()   # rows under the minimum: the other kernels
+        monkeypatch.setattr(rn, "CLUSTER_FORWARD_MIN_ROW_BYTES", K * S * itemsize + 1)
+        got = group_norm(xs, groups, on(gamma), on(beta), eps=1e-4, return_stats=True)
+        assert ran and not any("cluster" in e for e in ran), ran
+        _compare(got, want, dtype, ("y", "mean", "rstd"))
+        monkeypatch.setattr(rn, "CLUSTER_FORWARD_MIN_ROW_BYTES", K * S * itemsize)
+        t = _dtypes.cuda_type(dtype)
+        for switch, cluster in ((False, False), (tuple(o for o in rn._X_TYPES if o != t), False), ((t,), True)):
+            ran.clear()   # off (for this type): the other kernels, the same results within rounding
+            monkeypatch.setattr(rn, "CLUSTER_FORWARD", switch)
+            got = group_norm(xs, groups, on(gamma), on(beta), eps=1e-4, return_stats=True)
+            assert ran and any(e.startswith("gn_rows_forward_cluster<") for e in ran) == cluster, (switch, ran)
+            _compare(got, want, dtype, ("y", "mean", "rstd"))
 
 
 @pytest.mark.parametrize("mode,late,bulk", [("x", False, False), ("xl2", False, False), ("both", False, False),
@@ -1034,6 +1110,95 @@ def test_cluster_backward_launch_matches_its_signature_and_shared_memory_layout(
     assert values["part_dgamma"].shape == values["part_dbeta"].shape == (x_shape[0], x_shape[1])
     if x_shape[1:] == (256, 56, 56) and budget == 112 * 1024:   # the benchmark's rows: CL 2 fp32, 1 half types
         assert cl == {4: 2, 2: 1, 8: 4}[dtype.itemsize]
+
+
+@pytest.mark.parametrize("dtype", _dtypes.SUPPORTED, ids=lambda d: d.name)
+@pytest.mark.parametrize("x_shape,groups,offset", [
+    ((2, 256, 56, 56), 32, 0), ((3, 8, 2, 4), 2, 0), ((13, 6, 4, 6), 3, 0), ((2, 5, 6, 6), 5, 0),
+    ((2, 64, 1, 8), 1, 0), ((2, 8, 7, 7), 2, 0), ((2, 8, 4, 4), 2, 1), ((3, 4, 1, 256), 4, 0),
+    ((2, 8, 112, 112), 1, 0), ((2, 640, 40, 40), 32, 0)])
+@pytest.mark.parametrize("budget,items", [(16 * 1024, 8), (32 * 1024, 4), (7 * 1024, 8)])
+@pytest.mark.parametrize("cc", [90, 80])
+def test_cluster_forward_launch_matches_its_signature_and_shared_memory_layout(
+        monkeypatch, dtype, x_shape, groups, offset, budget, items, cc):
+    """CPU: gn_rows_forward_cluster's launch against its C signature (pointer ->
+    array of the pointee dtype, scalars of the exact C type), its cluster size
+    (the smallest of 1, 2, 4, 8 dividing K whose x share fits the budget, else
+    the largest), grid (CL blocks a row), block (a power of two >= the share's
+    vectors / CLUSTER_FORWARD_ITEMS in [64, 512]) and its dynamic shared memory
+    against the kernel's layout: an x run of K / CL * S * itemsize bytes (a
+    multiple of 16: one bulk copy, under the mbarrier tx-count limit), then 2 K /
+    CL values (gamma, beta), within the opt-in less the static shared memory.
+    Below sm_90, planes that are not whole 16-byte vectors (7x7) and misaligned
+    data: nothing launched."""
+    from test_normalization import _C_TYPES, _fake_device_array
+    from dnnprims import row_normalization as rn
+    optin = 232448   # H100: 227 KB
+    captured, expressions, FakeCupy = _capture_row_launches(monkeypatch)
+    monkeypatch.setattr(rn, "_cluster_facts", lambda cp: (cc, optin))
+    monkeypatch.setattr(rn, "_RAISED", {})
+    monkeypatch.setattr(rn, "CLUSTER_FORWARD_BYTES", budget)
+    monkeypatch.setattr(rn, "CLUSTER_FORWARD_ITEMS", items)
+    monkeypatch.setattr(rn, "CLUSTER_FORWARD_MIN_ROW_BYTES", 0)
+    dtype = np.dtype(dtype)
+    acc = np.dtype(_dtypes.accumulate_dtype(dtype))
+    x, y = (_fake_device_array(x_shape, dtype) for _ in range(2))
+    if offset:  # x one element into its buffer
+        x = _fake_device_array((int(np.prod(x_shape)) + 1,), dtype)[1:].reshape(x_shape)
+    mean, rstd = (_fake_device_array((x_shape[0], groups), acc) for _ in range(2))
+    rows = rn._Rows(x, groups, "NCHW", (x, y), 1)
+    pt = _dtypes.cuda_type(dtype)
+    real = np.float32 if acc == np.float32 else np.float64
+    done = rn._cluster_forward(FakeCupy, x, y, None, None, mean, rstd, rows, pt, real(1e-5))
+    K, S = x_shape[1] // groups, int(np.prod(x_shape[2:]))
+    plane = S * dtype.itemsize
+    sizes = [c for c in (1, 2, 4, 8) if K % c == 0]
+    fits = [c for c in sizes if K // c * plane <= budget]
+    cl = fits[0] if fits else sizes[-1]   # over the budget: the largest cluster, the smallest share
+    if cc < 90 or offset or plane % 16 or S < 2 or K // cl * plane > optin - rn._CLUSTER_STATIC_BYTES:
+        assert done is False and not captured
+        return
+    assert done is True and len(captured) == 1
+    (grid,), (block,), args, shared = captured[0]
+    name, inside = expressions[-1].rstrip(">").split("<", 1)
+    assert name == "gn_rows_forward_cluster"
+    assert expressions[-1] in rn.FAMILY.name_expressions
+    template, params = _row_kernel_signature(name)
+    bound = dict(zip(template, (a.strip() for a in inside.split(","))))
+    assert int(bound["CL"]) == cl and grid == x_shape[0] * groups * cl
+    kb = K // cl
+    run = kb * plane
+    vectors = run // 16
+    assert block % 32 == 0 and 64 <= block <= 512 and block & (block - 1) == 0
+    assert block == 512 or block * items >= vectors and (block == 64 or block // 2 * items < vectors)
+    ctype = {"T": _C_TYPES[bound["T"]], "P": _C_TYPES[bound["P"]], "acc_t<T>": acc.type,
+             "index_t": np.int32 if bound["index_t"] == "int" else np.int64, "int": np.int32}
+    assert len(args) == len(params)
+    for (c_type, param), a in zip(params, args):
+        if param in ("gamma", "beta"):
+            assert a is rn._NULL   # no gamma / beta: null pointers
+        elif c_type.endswith("*"):
+            assert a.dtype == np.dtype(ctype[c_type[:-1]]), (param, a.dtype)
+        else:
+            assert type(a) is ctype[c_type], (param, type(a))
+    values = dict(zip((p for _, p in params), args))
+    assert (values["K_"], values["S_"], values["G"]) == (K, S, groups)
+    assert values["x"] is x and values["y"] is y and values["mean_out"] is mean and values["rstd_out"] is rstd
+    assert run % 16 == 0 and run < 2**20   # the bulk copy: 16-byte multiples; the mbarrier tx-count limit
+    assert shared == run + 2 * kb * acc.itemsize
+    assert shared <= optin - rn._CLUSTER_STATIC_BYTES
+    if x_shape[1:] == (256, 56, 56) and budget == 16 * 1024:   # the benchmark's rows: 12.5 KB blocks, 128 threads
+        assert cl == {4: 8, 2: 4, 8: 8}[dtype.itemsize]
+        assert block == 128 if dtype.itemsize < 8 else 256
+
+
+def test_cluster_forward_switch_takes_a_bool_or_storage_types(monkeypatch):
+    """CPU: CLUSTER_FORWARD True / False, or a tuple of storage types (those only)."""
+    from dnnprims import row_normalization as rn
+    for switch, on in ((True, set(rn._X_TYPES)), (False, set()), (("half_t", "bfloat16_t"), {"half_t", "bfloat16_t"}),
+                       ((), set())):
+        monkeypatch.setattr(rn, "CLUSTER_FORWARD", switch)
+        assert {t for t in rn._X_TYPES if rn._cluster_forward_on(t)} == on, switch
 
 
 def test_shared_memory_opt_in_counts_the_static_bytes(monkeypatch):

@@ -151,6 +151,7 @@ def use_packs(monkeypatch, shape):
         key: ({t: (shape if key[0] == "forward" else shape[:2]) for t in types} if shape else {})
         for key in softmaxes.CHANNEL_PACKS})
     monkeypatch.setattr(softmaxes, "PACKED16_FORWARD", False)  # the 16-bit forward too (words: below)
+    monkeypatch.setattr(softmaxes, "FLOAT_FORWARD", False)  # and the float forward (floats: below)
     monkeypatch.setattr(softmaxes, "_PLANS", {})
 
 
@@ -227,6 +228,11 @@ def test_channel_forward_special_values(xp, rng, monkeypatch, fresh_fast_table, 
     from dnnprims import softmaxes
     use_packs(monkeypatch, (8, 256))
     monkeypatch.setattr(softmaxes, "PACKED16_FORWARD", switch)
+    check_special_values(xp, rng, dtype)
+
+
+def check_special_values(xp, rng, dtype):
+    """The special-value columns of test_channel_forward_special_values against float64."""
     dtype = np.dtype(dtype)
     big = {"float16": 30000.0, "bfloat16": 1e30, "float32": 1e30, "float64": 1e150}[dtype.name]
     x = rng.uniform(-4, 4, (2, 37, 24))
@@ -276,11 +282,97 @@ def test_channel_words_table_declared_and_refusals(monkeypatch):
     monkeypatch.setattr(softmaxes, "PACKED16_FORWARD", True)
     # an axis of one: the packs kernel (exact 1 / 0)
     assert "channels_packs" in softmaxes._plan("forward", True, (2, 1, 64), 1, np.dtype(np.float16), True)[0]
-    assert "channels_packs" in softmaxes._plan("forward", False, (2, 256, 64), 1, np.dtype(np.float32), True)[0]
+    assert "channels_words" not in softmaxes._plan("forward", False, (2, 256, 64), 1, np.dtype(np.float32), True)[0]
     for entry in ((8, 512, 3), (8, 256, 1), (4, 256, 4)):
         monkeypatch.setattr(softmaxes, "PACKED16_FORWARD", entry)
         with pytest.raises(ValueError, match="CHANNEL_WORDS"):
             softmaxes._plan("forward", False, (2, 256, 64), 1, np.dtype(np.float16), True)
+
+
+FLOAT_SWITCHES = [False, True, (8, 256, 3, True, False), (8, 256, 4, True, False), (8, 256, 3, False, False),
+                  (8, 256, 3, True, True), (16, 256, 2, True, False)]
+FLOAT_CASES = PACK_CASES + [((2, 256, 3136), 1), ((3, 17, 8, 2), 1), ((1, 1, 64), 1), ((2, 7, 12), 1),
+                            ((5, 3, 1, 8), 1), ((2, 64, 3, 8), 1), ((3, 37, 4), 1)]
+
+
+@pytest.mark.parametrize("switch", FLOAT_SWITCHES, ids=str)
+@pytest.mark.parametrize("shape,axis", FLOAT_CASES, ids=[f"{s}-axis{a}" for s, a in FLOAT_CASES])
+def test_channel_floats_forward(xp, rng, monkeypatch, fresh_fast_table, switch, shape, axis):
+    """The float forward with fewer instructions (FLOAT_FORWARD: off, the default table,
+    each declared (K, 256, MINB, exp2, stream)): axis up to the capacity (8 packs: 512 =
+    64 rows of threads, 4 positions wide) and one past it (the tile kernel), partial and narrow
+    tiles (inner 12, 24, 8, 4: rows of threads holding fewer than K rows, threads past
+    inner), many tiles, an axis of 1 (the packs kernel), all four ops against float64."""
+    from dnnprims import softmaxes
+    monkeypatch.setattr(softmaxes, "FLOAT_FORWARD", switch)
+    check_four_ops(xp, rng, np.float32, shape, axis)
+
+
+@pytest.mark.parametrize("switch", [False, True], ids=str)
+@pytest.mark.parametrize("dtype", [d for d in _dtypes.SUPPORTED if d != np.float32], ids=lambda d: d.name)
+def test_float_forward_switch_leaves_other_dtypes(xp, rng, monkeypatch, fresh_fast_table, switch, dtype):
+    """FLOAT_FORWARD changes the float32 forward only: the other dtypes plan and compute
+    the same either way (channel axis, packs shape)."""
+    from dnnprims import softmaxes
+    monkeypatch.setattr(softmaxes, "FLOAT_FORWARD", switch)
+    for log in (False, True):
+        expr = softmaxes._plan("forward", log, (2, 256, 64), 1, np.dtype(dtype), True)[0]
+        assert "channels_floats" not in expr, expr
+    check_four_ops(xp, rng, dtype, (2, 256, 64), 1)
+
+
+@pytest.mark.parametrize("switch", FLOAT_SWITCHES, ids=str)
+def test_channel_floats_special_values(xp, rng, monkeypatch, fresh_fast_table, switch):
+    """test_channel_forward_special_values' columns (fully -inf, one NaN, some -inf,
+    +-1e30, constant, offset by 1000) through every FLOAT_FORWARD setting, float32."""
+    from dnnprims import softmaxes
+    use_packs(monkeypatch, (8, 256))
+    monkeypatch.setattr(softmaxes, "FLOAT_FORWARD", switch)
+    check_special_values(xp, rng, np.float32)
+
+
+@pytest.mark.parametrize("shape", [(2, 256, 3136), (3, 37, 12), (2, 513, 8)], ids=str)
+def test_channel_floats_expf_is_bitwise_the_packs_kernel(gpu, rng, monkeypatch, fresh_fast_table, shape):
+    """With exp2 False the floats kernel computes what the packs kernel does, in the same
+    order: the same bits (so the A/B's timing of that variant isolates the exp and 1 / s)."""
+    import cupy
+    from dnnprims import softmaxes
+    x = cupy.asarray(random_array(rng, shape, np.float32, low=-8, high=8))
+    for f in (softmax, log_softmax):
+        monkeypatch.setattr(softmaxes, "FLOAT_FORWARD", False)
+        old = f(x, axis=1)
+        monkeypatch.setattr(softmaxes, "FLOAT_FORWARD", (8, 256, 3, False, False))
+        new = f(x, axis=1)
+        assert cupy.array_equal(old.view(cupy.int32), new.view(cupy.int32)), f.__name__
+
+
+def test_channel_floats_table_declared_and_refusals(monkeypatch):
+    """Every CHANNEL_FLOATS entry and declared variant plans a declared floats kernel with
+    the packs kernel's grid and block; FLOAT_FORWARD False plans the packs kernel; shapes
+    without a kernel are refused; the backward and an axis of one never take it."""
+    from dnnprims import softmaxes
+    monkeypatch.setattr(softmaxes, "_PLANS", {})
+    shape, f32 = (64, 256, 56, 56), np.dtype(np.float32)
+    monkeypatch.setattr(softmaxes, "FLOAT_FORWARD", False)
+    packs = {log: softmaxes._plan("forward", log, shape, 1, f32, True) for log in (False, True)}
+    assert all("channels_packs" in p[0] for p in packs.values())
+    variants = [True] + [(k, 256, b, e, c) for k, b, e, c in softmaxes._FLOATS_VARIANTS]
+    for switch in variants:
+        monkeypatch.setattr(softmaxes, "FLOAT_FORWARD", switch)
+        for log in (False, True):
+            expr, grid, block, scalars, shared = softmaxes._plan("forward", log, shape, 1, f32, True)
+            assert "channels_floats" in expr and expr in softmaxes.FAMILY.name_expressions, expr
+            if switch is True or switch[0] == 8:  # the packs kernel's tiles
+                assert (grid, block, shared) == packs[log][1:3] + (0,) and scalars == packs[log][3]
+            else:  # 16 packs: 16 rows of threads, tiles of 64 positions
+                assert (grid, block, shared) == ((64 * 49,), (16, 16), 0)
+            assert "channels_floats" not in softmaxes._plan("backward", log, shape, 1, f32, True)[0]
+            assert "channels_packs" in softmaxes._plan("forward", log, (2, 1, 64), 1, f32, True)[0]
+    for entry in ((8, 512, 3, True, False), (8, 256, 5, True, False), (4, 256, 3, True, False),
+                  (8, 256, 4, False, True), (8, 256, 3)):
+        monkeypatch.setattr(softmaxes, "FLOAT_FORWARD", entry)
+        with pytest.raises(ValueError, match="FLOAT_FORWARD"):
+            softmaxes._plan("forward", False, (2, 256, 64), 1, f32, True)
 
 
 ROW_CASES = [((7, 13), -1), ((3, 1000), 1), ((5, 1024), 1), ((9, 2048), 1), ((6, 2049), -1), ((3, 2, 300), -1),
@@ -325,6 +417,7 @@ def test_channel_packs_table_names_declared_kernels(monkeypatch):
     refused instead of launched."""
     from dnnprims import _dtypes, softmaxes
     monkeypatch.setattr(softmaxes, "PACKED16_FORWARD", False)  # CHANNEL_WORDS: test_channel_words_table_*
+    monkeypatch.setattr(softmaxes, "FLOAT_FORWARD", False)  # CHANNEL_FLOATS: test_channel_floats_table_*
     for (direction, log), table in softmaxes.CHANNEL_PACKS.items():
         for dtype in _dtypes.SUPPORTED:
             if _dtypes.cuda_type(dtype) in table:
