@@ -106,6 +106,22 @@ _SHFL_SLOTS = 8
 _SHFL_BLOCKS = 2
 _SHFL_SLOTS_CHOICES = (4, 8)
 _SHFL_BLOCKS_CHOICES = (1, 2, 3)
+# NCHW float32 max 3x3 / 2 / 1 backward walking down the plane one window row a step
+# (pool_k3s2_backward_walk <T, index_t, S, MINB, PF>, kernels/pooling.cu): S window rows a
+# thread, MINB blocks of 256 per SM, PF = the next step's loads issued before this step's
+# arithmetic.  Registers (NVRTC 13.0, sm_90, S 4): PF 64 at MINB 4 / 71 at 3, no PF 56 / 60,
+# no spill (the R = 2 tile: 99, two blocks).  WALK_BACKWARD = False keeps pool_k3s2_backward
+# (tests, the A/B); it is in the call keys.  dx bitwise pool_k3s2_backward's.  notes/mpbwd.md.
+# H100 A/B (session 11), device ms old -> S 2 / S 4 (MINB 4, PF): 64x256x56x56 0.1722 ->
+# 0.1617 / 0.1708 (0.946 of copy), 32x64x112x112 0.0882 -> 0.0842 / 0.0873, 32x96x57x60
+# 0.0400 -> 0.0401 / 0.0402; S 8, MINB 3 and no PF slower.  (The NHWC shfl kernel with a
+# step of loads ahead or 2 channels a lane measured 1.00x / 0.76-0.91x: not kept.)
+WALK_BACKWARD = True
+_WALK_STEPS = 2
+_WALK_BLOCKS = 4
+_WALK_PREFETCH = True
+_WALK_STEPS_CHOICES = (2, 4, 8)
+_WALK_BLOCKS_CHOICES = (3, 4)
 # (kernels pool_k3s2_*)
 FAMILY = KernelFamily("pooling.cu", [
     *(f"pool_{mode}_{direction}<{t}, {i}, {nhwc}>"
@@ -139,6 +155,8 @@ FAMILY = KernelFamily("pooling.cu", [
     *(f"pool_k3s2_backward_rolled<{t}, {i}, {s}, {_ROLLED_HINT_BLOCKS}, false, {k}>"
       for t, ks in _ROLLED_SHARES_CHOICES.items() for i in ("int", "long long") for s in _ROLLED_SHARES_STEPS
       for k in ks if k > 0),
+    *(f"pool_k3s2_backward_walk<float, {i}, {s}, {b}, {pf}>"
+      for i in ("int", "long long") for s in _WALK_STEPS_CHOICES for b in _WALK_BLOCKS_CHOICES for pf in _BOOL),
     *(f"pool_k2s2_avg_backward<{t}, {i}, {_K2S2_ROWS}>"
       for t in _dtypes.CUDA_TYPES for i in ("int", "long long")),
     # NHWC 3x3 / 2 / 1, column-rolling: forward <T, index_t, MAX, R>, backward (max) <T, index_t, R, MINB>
@@ -262,7 +280,8 @@ def _fast_key(x, window, mode, stride, padding, count_include_pad, layout, *othe
     if data.ptr & 15:
         return None
     return (x.shape, x.dtype, data.device_id, *others, _current_device(), window, mode, stride, padding,
-            count_include_pad, layout, ROLLED_SHARES_HALF, ROLLED_SHARES_BFLOAT16, ROLLED_BFLOAT16)
+            count_include_pad, layout, ROLLED_SHARES_HALF, ROLLED_SHARES_BFLOAT16, ROLLED_BFLOAT16,
+            WALK_BACKWARD, _WALK_STEPS, _WALK_BLOCKS, _WALK_PREFETCH)
 
 
 class _Call:
@@ -359,7 +378,8 @@ def pool_backward(dy, x, y, window, *, mode="max", stride=None, padding=0, count
                 return dx
     key = _MEMO.key("pool_backward", (dy, x, y),
                     _options(window, mode, stride, padding, count_include_pad, layout)
-                    + (ROLLED_SHARES_HALF, ROLLED_SHARES_BFLOAT16, ROLLED_BFLOAT16))
+                    + (ROLLED_SHARES_HALF, ROLLED_SHARES_BFLOAT16, ROLLED_BFLOAT16, WALK_BACKWARD, _WALK_STEPS,
+                       _WALK_BLOCKS, _WALK_PREFETCH))
     call = _MEMO.get(key) if dy is not None else None
     if call is None:
         xp = _validate.array_module(dy=dy, x=x, y=y)
@@ -475,6 +495,11 @@ def _vector_launch(problem, direction, aligned):
         bands = ceil_div(ho, 2 * steps)  # segments of 2 * steps window rows
         expr = (f"pool_k3s2_backward_rolled<{t}, {{}}, {steps}, {_ROLLED_BLOCKS}, "
                 f"{_BOOL[_ROLLED_HINT]}, {shares}>")
+    elif (problem.window == (3, 3) and problem.padding == (1, 1) and direction == "backward"
+          and problem.mode == "max" and t == "float" and WALK_BACKWARD):
+        bands = ceil_div(ho, _WALK_STEPS)  # segments of _WALK_STEPS window rows
+        expr = (f"pool_k3s2_backward_walk<float, {{}}, {_WALK_STEPS}, {_WALK_BLOCKS}, "
+                f"{_BOOL[_WALK_PREFETCH]}>")
     elif problem.window == (3, 3) and problem.padding == (1, 1):
         kernel = _k3s2_kernel(problem, direction, "pool_k3s2", _K3S2_FORWARD_ROWS, _K3S2_BACKWARD_ROWS,
                               _K3S2_BACKWARD_BLOCKS)

@@ -2502,3 +2502,148 @@ pool_nhwc_k3s2_backward_shfl(const T* __restrict__ x, const T* __restrict__ dy, 
             });
     }
 }
+
+// ---------------------------------------------------------------------------
+// NCHW float32 max 3x3 / 2 / 1 backward walking down the plane one window row a
+// step (pool_k3s2_backward_walk <T, index_t, S, MINB, PF>; same requirements as
+// pool_k3s2_backward: W % VEC == 0, 16-byte aligned arrays).
+//
+// pool_k3s2_backward's R = 2 tile (99 registers: two blocks of 256 an SM, 16
+// warps) loads 7 x rows for 4 dx rows and computes 3 x 3 windows for them: x
+// through L1 / L2 1.75 times, 2.25 windows an owned window, ~700 instructions a
+// thread, one load phase, then the arithmetic with nothing in flight.  Here
+// thread = (plane, segment of S window rows, column vector j) walks down its
+// segment one window row oh a step: x row 2oh - 1 is carried from the step
+// before, rows 2oh, 2oh + 1 and dy row oh are loaded (each as the 16-byte
+// vector, the left halo scalar and the 2-element right halo, as
+// load_row_vector), the windows (oh, OUT*j + m), m = 0 .. OUT, are computed
+// once (argmax3x3: the fast rule unless the step's three rows hold a NaN), and
+// per step (a = the element's row in its window):
+//   dx 2oh - 1: carried window row oh - 1 (a = 2), then oh (a = 0)   (stored)
+//   dx 2oh:     window row oh (a = 1)                                 (stored)
+//   dx 2oh + 1: window row oh (a = 2), carried to the next step.
+// The tail step past the segment's end (window row oh_end < Ho) finishes dx row
+// 2oh_end - 1 only.  So (S + 1) / S window rows an owned one, x rows through L1
+// (2S + 2) / 2S times, ~270 SASS instructions a step on the fast path (8 dx
+// elements; the tile: ~700 for 16) and 56-64 registers (NVRTC 13.0, sm_90, S 4,
+// MINB 4, without / with PF): four blocks an SM fit.  PF: the next step's two x rows
+// and dy row are loaded before this step's arithmetic (17 more registers), so
+// a thread always has a step of loads in flight (the tile has one load phase
+// and then none).  Sums are the gather's order (row-major windows, from +0), so
+// dx is bitwise pool_k3s2_backward's; every dx element is written once by one
+// thread: deterministic, no atomics.
+template <typename T, typename index_t, int S, int MINB, bool PF>
+__global__ void __launch_bounds__(256, MINB)
+pool_k3s2_backward_walk(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ dx,
+                        index_t items, int H, int W, int Ho, int segments) {
+    typedef acc_t<T> A;
+    constexpr int VEC = 16 / sizeof(T), OUT = VEC / 2, XC = VEC + 3;  // x columns VEC*j - 1 .. VEC*j + VEC + 1
+    const int lanes = W / VEC, Wo = W / 2;
+    const A ninf = negative_infinity<A>();
+    for (index_t i = (index_t)blockIdx.x * blockDim.x + threadIdx.x; i < items;
+         i += (index_t)blockDim.x * gridDim.x) {
+        index_t plane;
+        int seg, j;
+        plane_band_lane<index_t>(i, lanes, segments, plane, seg, j);
+        const T* xp = x + (long long)plane * H * W + VEC * j;
+        const T* dyp = dy + (long long)plane * Ho * Wo + OUT * j;
+        T* dxp = dx + (long long)plane * H * W + VEC * j;
+        const bool left = j > 0, right = j + 1 < lanes;  // right: the window column OUT*j + OUT exists
+        const int oh_start = seg * S, oh_end = min(oh_start + S, Ho);
+        const int oh_last = oh_end < Ho ? oh_end : Ho - 1;  // the tail step, or the plane's last window row
+        // x rows 2oh - 1 (top), 2oh (mid), 2oh + 1 (bot); dy row oh (g); next step's (PF)
+        A top[XC], mid[XC], bot[XC], g[OUT + 1];
+        auto load_step = [&](int oh, A (&m)[XC], A (&b)[XC], A (&gg)[OUT + 1]) {
+            const T* row = xp + (long long)(2 * oh) * W;
+            load_row_vector<T, VEC, 2>(m, row, true, left, right, ninf);  // 2oh <= 2Ho - 2 < H
+            load_row_vector<T, VEC, 2>(b, row + W, 2 * oh + 1 < H, left, right, ninf);
+            const T* drow = dyp + (long long)oh * Wo;
+            const PackN<T, OUT> pk = load_pack<T, OUT>(drow);
+#pragma unroll
+            for (int u = 0; u < OUT; ++u) gg[u] = load(pk.v[u]);
+            gg[OUT] = right ? load(drow[OUT]) : A(0);
+        };
+        load_row_vector<T, VEC, 2>(top, xp + (long long)(2 * oh_start - 1) * W, oh_start > 0, left, right, ninf);
+        bool top_nan = any_nan<XC>(top);
+        if constexpr (PF) load_step(oh_start, mid, bot, g);
+        A carry[VEC];  // dx row 2oh - 1: window row oh - 1's a = 2 shares
+#pragma unroll
+        for (int f = 0; f < VEC; ++f) carry[f] = A(0);
+        for (int oh = oh_start;; ++oh) {
+            A nmid[XC], nbot[XC], ng[OUT + 1];
+            if constexpr (PF) {
+                if (oh < oh_last) load_step(oh + 1, nmid, nbot, ng);
+            } else {
+                load_step(oh, mid, bot, g);
+            }
+            const bool bot_nan = any_nan<XC>(bot);
+            const bool exact = top_nan || bot_nan || any_nan<XC>(mid);
+            const bool row[3] = {2 * oh - 1 >= 0, true, 2 * oh + 1 < H};
+            int pos[OUT + 1];
+            auto windows = [&](auto exact_rule) {
+#pragma unroll
+                for (int m = 0; m <= OUT; ++m) {
+                    const bool col[3] = {m > 0 || left, true, true};
+                    pos[m] = argmax3x3<decltype(exact_rule)::value, A>([&](int a, int c) {
+                        return (a == 0 ? top : a == 1 ? mid : bot)[2 * m + c];
+                    }, row, col);
+                    if (m == OUT && !right) pos[m] = -1;  // no window
+                }
+            };
+            if (exact) {
+                windows(Bool<true>());
+            } else {
+                windows(Bool<false>());
+            }
+            A r1[VEC], r2[VEC];  // dx rows 2oh (a = 1), 2oh + 1 (a = 2); carry += a = 0
+#pragma unroll
+            for (int f = 0; f < VEC; ++f) r1[f] = r2[f] = A(0);
+#pragma unroll
+            for (int m = 0; m <= OUT; ++m)
+#pragma unroll
+                for (int c = 0; c < 3; ++c) {
+                    const int f = 2 * m + c - 1;
+                    if (f < 0 || f >= VEC) continue;
+                    if (pos[m] == c) carry[f] += g[m];
+                    if (pos[m] == 3 + c) r1[f] += g[m];
+                    if (pos[m] == 6 + c) r2[f] += g[m];
+                }
+            if (oh > oh_start) {  // dx row 2oh - 1 (the segment's first belongs to the one above)
+                PackN<T, VEC> pk;
+#pragma unroll
+                for (int f = 0; f < VEC; ++f) pk.v[f] = store<T>(carry[f]);
+                *reinterpret_cast<PackN<T, VEC>*>(dxp + (long long)(2 * oh - 1) * W) = pk;
+            }
+            if (oh == oh_end) break;  // the tail step: dx row 2oh_end - 1 only
+            {
+                PackN<T, VEC> pk;
+#pragma unroll
+                for (int f = 0; f < VEC; ++f) pk.v[f] = store<T>(r1[f]);
+                *reinterpret_cast<PackN<T, VEC>*>(dxp + (long long)(2 * oh) * W) = pk;
+            }
+            if (oh == oh_last) {  // the plane's last window row: dx row 2Ho - 1 (even H) has no more windows
+                if (2 * oh + 1 < H) {
+                    PackN<T, VEC> pk;
+#pragma unroll
+                    for (int f = 0; f < VEC; ++f) pk.v[f] = store<T>(r2[f]);
+                    *reinterpret_cast<PackN<T, VEC>*>(dxp + (long long)(2 * oh + 1) * W) = pk;
+                }
+                break;
+            }
+#pragma unroll
+            for (int f = 0; f < VEC; ++f) carry[f] = r2[f];
+#pragma unroll
+            for (int e = 0; e < XC; ++e) top[e] = bot[e];
+            top_nan = bot_nan;
+            if constexpr (PF) {
+#pragma unroll
+                for (int e = 0; e < XC; ++e) {
+                    mid[e] = nmid[e];
+                    bot[e] = nbot[e];
+                }
+#pragma unroll
+                for (int u = 0; u <= OUT; ++u) g[u] = ng[u];
+            }
+        }
+    }
+}

@@ -621,6 +621,7 @@ def test_k3s2_backward_blocks_variants(gpu, rng, monkeypatch, blocks, layout, dt
     assert blocks in pooling._BACKWARD_BLOCKS_CHOICES
     monkeypatch.setattr(pooling, "ROLLED_BACKWARD", False)
     monkeypatch.setattr(pooling, "SHUFFLE_BACKWARD", False)
+    monkeypatch.setattr(pooling, "WALK_BACKWARD", False)
     monkeypatch.setitem(pooling._K3S2_BACKWARD_ROWS if nchw else pooling._NHWC_K3S2_BACKWARD_ROWS, size, 1)
     monkeypatch.setitem(pooling._K3S2_BACKWARD_BLOCKS if nchw else pooling._NHWC_K3S2_BACKWARD_BLOCKS,
                         size, blocks)
@@ -792,6 +793,110 @@ def test_nhwc_k3s2_backward_shfl_variants(gpu, rng, monkeypatch, blocks, slots):
             assert _k3s2_expressions(shape, np.float32, "max", "NHWC")[1].startswith("pool_nhwc_k3s2_backward<")
             want = _host(pool_backward(gpu.asarray(dy), gpu.asarray(x), None, 3, **opts))
             np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
+# (steps, blocks, prefetch, one-block grid) of pool_k3s2_backward_walk: every compiled
+# choice, and a grid of one block striding over every item
+_WALK_VARIANTS = [(s, b, pf, False) for s in (2, 4, 8) for b in (3, 4) for pf in (False, True)] + [
+    (4, 4, True, True), (2, 3, False, True)]
+# NCHW float32 (W a multiple of 4): odd / even heights, one and several segments of
+# every S, W = 4 (one vector a row: no left / right neighbour), > 256 items
+WALK_SIZES = K3S2_SIZES + [(4, 4), (5, 12), (17, 4), (30, 24), (33, 12), (57, 16), (60, 8), (57, 64)]
+
+
+@pytest.mark.parametrize("steps, blocks, prefetch, one_block", _WALK_VARIANTS)
+def test_k3s2_backward_walk_variants(gpu, rng, monkeypatch, steps, blocks, prefetch, one_block):
+    """pool_k3s2_backward_walk (NCHW float32 max 3x3 / 2 / 1 backward walking down the
+    plane one window row a step), every S / MINB / PF choice and a one-block grid: odd
+    and even heights, segment seams, random data against the reference, integer data
+    (ties, NaN, +-inf, -0.0) exactly, NaN rows at every step's rows, and dx bitwise
+    equal to pool_k3s2_backward's (WALK_BACKWARD = False)."""
+    from dnnprims import pooling
+    assert steps in pooling._WALK_STEPS_CHOICES and blocks in pooling._WALK_BLOCKS_CHOICES
+    monkeypatch.setattr(pooling, "_WALK_STEPS", steps)
+    monkeypatch.setattr(pooling, "_WALK_BLOCKS", blocks)
+    monkeypatch.setattr(pooling, "_WALK_PREFETCH", prefetch)
+    _fresh_plans(monkeypatch)  # _MAX_ITEMS_BLOCKS is not in the call keys
+    if one_block:
+        monkeypatch.setattr(pooling, "_MAX_ITEMS_BLOCKS", 1)
+    opts = dict(mode="max", stride=2, padding=1)
+    for hw in WALK_SIZES:
+        shape = (2, 3, *hw)
+        monkeypatch.setattr(pooling, "WALK_BACKWARD", True)
+        bwd = _k3s2_expressions(shape, np.float32, "max")[1]
+        assert bwd.startswith("pool_k3s2_backward_walk<float, ")
+        assert bwd.endswith(f", {steps}, {blocks}, {'true' if prefetch else 'false'}>")
+        x = random_array(rng, shape, np.float32)
+        y_shape = pool(x.astype(np.float64), 3, **opts).shape
+        dy = random_array(rng, y_shape, np.float32)
+        _check_against_reference(gpu, x, dy, 3, opts, "NCHW")
+        data = _nchw_integer_data(rng, np.float32, hw)
+        _check_integer_data_exactly(gpu, rng, data, dict(stride=2, padding=1))
+        # NaN rows at each residue mod 4 (a step's top, mid and bottom rows, the tail
+        # steps' rows of every S) and a NaN column
+        data[0, 0, 1::4, :] = data[0, 3, 3::4, 1::3] = data[1, 1, 2::4, hw[1] // 2] = np.nan
+        data[1, 3, ::4, :] = np.nan
+        _check_integer_data_exactly(gpu, rng, data, dict(stride=2, padding=1))
+        data_y_shape = pool(data.astype(np.float64), 3, **opts).shape
+        for a, b in ((x, dy), (data, rng.integers(-4, 5, size=data_y_shape).astype(np.float32))):
+            got = _host(pool_backward(gpu.asarray(b), gpu.asarray(a), None, 3, **opts))
+            monkeypatch.setattr(pooling, "WALK_BACKWARD", False)
+            assert _k3s2_expressions(shape, np.float32, "max")[1].startswith("pool_k3s2_backward<float, ")
+            want = _host(pool_backward(gpu.asarray(b), gpu.asarray(a), None, 3, **opts))
+            np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+            monkeypatch.setattr(pooling, "WALK_BACKWARD", True)
+
+
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_walk_switches_key_the_calls_and_ties_are_deterministic(gpu, rng, monkeypatch, layout):
+    """WALK_BACKWARD / _WALK_* are in the call keys: flipped between calls
+    without forgetting the memo, each setting runs its own kernel (a new fast-table entry),
+    dx is bitwise the same, and repeated calls on data full of ties give the same bits
+    (every dx element written by one thread, sums in a fixed order: no atomics)."""
+    from dnnprims import pooling
+    _fresh_plans(monkeypatch)
+    monkeypatch.setattr(pooling, "SHUFFLE_BACKWARD", True)
+    monkeypatch.setattr(pooling, "_SHFL_BLOCKS", 2)
+    opts = dict(mode="max", stride=2, padding=1, layout=layout)
+    shape = (2, 5, 30, 24) if layout == "NCHW" else (2, 30, 24, 32)
+    x = gpu.asarray(rng.integers(-1, 2, size=shape).astype(np.float32))  # ties everywhere
+    y_shape = pool(_host(x).astype(np.float64), 3, **opts).shape
+    dy = gpu.asarray(rng.integers(-4, 5, size=y_shape).astype(np.float32))
+    want = pool_backward(dy.get().astype(np.float64), _host(x).astype(np.float64), None, 3, **opts)
+    monkeypatch.setattr(pooling, "_SHFL_SLOTS", 8)
+    settings = [(True, 4, 4, True), (False, 4, 4, True), (True, 2, 3, False), (True, 8, 4, True),
+                (True, 4, 4, True)]
+    got, entries = [], []
+    for walk, steps, blocks, prefetch in settings:
+        monkeypatch.setattr(pooling, "WALK_BACKWARD", walk)
+        monkeypatch.setattr(pooling, "_WALK_STEPS", steps)
+        monkeypatch.setattr(pooling, "_WALK_BLOCKS", blocks)
+        monkeypatch.setattr(pooling, "_WALK_PREFETCH", prefetch)
+        for _ in range(3):
+            got.append(_host(pool_backward(dy, x, None, 3, **opts)).view(np.uint32))
+        entries.append(len(pooling._MEMO.fast))
+    for g in got[1:]:
+        np.testing.assert_array_equal(g, got[0])
+    np.testing.assert_array_equal(got[0].view(np.float32).astype(np.float64), want)
+    assert entries[:4] == [1, 2, 3, 4] and entries[4] == 4  # the last setting is the first's
+
+
+def test_walk_expressions_declared():
+    """Every pool_k3s2_backward_walk expression the tables can ask for is in the
+    family (no GPU needed: the plans are made on the CPU), and float32 NCHW max 3x3 / 2 / 1
+    backward takes the walk by default, other types and modes do not."""
+    from dnnprims import pooling
+    declared = set(pooling.FAMILY.name_expressions)
+    assert _k3s2_expressions((2, 3, 13, 24), np.float32, "max")[1] == (
+        f"pool_k3s2_backward_walk<float, int, {pooling._WALK_STEPS}, {pooling._WALK_BLOCKS}, "
+        f"{'true' if pooling._WALK_PREFETCH else 'false'}>")
+    assert not _k3s2_expressions((2, 3, 13, 24), np.float64, "max")[1].startswith("pool_k3s2_backward_walk")
+    assert not _k3s2_expressions((2, 3, 13, 24), np.float32, "avg")[1].startswith("pool_k3s2_backward_walk")
+    for i in ("int", "long long"):
+        for s in pooling._WALK_STEPS_CHOICES:
+            for b in pooling._WALK_BLOCKS_CHOICES:
+                for pf in ("false", "true"):
+                    assert f"pool_k3s2_backward_walk<float, {i}, {s}, {b}, {pf}>" in declared
 
 
 @pytest.mark.parametrize("shape", [(3, 100, 7, 7), (2, 5, 8, 8), (1, 1, 1, 1), (2, 3, 1, 1),
