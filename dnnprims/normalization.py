@@ -748,15 +748,13 @@ def _rows_resident_launch(cp, rows, spec, channels, tensors, itemsize):
     bytes) of a resident rows kernel, or None (as _rows_fused_grid).  The cache
     takes what an SM's shared memory leaves for the blocks its registers allow,
     the same grid as without it (the occupancy API is asked with the bytes)."""
-    device = cp.cuda.runtime.getDevice()
-    resident = _RESIDENT.get((device, spec))
-    if resident is None:
-        resident = _RESIDENT[(device, spec)] = _resident_blocks(cp, FAMILY.function(spec))
-    gx = min(resident // rows.groups, ceil_div(rows.rows, rows.block_lanes * ROWS_FUSED_MIN_ROWS))
-    if gx < 1 or (device, spec, (gx, rows.groups)) in _REFUSED:
+    fused = _rows_fused_grid(cp, rows, spec, channels)
+    if fused is None:
         return None
+    grid, lanes, work = fused
+    device = cp.cuda.runtime.getDevice()
+    resident = _RESIDENT[(device, spec)]
     batch_rows = _fused_rows_batch(rows.t, rows.vec, tensors)
-    lanes = gx * rows.block_lanes
     lane_batches = ceil_div(rows.rows, lanes * batch_rows)
     per_batch = tensors * batch_rows * _BLOCK * rows.vec * itemsize  # bytes a block caches per batch
     _, optin, l2 = _device_facts(cp, device)
@@ -774,10 +772,7 @@ def _rows_resident_launch(cp, rows, spec, channels, tensors, itemsize):
     if fraction is not None:
         stretch = lanes * batch_rows * channels * itemsize * tensors  # one batch of every lane
         window = min(int(fraction * l2) // stretch, lane_batches)
-    work = _stream_workspace(cp)
-    if work.arrive.size < 4:
-        work.arrive = cp.zeros(max(4, 2 * channels), np.uint32)
-    return (gx, rows.groups), lanes, work, cached, window, cached * per_batch
+    return grid, lanes, work, cached, window, cached * per_batch
 
 
 def _rows_resident_flags(rows, one_count=None):
@@ -1267,6 +1262,27 @@ def _rows_forward_plan(cp, x, y, pdtype, channels, rows_count, inner, training, 
         aligned))
 
 
+def _rows_one_launch(cp, rows, pt, direction, resident_spec, channels, tensors, itemsize, fused_allowed):
+    """The one-launch rows kernel of `direction` ("train" / "backward"): (spec, grid, lanes,
+    workspace, the kernel's extra arguments, dynamic shared bytes) of the resident kernel
+    `resident_spec` when ROWS_RESIDENT and it fits, else of batchnorm_rows_*_fused; None when
+    neither applies (ROWS_FUSED off, fused_allowed False: a refused cooperative launch's
+    fallback plan)."""
+    if not (fused_allowed and ROWS_FUSED):
+        return None
+    if ROWS_RESIDENT:
+        launch = _rows_resident_launch(cp, rows, resident_spec, channels, tensors, itemsize)
+        if launch is not None:
+            grid, lanes, work, cached, window, shared = launch
+            return resident_spec, grid, lanes, work, (np.int32(cached), np.int32(window)), shared
+    spec = rows.spec(f"{direction}_fused", pt)
+    fused = _rows_fused_grid(cp, rows, spec, channels)
+    if fused is None:
+        return None
+    grid, lanes, work = fused
+    return spec, grid, lanes, work, (), 0
+
+
 def _build_rows_forward_plan(cp, x, pdtype, channels, rows_count, training, update, momentum, eps, no_gamma,
                              no_beta, aligned, fused_allowed=True):
     A = _kernels
@@ -1289,29 +1305,12 @@ def _build_rows_forward_plan(cp, x, pdtype, channels, rows_count, training, upda
                                        (X, Y, MEAN, INVSTD, rm, rv, gamma, beta, *shape, real(eps)),
                                        shared_mem=shared))
         return _Plan(launches, aligned, stats)
-    if training and fused_allowed and ROWS_FUSED and ROWS_RESIDENT:
-        flags = _rows_resident_flags(rows, x.itemsize in ROWS_TRAIN_ONE_COUNT and rows.t != "double")
-        spec = rows.spec("train_resident", pt, flag=flags)
-        launch = _rows_resident_launch(cp, rows, spec, channels, 1, x.itemsize)
-        if launch is not None:
-            grid, lanes, work, cached, window, shared = launch
-            size = channels * lanes
-            parts = work.scratch(cp, acc, 3 * size, 2)
-            fallback = _rows_refused(cp, spec, grid, lambda arrays: _build_rows_forward_plan(
-                cp, arrays[0], pdtype, channels, rows_count, training, update, momentum, eps, no_gamma, no_beta,
-                aligned, fused_allowed=False))
-            launches.append(FAMILY.prepare(
-                spec, grid, (_BLOCK,),
-                (X, Y, parts[:size], parts[size:2 * size], parts[2 * size:], MEAN, INVSTD, rm, rv, gamma, beta,
-                 *rows.shape, real(eps), real(momentum), unbias, np.int32(update), np.int32(cached),
-                 np.int32(window), work.arrive),
-                shared_mem=shared, cooperative=True, fallback=fallback))
-            return _Plan(launches, aligned, stats)
     if training:
-        spec = rows.spec("train_fused", pt)
-        fused = _rows_fused_grid(cp, rows, spec, channels) if fused_allowed and ROWS_FUSED else None
-        if fused is not None:
-            grid, lanes, work = fused
+        flags = _rows_resident_flags(rows, x.itemsize in ROWS_TRAIN_ONE_COUNT and rows.t != "double")
+        resident = rows.spec("train_resident", pt, flag=flags)
+        one = _rows_one_launch(cp, rows, pt, "train", resident, channels, 1, x.itemsize, fused_allowed)
+        if one is not None:
+            spec, grid, lanes, work, extra, shared = one
             size = channels * lanes
             parts = work.scratch(cp, acc, 3 * size, 2)
             fallback = _rows_refused(cp, spec, grid, lambda arrays: _build_rows_forward_plan(
@@ -1320,8 +1319,8 @@ def _build_rows_forward_plan(cp, x, pdtype, channels, rows_count, training, upda
             launches.append(FAMILY.prepare(
                 spec, grid, (_BLOCK,),
                 (X, Y, parts[:size], parts[size:2 * size], parts[2 * size:], MEAN, INVSTD, rm, rv, gamma, beta,
-                 *rows.shape, real(eps), real(momentum), unbias, np.int32(update), work.arrive),
-                cooperative=True, fallback=fallback))
+                 *rows.shape, real(eps), real(momentum), unbias, np.int32(update), *extra, work.arrive),
+                shared_mem=shared, cooperative=True, fallback=fallback))
             return _Plan(launches, aligned, stats)
         launches.extend(_rows_statistics_launches(cp, rows, acc, pt, channels, X, MEAN, INVSTD, rm, rv, update,
                                                   real(eps), real(momentum), unbias))
@@ -1370,26 +1369,10 @@ def _build_rows_backward_plan(cp, x, pdtype, channels, rows_count, recompute, ep
                                                   real(eps), real(0), real(1)))
     else:
         mean, invstd = A.ARRAY2, A.ARRAY3
-    if fused_allowed and ROWS_FUSED and ROWS_RESIDENT:
-        spec = rows.spec("backward_resident", pt, flag=_rows_resident_flags(rows))
-        launch = _rows_resident_launch(cp, rows, spec, channels, 2, x.itemsize)
-        if launch is not None:
-            grid, lanes, work, cached, window, shared = launch
-            size = channels * lanes
-            parts = work.scratch(cp, acc, 2 * size + 2 * channels, 3)
-            fallback = _rows_refused(cp, spec, grid, lambda arrays: _build_rows_backward_plan(
-                cp, arrays[0], pdtype, channels, rows_count, recompute, eps, no_gamma, aligned,
-                fused_allowed=False))
-            launches.append(FAMILY.prepare(
-                spec, grid, (_BLOCK,),
-                (X, DY, mean, invstd, gamma, parts[:size], parts[size:2 * size], parts[2 * size:], DX, DGAMMA,
-                 DBETA, *rows.shape, np.int32(cached), np.int32(window), work.arrive),
-                shared_mem=shared, cooperative=True, fallback=fallback))
-            return _Plan(launches, aligned)
-    spec = rows.spec("backward_fused", pt)
-    fused = _rows_fused_grid(cp, rows, spec, channels) if fused_allowed and ROWS_FUSED else None
-    if fused is not None:
-        grid, lanes, work = fused
+    resident = rows.spec("backward_resident", pt, flag=_rows_resident_flags(rows))
+    one = _rows_one_launch(cp, rows, pt, "backward", resident, channels, 2, x.itemsize, fused_allowed)
+    if one is not None:
+        spec, grid, lanes, work, extra, shared = one
         size = channels * lanes
         parts = work.scratch(cp, acc, 2 * size + 2 * channels, 3)
         fallback = _rows_refused(cp, spec, grid, lambda arrays: _build_rows_backward_plan(
@@ -1397,7 +1380,7 @@ def _build_rows_backward_plan(cp, x, pdtype, channels, rows_count, recompute, ep
         launches.append(FAMILY.prepare(
             spec, grid, (_BLOCK,),
             (X, DY, mean, invstd, gamma, parts[:size], parts[size:2 * size], parts[2 * size:], DX, DGAMMA, DBETA,
-             *rows.shape, work.arrive), cooperative=True, fallback=fallback))
+             *rows.shape, *extra, work.arrive), shared_mem=shared, cooperative=True, fallback=fallback))
         return _Plan(launches, aligned)
     spec = rows.spec("backward_reduce")
     grid, lanes = rows.grid(cp, spec, 8)

@@ -147,6 +147,18 @@ __device__ __forceinline__ void write_statistics(int c, A mean, A var, A invstd,
     }
 }
 
+// Writes channel c's backward sums g = sum(dy) and gx = sum(dy * xhat): to
+// sums[c] / sums[C + c] (what the data pass reads) and as dbeta / dgamma.  One
+// thread per channel calls it.
+template <typename A, typename P, typename index_t>
+__device__ __forceinline__ void write_grad_sums(int c, index_t C, A g, A gx, A* __restrict__ sums,
+                                                P* __restrict__ dbeta, P* __restrict__ dgamma) {
+    sums[c] = g;
+    sums[C + c] = gx;
+    dbeta[c] = store<P>(g);
+    dgamma[c] = store<P>(gx);
+}
+
 // What a fused kernel's block writes instead of a result it could not compute
 // (a grid barrier that timed out, see channel_barrier): a quiet NaN, never a
 // plausible wrong value.
@@ -557,6 +569,18 @@ __device__ __forceinline__ void infer_constants(const P* __restrict__ running_me
     shift = b;
 }
 
+// The packs pack b0 + u * BN_THREADS + thread (u < U) of x, those below `packs`
+// (the packs inference kernels: all of a block's loads before any use).
+template <typename T, int VEC, int U, typename index_t>
+__device__ __forceinline__ void load_block_packs(const T* __restrict__ x, index_t b0, index_t packs,
+                                                 Pack<T, VEC> (&in)[U]) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+        const index_t q = b0 + (index_t)(u * BN_THREADS + threadIdx.x);
+        if (q < packs) in[u] = *reinterpret_cast<const Pack<T, VEC>*>(x + q * VEC);
+    }
+}
+
 template <typename T, typename P, typename index_t, int VEC, int U, bool SPLIT>
 __global__ void __launch_bounds__(BN_THREADS)
 batchnorm_infer_packs(const T* __restrict__ x, T* __restrict__ y, acc_t<T>* __restrict__ mean_out,
@@ -573,11 +597,7 @@ batchnorm_infer_packs(const T* __restrict__ x, T* __restrict__ y, acc_t<T>* __re
     const index_t stride = (index_t)gridDim.x * (BN_THREADS * U);
     for (index_t b0 = (index_t)blockIdx.x * (BN_THREADS * U); b0 < packs; b0 += stride) {  // block-uniform
         Pack<T, VEC> in[U];
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            const index_t q = b0 + (index_t)(u * BN_THREADS + threadIdx.x);
-            if (q < packs) in[u] = *reinterpret_cast<const Pack<T, VEC>*>(x + q * VEC);
-        }
+        load_block_packs(x, b0, packs, in);
 #pragma unroll
         for (int u = 0; u < U; ++u) {
             const index_t q = b0 + (index_t)(u * BN_THREADS + threadIdx.x);
@@ -664,11 +684,7 @@ batchnorm_infer_rows_packs(const T* __restrict__ x, T* __restrict__ y, acc_t<T>*
     bool table = false;
     for (index_t b0 = (index_t)blockIdx.x * (BN_THREADS * U); b0 < packs; b0 += stride) {  // block-uniform
         Pack<T, VEC> in[U];
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            const index_t q = b0 + (index_t)(u * BN_THREADS + threadIdx.x);
-            if (q < packs) in[u] = *reinterpret_cast<const Pack<T, VEC>*>(x + q * VEC);
-        }
+        load_block_packs(x, b0, packs, in);
         if (!table) {
             for (int c = threadIdx.x; c < C; c += BN_THREADS)
                 infer_constants<T, false>(running_mean, running_var, gamma, beta, c, eps, t_mean[c], t_scale[c],
@@ -1266,10 +1282,7 @@ batchnorm_backward_reduce(const T* __restrict__ x, const T* __restrict__ dy,
     if (last_to_arrive(arrive + c, splits)) {
         merge_sums((const volatile A*)part_dy, (const volatile A*)part_dy_xhat, c, splits, g, gx);
         if (threadIdx.x == 0) {
-            sums[c] = g;
-            sums[C + c] = gx;
-            dbeta[c] = store<P>(g);
-            dgamma[c] = store<P>(gx);
+            write_grad_sums(c, C, g, gx, sums, dbeta, dgamma);
         }
     }
 }
@@ -1815,6 +1828,32 @@ batchnorm_rows_merge_statistics(const acc_t<T>* __restrict__ part_n, const acc_t
     }
 }
 
+// The lane's rows of the K tensors src for the single-pass rows kernels
+// (normalize, backward reduce and data), U rows at a time (rows r0 + u * L, all
+// loads first): body(vals, u, r) for each row r below M, vals[k][u] the row of
+// src[k] as acc_t.  REVERSE: row r is read at M - 1 - r (last to first).
+template <bool REVERSE, int K, typename T, int VEC, typename index_t, typename Body>
+__device__ __forceinline__ void each_row(const T* const (&src)[K], const RowLanes& rl, index_t M, int C, Body body) {
+    constexpr int U = 4;
+    for (index_t r0 = rl.lane; r0 < M; r0 += (index_t)rl.L * U) {
+        acc_t<T> vals[K][U][VEC];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const index_t r = r0 + (index_t)u * rl.L;
+            if (r < M) {
+#pragma unroll
+                for (int k = 0; k < K; ++k)
+                    load_pack<T, VEC>(src[k], (REVERSE ? M - 1 - r : r) * C + (index_t)rl.cv * VEC, vals[k][u]);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const index_t r = r0 + (index_t)u * rl.L;
+            if (r < M) body(vals, u, r);
+        }
+    }
+}
+
 // y = (x - mean) * invstd * gamma + beta.  TRAINING: mean/invstd from
 // rows_merge_statistics; else from the running statistics (lane 0 writes them out).
 template <typename T, typename P, typename index_t, int VEC, bool TRAINING>
@@ -1846,24 +1885,12 @@ batchnorm_rows_normalize(const T* __restrict__ x, T* __restrict__ y, acc_t<T>* _
         scale[v] = s * A(load(gamma[c]));
         shift[v] = A(load(beta[c]));
     }
-    constexpr int U = 4;
-    for (index_t r0 = rl.lane; r0 < M; r0 += (index_t)rl.L * U) {
-        A vals[U][VEC];
+    const T* const src[1] = {x};
+    each_row<true, 1, T, VEC>(src, rl, M, C, [&](auto& vals, int u, index_t r) {
 #pragma unroll
-        for (int u = 0; u < U; ++u) {
-            const index_t r = r0 + (index_t)u * rl.L;
-            if (r < M) load_pack<T, VEC>(x, (M - 1 - r) * C + (index_t)rl.cv * VEC, vals[u]);
-        }
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            const index_t r = r0 + (index_t)u * rl.L;
-            if (r < M) {
-#pragma unroll
-                for (int v = 0; v < VEC; ++v) vals[u][v] = (vals[u][v] - mean[v]) * scale[v] + shift[v];
-                store_pack<T, VEC>(y, (M - 1 - r) * C + (index_t)rl.cv * VEC, vals[u]);
-            }
-        }
-    }
+        for (int v = 0; v < VEC; ++v) vals[0][u][v] = (vals[0][u][v] - mean[v]) * scale[v] + shift[v];
+        store_pack<T, VEC>(y, (M - 1 - r) * C + (index_t)rl.cv * VEC, vals[0][u]);
+    });
 }
 
 // Per lane: sum(dy) and sum(dy * (x - mean)) per channel, at [c * L + lane].
@@ -1882,29 +1909,14 @@ batchnorm_rows_backward_reduce(const T* __restrict__ x, const T* __restrict__ dy
         m[v] = mean[rl.cv * VEC + v];
         g[v] = gx[v] = 0;
     }
-    constexpr int U = 4;
-    for (index_t r0 = rl.lane; r0 < M; r0 += (index_t)rl.L * U) {
-        A xs[U][VEC], ds[U][VEC];
+    const T* const src[2] = {x, dy};
+    each_row<false, 2, T, VEC>(src, rl, M, C, [&](const auto& vals, int u, index_t) {
 #pragma unroll
-        for (int u = 0; u < U; ++u) {
-            const index_t r = r0 + (index_t)u * rl.L;
-            if (r < M) {
-                load_pack<T, VEC>(x, r * C + (index_t)rl.cv * VEC, xs[u]);
-                load_pack<T, VEC>(dy, r * C + (index_t)rl.cv * VEC, ds[u]);
-            }
+        for (int v = 0; v < VEC; ++v) {
+            g[v] += vals[1][u][v];
+            gx[v] += vals[1][u][v] * (vals[0][u][v] - m[v]);
         }
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            const index_t r = r0 + (index_t)u * rl.L;
-            if (r < M) {
-#pragma unroll
-                for (int v = 0; v < VEC; ++v) {
-                    g[v] += ds[u][v];
-                    gx[v] += ds[u][v] * (xs[u][v] - m[v]);
-                }
-            }
-        }
-    }
+    });
 #pragma unroll
     for (int v = 0; v < VEC; ++v) {
         const index_t o = (index_t)(rl.cv * VEC + v) * rl.L + rl.lane;
@@ -1944,10 +1956,7 @@ batchnorm_rows_backward_merge(const acc_t<T>* __restrict__ part_g, const acc_t<T
     sgx = warp_down_sum(sgx);
     if (lane == 0) {
         sgx *= invstd[c];
-        sums[c] = sg;
-        sums[C + c] = sgx;
-        dbeta[c] = store<P>(sg);
-        dgamma[c] = store<P>(sgx);
+        write_grad_sums(c, C, sg, sgx, sums, dbeta, dgamma);
     }
 }
 
@@ -1972,30 +1981,15 @@ batchnorm_rows_backward_data(const T* __restrict__ x, const T* __restrict__ dy,
         mean_dy[v] = sums[c] / n;
         mean_dy_xhat[v] = sums[C + c] / n;
     }
-    constexpr int U = 4;
-    for (index_t r0 = rl.lane; r0 < M; r0 += (index_t)rl.L * U) {
-        A xs[U][VEC], ds[U][VEC];
+    const T* const src[2] = {x, dy};
+    each_row<true, 2, T, VEC>(src, rl, M, C, [&](auto& vals, int u, index_t r) {
 #pragma unroll
-        for (int u = 0; u < U; ++u) {
-            const index_t r = r0 + (index_t)u * rl.L;
-            if (r < M) {
-                load_pack<T, VEC>(x, (M - 1 - r) * C + (index_t)rl.cv * VEC, xs[u]);
-                load_pack<T, VEC>(dy, (M - 1 - r) * C + (index_t)rl.cv * VEC, ds[u]);
-            }
+        for (int v = 0; v < VEC; ++v) {
+            const A xhat = (vals[0][u][v] - m[v]) * s[v];
+            vals[0][u][v] = scale[v] * (vals[1][u][v] - mean_dy[v] - xhat * mean_dy_xhat[v]);
         }
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            const index_t r = r0 + (index_t)u * rl.L;
-            if (r < M) {
-#pragma unroll
-                for (int v = 0; v < VEC; ++v) {
-                    const A xhat = (xs[u][v] - m[v]) * s[v];
-                    xs[u][v] = scale[v] * (ds[u][v] - mean_dy[v] - xhat * mean_dy_xhat[v]);
-                }
-                store_pack<T, VEC>(dx, (M - 1 - r) * C + (index_t)rl.cv * VEC, xs[u]);
-            }
-        }
-    }
+        store_pack<T, VEC>(dx, (M - 1 - r) * C + (index_t)rl.cv * VEC, vals[0][u]);
+    });
 }
 
 // Channel-last training forward and backward (saved statistics) in ONE launch
@@ -2215,24 +2209,13 @@ __device__ __forceinline__ void rows_second_pass(const Op& op, const T* const (&
     }
 }
 
-// The whole fused rows kernel for an op: pass 1, the lane partials, grid
-// barrier 1, the merge, grid barrier 2, pass 2.
-template <typename T, int VEC, typename Op, typename index_t>
-__device__ __forceinline__ void rows_fused(Op& op, const T* const (&src)[Op::K], T* __restrict__ dst,
-                                           acc_t<T>* const (&parts)[Op::Q], index_t M, int C, int cols,
-                                           unsigned* __restrict__ arrive) {
-    typedef acc_t<T> A;
-    constexpr int K = Op::K, Q = Op::Q;
-    constexpr int B = fused_rows_batch<T, VEC, K>();
-    constexpr int SB = ROWS_SMEM_ROWS / K / B;  // cached batches
-    __shared__ Pack<T, VEC> cache[K][SB * B][BN_THREADS];
-    const RowLanes rl(cols);
-    const bool active = rl.active(C / VEC);
-    const index_t col = (index_t)rl.cv * VEC;
-    const index_t batches = active ? lane_batches<B>(rl, M) : 0;
-    op.start(rl, active);
-    A keep[K][B][VEC];
-    rows_first_pass<B, SB>(op, src, rl, M, C, col, batches, keep, cache);
+// Between the passes of rows_fused and rows_resident: the lane partials out,
+// grid barrier 1, the merge of the channels this block owns, grid barrier 2.
+// Returns whether every block merged (false: the barrier timed out).
+template <typename T, int VEC, typename index_t, typename Op>
+__device__ __forceinline__ bool rows_exchange_partials(Op& op, acc_t<T>* const (&parts)[Op::Q], const RowLanes& rl,
+                                                       int C, bool active, unsigned* __restrict__ arrive) {
+    constexpr int Q = Op::Q;
     if (active) {
 #pragma unroll
         for (int v = 0; v < VEC; ++v) {
@@ -2246,7 +2229,28 @@ __device__ __forceinline__ void rows_fused(Op& op, const T* const (&src)[Op::K],
     grid_block(block, blocks);
     const bool gathered = channel_barrier(arrive, 0, 2, blocks);
     rows_merge_channels(op, parts, rl.L, C, block, blocks, gathered);
-    const bool merged_all = channel_barrier(arrive, 1, 2, blocks);
+    return channel_barrier(arrive, 1, 2, blocks);
+}
+
+// The whole fused rows kernel for an op: pass 1, the lane partials, grid
+// barrier 1, the merge, grid barrier 2, pass 2.
+template <typename T, int VEC, typename Op, typename index_t>
+__device__ __forceinline__ void rows_fused(Op& op, const T* const (&src)[Op::K], T* __restrict__ dst,
+                                           acc_t<T>* const (&parts)[Op::Q], index_t M, int C, int cols,
+                                           unsigned* __restrict__ arrive) {
+    typedef acc_t<T> A;
+    constexpr int K = Op::K;
+    constexpr int B = fused_rows_batch<T, VEC, K>();
+    constexpr int SB = ROWS_SMEM_ROWS / K / B;  // cached batches
+    __shared__ Pack<T, VEC> cache[K][SB * B][BN_THREADS];
+    const RowLanes rl(cols);
+    const bool active = rl.active(C / VEC);
+    const index_t col = (index_t)rl.cv * VEC;
+    const index_t batches = active ? lane_batches<B>(rl, M) : 0;
+    op.start(rl, active);
+    A keep[K][B][VEC];
+    rows_first_pass<B, SB>(op, src, rl, M, C, col, batches, keep, cache);
+    const bool merged_all = rows_exchange_partials<T, VEC, index_t>(op, parts, rl, C, active, arrive);
     if (!active || batches == 0) return;
     op.prepare(rl, M, C, merged_all);
     rows_second_pass<B, SB>(op, src, dst, rl, M, C, col, batches, keep, cache);
@@ -2276,6 +2280,21 @@ struct RowsTrainOp {
     A eps, momentum, unbias;
     int update_running;
 
+    // The kernel arguments of batchnorm_rows_train_fused and _resident.
+    __device__ __forceinline__ void set(A* mean_out_, A* invstd_out_, P* running_mean_, P* running_var_,
+                                        const P* gamma_, const P* beta_, A eps_, A momentum_, A unbias_,
+                                        int update_running_) {
+        mean_out = mean_out_;
+        invstd_out = invstd_out_;
+        running_mean = running_mean_;
+        running_var = running_var_;
+        gamma = gamma_;
+        beta = beta_;
+        eps = eps_;
+        momentum = momentum_;
+        unbias = unbias_;
+        update_running = update_running_;
+    }
     __device__ __forceinline__ void start(const RowLanes&, bool) {
 #pragma unroll
         for (int v = 0; v < VEC; ++v) part[0][v] = part[1][v] = part[2][v] = 0;
@@ -2388,6 +2407,17 @@ struct RowsBackwardOp {
     P* dbeta;
     int C;
 
+    // The kernel arguments of batchnorm_rows_backward_fused and _resident.
+    __device__ __forceinline__ void set(const A* mean_, const A* invstd_, const P* gamma_, A* sums_, P* dgamma_,
+                                        P* dbeta_, int C_) {
+        mean = mean_;
+        invstd = invstd_;
+        gamma = gamma_;
+        sums = sums_;
+        dgamma = dgamma_;
+        dbeta = dbeta_;
+        C = C_;
+    }
     __device__ __forceinline__ void start(const RowLanes& rl, bool active) {
 #pragma unroll
         for (int v = 0; v < VEC; ++v) {
@@ -2413,10 +2443,7 @@ struct RowsBackwardOp {
     __device__ __forceinline__ void finish(int c, const A (&r)[Q], bool gathered) const {
         A g = r[0], gx = r[1] * invstd[c];
         if (!gathered) g = gx = barrier_failed<A>();
-        sums[c] = g;
-        sums[C + c] = gx;
-        dbeta[c] = store<P>(g);
-        dgamma[c] = store<P>(gx);
+        write_grad_sums(c, C, g, gx, sums, dbeta, dgamma);
     }
     template <typename index_t>
     __device__ __forceinline__ void prepare(const RowLanes& rl, index_t M, int, bool merged_all) {
@@ -2451,16 +2478,7 @@ batchnorm_rows_train_fused(const T* __restrict__ x, T* __restrict__ y, acc_t<T>*
                            acc_t<T> eps, acc_t<T> momentum, acc_t<T> unbias, int update_running,
                            unsigned* __restrict__ arrive) {
     RowsTrainOp<T, P, VEC> op;
-    op.mean_out = mean_out;
-    op.invstd_out = invstd_out;
-    op.running_mean = running_mean;
-    op.running_var = running_var;
-    op.gamma = gamma;
-    op.beta = beta;
-    op.eps = eps;
-    op.momentum = momentum;
-    op.unbias = unbias;
-    op.update_running = update_running;
+    op.set(mean_out, invstd_out, running_mean, running_var, gamma, beta, eps, momentum, unbias, update_running);
     const T* const src[1] = {x};
     acc_t<T>* const parts[3] = {part_n, part_mean, part_m2};
     rows_fused<T, VEC>(op, src, y, parts, M, C, cols, arrive);
@@ -2475,13 +2493,7 @@ batchnorm_rows_backward_fused(const T* __restrict__ x, const T* __restrict__ dy,
                               P* __restrict__ dgamma, P* __restrict__ dbeta, index_t M, int C, int cols,
                               unsigned* __restrict__ arrive) {
     RowsBackwardOp<T, P, VEC> op;
-    op.mean = mean;
-    op.invstd = invstd;
-    op.gamma = gamma;
-    op.sums = sums;
-    op.dgamma = dgamma;
-    op.dbeta = dbeta;
-    op.C = C;
+    op.set(mean, invstd, gamma, sums, dgamma, dbeta, C);
     const T* const src[2] = {x, dy};
     acc_t<T>* const parts[2] = {part_g, part_gx};
     rows_fused<T, VEC>(op, src, dx, parts, M, C, cols, arrive);
@@ -2768,7 +2780,7 @@ template <typename T, int VEC, bool WORDS, typename Op, typename index_t>
 __device__ __forceinline__ void rows_resident(Op& op, const T* const (&src)[Op::K], T* __restrict__ dst,
                                               acc_t<T>* const (&parts)[Op::Q], index_t M, int C, int cols,
                                               int cached, int window, unsigned* __restrict__ arrive) {
-    constexpr int K = Op::K, Q = Op::Q;
+    constexpr int K = Op::K;
     constexpr int B = fused_rows_batch<T, VEC, K>();
     typedef typename row_pack<WORDS, T, VEC>::type S;
     extern __shared__ __align__(16) unsigned char rows_cache_bytes[];
@@ -2780,20 +2792,7 @@ __device__ __forceinline__ void rows_resident(Op& op, const T* const (&src)[Op::
     op.start(rl, active);
     S keep[K][B];
     rows_resident_first_pass<B>(op, src, rl, M, C, col, batches, keep, cache, cached, window);
-    if (active) {
-#pragma unroll
-        for (int v = 0; v < VEC; ++v) {
-            const index_t o = (index_t)(rl.cv * VEC + v) * rl.L + rl.lane;
-#pragma unroll
-            for (int q = 0; q < Q; ++q) parts[q][o] = op.part[q][v];
-        }
-        __threadfence();
-    }
-    int block, blocks;
-    grid_block(block, blocks);
-    const bool gathered = channel_barrier(arrive, 0, 2, blocks);
-    rows_merge_channels(op, parts, rl.L, C, block, blocks, gathered);
-    const bool merged_all = channel_barrier(arrive, 1, 2, blocks);
+    const bool merged_all = rows_exchange_partials<T, VEC, index_t>(op, parts, rl, C, active, arrive);
     if (!active || batches == 0) return;
     op.prepare(rl, M, C, merged_all);
     rows_resident_second_pass<B, WORDS>(op, src, dst, rl, M, C, col, batches, keep, cache, cached, window);
@@ -2812,16 +2811,7 @@ batchnorm_rows_train_resident(const T* __restrict__ x, T* __restrict__ y, acc_t<
                               acc_t<T> eps, acc_t<T> momentum, acc_t<T> unbias, int update_running, int cached,
                               int window, unsigned* __restrict__ arrive) {
     RowsTrainOp<T, P, VEC, ONE_COUNT> op;
-    op.mean_out = mean_out;
-    op.invstd_out = invstd_out;
-    op.running_mean = running_mean;
-    op.running_var = running_var;
-    op.gamma = gamma;
-    op.beta = beta;
-    op.eps = eps;
-    op.momentum = momentum;
-    op.unbias = unbias;
-    op.update_running = update_running;
+    op.set(mean_out, invstd_out, running_mean, running_var, gamma, beta, eps, momentum, unbias, update_running);
     const T* const src[1] = {x};
     acc_t<T>* const parts[3] = {part_n, part_mean, part_m2};
     rows_resident<T, VEC, WORDS>(op, src, y, parts, M, C, cols, cached, window, arrive);
@@ -2836,13 +2826,7 @@ batchnorm_rows_backward_resident(const T* __restrict__ x, const T* __restrict__ 
                                  P* __restrict__ dgamma, P* __restrict__ dbeta, index_t M, int C, int cols,
                                  int cached, int window, unsigned* __restrict__ arrive) {
     RowsBackwardOp<T, P, VEC> op;
-    op.mean = mean;
-    op.invstd = invstd;
-    op.gamma = gamma;
-    op.sums = sums;
-    op.dgamma = dgamma;
-    op.dbeta = dbeta;
-    op.C = C;
+    op.set(mean, invstd, gamma, sums, dgamma, dbeta, C);
     const T* const src[2] = {x, dy};
     acc_t<T>* const parts[2] = {part_g, part_gx};
     rows_resident<T, VEC, WORDS>(op, src, dx, parts, M, C, cols, cached, window, arrive);
