@@ -22,6 +22,7 @@ from .reference import row_normalization as reference
 
 LAYOUTS = ("NCHW", "NHWC")
 
+_REGISTER_ITEMS = (4, 8)  # vectors of x and of dy a thread of gn_rows_backward_registers holds, at most
 _TYPE_PAIRS = (("half_t", "half_t"), ("half_t", "float"), ("bfloat16_t", "bfloat16_t"),
                ("bfloat16_t", "float"), ("float", "float"), ("double", "double"))
 _X_TYPES = ("half_t", "bfloat16_t", "float", "double")
@@ -29,6 +30,7 @@ _INDEX_TYPES = ("int", "long long")
 _VECTOR = {"half_t": 8, "bfloat16_t": 8, "float": 4, "double": 2}  # values per 16 bytes
 _ACC = {"half_t": "float", "bfloat16_t": "float", "float": "float", "double": "double"}
 _CLUSTER_SIZES = (1, 2, 4, 8)  # blocks per cluster of gn_rows_backward_cluster (8: the portable limit)
+_REGS_ROWS = (1, 2)  # rows a block of norm_rows_forward_regs (LAYER_FORWARD_ROWS)
 
 FAMILY = KernelFamily("row_normalization.cu", [
     *(f"norm_rows_{d}<{t}, {p}, {i}, {v}>" for d in ("forward", "backward")
@@ -45,10 +47,14 @@ FAMILY = KernelFamily("row_normalization.cu", [
     *(f"gn_rows_backward_pipelined<{t}, {p}, {i}, {_VECTOR[t]}>" for t, p in _TYPE_PAIRS for i in _INDEX_TYPES),
     *(f"gn_rows_backward<{t}, {p}, {i}, {v}>"
       for t, p in _TYPE_PAIRS for i in _INDEX_TYPES for v in sorted({1, _VECTOR[t]})),
+    *(f"gn_rows_backward_registers<{t}, {p}, {i}, {cl}, {n}>"
+      for t, p in _TYPE_PAIRS for i in _INDEX_TYPES for cl in _CLUSTER_SIZES for n in _REGISTER_ITEMS),
     *(f"gn_rows_backward_cluster<{t}, {p}, {i}, {cl}>"
       for t, p in _TYPE_PAIRS for i in _INDEX_TYPES for cl in _CLUSTER_SIZES),
     *(f"gn_rows_forward_cluster<{t}, {p}, {i}, {cl}>"
       for t, p in _TYPE_PAIRS for i in _INDEX_TYPES for cl in _CLUSTER_SIZES),
+    *(f"norm_rows_forward_regs<{t}, {p}, {i}, {_VECTOR[t]}, {r}>"
+      for t, p in _TYPE_PAIRS for i in _INDEX_TYPES for r in _REGS_ROWS),
 ])
 
 # Dynamic shared memory a row block may hold (the single-read path): two blocks
@@ -76,6 +82,18 @@ _FUSED_STAGES = 3  # NORM_STAGES in kernels/row_normalization.cu
 # notes/rownorm.md): float16 layer norm 0.137 -> 0.111 ms (0.65 -> 0.80 of copy), but
 # float32 layer 0.197 -> 0.203 and RMS 0.184 -> 0.200 ms: 16-bit only.
 LAYER_FORWARD_PIPELINED = ("half_t", "bfloat16_t")
+# Layer / RMS norm forward (G == 1, S == 1, NCHW) on 16-byte rows of at most 2
+# vectors a thread, for the storage types listed (checked after
+# LAYER_FORWARD_PIPELINED): norm_rows_forward_regs, LAYER_FORWARD_ROWS (1 or 2)
+# rows a block, the row in registers (no shared-memory copy), statistics with
+# one block barrier a row (warp-exact two-pass, warps merged by the exact
+# within / between split), mean written by the kernel for RMS (no fill launch).
+# Against norm_rows_forward on 65536 x 1024 float32 (NVRTC 13.0, sm_90): 30
+# registers instead of 38 (16 blocks of 128 threads an SM instead of 12: 64 KB
+# of loads in flight an SM instead of 48), 1 barrier a row instead of 4 (layer)
+# or 2 (RMS).  () / False: norm_rows_forward.  notes/rowbwd.md.
+LAYER_FORWARD_REGISTERS = ("float",)
+LAYER_FORWARD_ROWS = 1
 # Group norm backward, NCHW: the per-(sample, channel) dgamma/dbeta partials come
 # from the row kernel's own read of x and dy (norm_rows_backward `plane_sums`)
 # instead of norm_param_grads_planes reading both again.  Needs S >= 32 vectors
@@ -177,6 +195,34 @@ _CLUSTER_STATIC_BYTES = 1024  # the kernel's static shared memory (mbarrier, sha
 _CLUSTER_REFUSALS = frozenset((701, 912))
 _CLUSTER_REFUSED = set()  # (device, expression, block, shared) refused once
 cluster_refusals = 0  # launches refused so far
+# Group / instance norm backward, NCHW with 16-byte planes of at least 32
+# vectors, 16-byte aligned dy, x, dx, sm_90+: gn_rows_backward_registers (the
+# cluster split above with each block's x and dy in registers, loaded by every
+# thread, no dynamic shared memory; notes/gnbwd2.md).  Tried first by
+# _cluster_backward (so CLUSTER_BACKWARD = False turns both off).  CL: the
+# smallest of _CLUSTER_SIZES dividing K whose x and dy shares (2 K / CL * S *
+# itemsize) fit REGISTER_BACKWARD_BYTES, else the largest; then the next
+# larger one while the block (K / CL planes x tpp threads) exceeds
+# _CLUSTER_THREADS.  tpp: whole warps, each thread at most
+# REGISTER_BACKWARD_ITEMS (4 or 8) vectors of each tensor; where no cluster
+# size gives blocks of at most _CLUSTER_THREADS, the other ITEMS; 4 where a
+# plane has <= 128 vectors.  Rows whose x and dy (2 M itemsize) are under
+# REGISTER_BACKWARD_MIN_ROW_BYTES stay on the other paths.  The parameter
+# gradients' partials are added by norm_param_grads_finish_wide (8 split
+# lanes, 32 over 256 samples) when REGISTER_BACKWARD_WIDE_FINISH, else by
+# norm_param_grads_finish (one thread a channel, the samples in a serial
+# chain).  False: the shared-memory cluster kernel (main before gnbwd2); a
+# tuple of storage types ("float", "half_t", ...): those only.
+# H100 A/B (session 11, notes/gnbwd2.md "Result"), device ms old -> register kernel
+# (56 KB budget): 64x256x56x56 / 32 fp32 0.2331 -> 0.2153 (0.88 -> 0.955 of copy), fp16
+# 0.1284 -> 0.1125, bf16 0.1298 -> 0.1129; 32x640x40x40 / 32 fp16 0.0858 -> 0.0781 but
+# fp32 0.1531 -> 0.1645 (every budget / items); instance norm fp32 0.2304 -> 0.2124;
+# 4 KB rows 0.4103 -> 0.1584.  16-bit everywhere; float32: see the sweep below.
+REGISTER_BACKWARD = ("half_t", "bfloat16_t")
+REGISTER_BACKWARD_BYTES = 56 * 1024
+REGISTER_BACKWARD_ITEMS = 4
+REGISTER_BACKWARD_MIN_ROW_BYTES = 8 * 1024
+REGISTER_BACKWARD_WIDE_FINISH = True
 
 
 # ---------------------------------------------------------------------- validation
@@ -703,6 +749,29 @@ def _layer_forward_pipelined(cp, x, y, gamma, beta, mean, rstd, rows, pt, eps, r
     return True
 
 
+def _layer_forward_registers(cp, x, y, gamma, beta, mean, rstd, rows, pt, eps, rms):
+    """Launch norm_rows_forward_regs and return True, or False when it does not apply
+    (then nothing was launched).  Writes mean (0 for RMS) and rstd."""
+    if not (LAYER_FORWARD_REGISTERS and rows.t in LAYER_FORWARD_REGISTERS and not rows.nhwc and rows.S == 1
+            and rows.groups == 1 and rows.vec > 1 and rows.block * _FUSED_ITEMS * rows.vec >= rows.M):
+        return False
+    r = LAYER_FORWARD_ROWS
+    if r not in _REGS_ROWS:
+        raise ValueError(f"LAYER_FORWARD_ROWS must be one of {_REGS_ROWS}, got {r!r}")
+    expr = f"norm_rows_forward_regs<{rows.t}, {pt}, {rows.index_t}, {rows.vec}, {r}>"
+    kernel = FAMILY.function(expr)
+    key = (cp.cuda.runtime.getDevice(), expr)
+    most = _MAX_BLOCK.get(key)
+    if most is None:
+        most = _MAX_BLOCK[key] = kernel.max_threads_per_block // 32 * 32
+    if rows.block > most:  # the row would not fit 2 vectors a thread of a block the registers allow
+        return False
+    kernel((ceil_div(rows.rows, r),), (rows.block,),
+           (x, y, _param_or_null(cp, gamma), _param_or_null(cp, beta), mean, rstd,
+            rows.it(rows.rows), rows.it(rows.M), eps, np.int32(rms)))
+    return True
+
+
 def _forward_gpu(cp, x, groups, gamma, beta, eps, layout, rms, write_y=True):
     acc = _dtypes.accumulate_dtype(x.dtype)
     x = _validate.contiguous(cp, x)
@@ -722,6 +791,9 @@ def _forward_gpu(cp, x, groups, gamma, beta, eps, layout, rms, write_y=True):
                                             real(eps), rms):
         if rms:
             mean[...] = 0
+        return y, mean, rstd
+    if write_y and _layer_forward_registers(cp, x, y, gamma, beta, mean, rstd, rows, _dtypes.cuda_type(pdtype),
+                                            real(eps), rms):
         return y, mean, rstd
     _launch_rows(rows.spec("norm_rows_forward", _dtypes.cuda_type(pdtype)), rows,
                  (x, _NULL if y is None else y, _param_or_null(cp, gamma), _param_or_null(cp, beta), mean, rstd,
@@ -834,6 +906,10 @@ def _cluster_backward(cp, dy, x, gamma, mean, rstd, dx, rows, pt, pdtype, acc):
     """(dgamma, dbeta) after gn_rows_backward_cluster wrote dx, or None when it
     does not apply or the driver refused its clusters (then nothing ran)."""
     global cluster_refusals
+    if _register_backward_on(rows.t):  # the same split with x and dy in registers
+        done = _register_backward(cp, dy, x, gamma, mean, rstd, dx, rows, pt, pdtype, acc)
+        if done is not None:
+            return done
     if (rows.nhwc or rows.vec == 1 or rows.S < 2 or (rows.S * x.itemsize) % 16
             or 2 * rows.M * x.itemsize < CLUSTER_MIN_ROW_BYTES):
         return None
@@ -862,6 +938,70 @@ def _cluster_backward(cp, dy, x, gamma, mean, rstd, dx, rows, pt, pdtype, acc):
         _CLUSTER_REFUSED.add((device, expr, block, shared))
         cluster_refusals += 1
         return None
+    return _finish_param_grads(cp, part[0], part[1], n, channels, rows.t, pdtype)
+
+
+def _register_backward_on(t):
+    return REGISTER_BACKWARD is True or (isinstance(REGISTER_BACKWARD, tuple) and t in REGISTER_BACKWARD)
+
+
+def _register_shape(rows, itemsize):
+    """(CL, ITEMS, threads a plane, threads) of gn_rows_backward_registers for these
+    rows, or None where it does not apply (planes under 32 vectors, or no cluster
+    size dividing K gives blocks of at most _CLUSTER_THREADS)."""
+    if REGISTER_BACKWARD_ITEMS not in _REGISTER_ITEMS:
+        raise ValueError(f"REGISTER_BACKWARD_ITEMS must be one of {_REGISTER_ITEMS}, got {REGISTER_BACKWARD_ITEMS}")
+    plane = rows.S * itemsize
+    pv = plane // 16
+    if pv < 32:
+        return None
+    sizes = [c for c in _CLUSTER_SIZES if rows.K % c == 0]
+    cl0 = next((c for c in sizes if 2 * rows.K // c * plane <= REGISTER_BACKWARD_BYTES), sizes[-1])
+    # ITEMS: the switch's, else (blocks over _CLUSTER_THREADS) the other; 4 where a warp a plane holds it
+    order = (4,) if pv <= 4 * 32 else sorted(_REGISTER_ITEMS, key=lambda n: (n < REGISTER_BACKWARD_ITEMS, n))
+    for items in order:
+        tpp = 32 * ceil_div(ceil_div(pv, items), 32)
+        cl = next((c for c in sizes if c >= cl0 and rows.K // c * tpp <= _CLUSTER_THREADS), None)
+        if cl is not None:
+            return cl, items, tpp, rows.K // cl * tpp
+    return None
+
+
+def _register_backward(cp, dy, x, gamma, mean, rstd, dx, rows, pt, pdtype, acc):
+    """(dgamma, dbeta) after gn_rows_backward_registers wrote dx, or None when it
+    does not apply or the driver refused its clusters (then nothing ran)."""
+    global cluster_refusals
+    if (rows.nhwc or rows.vec == 1 or rows.S < 2 or (rows.S * x.itemsize) % 16
+            or 2 * rows.M * x.itemsize < REGISTER_BACKWARD_MIN_ROW_BYTES):
+        return None
+    cc, _ = _cluster_facts(cp)
+    if cc < 90:
+        return None
+    shape = _register_shape(rows, x.itemsize)
+    if shape is None:
+        return None
+    cl, items, tpp, block = shape
+    expr = f"gn_rows_backward_registers<{rows.t}, {pt}, {rows.index_t}, {cl}, {items}>"
+    device = cp.cuda.runtime.getDevice()
+    if (device, expr, block, 0) in _CLUSTER_REFUSED:
+        return None
+    kernel = FAMILY.function(expr)
+    if block > kernel.max_threads_per_block:  # not with its registers
+        return None
+    n, channels = x.shape[0], rows.groups * rows.K
+    part = cp.empty((2, n, channels), acc)
+    try:
+        kernel((rows.rows * cl,), (block,), (dy, x, _param_or_null(cp, gamma), mean, rstd, dx, rows.it(rows.K),
+                                             rows.it(rows.S), np.int32(rows.groups), np.int32(tpp), part[0],
+                                             part[1]))
+    except Exception as e:  # CuPy's CUDADriverError (status: the CUresult)
+        if getattr(e, "status", None) not in _CLUSTER_REFUSALS:
+            raise
+        _CLUSTER_REFUSED.add((device, expr, block, 0))
+        cluster_refusals += 1
+        return None
+    if REGISTER_BACKWARD_WIDE_FINISH:
+        return _finish_wide(cp, part, n, channels, rows, pt, pdtype, 8 if n <= 256 else 32)
     return _finish_param_grads(cp, part[0], part[1], n, channels, rows.t, pdtype)
 
 

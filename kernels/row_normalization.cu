@@ -1266,6 +1266,171 @@ __global__ void __launch_bounds__(NORM_CLUSTER_THREADS) NORM_CLUSTER_DIMS(CL) gn
 }
 
 // ---------------------------------------------------------------------------
+// gn_rows_backward_registers (sm_90+): gn_rows_backward_cluster's split (one
+// cluster of CL blocks per row, block `rank` taking the contiguous channels
+// rank * Kb .. (rank + 1) * Kb - 1, Kb = K / CL) with the block's x and dy
+// held in REGISTERS, loaded by plain 16-byte loads from every thread, instead
+// of bulk-copied into shared memory.  Why (notes/gnbwd2.md): every "copy the
+// share into shared memory, reduce, write" kernel (this family's cluster
+// backward and forward, the instance-norm backward with no cluster at all)
+// stops at 0.88-0.90 of copy whatever the share (25-100 KB), while the
+// softmax backward, the same read-2 / reduce / write-1 shape with the row in
+// registers (16-byte loads, ROW_PACKS a thread), runs at 1.00; and 16-bit
+// rows (twice the values a byte) lose 10 % more to the two passes over shared
+// memory.  Here the block holds no dynamic shared memory, so only registers
+// bound the blocks an SM, and each value is converted from its load once per
+// pass with no shared-memory traffic.
+// Mapping: tpp threads per plane (whole warps; the host takes tpp = 32 *
+// ceil(ceil(S / VEC / ITEMS) / 32), so every thread has at most ITEMS vectors
+// of each tensor), blockDim = Kb * tpp: thread t belongs to plane k = t / tpp
+// of the block and holds its vectors j = t % tpp + u * tpp (u < ITEMS, j <
+// S / VEC) of x and dy, all loads issued before any is used.  Per thread the
+// sums D = sum dy and T = sum dy (x - mean) (two chains each, even / odd
+// lanes of a vector), warp_sum, one slot per warp; warp 0's lane k adds plane
+// k's warps in order, writes the parameter-gradient partials exactly as the
+// other backward kernels do (dbeta = D_k, dgamma = rstd T_k at row * K + k)
+// and the lanes' g_k D_k, g_k T_k are warp-summed into `share`.  After the
+// cluster barrier EVERY warp reads the CL shares (lane r from rank r) and adds
+// them in rank order with shuffles (no block barrier; all blocks and warps get
+// bitwise the same row sums), arrives on the barrier again (done reading), and
+// writes dx from its registers with gn_rows_backward_cluster's formula:
+//   dx = (rstd g) dy + bx (x - mean) + c,  bx = -rstd^3 sum_t / M,
+//   c = -rstd sum_g / M.
+// It waits on that second barrier before exit (the others may read its
+// share).  Deterministic (fixed orders, no atomics).  Static shared memory
+// only (2 values a warp + 2).  Within-plane indices are unsigned 32-bit; row
+// and plane offsets use index_t.  The host launches it with 16-byte planes (S
+// sizeof(T) % 16 == 0), 16-byte aligned dy, x, dx, S / VEC >= 32, Kb * tpp <=
+// NORM_CLUSTER_THREADS (so Kb <= 16 and warp 0 has a lane a plane), sm_90+
+// (below it traps).
+// The compiler may not assume a pack's words unchanged from here on.
+template <typename Pack>
+__device__ __forceinline__ void norm_opaque(Pack& p) {
+    unsigned* const w = reinterpret_cast<unsigned*>(&p);
+#pragma unroll
+    for (int i = 0; i < (int)(sizeof(Pack) / 4); ++i) asm volatile("" : "+r"(w[i]));
+}
+
+template <typename T, typename P, typename index_t, int CL, int ITEMS>
+__global__ void __launch_bounds__(NORM_CLUSTER_THREADS) NORM_CLUSTER_DIMS(CL) gn_rows_backward_registers(
+        const T* __restrict__ dy, const T* __restrict__ x, const P* __restrict__ gamma,
+        const acc_t<T>* __restrict__ mean_in, const acc_t<T>* __restrict__ rstd_in, T* __restrict__ dx,
+        index_t K_, index_t S_, int G, int tpp, acc_t<T>* __restrict__ part_dgamma,
+        acc_t<T>* __restrict__ part_dbeta) {
+#if __CUDA_ARCH__ >= 900
+    typedef acc_t<T> A;
+    constexpr int VEC = 16 / (int)sizeof(T);
+    typedef NormPack<T, VEC> Pack;
+    __shared__ A slots[2 * (NORM_CLUSTER_THREADS / 32)];  // per warp: sum dy, sum dy (x - mean)
+    __shared__ A share[2];  // this block's sum g dy, sum g dy (x - mean): read by the whole cluster
+    const unsigned rank = cluster_rank();
+    const index_t row = (index_t)(blockIdx.x / CL);
+    const unsigned K = (unsigned)K_, S = (unsigned)S_;
+    const unsigned Kb = K / CL, PV = S / VEC;  // this block's planes; vectors a plane
+    const unsigned tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, tp = (unsigned)tpp;
+    const unsigned k = tid / tp, j0 = tid - k * tp;  // this thread's plane in the block, first vector
+    const index_t M = (index_t)K * S;
+    const index_t first = (index_t)rank * Kb;  // the block's first channel in the group
+    const index_t poff = row * M + (first + k) * (index_t)S;
+    const Pack* const xp = reinterpret_cast<const Pack*>(x + poff);
+    const Pack* const dp = reinterpret_cast<const Pack*>(dy + poff);
+    Pack xv[ITEMS], dv[ITEMS];  // every load in flight before any is used
+#pragma unroll
+    for (int u = 0; u < ITEMS; ++u) {
+        const unsigned j = j0 + (unsigned)u * tp;
+        if (j < PV) {
+            xv[u] = xp[j];
+            dv[u] = dp[j];
+        }
+    }
+    const A mean = mean_in[row], rstd = rstd_in[row];
+    const index_t cbase = (row % G) * (index_t)K + first;  // gamma index of the block's first channel
+    const A g = param_or(gamma, cbase + k, A(1));
+    A d0 = 0, d1 = 0, t0 = 0, t1 = 0;
+#pragma unroll
+    for (int u = 0; u < ITEMS; ++u) {
+        if (j0 + (unsigned)u * tp < PV) {
+#pragma unroll
+            for (int e = 0; e < VEC; e += 2) {
+                const A v0 = load(dv[u].v[e]), v1 = load(dv[u].v[e + 1]);
+                d0 += v0;
+                d1 += v1;
+                t0 += v0 * (load(xv[u].v[e]) - mean);
+                t1 += v1 * (load(xv[u].v[e + 1]) - mean);
+            }
+        }
+    }
+    const A d = warp_sum(d0 + d1), t = warp_sum(t0 + t1);
+    if (lane == 0) {
+        slots[2 * warp] = d;
+        slots[2 * warp + 1] = t;
+    }
+    __syncthreads();  // the slots are complete
+    if (warp == 0) {
+        const unsigned wpp = tp / 32;  // warps a plane: plane q's are q * wpp .. (q + 1) * wpp - 1
+        A sg = 0, st = 0;
+        if (lane < Kb) {
+            A D = 0, Tq = 0;
+            for (unsigned s = 0; s < wpp; ++s) {
+                D += slots[2 * (lane * wpp + s)];
+                Tq += slots[2 * (lane * wpp + s) + 1];
+            }
+            const A gq = param_or(gamma, cbase + lane, A(1));
+            part_dbeta[row * (index_t)K + first + lane] = D;
+            part_dgamma[row * (index_t)K + first + lane] = Tq * rstd;
+            sg = gq * D;
+            st = gq * Tq;
+        }
+        sg = warp_sum(sg);
+        st = warp_sum(st);
+        if (lane == 0) {
+            share[0] = sg;
+            share[1] = st;
+        }
+    }
+    cluster_arrive();  // every block's share is written ...
+    cluster_wait();
+    A sg = 0, st = 0;
+    {  // ... read by lane r of every warp from rank r, added in rank order by every lane alike
+        A a = 0, b = 0;
+        if (lane < (unsigned)CL) {
+            a = cluster_load(&share[0], lane);
+            b = cluster_load(&share[1], lane);
+        }
+#pragma unroll
+        for (int r = 0; r < CL; ++r) {
+            sg += __shfl_sync(0xffffffffu, a, r);
+            st += __shfl_sync(0xffffffffu, b, r);
+        }
+    }
+    cluster_arrive();  // done reading the others' shares (waited on before exit)
+    const A count = A(M);
+    const A bx = -rstd * rstd * rstd * (st / count);
+    const A c = -rstd * (sg / count);
+    const A a = rstd * g;
+    T* const dxp = dx + poff;
+#pragma unroll
+    for (int u = 0; u < ITEMS; ++u) {  // convert the raw words again below: keeping the first
+        norm_opaque(xv[u]);             // pass's converted values (bfloat16's shifts) would take
+        norm_opaque(dv[u]);             // twice the registers
+    }
+#pragma unroll
+    for (int u = 0; u < ITEMS; ++u) {
+        const unsigned j = j0 + (unsigned)u * tp;
+        if (j < PV) {
+            A o[VEC];
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) o[e] = a * load(dv[u].v[e]) + bx * (load(xv[u].v[e]) - mean) + c;
+            norm_store<T, VEC>(dxp, (index_t)j * VEC, o);
+        }
+    }
+    cluster_wait();
+#else
+    __trap();  // Python launches it only on sm_90+
+#endif
+}
+
+// ---------------------------------------------------------------------------
 // gn_rows_forward_cluster: group / instance norm forward, NCHW, as a cluster of
 // CL blocks per row (the forward twin of gn_rows_backward_cluster).  Grid rows
 // * CL; block `rank` of row r takes the contiguous channels rank * Kb ..
@@ -1618,5 +1783,144 @@ __global__ void norm_rows_forward_pipelined(const T* __restrict__ x, T* __restri
             }
         }
         stage = stage + 1 == NORM_STAGES ? 0 : stage + 1;
+    }
+}
+
+// ---------------------------------------------------------------------------
+// norm_rows_forward_regs: layer / RMS norm forward (G == 1, S == 1, NCHW) on
+// 16-byte rows of at most NORM_FUSED_ITEMS vectors a thread (the host picks
+// blockDim >= M / (2 VEC)), R rows a block, one block per R rows (not
+// persistent: the one-block-per-row shape that RMS norm runs at 0.97 of copy
+// on the H100).  Thread t loads vectors t and t + blockDim of each of its
+// block's rows into registers (R * 2 16-byte loads in flight a thread) and
+// keeps them there: no shared-memory copy of the row.
+// Statistics with ONE block barrier a row (norm_rows_forward's layer norm
+// takes two block sums, each two barriers, and re-reads its shared copy for
+// the squared deviations):  RMS: the sum of x^2, warp sums, one barrier, the
+// warps' sums added.  Layer norm: each warp takes its own exact two-pass
+// statistics by shuffles (its sum S_w over its n_w values, then M2_w, the sum
+// of (x - S_w / n_w)^2 over them); after the barrier every warp adds the W
+// warps' entries lane-parallel: mean = sum S_w / M and M2 = sum [M2_w + n_w
+// (S_w / n_w - mean)^2] -- the exact split of the sum of squared deviations
+// into within- and between-warp parts, every term non-negative (no
+// cancellation, unlike sum x^2 - M mean^2).  n_w is known from the geometry
+// (no shuffles).  mean_out gets 0 for RMS (the host's fill is not needed).
+// Reductions in a fixed order: deterministic.
+template <typename T, typename P, typename index_t, int VEC, int R>
+__global__ void __launch_bounds__(1024) norm_rows_forward_regs(const T* __restrict__ x, T* __restrict__ y,
+                                                               const P* __restrict__ gamma,
+                                                               const P* __restrict__ beta,
+                                                               acc_t<T>* __restrict__ mean_out,
+                                                               acc_t<T>* __restrict__ rstd_out, index_t rows,
+                                                               index_t M, acc_t<T> eps, int rms) {
+    typedef acc_t<T> A;
+    constexpr int I = NORM_FUSED_ITEMS;
+    __shared__ A scratch[R][2][32];
+    const index_t Mv = M / VEC;
+    const unsigned nt = blockDim.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const unsigned warps = (nt + 31) >> 5;
+    const index_t row0 = (index_t)blockIdx.x * R;
+    const A count = A(M);
+    // Values of warp w's lanes: item u covers vectors u * nt + 32 w .. + 31, those below Mv.
+    const auto warp_count = [&](unsigned w) -> A {
+        index_t n = 0;
+#pragma unroll
+        for (int u = 0; u < I; ++u) {
+            const index_t first = (index_t)u * nt + 32 * w;
+            n += first >= Mv ? index_t(0) : (Mv - first < 32 ? Mv - first : index_t(32));
+        }
+        return A(n * VEC);
+    };
+    A xv[R][I][VEC];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+#pragma unroll
+        for (int u = 0; u < I; ++u) {
+            const index_t vi = tid + u * nt;
+            if (row0 + r < rows && vi < Mv) {
+                norm_load<T, VEC>(x, (row0 + r) * M + vi * VEC, xv[r][u]);
+            } else {
+#pragma unroll
+                for (int e = 0; e < VEC; ++e) xv[r][u][e] = A(0);
+            }
+        }
+    }
+    A s[R], d[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        s[r] = 0;
+#pragma unroll
+        for (int u = 0; u < I; ++u) {
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) s[r] += rms ? xv[r][u][e] * xv[r][u][e] : xv[r][u][e];
+        }
+        s[r] = warp_sum(s[r]);
+        d[r] = 0;
+    }
+    if (!rms) {
+        const A nw = warp_count(warp);
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            const A mw = nw > A(0) ? s[r] / nw : A(0);
+#pragma unroll
+            for (int u = 0; u < I; ++u) {
+                if (tid + u * nt < Mv) {
+#pragma unroll
+                    for (int e = 0; e < VEC; ++e) d[r] += (xv[r][u][e] - mw) * (xv[r][u][e] - mw);
+                }
+            }
+            d[r] = warp_sum(d[r]);
+        }
+    }
+    if (lane == 0) {
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            scratch[r][0][warp] = s[r];
+            scratch[r][1][warp] = d[r];
+        }
+    }
+    __syncthreads();
+    A mean[R], rstd[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        const A sw = lane < warps ? scratch[r][0][lane] : A(0);
+        const A total = warp_sum(sw);
+        if (rms) {
+            mean[r] = 0;
+            rstd[r] = A(1) / sqrt(total / count + eps);
+        } else {
+            mean[r] = total / count;
+            A between = 0;
+            if (lane < warps) {
+                const A nw = warp_count(lane);
+                const A dm = (nw > A(0) ? sw / nw : A(0)) - mean[r];
+                between = scratch[r][1][lane] + nw * dm * dm;
+            }
+            rstd[r] = A(1) / sqrt(warp_sum(between) / count + eps);
+        }
+        if (tid == 0 && row0 + r < rows) {
+            mean_out[row0 + r] = mean[r];
+            rstd_out[row0 + r] = rstd[r];
+        }
+    }
+#pragma unroll
+    for (int u = 0; u < I; ++u) {
+        const index_t vi = tid + u * nt;
+        if (vi < Mv) {
+            A g[VEC], b[VEC];
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) {
+                g[e] = param_or(gamma, vi * VEC + e, A(1));
+                b[e] = param_or(beta, vi * VEC + e, A(0));
+            }
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                if (row0 + r < rows) {
+#pragma unroll
+                    for (int e = 0; e < VEC; ++e) xv[r][u][e] = (xv[r][u][e] - mean[r]) * rstd[r] * g[e] + b[e];
+                    norm_store<T, VEC>(y, (row0 + r) * M + vi * VEC, xv[r][u]);
+                }
+            }
+        }
     }
 }

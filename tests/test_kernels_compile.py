@@ -30,6 +30,7 @@ _INLINE_PTX = [("row_normalization.cu", "gn_rows_backward_pipelined<"),
                ("batchnorm.cu", "batchnorm_rows_train_resident<half_t, float, int, 8, true, true>"),
                ("batchnorm.cu", "batchnorm_rows_backward_resident<bfloat16_t, float, int, 8, true>"),
                ("row_normalization.cu", "gn_rows_backward_cluster<"),
+               ("row_normalization.cu", "gn_rows_backward_registers<"),
                ("row_normalization.cu", "gn_rows_forward_cluster<")]
 
 

@@ -399,6 +399,97 @@ def test_layer_and_rms_norm_pipelined_forward(xp, rng, monkeypatch, dtype, pdtyp
                  ("y", "mean", "rstd"))
 
 
+@pytest.mark.parametrize("dtype,pdtype", _param_dtypes())
+@pytest.mark.parametrize("x_shape,offset", [((1, 12), 0), ((5, 8), 0), ((37, 1000), 0), ((9, 1024), 0),
+                                            ((7, 5000), 0), ((4, 8192), 0), ((3, 4097), 0), ((6, 1000), 1),
+                                            ((2, 40000), 0), ((3, 3), 0)])
+@pytest.mark.parametrize("affine", [True, False])
+def test_layer_and_rms_norm_register_forward(xp, rng, monkeypatch, dtype, pdtype, x_shape, offset, affine):
+    """norm_rows_forward_regs (LAYER_FORWARD_REGISTERS: 16-byte rows of at most 2 vectors a
+    thread, the row in registers, one barrier a row) with 1 and 2 rows a block (odd row
+    counts: the last block's second row is empty), and with the switch off, against the
+    float64 reference: y and the saved statistics of layer and RMS norm, every dtype (the
+    16-bit pipelined forward switched off so they reach it).  Rows of 12, 8, 1000 (partial
+    warps), 1024, 5000, 8192 values take it where they fit; 4097 and 3 values (not 16-byte
+    vectors), the misaligned rows and 40000 values take norm_rows_forward.  The GPU modes
+    in one test (NumPy: the reference path once); on the GPU the path taken is checked."""
+    from dnnprims import row_normalization
+    L = x_shape[-1]
+    x = random_array(rng, x_shape, dtype, low=-1, high=3)
+    gamma = random_array(rng, (L,), pdtype, 0.5, 1.5) if affine else None
+    beta = random_array(rng, (L,), pdtype) if affine else None
+    on = lambda a: None if a is None else _placed(xp, a, offset)  # noqa: E731
+    eps = float(np.finfo(_dtypes.accumulate_dtype(dtype)).eps)
+    want_layer = layer_norm(_f64(x), L, _f64(gamma), _f64(beta), return_stats=True)
+    want_rms = rms_norm(_f64(x), L, _f64(gamma), eps=eps, return_stats=True)
+    monkeypatch.setattr(row_normalization, "LAYER_FORWARD_PIPELINED", ())
+    taken = []
+    launch = row_normalization._layer_forward_registers
+    monkeypatch.setattr(row_normalization, "_layer_forward_registers",
+                        lambda *a: taken.append(launch(*a)) or taken[-1])
+    vectors = L * dtype.itemsize // 16
+    fits = offset == 0 and L * dtype.itemsize % 16 == 0 and vectors <= 2048
+    for rows_a_block in (1, 2, None) if xp is not np else (None,):
+        monkeypatch.setattr(row_normalization, "LAYER_FORWARD_REGISTERS",
+                            row_normalization._X_TYPES if rows_a_block else ())
+        monkeypatch.setattr(row_normalization, "LAYER_FORWARD_ROWS", rows_a_block or 1)
+        taken.clear()
+        _compare(layer_norm(on(x), L, on(gamma), on(beta), return_stats=True), want_layer, dtype,
+                 ("y", "mean", "rstd"))
+        _compare(rms_norm(on(x), L, on(gamma), return_stats=True), want_rms, dtype, ("y", "rstd"))
+        if xp is not np:
+            assert taken == [bool(rows_a_block) and fits] * 2, taken
+
+
+@pytest.mark.parametrize("dtype", _dtypes.SUPPORTED, ids=lambda d: d.name)
+@pytest.mark.parametrize("x_shape", [(65536, 1024), (37, 1000), (7, 8), (5, 6), (2, 40000), (4, 16384)])
+@pytest.mark.parametrize("rms", [False, True])
+@pytest.mark.parametrize("rows_a_block", [1, 2])
+def test_register_forward_launch_matches_its_signature(monkeypatch, dtype, x_shape, rms, rows_a_block):
+    """CPU: norm_rows_forward_regs' launch against its C signature (pointers of the
+    pointee dtype, scalars of the exact C type), one block per LAYER_FORWARD_ROWS rows of
+    the host's row block, no dynamic shared memory; rows it cannot take (not 16-byte
+    vectors, more than 2 vectors a thread) launch nothing; an unknown row count is refused."""
+    from test_normalization import _C_TYPES, _fake_device_array
+    from dnnprims import row_normalization as rn
+    captured, expressions, FakeCupy = _capture_row_launches(monkeypatch)
+    monkeypatch.setattr(rn, "LAYER_FORWARD_REGISTERS", rn._X_TYPES)
+    monkeypatch.setattr(rn, "LAYER_FORWARD_ROWS", rows_a_block)
+    monkeypatch.setattr(rn, "_MAX_BLOCK", {})
+    dtype = np.dtype(dtype)
+    acc = np.dtype(_dtypes.accumulate_dtype(dtype))
+    x, y = (_fake_device_array(x_shape, dtype) for _ in range(2))
+    mean, rstd = (_fake_device_array((x_shape[0],), acc) for _ in range(2))
+    rows = rn._Rows(x, 1, "NCHW", (x, y), 1)
+    pt = _dtypes.cuda_type(dtype)
+    done = rn._layer_forward_registers(FakeCupy, x, y, None, None, mean, rstd, rows, pt, acc.type(1e-5), rms)
+    if rows.vec == 1 or rows.block * rn._FUSED_ITEMS * rows.vec < rows.M:
+        assert not done and not captured
+        return
+    assert done and len(captured) == 1
+    (grid,), (block,), args, shared = captured[0]
+    assert grid == -(-x_shape[0] // rows_a_block) and block == rows.block and shared == 0
+    assert expressions[-1] == f"norm_rows_forward_regs<{rows.t}, {pt}, {rows.index_t}, {rows.vec}, {rows_a_block}>"
+    assert expressions[-1] in rn.FAMILY.name_expressions
+    template, params = _row_kernel_signature("norm_rows_forward_regs")
+    assert template == ["T", "P", "index_t", "VEC", "R"] and len(args) == len(params)
+    ctype = {"T": _C_TYPES[rows.t], "P": _C_TYPES[pt], "acc_t<T>": acc.type,
+             "index_t": np.int32 if rows.index_t == "int" else np.int64, "int": np.int32}
+    for (c_type, param), a in zip(params, args):
+        if param in ("gamma", "beta"):
+            assert a is rn._NULL
+        elif c_type.endswith("*"):
+            assert a.dtype == np.dtype(ctype[c_type[:-1]]), (param, a.dtype)
+        else:
+            assert type(a) is ctype[c_type], (param, type(a))
+    values = dict(zip((p for _, p in params), args))
+    assert values["rows"] == x_shape[0] and values["M"] == x_shape[1] and values["rms"] == int(rms)
+    assert values["mean_out"] is mean and values["rstd_out"] is rstd
+    monkeypatch.setattr(rn, "LAYER_FORWARD_ROWS", 3)
+    with pytest.raises(ValueError, match="LAYER_FORWARD_ROWS"):
+        rn._layer_forward_registers(FakeCupy, x, y, None, None, mean, rstd, rows, pt, acc.type(1e-5), rms)
+
+
 GROUP_SHAPES = [((2, 6, 3, 5), 3, "NCHW"), ((2, 8, 4, 4), 2, "NCHW"), ((3, 4, 7), 4, "NCHW"),
                 ((2, 3, 5, 6), 2, "NHWC"), ((2, 4, 4, 16), 2, "NHWC"), ((1, 13, 4), 4, "NHWC"),
                 ((2, 4, 40, 40), 2, "NCHW")]
@@ -645,6 +736,7 @@ def test_group_norm_cluster_backward(gpu, rng, monkeypatch, dtype, x_shape, grou
     from dnnprims import row_normalization as rn
     monkeypatch.setattr(rn, "CLUSTER_BACKWARD", True)
     monkeypatch.setattr(rn, "CLUSTER_MIN_ROW_BYTES", 0)
+    monkeypatch.setattr(rn, "REGISTER_BACKWARD", False)  # the kernel named here
     itemsize = np.dtype(dtype).itemsize
     K, S = x_shape[1] // groups, int(np.prod(x_shape[2:]))
     monkeypatch.setattr(rn, "CLUSTER_BLOCK_BYTES", 2 * K // cl * S * itemsize)
@@ -690,6 +782,104 @@ def test_group_norm_cluster_backward(gpu, rng, monkeypatch, dtype, x_shape, grou
         got = group_norm_backward(dys, xs, groups, on_gamma, eps=1e-4)
         assert ran and not any("cluster" in e for e in ran), ran
         _compare(got, want, dtype, ("dx", "dgamma", "dbeta"))
+
+
+@pytest.mark.parametrize("dtype", _dtypes.SUPPORTED, ids=lambda d: d.name)
+@pytest.mark.parametrize("x_shape,groups,cl,items,offset,affine", [
+    ((2, 16, 56, 56), 2, 8, 4, 0, True), ((2, 16, 56, 56), 2, 4, 8, 0, True), ((3, 8, 16, 16), 2, 1, 4, 0, True),
+    ((13, 6, 16, 24), 3, 2, 8, 0, True), ((3, 8, 33, 32), 1, 8, 4, 0, False), ((3, 20, 20, 40), 1, 4, 8, 0, True),
+    ((5, 3, 40, 40), 3, 1, 8, 0, True), ((2, 16, 56, 56), 2, 8, 8, 1, True), ((1, 4, 30, 80), 1, 2, 4, 0, True)])
+def test_group_norm_register_backward(gpu, rng, monkeypatch, dtype, x_shape, groups, cl, items, offset, affine):
+    """gn_rows_backward_registers (sm_90+; other GPUs check they do not take it):
+    a cluster of `cl` blocks per row (forced through REGISTER_BACKWARD_BYTES =
+    exactly one block's x and dy share at that size), each block holding K / cl
+    whole channels in registers, ITEMS 4 and 8 (the host's choice where the
+    switch's does not fit): K 2, 4, 8, 20 over 1, 2, 4, 8 blocks; planes of 256
+    (the smallest: 32 half vectors), 384, 800, 1056 (33 x 32: partly filled
+    warps, threads with fewer vectors than ITEMS), 1600, 2400 (fp64: a larger
+    cluster than the budget's, for 512 threads at most) and 3136 values (fp64
+    56x56: 416-thread blocks); N 1, 2, 3, 5, 13; instance norm (K 1); no gamma.  dx, dgamma, dbeta against the float64
+    reference with saved and recomputed statistics, bitwise the same on every
+    repeat, with the wide and the serial parameter-gradient finish; a budget
+    under one channel takes the largest cluster; a misaligned input, the switch
+    off, or a tuple without x's storage type takes the other kernels."""
+    from dnnprims import row_normalization as rn
+    monkeypatch.setattr(rn, "CLUSTER_BACKWARD", True)   # the register kernel is tried first by its path
+    monkeypatch.setattr(rn, "REGISTER_BACKWARD", True)
+    monkeypatch.setattr(rn, "REGISTER_BACKWARD_MIN_ROW_BYTES", 0)
+    monkeypatch.setattr(rn, "REGISTER_BACKWARD_ITEMS", items)
+    itemsize = np.dtype(dtype).itemsize
+    K, S = x_shape[1] // groups, int(np.prod(x_shape[2:]))
+    monkeypatch.setattr(rn, "REGISTER_BACKWARD_BYTES", 2 * K // cl * S * itemsize)
+
+    class Rows:  # what _register_shape reads
+        pass
+    geometry = Rows()
+    geometry.K, geometry.S = K, S
+    shape = rn._register_shape(geometry, itemsize)
+    assert shape is not None and shape[0] >= cl, shape
+    hopper = int(gpu.cuda.Device().compute_capability) >= 90   # below: never the register kernel
+    expect = hopper and offset == 0
+    ran, finishes = [], []
+    function = rn.FAMILY.function
+    monkeypatch.setattr(rn.FAMILY, "function", lambda expression: ran.append(expression) or function(expression))
+    for name in ("_finish_wide", "_finish_param_grads"):  # (FAMILY.launch skips `function` once cached)
+        monkeypatch.setattr(rn, name, (lambda real, name: lambda *a: finishes.append(name) or real(*a))(
+            getattr(rn, name), name))
+    x = random_array(rng, x_shape, dtype, low=-1, high=3)
+    dy = random_array(rng, x_shape, dtype)
+    pdtype = np.float32 if _dtypes.is_half(dtype) else dtype
+    gamma = random_array(rng, (x_shape[1],), pdtype, 0.5, 1.5) if affine else None
+    on_gamma = None if gamma is None else gpu.asarray(gamma)
+    want = group_norm_backward(_f64(dy), _f64(x), groups, _f64(gamma), eps=1e-4)
+    xs, dys = _placed(gpu, x, offset), _placed(gpu, dy, offset)
+    _, mean, rstd = group_norm(xs, groups, eps=1e-4, return_stats=True)
+    param = pdtype if affine else dtype  # no gamma: the parameter gradients take x's type
+    t = _dtypes.cuda_type(dtype)
+    spec = f"gn_rows_backward_registers<{t}, {_dtypes.cuda_type(param)}, int, {shape[0]}, {shape[1]}>"
+    for wide in (True, False):
+        monkeypatch.setattr(rn, "REGISTER_BACKWARD_WIDE_FINISH", wide)
+        for stats in ({}, dict(mean=mean, rstd=rstd)):
+            ran.clear()
+            finishes.clear()
+            results = [[_host(a) for a in group_norm_backward(dys, xs, groups, on_gamma, eps=1e-4, **stats)]
+                       for _ in range(3)]
+            assert (spec in ran) == expect and (expect or not any("registers" in e for e in ran)), ran
+            if expect:
+                assert finishes == ["_finish_wide" if wide else "_finish_param_grads"] * 3, finishes
+                assert not any("cluster" in e for e in ran), ran
+            for later in results[1:]:
+                for a, b in zip(results[0], later):
+                    np.testing.assert_array_equal(a, b)
+            _compare(results[0], want, dtype, ("dx", "dgamma", "dbeta"))
+    if groups == x_shape[1]:  # instance norm: the same kernel with one channel a row
+        ran.clear()
+        got = instance_norm_backward(dys, xs, on_gamma, eps=1e-4)
+        assert any(e.startswith("gn_rows_backward_registers<") for e in ran) == expect, ran
+        _compare(got, instance_norm_backward(_f64(dy), _f64(x), _f64(gamma), eps=1e-4), dtype,
+                 ("dx", "dgamma", "dbeta"))
+    if expect:
+        ran.clear()  # a budget below one channel's x and dy: the largest cluster
+        monkeypatch.setattr(rn, "REGISTER_BACKWARD_BYTES", 2 * S * itemsize - 16)
+        got = group_norm_backward(dys, xs, groups, on_gamma, eps=1e-4)
+        largest = max(c for c in rn._CLUSTER_SIZES if K % c == 0)
+        assert rn._register_shape(geometry, itemsize)[0] == largest
+        assert any(e.startswith("gn_rows_backward_registers<") and f", {largest}, " in e for e in ran), ran
+        _compare(got, want, dtype, ("dx", "dgamma", "dbeta"))
+        for switch in (False, tuple(o for o in rn._X_TYPES if o != t)):  # off: the other kernels
+            ran.clear()
+            monkeypatch.setattr(rn, "REGISTER_BACKWARD", switch)
+            got = group_norm_backward(dys, xs, groups, on_gamma, eps=1e-4)
+            assert ran and not any("registers" in e for e in ran), (switch, ran)
+            _compare(got, want, dtype, ("dx", "dgamma", "dbeta"))
+        ran.clear()
+        monkeypatch.setattr(rn, "REGISTER_BACKWARD", (t,))
+        group_norm_backward(dys, xs, groups, on_gamma, eps=1e-4)
+        assert any(e.startswith("gn_rows_backward_registers<") for e in ran), ran
+        ran.clear()  # rows under the minimum: the other kernels
+        monkeypatch.setattr(rn, "REGISTER_BACKWARD_MIN_ROW_BYTES", 2 * K * S * itemsize + 16)
+        group_norm_backward(dys, xs, groups, on_gamma, eps=1e-4)
+        assert ran and not any("registers" in e for e in ran), ran
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float16, np.float64])
@@ -1065,6 +1255,7 @@ def test_cluster_backward_launch_matches_its_signature_and_shared_memory_layout(
     monkeypatch.setattr(rn, "_RAISED", {})
     monkeypatch.setattr(rn, "_finish_param_grads", lambda *args: ("dgamma", "dbeta"))
     monkeypatch.setattr(rn, "CLUSTER_BLOCK_BYTES", budget)
+    monkeypatch.setattr(rn, "REGISTER_BACKWARD", False)  # the kernel named here
     dtype = np.dtype(dtype)
     acc = np.dtype(_dtypes.accumulate_dtype(dtype))
     x, dy, dx = (_fake_device_array(x_shape, dtype) for _ in range(3))
@@ -1110,6 +1301,105 @@ def test_cluster_backward_launch_matches_its_signature_and_shared_memory_layout(
     assert values["part_dgamma"].shape == values["part_dbeta"].shape == (x_shape[0], x_shape[1])
     if x_shape[1:] == (256, 56, 56) and budget == 112 * 1024:   # the benchmark's rows: CL 2 fp32, 1 half types
         assert cl == {4: 2, 2: 1, 8: 4}[dtype.itemsize]
+
+
+@pytest.mark.parametrize("dtype", _dtypes.SUPPORTED, ids=lambda d: d.name)
+@pytest.mark.parametrize("x_shape,groups,offset", [
+    ((2, 256, 56, 56), 32, 0), ((3, 8, 2, 4), 2, 0), ((13, 6, 16, 24), 3, 0), ((2, 5, 40, 40), 5, 0),
+    ((2, 8, 7, 7), 2, 0), ((2, 8, 16, 16), 2, 1), ((3, 4, 1, 256), 4, 0), ((2, 8, 112, 112), 1, 0),
+    ((2, 640, 40, 40), 32, 0), ((2, 4, 256, 256), 2, 0), ((1024, 128, 16, 16), 32, 0)])
+@pytest.mark.parametrize("budget,items,min_row", [(28 * 1024, 4, 0), (28 * 1024, 8, 8 * 1024), (56 * 1024, 8, 0)])
+@pytest.mark.parametrize("cc", [90, 80])
+def test_register_backward_launch_matches_its_signature(monkeypatch, dtype, x_shape, groups, offset, budget, items,
+                                                        min_row, cc):
+    """CPU: gn_rows_backward_registers' launch against its C signature (pointer ->
+    array of the pointee dtype, scalars of the exact C type), its cluster size
+    (the smallest of 1, 2, 4, 8 dividing K whose x and dy shares fit the budget,
+    else the largest; then larger while the block exceeds 512 threads), ITEMS
+    (the switch's, else the other; 4 where a plane has <= 128 vectors), threads a
+    plane (whole warps holding the plane in at most ITEMS vectors a thread) and
+    block (K / CL planes of them, <= NORM_CLUSTER_THREADS, so warp 0 has a lane
+    a plane), grid (CL blocks a row), no dynamic shared memory, the wide finish
+    with 8 split lanes (32 over 256 samples).  Nothing launched below sm_90, for
+    planes that are not whole 16-byte vectors (7x7) or under 32 of them,
+    misaligned data, rows under the minimum, or planes no block holds (256x256
+    fp32 and wider: 4096+ vectors)."""
+    from test_normalization import _C_TYPES, _fake_device_array
+    from dnnprims import row_normalization as rn
+    captured, expressions, FakeCupy = _capture_row_launches(monkeypatch)
+    monkeypatch.setattr(rn, "_cluster_facts", lambda cp: (cc, 232448))
+    finishes = []
+    monkeypatch.setattr(rn, "_finish_wide", lambda cp, part, splits, channels, rows, pt, pdtype, lanes:
+                        finishes.append((part.shape, splits, channels, pt, lanes)) or ("dgamma", "dbeta"))
+    monkeypatch.setattr(rn, "REGISTER_BACKWARD_BYTES", budget)
+    monkeypatch.setattr(rn, "REGISTER_BACKWARD_ITEMS", items)
+    monkeypatch.setattr(rn, "REGISTER_BACKWARD_MIN_ROW_BYTES", min_row)
+    monkeypatch.setattr(rn, "REGISTER_BACKWARD_WIDE_FINISH", True)
+    dtype = np.dtype(dtype)
+    acc = np.dtype(_dtypes.accumulate_dtype(dtype))
+    x, dy, dx = (_fake_device_array(x_shape, dtype) for _ in range(3))
+    if offset:  # x one element into its buffer
+        x = _fake_device_array((int(np.prod(x_shape)) + 1,), dtype)[1:].reshape(x_shape)
+    mean, rstd = (_fake_device_array((x_shape[0], groups), acc) for _ in range(2))
+    rows = rn._Rows(x, groups, "NCHW", (x, dy, dx), 2, rn._cache_limit(FakeCupy))
+    pt = _dtypes.cuda_type(dtype)
+    done = rn._register_backward(FakeCupy, dy, x, None, mean, rstd, dx, rows, pt, dtype, acc)
+    K, S = x_shape[1] // groups, int(np.prod(x_shape[2:]))
+    plane = S * dtype.itemsize
+    pv = plane // 16
+    sizes = [c for c in (1, 2, 4, 8) if K % c == 0]
+    fits = [c for c in sizes if 2 * K // c * plane <= budget]
+    cl0 = fits[0] if fits else sizes[-1]
+    shape = None
+    for n in ((4,) if pv <= 128 else (items, 12 - items)):   # the switch's ITEMS, then the other
+        tpp = 32 * -(-(-(-pv // n)) // 32)
+        fit = [c for c in sizes if c >= cl0 and K // c * tpp <= 512]
+        if fit:
+            shape = (fit[0], n, tpp, K // fit[0] * tpp)
+            break
+    if (cc < 90 or offset or plane % 16 or pv < 32 or 2 * K * plane < min_row or shape is None):
+        assert done is None and not captured, (shape, captured)
+        return
+    assert done == ("dgamma", "dbeta") and len(captured) == 1
+    (grid,), (block,), args, shared = captured[0]
+    name, inside = expressions[-1].rstrip(">").split("<", 1)
+    assert name == "gn_rows_backward_registers" and shared == 0
+    template, params = _row_kernel_signature(name)
+    bound = dict(zip(template, (a.strip() for a in inside.split(","))))
+    cl, n, tpp, threads = shape
+    assert (int(bound["CL"]), int(bound["ITEMS"])) == (cl, n) and grid == x_shape[0] * groups * cl
+    assert block == threads and block % 32 == 0 and tpp % 32 == 0 and block <= 512 and K // cl <= 32
+    assert tpp * n >= pv > (tpp - 32) * n   # whole warps a plane, the fewest that hold it
+    ctype = {"T": _C_TYPES[bound["T"]], "P": _C_TYPES[bound["P"]], "acc_t<T>": acc.type,
+             "index_t": np.int32 if bound["index_t"] == "int" else np.int64, "int": np.int32}
+    assert len(args) == len(params)
+    for (c_type, param), a in zip(params, args):
+        if param == "gamma":
+            assert a is rn._NULL   # no gamma: a null pointer
+        elif c_type.endswith("*"):
+            assert a.dtype == np.dtype(ctype[c_type[:-1]]), (param, a.dtype)
+        else:
+            assert type(a) is ctype[c_type], (param, type(a))
+    values = dict(zip((p for _, p in params), args))
+    assert (values["K_"], values["S_"], values["G"], values["tpp"]) == (K, S, groups, tpp)
+    assert values["part_dgamma"].shape == values["part_dbeta"].shape == (x_shape[0], x_shape[1])
+    assert finishes == [((2, x_shape[0], x_shape[1]), x_shape[0], x_shape[1], pt, 8 if x_shape[0] <= 256 else 32)]
+    if x_shape[1:] == (256, 56, 56) and budget == 28 * 1024:   # the benchmark's rows
+        assert (cl, n, block) == {4: (8, items, {4: 224, 8: 128}[items]), 2: (4, items, {4: 256, 8: 128}[items]),
+                                  8: (8, items, {4: 416, 8: 224}[items])}[dtype.itemsize]
+
+
+def test_register_backward_switch_takes_a_bool_or_storage_types(monkeypatch):
+    """CPU: REGISTER_BACKWARD True / False, or a tuple of storage types (those only);
+    an ITEMS the kernel was not compiled for is refused."""
+    from dnnprims import row_normalization as rn
+    for switch, on in ((True, set(rn._X_TYPES)), (False, set()), (("float",), {"float"}), ((), set())):
+        monkeypatch.setattr(rn, "REGISTER_BACKWARD", switch)
+        assert {t for t in rn._X_TYPES if rn._register_backward_on(t)} == on, switch
+    monkeypatch.setattr(rn, "REGISTER_BACKWARD_ITEMS", 6)
+    rows = type("Rows", (), {"K": 8, "S": 3136})()
+    with pytest.raises(ValueError, match="REGISTER_BACKWARD_ITEMS"):
+        rn._register_shape(rows, 4)
 
 
 @pytest.mark.parametrize("dtype", _dtypes.SUPPORTED, ids=lambda d: d.name)
