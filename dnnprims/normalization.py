@@ -77,6 +77,11 @@ FAMILY = KernelFamily("batchnorm.cu", [
       for t, p in _TYPE_PAIRS if _VECTOR[t] == 8 for i in _INDEX_TYPES for one in _BOOL),
     *(f"batchnorm_rows_backward_resident<{t}, {p}, {i}, 8, true>"
       for t, p in _TYPE_PAIRS if _VECTOR[t] == 8 for i in _INDEX_TYPES),
+    # 16-bit channel-last at 4 channels a thread (ROWS_16BIT_NARROW)
+    *(f"batchnorm_rows_train_narrow<{t}, {p}, {i}, {one}>"
+      for t, p in _TYPE_PAIRS if _VECTOR[t] == 8 for i in _INDEX_TYPES for one in _BOOL),
+    *(f"batchnorm_rows_backward_narrow<{t}, {p}, {i}>"
+      for t, p in _TYPE_PAIRS if _VECTOR[t] == 8 for i in _INDEX_TYPES),
 ])
 
 _BLOCK = 256  # BN_THREADS in kernels/batchnorm.cu
@@ -138,7 +143,8 @@ def _forward_key(x, gamma, beta, running_mean, running_var, training, momentum, 
             type(momentum), momentum, type(eps), eps, layout, FUSED, FUSED_PREFETCH,
             FUSED_FORWARD_MIN_BYTES, FLAT_INFERENCE, PACKED_INFERENCE, PACKED_INFERENCE_ROWS,
             PACKED_UNROLL, PACKED_ROWS_UNROLL, GROUPED, ROWS_FUSED, ROWS_FUSED_MIN_ROWS, ROWS_RESIDENT,
-            ROWS_CACHE_BYTES, ROWS_L2_WINDOW, ROWS_TRAIN_ONE_COUNT, ROWS_16BIT_WORDS, CLUSTER,
+            ROWS_CACHE_BYTES, ROWS_L2_WINDOW, ROWS_TRAIN_ONE_COUNT, ROWS_16BIT_WORDS, ROWS_16BIT_NARROW,
+            ROWS_16BIT_LAUNCHES, ROWS_16BIT_LAUNCHES_MIN_BYTES, CLUSTER,
             CLUSTER_BLOCK_BYTES, CLUSTER_MIN_BYTES,
             CLUSTER_MIN_PLANE_BYTES, STRIDED, STRIDED_TYPES,
             _current_device(), _kernels.stream_key(_current_stream().ptr))
@@ -154,7 +160,8 @@ def _backward_key(dy, x, gamma, mean, invstd, eps, layout):
     return ("backward", dy.shape, dy.dtype, dy_data.device_id, x.shape, x.dtype, x_data.device_id,
             _vector_key(gamma), _vector_key(mean), _vector_key(invstd), type(eps), eps, layout, FUSED,
             FUSED_BACKWARD_16BIT_SPLITS, GROUPED, ROWS_FUSED, ROWS_FUSED_MIN_ROWS, ROWS_RESIDENT, ROWS_CACHE_BYTES,
-            ROWS_L2_WINDOW, ROWS_16BIT_WORDS, CLUSTER, CLUSTER_BACKWARD,
+            ROWS_L2_WINDOW, ROWS_16BIT_WORDS, ROWS_16BIT_NARROW, ROWS_16BIT_LAUNCHES,
+            ROWS_16BIT_LAUNCHES_MIN_BYTES, CLUSTER, CLUSTER_BACKWARD,
             CLUSTER_BLOCK_BYTES, CLUSTER_MIN_BYTES, CLUSTER_MIN_PLANE_BYTES, STRIDED, STRIDED_TYPES,
             _current_device(), _kernels.stream_key(_current_stream().ptr))
 
@@ -617,13 +624,15 @@ class _Rows:
     """Launch shape of the channel-last kernels (kernels/batchnorm.cu, RowLanes):
     x as M rows of C channels, VEC channels per thread when C and the pointers allow."""
 
-    def __init__(self, cp, x, channels, rows, arrays=(), aligned=None):
+    def __init__(self, cp, x, channels, rows, arrays=(), aligned=None, max_vec=None):
         t = _dtypes.cuda_type(x.dtype)
         vec = _VECTOR[t]
         if aligned is None:
             aligned = all(a.data.ptr % 16 == 0 for a in arrays)
         if channels % vec or not aligned:
             vec = 1
+        elif max_vec is not None and vec > max_vec:  # a divisor of the 16-byte VEC: C % max_vec == 0
+            vec = max_vec
         vectors = channels // vec
         self.cols = min(vectors, _BLOCK)
         self.block_lanes = _BLOCK // self.cols
@@ -732,6 +741,22 @@ ROWS_TRAIN_ONE_COUNT = (2,)
 # Off: the same A/B had it 1-1.4 % slower in training and no faster backward
 # (fp16 0.2056 off, 0.2064 on).  Plan and fast keys.
 ROWS_16BIT_WORDS = False
+# Directions ("train", "backward") whose 16-bit channel-last resident launch runs
+# batchnorm_rows_{train,backward}_narrow: the same kernel at 4 channels a thread
+# (8-byte vectors) -- float32's lanes, batches of 8 / 4 rows, half the lane
+# partials of the 16-byte mapping (notes/bn16nhwc3.md).  Not bitwise the 8-channel
+# results (other lanes / batches).  Plan and fast keys.  H100 A/B (session 11), device
+# ms old -> narrow, 64x56x56x256: fp16 train 0.1500 -> 0.1202 (PyTorch 0.1289), backward
+# 0.2059 -> 0.1890 (PyTorch 0.1722); bf16 train 0.1507 -> 0.1204, backward 0.2060 -> 0.1816;
+# C 200 fp16 train 0.1291 -> 0.1097, backward 0.1934 -> 0.1786.
+ROWS_16BIT_NARROW = ("train", "backward")
+# Directions whose 16-bit channel-last calls of x.nbytes >= ROWS_16BIT_LAUNCHES_MIN_BYTES
+# skip the one-launch kernels (resident and fused) for the multi-launch path:
+# statistics + merge + normalize, backward reduce + merge + data (the path PyTorch's
+# kernels take; small tensors keep the one launch).  Plan and fast keys.  Measured
+# slower than the resident kernels (same A/B: fp16 train 0.1636, backward 0.2173): off.
+ROWS_16BIT_LAUNCHES = ()
+ROWS_16BIT_LAUNCHES_MIN_BYTES = 16 << 20
 _SHARED_RESERVED = 1024  # the driver's shared memory per block (sm_80+)
 _ROWS_STATIC_BYTES = 1024  # the resident kernels' static shared memory (the merge), rounded up
 
@@ -773,6 +798,24 @@ def _rows_resident_launch(cp, rows, spec, channels, tensors, itemsize):
         stretch = lanes * batch_rows * channels * itemsize * tensors  # one batch of every lane
         window = min(int(fraction * l2) // stretch, lane_batches)
     return grid, lanes, work, cached, window, cached * per_batch
+
+
+def _rows_16bit(x, switch, direction):
+    """Whether a 16-bit x's channel-last `direction` call is in `switch`."""
+    return x.itemsize == 2 and direction in switch
+
+
+def _rows_launches(x, direction):
+    """Whether ROWS_16BIT_LAUNCHES sends this call to the multi-launch path."""
+    return _rows_16bit(x, ROWS_16BIT_LAUNCHES, direction) and x.nbytes >= ROWS_16BIT_LAUNCHES_MIN_BYTES
+
+
+def _rows_narrow(cp, x, channels, rows_count, aligned, rows, direction):
+    """The launch shape of the 4-channel _narrow kernels for a vectorised 16-bit call
+    in ROWS_16BIT_NARROW, else None (the _resident kernels at `rows`' VEC)."""
+    if rows.vec == 8 and _rows_16bit(x, ROWS_16BIT_NARROW, direction):
+        return _Rows(cp, x, channels, rows_count, aligned=aligned, max_vec=4)
+    return None
 
 
 def _rows_resident_flags(rows, one_count=None):
@@ -1256,22 +1299,24 @@ def _rows_forward_plan(cp, x, y, pdtype, channels, rows_count, inner, training, 
            np.dtype(pdtype), channels, aligned, training, update, float(momentum), float(eps), no_gamma, no_beta,
            ROWS_FUSED, ROWS_FUSED_MIN_ROWS, PACKED_INFERENCE, PACKED_INFERENCE_ROWS,
            PACKED_ROWS_UNROLL, ROWS_RESIDENT, ROWS_CACHE_BYTES, ROWS_L2_WINDOW, ROWS_TRAIN_ONE_COUNT,
-           ROWS_16BIT_WORDS)
+           ROWS_16BIT_WORDS, ROWS_16BIT_NARROW, ROWS_16BIT_LAUNCHES, ROWS_16BIT_LAUNCHES_MIN_BYTES)
     return _cached_plan(key, lambda: _build_rows_forward_plan(
         cp, x, pdtype, channels, rows_count, training, update, float(momentum), float(eps), no_gamma, no_beta,
         aligned))
 
 
-def _rows_one_launch(cp, rows, pt, direction, resident_spec, channels, tensors, itemsize, fused_allowed):
+def _rows_one_launch(cp, rows, pt, direction, resident_spec, channels, tensors, itemsize, fused_allowed,
+                     resident_rows=None):
     """The one-launch rows kernel of `direction` ("train" / "backward"): (spec, grid, lanes,
     workspace, the kernel's extra arguments, dynamic shared bytes) of the resident kernel
     `resident_spec` when ROWS_RESIDENT and it fits, else of batchnorm_rows_*_fused; None when
     neither applies (ROWS_FUSED off, fused_allowed False: a refused cooperative launch's
-    fallback plan)."""
+    fallback plan).  `resident_rows`: the resident kernel's launch shape where it is not
+    `rows`' (the 16-bit _narrow kernels, ROWS_16BIT_NARROW)."""
     if not (fused_allowed and ROWS_FUSED):
         return None
     if ROWS_RESIDENT:
-        launch = _rows_resident_launch(cp, rows, resident_spec, channels, tensors, itemsize)
+        launch = _rows_resident_launch(cp, resident_rows or rows, resident_spec, channels, tensors, itemsize)
         if launch is not None:
             grid, lanes, work, cached, window, shared = launch
             return resident_spec, grid, lanes, work, (np.int32(cached), np.int32(window)), shared
@@ -1306,11 +1351,17 @@ def _build_rows_forward_plan(cp, x, pdtype, channels, rows_count, training, upda
                                        shared_mem=shared))
         return _Plan(launches, aligned, stats)
     if training:
-        flags = _rows_resident_flags(rows, x.itemsize in ROWS_TRAIN_ONE_COUNT and rows.t != "double")
-        resident = rows.spec("train_resident", pt, flag=flags)
-        one = _rows_one_launch(cp, rows, pt, "train", resident, channels, 1, x.itemsize, fused_allowed)
+        fused_allowed = fused_allowed and not _rows_launches(x, "train")
+        narrow = _rows_narrow(cp, x, channels, rows_count, aligned, rows, "train")
+        one_count = x.itemsize in ROWS_TRAIN_ONE_COUNT and rows.t != "double"
+        if narrow:
+            resident = f"batchnorm_rows_train_narrow<{narrow.t}, {pt}, {narrow.index_t}, {_BOOL[one_count]}>"
+        else:
+            resident = rows.spec("train_resident", pt, flag=_rows_resident_flags(rows, one_count))
+        one = _rows_one_launch(cp, rows, pt, "train", resident, channels, 1, x.itemsize, fused_allowed, narrow)
         if one is not None:
             spec, grid, lanes, work, extra, shared = one
+            shape = (narrow if narrow and spec == resident else rows).shape
             size = channels * lanes
             parts = work.scratch(cp, acc, 3 * size, 2)
             fallback = _rows_refused(cp, spec, grid, lambda arrays: _build_rows_forward_plan(
@@ -1319,7 +1370,7 @@ def _build_rows_forward_plan(cp, x, pdtype, channels, rows_count, training, upda
             launches.append(FAMILY.prepare(
                 spec, grid, (_BLOCK,),
                 (X, Y, parts[:size], parts[size:2 * size], parts[2 * size:], MEAN, INVSTD, rm, rv, gamma, beta,
-                 *rows.shape, real(eps), real(momentum), unbias, np.int32(update), *extra, work.arrive),
+                 *shape, real(eps), real(momentum), unbias, np.int32(update), *extra, work.arrive),
                 shared_mem=shared, cooperative=True, fallback=fallback))
             return _Plan(launches, aligned, stats)
         launches.extend(_rows_statistics_launches(cp, rows, acc, pt, channels, X, MEAN, INVSTD, rm, rv, update,
@@ -1348,7 +1399,8 @@ def _rows_backward_plan(cp, x, dy, dx, pdtype, channels, rows_count, inner, reco
     aligned = not (x.data.ptr | dy.data.ptr | dx.data.ptr) & 15
     key = ("rows backward", cp.cuda.runtime.getDevice(), _stream(cp), x.shape, x.dtype,
            np.dtype(pdtype), channels, aligned, recompute, float(eps), no_gamma, ROWS_FUSED,
-           ROWS_FUSED_MIN_ROWS, ROWS_RESIDENT, ROWS_CACHE_BYTES, ROWS_L2_WINDOW, ROWS_16BIT_WORDS)
+           ROWS_FUSED_MIN_ROWS, ROWS_RESIDENT, ROWS_CACHE_BYTES, ROWS_L2_WINDOW, ROWS_16BIT_WORDS,
+           ROWS_16BIT_NARROW, ROWS_16BIT_LAUNCHES, ROWS_16BIT_LAUNCHES_MIN_BYTES)
     return _cached_plan(key, lambda: _build_rows_backward_plan(
         cp, x, pdtype, channels, rows_count, recompute, float(eps), no_gamma, aligned))
 
@@ -1369,10 +1421,16 @@ def _build_rows_backward_plan(cp, x, pdtype, channels, rows_count, recompute, ep
                                                   real(eps), real(0), real(1)))
     else:
         mean, invstd = A.ARRAY2, A.ARRAY3
-    resident = rows.spec("backward_resident", pt, flag=_rows_resident_flags(rows))
-    one = _rows_one_launch(cp, rows, pt, "backward", resident, channels, 2, x.itemsize, fused_allowed)
+    fused_allowed = fused_allowed and not _rows_launches(x, "backward")
+    narrow = _rows_narrow(cp, x, channels, rows_count, aligned, rows, "backward")
+    if narrow:
+        resident = f"batchnorm_rows_backward_narrow<{narrow.t}, {pt}, {narrow.index_t}>"
+    else:
+        resident = rows.spec("backward_resident", pt, flag=_rows_resident_flags(rows))
+    one = _rows_one_launch(cp, rows, pt, "backward", resident, channels, 2, x.itemsize, fused_allowed, narrow)
     if one is not None:
         spec, grid, lanes, work, extra, shared = one
+        shape = (narrow if narrow and spec == resident else rows).shape
         size = channels * lanes
         parts = work.scratch(cp, acc, 2 * size + 2 * channels, 3)
         fallback = _rows_refused(cp, spec, grid, lambda arrays: _build_rows_backward_plan(
@@ -1380,7 +1438,7 @@ def _build_rows_backward_plan(cp, x, pdtype, channels, rows_count, recompute, ep
         launches.append(FAMILY.prepare(
             spec, grid, (_BLOCK,),
             (X, DY, mean, invstd, gamma, parts[:size], parts[size:2 * size], parts[2 * size:], DX, DGAMMA, DBETA,
-             *rows.shape, *extra, work.arrive), shared_mem=shared, cooperative=True, fallback=fallback))
+             *shape, *extra, work.arrive), shared_mem=shared, cooperative=True, fallback=fallback))
         return _Plan(launches, aligned)
     spec = rows.spec("backward_reduce")
     grid, lanes = rows.grid(cp, spec, 8)

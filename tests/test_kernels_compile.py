@@ -29,6 +29,8 @@ _INLINE_PTX = [("row_normalization.cu", "gn_rows_backward_pipelined<"),
                # their 16-bit rows as words (cvt.f32.f16 of a word's halves, cvt.rn.{f16,bf16}x2.f32)
                ("batchnorm.cu", "batchnorm_rows_train_resident<half_t, float, int, 8, true, true>"),
                ("batchnorm.cu", "batchnorm_rows_backward_resident<bfloat16_t, float, int, 8, true>"),
+               # their 16-bit 8-byte (4 channels a thread) evict-first accesses, ld / st.global.cs.v2
+               ("batchnorm.cu", "batchnorm_rows_backward_narrow<half_t, float, int>"),
                ("row_normalization.cu", "gn_rows_backward_cluster<"),
                ("row_normalization.cu", "gn_rows_backward_registers<"),
                ("row_normalization.cu", "gn_rows_forward_cluster<")]

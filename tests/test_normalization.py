@@ -562,7 +562,7 @@ def test_inference_packs_launch_shapes(monkeypatch):
         assert f"<float, float, {index_t}, 1, 1>" in normalization._rows_packs_launch(odd, False, 1, "float")[0]
 
 
-@pytest.mark.parametrize("path", ["resident", "fused", "launches"])
+@pytest.mark.parametrize("path", ["resident", "fused", "launches", "narrow", "launches16"])
 @pytest.mark.parametrize("resident", [None, 1, 6])
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 @pytest.mark.parametrize("x_shape,offset", [((8, 5, 7, 32), 0), ((8, 5, 7, 32), 1), ((3, 4, 4, 13), 0),
@@ -576,10 +576,16 @@ def test_channel_last_fused_paths(xp, rng, monkeypatch, path, resident, dtype, x
     saved statistics.  `resident` fakes
     the occupancy API: 1 or 6 blocks make each lane own hundreds of rows (every
     batch, the cache and the reverse walk run; a block merges many channels);
-    1 block with several column groups (2100 channels) falls back."""
+    1 block with several column groups (2100 channels) falls back.  `narrow`: the
+    16-bit resident launches at 4 channels a thread (ROWS_16BIT_NARROW);
+    `launches16`: 16-bit calls on the three-launch path (ROWS_16BIT_LAUNCHES)."""
     from dnnprims import normalization
+    both = ("train", "backward")
     monkeypatch.setattr(normalization, "ROWS_FUSED", path != "launches")
-    monkeypatch.setattr(normalization, "ROWS_RESIDENT", path == "resident")
+    monkeypatch.setattr(normalization, "ROWS_RESIDENT", path in ("resident", "narrow", "launches16"))
+    monkeypatch.setattr(normalization, "ROWS_16BIT_NARROW", both if path == "narrow" else ())
+    monkeypatch.setattr(normalization, "ROWS_16BIT_LAUNCHES", both if path == "launches16" else ())
+    monkeypatch.setattr(normalization, "ROWS_16BIT_LAUNCHES_MIN_BYTES", 0)
     _fresh_plans(monkeypatch)  # the prepared plans hold grids sized by _RESIDENT
     monkeypatch.setattr(normalization, "_RESIDENT", {})
     if resident is not None:
@@ -641,6 +647,8 @@ def test_channel_last_resident_kernels_equal_the_fused_ones(gpu, rng, monkeypatc
     partials and merge), which match the float64 reference; the resident kernels
     really ran (plans hold their launches); counters reset (two calls)."""
     from dnnprims import normalization
+    monkeypatch.setattr(normalization, "ROWS_16BIT_NARROW", ())  # the 16-byte mapping (its own test below)
+    monkeypatch.setattr(normalization, "ROWS_16BIT_LAUNCHES", ())
     monkeypatch.setattr(normalization, "_RESIDENT", {})
     if resident is not None:
         monkeypatch.setattr(normalization, "_resident_blocks", lambda cp, kernel: resident)
@@ -688,6 +696,8 @@ def test_channel_last_resident_flags_are_bitwise(gpu, rng, monkeypatch, resident
     reverse walk (1 / 6 resident blocks), with and without hints; the plans hold
     the flagged expressions exactly when they are on (WORDS: vectorised 16-bit only)."""
     from dnnprims import normalization
+    monkeypatch.setattr(normalization, "ROWS_16BIT_NARROW", ())
+    monkeypatch.setattr(normalization, "ROWS_16BIT_LAUNCHES", ())
     monkeypatch.setattr(normalization, "_RESIDENT", {})
     if resident is not None:
         monkeypatch.setattr(normalization, "_resident_blocks", lambda cp, kernel: resident)
@@ -726,6 +736,149 @@ def test_channel_last_resident_flags_are_bitwise(gpu, rng, monkeypatch, resident
     for a, e, what in zip(got[True][5:8], batchnorm_backward(f64(dy_host), f64(x_host), f64(gamma), layout="NHWC"),
                           ("dx", "dgamma", "dbeta")):
         assert_close(a, e, dtype, what=what)
+
+
+@pytest.mark.parametrize("resident,window", [(1, "default"), (6, None), (None, "default")])
+@pytest.mark.parametrize("dtype", [np.float16, _dtypes.BFLOAT16, np.float32])
+@pytest.mark.parametrize("x_shape", [(8, 5, 7, 32), (3, 4, 4, 13), (3000, 40), (1, 3, 1, 16), (5, 7, 9, 24),
+                                     (2, 3, 5, 520), (64, 7, 7, 256)])
+def test_channel_last_16bit_narrow_and_launches(gpu, rng, monkeypatch, resident, window, dtype, x_shape):
+    """ROWS_16BIT_NARROW (batchnorm_rows_{train,backward}_narrow: the resident kernels at
+    4 channels a thread) and ROWS_16BIT_LAUNCHES (16-bit on the three launches), each
+    on and off: training forward twice (running statistics, counters reset), backward
+    with saved and recomputed statistics, against float64 at the dtype's tolerance;
+    whole and partial batches (5x7x9 rows), 13 channels (VEC 1: the switches leave it
+    alone), 520 channels (130 columns: one lane a block), every cached batch and the
+    reverse walk (1 / 6 resident blocks), hints on / off.  The plans hold the _narrow
+    kernels exactly when NARROW is on and the call is vectorised 16-bit, no one-launch
+    kernel under LAUNCHES; float32 (the control) runs the same kernels either way."""
+    from dnnprims import normalization
+    monkeypatch.setattr(normalization, "_RESIDENT", {})
+    monkeypatch.setattr(normalization, "ROWS_16BIT_LAUNCHES_MIN_BYTES", 0)
+    if resident is not None:
+        monkeypatch.setattr(normalization, "_resident_blocks", lambda cp, kernel: resident)
+    if window != "default":
+        monkeypatch.setattr(normalization, "ROWS_L2_WINDOW", window)
+    pdtype = np.float32
+    x_host = random_array(rng, x_shape, dtype, low=-1, high=3)
+    dy_host = random_array(rng, x_shape, dtype)
+    gamma, beta = _params(rng, x_shape, "NHWC", pdtype)
+    c = gamma.shape[0]
+    x, dy, g, b = (gpu.asarray(a) for a in (x_host, dy_host, gamma, beta))
+    rm0, rv0 = random_array(rng, (c,), pdtype), random_array(rng, (c,), pdtype, 0.5, 2)
+    f64 = lambda a: _host(a).astype(np.float64)  # noqa: E731
+    rm64, rv64 = f64(rm0), f64(rv0)
+    for _ in range(2):
+        y64 = batchnorm(f64(x_host), f64(gamma), f64(beta), rm64, rv64, momentum=0.3, layout="NHWC")
+    expect = batchnorm_backward(f64(dy_host), f64(x_host), f64(gamma), layout="NHWC")
+    vectorised_16bit = np.dtype(dtype).itemsize == 2 and c % 8 == 0
+    both = ("train", "backward")
+    got = {}
+    for mode in ("off", "narrow", "launches"):
+        monkeypatch.setattr(normalization, "ROWS_16BIT_NARROW", both if mode == "narrow" else ())
+        monkeypatch.setattr(normalization, "ROWS_16BIT_LAUNCHES", both if mode == "launches" else ())
+        _fresh_plans(monkeypatch)
+        rm, rv = gpu.asarray(rm0), gpu.asarray(rv0)
+        for _ in range(2):
+            y, mean, invstd = batchnorm(x, g, b, rm, rv, momentum=0.3, layout="NHWC", return_stats=True)
+        dx, dg, db = batchnorm_backward(dy, x, g, layout="NHWC", mean=mean, invstd=invstd)
+        dx2 = batchnorm_backward(dy, x, g, layout="NHWC")[0]
+        got[mode] = [_host(a) for a in (y, mean, invstd, rm, rv, dx, dg, db, dx2)]
+        specs = [spec for plan in normalization._PLANS.values() for spec in _plan_specs(plan)]
+        narrow = [spec for spec in specs if "_narrow<" in spec]
+        one_launch = [spec for spec in specs if spec.split("<")[0].rsplit("_", 1)[-1] in ("resident", "fused")]
+        if mode == "narrow" and vectorised_16bit:
+            # train, backward with saved and with recomputed statistics: two expressions
+            assert len(set(narrow)) == 2 and not one_launch, specs
+            assert any("train_narrow" in spec and spec.endswith(", true>") for spec in narrow), narrow  # ONE_COUNT
+        elif mode == "launches" and np.dtype(dtype).itemsize == 2:
+            assert not narrow and not one_launch, specs
+        else:
+            assert not narrow and one_launch, specs
+        assert_close(got[mode][0], y64, dtype, what="y")
+        assert_close(got[mode][3], rm64, pdtype, what="running_mean")
+        assert_close(got[mode][4], rv64, pdtype, what="running_var")
+        for a, e, what in zip(got[mode][5:8], expect, ("dx", "dgamma", "dbeta")):
+            assert_close(a, e, dtype, what=what)
+        assert_close(got[mode][8], expect[0], dtype, what="dx recomputed")
+    if not vectorised_16bit:  # the switches change nothing for these calls
+        for a, b_, what in zip(got["narrow"], got["off"], ("y", "mean", "invstd", "rm", "rv", "dx", "dg", "db")):
+            np.testing.assert_array_equal(a.view(np.uint8), b_.view(np.uint8), err_msg=what)
+
+
+def test_channel_last_16bit_switches_select_kernels(monkeypatch):
+    """CPU: which prepared launches the 16-bit switches give: ROWS_16BIT_NARROW per
+    direction (the _narrow expressions with ONE_COUNT as ROWS_TRAIN_ONE_COUNT says,
+    index type kept, 4 channels a thread: float32's lanes), nothing for float32 or a
+    VEC-1 call (13 channels); ROWS_16BIT_LAUNCHES per direction (no cooperative
+    launch) for x of at least ROWS_16BIT_LAUNCHES_MIN_BYTES; every expression declared."""
+    from dnnprims import normalization
+    captured = []
+
+    def capture(expression, grid, block, args, shared_mem=0, cooperative=False, fallback=None):
+        captured.append((expression, grid, cooperative))
+
+    for name in ("_RESIDENT", "_WORKSPACES", "_SMS", "_LAUNCHES", "_CONSTANTS", "_PLANS", "_DEVICE"):
+        monkeypatch.setattr(normalization, name, {})
+    monkeypatch.setattr(normalization, "_REFUSED", set())
+    monkeypatch.setattr(normalization.FAMILY, "prepare", capture)
+    monkeypatch.setattr(normalization.FAMILY, "function", lambda expression: None)
+    monkeypatch.setattr(normalization, "_resident_blocks", lambda cp, kernel: 264)
+    cp = _FakeCupy
+    declared = set(normalization.FAMILY.name_expressions)
+    monkeypatch.setattr(normalization, "ROWS_16BIT_LAUNCHES_MIN_BYTES", 4096 * 256 * 2)  # x of 4096 x 256 16-bit
+
+    def build(dtype, c, narrow=(), launches=()):
+        monkeypatch.setattr(normalization, "ROWS_16BIT_NARROW", narrow)
+        monkeypatch.setattr(normalization, "ROWS_16BIT_LAUNCHES", launches)
+        captured.clear()
+        x = _fake_device_array((4096, c), dtype)
+        pdtype = np.dtype(np.float32)
+        normalization._build_rows_forward_plan(cp, x, pdtype, c, 4096, True, True, 0.1, 1e-5, False, False, True)
+        normalization._build_rows_backward_plan(cp, x, pdtype, c, 4096, False, 1e-5, False, True)
+        for expression, _, _ in captured:
+            assert expression in declared, expression
+        return [(e.split("<")[0], e, grid, coop) for e, grid, coop in captured]
+
+    both = ("train", "backward")
+    for dtype, t in ((np.float16, "half_t"), (_dtypes.BFLOAT16, "bfloat16_t")):
+        got = build(dtype, 256, narrow=both)
+        assert [g[1] for g in got] == [f"batchnorm_rows_train_narrow<{t}, float, int, true>",
+                                       f"batchnorm_rows_backward_narrow<{t}, float, int>"]
+        # 4 lanes a block (64 columns of 4 channels) own >= ROWS_FUSED_MIN_ROWS rows: 4096 / 32 blocks
+        assert [g[2] for g in got] == [(128, 1), (128, 1)] and all(g[3] for g in got)
+        assert [g[2] for g in build(dtype, 256)] == [(64, 1), (64, 1)]  # 8 lanes a block at 8 channels
+        monkeypatch.setattr(normalization, "ROWS_TRAIN_ONE_COUNT", ())
+        assert build(dtype, 256, narrow=("train",))[0][1] == f"batchnorm_rows_train_narrow<{t}, float, int, false>"
+        monkeypatch.setattr(normalization, "ROWS_TRAIN_ONE_COUNT", (2,))
+        assert [g[0] for g in build(dtype, 256, narrow=("backward",))] == [
+            "batchnorm_rows_train_resident", "batchnorm_rows_backward_narrow"]
+        assert [g[0] for g in build(dtype, 13, narrow=both)] == [
+            "batchnorm_rows_train_resident", "batchnorm_rows_backward_resident"]
+        got = build(dtype, 256, launches=both)
+        assert [g[0] for g in got] == ["batchnorm_rows_statistics", "batchnorm_rows_merge_statistics",
+                                       "batchnorm_rows_normalize", "batchnorm_rows_backward_reduce",
+                                       "batchnorm_rows_backward_merge", "batchnorm_rows_backward_data"]
+        assert not any(g[3] for g in got)
+        assert [g[0] for g in build(dtype, 256, launches=("backward",))][0] == "batchnorm_rows_train_resident"
+        assert [g[0] for g in build(dtype, 248, launches=both)] == [  # under the threshold: one launch each
+            "batchnorm_rows_train_resident", "batchnorm_rows_backward_resident"]
+    for narrow, launches in ((both, ()), ((), both)):
+        assert [g[0] for g in build(np.float32, 256, narrow, launches)] == [
+            "batchnorm_rows_train_resident", "batchnorm_rows_backward_resident"]
+    # the three switches are part of both fast keys
+    monkeypatch.setattr(normalization, "_current_device", lambda: 0)
+    monkeypatch.setattr(normalization, "_current_stream", lambda: type("Stream", (), {"ptr": 77})())
+    x = _fake_device_array((4096, 256), np.float16)
+    keys = []
+    for narrow, launches, min_bytes in (((), (), 1), (both, (), 1), ((), both, 1), ((), both, 2)):
+        monkeypatch.setattr(normalization, "ROWS_16BIT_NARROW", narrow)
+        monkeypatch.setattr(normalization, "ROWS_16BIT_LAUNCHES", launches)
+        monkeypatch.setattr(normalization, "ROWS_16BIT_LAUNCHES_MIN_BYTES", min_bytes)
+        keys.append((normalization._forward_key(x, None, None, None, None, True, 0.1, 1e-5, "NHWC"),
+                     normalization._backward_key(x, x, None, None, None, 1e-5, "NHWC")))
+    assert all(k[0] is not None and k[1] is not None for k in keys)
+    assert len({k[0] for k in keys}) == 4 and len({k[1] for k in keys}) == 4
 
 
 def _plan_specs(plan):
@@ -776,7 +929,8 @@ def test_channel_last_plans_and_rows_per_lane(gpu, rng, monkeypatch, min_rows, d
 _C_TYPES = {"half_t": np.float16, "bfloat16_t": _dtypes.BFLOAT16, "float": np.float32, "double": np.float64}
 _COOPERATIVE_KERNELS = ("batchnorm_train_fused", "batchnorm_backward_fused", "batchnorm_rows_train_fused",
                         "batchnorm_rows_backward_fused", "batchnorm_rows_train_resident",
-                        "batchnorm_rows_backward_resident")
+                        "batchnorm_rows_backward_resident", "batchnorm_rows_train_narrow",
+                        "batchnorm_rows_backward_narrow")
 
 
 def _kernel_signature(name):
@@ -866,8 +1020,11 @@ def test_grid_barrier_kernels_are_launched_cooperatively_with_arguments_of_their
                                       True)
     normalization._build_backward_plan(cp, x, y, y, pdtype, c, outer, inner, False, 1e-5, False, True)
     rows_x = _fake_device_array((outer * inner, c), dtype)
-    for resident in (False, True):  # batchnorm_rows_*_fused, then batchnorm_rows_*_resident
+    monkeypatch.setattr(normalization, "ROWS_16BIT_LAUNCHES", ())
+    for resident, narrow in ((False, ()), (True, ()), (True, ("train", "backward"))):
+        # batchnorm_rows_*_fused, batchnorm_rows_*_resident, then (16-bit) batchnorm_rows_*_narrow
         monkeypatch.setattr(normalization, "ROWS_RESIDENT", resident)
+        monkeypatch.setattr(normalization, "ROWS_16BIT_NARROW", narrow)
         normalization._build_rows_forward_plan(cp, rows_x, pdtype, c, outer * inner, True, True, 0.1, 1e-5, False,
                                                False, True)
         normalization._build_rows_backward_plan(cp, rows_x, pdtype, c, outer * inner, False, 1e-5, False, True)
@@ -878,6 +1035,8 @@ def test_grid_barrier_kernels_are_launched_cooperatively_with_arguments_of_their
     marked["batchnorm_rows_backward_fused"] = marked["batchnorm_backward_fused"]
     marked["batchnorm_rows_train_resident"] = marked["batchnorm_train_fused"]
     marked["batchnorm_rows_backward_resident"] = marked["batchnorm_backward_fused"]
+    marked["batchnorm_rows_train_narrow"] = marked["batchnorm_train_fused"]
+    marked["batchnorm_rows_backward_narrow"] = marked["batchnorm_backward_fused"]
     seen = set()
     for expression, args, cooperative in captured:
         name, inside = expression.rstrip(">").split("<", 1)
@@ -911,7 +1070,8 @@ def test_grid_barrier_kernels_are_launched_cooperatively_with_arguments_of_their
             expect = (a.data.ptr.to_bytes(8, "little") if isinstance(a, _kernels._NDARRAY)
                       else np.asarray(a).tobytes())
             assert ctypes.string_at(address, size) == expect, expression
-    assert seen == set(_COOPERATIVE_KERNELS)
+    narrow = {"batchnorm_rows_train_narrow", "batchnorm_rows_backward_narrow"}
+    assert seen == set(_COOPERATIVE_KERNELS) - (set() if np.dtype(dtype).itemsize == 2 else narrow)
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
