@@ -2533,6 +2533,12 @@ __device__ __forceinline__ void load_pack_cs(const T* __restrict__ p, index_t of
                 : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3]) : "l"(p + off));
             return;
         }
+    } else if constexpr (sizeof(Pack<T, VEC>) == 8 && sizeof(T) == 2) {  // 16-bit, 4 a thread (_narrow)
+        if (first) {
+            unsigned* w = reinterpret_cast<unsigned*>(&out);
+            asm("ld.global.cs.v2.u32 {%0, %1}, [%2];" : "=r"(w[0]), "=r"(w[1]) : "l"(p + off));
+            return;
+        }
     }
     out = *reinterpret_cast<const Pack<T, VEC>*>(p + off);
 }
@@ -2548,6 +2554,12 @@ __device__ __forceinline__ void store_pack_cs(T* __restrict__ p, index_t off, co
             const unsigned* w = reinterpret_cast<const unsigned*>(&pk);
             asm volatile("st.global.cs.v4.u32 [%0], {%1, %2, %3, %4};"
                          :: "l"(p + off), "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3]) : "memory");
+            return;
+        }
+    } else if constexpr (sizeof(Pack<T, VEC>) == 8 && sizeof(T) == 2) {  // 16-bit, 4 a thread (_narrow)
+        if (first) {
+            const unsigned* w = reinterpret_cast<const unsigned*>(&pk);
+            asm volatile("st.global.cs.v2.u32 [%0], {%1, %2};" :: "l"(p + off), "r"(w[0]), "r"(w[1]) : "memory");
             return;
         }
     }
@@ -2830,4 +2842,68 @@ batchnorm_rows_backward_resident(const T* __restrict__ x, const T* __restrict__ 
     const T* const src[2] = {x, dy};
     acc_t<T>* const parts[2] = {part_g, part_gx};
     rows_resident<T, VEC, WORDS>(op, src, dx, parts, M, C, cols, cached, window, arrive);
+}
+
+// ---------------------------------------------------------------------------
+// 16-bit channel-last training forward / backward at FOUR channels a thread
+// (issue 5, bn16nhwc3; switch normalization.ROWS_16BIT_NARROW): the resident
+// kernels above (rows_resident, the same ops, cache, hints and merge) with VEC
+// = 4 8-byte vectors instead of 8 16-byte ones, under their own names (their
+// own warm-up groups).  Everything but the bytes then matches float32's
+// kernel on the same C: a warp covers 128 channels (half a 256-channel row),
+// a block 4 lanes x 64 columns, L = 4 lanes a block (half the 16-bit lanes:
+// half the C x L lane partials written before grid barrier 1 and merged
+// between the barriers), batches of 8 rows (train) / 4 rows of x and dy
+// (backward) -- rows_batch<T, 4> counts 4 floats a row -- so half the Chan
+// merges per value, and 24 batches a lane on 64x56x56x256 as float32.  Bytes a
+// thread a batch stay 64 (8 x 8 B; the cache per batch 16 KB a block, as VEC 8).
+// ld/st.global.cs.v2 carry the L2 hints (load_pack_cs / store_pack_cs).
+// Different lanes and batches from VEC 8: not bitwise its results (fp32
+// accumulation either way; tests compare with float64 at the dtype's tolerance).
+template <typename T, typename P, typename index_t, bool ONE_COUNT = false>
+__global__ void __launch_bounds__(BN_THREADS, 2)
+batchnorm_rows_train_narrow(const T* __restrict__ x, T* __restrict__ y, acc_t<T>* __restrict__ part_n,
+                            acc_t<T>* __restrict__ part_mean, acc_t<T>* __restrict__ part_m2,
+                            acc_t<T>* __restrict__ mean_out, acc_t<T>* __restrict__ invstd_out,
+                            P* __restrict__ running_mean, P* __restrict__ running_var,
+                            const P* __restrict__ gamma, const P* __restrict__ beta, index_t M, int C, int cols,
+                            acc_t<T> eps, acc_t<T> momentum, acc_t<T> unbias, int update_running, int cached,
+                            int window, unsigned* __restrict__ arrive) {
+    static_assert(sizeof(T) == 2, "16-bit storage only");
+    RowsTrainOp<T, P, 4, ONE_COUNT> op;
+    op.mean_out = mean_out;
+    op.invstd_out = invstd_out;
+    op.running_mean = running_mean;
+    op.running_var = running_var;
+    op.gamma = gamma;
+    op.beta = beta;
+    op.eps = eps;
+    op.momentum = momentum;
+    op.unbias = unbias;
+    op.update_running = update_running;
+    const T* const src[1] = {x};
+    acc_t<T>* const parts[3] = {part_n, part_mean, part_m2};
+    rows_resident<T, 4, false>(op, src, y, parts, M, C, cols, cached, window, arrive);
+}
+
+template <typename T, typename P, typename index_t>
+__global__ void __launch_bounds__(BN_THREADS, 2)
+batchnorm_rows_backward_narrow(const T* __restrict__ x, const T* __restrict__ dy,
+                               const acc_t<T>* __restrict__ mean, const acc_t<T>* __restrict__ invstd,
+                               const P* __restrict__ gamma, acc_t<T>* __restrict__ part_g,
+                               acc_t<T>* __restrict__ part_gx, acc_t<T>* __restrict__ sums, T* __restrict__ dx,
+                               P* __restrict__ dgamma, P* __restrict__ dbeta, index_t M, int C, int cols,
+                               int cached, int window, unsigned* __restrict__ arrive) {
+    static_assert(sizeof(T) == 2, "16-bit storage only");
+    RowsBackwardOp<T, P, 4> op;
+    op.mean = mean;
+    op.invstd = invstd;
+    op.gamma = gamma;
+    op.sums = sums;
+    op.dgamma = dgamma;
+    op.dbeta = dbeta;
+    op.C = C;
+    const T* const src[2] = {x, dy};
+    acc_t<T>* const parts[2] = {part_g, part_gx};
+    rows_resident<T, 4, false>(op, src, dx, parts, M, C, cols, cached, window, arrive);
 }
