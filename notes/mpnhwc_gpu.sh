@@ -7,9 +7,11 @@
 # pooling groups the tests and the A/B run (both trees), runs the GPU tests in 4 shards
 # (every S / MINB / PF + one-block grids, edge sizes, column groups, segment seams, ties /
 # NaN / +-inf exactly, dx bitwise the shfl kernel's, the switches keying the calls; the
-# shfl tests pinned to the shfl kernel), then notes/mpnhwc_ab.py (old vs new variants vs
-# PyTorch, one process).  Expected ~90-100 s on a warm H100 (warm ~30-40; tests <= 35; A/B
-# <= 30).
+# shfl tests pinned to the shfl kernel; since call 5's r50 fault -- an idle slot's x read
+# past x's end, fixed: notes/mpnhwc.md "Out-of-bounds fix" -- the r50 class [2,H,W,64],
+# H = W = 111 / 112 / 113, every A/B variant, x and dy at the end of their allocations: 27
+# GPU tests), then notes/mpnhwc_ab.py (old vs new variants vs PyTorch, one process).
+# Expected ~95-105 s on a warm H100 (warm ~30-40; tests <= 40; A/B <= 30).
 #   bash notes/mpnhwc_gpu.sh     (from the root of a copy of main)
 cd "$(dirname "$0")/.." || exit 1
 export PATCH=notes/wip/mpnhwc.patch

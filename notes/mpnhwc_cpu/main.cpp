@@ -31,18 +31,23 @@ static void run(K kernel, int grid_blocks) {
     gridDim.x = grid_blocks;
     std::barrier<> bar(32);
     warp_barrier = &bar;
-    for (int b = 0; b < grid_blocks; ++b)
-        for (int w = 0; w < 8; ++w) {
-            std::vector<std::thread> lanes;
-            for (int l = 0; l < 32; ++l)
-                lanes.emplace_back([&, b, w, l] { blockIdx.x = b; threadIdx.x = w * 32 + l; kernel(); });
-            for (auto& t : lanes) t.join();
-        }
+    // 32 lane threads run every warp in turn (a warp's shuffles are collective: the lanes stay in step)
+    std::vector<std::thread> lanes;
+    for (int l = 0; l < 32; ++l)
+        lanes.emplace_back([&, l] {
+            for (int b = 0; b < grid_blocks; ++b)
+                for (int w = 0; w < 8; ++w) {
+                    blockIdx.x = b;
+                    threadIdx.x = w * 32 + l;
+                    kernel();
+                }
+        });
+    for (auto& t : lanes) t.join();
 }
 
 int main(int argc, char** argv) {
     std::mt19937 rng(5);
-    long long cases = 0, bad = 0;
+    long long cases = 0, bad = 0, oob_seen = 0, oob_cases = 0;
     const int HW[][2] = {{1, 1}, {2, 2}, {1, 5}, {5, 1}, {2, 3}, {3, 7}, {7, 13}, {14, 14}, {13, 20},
                          {6, 35}, {30, 9}, {17, 16}, {4, 31}, {9, 32}};
     for (int kind = 0; kind < 3; ++kind)
@@ -62,6 +67,12 @@ int main(int argc, char** argv) {
         gather(x.data(), dy.data(), ref.data(), N, H, W, C);
         auto check = [&](const std::vector<float>& got, const char* what, int s, int pf, int grid) {
             ++cases;
+            if (const long long o = oob_count.load() - oob_seen) {  // bounds checks (gen.py)
+                ++oob_cases;
+                printf("%s S %d PF %d grid %d: H %d W %d C %d kind %d: %lld out-of-bounds accesses\n", what, s, pf,
+                       grid, H, W, C, kind, o);
+            }
+            oob_seen = oob_count.load();
             if (memcmp(got.data(), ref.data(), got.size() * 4)) {
                 ++bad;
                 size_t k = 0;
@@ -74,6 +85,7 @@ int main(int argc, char** argv) {
             const int cols = 32, segments = (Wo + cols - 1) / cols, groups = (Ho + 6) / 7;
             const long long items = (long long)N * segments * groups * (C / 16) * 32;
             std::vector<float> got(x.size(), 12345.0f);
+            oob_set(x, dy, got);
             run([&] { pool_nhwc_k3s2_backward_shfl<float, int, 8, 2>(x.data(), dy.data(), got.data(), (int)items,
                                                                        C, H, W, Ho, Wo, groups, segments, cols); },
                 (int)((items + 255) / 256));
@@ -85,6 +97,7 @@ int main(int argc, char** argv) {
             const long long items = (long long)N * segments * groups * (C / (128 / k)) * 32;
             const int grid = one ? 1 : (int)((items + 255) / 256);
             std::vector<float> got(x.size(), 12345.0f);
+            oob_set(x, dy, got);
             auto go = [&](auto kern) { run([&] { kern(x.data(), dy.data(), got.data(), (int)items, C, H, W, Ho, Wo,
                                                       groups, segments); }, grid); };
 #define WALK(K, S, PF) if (k == K && s == S && pf == PF) go(pool_nhwc_k3s2_backward_walk<float, int, K, S, 4, PF>);
@@ -93,6 +106,7 @@ int main(int argc, char** argv) {
             check(got, k == 8 ? "walk K 8" : "walk K 4", s, pf, grid);
         }
     }
-    printf("%lld cases, %lld mismatches\n", cases, bad);
-    return bad != 0;
+    printf("%lld cases, %lld mismatches, %lld cases with out-of-bounds accesses (%lld accesses)\n", cases, bad,
+           oob_cases, oob_count.load());
+    return bad != 0 || oob_count.load() != 0;
 }
