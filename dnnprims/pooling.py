@@ -122,6 +122,27 @@ _WALK_BLOCKS = 4
 _WALK_PREFETCH = True
 _WALK_STEPS_CHOICES = (2, 4, 8)
 _WALK_BLOCKS_CHOICES = (3, 4)
+# NHWC float32 max 3x3 / 2 / 1 backward walking down the image one window row a step
+# (pool_nhwc_k3s2_backward_walk <T, index_t, SLOTS, S, MINB, PF>, kernels/pooling.cu): a
+# warp is SLOTS window columns x 32 / SLOTS channel vectors, the right neighbour's window
+# by shuffles (SLOTS 8: 64 bytes of a pixel a slot, 7 owned; 4: 128 bytes, whole lines, 3
+# owned); S window rows a thread, MINB blocks of 256 per SM, PF = the next step's loads
+# issued before this step's arithmetic.  Registers (NVRTC 13.0, sm_90, S 2): no PF 64 at
+# MINB 4 / 72 at 3, PF 96 at MINB 2, no spill (PF at MINB 3 / 4 spills: not compiled); the
+# shfl kernel: 92, two blocks.  Taken when SHUFFLE_BACKWARD and NHWC_WALK_BACKWARD (C a
+# multiple of 128 / SLOTS); False keeps pool_nhwc_k3s2_backward_shfl (tests, the A/B); in
+# the call keys.  dx bitwise the shfl kernel's.  notes/mpnhwc.md.  H100 A/B (session 11,
+# call 7), device ms shfl -> walk (SLOTS 8, S 2, MINB 4): 64x56x56x256 0.1788 -> 0.1720
+# (0.90 of copy), 32x57x45x96 0.0441 -> 0.0351, 32x112x112x64 0.0938 -> 0.0897; S 1 / 4,
+# MINB 3, PF and SLOTS 4 slower on the bench row.
+NHWC_WALK_BACKWARD = True
+_NHWC_WALK_SLOTS = 8
+_NHWC_WALK_STEPS = 2
+_NHWC_WALK_BLOCKS = 4
+_NHWC_WALK_PREFETCH = False
+_NHWC_WALK_SLOTS_CHOICES = (4, 8)
+_NHWC_WALK_STEPS_CHOICES = (1, 2, 4)
+_NHWC_WALK_COMPILED = ((4, False), (3, False), (2, True))  # (MINB, PF) compiled for every SLOTS and S
 # (kernels pool_k3s2_*)
 FAMILY = KernelFamily("pooling.cu", [
     *(f"pool_{mode}_{direction}<{t}, {i}, {nhwc}>"
@@ -168,6 +189,9 @@ FAMILY = KernelFamily("pooling.cu", [
       for b in (_BACKWARD_BLOCKS_CHOICES if r == 1 else (1,))),
     *(f"pool_nhwc_k3s2_backward_shfl<float, {i}, {s}, {b}>"
       for i in ("int", "long long") for s in _SHFL_SLOTS_CHOICES for b in _SHFL_BLOCKS_CHOICES),
+    *(f"pool_nhwc_k3s2_backward_walk<float, {i}, {k}, {s}, {b}, {_BOOL[pf]}>"
+      for i in ("int", "long long") for k in _NHWC_WALK_SLOTS_CHOICES for s in _NHWC_WALK_STEPS_CHOICES
+      for b, pf in _NHWC_WALK_COMPILED),
     *(f"pool_global_avg_backward_flat<{t}, {i}>"
       for t in _dtypes.CUDA_TYPES for i in ("int", "long long"))])
 
@@ -281,7 +305,8 @@ def _fast_key(x, window, mode, stride, padding, count_include_pad, layout, *othe
         return None
     return (x.shape, x.dtype, data.device_id, *others, _current_device(), window, mode, stride, padding,
             count_include_pad, layout, ROLLED_SHARES_HALF, ROLLED_SHARES_BFLOAT16, ROLLED_BFLOAT16,
-            WALK_BACKWARD, _WALK_STEPS, _WALK_BLOCKS, _WALK_PREFETCH)
+            WALK_BACKWARD, _WALK_STEPS, _WALK_BLOCKS, _WALK_PREFETCH, NHWC_WALK_BACKWARD, _NHWC_WALK_SLOTS,
+            _NHWC_WALK_STEPS, _NHWC_WALK_BLOCKS, _NHWC_WALK_PREFETCH)
 
 
 class _Call:
@@ -379,7 +404,8 @@ def pool_backward(dy, x, y, window, *, mode="max", stride=None, padding=0, count
     key = _MEMO.key("pool_backward", (dy, x, y),
                     _options(window, mode, stride, padding, count_include_pad, layout)
                     + (ROLLED_SHARES_HALF, ROLLED_SHARES_BFLOAT16, ROLLED_BFLOAT16, WALK_BACKWARD, _WALK_STEPS,
-                       _WALK_BLOCKS, _WALK_PREFETCH))
+                       _WALK_BLOCKS, _WALK_PREFETCH, NHWC_WALK_BACKWARD, _NHWC_WALK_SLOTS, _NHWC_WALK_STEPS,
+                       _NHWC_WALK_BLOCKS, _NHWC_WALK_PREFETCH))
     call = _MEMO.get(key) if dy is not None else None
     if call is None:
         xp = _validate.array_module(dy=dy, x=x, y=y)
@@ -595,6 +621,9 @@ def _nhwc_k3s2_launch(problem, direction, aligned):
             or problem.stride != (2, 2) or problem.padding != (1, 1)):
         return None
     ho, wo = problem.out_hw
+    if (direction == "backward" and problem.mode == "max" and size == 4 and SHUFFLE_BACKWARD
+            and NHWC_WALK_BACKWARD and problem.c % (32 // _NHWC_WALK_SLOTS * vec) == 0):
+        return _nhwc_walk_launch(problem)
     lanes_per_slot = 32 // _SHFL_SLOTS  # channel vectors a warp takes per band
     if (direction == "backward" and problem.mode == "max" and size == 4 and SHUFFLE_BACKWARD
             and (problem.c // vec) % lanes_per_slot == 0):
@@ -624,6 +653,24 @@ def _nhwc_k3s2_launch(problem, direction, aligned):
     if direction == "forward":
         args += (np.int32(problem.count_include_pad),)
     return expr.format(index_t), (blocks,), args
+
+
+def _nhwc_walk_launch(problem):
+    """(expr, grid, scalar args) of pool_nhwc_k3s2_backward_walk (float32, C a multiple of
+    4 * 32 / SLOTS): a warp = SLOTS window columns (SLOTS - 1 owned) x 32 / SLOTS channel
+    vectors, walking _NHWC_WALK_STEPS window rows."""
+    ho, wo = problem.out_hw
+    slots = _NHWC_WALK_SLOTS
+    segments = ceil_div(ho, _NHWC_WALK_STEPS)  # segments of window rows
+    groups = ceil_div(wo, slots - 1)  # groups of SLOTS - 1 owned window columns
+    items = problem.n * segments * groups * (problem.c // (4 * 32 // slots)) * 32
+    blocks = min(ceil_div(items, _BLOCK), _MAX_ITEMS_BLOCKS)
+    index_t = index_type(items + blocks * _BLOCK, problem.n * problem.c * max(problem.h * problem.w, ho * wo))
+    it = np.int32 if index_t == "int" else np.int64
+    expr = (f"pool_nhwc_k3s2_backward_walk<float, {index_t}, {slots}, {_NHWC_WALK_STEPS}, "
+            f"{_NHWC_WALK_BLOCKS}, {_BOOL[_NHWC_WALK_PREFETCH]}>")
+    args = (it(items), *(np.int32(v) for v in (problem.c, problem.h, problem.w, ho, wo, groups, segments)))
+    return expr, (blocks,), args
 
 
 def _prod(pair):

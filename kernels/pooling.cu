@@ -2647,3 +2647,247 @@ pool_k3s2_backward_walk(const T* __restrict__ x, const T* __restrict__ dy, T* __
         }
     }
 }
+
+// ---------------------------------------------------------------------------
+// NHWC float32 max 3x3 / 2 / 1 backward walking DOWN the image one window row a
+// step (pool_nhwc_k3s2_backward_walk <T, index_t, K, S, MINB, PF>; C a multiple
+// of 4 * 32 / K channels, 16-byte aligned arrays): the NHWC analogue of
+// pool_k3s2_backward_walk.
+//
+// pool_nhwc_k3s2_backward_shfl walks ALONG a band's columns (29 steps of one
+// output column on 64 x 56 x 56 x 256, each a load phase and its arithmetic;
+// 92 registers, two blocks an SM).  Here a warp is K = 8 (or 4) horizontally
+// adjacent window columns x CV = 32 / K channel vectors (lane = slot * CV + cv;
+// K 8: 64 bytes of a pixel a slot, as the shfl kernel's slots, 8 pixels an
+// instruction; K 4: 128 bytes, whole lines, 4 / 3 windows an owned one across
+// instead of 8 / 7): slot s of column group `group`
+// takes window column ow = (K - 1) * group + s, and the warp walks down a
+// segment of S window rows oh_start .. oh_end - 1 one window row oh a step.  A
+// step loads x rows 2oh, 2oh + 1 at columns 2ow - 1, 2ow, 2ow + 1 (six 16-byte
+// vectors; row 2oh - 1 is carried from the step before) and dy (oh, ow),
+// computes window (oh, ow)'s argmax per channel (argmax3x3: the fast rule
+// unless the window's nine elements hold a NaN, the same pick), and takes the
+// argmax positions and dy of window (oh, ow + 1) from slot s + 1
+// (__shfl_down_sync by CV lanes: 8 shuffles, every lane of a warp runs the same
+// steps).  Slots 0 .. K - 2 own dx columns 2ow (fed by window ow only) and
+// 2ow + 1 (windows ow, then ow + 1); the last slot computes its window for the
+// slot beside it only (the next group's slot 0 computes it again): K / (K - 1)
+// windows an owned one across, (S + 1) / S down.  Per step (a = the element's
+// row in its window):
+//   dx 2oh - 1: carried window row oh - 1 (a = 2), then oh (a = 0)   (stored)
+//   dx 2oh:     window row oh (a = 1)                                 (stored)
+//   dx 2oh + 1: window row oh (a = 2), carried to the next step.
+// The tail step past the segment's end (window row oh_end < Ho) finishes dx row
+// 2oh_end - 1 only, as pool_k3s2_backward_walk's.  PF: each next step's loads
+// are issued before this step's arithmetic (and the first step's with row
+// 2oh_start - 1: one load phase; without PF that costs 128 bytes of spill at
+// MINB 4, so row 2oh_start - 1 is a load phase of its own there).  Each dx element gets the shares
+// of its windows in row-major window order, summed from +0: dx is bitwise
+// pool_nhwc_k3s2_backward_shfl's; every dx element is written once by one
+// thread: deterministic, no atomics.
+template <typename T, typename index_t, int VEC>
+__device__ __forceinline__ void load_nhwc_row3(PackN<T, VEC> (&out)[3], const T* __restrict__ xn, int h, int w0,
+                                               bool row_ok, const bool (&col_ok)[3], int W, int C, T fill) {
+#pragma unroll
+    for (int k = 0; k < 3; ++k) {
+        if (row_ok && col_ok[k]) {
+            out[k] = load_pack<T, VEC>(xn + ((index_t)h * W + (w0 + k)) * C);
+        } else {
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) out[k].v[e] = fill;
+        }
+    }
+}
+
+// The exact rule's scan (argmax3x3<true>) over the first row of a window, its
+// three columns bot[0 .. 2] (`row_ok`, col_ok[c]: inside the input), per
+// channel: best and pos (0 .. 2, -1: none real).  pool_nhwc_k3s2_backward_walk
+// carries this instead of the row (8 registers, not 12) and goes on with the
+// window's other two rows: by the exact rule again where they hold a NaN, else
+// by a strict > from (pos < 0 ? -inf and the first real element : best, pos) --
+// the same pick (a NaN in the first row stays: nothing is > NaN).
+template <typename T, int VEC>
+__device__ __forceinline__ void row0_scan(acc_t<T> (&best)[VEC], int (&pos)[VEC], const PackN<T, VEC> (&r)[3],
+                                          bool row_ok, const bool (&col_ok)[3]) {
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) {
+        acc_t<T> b = acc_t<T>(0);
+        int p = -1;
+#pragma unroll
+        for (int c = 0; c < 3; ++c) {
+            const acc_t<T> e = load(r[c].v[v]);
+            if (row_ok && col_ok[c] && (p < 0 || e > b || e != e)) {
+                b = e;
+                p = c;
+            }
+        }
+        best[v] = b;
+        pos[v] = p;
+    }
+}
+
+template <typename T, typename index_t, int K, int S, int MINB, bool PF>
+__global__ void __launch_bounds__(256, MINB)
+pool_nhwc_k3s2_backward_walk(const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ dx,
+                             index_t items, int C, int H, int W, int Ho, int Wo, int groups, int segments) {
+    typedef acc_t<T> A;
+    constexpr int VEC = 16 / sizeof(T), CV = 32 / K;
+    const int quads = C / (VEC * CV);  // warps across the channels
+    const T fill = store<T>(negative_infinity<A>());  // padding: argmax3x3's fast path
+    for (index_t i = (index_t)blockIdx.x * blockDim.x + threadIdx.x; i < items;
+         i += (index_t)blockDim.x * gridDim.x) {
+        // items is a multiple of 32: a warp's lanes stay together
+        const int lane = (int)(i & 31), slot = lane / CV, cv = lane - slot * CV;
+        const index_t wi = i >> 5;
+        index_t q = wi / quads;
+        const int cq = (int)(wi - q * quads);
+        index_t p = q / groups;
+        const int group = (int)(q - p * groups);
+        const index_t n = p / segments;
+        const int seg = (int)(p - n * segments);
+        const int c = (cq * CV + cv) * VEC;
+        const T* xn = x + n * H * W * C + c;
+        const T* dyn = dy + n * Ho * Wo * C + c;
+        T* dxn = dx + n * H * W * C + c;
+        const int ow = (K - 1) * group + slot;
+        const bool window_col = ow < Wo, owner = slot < K - 1 && window_col, right_ok = 2 * ow + 1 < W;
+        // a slot past the last window column (ow >= Wo: 2ow >= W) loads nothing: column 2ow - 1 is past
+        // the row for odd W or ow > Wo (K 4 on W 112: ow 57, column 113 -- past x's end on the last row)
+        const bool col_ok[3] = {ow > 0 && window_col, 2 * ow < W, right_ok};
+        const int oh_start = seg * S, oh_end = min(oh_start + S, Ho);  // the same for the whole warp
+        const int oh_last = oh_end < Ho ? oh_end : Ho - 1;  // the tail step, or the image's last window row
+        // x rows 2oh (mid), 2oh + 1 (bot) at columns 2ow - 1 .. 2ow + 1; dy (oh, ow) (g); the scan of
+        // row 2oh - 1 by the exact rule (best0, pos0: see row0_scan)
+        PackN<T, VEC> mid[3], bot[3];
+        A g[VEC], best0[VEC];
+        int pos0[VEC];
+        auto load_step = [&](int oh, PackN<T, VEC>(&m)[3], PackN<T, VEC>(&b)[3], A(&gg)[VEC]) {
+            load_nhwc_row3<T, index_t, VEC>(m, xn, 2 * oh, 2 * ow - 1, true, col_ok, W, C, fill);  // 2oh < H
+            load_nhwc_row3<T, index_t, VEC>(b, xn, 2 * oh + 1, 2 * ow - 1, 2 * oh + 1 < H, col_ok, W, C, fill);
+            if (window_col) {
+                const PackN<T, VEC> pk = load_pack<T, VEC>(dyn + ((index_t)oh * Wo + ow) * C);
+#pragma unroll
+                for (int v = 0; v < VEC; ++v) gg[v] = load(pk.v[v]);
+            } else {
+#pragma unroll
+                for (int v = 0; v < VEC; ++v) gg[v] = A(0);
+            }
+        };
+        {  // row 2oh_start - 1 (PF: and the first step's loads, in one load phase)
+            PackN<T, VEC> top[3];
+            const bool top_ok = oh_start > 0;
+            load_nhwc_row3<T, index_t, VEC>(top, xn, 2 * oh_start - 1, 2 * ow - 1, top_ok, col_ok, W, C, fill);
+            if constexpr (PF) load_step(oh_start, mid, bot, g);
+            row0_scan<T, VEC>(best0, pos0, top, top_ok, col_ok);
+        }
+        A carry[2][VEC];  // dx row 2oh - 1 at columns 2ow, 2ow + 1: window row oh - 1's a = 2 shares
+#pragma unroll
+        for (int v = 0; v < VEC; ++v) carry[0][v] = carry[1][v] = A(0);
+        for (int oh = oh_start;; ++oh) {
+            PackN<T, VEC> nmid[3], nbot[3];
+            A ng[VEC];
+            if constexpr (PF) {
+                if (oh < oh_last) load_step(oh + 1, nmid, nbot, ng);
+            } else {
+                load_step(oh, mid, bot, g);
+            }
+            const bool bot_ok = 2 * oh + 1 < H;
+            const bool exact = nhwc_column_nan<T, VEC, 3>(bot) || nhwc_column_nan<T, VEC, 3>(mid);
+            int pos[VEC];
+            if (exact) {  // the exact rule's scan goes on from pos0 / best0
+#pragma unroll
+                for (int v = 0; v < VEC; ++v) {
+                    A best = best0[v];
+                    int p = pos0[v];
+#pragma unroll
+                    for (int a = 1; a < 3; ++a)
+#pragma unroll
+                        for (int cc = 0; cc < 3; ++cc) {
+                            const A e = load((a == 1 ? mid : bot)[cc].v[v]);
+                            if ((a == 1 || bot_ok) && col_ok[cc] && (p < 0 || e > best || e != e)) {
+                                best = e;
+                                p = a * 3 + cc;
+                            }
+                        }
+                    pos[v] = p;
+                }
+            } else {  // no NaN in rows 2oh, 2oh + 1: a strict > from pos0 / best0 picks the same
+                const int first = 3 + (col_ok[0] ? 0 : 1);  // row 2oh's first real element (column 2ow < W)
+#pragma unroll
+                for (int v = 0; v < VEC; ++v) {
+                    A best = pos0[v] < 0 ? negative_infinity<A>() : best0[v];
+                    int p = pos0[v] < 0 ? first : pos0[v];
+#pragma unroll
+                    for (int a = 1; a < 3; ++a)
+#pragma unroll
+                        for (int cc = 0; cc < 3; ++cc) {
+                            const A e = load((a == 1 ? mid : bot)[cc].v[v]);
+                            if (e > best) {
+                                best = e;
+                                p = a * 3 + cc;
+                            }
+                        }
+                    pos[v] = p;
+                }
+            }
+#pragma unroll
+            for (int v = 0; v < VEC; ++v)
+                if (!window_col) pos[v] = -1;  // no window
+            row0_scan<T, VEC>(best0, pos0, bot, bot_ok, col_ok);  // row 2oh + 1: the next window row's first
+            // window (oh, ow + 1): the slot beside (the last slot's values are never used)
+            int rpos[VEC];
+            A rg[VEC];
+#pragma unroll
+            for (int v = 0; v < VEC; ++v) {
+                rpos[v] = __shfl_down_sync(0xffffffffu, pos[v], CV);
+                rg[v] = __shfl_down_sync(0xffffffffu, g[v], CV);
+            }
+            // column 2ow: c = 1 of window ow; column 2ow + 1: c = 2 of window ow, then c = 0 of ow + 1
+            A r1[2][VEC], r2[2][VEC];  // dx rows 2oh (a = 1), 2oh + 1 (a = 2); carry += a = 0
+#pragma unroll
+            for (int v = 0; v < VEC; ++v) {
+                carry[0][v] += pos[v] == 1 ? g[v] : A(0);
+                carry[1][v] += pos[v] == 2 ? g[v] : A(0);
+                carry[1][v] += rpos[v] == 0 ? rg[v] : A(0);
+                r1[0][v] = A(0) + (pos[v] == 4 ? g[v] : A(0));
+                r1[1][v] = A(0) + (pos[v] == 5 ? g[v] : A(0));
+                r1[1][v] += rpos[v] == 3 ? rg[v] : A(0);
+                r2[0][v] = A(0) + (pos[v] == 7 ? g[v] : A(0));
+                r2[1][v] = A(0) + (pos[v] == 8 ? g[v] : A(0));
+                r2[1][v] += rpos[v] == 6 ? rg[v] : A(0);
+            }
+            auto store_row = [&](int h, const A(&r)[2][VEC]) {
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    if (e == 1 && !right_ok) break;
+                    PackN<T, VEC> pk;
+#pragma unroll
+                    for (int v = 0; v < VEC; ++v) pk.v[v] = store<T>(r[e][v]);
+                    *reinterpret_cast<PackN<T, VEC>*>(dxn + ((index_t)h * W + (2 * ow + e)) * C) = pk;
+                }
+            };
+            // dx row 2oh - 1 (the segment's first belongs to the one above)
+            if (owner && oh > oh_start) store_row(2 * oh - 1, carry);
+            if (oh == oh_end) break;  // the tail step: dx row 2oh_end - 1 only
+            if (owner) store_row(2 * oh, r1);
+            if (oh == oh_last) {  // the image's last window row: dx row 2Ho - 1 (even H) has no more windows
+                if (owner && 2 * oh + 1 < H) store_row(2 * oh + 1, r2);
+                break;
+            }
+#pragma unroll
+            for (int v = 0; v < VEC; ++v) {
+                carry[0][v] = r2[0][v];
+                carry[1][v] = r2[1][v];
+            }
+            if constexpr (PF) {
+#pragma unroll
+                for (int k = 0; k < 3; ++k) {
+                    mid[k] = nmid[k];
+                    bot[k] = nbot[k];
+                }
+#pragma unroll
+                for (int v = 0; v < VEC; ++v) g[v] = ng[v];
+            }
+        }
+    }
+}

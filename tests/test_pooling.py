@@ -771,6 +771,7 @@ def test_nhwc_k3s2_backward_shfl_variants(gpu, rng, monkeypatch, blocks, slots):
     assert slots in pooling._SHFL_SLOTS_CHOICES and blocks in pooling._SHFL_BLOCKS_CHOICES
     monkeypatch.setattr(pooling, "_SHFL_SLOTS", slots)
     monkeypatch.setattr(pooling, "_SHFL_BLOCKS", blocks)
+    monkeypatch.setattr(pooling, "NHWC_WALK_BACKWARD", False)  # this kernel, not the walk
     monkeypatch.setitem(pooling._NHWC_K3S2_BACKWARD_ROWS, 4, 1)
     opts = dict(mode="max", stride=2, padding=1, layout="NHWC")
     for cols in (3, 32):
@@ -857,6 +858,7 @@ def test_walk_switches_key_the_calls_and_ties_are_deterministic(gpu, rng, monkey
     _fresh_plans(monkeypatch)
     monkeypatch.setattr(pooling, "SHUFFLE_BACKWARD", True)
     monkeypatch.setattr(pooling, "_SHFL_BLOCKS", 2)
+    monkeypatch.setattr(pooling, "NHWC_WALK_BACKWARD", False)  # the shfl kernel (the NHWC walk: its own test)
     opts = dict(mode="max", stride=2, padding=1, layout=layout)
     shape = (2, 5, 30, 24) if layout == "NCHW" else (2, 30, 24, 32)
     x = gpu.asarray(rng.integers(-1, 2, size=shape).astype(np.float32))  # ties everywhere
@@ -1047,3 +1049,239 @@ def test_none_x_names_the_argument():
         pool(None, 2)
     with pytest.raises(TypeError, match="x must be a numpy.ndarray or cupy.ndarray, got None"):
         pool_backward(np.ones((1, 1, 2, 2), np.float32), None, None, 2)
+
+
+# (slots, steps, blocks, prefetch, one-block grid) of pool_nhwc_k3s2_backward_walk: every
+# compiled S x (MINB, PF) with 8 slots, most with 4, and grids of one block striding over every item
+_NHWC_WALK_VARIANTS = [(8, s, b, pf, False) for s in (1, 2, 4) for b, pf in ((4, False), (3, False), (2, True))] + [
+    (4, s, b, pf, False) for s, b, pf in ((1, 3, False), (2, 4, False), (2, 2, True), (4, 4, False))] + [
+    (8, 2, 4, False, True), (8, 4, 2, True, True), (4, 2, 4, False, True)]
+# (H, W, C) of the NHWC walk: edge sizes, one and several column groups (7 owned window
+# columns a warp: W 13 .. 16 two groups, 29 .. 32 three; 3 owned with 4 slots), odd / even
+# H and W, segment seams of every S, C 16 .. 96 (one to six warps across the channels;
+# 4 slots take C 32 .. 192: C doubled where it is not a multiple of 32)
+NHWC_WALK_SIZES = [(1, 1, 16), (2, 3, 32), (3, 7, 16), (7, 13, 48), (14, 14, 16), (13, 20, 32), (6, 35, 16),
+                   (30, 9, 64), (4, 31, 16), (9, 32, 32), (17, 60, 96), (57, 16, 16)]
+
+
+def _nhwc_walk_case(xp, rng, monkeypatch, hw, c):
+    """One shape of the NHWC walk's test (xp = cupy on the GPU; numpy checks the shape logic):
+    random data against the reference, integer data (ties, NaN, +-inf, -0.0) exactly, NaN
+    rows at every residue mod 4 and NaN columns, and dx bitwise the shfl kernel's."""
+    from dnnprims import pooling
+    shape = (2, *hw, c)
+    opts = dict(mode="max", stride=2, padding=1, layout="NHWC")
+    monkeypatch.setattr(pooling, "NHWC_WALK_BACKWARD", True)
+    assert _k3s2_expressions(shape, np.float32, "max", "NHWC")[1].startswith("pool_nhwc_k3s2_backward_walk<float, ")
+    x = random_array(rng, shape, np.float32)
+    y_shape = pool(x.astype(np.float64), 3, **opts).shape
+    assert y_shape == (2, (hw[0] - 1) // 2 + 1, (hw[1] - 1) // 2 + 1, c)
+    dy = random_array(rng, y_shape, np.float32)
+    _check_against_reference(xp, x, dy, 3, {k: v for k, v in opts.items() if k != "layout"}, "NHWC")
+    data = np.concatenate([_nhwc_integer_data(rng, np.float32, hw)] * (c // 8), axis=-1)
+    assert data.shape == (3, *hw, c)
+    _check_integer_data_exactly(xp, rng, data, dict(stride=2, padding=1, layout="NHWC"))
+    # NaN rows at each residue mod 4 (a step's top, mid and bottom rows, the tail steps' rows
+    # of every S), a NaN column, and a NaN pixel in every channel of the last column
+    data[0, 1::4, :, :3] = data[2, 3::4, 1::3, 5:9] = data[1, 2::4, hw[1] // 2, :] = np.nan
+    data[1, ::4, :, -2:] = np.nan
+    data[2, :, hw[1] - 1, c // 2:] = np.nan
+    _check_integer_data_exactly(xp, rng, data, dict(stride=2, padding=1, layout="NHWC"))
+    data_y_shape = pool(data.astype(np.float64), 3, **opts).shape
+    assert data_y_shape == (3, *y_shape[1:])
+    for a, b in ((x, dy), (data, rng.integers(-4, 5, size=data_y_shape).astype(np.float32))):
+        got = _host(pool_backward(xp.asarray(b), xp.asarray(a), None, 3, **opts))
+        monkeypatch.setattr(pooling, "NHWC_WALK_BACKWARD", False)
+        assert _k3s2_expressions(shape, np.float32, "max", "NHWC")[1].startswith(
+            "pool_nhwc_k3s2_backward_shfl<float, ")
+        want = _host(pool_backward(xp.asarray(b), xp.asarray(a), None, 3, **opts))
+        assert got.shape == want.shape == a.shape
+        np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+        monkeypatch.setattr(pooling, "NHWC_WALK_BACKWARD", True)
+
+
+@pytest.mark.parametrize("slots, steps, blocks, prefetch, one_block", _NHWC_WALK_VARIANTS)
+def test_nhwc_k3s2_backward_walk_variants(gpu, rng, monkeypatch, slots, steps, blocks, prefetch, one_block):
+    """pool_nhwc_k3s2_backward_walk (NHWC float32 max 3x3 / 2 / 1 backward walking down the
+    image one window row a step), every slots / S / MINB / PF choice and one-block grids: edge
+    sizes, column groups and segment seams, random data against the reference, integer data
+    (ties, NaN, +-inf, -0.0) exactly, and dx bitwise pool_nhwc_k3s2_backward_shfl's."""
+    from dnnprims import pooling
+    assert steps in pooling._NHWC_WALK_STEPS_CHOICES and (blocks, prefetch) in pooling._NHWC_WALK_COMPILED
+    assert slots in pooling._NHWC_WALK_SLOTS_CHOICES
+    monkeypatch.setattr(pooling, "SHUFFLE_BACKWARD", True)
+    monkeypatch.setattr(pooling, "_SHFL_SLOTS", 8)
+    monkeypatch.setattr(pooling, "_NHWC_WALK_SLOTS", slots)
+    monkeypatch.setattr(pooling, "_NHWC_WALK_STEPS", steps)
+    monkeypatch.setattr(pooling, "_NHWC_WALK_BLOCKS", blocks)
+    monkeypatch.setattr(pooling, "_NHWC_WALK_PREFETCH", prefetch)
+    _fresh_plans(monkeypatch)  # _MAX_ITEMS_BLOCKS is not in the call keys
+    if one_block:
+        monkeypatch.setattr(pooling, "_MAX_ITEMS_BLOCKS", 1)
+    for h, w, c in NHWC_WALK_SIZES:
+        c = c if c % (128 // slots) == 0 else 2 * c
+        bwd = _k3s2_expressions((2, h, w, c), np.float32, "max", "NHWC")[1]
+        assert bwd.endswith(f", {slots}, {steps}, {blocks}, {'true' if prefetch else 'false'}>")
+        _nhwc_walk_case(gpu, rng, monkeypatch, (h, w), c)
+
+
+def test_nhwc_walk_case_shape_logic_on_numpy(rng, monkeypatch):
+    """The GPU test's body on NumPy (the reference on both sides): its shapes, dtypes and
+    plan expressions are right before it meets a GPU."""
+    from dnnprims import pooling
+    monkeypatch.setattr(pooling, "SHUFFLE_BACKWARD", True)
+    monkeypatch.setattr(pooling, "_SHFL_SLOTS", 8)
+    for slots in pooling._NHWC_WALK_SLOTS_CHOICES:
+        monkeypatch.setattr(pooling, "_NHWC_WALK_SLOTS", slots)
+        for h, w, c in (NHWC_WALK_SIZES[1], NHWC_WALK_SIZES[3], NHWC_WALK_SIZES[7]):
+            _nhwc_walk_case(np, rng, monkeypatch, (h, w), c if c % (128 // slots) == 0 else 2 * c)
+
+
+def test_nhwc_walk_switches_key_the_calls_and_ties_are_deterministic(gpu, rng, monkeypatch):
+    """NHWC_WALK_BACKWARD / _NHWC_WALK_* are in the call keys: flipped between calls without
+    forgetting the memo, each setting runs its own kernel (a new fast-table entry), dx is
+    bitwise the same, and repeated calls on data full of ties give the same bits."""
+    from dnnprims import pooling
+    _fresh_plans(monkeypatch)
+    monkeypatch.setattr(pooling, "SHUFFLE_BACKWARD", True)
+    monkeypatch.setattr(pooling, "_SHFL_SLOTS", 8)
+    monkeypatch.setattr(pooling, "_SHFL_BLOCKS", 2)
+    opts = dict(mode="max", stride=2, padding=1, layout="NHWC")
+    shape = (2, 30, 24, 32)
+    x = gpu.asarray(rng.integers(-1, 2, size=shape).astype(np.float32))  # ties everywhere
+    y_shape = pool(_host(x).astype(np.float64), 3, **opts).shape
+    assert y_shape == (2, 15, 12, 32)
+    dy = gpu.asarray(rng.integers(-4, 5, size=y_shape).astype(np.float32))
+    want = pool_backward(_host(dy).astype(np.float64), _host(x).astype(np.float64), None, 3, **opts)
+    settings = [(True, 8, 2, 4, False), (False, 8, 2, 4, False), (True, 8, 1, 3, False), (True, 8, 4, 2, True),
+                (True, 4, 2, 4, False), (True, 8, 2, 4, False)]
+    got, entries = [], []
+    for walk, slots, steps, blocks, prefetch in settings:
+        monkeypatch.setattr(pooling, "NHWC_WALK_BACKWARD", walk)
+        monkeypatch.setattr(pooling, "_NHWC_WALK_SLOTS", slots)
+        monkeypatch.setattr(pooling, "_NHWC_WALK_STEPS", steps)
+        monkeypatch.setattr(pooling, "_NHWC_WALK_BLOCKS", blocks)
+        monkeypatch.setattr(pooling, "_NHWC_WALK_PREFETCH", prefetch)
+        for _ in range(3):
+            got.append(_host(pool_backward(dy, x, None, 3, **opts)).view(np.uint32))
+        entries.append(len(pooling._MEMO.fast))
+    for g in got[1:]:
+        np.testing.assert_array_equal(g, got[0])
+    np.testing.assert_array_equal(got[0].view(np.float32).astype(np.float64), want)
+    assert entries[:5] == [1, 2, 3, 4, 5] and entries[5] == 5  # the last setting is the first's
+
+
+def test_nhwc_walk_expressions_declared(monkeypatch):
+    """Every pool_nhwc_k3s2_backward_walk expression the tables can ask for is in the family
+    (plans made on the CPU); float32 NHWC max 3x3 / 2 / 1 backward with C % 16 == 0 takes the
+    walk by default, C % 16 != 0, float64, float16 and avg do not, nor the switch off."""
+    from dnnprims import pooling
+    declared = set(pooling.FAMILY.name_expressions)
+    assert _k3s2_expressions((2, 13, 24, 32), np.float32, "max", "NHWC")[1] == (
+        f"pool_nhwc_k3s2_backward_walk<float, int, {pooling._NHWC_WALK_SLOTS}, {pooling._NHWC_WALK_STEPS}, "
+        f"{pooling._NHWC_WALK_BLOCKS}, {'true' if pooling._NHWC_WALK_PREFETCH else 'false'}>")
+    for shape, dtype, mode in (((2, 13, 24, 24), np.float32, "max"), ((2, 13, 24, 32), np.float64, "max"),
+                               ((2, 13, 24, 32), np.float16, "max"), ((2, 13, 24, 32), np.float32, "avg")):
+        assert "backward_walk" not in _k3s2_expressions(shape, dtype, mode, "NHWC")[1]
+    assert _k3s2_expressions((2, 13, 24, 32), np.float32, "max")[1].startswith("pool_k3s2_")  # NCHW: not this one
+    monkeypatch.setattr(pooling, "_NHWC_WALK_SLOTS", 4)  # C a multiple of 32
+    assert _k3s2_expressions((2, 13, 24, 32), np.float32, "max", "NHWC")[1].startswith(
+        "pool_nhwc_k3s2_backward_walk<float, int, 4, ")
+    assert _k3s2_expressions((2, 13, 24, 16), np.float32, "max", "NHWC")[1].startswith(
+        "pool_nhwc_k3s2_backward_shfl<")
+    monkeypatch.setattr(pooling, "NHWC_WALK_BACKWARD", False)
+    assert _k3s2_expressions((2, 13, 24, 32), np.float32, "max", "NHWC")[1].startswith(
+        "pool_nhwc_k3s2_backward_shfl<")
+    for i in ("int", "long long"):
+        for k in pooling._NHWC_WALK_SLOTS_CHOICES:
+            for s in pooling._NHWC_WALK_STEPS_CHOICES:
+                for b, pf in pooling._NHWC_WALK_COMPILED:
+                    assert (f"pool_nhwc_k3s2_backward_walk<float, {i}, {k}, {s}, {b}, {'true' if pf else 'false'}>"
+                            in declared)
+
+
+def _at_allocation_end(cp, a):
+    """A copy of host array a placed at the very END of its own cudaMalloc, the size rounded up to
+    2 MiB pages (as r50's [32, 112, 112, 64] float32 x, 49 pages exactly): a read past a's last
+    element crosses the allocation's end, where the A/B's K 4 run met cudaErrorIllegalAddress."""
+    page = 2 << 20
+    size = -(-a.nbytes // page) * page
+    mem = cp.cuda.Memory(size)
+    out = cp.ndarray(a.shape, a.dtype, memptr=cp.cuda.MemoryPointer(mem, size - a.nbytes))
+    out.set(np.ascontiguousarray(a))
+    return out
+
+
+@pytest.mark.parametrize("hw", [(112, 112), (113, 113), (111, 111)])
+def test_nhwc_walk_r50_class_stays_in_bounds(gpu, rng, monkeypatch, hw):
+    """The r50 NHWC pool's shape class ([2, H, W, 64], H = W = 111 .. 113, and C 32 / 128 at
+    W 113): every A/B variant of pool_nhwc_k3s2_backward_walk with x, dy at the end of their
+    own allocations, dx bitwise the shfl kernel's, which matches the reference.  Before the fix
+    a slot past the last window column (ow >= Wo) loaded x column 2ow - 1 >= W (K 4 on W 112:
+    column 113; every K on odd W): past x's end on the last image row (notes/mpnhwc.md)."""
+    from dnnprims import pooling
+    monkeypatch.setattr(pooling, "SHUFFLE_BACKWARD", True)
+    monkeypatch.setattr(pooling, "_SHFL_SLOTS", 8)
+    opts = dict(mode="max", stride=2, padding=1, layout="NHWC")
+    variants = [dict(), dict(_NHWC_WALK_STEPS=1), dict(_NHWC_WALK_STEPS=4), dict(_NHWC_WALK_BLOCKS=3),
+                dict(_NHWC_WALK_BLOCKS=2, _NHWC_WALK_PREFETCH=True), dict(_NHWC_WALK_SLOTS=4),
+                dict(_NHWC_WALK_SLOTS=4, _NHWC_WALK_STEPS=4)]
+    defaults = dict(_NHWC_WALK_SLOTS=8, _NHWC_WALK_STEPS=2, _NHWC_WALK_BLOCKS=4, _NHWC_WALK_PREFETCH=False)
+    for c in ((64,) if hw[1] != 113 else (64, 32, 128)):
+        shape = (2, *hw, c)
+        x_host = random_array(rng, shape, np.float32)
+        y_shape = (2, (hw[0] - 1) // 2 + 1, (hw[1] - 1) // 2 + 1, c)
+        dy_host = random_array(rng, y_shape, np.float32)
+        x, dy = _at_allocation_end(gpu, x_host), _at_allocation_end(gpu, dy_host)
+        monkeypatch.setattr(pooling, "NHWC_WALK_BACKWARD", False)
+        assert _k3s2_expressions(shape, np.float32, "max", "NHWC")[1].startswith("pool_nhwc_k3s2_backward_shfl<")
+        want = _host(pool_backward(dy, x, None, 3, **opts))
+        assert_close(want, pool_backward(dy_host.astype(np.float64), x_host.astype(np.float64), None, 3, **opts),
+                     np.float32, what="pool_backward")
+        monkeypatch.setattr(pooling, "NHWC_WALK_BACKWARD", True)
+        for v in variants:
+            settings = {**defaults, **v}
+            for k, val in settings.items():
+                monkeypatch.setattr(pooling, k, val)
+            if c % (128 // settings["_NHWC_WALK_SLOTS"]):
+                continue
+            bwd = _k3s2_expressions(shape, np.float32, "max", "NHWC")[1]
+            assert bwd.startswith(f"pool_nhwc_k3s2_backward_walk<float, int, {settings['_NHWC_WALK_SLOTS']}, "
+                                  f"{settings['_NHWC_WALK_STEPS']}, {settings['_NHWC_WALK_BLOCKS']}, "), bwd
+            got = _host(pool_backward(dy, x, None, 3, **opts))
+            gpu.cuda.Device().synchronize()  # an illegal address surfaces here, named by the variant
+            assert got.shape == shape
+            np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32), err_msg=str(v))
+
+
+def test_nhwc_walk_r50_class_launch_on_cpu(monkeypatch):
+    """The launch the GPU test above gets (plans made on the CPU): the walk with the variant's
+    settings, items a multiple of 32 (a warp's lanes stay together in the grid-stride loop), one
+    warp per (image, segment, column group, 4 * 32 / SLOTS channels), the grid ceil(items / 256)
+    capped by _MAX_ITEMS_BLOCKS, int indices; and the column groups reach past the last window
+    column (idle slots, ow >= Wo, the ones that read past x before the fix) in this shape class."""
+    from dnnprims import pooling
+    monkeypatch.setattr(pooling, "SHUFFLE_BACKWARD", True)
+    monkeypatch.setattr(pooling, "NHWC_WALK_BACKWARD", True)
+    idle = set()
+    for n, h, w, c in ((2, 112, 112, 64), (2, 113, 113, 64), (2, 111, 111, 64), (2, 113, 113, 32),
+                       (2, 113, 113, 128), (32, 112, 112, 64)):
+        for slots in pooling._NHWC_WALK_SLOTS_CHOICES:
+            for steps in pooling._NHWC_WALK_STEPS_CHOICES:
+                monkeypatch.setattr(pooling, "_NHWC_WALK_SLOTS", slots)
+                monkeypatch.setattr(pooling, "_NHWC_WALK_STEPS", steps)
+                problem = pooling._check_problem(np.empty((n, h, w, c), np.float32), 3, "max", 2, 1, True, "NHWC")
+                if c % (128 // slots):
+                    assert "backward_shfl<" in pooling._make_plan(problem, "backward", True)[1]
+                    continue
+                expr, grid, args = pooling._nhwc_walk_launch(problem)
+                assert pooling._make_plan(problem, "backward", True)[1] == expr
+                items, cc, hh, ww, ho, wo, groups, segments = (int(a) for a in args)
+                assert (cc, hh, ww, ho, wo) == (c, h, w, (h - 1) // 2 + 1, (w - 1) // 2 + 1)
+                assert segments == -(-ho // steps) and groups == -(-wo // (slots - 1))
+                assert items == n * segments * groups * (c // (4 * 32 // slots)) * 32 and items % 32 == 0
+                assert grid == (min(-(-items // 256), pooling._MAX_ITEMS_BLOCKS),)
+                assert expr.startswith(f"pool_nhwc_k3s2_backward_walk<float, int, {slots}, {steps}, ")
+                if 2 * ((slots - 1) * groups) - 1 >= w:  # the last group's last slot: column 2ow - 1 past W
+                    idle.add((w, slots))
+    assert {(112, 4), (113, 8), (113, 4), (111, 8), (111, 4)} <= idle and (112, 8) not in idle
