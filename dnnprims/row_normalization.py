@@ -31,6 +31,8 @@ _VECTOR = {"half_t": 8, "bfloat16_t": 8, "float": 4, "double": 2}  # values per 
 _ACC = {"half_t": "float", "bfloat16_t": "float", "float": "float", "double": "double"}
 _CLUSTER_SIZES = (1, 2, 4, 8)  # blocks per cluster of gn_rows_backward_cluster (8: the portable limit)
 _REGS_ROWS = (1, 2)  # rows a block of norm_rows_forward_regs (LAYER_FORWARD_ROWS)
+_ODD_ITEMS = (4, 8, 16)  # values a thread of norm_rows_forward_odd holds, at most
+_ODD_BLOCK = 512  # the largest block norm_rows_forward_odd is given while a larger I fits
 
 FAMILY = KernelFamily("row_normalization.cu", [
     *(f"norm_rows_{d}<{t}, {p}, {i}, {v}>" for d in ("forward", "backward")
@@ -55,6 +57,8 @@ FAMILY = KernelFamily("row_normalization.cu", [
       for t, p in _TYPE_PAIRS for i in _INDEX_TYPES for cl in _CLUSTER_SIZES),
     *(f"norm_rows_forward_regs<{t}, {p}, {i}, {_VECTOR[t]}, {r}>"
       for t, p in _TYPE_PAIRS for i in _INDEX_TYPES for r in _REGS_ROWS),
+    *(f"norm_rows_{d}_odd<{t}, {p}, {i}, {n}>" for d in ("forward", "backward")
+      for t, p in _TYPE_PAIRS for i in _INDEX_TYPES for n in _ODD_ITEMS),
 ])
 
 # Dynamic shared memory a row block may hold (the single-read path): two blocks
@@ -94,6 +98,27 @@ LAYER_FORWARD_PIPELINED = ("half_t", "bfloat16_t")
 # or 2 (RMS).  () / False: norm_rows_forward.  notes/rowbwd.md.
 LAYER_FORWARD_REGISTERS = ("float",)
 LAYER_FORWARD_ROWS = 1
+# Layer / RMS norm forward (G == 1, S == 1, NCHW) on rows that are not 16-byte
+# vectors (length not a multiple of 16 bytes, or a misaligned view; 8192 x 4097
+# float32), for the storage types listed: norm_rows_forward_odd (one block of at
+# most _ODD_BLOCK threads a row, I = 4, 8 or 16 scalar coalesced loads a thread in
+# flight, the row in registers, norm_rows_forward_regs' one-barrier statistics)
+# instead of norm_rows_forward (one 1024-thread block a row, the row copied to
+# shared memory, two block sums).  Rows of more than 16 x 1024 values keep
+# norm_rows_forward.  () / False: norm_rows_forward.  notes/lnodd.md.
+# H100 A/B (session 11, call 9), device ms old -> new (PyTorch): layer 8192x4097 fp32
+# 0.2413 -> 0.1034 (0.2218), RMS 0.2021 -> 0.0964 (0.2217), layer 4096x1001 0.0435 ->
+# 0.0163, fp16 layer 0.1872 -> 0.1062 (0.1805); aligned 65536x1024 unchanged.
+LAYER_FORWARD_ODD = ("half_t", "bfloat16_t", "float")
+# Layer / RMS norm backward on rows that are not 16-byte vectors and too long for
+# norm_rows_backward_fused (more than 2 values a thread of 1024: 8192 x 4097 float32),
+# for the storage types listed: norm_rows_backward_odd (norm_rows_backward_fused with
+# _odd_shape's I scalar values a thread: dx and the dgamma / dbeta partials from one
+# read of x and dy, a persistent grid) instead of norm_rows_backward (one 1024-thread
+# block a row) + norm_param_grads_columns (x and dy read again).  () / False: those.
+# Same A/B: layer 8192x4097 fp32 backward 0.4400 -> 0.1831 (PyTorch 0.3556), RMS 0.4326 ->
+# 0.1777 (0.3545), fp16 layer 0.4988 -> 0.1653 (0.1677).
+LAYER_BACKWARD_ODD = ("half_t", "bfloat16_t", "float")
 # Group norm backward, NCHW: the per-(sample, channel) dgamma/dbeta partials come
 # from the row kernel's own read of x and dy (norm_rows_backward `plane_sums`)
 # instead of norm_param_grads_planes reading both again.  Needs S >= 32 vectors
@@ -775,6 +800,42 @@ def _layer_forward_registers(cp, x, y, gamma, beta, mean, rstd, rows, pt, eps, r
     return True
 
 
+def _odd_shape(M):
+    """(I, threads) of norm_rows_forward_odd for rows of M values, or None when
+    the row exceeds 16 values a thread of 1024 threads."""
+    for items in _ODD_ITEMS:
+        block = ceil_div(ceil_div(M, items), 32) * 32
+        if block <= _ODD_BLOCK:
+            return items, block
+    items = _ODD_ITEMS[-1]
+    block = ceil_div(ceil_div(M, items), 32) * 32
+    return (items, block) if block <= 1024 else None
+
+
+def _layer_forward_odd(cp, x, y, gamma, beta, mean, rstd, rows, pt, eps, rms):
+    """Launch norm_rows_forward_odd and return True, or False when it does not apply
+    (then nothing was launched).  Writes mean (0 for RMS) and rstd."""
+    if not (LAYER_FORWARD_ODD and rows.t in LAYER_FORWARD_ODD and not rows.nhwc and rows.S == 1
+            and rows.groups == 1 and rows.vec == 1):
+        return False
+    shape = _odd_shape(rows.M)
+    if shape is None:
+        return False
+    items, block = shape
+    expr = f"norm_rows_forward_odd<{rows.t}, {pt}, {rows.index_t}, {items}>"
+    kernel = FAMILY.function(expr)
+    key = (cp.cuda.runtime.getDevice(), expr)
+    most = _MAX_BLOCK.get(key)
+    if most is None:
+        most = _MAX_BLOCK[key] = kernel.max_threads_per_block // 32 * 32
+    if block > most:
+        return False
+    kernel((rows.rows,), (block,),
+           (x, y, _param_or_null(cp, gamma), _param_or_null(cp, beta), mean, rstd, rows.it(rows.M), eps,
+            np.int32(rms)))
+    return True
+
+
 def _forward_gpu(cp, x, groups, gamma, beta, eps, layout, rms, write_y=True):
     acc = _dtypes.accumulate_dtype(x.dtype)
     x = _validate.contiguous(cp, x)
@@ -797,6 +858,9 @@ def _forward_gpu(cp, x, groups, gamma, beta, eps, layout, rms, write_y=True):
         return y, mean, rstd
     if write_y and _layer_forward_registers(cp, x, y, gamma, beta, mean, rstd, rows, _dtypes.cuda_type(pdtype),
                                             real(eps), rms):
+        return y, mean, rstd
+    if write_y and _layer_forward_odd(cp, x, y, gamma, beta, mean, rstd, rows, _dtypes.cuda_type(pdtype),
+                                      real(eps), rms):
         return y, mean, rstd
     _launch_rows(rows.spec("norm_rows_forward", _dtypes.cuda_type(pdtype)), rows,
                  (x, _NULL if y is None else y, _param_or_null(cp, gamma), _param_or_null(cp, beta), mean, rstd,
@@ -1044,6 +1108,8 @@ def _fused_backward(cp, dy, x, gamma, mean, rstd, dx, rows, pt, pdtype, acc, rms
     """(dgamma, dbeta) after norm_rows_backward_fused wrote dx, or None when the
     row does not fit its registers (then nothing was launched)."""
     if rows.block * _FUSED_ITEMS * rows.vec < rows.M:
+        if LAYER_BACKWARD_ODD and rows.t in LAYER_BACKWARD_ODD and rows.vec == 1:
+            return _odd_backward(cp, dy, x, gamma, mean, rstd, dx, rows, pt, pdtype, acc, rms)
         return None
     if LAYER_BACKWARD_PIPELINED and rows.vec > 1:
         done = _fused_pipelined_backward(cp, dy, x, gamma, mean, rstd, dx, rows, pt, pdtype, acc, rms)
@@ -1070,6 +1136,37 @@ def _fused_backward(cp, dy, x, gamma, mean, rstd, dx, rows, pt, pdtype, acc, rms
     part = cp.empty((2, grid, channels), acc)
     kernel((grid,), (rows.block,), (dy, x, _param_or_null(cp, gamma), mean, rstd, dx, part[0], part[1],
                                     rows.it(rows.rows), rows.it(channels), np.int32(rms)))
+    return _finish_wide(cp, part, grid, channels, rows, pt, pdtype, 8)
+
+
+def _odd_backward(cp, dy, x, gamma, mean, rstd, dx, rows, pt, pdtype, acc, rms):
+    """(dgamma, dbeta) after norm_rows_backward_odd wrote dx, or None when the row
+    exceeds 16 values a thread of 1024 or no block fits (then nothing was launched)."""
+    shape = _odd_shape(rows.M)
+    if shape is None:
+        return None
+    items, block = shape
+    expr = f"norm_rows_backward_odd<{rows.t}, {pt}, {rows.index_t}, {items}>"
+    kernel = FAMILY.function(expr)
+    key = (cp.cuda.runtime.getDevice(), expr, block)
+    resident = _FUSED_GRID.get(key)
+    if resident is None:
+        resident = 0
+        if block <= kernel.max_threads_per_block:
+            try:
+                from cupy_backends.cuda.api import driver
+                per_sm = driver.occupancyMaxActiveBlocksPerMultiprocessor(kernel.kernel.ptr, block, 0)
+                resident = int(per_sm) * int(cp.cuda.Device().attributes["MultiProcessorCount"])
+            except Exception:  # no occupancy API: the unfused kernels
+                resident = 0
+        _FUSED_GRID[key] = resident
+    if resident <= 0:
+        return None
+    grid = min(rows.rows, resident)
+    channels = rows.M
+    part = cp.empty((2, grid, channels), acc)
+    kernel((grid,), (block,), (dy, x, _param_or_null(cp, gamma), mean, rstd, dx, part[0], part[1],
+                               rows.it(rows.rows), rows.it(channels), np.int32(rms)))
     return _finish_wide(cp, part, grid, channels, rows, pt, pdtype, 8)
 
 

@@ -53,6 +53,10 @@
 // channels' x and dy in shared memory: both read once; see there), and the
 // forward gn_rows_forward_cluster (the same split, statistics merged across
 // the cluster; see there).
+// Layer / RMS norm rows that are not 16-byte vectors (odd lengths, misaligned
+// views) run norm_rows_forward_odd and, longer than 2048 values,
+// norm_rows_backward_odd (the row's values in registers, scalar coalesced
+// loads; at the end of the file).
 #include "common.cuh"
 #include "bulk_copy.cuh"
 
@@ -1921,6 +1925,153 @@ __global__ void __launch_bounds__(1024) norm_rows_forward_regs(const T* __restri
                     norm_store<T, VEC>(y, (row0 + r) * M + vi * VEC, xv[r][u]);
                 }
             }
+        }
+    }
+}
+
+// norm_rows_forward_odd: layer / RMS norm forward (G == 1, S == 1, NCHW) on rows
+// that are not 16-byte vectors (a length not a multiple of 16 bytes, or a
+// misaligned view: 8192 x 4097 float32), which norm_rows_forward runs one
+// 1024-thread block a row (2 blocks an SM: 32 KB of loads in flight an SM at a
+// block's start), the row copied to shared memory, two block sums (4 barriers).
+// Here: one block a row of ceil(M / I) threads rounded up to warps (the host
+// picks I in _ODD_ITEMS so that the block has at most 512 threads): thread t
+// loads values t + u * blockDim, u < I, with scalar coalesced loads (a warp reads
+// 32 consecutive values), all I issued before any is used, and keeps them in
+// registers.  Statistics as norm_rows_forward_regs (one block barrier: warp-exact
+// two-pass, warps merged by the exact within / between split; RMS: the sum of
+// x^2).  mean_out gets 0 for RMS.  Fixed reduction order: deterministic.
+template <typename T, typename P, typename index_t, int I>
+__global__ void __launch_bounds__(1024) norm_rows_forward_odd(const T* __restrict__ x, T* __restrict__ y,
+                                                              const P* __restrict__ gamma,
+                                                              const P* __restrict__ beta,
+                                                              acc_t<T>* __restrict__ mean_out,
+                                                              acc_t<T>* __restrict__ rstd_out, index_t M,
+                                                              acc_t<T> eps, int rms) {
+    typedef acc_t<T> A;
+    __shared__ A scratch[2][32];
+    const unsigned nt = blockDim.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const unsigned warps = (nt + 31) >> 5;
+    const index_t row = blockIdx.x;
+    const T* __restrict__ xr = x + row * M;
+    const A count = A(M);
+    // Values of warp w's lanes: item u covers values u * nt + 32 w .. + 31, those below M.
+    const auto warp_count = [&](unsigned w) -> A {
+        index_t n = 0;
+#pragma unroll
+        for (int u = 0; u < I; ++u) {
+            const index_t first = (index_t)u * nt + 32 * w;
+            n += first >= M ? index_t(0) : (M - first < 32 ? M - first : index_t(32));
+        }
+        return A(n);
+    };
+    A xv[I];
+#pragma unroll
+    for (int u = 0; u < I; ++u) {
+        const index_t j = tid + (index_t)u * nt;
+        xv[u] = j < M ? A(load(xr[j])) : A(0);
+    }
+    A s = 0, d = 0;
+#pragma unroll
+    for (int u = 0; u < I; ++u) s += rms ? xv[u] * xv[u] : xv[u];
+    s = warp_sum(s);
+    if (!rms) {
+        const A nw = warp_count(warp);
+        const A mw = nw > A(0) ? s / nw : A(0);
+#pragma unroll
+        for (int u = 0; u < I; ++u) {
+            if (tid + (index_t)u * nt < M) d += (xv[u] - mw) * (xv[u] - mw);
+        }
+        d = warp_sum(d);
+    }
+    if (lane == 0) {
+        scratch[0][warp] = s;
+        scratch[1][warp] = d;
+    }
+    __syncthreads();
+    const A sw = lane < warps ? scratch[0][lane] : A(0);
+    const A total = warp_sum(sw);
+    A mean, rstd;
+    if (rms) {
+        mean = 0;
+        rstd = A(1) / sqrt(total / count + eps);
+    } else {
+        mean = total / count;
+        A between = 0;
+        if (lane < warps) {
+            const A nw = warp_count(lane);
+            const A dm = (nw > A(0) ? sw / nw : A(0)) - mean;
+            between = scratch[1][lane] + nw * dm * dm;
+        }
+        rstd = A(1) / sqrt(warp_sum(between) / count + eps);
+    }
+    if (tid == 0) {
+        mean_out[row] = mean;
+        rstd_out[row] = rstd;
+    }
+    T* __restrict__ yr = y + row * M;
+#pragma unroll
+    for (int u = 0; u < I; ++u) {
+        const index_t j = tid + (index_t)u * nt;
+        if (j < M) yr[j] = store<T>((xv[u] - mean) * rstd * param_or(gamma, j, A(1)) + param_or(beta, j, A(0)));
+    }
+}
+
+// norm_rows_backward_odd: layer / RMS norm backward with the parameter gradients
+// fused (G == 1, S == 1, NCHW) on rows that are not 16-byte vectors, which
+// otherwise take norm_rows_backward (one 1024-thread block a row) plus
+// norm_param_grads_columns (x and dy read a second time).  norm_rows_backward_fused
+// with scalar values and I of them a thread (the host's _odd_shape block):
+// a persistent grid (the blocks resident at once) walks rows blockIdx.x, +
+// gridDim.x, ...; thread t owns columns t + u * blockDim (u < I) in every row,
+// loads its I values of x and dy (scalar, coalesced, all issued before use),
+// keeps gamma and its dgamma / dbeta sums in registers, and writes its column
+// partials at [blockIdx.x * M + column] for norm_param_grads_finish_wide (block
+// order: deterministic).  At most 512 threads (5 I values a thread live: I = 16
+// takes ~100 registers; under a 1024-thread bound it spilled): rows that need
+// 1024 threads (more than 8192 values) keep the unfused kernels.
+template <typename T, typename P, typename index_t, int I>
+__global__ void __launch_bounds__(512) norm_rows_backward_odd(
+    const T* __restrict__ dy, const T* __restrict__ x, const P* __restrict__ gamma,
+    const acc_t<T>* __restrict__ mean_in, const acc_t<T>* __restrict__ rstd_in, T* __restrict__ dx,
+    acc_t<T>* __restrict__ part_dgamma, acc_t<T>* __restrict__ part_dbeta, index_t rows, index_t M, int rms) {
+    typedef acc_t<T> A;
+    __shared__ A scratch[64];
+    const index_t T_ = blockDim.x;
+    const A count = A(M);
+    const auto item = [&](int u) -> index_t { return threadIdx.x + (index_t)u * T_; };
+    A dg[I][1], db[I][1], g[I][1];
+    norm_fused_start(g, dg, db, gamma, M, item);
+    for (index_t row = blockIdx.x; row < rows; row += gridDim.x) {
+        const A mean = rms ? A(0) : mean_in[row];
+        const A rstd = rstd_in[row];
+        A xv[I][1], dv[I][1];
+#pragma unroll
+        for (int u = 0; u < I; ++u) {
+            const index_t j = item(u);
+            xv[u][0] = j < M ? A(load(x[row * M + j])) : A(0);
+            dv[u][0] = j < M ? A(load(dy[row * M + j])) : A(0);
+        }
+        A sum_g = 0, sum_gx = 0;
+        norm_fused_sums(xv, dv, g, mean, rstd, sum_g, sum_gx, [&](int u) { return item(u) < M; });
+        block_sum2(sum_g, sum_gx, scratch);
+        const A mean_g = rms ? A(0) : sum_g / count;
+        const A mean_gx = sum_gx / count;
+#pragma unroll
+        for (int u = 0; u < I; ++u) {
+            const index_t j = item(u);
+            if (j < M) {
+                norm_fused_dx(xv[u], dv[u], g[u], dg[u], db[u], mean, rstd, mean_g, mean_gx);
+                dx[row * M + j] = store<T>(xv[u][0]);
+            }
+        }
+    }
+#pragma unroll
+    for (int u = 0; u < I; ++u) {
+        const index_t j = item(u);
+        if (j < M) {
+            part_dgamma[(index_t)blockIdx.x * M + j] = dg[u][0];
+            part_dbeta[(index_t)blockIdx.x * M + j] = db[u][0];
         }
     }
 }

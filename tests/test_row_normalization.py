@@ -411,7 +411,8 @@ def test_layer_and_rms_norm_register_forward(xp, rng, monkeypatch, dtype, pdtype
     float64 reference: y and the saved statistics of layer and RMS norm, every dtype (the
     16-bit pipelined forward switched off so they reach it).  Rows of 12, 8, 1000 (partial
     warps), 1024, 5000, 8192 values take it where they fit; 4097 and 3 values (not 16-byte
-    vectors), the misaligned rows and 40000 values take norm_rows_forward.  The GPU modes
+    vectors) and the misaligned rows take norm_rows_forward_odd (LAYER_FORWARD_ODD), 40000
+    values norm_rows_forward.  The GPU modes
     in one test (NumPy: the reference path once); on the GPU the path taken is checked."""
     from dnnprims import row_normalization
     L = x_shape[-1]
@@ -488,6 +489,147 @@ def test_register_forward_launch_matches_its_signature(monkeypatch, dtype, x_sha
     monkeypatch.setattr(rn, "LAYER_FORWARD_ROWS", 3)
     with pytest.raises(ValueError, match="LAYER_FORWARD_ROWS"):
         rn._layer_forward_registers(FakeCupy, x, y, None, None, mean, rstd, rows, pt, acc.type(1e-5), rms)
+
+
+@pytest.mark.parametrize("dtype,pdtype", _param_dtypes())
+@pytest.mark.parametrize("x_shape,offset", [((3, 1), 0), ((5, 3), 0), ((4, 7), 0), ((6, 13), 1), ((37, 1000), 1),
+                                            ((9, 1001), 0), ((3, 4097), 0), ((2, 4097), 1), ((3, 5001), 0),
+                                            ((2, 9001), 0), ((2, 20000), 1), ((5, 1024), 1), ((4, 1024), 0)])
+@pytest.mark.parametrize("affine", [True, False])
+def test_layer_and_rms_norm_odd_forward(xp, rng, monkeypatch, dtype, pdtype, x_shape, offset, affine):
+    """norm_rows_forward_odd (LAYER_FORWARD_ODD: rows that are not 16-byte vectors -- odd
+    lengths 1, 3, 7, 13, 1001, 4097, 5001, 9001 (1024 threads), misaligned views -- the row
+    in registers, scalar loads) on and off, against the float64 reference: y and the saved
+    statistics of layer and RMS norm, every dtype.  20000 values (more than 16 a thread of
+    1024) and the aligned 1024-value rows do not take it.  On the GPU the path taken is
+    checked (NumPy: the reference path once)."""
+    from dnnprims import row_normalization
+    L = x_shape[-1]
+    x = random_array(rng, x_shape, dtype, low=-1, high=3)
+    gamma = random_array(rng, (L,), pdtype, 0.5, 1.5) if affine else None
+    beta = random_array(rng, (L,), pdtype) if affine else None
+    on = lambda a: None if a is None else _placed(xp, a, offset)  # noqa: E731
+    eps = float(np.finfo(_dtypes.accumulate_dtype(dtype)).eps)
+    want_layer = layer_norm(_f64(x), L, _f64(gamma), _f64(beta), return_stats=True)
+    want_rms = rms_norm(_f64(x), L, _f64(gamma), eps=eps, return_stats=True)
+    taken = []
+    launch = row_normalization._layer_forward_odd
+    monkeypatch.setattr(row_normalization, "_layer_forward_odd", lambda *a: taken.append(launch(*a)) or taken[-1])
+    vector_rows = offset == 0 and L * dtype.itemsize % 16 == 0
+    fits = not vector_rows and L <= 16 * 1024
+    for mode in ("on", "off") if xp is not np else ("on",):
+        monkeypatch.setattr(row_normalization, "LAYER_FORWARD_ODD", row_normalization._X_TYPES if mode == "on" else ())
+        taken.clear()
+        _compare(layer_norm(on(x), L, on(gamma), on(beta), return_stats=True), want_layer, dtype,
+                 ("y", "mean", "rstd"))
+        _compare(rms_norm(on(x), L, on(gamma), return_stats=True), want_rms, dtype, ("y", "rstd"))
+        if xp is not np and not vector_rows:
+            assert taken == [mode == "on" and fits] * 2, taken
+
+
+@pytest.mark.parametrize("dtype,pdtype", _param_dtypes())
+@pytest.mark.parametrize("x_shape,offset", [((3, 4097), 0), ((2, 4097), 1), ((3, 5001), 0), ((600, 2049), 0),
+                                            ((4, 3000), 1), ((2, 9001), 0), ((5, 13), 1), ((3, 4096), 0)])
+@pytest.mark.parametrize("affine", [True, False])
+def test_layer_and_rms_norm_odd_backward(xp, rng, monkeypatch, dtype, pdtype, x_shape, offset, affine):
+    """norm_rows_backward_odd (LAYER_BACKWARD_ODD: rows that are not 16-byte vectors and
+    longer than norm_rows_backward_fused's 2 values a thread -- 2049, 3000 misaligned, 4097,
+    5001 values; 600 rows: more than the resident blocks, so each block walks several rows
+    and its partials add many rows) on and off, with and without saved statistics, against
+    the float64 reference: dx, dgamma, dbeta of layer norm, dx, dgamma of RMS norm.  9001
+    values (1024 threads: beyond its 512-thread bound), 13 values (the fused kernel) and
+    the aligned 4096 (16-byte vectors) do not take it; on the GPU the path taken is checked."""
+    from dnnprims import row_normalization
+    L = x_shape[-1]
+    x = random_array(rng, x_shape, dtype, low=-1, high=3)
+    dy = random_array(rng, x_shape, dtype)
+    gamma = random_array(rng, (L,), pdtype, 0.5, 1.5) if affine else None
+    on = lambda a: None if a is None else _placed(xp, a, offset)  # noqa: E731
+    want = layer_norm_backward(_f64(dy), _f64(x), L, _f64(gamma))
+    eps = float(np.finfo(_dtypes.accumulate_dtype(dtype)).eps)
+    want_rms = rms_norm_backward(_f64(dy), _f64(x), L, _f64(gamma), eps=eps)
+    taken = []
+    launch = row_normalization._odd_backward
+    _last_odd = [None]
+
+    def record(*a):
+        _last_odd[0] = launch(*a)
+        taken.append(_last_odd[0] is not None)
+        return _last_odd[0]
+    monkeypatch.setattr(row_normalization, "_odd_backward", record)
+    vector_rows = offset == 0 and L * dtype.itemsize % 16 == 0
+    applies = not vector_rows and 2048 < L <= 8192
+    for mode in ("on", "off") if xp is not np else ("on",):
+        monkeypatch.setattr(row_normalization, "LAYER_BACKWARD_ODD", row_normalization._X_TYPES if mode == "on" else ())
+        taken.clear()
+        _, mean, rstd = layer_norm(on(x), L, on(gamma), return_stats=True)
+        for stats in ({}, dict(mean=mean, rstd=rstd)):
+            got = layer_norm_backward(on(dy), on(x), L, on(gamma), **stats)
+            assert got[0].dtype == dtype and got[1].dtype == (pdtype if affine else dtype)
+            _compare(got, want, dtype, ("dx", "dgamma", "dbeta"), _layer_norm_magnitudes(dy, x))
+        got = rms_norm_backward(on(dy), on(x), L, on(gamma))
+        _compare(got, want_rms, dtype, ("dx", "dgamma"))
+        if xp is not np:
+            assert taken == [True] * 3 if mode == "on" and applies else not any(taken), (mode, taken)
+
+
+@pytest.mark.parametrize("M", [1, 3, 7, 13, 1000, 1001, 4097, 5001, 8192, 8193, 16384, 16385])
+def test_odd_forward_shape(M):
+    """CPU: norm_rows_forward_odd's block covers the row with I values a thread, whole warps,
+    at most _ODD_BLOCK threads while a larger I fits, never more than 1024 (else None)."""
+    from dnnprims import row_normalization as rn
+    shape = rn._odd_shape(M)
+    if M > 16 * 1024:
+        assert shape is None
+        return
+    items, block = shape
+    assert items in rn._ODD_ITEMS and block % 32 == 0 and items * block >= M and block - 32 < -(-M // items)
+    assert block <= rn._ODD_BLOCK or items == rn._ODD_ITEMS[-1]
+    assert all(-(-M // i) > rn._ODD_BLOCK for i in rn._ODD_ITEMS if i < items)
+
+
+@pytest.mark.parametrize("dtype", _dtypes.SUPPORTED, ids=lambda d: d.name)
+@pytest.mark.parametrize("x_shape", [(8192, 4097), (37, 1001), (7, 3), (5, 1), (2, 20000), (4, 1024)])
+@pytest.mark.parametrize("rms", [False, True])
+def test_odd_forward_launch_matches_its_signature(monkeypatch, dtype, x_shape, rms):
+    """CPU: norm_rows_forward_odd's launch against its C signature (pointers of the pointee
+    dtype, scalars of the exact C type), one block a row of _odd_shape's threads, no dynamic
+    shared memory, the expression declared; rows it cannot take launch nothing."""
+    from test_normalization import _C_TYPES, _fake_device_array
+    from dnnprims import row_normalization as rn
+    captured, expressions, FakeCupy = _capture_row_launches(monkeypatch)
+    monkeypatch.setattr(rn, "LAYER_FORWARD_ODD", rn._X_TYPES)
+    monkeypatch.setattr(rn, "_MAX_BLOCK", {})
+    dtype = np.dtype(dtype)
+    acc = np.dtype(_dtypes.accumulate_dtype(dtype))
+    x, y = (_fake_device_array(x_shape, dtype) for _ in range(2))
+    mean, rstd = (_fake_device_array((x_shape[0],), acc) for _ in range(2))
+    rows = rn._Rows(x, 1, "NCHW", (x, y), 1)
+    pt = _dtypes.cuda_type(dtype)
+    done = rn._layer_forward_odd(FakeCupy, x, y, None, None, mean, rstd, rows, pt, acc.type(1e-5), rms)
+    if rows.vec > 1 or x_shape[1] > 16 * 1024:
+        assert not done and not captured
+        return
+    assert done and len(captured) == 1
+    (grid,), (block,), args, shared = captured[0]
+    items, want_block = rn._odd_shape(x_shape[1])
+    assert grid == x_shape[0] and block == want_block and shared == 0
+    assert expressions[-1] == f"norm_rows_forward_odd<{rows.t}, {pt}, {rows.index_t}, {items}>"
+    assert expressions[-1] in rn.FAMILY.name_expressions
+    template, params = _row_kernel_signature("norm_rows_forward_odd")
+    assert template == ["T", "P", "index_t", "I"] and len(args) == len(params)
+    ctype = {"T": _C_TYPES[rows.t], "P": _C_TYPES[pt], "acc_t<T>": acc.type,
+             "index_t": np.int32 if rows.index_t == "int" else np.int64, "int": np.int32}
+    for (c_type, param), a in zip(params, args):
+        if param in ("gamma", "beta"):
+            assert a is rn._NULL
+        elif c_type.endswith("*"):
+            assert a.dtype == np.dtype(ctype[c_type[:-1]]), (param, a.dtype)
+        else:
+            assert type(a) is ctype[c_type], (param, type(a))
+    values = dict(zip((p for _, p in params), args))
+    assert values["M"] == x_shape[1] and values["rms"] == int(rms)
+    assert values["mean_out"] is mean and values["rstd_out"] is rstd
 
 
 GROUP_SHAPES = [((2, 6, 3, 5), 3, "NCHW"), ((2, 8, 4, 4), 2, "NCHW"), ((3, 4, 7), 4, "NCHW"),
