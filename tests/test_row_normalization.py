@@ -1186,6 +1186,20 @@ def _row_kernel_signature(name):
     return template, params
 
 
+def _fake_group_arrays(x_shape, groups, dtype, count, offset=False):
+    """(dtype, accumulate dtype, `count` fake device tensors of x_shape -- the first, x,
+    one element into its buffer when offset --, mean, rstd, parameter C type) for the
+    launch tests of the group-norm kernels (no GPU: the plans are made on the CPU)."""
+    from test_normalization import _fake_device_array
+    dtype = np.dtype(dtype)
+    acc = np.dtype(_dtypes.accumulate_dtype(dtype))
+    arrays = [_fake_device_array(x_shape, dtype) for _ in range(count)]
+    if offset:  # x one element into its buffer
+        arrays[0] = _fake_device_array((int(np.prod(x_shape)) + 1,), dtype)[1:].reshape(x_shape)
+    mean, rstd = (_fake_device_array((x_shape[0], groups), acc) for _ in range(2))
+    return dtype, acc, arrays, mean, rstd, _dtypes.cuda_type(dtype)
+
+
 def _capture_row_launches(monkeypatch):
     """CPU: row_normalization's kernels faked. Returns (launches: (grid, block,
     args, shared_mem) each, the expressions asked for, a cupy stand-in)."""
@@ -1224,7 +1238,7 @@ def test_pipelined_backward_launch_matches_its_signature_and_shared_memory_layou
     kernel's static shared memory (the bulk path's two mbarriers: 16 bytes).
     The bulk copies need each row's bytes a multiple of 16 and 16-byte aligned
     rows: what rows.vec > 1 (S % VEC == 0, aligned arrays) guarantees."""
-    from test_normalization import _C_TYPES, _fake_device_array
+    from test_normalization import _C_TYPES
     from dnnprims import row_normalization as rn
     optin = 232448   # H100: 227 KB
     captured, expressions, FakeCupy = _capture_row_launches(monkeypatch)
@@ -1235,13 +1249,9 @@ def test_pipelined_backward_launch_matches_its_signature_and_shared_memory_layou
     monkeypatch.setattr(rn, "PIPELINED_BACKWARD", mode)
     monkeypatch.setattr(rn, "PIPELINED_BACKWARD_LATE", late)
     monkeypatch.setattr(rn, "PIPELINED_BACKWARD_BULK", bulk)
-    dtype = np.dtype(dtype)
-    acc = np.dtype(_dtypes.accumulate_dtype(dtype))
-    x, dy, dx = (_fake_device_array(x_shape, dtype) for _ in range(3))
-    mean, rstd = (_fake_device_array((x_shape[0], groups), acc) for _ in range(2))
+    dtype, acc, (x, dy, dx), mean, rstd, pt = _fake_group_arrays(x_shape, groups, dtype, 3)
     gamma = None
     rows = rn._Rows(x, groups, "NCHW", (x, dy, dx), 2, rn._cache_limit(FakeCupy))
-    pt = _dtypes.cuda_type(dtype)
     done = rn._pipelined_backward(FakeCupy, dy, x, gamma, mean, rstd, dx, rows, pt, dtype, acc)
     M = rows.K * rows.S
     row_bytes = -(-M * dtype.itemsize // 16) * 16
@@ -1389,7 +1399,7 @@ def test_cluster_backward_launch_matches_its_signature_and_shared_memory_layout(
     shared memory.  Below sm_90, planes that are not whole 16-byte vectors
     (7x7) and misaligned data: nothing launched; shares over the budget: the
     largest cluster."""
-    from test_normalization import _C_TYPES, _fake_device_array
+    from test_normalization import _C_TYPES
     from dnnprims import row_normalization as rn
     optin = 232448   # H100: 227 KB
     captured, expressions, FakeCupy = _capture_row_launches(monkeypatch)
@@ -1398,14 +1408,8 @@ def test_cluster_backward_launch_matches_its_signature_and_shared_memory_layout(
     monkeypatch.setattr(rn, "_finish_param_grads", lambda *args: ("dgamma", "dbeta"))
     monkeypatch.setattr(rn, "CLUSTER_BLOCK_BYTES", budget)
     monkeypatch.setattr(rn, "REGISTER_BACKWARD", False)  # the kernel named here
-    dtype = np.dtype(dtype)
-    acc = np.dtype(_dtypes.accumulate_dtype(dtype))
-    x, dy, dx = (_fake_device_array(x_shape, dtype) for _ in range(3))
-    if offset:  # x one element into its buffer
-        x = _fake_device_array((int(np.prod(x_shape)) + 1,), dtype)[1:].reshape(x_shape)
-    mean, rstd = (_fake_device_array((x_shape[0], groups), acc) for _ in range(2))
+    dtype, acc, (x, dy, dx), mean, rstd, pt = _fake_group_arrays(x_shape, groups, dtype, 3, offset)
     rows = rn._Rows(x, groups, "NCHW", (x, dy, dx), 2, rn._cache_limit(FakeCupy))
-    pt = _dtypes.cuda_type(dtype)
     done = rn._cluster_backward(FakeCupy, dy, x, None, mean, rstd, dx, rows, pt, dtype, acc)
     K, S = x_shape[1] // groups, int(np.prod(x_shape[2:]))
     plane = S * dtype.itemsize
@@ -1466,7 +1470,7 @@ def test_register_backward_launch_matches_its_signature(monkeypatch, dtype, x_sh
     planes that are not whole 16-byte vectors (7x7) or under 32 of them,
     misaligned data, rows under the minimum, or planes no block holds (256x256
     fp32 and wider: 4096+ vectors)."""
-    from test_normalization import _C_TYPES, _fake_device_array
+    from test_normalization import _C_TYPES
     from dnnprims import row_normalization as rn
     captured, expressions, FakeCupy = _capture_row_launches(monkeypatch)
     monkeypatch.setattr(rn, "_cluster_facts", lambda cp: (cc, 232448))
@@ -1477,14 +1481,8 @@ def test_register_backward_launch_matches_its_signature(monkeypatch, dtype, x_sh
     monkeypatch.setattr(rn, "REGISTER_BACKWARD_ITEMS", items)
     monkeypatch.setattr(rn, "REGISTER_BACKWARD_MIN_ROW_BYTES", min_row)
     monkeypatch.setattr(rn, "REGISTER_BACKWARD_WIDE_FINISH", True)
-    dtype = np.dtype(dtype)
-    acc = np.dtype(_dtypes.accumulate_dtype(dtype))
-    x, dy, dx = (_fake_device_array(x_shape, dtype) for _ in range(3))
-    if offset:  # x one element into its buffer
-        x = _fake_device_array((int(np.prod(x_shape)) + 1,), dtype)[1:].reshape(x_shape)
-    mean, rstd = (_fake_device_array((x_shape[0], groups), acc) for _ in range(2))
+    dtype, acc, (x, dy, dx), mean, rstd, pt = _fake_group_arrays(x_shape, groups, dtype, 3, offset)
     rows = rn._Rows(x, groups, "NCHW", (x, dy, dx), 2, rn._cache_limit(FakeCupy))
-    pt = _dtypes.cuda_type(dtype)
     done = rn._register_backward(FakeCupy, dy, x, None, mean, rstd, dx, rows, pt, dtype, acc)
     K, S = x_shape[1] // groups, int(np.prod(x_shape[2:]))
     plane = S * dtype.itemsize
@@ -1563,7 +1561,7 @@ def test_cluster_forward_launch_matches_its_signature_and_shared_memory_layout(
     CL values (gamma, beta), within the opt-in less the static shared memory.
     Below sm_90, planes that are not whole 16-byte vectors (7x7) and misaligned
     data: nothing launched."""
-    from test_normalization import _C_TYPES, _fake_device_array
+    from test_normalization import _C_TYPES
     from dnnprims import row_normalization as rn
     optin = 232448   # H100: 227 KB
     captured, expressions, FakeCupy = _capture_row_launches(monkeypatch)
@@ -1572,14 +1570,8 @@ def test_cluster_forward_launch_matches_its_signature_and_shared_memory_layout(
     monkeypatch.setattr(rn, "CLUSTER_FORWARD_BYTES", budget)
     monkeypatch.setattr(rn, "CLUSTER_FORWARD_ITEMS", items)
     monkeypatch.setattr(rn, "CLUSTER_FORWARD_MIN_ROW_BYTES", 0)
-    dtype = np.dtype(dtype)
-    acc = np.dtype(_dtypes.accumulate_dtype(dtype))
-    x, y = (_fake_device_array(x_shape, dtype) for _ in range(2))
-    if offset:  # x one element into its buffer
-        x = _fake_device_array((int(np.prod(x_shape)) + 1,), dtype)[1:].reshape(x_shape)
-    mean, rstd = (_fake_device_array((x_shape[0], groups), acc) for _ in range(2))
+    dtype, acc, (x, y), mean, rstd, pt = _fake_group_arrays(x_shape, groups, dtype, 2, offset)
     rows = rn._Rows(x, groups, "NCHW", (x, y), 1)
-    pt = _dtypes.cuda_type(dtype)
     real = np.float32 if acc == np.float32 else np.float64
     done = rn._cluster_forward(FakeCupy, x, y, None, None, mean, rstd, rows, pt, real(1e-5))
     K, S = x_shape[1] // groups, int(np.prod(x_shape[2:]))
