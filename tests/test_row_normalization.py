@@ -1186,6 +1186,29 @@ def _row_kernel_signature(name):
     return template, params
 
 
+def _launch_args_by_parameter(expression, args, acc, nulls=("gamma",)):
+    """Check a captured launch's arguments against the kernel's C parameter list, one
+    by one (pointers by dtype, scalars by their exact numpy type, the parameters named in
+    `nulls` as the null pointer); return (template arguments by name, {parameter:
+    argument})."""
+    from dnnprims import row_normalization as rn
+    from test_normalization import _C_TYPES
+    name, inside = expression.rstrip(">").split("<", 1)
+    template, params = _row_kernel_signature(name)
+    bound = dict(zip(template, (a.strip() for a in inside.split(","))))
+    ctype = {"T": _C_TYPES[bound["T"]], "P": _C_TYPES[bound["P"]], "acc_t<T>": acc.type,
+             "index_t": np.int32 if bound["index_t"] == "int" else np.int64, "int": np.int32}
+    assert len(args) == len(params)
+    for (c_type, param), a in zip(params, args):
+        if param in nulls:
+            assert a is rn._NULL   # no gamma / beta: null pointers
+        elif c_type.endswith("*"):
+            assert a.dtype == np.dtype(ctype[c_type[:-1]]), (param, a.dtype)
+        else:
+            assert type(a) is ctype[c_type], (param, type(a))
+    return bound, dict(zip((p for _, p in params), args))
+
+
 def _fake_group_arrays(x_shape, groups, dtype, count, offset=False):
     """(dtype, accumulate dtype, `count` fake device tensors of x_shape -- the first, x,
     one element into its buffer when offset --, mean, rstd, parameter C type) for the
@@ -1238,7 +1261,6 @@ def test_pipelined_backward_launch_matches_its_signature_and_shared_memory_layou
     kernel's static shared memory (the bulk path's two mbarriers: 16 bytes).
     The bulk copies need each row's bytes a multiple of 16 and 16-byte aligned
     rows: what rows.vec > 1 (S % VEC == 0, aligned arrays) guarantees."""
-    from test_normalization import _C_TYPES
     from dnnprims import row_normalization as rn
     optin = 232448   # H100: 227 KB
     captured, expressions, FakeCupy = _capture_row_launches(monkeypatch)
@@ -1265,19 +1287,7 @@ def test_pipelined_backward_launch_matches_its_signature_and_shared_memory_layou
     # The arguments, parameter by parameter.
     name, inside = expressions[-1].rstrip(">").split("<", 1)
     assert name == "gn_rows_backward_pipelined"
-    template, params = _row_kernel_signature(name)
-    bound = dict(zip(template, (a.strip() for a in inside.split(","))))
-    ctype = {"T": _C_TYPES[bound["T"]], "P": _C_TYPES[bound["P"]], "acc_t<T>": acc.type,
-             "index_t": np.int32 if bound["index_t"] == "int" else np.int64, "int": np.int32}
-    assert len(args) == len(params)
-    for (c_type, param), a in zip(params, args):
-        if param == "gamma":
-            assert a is rn._NULL   # no gamma: a null pointer
-        elif c_type.endswith("*"):
-            assert a.dtype == np.dtype(ctype[c_type[:-1]]), (param, a.dtype)
-        else:
-            assert type(a) is ctype[c_type], (param, type(a))
-    values = dict(zip((p for _, p in params), args))
+    bound, values = _launch_args_by_parameter(expressions[-1], args, acc, ("gamma",))
     assert values["flags"] == (mode == "xl2") | late << 1 | bulk << 2
     assert int(bound["VEC"]) * dtype.itemsize == 16   # bulk pieces: whole 16-byte vectors
     assert (M * dtype.itemsize) % 16 == 0 and rows.S % int(bound["VEC"]) == 0
@@ -1306,7 +1316,7 @@ def test_pipelined_layer_norm_launches_match_their_signatures_and_shared_memory_
     splits with 32 split lanes; rows the kernel cannot take (misaligned / not
     16-byte vectors, more than 2 vectors a thread) go to the unpipelined kernel."""
     import re
-    from test_normalization import _C_TYPES, _fake_device_array
+    from test_normalization import _fake_device_array
     from dnnprims import row_normalization as rn
     source = rn.FAMILY.source
     assert int(re.search(r"#define NORM_STAGES (\d+)", source).group(1)) == rn._FUSED_STAGES
@@ -1342,19 +1352,7 @@ def test_pipelined_layer_norm_launches_match_their_signatures_and_shared_memory_
     assert shared == shared_needed and shared <= optin - 1024
     assert int(expressions[-1].rstrip(">").split(",")[-1]) * dtype.itemsize == 16   # 16-byte slots
     assert (rows.M * dtype.itemsize) % 16 == 0 and all(a.data.ptr % 16 == 0 for a in (x, dy, dx))
-    template, params = _row_kernel_signature(name)
-    bound = dict(zip(template, (a.strip() for a in expressions[-1].rstrip(">").split("<", 1)[1].split(","))))
-    ctype = {"T": _C_TYPES[bound["T"]], "P": _C_TYPES[bound["P"]], "acc_t<T>": acc.type,
-             "index_t": np.int32 if bound["index_t"] == "int" else np.int64, "int": np.int32}
-    assert len(args) == len(params)
-    for (c_type, param), a in zip(params, args):
-        if param == "gamma":
-            assert a is rn._NULL
-        elif c_type.endswith("*"):
-            assert a.dtype == np.dtype(ctype[c_type[:-1]]), (param, a.dtype)
-        else:
-            assert type(a) is ctype[c_type], (param, type(a))
-    values = dict(zip((p for _, p in params), args))
+    bound, values = _launch_args_by_parameter(expressions[-1], args, acc, ("gamma",))
     assert values["rows"] == x_shape[0] and values["M"] == x_shape[1] and values["rms"] == int(rms)
     assert values["part_dgamma"].shape == (grid, rows.M)
     assert finishes[0] == ((2, grid, rows.M), grid, rows.M, 32)
@@ -1367,16 +1365,8 @@ def test_pipelined_layer_norm_launches_match_their_signatures_and_shared_memory_
     (grid,), (block,), args, shared = captured[0]
     assert block == rows.block and 1 <= grid <= min(rows.rows, 1056)
     assert shared == rn._FUSED_STAGES * rn._FUSED_ITEMS * block * 16 <= optin - 1024
-    template, params = _row_kernel_signature("norm_rows_forward_pipelined")
-    assert expressions[-1].startswith("norm_rows_forward_pipelined<") and len(args) == len(params)
-    for (c_type, param), a in zip(params, args):
-        if param in ("gamma", "beta"):
-            assert a is rn._NULL
-        elif c_type.endswith("*"):
-            assert a.dtype == np.dtype(ctype[c_type[:-1]]), (param, a.dtype)
-        else:
-            assert type(a) is ctype[c_type], (param, type(a))
-    values = dict(zip((p for _, p in params), args))
+    assert expressions[-1].startswith("norm_rows_forward_pipelined<")
+    _, values = _launch_args_by_parameter(expressions[-1], args, acc, ("gamma", "beta"))
     assert values["rows"] == x_shape[0] and values["M"] == x_shape[1] and values["rms"] == int(rms)
 
 
@@ -1399,7 +1389,6 @@ def test_cluster_backward_launch_matches_its_signature_and_shared_memory_layout(
     shared memory.  Below sm_90, planes that are not whole 16-byte vectors
     (7x7) and misaligned data: nothing launched; shares over the budget: the
     largest cluster."""
-    from test_normalization import _C_TYPES
     from dnnprims import row_normalization as rn
     optin = 232448   # H100: 227 KB
     captured, expressions, FakeCupy = _capture_row_launches(monkeypatch)
@@ -1423,21 +1412,9 @@ def test_cluster_backward_launch_matches_its_signature_and_shared_memory_layout(
     (grid,), (block,), args, shared = captured[0]
     name, inside = expressions[-1].rstrip(">").split("<", 1)
     assert name == "gn_rows_backward_cluster"
-    template, params = _row_kernel_signature(name)
-    bound = dict(zip(template, (a.strip() for a in inside.split(","))))
+    bound, values = _launch_args_by_parameter(expressions[-1], args, acc, ("gamma",))
     assert int(bound["CL"]) == cl and grid == x_shape[0] * groups * cl
     assert block % 32 == 0 and 64 <= block <= 512
-    ctype = {"T": _C_TYPES[bound["T"]], "P": _C_TYPES[bound["P"]], "acc_t<T>": acc.type,
-             "index_t": np.int32 if bound["index_t"] == "int" else np.int64, "int": np.int32}
-    assert len(args) == len(params)
-    for (c_type, param), a in zip(params, args):
-        if param == "gamma":
-            assert a is rn._NULL   # no gamma: a null pointer
-        elif c_type.endswith("*"):
-            assert a.dtype == np.dtype(ctype[c_type[:-1]]), (param, a.dtype)
-        else:
-            assert type(a) is ctype[c_type], (param, type(a))
-    values = dict(zip((p for _, p in params), args))
     assert (values["K_"], values["S_"], values["G"]) == (K, S, groups)
     kb = K // cl
     run = kb * plane
@@ -1470,7 +1447,6 @@ def test_register_backward_launch_matches_its_signature(monkeypatch, dtype, x_sh
     planes that are not whole 16-byte vectors (7x7) or under 32 of them,
     misaligned data, rows under the minimum, or planes no block holds (256x256
     fp32 and wider: 4096+ vectors)."""
-    from test_normalization import _C_TYPES
     from dnnprims import row_normalization as rn
     captured, expressions, FakeCupy = _capture_row_launches(monkeypatch)
     monkeypatch.setattr(rn, "_cluster_facts", lambda cp: (cc, 232448))
@@ -1504,23 +1480,11 @@ def test_register_backward_launch_matches_its_signature(monkeypatch, dtype, x_sh
     (grid,), (block,), args, shared = captured[0]
     name, inside = expressions[-1].rstrip(">").split("<", 1)
     assert name == "gn_rows_backward_registers" and shared == 0
-    template, params = _row_kernel_signature(name)
-    bound = dict(zip(template, (a.strip() for a in inside.split(","))))
+    bound, values = _launch_args_by_parameter(expressions[-1], args, acc, ("gamma",))
     cl, n, tpp, threads = shape
     assert (int(bound["CL"]), int(bound["ITEMS"])) == (cl, n) and grid == x_shape[0] * groups * cl
     assert block == threads and block % 32 == 0 and tpp % 32 == 0 and block <= 512 and K // cl <= 32
     assert tpp * n >= pv > (tpp - 32) * n   # whole warps a plane, the fewest that hold it
-    ctype = {"T": _C_TYPES[bound["T"]], "P": _C_TYPES[bound["P"]], "acc_t<T>": acc.type,
-             "index_t": np.int32 if bound["index_t"] == "int" else np.int64, "int": np.int32}
-    assert len(args) == len(params)
-    for (c_type, param), a in zip(params, args):
-        if param == "gamma":
-            assert a is rn._NULL   # no gamma: a null pointer
-        elif c_type.endswith("*"):
-            assert a.dtype == np.dtype(ctype[c_type[:-1]]), (param, a.dtype)
-        else:
-            assert type(a) is ctype[c_type], (param, type(a))
-    values = dict(zip((p for _, p in params), args))
     assert (values["K_"], values["S_"], values["G"], values["tpp"]) == (K, S, groups, tpp)
     assert values["part_dgamma"].shape == values["part_dbeta"].shape == (x_shape[0], x_shape[1])
     assert finishes == [((2, x_shape[0], x_shape[1]), x_shape[0], x_shape[1], pt, 8 if x_shape[0] <= 256 else 32)]
@@ -1561,7 +1525,6 @@ def test_cluster_forward_launch_matches_its_signature_and_shared_memory_layout(
     CL values (gamma, beta), within the opt-in less the static shared memory.
     Below sm_90, planes that are not whole 16-byte vectors (7x7) and misaligned
     data: nothing launched."""
-    from test_normalization import _C_TYPES
     from dnnprims import row_normalization as rn
     optin = 232448   # H100: 227 KB
     captured, expressions, FakeCupy = _capture_row_launches(monkeypatch)
@@ -1587,25 +1550,13 @@ def test_cluster_forward_launch_matches_its_signature_and_shared_memory_layout(
     name, inside = expressions[-1].rstrip(">").split("<", 1)
     assert name == "gn_rows_forward_cluster"
     assert expressions[-1] in rn.FAMILY.name_expressions
-    template, params = _row_kernel_signature(name)
-    bound = dict(zip(template, (a.strip() for a in inside.split(","))))
+    bound, values = _launch_args_by_parameter(expressions[-1], args, acc, ("gamma", "beta"))
     assert int(bound["CL"]) == cl and grid == x_shape[0] * groups * cl
     kb = K // cl
     run = kb * plane
     vectors = run // 16
     assert block % 32 == 0 and 64 <= block <= 512 and block & (block - 1) == 0
     assert block == 512 or block * items >= vectors and (block == 64 or block // 2 * items < vectors)
-    ctype = {"T": _C_TYPES[bound["T"]], "P": _C_TYPES[bound["P"]], "acc_t<T>": acc.type,
-             "index_t": np.int32 if bound["index_t"] == "int" else np.int64, "int": np.int32}
-    assert len(args) == len(params)
-    for (c_type, param), a in zip(params, args):
-        if param in ("gamma", "beta"):
-            assert a is rn._NULL   # no gamma / beta: null pointers
-        elif c_type.endswith("*"):
-            assert a.dtype == np.dtype(ctype[c_type[:-1]]), (param, a.dtype)
-        else:
-            assert type(a) is ctype[c_type], (param, type(a))
-    values = dict(zip((p for _, p in params), args))
     assert (values["K_"], values["S_"], values["G"]) == (K, S, groups)
     assert values["x"] is x and values["y"] is y and values["mean_out"] is mean and values["rstd_out"] is rstd
     assert run % 16 == 0 and run < 2**20   # the bulk copy: 16-byte multiples; the mbarrier tx-count limit
